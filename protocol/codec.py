@@ -1,0 +1,303 @@
+"""Wire primitives: big-endian ints, strings, bytes, bools and arrays, Kafka 0.8 style.
+
+Every primitive is a :class:`Codec`, a pair of plain functions, so that larger codecs (structs,
+arrays, whole messages) are compositions of these and nothing else parses bytes. Decoding reads from
+a :class:`Reader` bounded by the end of the current frame, so a body that runs short can never read
+into the next frame; encoding appends to a ``bytearray`` so a whole frame is built in one buffer.
+
+Errors are attributed here: anything wrong with bytes being decoded is the peer's fault
+(:class:`RemoteProtocolError`, MALFORMED_FRAME), anything wrong with a value being encoded is ours
+(:class:`LocalProtocolError`), and the connection adds the frame's correlation id and api key.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Annotated, Any, Generic, TypeVar
+
+import attrs
+
+from .errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+
+T = TypeVar("T")
+
+ReadableBuffer = bytes | bytearray | memoryview
+Encoder = Callable[[bytearray, Any], None]
+Decoder = Callable[["Reader"], Any]
+
+
+class Reader:
+    """A cursor over ``buf[pos:end]``; decoders advance ``pos`` and may never pass ``end``."""
+
+    __slots__ = ("buf", "end", "pos")
+
+    def __init__(self, buf: ReadableBuffer, pos: int = 0, end: int | None = None) -> None:
+        self.buf = buf
+        self.pos = pos
+        self.end = len(buf) if end is None else end
+
+    @property
+    def remaining(self) -> int:
+        return self.end - self.pos
+
+    def take(self, n: int) -> int:
+        """Claim the next ``n`` bytes and return where they start."""
+        pos = self.pos
+        new = pos + n
+        if new > self.end:
+            raise malformed(f"needed {n} more bytes, {self.end - pos} left")
+        self.pos = new
+        return pos
+
+
+@attrs.frozen
+class Codec(Generic[T]):
+    """How one wire type is written and read.
+
+    ``min_size`` is the fewest bytes a value can take; arrays use it to refuse a count that the
+    remaining bytes could not possibly hold, before allocating anything for it.
+    """
+
+    name: str
+    encode: Encoder
+    decode: Decoder
+    min_size: int
+
+
+def malformed(msg: str) -> RemoteProtocolError:
+    return RemoteProtocolError(msg, ErrorCode.MALFORMED_FRAME)
+
+
+def _int_codec(name: str, fmt: str, *, signed: bool = True) -> Codec[int]:
+    packer = struct.Struct(fmt)
+    pack = packer.pack
+    unpack_from = packer.unpack_from
+    size = packer.size
+    bits = size * 8
+    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+
+    def encode(w: bytearray, value: Any) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise LocalProtocolError(f"{value!r} does not fit in {name}", ErrorCode.INVALID_REQUEST)
+        w += pack(value)
+
+    def decode(r: Reader) -> int:
+        pos = r.pos
+        new = pos + size
+        if new > r.end:
+            raise malformed(f"needed {size} bytes for {name}, {r.end - pos} left")
+        r.pos = new
+        value: int = unpack_from(r.buf, pos)[0]
+        return value
+
+    return Codec(name, encode, decode, size)
+
+
+INT8 = _int_codec("int8", ">b")
+INT16 = _int_codec("int16", ">h")
+INT32 = _int_codec("int32", ">i")
+INT64 = _int_codec("int64", ">q")
+UINT32 = _int_codec("uint32", ">I", signed=False)
+
+# Field annotations: the type checker sees ``int``, the schema sees the width.
+Int8 = Annotated[int, INT8]
+Int16 = Annotated[int, INT16]
+Int32 = Annotated[int, INT32]
+Int64 = Annotated[int, INT64]
+
+INT16_STRUCT = struct.Struct(">h")
+INT32_STRUCT = struct.Struct(">i")
+_pack_i16 = INT16_STRUCT.pack
+_pack_i32 = INT32_STRUCT.pack
+_unpack_i16 = INT16_STRUCT.unpack_from
+_unpack_i32 = INT32_STRUCT.unpack_from
+MAX_STRING_BYTES = 2**15 - 1
+MAX_INT32 = 2**31 - 1
+
+
+def _read_length(r: Reader, unpack: Callable[..., tuple[Any, ...]], size: int, what: str) -> int:
+    """Read a length prefix; -1 (null) is returned as is, any other negative is malformed."""
+    pos = r.pos
+    if pos + size > r.end:
+        raise malformed(f"needed {size} bytes for a {what} length, {r.end - pos} left")
+    r.pos = pos + size
+    n: int = unpack(r.buf, pos)[0]
+    if n < -1:
+        raise malformed(f"negative {what} length {n}")
+    return n
+
+
+def _encode_str_payload(w: bytearray, value: Any) -> None:
+    if not isinstance(value, str):
+        raise LocalProtocolError(f"expected a string, got {value!r}", ErrorCode.INVALID_REQUEST)
+    try:
+        data = value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise LocalProtocolError(f"string is not UTF-8: {exc}", ErrorCode.INVALID_REQUEST) from None
+    if len(data) > MAX_STRING_BYTES:
+        raise LocalProtocolError(
+            f"string of {len(data)} bytes exceeds {MAX_STRING_BYTES}", ErrorCode.INVALID_REQUEST
+        )
+    w += _pack_i16(len(data))
+    w += data
+
+
+def _decode_str_payload(r: Reader, n: int) -> str:
+    pos = r.pos
+    end = pos + n
+    if end > r.end:
+        raise malformed(f"string of {n} bytes, {r.end - pos} left")
+    r.pos = end
+    try:
+        return str(r.buf[pos:end], "utf-8")
+    except UnicodeDecodeError as exc:
+        raise malformed(f"string is not UTF-8: {exc}") from None
+
+
+def _encode_string(w: bytearray, value: Any) -> None:
+    if value is None:
+        raise LocalProtocolError("string field may not be null", ErrorCode.INVALID_REQUEST)
+    _encode_str_payload(w, value)
+
+
+def _decode_string(r: Reader) -> str:
+    n = _read_length(r, _unpack_i16, 2, "string")
+    if n == -1:
+        raise malformed("null string in a field that may not be null")
+    return _decode_str_payload(r, n)
+
+
+def _encode_nullable_string(w: bytearray, value: Any) -> None:
+    if value is None:
+        w += _pack_i16(-1)
+    else:
+        _encode_str_payload(w, value)
+
+
+def _decode_nullable_string(r: Reader) -> str | None:
+    n = _read_length(r, _unpack_i16, 2, "string")
+    return None if n == -1 else _decode_str_payload(r, n)
+
+
+STRING: Codec[str] = Codec("string", _encode_string, _decode_string, 2)
+NULLABLE_STRING: Codec[str | None] = Codec(
+    "nullable string", _encode_nullable_string, _decode_nullable_string, 2
+)
+
+
+def _encode_bytes_payload(w: bytearray, value: Any) -> None:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise LocalProtocolError(f"expected bytes, got {value!r}", ErrorCode.INVALID_REQUEST)
+    n = len(value) if not isinstance(value, memoryview) else value.nbytes
+    if n > MAX_INT32:
+        raise LocalProtocolError(f"{n} bytes do not fit in int32", ErrorCode.INVALID_REQUEST)
+    w += _pack_i32(n)
+    w += value
+
+
+def _decode_bytes_payload(r: Reader, n: int) -> bytes:
+    pos = r.pos
+    end = pos + n
+    if end > r.end:
+        raise malformed(f"bytes field of {n} bytes, {r.end - pos} left")
+    r.pos = end
+    return bytes(r.buf[pos:end])
+
+
+def _encode_bytes(w: bytearray, value: Any) -> None:
+    if value is None:
+        raise LocalProtocolError("bytes field may not be null", ErrorCode.INVALID_REQUEST)
+    _encode_bytes_payload(w, value)
+
+
+def _decode_bytes(r: Reader) -> bytes:
+    n = _read_length(r, _unpack_i32, 4, "bytes")
+    if n == -1:
+        raise malformed("null bytes in a field that may not be null")
+    return _decode_bytes_payload(r, n)
+
+
+def _encode_nullable_bytes(w: bytearray, value: Any) -> None:
+    if value is None:
+        w += _pack_i32(-1)
+    else:
+        _encode_bytes_payload(w, value)
+
+
+def _decode_nullable_bytes(r: Reader) -> bytes | None:
+    n = _read_length(r, _unpack_i32, 4, "bytes")
+    return None if n == -1 else _decode_bytes_payload(r, n)
+
+
+BYTES: Codec[bytes] = Codec("bytes", _encode_bytes, _decode_bytes, 4)
+NULLABLE_BYTES: Codec[bytes | None] = Codec(
+    "nullable bytes", _encode_nullable_bytes, _decode_nullable_bytes, 4
+)
+
+
+def _encode_bool(w: bytearray, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise LocalProtocolError(f"expected a bool, got {value!r}", ErrorCode.INVALID_REQUEST)
+    w.append(1 if value else 0)
+
+
+def _decode_bool(r: Reader) -> bool:
+    pos = r.pos
+    if pos >= r.end:
+        raise malformed("needed 1 byte for a bool, 0 left")
+    r.pos = pos + 1
+    byte = r.buf[pos]
+    if byte == 0:
+        return False
+    if byte == 1:
+        return True
+    raise malformed(f"bool byte is {byte}, not 0 or 1")
+
+
+BOOL: Codec[bool] = Codec("bool", _encode_bool, _decode_bool, 1)
+
+
+def _encode_error_code(w: bytearray, value: Any) -> None:
+    if not isinstance(value, ErrorCode):
+        raise LocalProtocolError(f"expected an ErrorCode, got {value!r}", ErrorCode.INVALID_REQUEST)
+    w += _pack_i16(value)
+
+
+def _decode_error_code(r: Reader) -> ErrorCode:
+    return ErrorCode.from_wire(INT16.decode(r))
+
+
+ERROR_CODE: Codec[ErrorCode] = Codec("error code", _encode_error_code, _decode_error_code, 2)
+
+
+def array(item: Codec[Any], *, nullable: bool = False) -> Codec[Any]:
+    """``int32`` count then the items; -1 is null, accepted only where the field is Optional."""
+    item_encode = item.encode
+    item_decode = item.decode
+    item_min = max(item.min_size, 1)
+    name = f"{'nullable ' if nullable else ''}array of {item.name}"
+
+    def encode(w: bytearray, value: Any) -> None:
+        if value is None:
+            if not nullable:
+                raise LocalProtocolError(f"{name} may not be null", ErrorCode.INVALID_REQUEST)
+            w += _pack_i32(-1)
+            return
+        if not isinstance(value, tuple | list):
+            raise LocalProtocolError(f"expected a tuple, got {value!r}", ErrorCode.INVALID_REQUEST)
+        w += _pack_i32(len(value))
+        for element in value:
+            item_encode(w, element)
+
+    def decode(r: Reader) -> tuple[Any, ...] | None:
+        n = _read_length(r, _unpack_i32, 4, "array")
+        if n == -1:
+            if not nullable:
+                raise malformed(f"null in {name}, which may not be null")
+            return None
+        if n * item_min > r.end - r.pos:
+            raise malformed(f"{n} items of {name} cannot fit in {r.end - r.pos} bytes")
+        return tuple([item_decode(r) for _ in range(n)])
+
+    return Codec(name, encode, decode, 4)

@@ -1,0 +1,90 @@
+"""Error codes and the two protocol exceptions.
+
+Codes below 1000 are Kafka's numbers, reused only where Kafka means the same thing, so that anyone who
+knows Kafka reads them correctly; ours start above 1000 so the two ranges never collide. The
+exceptions follow h11: :class:`LocalProtocolError` means *we* were about to break the protocol (a bug
+on our side, nothing was sent), :class:`RemoteProtocolError` means the *peer* broke it (the connection
+is finished, tell the peer why with an error frame and close it).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.IntEnum):
+    NONE = 0
+    UNKNOWN_SERVER_ERROR = -1
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    """A record's CRC does not match its contents."""
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    MESSAGE_TOO_LARGE = 10
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    """The seeds' CoordinatorStartupNotComplete."""
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    INVALID_TOPIC_EXCEPTION = 17
+    ILLEGAL_GENERATION = 22
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REQUEST = 42
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
+
+    FRAME_TOO_LARGE = 1001
+    MALFORMED_FRAME = 1002
+    UNKNOWN_API_KEY = 1003
+    DUPLICATE_MEMBER_ID = 1004
+    """The consumer id is already registered in the group."""
+    STALE_COORDINATOR_EPOCH = 1005
+    UNEXPECTED_RESPONSE = 1006
+    """A response matching no outstanding request, or a request this side may not receive."""
+    INVALID_OFFSET_RESET = 1007
+
+    @classmethod
+    def from_wire(cls, value: int) -> ErrorCode:
+        """Read a code from a peer that may be newer than us.
+
+        Like Kafka's clients, an unknown number becomes UNKNOWN_SERVER_ERROR instead of breaking the
+        connection: a code added later must not turn an ordinary error reply into a protocol failure.
+        """
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN_SERVER_ERROR
+
+
+class ProtocolError(Exception):
+    """Base of the two protocol exceptions; never raised itself (which side is at fault matters).
+
+    ``correlation_id`` and ``api_key`` are set once the offending frame's header had been parsed, so
+    the error frame sent back can point at the request that caused it.
+    """
+
+    def __init__(
+        self,
+        msg: str,
+        error_code: ErrorCode,
+        *,
+        correlation_id: int | None = None,
+        api_key: int | None = None,
+    ) -> None:
+        if type(self) is ProtocolError:
+            raise TypeError("raise LocalProtocolError or RemoteProtocolError, not ProtocolError")
+        super().__init__(msg)
+        self.error_code = error_code
+        self.correlation_id = correlation_id
+        self.api_key = api_key
+
+
+class LocalProtocolError(ProtocolError):
+    """We tried to send something the protocol forbids; nothing was sent and no state changed."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something the protocol forbids; the connection is unusable from now on."""

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Makes this checkout runnable from nothing: Debian packages (ZooKeeper, a Java runtime for it and for
+# Spark) when we are root, then a virtualenv in .venv with the project and the extras named in
+# $EXTRAS (default: test,dev). Safe to run again: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS=${EXTRAS:-test,dev}
+
+need_apt=()
+[ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing Debian packages: ${need_apt[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+    else
+        echo "bootstrap: warning: missing ${need_apt[*]} and cannot apt-get (not root);" \
+             "the ZooKeeper and Spark tests will fail" >&2
+    fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "bootstrap: creating .venv"
+    python3 -m venv .venv
+fi
+stamp=.venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-${EXTRAS//,/-}
+if [ ! -f "$stamp" ]; then
+    echo "bootstrap: installing the project with extras [$EXTRAS]"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[$EXTRAS]"
+    touch "$stamp"
+fi

@@ -1,0 +1,177 @@
+"""A consumer group on the coordinator: when it rebalances, and which triggers coalesce.
+
+The seeds keep a ``rebalanceInitiated`` bit so a burst of joins causes one rebalance, and let only a
+member's failure cut an attempt short (seed 01 §8-§9). Here that policy is a table: joins and topic
+changes during an attempt only mark another one pending; a departure cancels the attempt in flight.
+The trio layer performs the effects: it owns the timer and the cancel scope of the attempt.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from statemachine.table import TransitionTable
+
+
+class GroupState(enum.Enum):
+    EMPTY = "Empty"
+    PENDING = "PendingRebalance"
+    STOPPING = "RebalancingStop"
+    STARTING = "RebalancingStart"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+# --- inputs ---------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class MemberJoined:
+    member_id: str
+
+
+@attrs.frozen(kw_only=True)
+class MemberDeparted:
+    """A member left or was declared dead; ``remaining`` is how many live members are left."""
+
+    member_id: str
+    remaining: int
+
+
+@attrs.frozen(kw_only=True)
+class TopicsChanged:
+    """A subscribed topic appeared or gained partitions (seed 01 §6)."""
+
+
+@attrs.frozen(kw_only=True)
+class AttemptBegan:
+    """The pending rebalance began an attempt under a new generation."""
+
+    generation: int
+
+
+@attrs.frozen(kw_only=True)
+class AttemptNotNeeded:
+    """The computed assignment equals the one in force (seed 01 §9 step 3)."""
+
+
+@attrs.frozen(kw_only=True)
+class MembersStopped:
+    """Every member answered StopFetcher and the offsets were committed."""
+
+
+@attrs.frozen(kw_only=True)
+class AttemptCompleted:
+    """Every member answered StartFetcher."""
+
+
+@attrs.frozen(kw_only=True)
+class AttemptFailed:
+    """A deadline passed without a death, or the store failed: back off and try again."""
+
+
+@attrs.frozen(kw_only=True)
+class Deleted:
+    pass
+
+
+# --- effects --------------------------------------------------------------------------------
+
+
+class Delay(enum.Enum):
+    """How long to wait before the next attempt; the trio layer turns these into seconds."""
+
+    NONE = "none"
+    INITIAL = "initial"  # a new group waits for the crowd that joins with its first member
+    BACKOFF = "backoff"  # after a failed attempt, scaled to the session timeouts
+
+
+@attrs.frozen(kw_only=True)
+class ScheduleRebalance:
+    delay: Delay
+
+
+@attrs.frozen(kw_only=True)
+class CancelAttempt:
+    """Cancel the attempt in flight at once (seed 01 §8, handleConsumerFailure step 4)."""
+
+
+Effect = ScheduleRebalance | CancelAttempt
+
+_IN_FLIGHT = (GroupState.STOPPING, GroupState.STARTING)
+
+
+def _build_table() -> TransitionTable[GroupState]:
+    t: dict[tuple[GroupState, type], GroupState] = {
+        (GroupState.EMPTY, MemberJoined): GroupState.PENDING,
+        (GroupState.EMPTY, TopicsChanged): GroupState.EMPTY,
+        (GroupState.EMPTY, Deleted): GroupState.DEAD,
+        (GroupState.PENDING, MemberJoined): GroupState.PENDING,
+        (GroupState.PENDING, MemberDeparted): GroupState.PENDING,
+        (GroupState.PENDING, TopicsChanged): GroupState.PENDING,
+        (GroupState.PENDING, AttemptBegan): GroupState.STOPPING,
+        (GroupState.PENDING, AttemptNotNeeded): GroupState.STABLE,
+        (GroupState.PENDING, AttemptFailed): GroupState.PENDING,
+        (GroupState.STOPPING, MembersStopped): GroupState.STARTING,
+        (GroupState.STARTING, AttemptCompleted): GroupState.STABLE,
+        (GroupState.STABLE, MemberJoined): GroupState.PENDING,
+        (GroupState.STABLE, MemberDeparted): GroupState.PENDING,
+        (GroupState.STABLE, TopicsChanged): GroupState.PENDING,
+    }
+    for state in _IN_FLIGHT:
+        t[(state, MemberJoined)] = state
+        t[(state, TopicsChanged)] = state
+        t[(state, MemberDeparted)] = GroupState.PENDING
+        t[(state, AttemptFailed)] = GroupState.PENDING
+    return TransitionTable("Group", t)
+
+
+TABLE = _build_table()
+
+
+@attrs.define
+class GroupMachine:
+    group_id: str
+    state: GroupState = GroupState.EMPTY
+    generation: int = 0
+    #: seed 01's ``rebalanceInitiated``: another attempt is owed after the one in flight.
+    rebalance_pending: bool = False
+
+    def handle(self, event: object) -> list[Effect]:
+        next_state = TABLE.next_state(self.state, event)  # raises before any change
+        effects: list[Effect] = []
+        match event:
+            case MemberJoined() | TopicsChanged():
+                if self.state in _IN_FLIGHT:
+                    self.rebalance_pending = True
+                elif self.state is GroupState.EMPTY and isinstance(event, MemberJoined):
+                    effects.append(ScheduleRebalance(delay=Delay.INITIAL))
+                elif self.state is GroupState.STABLE:
+                    effects.append(ScheduleRebalance(delay=Delay.NONE))
+            case MemberDeparted(remaining=remaining):
+                if self.state in _IN_FLIGHT:
+                    effects.append(CancelAttempt())
+                self.rebalance_pending = False
+                if remaining == 0:
+                    next_state = GroupState.EMPTY
+                elif self.state is not GroupState.PENDING:
+                    effects.append(ScheduleRebalance(delay=Delay.NONE))
+            case AttemptBegan(generation=generation):
+                if generation <= self.generation:
+                    raise ValueError(f"generation {generation} is not above {self.generation}")
+                self.generation = generation
+                self.rebalance_pending = False
+            case AttemptNotNeeded():
+                self.rebalance_pending = False
+            case AttemptCompleted():
+                if self.rebalance_pending:
+                    self.rebalance_pending = False
+                    next_state = GroupState.PENDING
+                    effects.append(ScheduleRebalance(delay=Delay.NONE))
+            case AttemptFailed():
+                self.rebalance_pending = False
+                effects.append(ScheduleRebalance(delay=Delay.BACKOFF))
+        self.state = next_state
+        return effects

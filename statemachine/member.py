@@ -1,0 +1,212 @@
+"""A group member as the coordinator sees it: ``Registered -> Stopping -> Starting -> Stable``.
+
+The machine owns the two facts that keep the invariants on the coordinator side: how many of the
+member's deadlines it has missed (seed 01 §8: declared dead after a configured number), and when
+the member was last heard from, which bounds how long it may still be fetching under its ownership
+lease after it falls silent (DESIGN.md, "Ownership lease"). Time is passed in; nothing here reads
+a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from statemachine.table import TransitionTable
+
+
+class MemberState(enum.Enum):
+    REGISTERED = "Registered"
+    STOPPING = "Stopping"
+    STARTING = "Starting"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+class DeathCause(enum.Enum):
+    CONNECTION_CLOSED = "connection closed"
+    MISSED_DEADLINES = "missed deadlines"
+    LEFT = "left the group"
+    PROTOCOL_ERROR = "protocol error"
+
+
+# --- inputs ---------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class StopFetcherSent:
+    """A rebalance attempt asked the member to stop fetching, under ``generation``."""
+
+    generation: int
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class StopFetcherAnswered:
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class StartFetcherSent:
+    generation: int
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class StartFetcherAnswered:
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class PingSent:
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class PingAnswered:
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class DeadlineMissed:
+    """A Ping, StopFetcher or StartFetcher went unanswered for 2/3 of the session timeout."""
+
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class ConnectionClosed:
+    """The member's connection ended: it stops fetching before it closes (DESIGN.md), so its
+    partitions are free at once."""
+
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class Left:
+    """LeaveGroup: a graceful close after the member stopped its fetchers and committed."""
+
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class ProtocolViolation:
+    """The member's connection broke the protocol and is being closed."""
+
+    now: float
+
+
+# --- effects --------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class DeclaredDead:
+    """The member is gone. Its partitions may start elsewhere no earlier than ``partitions_free_at``:
+    at once if it closed its connection or left, else when its lease has surely run out."""
+
+    cause: DeathCause
+    partitions_free_at: float
+
+
+Effect = DeclaredDead
+
+_LIVE = (MemberState.REGISTERED, MemberState.STOPPING, MemberState.STARTING, MemberState.STABLE)
+
+
+def _build_table() -> TransitionTable[MemberState]:
+    t: dict[tuple[MemberState, type], MemberState] = {}
+    for state in _LIVE:
+        # A new rebalance attempt may begin from any live state: a failed attempt leaves members
+        # in Stopping or Starting, and the next attempt stops everyone again.
+        t[(state, StopFetcherSent)] = MemberState.STOPPING
+        for event in (PingSent, PingAnswered, DeadlineMissed):
+            t[(state, event)] = state  # DeadlineMissed may also kill: see MemberMachine.handle
+        for event in (ConnectionClosed, Left, ProtocolViolation):
+            t[(state, event)] = MemberState.DEAD
+    t[(MemberState.STOPPING, StopFetcherAnswered)] = MemberState.STOPPING
+    t[(MemberState.STOPPING, StartFetcherSent)] = MemberState.STARTING
+    t[(MemberState.STARTING, StartFetcherAnswered)] = MemberState.STABLE
+    # A dead member's connection may still close, or a stale deadline fire, after death: absorbed.
+    for event in (ConnectionClosed, DeadlineMissed):
+        t[(MemberState.DEAD, event)] = MemberState.DEAD
+    return TransitionTable("Member (coordinator side)", t)
+
+
+TABLE = _build_table()
+
+
+@attrs.frozen(kw_only=True)
+class MemberTimeouts:
+    """The seeds' failure-detection numbers, derived from the member's session timeout T."""
+
+    session_timeout: float
+    max_missed: int = 1
+    lease_margin: float = 0.5
+
+    @property
+    def ping_interval(self) -> float:
+        return self.session_timeout / 3
+
+    @property
+    def response_deadline(self) -> float:
+        return self.session_timeout * 2 / 3
+
+
+@attrs.define
+class MemberMachine:
+    member_id: str
+    timeouts: MemberTimeouts
+    last_heard: float
+    state: MemberState = MemberState.REGISTERED
+    generation: int = -1
+    missed: int = 0
+    stop_answered: bool = False
+
+    def handle(self, event: object) -> list[Effect]:
+        next_state = TABLE.next_state(self.state, event)  # raises before any change
+        if self.state is MemberState.DEAD:
+            return []
+        effects: list[Effect] = []
+        match event:
+            case StopFetcherSent(generation=generation):
+                self.generation = generation
+                self.stop_answered = False
+            case StartFetcherSent(generation=generation):
+                self.generation = generation
+            case StopFetcherAnswered(now=now):
+                self.stop_answered = True
+                self._heard(now)
+            case PingAnswered(now=now) | StartFetcherAnswered(now=now):
+                self._heard(now)
+            case DeadlineMissed(now=now):
+                self.missed += 1
+                if self.missed >= self.timeouts.max_missed:
+                    next_state = MemberState.DEAD
+                    effects.append(self._death(DeathCause.MISSED_DEADLINES, now, silent=True))
+            case ConnectionClosed(now=now):
+                effects.append(self._death(DeathCause.CONNECTION_CLOSED, now, silent=False))
+            case Left(now=now):
+                effects.append(self._death(DeathCause.LEFT, now, silent=False))
+            case ProtocolViolation(now=now):
+                effects.append(self._death(DeathCause.PROTOCOL_ERROR, now, silent=True))
+        self.state = next_state
+        return effects
+
+    @property
+    def alive(self) -> bool:
+        return self.state is not MemberState.DEAD
+
+    def lease_end(self) -> float:
+        """The latest instant the member may still be fetching if it has heard nothing since."""
+        return self.last_heard + self.timeouts.session_timeout + self.timeouts.lease_margin
+
+    def _heard(self, now: float) -> None:
+        self.last_heard = max(self.last_heard, now)
+        self.missed = 0
+
+    def _death(self, cause: DeathCause, now: float, *, silent: bool) -> DeclaredDead:
+        # A member that closed or left stopped its fetchers first. One that fell silent or broke
+        # the protocol may still be fetching until its lease runs out.
+        free_at = max(now, self.lease_end()) if silent else now
+        return DeclaredDead(cause=cause, partitions_free_at=free_at)

@@ -1,0 +1,101 @@
+"""The group machine against an outcome table written out by hand, not derived from TABLE."""
+
+import attrs
+import pytest
+
+from statemachine import group as g
+from statemachine.table import IllegalTransition
+
+S = g.GroupState
+INPUTS = {
+    "Joined": g.MemberJoined(member_id="c9"),
+    "Departed": g.MemberDeparted(member_id="c1", remaining=2),
+    "Topics": g.TopicsChanged(),
+    "Began": g.AttemptBegan(generation=5),
+    "NotNeeded": g.AttemptNotNeeded(),
+    "Stopped": g.MembersStopped(),
+    "Completed": g.AttemptCompleted(),
+    "Failed": g.AttemptFailed(),
+    "Deleted": g.Deleted(),
+}
+X = None
+# fmt: off
+EXPECTED: dict[S, dict[str, S | None]] = {
+    S.EMPTY: {"Joined": S.PENDING, "Departed": X, "Topics": S.EMPTY, "Began": X, "NotNeeded": X,
+              "Stopped": X, "Completed": X, "Failed": X, "Deleted": S.DEAD},
+    S.PENDING: {"Joined": S.PENDING, "Departed": S.PENDING, "Topics": S.PENDING,
+                "Began": S.STOPPING, "NotNeeded": S.STABLE, "Stopped": X, "Completed": X,
+                "Failed": S.PENDING, "Deleted": X},
+    S.STOPPING: {"Joined": S.STOPPING, "Departed": S.PENDING, "Topics": S.STOPPING, "Began": X,
+                 "NotNeeded": X, "Stopped": S.STARTING, "Completed": X, "Failed": S.PENDING,
+                 "Deleted": X},
+    S.STARTING: {"Joined": S.STARTING, "Departed": S.PENDING, "Topics": S.STARTING, "Began": X,
+                 "NotNeeded": X, "Stopped": X, "Completed": S.STABLE, "Failed": S.PENDING,
+                 "Deleted": X},
+    S.STABLE: {"Joined": S.PENDING, "Departed": S.PENDING, "Topics": S.PENDING, "Began": X,
+               "NotNeeded": X, "Stopped": X, "Completed": X, "Failed": X, "Deleted": X},
+    S.DEAD: {name: X for name in INPUTS},
+}
+# fmt: on
+
+
+def test_the_table_covers_exactly_the_expected_inputs() -> None:
+    assert {type(e) for e in INPUTS.values()} == set(g.TABLE.inputs())
+
+
+@pytest.mark.parametrize("state", list(S))
+@pytest.mark.parametrize("name", list(INPUTS))
+def test_every_state_and_input(state: S, name: str) -> None:
+    machine = g.GroupMachine(group_id="g", state=state, generation=4)
+    expected = EXPECTED[state][name]
+    if expected is None:
+        before = attrs.asdict(machine)
+        with pytest.raises(IllegalTransition):
+            machine.handle(INPUTS[name])
+        assert attrs.asdict(machine) == before
+    else:
+        machine.handle(INPUTS[name])
+        assert machine.state is expected
+
+
+def test_a_crowd_of_joins_schedules_one_rebalance() -> None:
+    machine = g.GroupMachine(group_id="g")
+    effects = [e for i in range(100) for e in machine.handle(g.MemberJoined(member_id=f"c{i}"))]
+    assert effects == [g.ScheduleRebalance(delay=g.Delay.INITIAL)]
+
+
+def test_joins_during_an_attempt_coalesce_into_one_more_and_never_cancel() -> None:
+    machine = g.GroupMachine(group_id="g", state=S.PENDING)
+    machine.handle(g.AttemptBegan(generation=1))
+    for i in range(5):
+        assert machine.handle(g.MemberJoined(member_id=f"late{i}")) == []
+    assert machine.handle(g.TopicsChanged()) == []
+    machine.handle(g.MembersStopped())
+    assert machine.handle(g.AttemptCompleted()) == [g.ScheduleRebalance(delay=g.Delay.NONE)]
+    assert (machine.state, machine.rebalance_pending) == (S.PENDING, False)
+
+
+def test_a_departure_cancels_the_attempt_in_flight() -> None:
+    machine = g.GroupMachine(group_id="g", state=S.PENDING)
+    machine.handle(g.AttemptBegan(generation=1))
+    effects = machine.handle(g.MemberDeparted(member_id="c1", remaining=3))
+    assert effects == [g.CancelAttempt(), g.ScheduleRebalance(delay=g.Delay.NONE)]
+    assert machine.state is S.PENDING
+
+
+def test_the_last_departure_empties_the_group() -> None:
+    machine = g.GroupMachine(group_id="g", state=S.STARTING, generation=2)
+    assert machine.handle(g.MemberDeparted(member_id="c1", remaining=0)) == [g.CancelAttempt()]
+    assert machine.state is S.EMPTY
+
+
+def test_a_failed_attempt_backs_off() -> None:
+    machine = g.GroupMachine(group_id="g", state=S.STOPPING, generation=2)
+    assert machine.handle(g.AttemptFailed()) == [g.ScheduleRebalance(delay=g.Delay.BACKOFF)]
+
+
+def test_generations_only_increase() -> None:
+    machine = g.GroupMachine(group_id="g", state=S.PENDING, generation=4)
+    with pytest.raises(ValueError):
+        machine.handle(g.AttemptBegan(generation=4))
+    assert (machine.state, machine.generation) == (S.PENDING, 4)

@@ -1,0 +1,110 @@
+"""The member machine against an outcome table written out by hand, not derived from TABLE."""
+
+import attrs
+import pytest
+
+from statemachine import member as m
+from statemachine.table import IllegalTransition
+
+S = m.MemberState
+INPUTS = {
+    "StopSent": m.StopFetcherSent(generation=7, now=1.0),
+    "StopAnswered": m.StopFetcherAnswered(now=1.0),
+    "StartSent": m.StartFetcherSent(generation=7, now=1.0),
+    "StartAnswered": m.StartFetcherAnswered(now=1.0),
+    "PingSent": m.PingSent(now=1.0),
+    "PingAnswered": m.PingAnswered(now=1.0),
+    "Missed": m.DeadlineMissed(now=1.0),
+    "Closed": m.ConnectionClosed(now=1.0),
+    "Left": m.Left(now=1.0),
+    "Violation": m.ProtocolViolation(now=1.0),
+}
+X = None  # illegal
+# fmt: off
+EXPECTED: dict[S, dict[str, S | None]] = {
+    S.REGISTERED: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
+                   "PingSent": S.REGISTERED, "PingAnswered": S.REGISTERED, "Missed": S.DEAD,
+                   "Closed": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
+    S.STOPPING: {"StopSent": S.STOPPING, "StopAnswered": S.STOPPING, "StartSent": S.STARTING,
+                 "StartAnswered": X, "PingSent": S.STOPPING, "PingAnswered": S.STOPPING,
+                 "Missed": S.DEAD, "Closed": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
+    S.STARTING: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X,
+                 "StartAnswered": S.STABLE, "PingSent": S.STARTING, "PingAnswered": S.STARTING,
+                 "Missed": S.DEAD, "Closed": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
+    S.STABLE: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
+               "PingSent": S.STABLE, "PingAnswered": S.STABLE, "Missed": S.DEAD,
+               "Closed": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
+    S.DEAD: {"StopSent": X, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
+             "PingSent": X, "PingAnswered": X, "Missed": S.DEAD, "Closed": S.DEAD, "Left": X,
+             "Violation": X},
+}
+# fmt: on
+
+
+def _machine(state: S) -> m.MemberMachine:
+    timeouts = m.MemberTimeouts(session_timeout=6.0, max_missed=1, lease_margin=0.5)
+    return m.MemberMachine(member_id="c1", timeouts=timeouts, last_heard=0.0, state=state)
+
+
+def test_the_table_covers_exactly_the_expected_inputs() -> None:
+    assert {type(e) for e in INPUTS.values()} == set(m.TABLE.inputs())
+
+
+@pytest.mark.parametrize("state", list(S))
+@pytest.mark.parametrize("name", list(INPUTS))
+def test_every_state_and_input(state: S, name: str) -> None:
+    machine = _machine(state)
+    expected = EXPECTED[state][name]
+    if expected is None:
+        before = attrs.asdict(machine)
+        with pytest.raises(IllegalTransition):
+            machine.handle(INPUTS[name])
+        assert attrs.asdict(machine) == before
+    else:
+        machine.handle(INPUTS[name])
+        assert machine.state is expected
+
+
+def test_one_missed_deadline_kills_by_default_and_frees_partitions_after_the_lease() -> None:
+    machine = _machine(S.STABLE)
+    machine.handle(m.PingAnswered(now=10.0))
+    machine.handle(m.PingSent(now=12.0))
+    (effect,) = machine.handle(m.DeadlineMissed(now=16.0))
+    assert machine.state is S.DEAD
+    assert effect == m.DeclaredDead(cause=m.DeathCause.MISSED_DEADLINES, partitions_free_at=16.5)
+
+
+def test_misses_are_counted_and_an_answer_resets_them() -> None:
+    timeouts = m.MemberTimeouts(session_timeout=3.0, max_missed=3)
+    machine = m.MemberMachine(member_id="c1", timeouts=timeouts, last_heard=0.0)
+    assert machine.handle(m.DeadlineMissed(now=2.0)) == []
+    assert machine.handle(m.DeadlineMissed(now=4.0)) == []
+    machine.handle(m.PingAnswered(now=4.5))
+    assert machine.missed == 0
+    assert machine.handle(m.DeadlineMissed(now=6.5)) == []
+    assert machine.handle(m.DeadlineMissed(now=8.5)) == []
+    (effect,) = machine.handle(m.DeadlineMissed(now=10.5))
+    # last heard at 4.5: its lease (T=3 plus the 0.5 margin) ran out at 8.0, before it was declared
+    assert effect.partitions_free_at == 10.5
+
+
+def test_a_closed_connection_frees_partitions_at_once() -> None:
+    machine = _machine(S.STABLE)
+    (effect,) = machine.handle(m.ConnectionClosed(now=3.0))
+    assert effect == m.DeclaredDead(cause=m.DeathCause.CONNECTION_CLOSED, partitions_free_at=3.0)
+    assert machine.handle(m.ConnectionClosed(now=4.0)) == []
+
+
+def test_timings_follow_the_seeds() -> None:
+    timeouts = m.MemberTimeouts(session_timeout=6.0)
+    assert (timeouts.ping_interval, timeouts.response_deadline) == (2.0, 4.0)
+
+
+def test_generation_follows_the_requests_sent() -> None:
+    machine = _machine(S.STABLE)
+    machine.handle(m.StopFetcherSent(generation=3, now=0.0))
+    assert (machine.generation, machine.stop_answered) == (3, False)
+    machine.handle(m.StopFetcherAnswered(now=0.5))
+    machine.handle(m.StartFetcherSent(generation=3, now=0.6))
+    machine.handle(m.StartFetcherAnswered(now=0.7))
+    assert (machine.state, machine.generation, machine.last_heard) == (S.STABLE, 3, 0.7)
