@@ -56,13 +56,17 @@ class Codec(Generic[T]):
     """How one wire type is written and read.
 
     ``min_size`` is the fewest bytes a value can take; arrays use it to refuse a count that the
-    remaining bytes could not possibly hold, before allocating anything for it.
+    remaining bytes could not possibly hold, before allocating anything for it. ``fixed`` is the
+    :mod:`struct` format character of a fixed-width integer type (``from_int`` turns the unpacked
+    int into the field's value), which lets a struct codec read runs of such fields in one call.
     """
 
     name: str
     encode: Encoder
     decode: Decoder
     min_size: int
+    fixed: str | None = None
+    from_int: Callable[[int], Any] | None = None
 
 
 def malformed(msg: str) -> RemoteProtocolError:
@@ -91,7 +95,7 @@ def _int_codec(name: str, fmt: str, *, signed: bool = True) -> Codec[int]:
         value: int = unpack_from(r.buf, pos)[0]
         return value
 
-    return Codec(name, encode, decode, size)
+    return Codec(name, encode, decode, size, fixed=fmt[1:])
 
 
 INT8 = _int_codec("int8", ">b")
@@ -116,124 +120,106 @@ MAX_STRING_BYTES = 2**15 - 1
 MAX_INT32 = 2**31 - 1
 
 
-def _read_length(r: Reader, unpack: Callable[..., tuple[Any, ...]], size: int, what: str) -> int:
-    """Read a length prefix; -1 (null) is returned as is, any other negative is malformed."""
-    pos = r.pos
-    if pos + size > r.end:
-        raise malformed(f"needed {size} bytes for a {what} length, {r.end - pos} left")
-    r.pos = pos + size
-    n: int = unpack(r.buf, pos)[0]
-    if n < -1:
-        raise malformed(f"negative {what} length {n}")
-    return n
+def _string_codec(*, nullable: bool) -> Codec[Any]:
+    """``int16`` length + UTF-8; length -1 is null, accepted only where the field is Optional.
+
+    Each variant is one flat function: strings are in nearly every message (ids, topics), so a
+    call per length prefix would show on the ping path.
+    """
+    name = "nullable string" if nullable else "string"
+    null_prefix = _pack_i16(-1)
+
+    def encode(w: bytearray, value: Any) -> None:
+        if value.__class__ is not str:
+            if value is None and nullable:
+                w += null_prefix
+                return
+            if not isinstance(value, str):
+                raise LocalProtocolError(f"{name}: got {value!r}", ErrorCode.INVALID_REQUEST)
+        try:
+            data = value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise LocalProtocolError(
+                f"{name} is not UTF-8: {exc}", ErrorCode.INVALID_REQUEST
+            ) from None
+        n = len(data)
+        if n > MAX_STRING_BYTES:
+            raise LocalProtocolError(
+                f"{name} of {n} bytes exceeds {MAX_STRING_BYTES}", ErrorCode.INVALID_REQUEST
+            )
+        w += _pack_i16(n)
+        w += data
+
+    def decode(r: Reader) -> str | None:
+        buf = r.buf
+        pos = r.pos
+        end = r.end
+        if pos + 2 > end:
+            raise malformed(f"needed 2 bytes for a {name} length, {end - pos} left")
+        (n,) = _unpack_i16(buf, pos)
+        pos += 2
+        if n < 0:
+            if n == -1 and nullable:
+                r.pos = pos
+                return None
+            raise malformed(f"{name} length {n}")
+        stop = pos + n
+        if stop > end:
+            raise malformed(f"{name} of {n} bytes, {end - pos} left")
+        r.pos = stop
+        try:
+            return str(buf[pos:stop], "utf-8")
+        except UnicodeDecodeError as exc:
+            raise malformed(f"{name} is not UTF-8: {exc}") from None
+
+    return Codec(name, encode, decode, 2)
 
 
-def _encode_str_payload(w: bytearray, value: Any) -> None:
-    if not isinstance(value, str):
-        raise LocalProtocolError(f"expected a string, got {value!r}", ErrorCode.INVALID_REQUEST)
-    try:
-        data = value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise LocalProtocolError(f"string is not UTF-8: {exc}", ErrorCode.INVALID_REQUEST) from None
-    if len(data) > MAX_STRING_BYTES:
-        raise LocalProtocolError(
-            f"string of {len(data)} bytes exceeds {MAX_STRING_BYTES}", ErrorCode.INVALID_REQUEST
-        )
-    w += _pack_i16(len(data))
-    w += data
+STRING: Codec[str] = _string_codec(nullable=False)
+NULLABLE_STRING: Codec[str | None] = _string_codec(nullable=True)
 
 
-def _decode_str_payload(r: Reader, n: int) -> str:
-    pos = r.pos
-    end = pos + n
-    if end > r.end:
-        raise malformed(f"string of {n} bytes, {r.end - pos} left")
-    r.pos = end
-    try:
-        return str(r.buf[pos:end], "utf-8")
-    except UnicodeDecodeError as exc:
-        raise malformed(f"string is not UTF-8: {exc}") from None
+def _bytes_codec(*, nullable: bool) -> Codec[Any]:
+    """``int32`` length + raw bytes; length -1 is null, accepted only where the field may be."""
+    name = "nullable bytes" if nullable else "bytes"
+    null_prefix = _pack_i32(-1)
+
+    def encode(w: bytearray, value: Any) -> None:
+        if value is None and nullable:
+            w += null_prefix
+            return
+        if not isinstance(value, bytes | bytearray):
+            raise LocalProtocolError(f"{name}: got {value!r}", ErrorCode.INVALID_REQUEST)
+        n = len(value)
+        if n > MAX_INT32:
+            raise LocalProtocolError(f"{name}: {n} bytes exceed int32", ErrorCode.INVALID_REQUEST)
+        w += _pack_i32(n)
+        w += value
+
+    def decode(r: Reader) -> bytes | None:
+        buf = r.buf
+        pos = r.pos
+        end = r.end
+        if pos + 4 > end:
+            raise malformed(f"needed 4 bytes for a {name} length, {end - pos} left")
+        (n,) = _unpack_i32(buf, pos)
+        pos += 4
+        if n < 0:
+            if n == -1 and nullable:
+                r.pos = pos
+                return None
+            raise malformed(f"{name} length {n}")
+        stop = pos + n
+        if stop > end:
+            raise malformed(f"{name} of {n} bytes, {end - pos} left")
+        r.pos = stop
+        return bytes(buf[pos:stop])
+
+    return Codec(name, encode, decode, 4)
 
 
-def _encode_string(w: bytearray, value: Any) -> None:
-    if value is None:
-        raise LocalProtocolError("string field may not be null", ErrorCode.INVALID_REQUEST)
-    _encode_str_payload(w, value)
-
-
-def _decode_string(r: Reader) -> str:
-    n = _read_length(r, _unpack_i16, 2, "string")
-    if n == -1:
-        raise malformed("null string in a field that may not be null")
-    return _decode_str_payload(r, n)
-
-
-def _encode_nullable_string(w: bytearray, value: Any) -> None:
-    if value is None:
-        w += _pack_i16(-1)
-    else:
-        _encode_str_payload(w, value)
-
-
-def _decode_nullable_string(r: Reader) -> str | None:
-    n = _read_length(r, _unpack_i16, 2, "string")
-    return None if n == -1 else _decode_str_payload(r, n)
-
-
-STRING: Codec[str] = Codec("string", _encode_string, _decode_string, 2)
-NULLABLE_STRING: Codec[str | None] = Codec(
-    "nullable string", _encode_nullable_string, _decode_nullable_string, 2
-)
-
-
-def _encode_bytes_payload(w: bytearray, value: Any) -> None:
-    if not isinstance(value, bytes | bytearray | memoryview):
-        raise LocalProtocolError(f"expected bytes, got {value!r}", ErrorCode.INVALID_REQUEST)
-    n = len(value) if not isinstance(value, memoryview) else value.nbytes
-    if n > MAX_INT32:
-        raise LocalProtocolError(f"{n} bytes do not fit in int32", ErrorCode.INVALID_REQUEST)
-    w += _pack_i32(n)
-    w += value
-
-
-def _decode_bytes_payload(r: Reader, n: int) -> bytes:
-    pos = r.pos
-    end = pos + n
-    if end > r.end:
-        raise malformed(f"bytes field of {n} bytes, {r.end - pos} left")
-    r.pos = end
-    return bytes(r.buf[pos:end])
-
-
-def _encode_bytes(w: bytearray, value: Any) -> None:
-    if value is None:
-        raise LocalProtocolError("bytes field may not be null", ErrorCode.INVALID_REQUEST)
-    _encode_bytes_payload(w, value)
-
-
-def _decode_bytes(r: Reader) -> bytes:
-    n = _read_length(r, _unpack_i32, 4, "bytes")
-    if n == -1:
-        raise malformed("null bytes in a field that may not be null")
-    return _decode_bytes_payload(r, n)
-
-
-def _encode_nullable_bytes(w: bytearray, value: Any) -> None:
-    if value is None:
-        w += _pack_i32(-1)
-    else:
-        _encode_bytes_payload(w, value)
-
-
-def _decode_nullable_bytes(r: Reader) -> bytes | None:
-    n = _read_length(r, _unpack_i32, 4, "bytes")
-    return None if n == -1 else _decode_bytes_payload(r, n)
-
-
-BYTES: Codec[bytes] = Codec("bytes", _encode_bytes, _decode_bytes, 4)
-NULLABLE_BYTES: Codec[bytes | None] = Codec(
-    "nullable bytes", _encode_nullable_bytes, _decode_nullable_bytes, 4
-)
+BYTES: Codec[bytes] = _bytes_codec(nullable=False)
+NULLABLE_BYTES: Codec[bytes | None] = _bytes_codec(nullable=True)
 
 
 def _encode_bool(w: bytearray, value: Any) -> None:
@@ -268,7 +254,14 @@ def _decode_error_code(r: Reader) -> ErrorCode:
     return ErrorCode.from_wire(INT16.decode(r))
 
 
-ERROR_CODE: Codec[ErrorCode] = Codec("error code", _encode_error_code, _decode_error_code, 2)
+ERROR_CODE: Codec[ErrorCode] = Codec(
+    "error code",
+    _encode_error_code,
+    _decode_error_code,
+    2,
+    fixed="h",
+    from_int=ErrorCode.from_wire,
+)
 
 
 def array(item: Codec[Any], *, nullable: bool = False) -> Codec[Any]:
@@ -291,11 +284,15 @@ def array(item: Codec[Any], *, nullable: bool = False) -> Codec[Any]:
             item_encode(w, element)
 
     def decode(r: Reader) -> tuple[Any, ...] | None:
-        n = _read_length(r, _unpack_i32, 4, "array")
-        if n == -1:
-            if not nullable:
-                raise malformed(f"null in {name}, which may not be null")
-            return None
+        pos = r.pos
+        if pos + 4 > r.end:
+            raise malformed(f"needed 4 bytes for a {name} count, {r.end - pos} left")
+        (n,) = _unpack_i32(r.buf, pos)
+        r.pos = pos + 4
+        if n < 0:
+            if n == -1 and nullable:
+                return None
+            raise malformed(f"{name} count {n}")
         if n * item_min > r.end - r.pos:
             raise malformed(f"{n} items of {name} cannot fit in {r.end - r.pos} bytes")
         return tuple([item_decode(r) for _ in range(n)])

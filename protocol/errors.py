@@ -1,10 +1,10 @@
 """Error codes and the two protocol exceptions.
 
-Codes below 1000 are Kafka's numbers, reused only where Kafka means the same thing, so that anyone who
-knows Kafka reads them correctly; ours start above 1000 so the two ranges never collide. The
-exceptions follow h11: :class:`LocalProtocolError` means *we* were about to break the protocol (a bug
-on our side, nothing was sent), :class:`RemoteProtocolError` means the *peer* broke it (the connection
-is finished, tell the peer why with an error frame and close it).
+Codes below 1000 are Kafka's numbers, reused only where Kafka means the same thing, so that anyone
+who knows Kafka reads them correctly; ours start above 1000 so the two ranges never collide. The
+exceptions follow h11: :class:`LocalProtocolError` means *we* were about to break the protocol (a
+bug on our side, nothing was sent), :class:`RemoteProtocolError` means the *peer* broke it (the
+connection is finished: tell the peer why with an error frame and close it).
 """
 
 from __future__ import annotations
@@ -50,13 +50,14 @@ class ErrorCode(enum.IntEnum):
     def from_wire(cls, value: int) -> ErrorCode:
         """Read a code from a peer that may be newer than us.
 
-        Like Kafka's clients, an unknown number becomes UNKNOWN_SERVER_ERROR instead of breaking the
-        connection: a code added later must not turn an ordinary error reply into a protocol failure.
+        Like Kafka's clients, an unknown number becomes UNKNOWN_SERVER_ERROR instead of breaking
+        the connection: a code added later must not turn an ordinary error reply into a protocol
+        failure.
         """
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.UNKNOWN_SERVER_ERROR
+        return _BY_VALUE.get(value, ErrorCode.UNKNOWN_SERVER_ERROR)
+
+
+_BY_VALUE: dict[int, ErrorCode] = {code.value: code for code in ErrorCode}
 
 
 class ProtocolError(Exception):

@@ -3,8 +3,8 @@
 A record is ``offset:int64, crc:uint32, timestamp_ms:int64, key:bytes, value:bytes``. The CRC covers
 only the part after itself, never the offset, so a broker can stamp offsets on a producer's records
 (which arrive with offset -1) without recomputing anything, and a log file is nothing but encoded
-records one after another: read it with :func:`decode_record` until the end, and a torn tail shows up
-as a MALFORMED_FRAME (truncate there) while flipped bits show up as CORRUPT_MESSAGE.
+records one after another: read it with :func:`decode_record` until the end, and a torn tail shows
+up as a MALFORMED_FRAME (truncate there) while flipped bits show up as CORRUPT_MESSAGE.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from .codec import (
     INT64,
     NULLABLE_BYTES,
     Codec,
-    Reader,
     ReadableBuffer,
+    Reader,
     malformed,
 )
 from .errors import ErrorCode, LocalProtocolError, RemoteProtocolError
@@ -42,8 +42,10 @@ class Record:
 def record_size(record: Record) -> int:
     """Encoded size, so a broker can honour a fetch's ``max_bytes`` without encoding first."""
     key, value = record.key, record.value
-    return RECORD_OVERHEAD + (len(key) if key is not None else 0) + (
-        len(value) if value is not None else 0
+    return (
+        RECORD_OVERHEAD
+        + (len(key) if key is not None else 0)
+        + (len(value) if value is not None else 0)
     )
 
 
@@ -90,9 +92,7 @@ def encode_record(record: Record) -> bytes:
     return bytes(w)
 
 
-def decode_record(
-    buf: ReadableBuffer, pos: int = 0, end: int | None = None
-) -> tuple[Record, int]:
+def decode_record(buf: ReadableBuffer, pos: int = 0, end: int | None = None) -> tuple[Record, int]:
     """Decode the record at ``buf[pos:]`` (up to ``end``) and return it with the next position.
 
     Raises RemoteProtocolError: CORRUPT_MESSAGE when the CRC does not match, MALFORMED_FRAME when

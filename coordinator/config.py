@@ -1,0 +1,37 @@
+"""The broker options of seed 01 §4, with the defaults a single-broker user gets."""
+
+from __future__ import annotations
+
+import attrs
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, not {value}")
+
+
+@attrs.frozen(kw_only=True)
+class CoordinatorConfig:
+    #: A consumer asking for a shorter session timeout is refused (INVALID_SESSION_TIMEOUT): very
+    #: short ones turn GC pauses into false deaths and pings into load.
+    min_session_timeout_ms: int = attrs.field(default=1000, validator=_positive)
+    max_session_timeout_ms: int = attrs.field(default=300_000, validator=_positive)
+    #: Deadlines (Ping, StopFetcher, StartFetcher) a member may miss in a row before it is dead.
+    max_missed_pings: int = attrs.field(default=1, validator=_positive)
+    #: Added to a silent member's lease before its partitions start elsewhere: covers clock-rate
+    #: differences and the consumer's own lease check interval.
+    lease_margin: float = attrs.field(default=0.5, validator=_positive)
+    #: A new group waits this long after its first member so a crowd joining together causes one
+    #: rebalance (Kafka's group.initial.rebalance.delay.ms).
+    initial_rebalance_delay: float = attrs.field(default=3.0, validator=attrs.validators.ge(0))
+    #: A failed rebalance attempt waits this fraction of the group's longest session timeout.
+    rebalance_backoff_fraction: float = attrs.field(default=1 / 3, validator=_positive)
+    #: How often offsets reported in Ping responses are written to the store.
+    commit_interval: float = attrs.field(default=1.0, validator=_positive)
+    max_frame_size: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
+    #: How long the coordinator retries a store write before it answers a request with an error.
+    store_retry_backoff: float = attrs.field(default=0.2, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_session_timeout_ms > self.max_session_timeout_ms:
+            raise ValueError("min_session_timeout_ms exceeds max_session_timeout_ms")

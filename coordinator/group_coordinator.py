@@ -1,0 +1,393 @@
+"""The group coordinator of seed 01: membership, failure detection, offsets and topic watches.
+
+Everything that changes a group goes through its machines (``statemachine.member`` and
+``statemachine.group``); this module performs the effects they return. The rebalance attempt itself
+lives in :mod:`coordinator.rebalance`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from coordinator import rebalance
+from coordinator.channel import Channel, ChannelClosed
+from coordinator.config import CoordinatorConfig
+from coordinator.membership import Group, Member
+from coordinator.offsets import OffsetKeeper
+from coordinator.store import MemberRecord, MetadataStore, StoreError, TopicPlacement
+from protocol import (
+    DescribeGroupResponse,
+    ErrorCode,
+    GroupSummary,
+    MemberDescription,
+    OffsetCommitRequest,
+    PingRequest,
+    PingResponse,
+    RegisterConsumerRequest,
+    RegisterConsumerResponse,
+)
+from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
+from statemachine import group as group_sm
+from statemachine import member as member_sm
+
+log = logging.getLogger(__name__)
+
+OFFSET_RESETS = frozenset({"smallest", "largest"})
+
+
+@attrs.define(eq=False)
+class GroupCoordinator:
+    config: CoordinatorConfig
+    store: MetadataStore
+    broker: BrokerInfo
+    epoch: int
+    offsets: OffsetKeeper
+    nursery: trio.Nursery
+    took_office_at: float
+    groups: dict[str, Group] = attrs.field(factory=dict)
+    topics: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
+    brokers: tuple[BrokerInfo, ...] = ()
+
+    # --- membership -----------------------------------------------------------------------
+
+    def register(
+        self,
+        request: RegisterConsumerRequest,
+        client_id: str,
+        channel: Channel,
+        connection_scope: trio.CancelScope,
+    ) -> tuple[RegisterConsumerResponse, Member | None]:
+        """Seed 01 §7: check the registration, add the member, and let the group rebalance."""
+        error = self._registration_error(request)
+        if error is not ErrorCode.NONE:
+            return self._register_response(error, request.group_id), None
+        group = self.group(request.group_id)
+        record = MemberRecord(
+            member_id=request.consumer_id,
+            client_id=client_id,
+            subscription=request.subscription,
+            session_timeout_ms=request.session_timeout_ms,
+            auto_commit=request.auto_commit,
+            auto_offset_reset=request.auto_offset_reset,
+        )
+        timeouts = member_sm.MemberTimeouts(
+            session_timeout=request.session_timeout_ms / 1000,
+            max_missed=self.config.max_missed_pings,
+            lease_margin=self.config.lease_margin,
+        )
+        machine = member_sm.MemberMachine(
+            member_id=request.consumer_id, timeouts=timeouts, last_heard=trio.current_time()
+        )
+        member = Member(
+            group_id=group.group_id,
+            record=record,
+            machine=machine,
+            channel=channel,
+            connection_scope=connection_scope,
+        )
+        group.members[member.member_id] = member
+        log.info("group %s: %s joined", group.group_id, member.member_id)
+        self._apply(group, group.machine.handle(group_sm.MemberJoined(member_id=member.member_id)))
+        return self._register_response(ErrorCode.NONE, request.group_id), member
+
+    def _registration_error(self, request: RegisterConsumerRequest) -> ErrorCode:
+        timeout = request.session_timeout_ms
+        if not self.config.min_session_timeout_ms <= timeout <= self.config.max_session_timeout_ms:
+            return ErrorCode.INVALID_SESSION_TIMEOUT
+        if request.auto_offset_reset not in OFFSET_RESETS:
+            return ErrorCode.INVALID_OFFSET_RESET
+        if not request.group_id or not request.consumer_id:
+            return ErrorCode.INVALID_REQUEST
+        subscription = request.subscription
+        if not subscription.topics and subscription.pattern is None:
+            return ErrorCode.INVALID_REQUEST
+        if any(entry.streams < 1 for entry in subscription.topics) or (
+            subscription.pattern is not None and subscription.pattern_streams < 1
+        ):
+            return ErrorCode.INVALID_REQUEST
+        group = self.groups.get(request.group_id)
+        if group is not None and request.consumer_id in group.members:
+            return ErrorCode.DUPLICATE_MEMBER_ID
+        return ErrorCode.NONE
+
+    def _register_response(self, error: ErrorCode, group_id: str) -> RegisterConsumerResponse:
+        group = self.groups.get(group_id)
+        generation = group.machine.generation if group is not None else -1
+        return RegisterConsumerResponse(
+            error_code=error, coordinator_epoch=self.epoch, generation=generation
+        )
+
+    def member_event(self, member: Member, event: object) -> None:
+        """Feed a failure-path input (a missed deadline, a closed connection, a leave) to the
+        member's machine; if it declares the member dead, do seed 01 §8's handleConsumerFailure:
+        remove it, cancel an attempt in flight, close its connection, rebalance what is left.
+        Safe to call more than once."""
+        effects = member.machine.handle(event)
+        if not member.machine.alive:
+            member.connection_scope.cancel()
+        group = self.groups.get(member.group_id)
+        if not effects or group is None or group.members.get(member.member_id) is not member:
+            return
+        (death,) = effects
+        del group.members[member.member_id]
+        for tp in member.owned:
+            group.free_at[tp] = max(group.free_at.get(tp, -math.inf), death.partitions_free_at)
+        log.info(
+            "group %s: %s is dead (%s); its partitions are free at %.3f",
+            group.group_id,
+            member.member_id,
+            death.cause.value,
+            death.partitions_free_at,
+        )
+        departed = group_sm.MemberDeparted(member_id=member.member_id, remaining=len(group.members))
+        self._apply(group, group.machine.handle(departed))
+
+    async def run_member(self, member: Member) -> None:
+        """Seed 01 §8's scheduler for one member: a Ping every T/3, each due within 2T/3; a Ping
+        is not sent while the previous one is outstanding."""
+        timeouts = member.machine.timeouts
+        next_at = trio.current_time() + timeouts.ping_interval
+        while member.machine.alive:
+            await trio.sleep_until(next_at)
+            if not member.machine.alive:
+                return
+            sent_at = trio.current_time()
+            member.machine.handle(member_sm.PingSent(now=sent_at))
+            request = PingRequest(
+                coordinator_epoch=self.epoch,
+                generation=member.machine.generation,
+                consumer_id=member.member_id,
+                num_retries=member.machine.missed,
+            )
+            response = await self.call(member, request)
+            if isinstance(response, PingResponse) and member.machine.alive:
+                member.machine.handle(member_sm.PingAnswered(now=trio.current_time()))
+                await self.accept_reported_offsets(member, request.generation, response.offsets)
+            next_at = max(sent_at + timeouts.ping_interval, trio.current_time())
+
+    async def call(self, member: Member, request: object) -> object | None:
+        """Send a coordinator request with the seeds' deadline of 2/3 of the session timeout.
+
+        Returns the response, or None when the deadline passed (the member machine counts the
+        miss and may declare the member dead) or the connection closed (the connection task
+        declares it dead)."""
+        with trio.move_on_after(member.machine.timeouts.response_deadline) as scope:
+            try:
+                response = await member.channel.request(request)  # type: ignore[arg-type]
+            except ChannelClosed:
+                return None
+        if scope.cancelled_caught or not member.machine.alive:
+            if member.machine.alive:
+                self.member_event(member, member_sm.DeadlineMissed(now=trio.current_time()))
+            return None
+        return response
+
+    # --- offsets --------------------------------------------------------------------------
+
+    async def accept_reported_offsets(
+        self, member: Member, generation: int, offsets: tuple[PartitionOffset, ...]
+    ) -> None:
+        """Offsets in a Ping response count only for partitions the member owns under the
+        generation the Ping carried (DESIGN.md, "Generations")."""
+        if not offsets or not member.machine.alive or generation != member.owned_generation:
+            return
+        accepted = {
+            po.topic_partition: po.offset for po in offsets if po.topic_partition in member.owned
+        }
+        if accepted:
+            await self.offsets.accept(member.group_id, generation, accepted, monotonic=True)
+
+    async def commit(self, request: OffsetCommitRequest, channel: Channel) -> ErrorCode:
+        """OffsetCommit, fenced by member and generation, answered once durable."""
+        group = self.groups.get(request.group_id)
+        offsets = {po.topic_partition: po.offset for po in request.offsets}
+        if request.consumer_id is None:
+            if request.generation != -1:
+                return ErrorCode.ILLEGAL_GENERATION
+            if group is not None and group.members:
+                return ErrorCode.NON_EMPTY_GROUP
+            if any(offset < 0 for offset in offsets.values()):
+                return ErrorCode.INVALID_REQUEST
+            version = await self.offsets.accept(request.group_id, -1, offsets, monotonic=False)
+        else:
+            member = group.members.get(request.consumer_id) if group is not None else None
+            if member is None or member.channel is not channel:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            if request.generation != member.owned_generation or not offsets.keys() <= member.owned:
+                return ErrorCode.ILLEGAL_GENERATION
+            version = await self.offsets.accept(
+                request.group_id, request.generation, offsets, monotonic=True
+            )
+        await self.offsets.wait_durable(version)
+        return ErrorCode.NONE
+
+    # --- groups ---------------------------------------------------------------------------
+
+    def group(self, group_id: str) -> Group:
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(
+                group_id=group_id, machine=group_sm.GroupMachine(group_id=group_id)
+            )
+            self.nursery.start_soon(rebalance.drive, self, group)
+        return group
+
+    def _apply(self, group: Group, effects: list[group_sm.Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, group_sm.CancelAttempt):
+                if group.attempt_scope is not None:
+                    group.attempt_scope.cancel()
+            else:
+                delay = self._delay(group, effect.delay)
+                due = trio.current_time() + delay
+                current = group.next_attempt_at.value
+                group.next_attempt_at.value = due if current is None else min(current, due)
+        if group.machine.state is group_sm.GroupState.EMPTY:
+            group.next_attempt_at.value = None
+        group.status.value = (group.machine.state, group.machine.generation)
+
+    def apply(self, group: Group, event: object) -> None:
+        self._apply(group, group.machine.handle(event))
+
+    def _delay(self, group: Group, delay: group_sm.Delay) -> float:
+        if delay is group_sm.Delay.INITIAL:
+            return self.config.initial_rebalance_delay
+        if delay is group_sm.Delay.BACKOFF:
+            return self.config.rebalance_backoff_fraction * group.longest_session_timeout()
+        return 0.0
+
+    def list_groups(self) -> tuple[GroupSummary, ...]:
+        return tuple(
+            GroupSummary(group_id=g.group_id, state=g.machine.state.value)
+            for g in sorted(self.groups.values(), key=lambda g: g.group_id)
+        )
+
+    async def describe(self, group_id: str) -> DescribeGroupResponse:
+        group = self.groups.get(group_id)
+        committed = await self.offsets.committed(group_id)
+        if group is None and not committed:
+            return DescribeGroupResponse(
+                error_code=ErrorCode.GROUP_ID_NOT_FOUND,
+                group_id=group_id,
+                state="",
+                generation=-1,
+                members=(),
+                offsets=(),
+            )
+        members = tuple(
+            MemberDescription(
+                member_id=m.member_id,
+                client_id=m.record.client_id,
+                session_timeout_ms=m.record.session_timeout_ms,
+                subscription=m.record.subscription,
+                partitions=tuple(sorted(m.owned)),
+            )
+            for m in (sorted(group.members.values(), key=lambda m: m.member_id) if group else ())
+        )
+        return DescribeGroupResponse(
+            error_code=ErrorCode.NONE,
+            group_id=group_id,
+            state=group.machine.state.value if group else group_sm.GroupState.EMPTY.value,
+            generation=group.machine.generation if group else -1,
+            members=members,
+            offsets=tuple(
+                PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset)
+                for tp, offset in sorted(committed.items())
+            ),
+        )
+
+    async def delete_group(self, group_id: str) -> ErrorCode:
+        group = self.groups.get(group_id)
+        if group is not None and group.members:
+            return ErrorCode.NON_EMPTY_GROUP
+        committed = await self.offsets.committed(group_id)
+        if group is None and not committed:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        await self.store.delete_group(self.epoch, group_id)
+        self.offsets.forget(group_id)
+        if group is not None:
+            self.apply(group, group_sm.Deleted())
+            del self.groups[group_id]
+        return ErrorCode.NONE
+
+    # --- topics ---------------------------------------------------------------------------
+
+    async def watch_topics(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Seed 01 §6: a new topic or new partitions rebalance every interested group."""
+        started = False
+        async for topics in self.store.topic_updates():
+            changed = {
+                name
+                for name, placement in topics.items()
+                if name not in self.topics
+                or self.topics[name].partition_count != placement.partition_count
+            }
+            self.topics = topics
+            for group in list(self.groups.values()):
+                if changed and any(
+                    m.record.subscription.streams_for(name) > 0
+                    for m in group.members.values()
+                    for name in changed
+                ):
+                    self.apply(group, group_sm.TopicsChanged())
+            if not started:
+                started = True
+                task_status.started()
+
+
+async def _recover_groups(coordinator: GroupCoordinator) -> None:
+    """A new coordinator knows each group's last intended assignment but none of its members; a
+    previous owner may still fetch until its lease runs out after this coordinator took office."""
+    records = await coordinator.store.groups()
+    for record in records.values():
+        group = coordinator.group(record.group_id)
+        group.machine.generation = record.generation
+        longest = max((m.session_timeout_ms / 1000 for m in record.members), default=0.0)
+        free_at = coordinator.took_office_at + longest + coordinator.config.lease_margin
+        for tp in record.assignment:
+            group.free_at[tp] = free_at
+
+
+@asynccontextmanager
+async def open_group_coordinator(
+    store: MetadataStore, config: CoordinatorConfig, broker: BrokerInfo
+) -> AsyncIterator[GroupCoordinator]:
+    """Take office, recover the groups, and run the committer and the topic watch."""
+    epoch = await store.take_office(broker.broker_id)
+    took_office_at = trio.current_time()
+    offsets = OffsetKeeper(
+        store=store,
+        epoch=epoch,
+        commit_interval=config.commit_interval,
+        retry_backoff=config.store_retry_backoff,
+    )
+    async with trio.open_nursery() as nursery:
+        coordinator = GroupCoordinator(
+            config=config,
+            store=store,
+            broker=broker,
+            epoch=epoch,
+            offsets=offsets,
+            nursery=nursery,
+            took_office_at=took_office_at,
+        )
+        coordinator.brokers = await store.brokers()
+        await _recover_groups(coordinator)
+        await nursery.start(coordinator.watch_topics)
+        await nursery.start(offsets.run)
+        log.info("broker %d is coordinator, epoch %d", broker.broker_id, epoch)
+        try:
+            yield coordinator
+        finally:
+            nursery.cancel_scope.cancel()
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                try:
+                    await offsets.flush()
+                except StoreError as exc:
+                    log.error("final offset commit failed: %s", exc)

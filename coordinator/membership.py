@@ -1,0 +1,65 @@
+"""The coordinator's live records of groups and members: state machines plus what trio owns.
+
+The machines in ``statemachine/`` decide; these records hold what deciding does not need but acting
+does: the member's channel and the cancel scope that closes its connection, the group's attempt
+scope that a member failure cancels, and the timer of the next attempt.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import trio
+from trio_util import AsyncValue
+
+from coordinator.channel import Channel
+from coordinator.store import MemberRecord
+from protocol.types import ConsumerThread, TopicPartition
+from statemachine.group import GroupMachine, GroupState
+from statemachine.member import MemberMachine
+
+
+@attrs.define(eq=False)
+class Member:
+    group_id: str
+    record: MemberRecord
+    machine: MemberMachine
+    channel: Channel
+    #: Cancelling it ends the member's connection task, which closes the connection.
+    connection_scope: trio.CancelScope
+    #: The partitions started for this member, and the generation they were started under: only
+    #: offsets for these, reported under that generation, are accepted from it.
+    owned: frozenset[TopicPartition] = frozenset()
+    owned_generation: int = -1
+
+    @property
+    def member_id(self) -> str:
+        return self.record.member_id
+
+
+@attrs.define(eq=False)
+class Group:
+    group_id: str
+    machine: GroupMachine
+    members: dict[str, Member] = attrs.field(factory=dict)
+    #: The intended assignment of the latest attempt that reached its start phase.
+    assignment: dict[TopicPartition, ConsumerThread] = attrs.field(factory=dict)
+    #: Partitions whose previous owner may still be fetching until the given instant (a member
+    #: that fell silent, or one that a previous coordinator knew).
+    free_at: dict[TopicPartition, float] = attrs.field(factory=dict)
+    #: When the next rebalance attempt is due (None: none is due).
+    next_attempt_at: AsyncValue[float | None] = attrs.field(factory=lambda: AsyncValue(None))
+    attempt_scope: trio.CancelScope | None = None
+    #: (state, generation) after every input, for those who wait on a group (tools and tests).
+    status: AsyncValue[tuple[GroupState, int]] = attrs.field(
+        factory=lambda: AsyncValue((GroupState.EMPTY, 0))
+    )
+    attempts: int = 0
+    completed: int = 0
+
+    def longest_session_timeout(self) -> float:
+        return max((m.machine.timeouts.session_timeout for m in self.members.values()), default=0.0)
+
+    def partitions_free_at(self, partitions: set[TopicPartition]) -> float:
+        return max((self.free_at.get(tp, -math.inf) for tp in partitions), default=-math.inf)

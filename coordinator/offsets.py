@@ -1,0 +1,129 @@
+"""Each group's committed offsets: kept in memory, fenced by the caller, written in batches.
+
+Seed 01 has a committer thread that writes every group's changed offsets to ZooKeeper at an interval;
+DESIGN.md adds that an OffsetCommit is answered only once its batch is durable, and that a
+rebalance forces a commit before StartFetcher. One task writes; everyone else records an update and,
+if they need durability, waits for the version they produced to become durable, which also asks
+the committer to write at once instead of at its next interval.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import attrs
+import trio
+from trio_util import AsyncValue
+
+from coordinator.store import MetadataStore, OffsetBatch, StoreUnavailable
+from protocol.types import TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class _GroupOffsets:
+    generation: int = -1
+    committed: dict[TopicPartition, int] = attrs.field(factory=dict)
+    dirty: dict[TopicPartition, int] = attrs.field(factory=dict)
+
+
+@attrs.define(eq=False)
+class OffsetKeeper:
+    store: MetadataStore
+    epoch: int
+    commit_interval: float
+    retry_backoff: float
+    _groups: dict[str, _GroupOffsets] = attrs.field(factory=dict)
+    _version: int = 0
+    _durable: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
+    _flush_wanted: trio.Event = attrs.field(factory=trio.Event)
+    _write_lock: trio.Lock = attrs.field(factory=trio.Lock)
+
+    async def committed(self, group_id: str) -> Mapping[TopicPartition, int]:
+        """The group's offsets as accepted so far (durable, or about to be)."""
+        return (await self._load(group_id)).committed
+
+    async def accept(
+        self,
+        group_id: str,
+        generation: int,
+        offsets: Mapping[TopicPartition, int],
+        *,
+        monotonic: bool,
+    ) -> int:
+        """Record offsets the caller has already fenced; returns the version to wait for.
+
+        Members only ever move an offset forward (``monotonic``): a late report of an older
+        position must not regress what a newer one committed. A standalone committer (a reset
+        while the group is empty) may set any offset.
+        """
+        group = await self._load(group_id)
+        changed = False
+        for tp, offset in offsets.items():
+            if monotonic and offset <= group.committed.get(tp, -1):
+                continue
+            group.committed[tp] = offset
+            group.dirty[tp] = offset
+            changed = True
+        if changed:
+            group.generation = max(group.generation, generation)
+            self._version += 1
+        return self._version
+
+    async def wait_durable(self, version: int) -> None:
+        if self._durable.value >= version:
+            return
+        self._flush_wanted.set()
+        await self._durable.wait_value(lambda durable: durable >= version)
+
+    async def flush(self) -> None:
+        """Write every pending offset now (one store transaction); StoreUnavailable on failure."""
+        async with self._write_lock:
+            version = self._version
+            batches = [
+                OffsetBatch(group_id=group_id, generation=group.generation, offsets=group.dirty)
+                for group_id, group in self._groups.items()
+                if group.dirty
+            ]
+            if not batches:
+                self._durable.value = max(self._durable.value, version)
+                return
+            for group in self._groups.values():
+                group.dirty = {}
+            try:
+                await self.store.commit_offsets(self.epoch, batches)
+            except BaseException:
+                for batch in batches:  # keep what was not overwritten meanwhile, and retry it
+                    group = self._groups.get(batch.group_id)
+                    if group is not None:
+                        group.dirty = {**batch.offsets, **group.dirty}
+                raise
+            self._durable.value = max(self._durable.value, version)
+
+    def forget(self, group_id: str) -> None:
+        self._groups.pop(group_id, None)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The committer task: write at each interval, or at once when someone waits."""
+        task_status.started()
+        while True:
+            with trio.move_on_after(self.commit_interval):
+                await self._flush_wanted.wait()
+            self._flush_wanted = trio.Event()
+            try:
+                await self.flush()
+            except StoreUnavailable as exc:
+                log.warning("offset commit failed, retrying: %s", exc)
+                await trio.sleep(self.retry_backoff)
+                self._flush_wanted.set()
+
+    async def _load(self, group_id: str) -> _GroupOffsets:
+        group = self._groups.get(group_id)
+        if group is None:
+            stored = await self.store.fetch_offsets(group_id)
+            group = self._groups.get(group_id)  # another task may have loaded it meanwhile
+            if group is None:
+                group = self._groups[group_id] = _GroupOffsets(committed=dict(stored))
+        return group

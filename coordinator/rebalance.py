@@ -1,0 +1,235 @@
+"""Seed 01 §9: one group's rebalance, an attempt at a time, each in its own cancel scope.
+
+A group's driver task owns its attempts, so one group's rebalances never overlap while different
+groups rebalance concurrently. A member's failure cancels the attempt in flight through
+``group.attempt_scope`` (seed 01 §8, handleConsumerFailure step 4); the group machine has by then
+scheduled the next attempt.
+
+An attempt follows DESIGN.md's order, which is what keeps a partition from having two owners and an
+offset from going backwards: take generation N+1; StopFetcher to every member and wait; wait until
+every partition that moves away from a silent member is past that member's lease; force the offset
+commit; persist N+1 and the intended assignment; StartFetcher with the committed offsets; wait;
+complete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import trio
+
+from coordinator.store import GroupRecord, StoreError
+from protocol import (
+    AssignedPartition,
+    AssignedStream,
+    ErrorCode,
+    StartFetcherRequest,
+    StartFetcherResponse,
+    StopFetcherRequest,
+    StopFetcherResponse,
+)
+from protocol.types import ConsumerThread, TopicPartition
+from statemachine import group as group_sm
+from statemachine import member as member_sm
+from statemachine.assignment import sticky_assign
+
+if TYPE_CHECKING:
+    from coordinator.group_coordinator import GroupCoordinator
+    from coordinator.membership import Group, Member
+
+log = logging.getLogger(__name__)
+
+Assignment = dict[TopicPartition, ConsumerThread]
+
+
+class AttemptFailed(Exception):
+    """A member answered with an error, or missed a deadline without being declared dead, or
+    the store failed: the attempt is abandoned and retried after a backoff."""
+
+
+async def drive(coordinator: GroupCoordinator, group: Group) -> None:
+    """The group's driver: wait until an attempt is due, then run it."""
+    while True:
+        due = await group.next_attempt_at.wait_value(lambda at: at is not None)
+        assert due is not None
+        with trio.move_on_at(due):
+            await group.next_attempt_at.wait_transition()
+            continue  # rescheduled (or cleared) while waiting
+        group.next_attempt_at.value = None
+        if group.machine.state is group_sm.GroupState.PENDING:
+            await _attempt(coordinator, group)
+        elif group.machine.state is group_sm.GroupState.DEAD:
+            return
+
+
+def compute_assignment(coordinator: GroupCoordinator, group: Group) -> Assignment:
+    subscriptions = {m.member_id: m.record.subscription for m in group.members.values()}
+    counts = {
+        topic: placement.partition_count
+        for topic, placement in coordinator.topics.items()
+        if any(sub.streams_for(topic) > 0 for sub in subscriptions.values())
+    }
+    return sticky_assign(subscriptions, counts, group.assignment)
+
+
+async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
+    members = list(group.members.values())
+    assignment = compute_assignment(coordinator, group)
+    settled = all(
+        m.machine.state is member_sm.MemberState.STABLE
+        and m.owned_generation == group.machine.generation
+        for m in members
+    )
+    if settled and assignment == group.assignment:
+        coordinator.apply(group, group_sm.AttemptNotNeeded())
+        return
+    generation = group.machine.generation + 1
+    coordinator.apply(group, group_sm.AttemptBegan(generation=generation))
+    group.attempts += 1
+    log.info(
+        "group %s: rebalance attempt, generation %d, %d members",
+        group.group_id,
+        generation,
+        len(members),
+    )
+    with trio.CancelScope() as scope:
+        group.attempt_scope = scope
+        try:
+            await _stop_all(coordinator, group, members, generation)
+            coordinator.apply(group, group_sm.MembersStopped())
+            await _start_all(coordinator, group, members, assignment, generation)
+        except AttemptFailed as exc:
+            log.warning("group %s: attempt %d failed: %s", group.group_id, generation, exc)
+            coordinator.apply(group, group_sm.AttemptFailed())
+            return
+        finally:
+            group.attempt_scope = None
+    if scope.cancelled_caught:
+        log.info("group %s: attempt %d cancelled by a member failure", group.group_id, generation)
+        return
+    group.completed += 1
+    for tp in assignment:
+        group.free_at.pop(tp, None)
+    coordinator.apply(group, group_sm.AttemptCompleted())
+    log.info("group %s: stable at generation %d", group.group_id, generation)
+
+
+async def _stop_all(
+    coordinator: GroupCoordinator, group: Group, members: list[Member], generation: int
+) -> None:
+    failures: list[str] = []
+
+    async def stop(member: Member) -> None:
+        member.machine.handle(member_sm.StopFetcherSent(generation=generation, now=_now()))
+        request = StopFetcherRequest(
+            coordinator_epoch=coordinator.epoch,
+            generation=generation,
+            consumer_id=member.member_id,
+        )
+        response = await coordinator.call(member, request)
+        if not isinstance(response, StopFetcherResponse) or not member.machine.alive:
+            failures.append(f"{member.member_id} did not answer StopFetcher")
+            return
+        if response.error_code is not ErrorCode.NONE:
+            failures.append(f"{member.member_id} answered StopFetcher {response.error_code.name}")
+            return
+        member.machine.handle(member_sm.StopFetcherAnswered(now=_now()))
+        # The member's final report for the partitions it owned: accepted, then it owns nothing.
+        await coordinator.accept_reported_offsets(member, member.owned_generation, response.offsets)
+        member.owned = frozenset()
+
+    async with trio.open_nursery() as nursery:
+        for member in members:
+            nursery.start_soon(stop, member)
+    if failures:
+        raise AttemptFailed("; ".join(failures))
+
+
+async def _start_all(
+    coordinator: GroupCoordinator,
+    group: Group,
+    members: list[Member],
+    assignment: Assignment,
+    generation: int,
+) -> None:
+    # A partition leaving a member that fell silent waits until that member's lease ran out.
+    free_at = group.partitions_free_at(set(assignment))
+    if free_at > _now():
+        log.info("group %s: waiting until %.3f for leases to run out", group.group_id, free_at)
+        await trio.sleep_until(free_at)
+    try:
+        await coordinator.offsets.flush()
+        record = GroupRecord(
+            group_id=group.group_id,
+            generation=generation,
+            members=tuple(m.record for m in members),
+            assignment=assignment,
+        )
+        await coordinator.store.write_group(coordinator.epoch, record)
+    except StoreError as exc:
+        raise AttemptFailed(f"store: {exc}") from exc
+    group.assignment = dict(assignment)
+    committed = await coordinator.offsets.committed(group.group_id)
+    streams = _streams_by_member(coordinator, assignment, committed)
+    failures: list[str] = []
+
+    async def start(member: Member) -> None:
+        member_streams = streams.get(member.member_id, ())
+        member.machine.handle(member_sm.StartFetcherSent(generation=generation, now=_now()))
+        member.owned = frozenset(
+            TopicPartition(topic=p.topic, partition=p.partition)
+            for stream in member_streams
+            for p in stream.partitions
+        )
+        member.owned_generation = generation
+        request = StartFetcherRequest(
+            coordinator_epoch=coordinator.epoch,
+            generation=generation,
+            consumer_id=member.member_id,
+            streams=member_streams,
+            brokers=coordinator.brokers,
+        )
+        response = await coordinator.call(member, request)
+        if not isinstance(response, StartFetcherResponse) or not member.machine.alive:
+            failures.append(f"{member.member_id} did not answer StartFetcher")
+            return
+        if response.error_code is not ErrorCode.NONE:
+            failures.append(f"{member.member_id} answered StartFetcher {response.error_code.name}")
+            return
+        member.machine.handle(member_sm.StartFetcherAnswered(now=_now()))
+
+    async with trio.open_nursery() as nursery:
+        for member in members:
+            nursery.start_soon(start, member)
+    if failures:
+        raise AttemptFailed("; ".join(failures))
+
+
+def _streams_by_member(
+    coordinator: GroupCoordinator,
+    assignment: Assignment,
+    committed: Mapping[TopicPartition, int],
+) -> dict[str, tuple[AssignedStream, ...]]:
+    by_thread: dict[ConsumerThread, list[AssignedPartition]] = defaultdict(list)
+    for tp, thread in sorted(assignment.items()):
+        by_thread[thread].append(
+            AssignedPartition(
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=committed.get(tp, -1),
+                broker_id=coordinator.topics[tp.topic].brokers[tp.partition],
+            )
+        )
+    streams: dict[str, list[AssignedStream]] = defaultdict(list)
+    for thread, partitions in sorted(by_thread.items()):
+        streams[thread.member_id].append(
+            AssignedStream(stream_id=thread.stream_id, partitions=tuple(partitions))
+        )
+    return {member_id: tuple(s) for member_id, s in streams.items()}
+
+
+def _now() -> float:
+    return trio.current_time()

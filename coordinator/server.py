@@ -1,0 +1,264 @@
+"""A broker's connections: one task per connection, in the manner of trio's serve_listeners.
+
+Each connection task owns a nursery with three jobs: the channel's reader, a worker that answers the
+peer's requests in order, and — once the peer registers as a consumer — that member's ping loop.
+Cancelling the nursery (``Member.connection_scope``) is how the coordinator closes a member's
+connection; a connection that ends for any reason kills its member at once, and a peer that breaks
+the protocol is told why and closed without touching anyone else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from coordinator.channel import Channel
+from coordinator.group_coordinator import GroupCoordinator
+from coordinator.membership import Member
+from coordinator.store import InvalidPartitions, TopicExists, UnknownTopic
+from protocol import (
+    ClusterMetadataRequest,
+    ClusterMetadataResponse,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
+    DescribeGroupRequest,
+    ErrorCode,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    PartitionMetadata,
+    RegisterConsumerRequest,
+    RegisterConsumerResponse,
+    RemoteProtocolError,
+    Request,
+    ResponseMessage,
+    Role,
+    TopicMetadata,
+)
+from protocol.types import PartitionOffset
+from statemachine import member as member_sm
+
+log = logging.getLogger(__name__)
+
+#: Requests a connection may have queued before its reader waits for the worker.
+REQUEST_QUEUE = 64
+TOPIC_NAME_MAX = 249
+
+DataPlane = Callable[[Request], Awaitable[ResponseMessage | None]]
+
+
+@attrs.define(eq=False)
+class _Session:
+    coordinator: GroupCoordinator
+    channel: Channel
+    nursery: trio.Nursery
+    data_plane: DataPlane | None
+    member: Member | None = None
+
+    async def work(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
+        async for request in requests:
+            response = await self.answer(request)
+            if response is not None:
+                await self.channel.respond(request, response)
+
+    async def answer(self, request: Request) -> ResponseMessage | None:
+        coordinator = self.coordinator
+        match request.message:
+            case RegisterConsumerRequest() as message:
+                if self.member is not None:
+                    return RegisterConsumerResponse(
+                        error_code=ErrorCode.INVALID_REQUEST,
+                        coordinator_epoch=coordinator.epoch,
+                        generation=-1,
+                    )
+                response, member = coordinator.register(
+                    message, request.client_id, self.channel, self.nursery.cancel_scope
+                )
+                if member is not None:
+                    self.member = member
+                    self.nursery.start_soon(coordinator.run_member, member)
+                return response
+            case OffsetCommitRequest() as message:
+                # Waits for durability: answered from its own task so later requests go on.
+                self.nursery.start_soon(self._commit, request, message)
+                return None
+            case LeaveGroupRequest() as message:
+                member = self.member
+                if (
+                    member is None
+                    or member.member_id != message.consumer_id
+                    or member.group_id != message.group_id
+                ):
+                    return LeaveGroupResponse(error_code=ErrorCode.UNKNOWN_MEMBER_ID)
+                coordinator.member_event(member, member_sm.Left(now=trio.current_time()))
+                # The connection is closing; answer first, shielded from that cancellation.
+                with trio.CancelScope(shield=True):
+                    await self.channel.respond(
+                        request, LeaveGroupResponse(error_code=ErrorCode.NONE)
+                    )
+                return None
+            case OffsetFetchRequest() as message:
+                committed = await coordinator.offsets.committed(message.group_id)
+                wanted = (
+                    committed.keys() if message.partitions is None else set(message.partitions)
+                )
+                return OffsetFetchResponse(
+                    error_code=ErrorCode.NONE,
+                    offsets=tuple(
+                        PartitionOffset(
+                            topic=tp.topic, partition=tp.partition, offset=committed.get(tp, -1)
+                        )
+                        for tp in sorted(wanted)
+                    ),
+                )
+            case ClusterMetadataRequest() as message:
+                return self._metadata(message)
+            case CreateTopicRequest() as message:
+                return CreateTopicResponse(error_code=await self._create_topic(message))
+            case CreatePartitionsRequest() as message:
+                return CreatePartitionsResponse(error_code=await self._add_partitions(message))
+            case ListGroupsRequest():
+                return ListGroupsResponse(
+                    error_code=ErrorCode.NONE, groups=coordinator.list_groups()
+                )
+            case DescribeGroupRequest() as message:
+                return await coordinator.describe(message.group_id)
+            case DeleteGroupRequest() as message:
+                return DeleteGroupResponse(
+                    error_code=await coordinator.delete_group(message.group_id)
+                )
+        if self.data_plane is not None:
+            return await self.data_plane(request)
+        return _error_response(request, ErrorCode.INVALID_REQUEST)
+
+    async def _commit(self, request: Request, message: OffsetCommitRequest) -> None:
+        error = await self.coordinator.commit(message, self.channel)
+        await self.channel.respond(request, OffsetCommitResponse(error_code=error))
+
+    def _metadata(self, message: ClusterMetadataRequest) -> ClusterMetadataResponse:
+        coordinator = self.coordinator
+        names = sorted(coordinator.topics) if message.topics is None else list(message.topics)
+        topics = []
+        for name in names:
+            placement = coordinator.topics.get(name)
+            if placement is None:
+                topics.append(
+                    TopicMetadata(
+                        topic=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, partitions=()
+                    )
+                )
+                continue
+            partitions = tuple(
+                PartitionMetadata(partition=p, broker_id=b) for p, b in enumerate(placement.brokers)
+            )
+            topics.append(TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=partitions))
+        return ClusterMetadataResponse(
+            error_code=ErrorCode.NONE,
+            coordinator_id=coordinator.broker.broker_id,
+            coordinator_epoch=coordinator.epoch,
+            brokers=coordinator.brokers,
+            topics=tuple(topics),
+        )
+
+    async def _create_topic(self, message: CreateTopicRequest) -> ErrorCode:
+        if not _valid_topic_name(message.topic):
+            return ErrorCode.INVALID_TOPIC_EXCEPTION
+        if message.partitions < 1:
+            return ErrorCode.INVALID_PARTITIONS
+        brokers = (self.coordinator.broker.broker_id,) * message.partitions
+        try:
+            await self.coordinator.store.create_topic(message.topic, brokers)
+        except TopicExists:
+            return ErrorCode.TOPIC_ALREADY_EXISTS
+        return ErrorCode.NONE
+
+    async def _add_partitions(self, message: CreatePartitionsRequest) -> ErrorCode:
+        placement = self.coordinator.topics.get(message.topic)
+        if placement is None:
+            placement = (await self.coordinator.store.topics()).get(message.topic)
+        if placement is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        added = message.total_partitions - placement.partition_count
+        if added < 1:
+            return ErrorCode.INVALID_PARTITIONS
+        try:
+            await self.coordinator.store.add_partitions(
+                message.topic, (self.coordinator.broker.broker_id,) * added
+            )
+        except UnknownTopic:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        except InvalidPartitions:
+            return ErrorCode.INVALID_PARTITIONS
+        return ErrorCode.NONE
+
+
+def _valid_topic_name(name: str) -> bool:
+    return (
+        0 < len(name) <= TOPIC_NAME_MAX
+        and name not in {".", ".."}
+        and all(c.isascii() and (c.isalnum() or c in "._-") for c in name)
+    )
+
+
+def _error_response(request: Request, error: ErrorCode) -> ResponseMessage:
+    """The request's own response type, carrying only an error (other fields empty)."""
+    from protocol import RESPONSE_TYPES
+
+    response_type: Any = RESPONSE_TYPES[type(request.message).API_KEY]
+    fields = {}
+    for field in attrs.fields(response_type):
+        if field.name == "error_code":
+            fields[field.name] = error
+        elif field.type in ("int", int) or "Int" in str(field.type):
+            fields[field.name] = -1
+        elif "tuple" in str(field.type):
+            fields[field.name] = ()
+        else:
+            fields[field.name] = ""
+    return response_type(**fields)  # type: ignore[no-any-return]
+
+
+async def handle_connection(
+    coordinator: GroupCoordinator, stream: trio.abc.Stream, data_plane: DataPlane | None = None
+) -> None:
+    """Serve one peer until it closes, breaks the protocol, or its member is declared dead."""
+    channel = Channel.open(stream, Role.BROKER, max_frame_size=coordinator.config.max_frame_size)
+    send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
+    violation = False
+    session: _Session | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            session = _Session(
+                coordinator=coordinator, channel=channel, nursery=nursery, data_plane=data_plane
+            )
+            nursery.start_soon(session.work, receive_requests)
+            try:
+                await channel.run(send_requests.send)
+            except RemoteProtocolError:
+                violation = True
+            nursery.cancel_scope.cancel()
+    finally:
+        member = session.member if session is not None else None
+        if member is not None and member.machine.alive:
+            now = trio.current_time()
+            event = (
+                member_sm.ProtocolViolation(now=now)
+                if violation
+                else member_sm.ConnectionClosed(now=now)
+            )
+            coordinator.member_event(member, event)
+        with trio.CancelScope(shield=True):
+            await channel.aclose()

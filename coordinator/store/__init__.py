@@ -1,0 +1,33 @@
+"""The metadata store: one interface (``interface``), the embedded implementation (``embedded``),
+and the ZooKeeper one to come. The coordinator imports from here and nowhere deeper."""
+
+from .embedded import EmbeddedStore, open_embedded_store
+from .interface import (
+    EpochFenced,
+    GroupRecord,
+    InvalidPartitions,
+    MemberRecord,
+    MetadataStore,
+    OffsetBatch,
+    StoreError,
+    StoreUnavailable,
+    TopicExists,
+    TopicPlacement,
+    UnknownTopic,
+)
+
+__all__ = [
+    "EmbeddedStore",
+    "EpochFenced",
+    "GroupRecord",
+    "InvalidPartitions",
+    "MemberRecord",
+    "MetadataStore",
+    "OffsetBatch",
+    "StoreError",
+    "StoreUnavailable",
+    "TopicExists",
+    "TopicPlacement",
+    "UnknownTopic",
+    "open_embedded_store",
+]

@@ -1,0 +1,105 @@
+"""JSON shapes of the store's records, shared by every store that writes them down.
+
+Kept apart from any file or ZooKeeper layout so that the embedded journal and the ZooKeeper nodes
+spell a record the same way, and a record survives a move between them. Decoders trust their input
+to be well formed JSON of these shapes (it is checksummed or came from our own writes); a value of
+the wrong shape raises ``KeyError``/``TypeError``/``ValueError``, which callers turn into
+``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from protocol.types import ConsumerThread, Subscription, TopicPartition, TopicStreams
+
+from .interface import GroupRecord, MemberRecord, TopicPlacement
+
+__all__ = [
+    "decode_group",
+    "decode_placement",
+    "encode_group",
+    "encode_placement",
+]
+
+
+def encode_placement(placement: TopicPlacement) -> dict[str, int]:
+    """Kafka 0.8's map from partition number (as a string: JSON keys are strings) to broker id."""
+    return {str(partition): broker for partition, broker in enumerate(placement.brokers)}
+
+
+def decode_placement(topic: str, value: Mapping[str, Any]) -> TopicPlacement:
+    brokers = [int(value[str(partition)]) for partition in range(len(value))]
+    return TopicPlacement(topic=topic, brokers=tuple(brokers))
+
+
+def _encode_subscription(subscription: Subscription) -> dict[str, Any]:
+    return {
+        "topics": [[entry.topic, entry.streams] for entry in subscription.topics],
+        "pattern": subscription.pattern,
+        "pattern_is_blacklist": subscription.pattern_is_blacklist,
+        "pattern_streams": subscription.pattern_streams,
+    }
+
+
+def _decode_subscription(value: Mapping[str, Any]) -> Subscription:
+    pattern = value["pattern"]
+    return Subscription(
+        topics=tuple(TopicStreams(topic=str(t), streams=int(s)) for t, s in value["topics"]),
+        pattern=None if pattern is None else str(pattern),
+        pattern_is_blacklist=bool(value["pattern_is_blacklist"]),
+        pattern_streams=int(value["pattern_streams"]),
+    )
+
+
+def _encode_member(member: MemberRecord) -> dict[str, Any]:
+    return {
+        "member_id": member.member_id,
+        "client_id": member.client_id,
+        "subscription": _encode_subscription(member.subscription),
+        "session_timeout_ms": member.session_timeout_ms,
+        "auto_commit": member.auto_commit,
+        "auto_offset_reset": member.auto_offset_reset,
+    }
+
+
+def _decode_member(value: Mapping[str, Any]) -> MemberRecord:
+    return MemberRecord(
+        member_id=str(value["member_id"]),
+        client_id=str(value["client_id"]),
+        subscription=_decode_subscription(value["subscription"]),
+        session_timeout_ms=int(value["session_timeout_ms"]),
+        auto_commit=bool(value["auto_commit"]),
+        auto_offset_reset=str(value["auto_offset_reset"]),
+    )
+
+
+def encode_group(group: GroupRecord) -> dict[str, Any]:
+    """The group's registry, its assignment as topic -> [[partition, member_id, index], ...]: a
+    large group's owners cost a few bytes each, sorted so that equal records encode equally."""
+    owners: dict[str, list[list[Any]]] = {}
+    for tp, thread in sorted(group.assignment.items()):
+        owners.setdefault(tp.topic, []).append([tp.partition, thread.member_id, thread.index])
+    return {
+        "group_id": group.group_id,
+        "generation": group.generation,
+        "members": [_encode_member(member) for member in group.members],
+        "assignment": owners,
+    }
+
+
+def decode_group(value: Mapping[str, Any]) -> GroupRecord:
+    assignment = {
+        TopicPartition(topic=str(topic), partition=int(partition)): ConsumerThread(
+            member_id=str(member_id), index=int(index)
+        )
+        for topic, rows in value["assignment"].items()
+        for partition, member_id, index in rows
+    }
+    return GroupRecord(
+        group_id=str(value["group_id"]),
+        generation=int(value["generation"]),
+        members=tuple(_decode_member(member) for member in value["members"]),
+        assignment=assignment,
+    )

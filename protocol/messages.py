@@ -1,0 +1,481 @@
+"""Every request and response body, as attrs classes whose fields are the wire layout.
+
+Field order here is byte order on the wire (see :mod:`protocol.schema`), so reordering a field is a
+protocol change; ``protocol/SPEC.md`` documents the same layout for implementers in other languages.
+Ints carry their width in the annotation (``Int32``/``Int64``): counts, partitions, generations,
+timeouts and broker ids are int32; offsets, epochs, timestamps and watermarks are int64.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeAlias
+
+import attrs
+
+from .codec import Codec, Int32, Int64
+from .errors import ErrorCode
+from .records import Record
+from .schema import struct_codec
+from .types import BrokerInfo, PartitionOffset, Subscription, TopicPartition
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    CLUSTER_METADATA = 3
+    REGISTER_CONSUMER = 4
+    PING = 5
+    STOP_FETCHER = 6
+    START_FETCHER = 7
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    CREATE_TOPIC = 10
+    CREATE_PARTITIONS = 11
+    LIST_GROUPS = 12
+    DESCRIBE_GROUP = 13
+    LEAVE_GROUP = 14
+    DELETE_GROUP = 15
+
+
+COORDINATOR_REQUESTS: frozenset[ApiKey] = frozenset(
+    {ApiKey.PING, ApiKey.STOP_FETCHER, ApiKey.START_FETCHER}
+)
+"""Requests only the broker side sends (over the connection the consumer opened); the consumer side
+sends every other request and never these."""
+
+
+# --- nested types -------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class AssignedPartition:
+    topic: str
+    partition: Int32
+    offset: Int64
+    """Where to start reading; -1: no committed offset, apply the consumer's auto_offset_reset."""
+    broker_id: Int32
+
+
+@attrs.frozen(kw_only=True)
+class AssignedStream:
+    stream_id: str
+    partitions: tuple[AssignedPartition, ...]
+
+
+@attrs.frozen(kw_only=True)
+class PartitionMetadata:
+    partition: Int32
+    broker_id: Int32
+
+
+@attrs.frozen(kw_only=True)
+class TopicMetadata:
+    topic: str
+    error_code: ErrorCode
+    partitions: tuple[PartitionMetadata, ...]
+
+
+@attrs.frozen(kw_only=True)
+class GroupSummary:
+    group_id: str
+    state: str
+
+
+@attrs.frozen(kw_only=True)
+class MemberDescription:
+    member_id: str
+    client_id: str
+    session_timeout_ms: Int32
+    subscription: Subscription
+    partitions: tuple[TopicPartition, ...]
+
+
+# --- 0 PRODUCE ----------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ProduceRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.PRODUCE
+    topic: str
+    partition: Int32
+    records: tuple[Record, ...]
+    """Sent with offset -1; the broker assigns offsets."""
+
+
+@attrs.frozen(kw_only=True)
+class ProduceResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.PRODUCE
+    error_code: ErrorCode
+    base_offset: Int64
+
+
+# --- 1 FETCH ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class FetchRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.FETCH
+    topic: str
+    partition: Int32
+    offset: Int64
+    max_bytes: Int32
+
+
+@attrs.frozen(kw_only=True)
+class FetchResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.FETCH
+    error_code: ErrorCode
+    high_watermark: Int64
+    log_start_offset: Int64
+    records: tuple[Record, ...]
+
+
+# --- 2 LIST_OFFSETS -----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ListOffsetsRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.LIST_OFFSETS
+    topic: str
+    partition: Int32
+
+
+@attrs.frozen(kw_only=True)
+class ListOffsetsResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.LIST_OFFSETS
+    error_code: ErrorCode
+    log_start_offset: Int64
+    high_watermark: Int64
+
+
+# --- 3 CLUSTER_METADATA -------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ClusterMetadataRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.CLUSTER_METADATA
+    group_id: str | None
+    """Set: also find this group's coordinator."""
+    topics: tuple[str, ...] | None
+    """None: all topics."""
+
+
+@attrs.frozen(kw_only=True)
+class ClusterMetadataResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.CLUSTER_METADATA
+    error_code: ErrorCode
+    coordinator_id: Int32
+    """-1: unknown (or no group_id was asked about)."""
+    coordinator_epoch: Int64
+    brokers: tuple[BrokerInfo, ...]
+    topics: tuple[TopicMetadata, ...]
+
+
+# --- 4 REGISTER_CONSUMER ------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class RegisterConsumerRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.REGISTER_CONSUMER
+    group_id: str
+    consumer_id: str
+    subscription: Subscription
+    auto_commit: bool
+    auto_offset_reset: str
+    session_timeout_ms: Int32
+    generation: Int32
+    """The last generation this consumer took part in; -1: none."""
+    owned_partitions: tuple[TopicPartition, ...]
+    """What it still holds, so that a newly elected coordinator can adopt it."""
+
+
+@attrs.frozen(kw_only=True)
+class RegisterConsumerResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.REGISTER_CONSUMER
+    error_code: ErrorCode
+    coordinator_epoch: Int64
+    generation: Int32
+
+
+# --- 5 PING (coordinator -> consumer) -----------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class PingRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.PING
+    coordinator_epoch: Int64
+    generation: Int32
+    consumer_id: str
+    num_retries: Int32
+
+
+@attrs.frozen(kw_only=True)
+class PingResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.PING
+    error_code: ErrorCode
+    consumer_id: str
+    offsets: tuple[PartitionOffset, ...]
+
+
+# --- 6 STOP_FETCHER (coordinator -> consumer) ---------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class StopFetcherRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.STOP_FETCHER
+    coordinator_epoch: Int64
+    generation: Int32
+    consumer_id: str
+
+
+@attrs.frozen(kw_only=True)
+class StopFetcherResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.STOP_FETCHER
+    error_code: ErrorCode
+    consumer_id: str
+    offsets: tuple[PartitionOffset, ...]
+
+
+# --- 7 START_FETCHER (coordinator -> consumer) --------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class StartFetcherRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.START_FETCHER
+    coordinator_epoch: Int64
+    generation: Int32
+    consumer_id: str
+    streams: tuple[AssignedStream, ...]
+    brokers: tuple[BrokerInfo, ...]
+
+
+@attrs.frozen(kw_only=True)
+class StartFetcherResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.START_FETCHER
+    error_code: ErrorCode
+    consumer_id: str
+
+
+# --- 8 OFFSET_COMMIT ----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class OffsetCommitRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.OFFSET_COMMIT
+    group_id: str
+    consumer_id: str | None
+    """None: a standalone committer (not a member), which sends generation -1."""
+    generation: Int32
+    offsets: tuple[PartitionOffset, ...]
+
+
+@attrs.frozen(kw_only=True)
+class OffsetCommitResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.OFFSET_COMMIT
+    error_code: ErrorCode
+
+
+# --- 9 OFFSET_FETCH -----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class OffsetFetchRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.OFFSET_FETCH
+    group_id: str
+    partitions: tuple[TopicPartition, ...] | None
+    """None: every partition the group has an offset for."""
+
+
+@attrs.frozen(kw_only=True)
+class OffsetFetchResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.OFFSET_FETCH
+    error_code: ErrorCode
+    offsets: tuple[PartitionOffset, ...]
+
+
+# --- 10 CREATE_TOPIC, 11 CREATE_PARTITIONS ------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class CreateTopicRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
+    topic: str
+    partitions: Int32
+
+
+@attrs.frozen(kw_only=True)
+class CreateTopicResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
+    error_code: ErrorCode
+
+
+@attrs.frozen(kw_only=True)
+class CreatePartitionsRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_PARTITIONS
+    topic: str
+    total_partitions: Int32
+
+
+@attrs.frozen(kw_only=True)
+class CreatePartitionsResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_PARTITIONS
+    error_code: ErrorCode
+
+
+# --- 12 LIST_GROUPS, 13 DESCRIBE_GROUP ----------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ListGroupsRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.LIST_GROUPS
+
+
+@attrs.frozen(kw_only=True)
+class ListGroupsResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.LIST_GROUPS
+    error_code: ErrorCode
+    groups: tuple[GroupSummary, ...]
+
+
+@attrs.frozen(kw_only=True)
+class DescribeGroupRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DESCRIBE_GROUP
+    group_id: str
+
+
+@attrs.frozen(kw_only=True)
+class DescribeGroupResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DESCRIBE_GROUP
+    error_code: ErrorCode
+    group_id: str
+    state: str
+    generation: Int32
+    members: tuple[MemberDescription, ...]
+    offsets: tuple[PartitionOffset, ...]
+
+
+# --- 14 LEAVE_GROUP, 15 DELETE_GROUP ------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class LeaveGroupRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.LEAVE_GROUP
+    group_id: str
+    consumer_id: str
+    generation: Int32
+
+
+@attrs.frozen(kw_only=True)
+class LeaveGroupResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.LEAVE_GROUP
+    error_code: ErrorCode
+
+
+@attrs.frozen(kw_only=True)
+class DeleteGroupRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_GROUP
+    group_id: str
+
+
+@attrs.frozen(kw_only=True)
+class DeleteGroupResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_GROUP
+    error_code: ErrorCode
+
+
+# --- tables -------------------------------------------------------------------------------------
+
+RequestMessage: TypeAlias = (
+    ProduceRequest
+    | FetchRequest
+    | ListOffsetsRequest
+    | ClusterMetadataRequest
+    | RegisterConsumerRequest
+    | PingRequest
+    | StopFetcherRequest
+    | StartFetcherRequest
+    | OffsetCommitRequest
+    | OffsetFetchRequest
+    | CreateTopicRequest
+    | CreatePartitionsRequest
+    | ListGroupsRequest
+    | DescribeGroupRequest
+    | LeaveGroupRequest
+    | DeleteGroupRequest
+)
+ResponseMessage: TypeAlias = (
+    ProduceResponse
+    | FetchResponse
+    | ListOffsetsResponse
+    | ClusterMetadataResponse
+    | RegisterConsumerResponse
+    | PingResponse
+    | StopFetcherResponse
+    | StartFetcherResponse
+    | OffsetCommitResponse
+    | OffsetFetchResponse
+    | CreateTopicResponse
+    | CreatePartitionsResponse
+    | ListGroupsResponse
+    | DescribeGroupResponse
+    | LeaveGroupResponse
+    | DeleteGroupResponse
+)
+
+_REQUESTS: tuple[type[RequestMessage], ...] = (
+    ProduceRequest,
+    FetchRequest,
+    ListOffsetsRequest,
+    ClusterMetadataRequest,
+    RegisterConsumerRequest,
+    PingRequest,
+    StopFetcherRequest,
+    StartFetcherRequest,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
+    CreateTopicRequest,
+    CreatePartitionsRequest,
+    ListGroupsRequest,
+    DescribeGroupRequest,
+    LeaveGroupRequest,
+    DeleteGroupRequest,
+)
+_RESPONSES: tuple[type[ResponseMessage], ...] = (
+    ProduceResponse,
+    FetchResponse,
+    ListOffsetsResponse,
+    ClusterMetadataResponse,
+    RegisterConsumerResponse,
+    PingResponse,
+    StopFetcherResponse,
+    StartFetcherResponse,
+    OffsetCommitResponse,
+    OffsetFetchResponse,
+    CreateTopicResponse,
+    CreatePartitionsResponse,
+    ListGroupsResponse,
+    DescribeGroupResponse,
+    LeaveGroupResponse,
+    DeleteGroupResponse,
+)
+
+REQUEST_TYPES: Mapping[ApiKey, type[RequestMessage]] = MappingProxyType(
+    {cls.API_KEY: cls for cls in _REQUESTS}
+)
+RESPONSE_TYPES: Mapping[ApiKey, type[ResponseMessage]] = MappingProxyType(
+    {cls.API_KEY: cls for cls in _RESPONSES}
+)
+
+REQUEST_CODECS: Mapping[ApiKey, Codec[Any]] = MappingProxyType(
+    {key: struct_codec(cls) for key, cls in REQUEST_TYPES.items()}
+)
+"""The body codec of each request; the frame header is :mod:`protocol.framing`'s job."""
+RESPONSE_CODECS: Mapping[ApiKey, Codec[Any]] = MappingProxyType(
+    {key: struct_codec(cls) for key, cls in RESPONSE_TYPES.items()}
+)
+
+assert len(REQUEST_TYPES) == len(RESPONSE_TYPES) == len(ApiKey), "every api key has both halves"

@@ -1,0 +1,415 @@
+"""The metadata store contract, which every kind of store passes (see ``conftest.STORE_KINDS``).
+
+Nothing here depends on how a store keeps its data: only on the interface and on what survives
+closing a store and opening it again on the same backing state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, aclosing
+from typing import Any
+
+import pytest
+import trio
+
+from coordinator.store import (
+    EpochFenced,
+    GroupRecord,
+    InvalidPartitions,
+    MemberRecord,
+    MetadataStore,
+    OffsetBatch,
+    TopicExists,
+    TopicPlacement,
+    UnknownTopic,
+)
+from protocol.types import BrokerInfo, ConsumerThread, Subscription, TopicPartition, TopicStreams
+
+StoreOpener = Callable[[], AbstractAsyncContextManager[MetadataStore]]
+
+# A guard against a watch that never fires; real-clock stores (ZooKeeper) need some slack.
+WATCH_DEADLINE = 10
+
+
+def tp(topic: str, partition: int) -> TopicPartition:
+    return TopicPartition(topic=topic, partition=partition)
+
+
+def member(member_id: str, subscription: Subscription) -> MemberRecord:
+    return MemberRecord(
+        member_id=member_id,
+        client_id=f"client-{member_id}",
+        subscription=subscription,
+        session_timeout_ms=6000,
+        auto_commit=True,
+        auto_offset_reset="smallest",
+    )
+
+
+def sample_group(group_id: str = "billing", generation: int = 3) -> GroupRecord:
+    """Members on a named topic, a whitelist and a blacklist; an assignment over two topics."""
+    named = Subscription(topics=(TopicStreams(topic="orders", streams=2),))
+    whitelist = Subscription(pattern=r"logs\..*", pattern_streams=3)
+    blacklist = Subscription(
+        topics=(TopicStreams(topic="orders", streams=1),),
+        pattern=r"internal\..*",
+        pattern_is_blacklist=True,
+        pattern_streams=2,
+    )
+    return GroupRecord(
+        group_id=group_id,
+        generation=generation,
+        members=(member("m1", named), member("m2", whitelist), member("m3", blacklist)),
+        assignment={
+            tp("orders", 0): ConsumerThread(member_id="m1", index=0),
+            tp("orders", 1): ConsumerThread(member_id="m1", index=1),
+            tp("orders", 2): ConsumerThread(member_id="m3", index=0),
+            tp("logs.web", 0): ConsumerThread(member_id="m2", index=2),
+        },
+    )
+
+
+def batch(group_id: str, generation: int, **offsets: int) -> OffsetBatch:
+    """Offsets given as ``topic_partition=offset``, e.g. ``orders_0=17``."""
+    parsed = {}
+    for key, offset in offsets.items():
+        topic, _, partition = key.rpartition("_")
+        parsed[tp(topic, int(partition))] = offset
+    return OffsetBatch(group_id=group_id, generation=generation, offsets=parsed)
+
+
+async def everything(store: MetadataStore, *group_ids: str) -> dict[str, Any]:
+    """The store's persistent state as plain comparable values."""
+    return {
+        "topics": dict(await store.topics()),
+        "groups": dict(await store.groups()),
+        "offsets": {g: dict(await store.fetch_offsets(g)) for g in group_ids},
+    }
+
+
+# Brokers
+
+
+async def test_brokers_are_listed_by_id(store: MetadataStore) -> None:
+    for broker_id in (3, 1, 2):
+        await store.register_broker(BrokerInfo(broker_id=broker_id, host="127.0.0.1", port=9090))
+    assert [b.broker_id for b in await store.brokers()] == [1, 2, 3]
+
+
+async def test_registering_a_broker_again_replaces_it(store: MetadataStore) -> None:
+    await store.register_broker(BrokerInfo(broker_id=1, host="127.0.0.1", port=9092))
+    await store.register_broker(BrokerInfo(broker_id=1, host="127.0.0.1", port=9093))
+    assert await store.brokers() == (BrokerInfo(broker_id=1, host="127.0.0.1", port=9093),)
+
+
+async def test_broker_registrations_end_with_the_store(store_factory: StoreOpener) -> None:
+    async with store_factory() as store:
+        await store.register_broker(BrokerInfo(broker_id=1, host="127.0.0.1", port=9092))
+    async with store_factory() as store:
+        assert await store.brokers() == ()
+
+
+# Topics
+
+
+async def test_create_topic_places_its_partitions(store: MetadataStore) -> None:
+    placement = await store.create_topic("orders", (1, 2, 1))
+    assert placement == TopicPlacement(topic="orders", brokers=(1, 2, 1))
+    assert placement.partition_count == 3
+    assert await store.topics() == {"orders": placement}
+
+
+async def test_creating_an_existing_topic_changes_nothing(store: MetadataStore) -> None:
+    await store.create_topic("orders", (1,))
+    with pytest.raises(TopicExists):
+        await store.create_topic("orders", (2, 2))
+    assert await store.topics() == {"orders": TopicPlacement(topic="orders", brokers=(1,))}
+
+
+async def test_a_topic_needs_a_partition(store: MetadataStore) -> None:
+    with pytest.raises(InvalidPartitions):
+        await store.create_topic("orders", ())
+    assert await store.topics() == {}
+
+
+async def test_add_partitions_appends_them(store: MetadataStore) -> None:
+    await store.create_topic("orders", (1, 2))
+    placement = await store.add_partitions("orders", (3, 1))
+    assert placement == TopicPlacement(topic="orders", brokers=(1, 2, 3, 1))
+    assert (await store.topics())["orders"] == placement
+
+
+async def test_add_partitions_to_an_unknown_topic(store: MetadataStore) -> None:
+    with pytest.raises(UnknownTopic):
+        await store.add_partitions("orders", (1,))
+    assert await store.topics() == {}
+
+
+async def test_adding_no_partitions_changes_nothing(store: MetadataStore) -> None:
+    await store.create_topic("orders", (1,))
+    with pytest.raises(InvalidPartitions):
+        await store.add_partitions("orders", ())
+    assert (await store.topics())["orders"].partition_count == 1
+
+
+async def test_topics_survive_a_reopen(store_factory: StoreOpener) -> None:
+    async with store_factory() as store:
+        await store.create_topic("orders", (1, 2))
+        await store.add_partitions("orders", (3,))
+        await store.create_topic("logs.web", (2,))
+    async with store_factory() as store:
+        assert await store.topics() == {
+            "orders": TopicPlacement(topic="orders", brokers=(1, 2, 3)),
+            "logs.web": TopicPlacement(topic="logs.web", brokers=(2,)),
+        }
+
+
+# Topic watch
+
+
+async def test_topic_updates_yield_the_current_topics_at_once(store: MetadataStore) -> None:
+    placement = await store.create_topic("orders", (1,))
+    with trio.fail_after(WATCH_DEADLINE):
+        async with aclosing(store.topic_updates()) as updates:
+            assert await anext(updates) == {"orders": placement}
+
+
+async def test_topic_updates_wake_a_waiting_reader(store: MetadataStore) -> None:
+    seen: list[dict[str, TopicPlacement]] = []
+
+    async def watch(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with aclosing(store.topic_updates()) as updates:
+            async for topics in updates:
+                seen.append(dict(topics))
+                if not topics:
+                    task_status.started()
+                if "orders" in topics:
+                    return
+
+    with trio.fail_after(WATCH_DEADLINE):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(watch)
+            await store.create_topic("orders", (1,))
+    assert seen == [{}, {"orders": TopicPlacement(topic="orders", brokers=(1,))}]
+
+
+async def test_topic_updates_coalesce_a_burst_to_the_latest(store: MetadataStore) -> None:
+    with trio.fail_after(WATCH_DEADLINE):
+        async with aclosing(store.topic_updates()) as updates:
+            assert await anext(updates) == {}
+            await store.create_topic("a", (1,))
+            await store.create_topic("b", (1,))
+            await store.add_partitions("a", (2,))
+            latest = await store.topics()
+            # A slow reader may see an intermediate value first, but never an older one after a
+            # newer, and it reaches the latest without reading every change.
+            seen = [await anext(updates)]
+            while seen[-1] != latest:
+                seen.append(await anext(updates))
+            assert len(seen) <= 3
+            assert seen[-1] == latest
+
+
+async def test_topic_updates_see_added_partitions(store: MetadataStore) -> None:
+    await store.create_topic("orders", (1,))
+    with trio.fail_after(WATCH_DEADLINE):
+        async with aclosing(store.topic_updates()) as updates:
+            await anext(updates)
+            await store.add_partitions("orders", (2,))
+            assert (await anext(updates))["orders"].brokers == (1, 2)
+
+
+# Coordinator epoch
+
+
+async def test_epochs_increase_strictly_across_reopens(store_factory: StoreOpener) -> None:
+    epochs = []
+    for _ in range(3):
+        async with store_factory() as store:
+            epochs.append(await store.take_office(1))
+            epochs.append(await store.take_office(2))
+    assert epochs == sorted(set(epochs))
+
+
+async def test_writes_before_taking_office_are_fenced(store: MetadataStore) -> None:
+    for epoch in (0, 1, -1):
+        with pytest.raises(EpochFenced):
+            await store.write_group(epoch, sample_group())
+        with pytest.raises(EpochFenced):
+            await store.commit_offsets(epoch, [batch("billing", 1, orders_0=5)])
+        with pytest.raises(EpochFenced):
+            await store.delete_group(epoch, "billing")
+    assert await everything(store, "billing") == {
+        "topics": {},
+        "groups": {},
+        "offsets": {"billing": {}},
+    }
+
+
+async def test_a_deposed_epoch_is_fenced_and_changes_nothing(store: MetadataStore) -> None:
+    old = await store.take_office(1)
+    await store.write_group(old, sample_group(generation=3))
+    await store.commit_offsets(old, [batch("billing", 3, orders_0=5)])
+    before = await everything(store, "billing")
+
+    new = await store.take_office(2)
+    with pytest.raises(EpochFenced):
+        await store.write_group(old, sample_group(generation=4))
+    with pytest.raises(EpochFenced):
+        await store.commit_offsets(
+            old, [batch("billing", 4, orders_0=9), batch("other", 4, orders_1=9)]
+        )
+    with pytest.raises(EpochFenced):
+        await store.delete_group(old, "billing")
+    with pytest.raises(EpochFenced):
+        await store.write_group(new + 1, sample_group(generation=4))
+    assert await everything(store, "billing", "other") == {
+        **before,
+        "offsets": {**before["offsets"], "other": {}},
+    }
+
+    await store.commit_offsets(new, [batch("billing", 4, orders_0=9)])
+    assert await store.fetch_offsets("billing") == {tp("orders", 0): 9}
+
+
+async def test_an_epoch_from_before_a_reopen_is_fenced(store_factory: StoreOpener) -> None:
+    async with store_factory() as store:
+        old = await store.take_office(1)
+        await store.write_group(old, sample_group())
+    async with store_factory() as store:
+        with pytest.raises(EpochFenced):
+            await store.commit_offsets(old, [batch("billing", 3, orders_0=1)])
+        new = await store.take_office(1)
+        with pytest.raises(EpochFenced):
+            await store.delete_group(old, "billing")
+        await store.delete_group(new, "billing")
+        assert await store.groups() == {}
+
+
+# Groups
+
+
+async def test_a_group_round_trips_and_survives_a_reopen(store_factory: StoreOpener) -> None:
+    group = sample_group()
+    async with store_factory() as store:
+        epoch = await store.take_office(1)
+        await store.write_group(epoch, group)
+        await store.write_group(
+            epoch, GroupRecord(group_id="empty", generation=0, members=(), assignment={})
+        )
+        stored = (await store.groups())["billing"]
+        assert stored == group
+        assert stored.assignment == group.assignment
+        assert stored.members[1].subscription.streams_for("logs.web") == 3
+        assert stored.members[2].subscription.streams_for("internal.audit") == 0
+        assert stored.members[2].subscription.streams_for("payments") == 2
+    async with store_factory() as store:
+        groups = await store.groups()
+        assert groups["billing"] == group
+        assert groups["empty"] == GroupRecord(
+            group_id="empty", generation=0, members=(), assignment={}
+        )
+
+
+async def test_writing_a_group_replaces_its_record(store: MetadataStore) -> None:
+    epoch = await store.take_office(1)
+    await store.write_group(epoch, sample_group(generation=3))
+    smaller = GroupRecord(
+        group_id="billing",
+        generation=4,
+        members=(sample_group().members[0],),
+        assignment={tp("orders", 0): ConsumerThread(member_id="m1", index=0)},
+    )
+    await store.write_group(epoch, smaller)
+    assert await store.groups() == {"billing": smaller}
+
+
+async def test_deleting_a_group(store: MetadataStore) -> None:
+    epoch = await store.take_office(1)
+    await store.write_group(epoch, sample_group("billing"))
+    await store.write_group(epoch, sample_group("audit"))
+    await store.delete_group(epoch, "billing")
+    assert set(await store.groups()) == {"audit"}
+    await store.delete_group(epoch, "billing")  # already gone: not an error
+    await store.delete_group(epoch, "never-existed")
+    assert set(await store.groups()) == {"audit"}
+
+
+# Offsets
+
+
+async def test_offsets_round_trip(store: MetadataStore) -> None:
+    epoch = await store.take_office(1)
+    assert await store.fetch_offsets("billing") == {}
+    await store.commit_offsets(epoch, [batch("billing", 3, orders_0=17, orders_1=0, logs_2=5)])
+    assert await store.fetch_offsets("billing") == {
+        tp("orders", 0): 17,
+        tp("orders", 1): 0,
+        tp("logs", 2): 5,
+    }
+    await store.commit_offsets(epoch, [batch("billing", 4, orders_1=40)])
+    assert await store.fetch_offsets("billing") == {
+        tp("orders", 0): 17,
+        tp("orders", 1): 40,
+        tp("logs", 2): 5,
+    }
+
+
+async def test_offsets_of_many_groups_commit_together(store: MetadataStore) -> None:
+    epoch = await store.take_office(1)
+    await store.commit_offsets(
+        epoch,
+        [
+            batch("billing", 3, orders_0=1),
+            batch("audit", 7, orders_0=2, orders_1=3),
+            batch("search", -1, logs_0=4),
+            batch("billing", 3, orders_0=5, orders_1=6),  # later batches win
+        ],
+    )
+    assert await store.fetch_offsets("billing") == {tp("orders", 0): 5, tp("orders", 1): 6}
+    assert await store.fetch_offsets("audit") == {tp("orders", 0): 2, tp("orders", 1): 3}
+    assert await store.fetch_offsets("search") == {tp("logs", 0): 4}
+
+
+async def test_committing_nothing_is_fine(store: MetadataStore) -> None:
+    epoch = await store.take_office(1)
+    await store.commit_offsets(epoch, [])
+    await store.commit_offsets(epoch, [OffsetBatch(group_id="billing", generation=1, offsets={})])
+    assert await store.fetch_offsets("billing") == {}
+
+
+async def test_offsets_survive_a_reopen(store_factory: StoreOpener) -> None:
+    async with store_factory() as store:
+        epoch = await store.take_office(1)
+        await store.commit_offsets(
+            epoch, [batch("billing", 3, orders_0=17), batch("audit", 1, orders_0=2)]
+        )
+        await store.commit_offsets(epoch, [batch("billing", 4, orders_0=18, orders_1=1)])
+    async with store_factory() as store:
+        assert await store.fetch_offsets("billing") == {tp("orders", 0): 18, tp("orders", 1): 1}
+        assert await store.fetch_offsets("audit") == {tp("orders", 0): 2}
+
+
+async def test_deleting_a_group_drops_its_offsets(store_factory: StoreOpener) -> None:
+    async with store_factory() as store:
+        epoch = await store.take_office(1)
+        await store.write_group(epoch, sample_group("billing"))
+        await store.commit_offsets(
+            epoch,
+            [
+                batch("billing", 3, orders_0=17),
+                batch("standalone", -1, orders_0=4),  # offsets with no group record
+                batch("audit", 1, orders_0=2),
+            ],
+        )
+        await store.delete_group(epoch, "billing")
+        await store.delete_group(epoch, "standalone")
+        assert await store.fetch_offsets("billing") == {}
+        assert await store.fetch_offsets("standalone") == {}
+    async with store_factory() as store:
+        assert await everything(store, "billing", "standalone", "audit") == {
+            "topics": {},
+            "groups": {},
+            "offsets": {"billing": {}, "standalone": {}, "audit": {tp("orders", 0): 2}},
+        }

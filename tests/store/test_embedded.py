@@ -1,0 +1,313 @@
+"""What only the embedded store promises: its files survive crashes and real disk faults.
+
+Faults are real, not mocked: files are cut and corrupted on disk between a close and a reopen, and a
+failing write comes from the kernel. Permission tricks do not work when the tests run as root (root
+writes anywhere), so an unusable directory is a path that is a regular file where a directory must
+be, or a directory where the journal must be, and a failing write is an ``RLIMIT_FSIZE`` that the
+kernel enforces even for root.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+import resource
+import signal
+from collections.abc import Iterator
+from contextlib import aclosing, contextmanager
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from coordinator.store import (
+    EmbeddedStore,
+    GroupRecord,
+    OffsetBatch,
+    StoreUnavailable,
+    TopicPlacement,
+    open_embedded_store,
+)
+from coordinator.store.embedded import JOURNAL_NAME, SNAPSHOT_NAME
+from protocol.types import ConsumerThread, TopicPartition
+
+
+def tp(topic: str, partition: int) -> TopicPartition:
+    return TopicPartition(topic=topic, partition=partition)
+
+
+def offsets_batch(group_id: str, generation: int, base: int, count: int = 3) -> OffsetBatch:
+    return OffsetBatch(
+        group_id=group_id,
+        generation=generation,
+        offsets={tp("orders", p): base + p for p in range(count)},
+    )
+
+
+def group(group_id: str, generation: int) -> GroupRecord:
+    return GroupRecord(
+        group_id=group_id,
+        generation=generation,
+        members=(),
+        assignment={tp("orders", 0): ConsumerThread(member_id="m1", index=0)},
+    )
+
+
+async def state_of(store: EmbeddedStore) -> dict[str, Any]:
+    groups = dict(await store.groups())
+    return {
+        "topics": dict(await store.topics()),
+        "groups": groups,
+        "offsets": {g: dict(await store.fetch_offsets(g)) for g in ("billing", "audit")},
+    }
+
+
+async def write_history(store: EmbeddedStore) -> list[dict[str, Any]]:
+    """A mix of every kind of write; the state after each, starting with the empty one."""
+    states = [await state_of(store)]
+    epoch = await store.take_office(1)
+    states.append(await state_of(store))
+    await store.create_topic("orders", (1, 1, 2))
+    states.append(await state_of(store))
+    for generation in range(1, 4):
+        await store.write_group(epoch, group("billing", generation))
+        states.append(await state_of(store))
+        await store.commit_offsets(
+            epoch,
+            [offsets_batch("billing", generation, 10 * generation), offsets_batch("audit", 1, 0)],
+        )
+        states.append(await state_of(store))
+    await store.add_partitions("orders", (2,))
+    states.append(await state_of(store))
+    await store.delete_group(epoch, "audit")
+    states.append(await state_of(store))
+    await store.commit_offsets(epoch, [offsets_batch("billing", 3, 100)])
+    states.append(await state_of(store))
+    return states
+
+
+def journal_lines(data_dir: pathlib.Path) -> list[bytes]:
+    return (data_dir / JOURNAL_NAME).read_bytes().splitlines(keepends=True)
+
+
+async def test_a_torn_last_write_is_dropped_and_everything_before_survives(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with open_embedded_store(tmp_path) as store:
+        states = await write_history(store)
+    journal = tmp_path / JOURNAL_NAME
+    data = journal.read_bytes()
+    journal.write_bytes(data[: len(data) - 7])  # mid-line: the last write never finished
+
+    async with open_embedded_store(tmp_path) as store:
+        assert await state_of(store) == states[-2]
+        assert journal.read_bytes() == data[: data.rindex(b"\n", 0, len(data) - 1) + 1]
+        epoch = await store.take_office(1)
+        await store.commit_offsets(epoch, [offsets_batch("billing", 3, 200)])
+        after = await state_of(store)
+    async with open_embedded_store(tmp_path) as store:  # the new line did not land on the torn one
+        assert await state_of(store) == after
+
+
+async def test_every_cut_of_the_journal_reopens_to_a_prefix_of_the_writes(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with open_embedded_store(tmp_path) as store:
+        states = await write_history(store)
+    journal = tmp_path / JOURNAL_NAME
+    data = journal.read_bytes()
+    ends = [0]
+    for line in journal_lines(tmp_path):
+        ends.append(ends[-1] + len(line))
+    assert len(ends) == len(states)
+
+    cuts = {end + delta for end in ends for delta in (-1, 0, 1)}
+    cuts |= {(a + b) // 2 for a, b in itertools.pairwise(ends)}
+    for cut in sorted(c for c in cuts if 0 <= c <= len(data)):
+        journal.write_bytes(data[:cut])
+        async with open_embedded_store(tmp_path) as store:
+            whole_lines = sum(1 for end in ends[1:] if end <= cut)
+            assert await state_of(store) == states[whole_lines], cut
+
+
+async def test_a_corrupt_last_line_is_dropped(tmp_path: pathlib.Path) -> None:
+    async with open_embedded_store(tmp_path) as store:
+        states = await write_history(store)
+    lines = journal_lines(tmp_path)
+    last = bytearray(lines[-1])
+    last[20] ^= 0x01  # inside the JSON: the checksum no longer matches
+    (tmp_path / JOURNAL_NAME).write_bytes(b"".join(lines[:-1]) + bytes(last))
+
+    async with open_embedded_store(tmp_path) as store:
+        assert await state_of(store) == states[-2]
+
+
+async def test_damage_before_acknowledged_writes_refuses_to_open(tmp_path: pathlib.Path) -> None:
+    async with open_embedded_store(tmp_path) as store:
+        await write_history(store)
+    lines = journal_lines(tmp_path)
+    damaged = bytearray(lines[2])
+    damaged[20] ^= 0x01
+    original = b"".join(lines)
+    (tmp_path / JOURNAL_NAME).write_bytes(b"".join([*lines[:2], bytes(damaged), *lines[3:]]))
+
+    with pytest.raises(StoreUnavailable, match="damaged"):
+        async with open_embedded_store(tmp_path):
+            pass  # pragma: no cover
+    # Nothing was cut away: an operator can still restore or inspect the file.
+    assert len((tmp_path / JOURNAL_NAME).read_bytes()) == len(original)
+
+
+async def test_compaction_keeps_everything(tmp_path: pathlib.Path) -> None:
+    async with open_embedded_store(tmp_path, compact_after_bytes=600) as store:
+        epochs = [await store.take_office(1)]
+        await store.create_topic("orders", (1, 2, 3))
+        for generation in range(1, 40):
+            await store.write_group(epochs[-1], group("billing", generation))
+            await store.commit_offsets(
+                epochs[-1], [offsets_batch("billing", generation, generation, count=3)]
+            )
+            if generation % 10 == 0:
+                epochs.append(await store.take_office(1))
+        before = await state_of(store)
+        journal_size = (tmp_path / JOURNAL_NAME).stat().st_size
+    assert (tmp_path / SNAPSHOT_NAME).exists()
+    assert journal_size < 2000  # compacted, or it would hold ~80 lines of well over 100 bytes
+
+    async with open_embedded_store(tmp_path) as store:
+        assert await state_of(store) == before
+        assert (await store.groups())["billing"].generation == 39
+        assert await store.take_office(1) > max(epochs)
+
+
+async def test_a_journal_the_snapshot_already_covers_is_skipped(tmp_path: pathlib.Path) -> None:
+    """A crash between installing a snapshot and emptying the journal leaves both on disk."""
+    async with open_embedded_store(tmp_path) as store:
+        await write_history(store)
+    old_journal = (tmp_path / JOURNAL_NAME).read_bytes()
+    async with open_embedded_store(tmp_path, compact_after_bytes=0) as store:
+        epoch = await store.take_office(1)  # compacts everything into the snapshot
+        expected = await state_of(store)
+    assert (tmp_path / JOURNAL_NAME).stat().st_size == 0
+    (tmp_path / JOURNAL_NAME).write_bytes(old_journal)
+
+    async with open_embedded_store(tmp_path) as store:
+        assert await state_of(store) == expected
+        assert await store.take_office(1) == epoch + 1
+
+
+async def test_a_data_dir_that_is_a_file_is_unavailable(tmp_path: pathlib.Path) -> None:
+    not_a_dir = tmp_path / "data"
+    not_a_dir.write_text("")
+    with pytest.raises(StoreUnavailable):
+        async with open_embedded_store(not_a_dir):
+            pass  # pragma: no cover
+
+
+async def test_a_journal_that_cannot_be_opened_is_unavailable(tmp_path: pathlib.Path) -> None:
+    (tmp_path / JOURNAL_NAME).mkdir()
+    with pytest.raises(StoreUnavailable):
+        async with open_embedded_store(tmp_path):
+            pass  # pragma: no cover
+    # The lock was released on the way out.
+    (tmp_path / JOURNAL_NAME).rmdir()
+    async with open_embedded_store(tmp_path) as store:
+        assert await store.topics() == {}
+
+
+@contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Make the kernel refuse writes past ``limit`` bytes in any file, root or not.
+
+    SIGXFSZ would kill the process; ignored, the write fails with EFBIG instead (after a short write
+    up to the limit, so a half-written line is really left on disk).
+    """
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old_limit[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+async def test_a_failed_write_is_unavailable_and_changes_nothing(tmp_path: pathlib.Path) -> None:
+    async with open_embedded_store(tmp_path) as store:
+        epoch = await store.take_office(1)
+        await store.commit_offsets(epoch, [offsets_batch("billing", 1, 10)])
+        before = await state_of(store)
+        size = (tmp_path / JOURNAL_NAME).stat().st_size
+
+        with file_size_limit(size + 10), pytest.raises(StoreUnavailable):
+            await store.commit_offsets(epoch, [offsets_batch("billing", 2, 20)])
+        assert await state_of(store) == before
+        assert (tmp_path / JOURNAL_NAME).stat().st_size == size  # the partial line was removed
+
+        with file_size_limit(size + 10), pytest.raises(StoreUnavailable):
+            await store.create_topic("orders", (1,))
+        assert await store.topics() == {}
+
+        await store.commit_offsets(epoch, [offsets_batch("billing", 2, 30)])
+        after = await state_of(store)
+    assert after["offsets"]["billing"][tp("orders", 0)] == 30
+    async with open_embedded_store(tmp_path) as store:
+        assert await state_of(store) == after
+
+
+async def test_a_data_dir_holds_one_store_at_a_time(tmp_path: pathlib.Path) -> None:
+    async with open_embedded_store(tmp_path) as store:
+        with pytest.raises(StoreUnavailable, match="in use"):
+            async with open_embedded_store(tmp_path):
+                pass  # pragma: no cover
+        await store.create_topic("orders", (1,))
+    async with open_embedded_store(tmp_path) as store:
+        assert set(await store.topics()) == {"orders"}
+
+
+async def test_a_closed_store_is_unavailable_and_ends_its_watches(tmp_path: pathlib.Path) -> None:
+    async with open_embedded_store(tmp_path) as store:
+        updates = store.topic_updates()
+        assert await anext(updates) == {}
+    with pytest.raises(StoreUnavailable):
+        await anext(updates)
+    with pytest.raises(StoreUnavailable):
+        await store.topics()
+    await updates.aclose()
+
+
+async def test_a_burst_of_topic_changes_reaches_a_slow_reader_as_one(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with open_embedded_store(tmp_path) as store, aclosing(store.topic_updates()) as updates:
+        assert await anext(updates) == {}
+        await store.create_topic("a", (1,))
+        await store.create_topic("b", (1,))
+        await store.add_partitions("a", (2,))
+        assert await anext(updates) == {
+            "a": TopicPlacement(topic="a", brokers=(1, 2)),
+            "b": TopicPlacement(topic="b", brokers=(1,)),
+        }
+
+
+async def test_writes_take_no_virtual_time(
+    tmp_path: pathlib.Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The simulation tests rely on this: a store write must not let MockClock's autojump fire
+    every pending timer, as it would if the write waited on a thread."""
+    async with open_embedded_store(tmp_path) as store:
+        start = trio.current_time()
+        epoch = await store.take_office(1)
+        await store.create_topic("orders", (1,))
+        await store.commit_offsets(epoch, [offsets_batch("billing", 1, 0, count=100)])
+        assert trio.current_time() == start
+
+
+async def test_offsets_are_journaled_compactly(tmp_path: pathlib.Path) -> None:
+    async with open_embedded_store(tmp_path) as store:
+        epoch = await store.take_office(1)
+        before = (tmp_path / JOURNAL_NAME).stat().st_size
+        await store.commit_offsets(epoch, [offsets_batch("billing", 1, 1_000_000, count=100)])
+        line = (tmp_path / JOURNAL_NAME).stat().st_size - before
+    assert line < 100 * 16  # "[partition,offset]," per offset, and the batch header once
