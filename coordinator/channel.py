@@ -81,8 +81,11 @@ class Channel:
     async def respond(self, request: Request, message: ResponseMessage) -> None:
         if self.closed:
             return  # the peer is gone; nobody awaits this answer
-        data = self.connection.send(Response(correlation_id=request.correlation_id,
-                                              message=message, request=request.message))
+        data = self.connection.send(
+            Response(
+                correlation_id=request.correlation_id, message=message, request=request.message
+            )
+        )
         await self._send(data)
 
     async def run(self, on_request: Callable[[Request], Awaitable[None]]) -> None:
@@ -97,7 +100,7 @@ class Channel:
                 event = self.connection.next_event()
                 if event is NEED_DATA:
                     data = await self.stream.receive_some(RECEIVE_SIZE)
-                    self.connection.receive_data(data)
+                    self.connection.receive_data(bytes(data))
                 elif isinstance(event, Response):
                     waiter = self._waiters.get(event.correlation_id)
                     if waiter is not None:
@@ -161,4 +164,3 @@ def _peer_name(stream: trio.abc.Stream) -> str:
         except OSError:
             pass
     return type(stream).__name__
-

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if value <= 0:
         raise ValueError(f"{attribute.name} must be positive, not {value}")
 

@@ -32,7 +32,7 @@ from protocol import (
     RegisterConsumerRequest,
     RegisterConsumerResponse,
 )
-from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
+from protocol.types import BrokerInfo, PartitionOffset
 from statemachine import group as group_sm
 from statemachine import member as member_sm
 
@@ -318,7 +318,9 @@ class GroupCoordinator:
 
     # --- topics ---------------------------------------------------------------------------
 
-    async def watch_topics(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def watch_topics(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Seed 01 §6: a new topic or new partitions rebalance every interested group."""
         started = False
         async for topics in self.store.topic_updates():

@@ -1,7 +1,7 @@
 """Each group's committed offsets: kept in memory, fenced by the caller, written in batches.
 
-Seed 01 has a committer thread that writes every group's changed offsets to ZooKeeper at an interval;
-DESIGN.md adds that an OffsetCommit is answered only once its batch is durable, and that a
+Seed 01 has a committer thread that writes every group's changed offsets to ZooKeeper at an
+interval; DESIGN.md adds that an OffsetCommit is answered only once its batch is durable, and that a
 rebalance forces a commit before StartFetcher. One task writes; everyone else records an update and,
 if they need durability, waits for the version they produced to become durable, which also asks
 the committer to write at once instead of at its next interval.
@@ -96,9 +96,9 @@ class OffsetKeeper:
                 await self.store.commit_offsets(self.epoch, batches)
             except BaseException:
                 for batch in batches:  # keep what was not overwritten meanwhile, and retry it
-                    group = self._groups.get(batch.group_id)
-                    if group is not None:
-                        group.dirty = {**batch.offsets, **group.dirty}
+                    if batch.group_id in self._groups:
+                        kept = self._groups[batch.group_id]
+                        kept.dirty = {**batch.offsets, **kept.dirty}
                 raise
             self._durable.value = max(self._durable.value, version)
 
@@ -120,10 +120,8 @@ class OffsetKeeper:
                 self._flush_wanted.set()
 
     async def _load(self, group_id: str) -> _GroupOffsets:
-        group = self._groups.get(group_id)
-        if group is None:
+        if group_id not in self._groups:
             stored = await self.store.fetch_offsets(group_id)
-            group = self._groups.get(group_id)  # another task may have loaded it meanwhile
-            if group is None:
-                group = self._groups[group_id] = _GroupOffsets(committed=dict(stored))
-        return group
+            # another task may have loaded it while this one waited on the store
+            self._groups.setdefault(group_id, _GroupOffsets(committed=dict(stored)))
+        return self._groups[group_id]

@@ -112,9 +112,7 @@ class _Session:
                 return None
             case OffsetFetchRequest() as message:
                 committed = await coordinator.offsets.committed(message.group_id)
-                wanted = (
-                    committed.keys() if message.partitions is None else set(message.partitions)
-                )
+                wanted = committed.keys() if message.partitions is None else set(message.partitions)
                 return OffsetFetchResponse(
                     error_code=ErrorCode.NONE,
                     offsets=tuple(
@@ -164,7 +162,9 @@ class _Session:
             partitions = tuple(
                 PartitionMetadata(partition=p, broker_id=b) for p, b in enumerate(placement.brokers)
             )
-            topics.append(TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=partitions))
+            topics.append(
+                TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=partitions)
+            )
         return ClusterMetadataResponse(
             error_code=ErrorCode.NONE,
             coordinator_id=coordinator.broker.broker_id,
@@ -218,7 +218,7 @@ def _error_response(request: Request, error: ErrorCode) -> ResponseMessage:
     from protocol import RESPONSE_TYPES
 
     response_type: Any = RESPONSE_TYPES[type(request.message).API_KEY]
-    fields = {}
+    fields: dict[str, Any] = {}
     for field in attrs.fields(response_type):
         if field.name == "error_code":
             fields[field.name] = error
@@ -228,7 +228,8 @@ def _error_response(request: Request, error: ErrorCode) -> ResponseMessage:
             fields[field.name] = ()
         else:
             fields[field.name] = ""
-    return response_type(**fields)  # type: ignore[no-any-return]
+    response: ResponseMessage = response_type(**fields)
+    return response
 
 
 async def handle_connection(

@@ -24,6 +24,7 @@ Example (a pytest-trio test on the autojump clock)::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import defaultdict
@@ -34,6 +35,7 @@ from pathlib import Path
 import attrs
 import trio
 import trio.testing
+from trio_util import AsyncValue
 
 from coordinator.channel import Channel, ChannelClosed
 from coordinator.config import CoordinatorConfig
@@ -111,12 +113,12 @@ class OwnershipLedger:
             intervals.sort(key=lambda i: (i.start, i.end))
             latest: LeaseInterval | None = None
             for interval in intervals:
-                if latest is not None and interval.start < latest.end:
-                    if interval.consumer_id != latest.consumer_id:
-                        raise InvariantViolation(
-                            f"{partition}: {latest.consumer_id} held it until {latest.end:.3f} "
-                            f"but {interval.consumer_id} took it at {interval.start:.3f}"
-                        )
+                overlaps = latest is not None and interval.start < latest.end
+                if overlaps and latest is not None and interval.consumer_id != latest.consumer_id:
+                    raise InvariantViolation(
+                        f"{partition}: {latest.consumer_id} held it until {latest.end:.3f} "
+                        f"but {interval.consumer_id} took it at {interval.start:.3f}"
+                    )
                 if latest is None or interval.end > latest.end:
                     latest = interval
 
@@ -142,13 +144,18 @@ class SimulatedConsumer:
     last_request_at: float = -math.inf
     #: The next offset to read of each partition it fetches (only while fetching).
     positions: dict[TopicPartition, int] = attrs.field(factory=dict)
-    fetching: bool = False
+    #: Whether it is fetching now; tests wait on its changes.
+    fetching_state: AsyncValue[bool] = attrs.field(factory=lambda: AsyncValue(False))
     frozen_until: float = -math.inf
     registrations: int = 0
     last_register_error: ErrorCode = ErrorCode.NONE
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _registered: trio.Event = attrs.field(factory=trio.Event)
     _killed: bool = False
+
+    @property
+    def fetching(self) -> bool:
+        return bool(self.fetching_state.value)
 
     @property
     def owned(self) -> frozenset[TopicPartition]:
@@ -331,7 +338,7 @@ class SimulatedConsumer:
                     for stream in start.streams
                     for p in stream.partitions
                 }
-                self.fetching = True
+                self.fetching_state.value = True
                 for tp in self.positions:
                     self.cluster.ledger.began(self.consumer_id, tp, now)
                 await self._respond(
@@ -342,10 +349,8 @@ class SimulatedConsumer:
 
     async def _respond(self, request: Request, response: object) -> None:
         assert self.channel is not None
-        try:
+        with contextlib.suppress(ChannelClosed):
             await self.channel.respond(request, response)  # type: ignore[arg-type]
-        except ChannelClosed:
-            pass
 
     def _offsets(self) -> tuple[PartitionOffset, ...]:
         return tuple(
@@ -357,7 +362,7 @@ class SimulatedConsumer:
         if self.fetching:
             for tp in self.positions:
                 self.cluster.ledger.ended(self.consumer_id, tp, at)
-        self.fetching = False
+        self.fetching_state.value = False
 
     async def _unfrozen(self) -> None:
         while trio.current_time() < self.frozen_until:

@@ -7,7 +7,7 @@ is the byte-level reference.
 
 from .connection import Connection, ConnectionState, Role
 from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
-from .events import NEED_DATA, ConnectionClosed, Event, PeerError, Request, Response
+from .events import NEED_DATA, ConnectionClosed, Event, NeedData, PeerError, Request, Response
 from .messages import (
     COORDINATOR_REQUESTS,
     REQUEST_TYPES,
@@ -92,6 +92,7 @@ __all__ = [
     "ListOffsetsResponse",
     "LocalProtocolError",
     "MemberDescription",
+    "NeedData",
     "OffsetCommitRequest",
     "OffsetCommitResponse",
     "OffsetFetchRequest",

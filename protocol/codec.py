@@ -67,19 +67,21 @@ class Codec(Generic[T]):
     min_size: int
     fixed: str | None = None
     from_int: Callable[[int], Any] | None = None
+    fields: tuple[tuple[str, Codec[Any]], ...] = ()
+    """For a structure: its fields' names and codecs in wire order (for docs and tests)."""
 
 
 def malformed(msg: str) -> RemoteProtocolError:
     return RemoteProtocolError(msg, ErrorCode.MALFORMED_FRAME)
 
 
-def _int_codec(name: str, fmt: str, *, signed: bool = True) -> Codec[int]:
+def _int_codec(name: str, fmt: str) -> Codec[int]:
     packer = struct.Struct(fmt)
     pack = packer.pack
     unpack_from = packer.unpack_from
     size = packer.size
     bits = size * 8
-    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+    lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
     def encode(w: bytearray, value: Any) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
@@ -102,7 +104,6 @@ INT8 = _int_codec("int8", ">b")
 INT16 = _int_codec("int16", ">h")
 INT32 = _int_codec("int32", ">i")
 INT64 = _int_codec("int64", ">q")
-UINT32 = _int_codec("uint32", ">I", signed=False)
 
 # Field annotations: the type checker sees ``int``, the schema sees the width.
 Int8 = Annotated[int, INT8]
@@ -110,12 +111,12 @@ Int16 = Annotated[int, INT16]
 Int32 = Annotated[int, INT32]
 Int64 = Annotated[int, INT64]
 
-INT16_STRUCT = struct.Struct(">h")
-INT32_STRUCT = struct.Struct(">i")
-_pack_i16 = INT16_STRUCT.pack
-_pack_i32 = INT32_STRUCT.pack
-_unpack_i16 = INT16_STRUCT.unpack_from
-_unpack_i32 = INT32_STRUCT.unpack_from
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_pack_i16 = _I16.pack
+_pack_i32 = _I32.pack
+_unpack_i16 = _I16.unpack_from
+_unpack_i32 = _I32.unpack_from
 MAX_STRING_BYTES = 2**15 - 1
 MAX_INT32 = 2**31 - 1
 

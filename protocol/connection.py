@@ -389,17 +389,20 @@ class Connection:
         error_code: ErrorCode,
         message: str,
         *,
-        correlation_id: int = -1,
-        api_key: int = -1,
+        correlation_id: int | None = -1,
+        api_key: int | None = -1,
     ) -> bytes:
         """An error frame telling the peer why we are about to close; the one send allowed in
         ERROR. The connection is in ERROR afterwards (unless already CLOSED): after refusing the
         peer, nothing else may be sent or received on it.
 
         ``message`` is cut to the longest string the wire allows, so that reporting an error
-        (often ``str(exc)``) cannot itself fail.
+        (often ``str(exc)``) cannot itself fail; None for an id means -1, so a caught
+        ProtocolError's ``correlation_id`` and ``api_key`` can be passed on as they are.
         """
         text = message.encode("utf-8", "replace")[:MAX_STRING_BYTES].decode("utf-8", "ignore")
+        correlation_id = -1 if correlation_id is None else correlation_id
+        api_key = -1 if api_key is None else api_key
         frame = bytes(encode_error_frame(error_code, text, correlation_id, api_key))
         if self._state is ConnectionState.OPEN:
             self._fail(

@@ -79,7 +79,13 @@ def struct_codec(cls: type[T]) -> Codec[T]:
     attributes: tuple[attrs.Attribute[Any], ...] = attrs.fields(typing.cast(Any, cls))
     fields = [(a.name, _codec_for(hints[a.name], cls, a.name)) for a in attributes]
     encode, decode = _generate(cls, fields)
-    codec: Codec[T] = Codec(cls.__name__, encode, decode, sum(c.min_size for _, c in fields))
+    codec: Codec[T] = Codec(
+        cls.__name__,
+        encode,
+        decode,
+        sum(c.min_size for _, c in fields),
+        fields=tuple(fields),
+    )
     _struct_cache[cls] = codec
     return codec
 

@@ -39,7 +39,7 @@ class BrokerInfo:
 
 @attrs.frozen(kw_only=True, order=True)
 class TopicStreams:
-    """One entry of the seeds' ``topic_count``: how many consumer streams (threads) want this topic."""
+    """One entry of the seeds' ``topic_count``: how many streams (threads) want this topic."""
 
     topic: str
     streams: int
@@ -76,9 +76,10 @@ class Subscription:
 
 @attrs.frozen(kw_only=True, order=True)
 class ConsumerThread:
-    """One of a member's streams (the seeds' "consumer thread"): ``index`` counts from 0 per topic for
-    named topics, and across all matching topics for a wildcard. On the wire it is the stream id
-    ``f"{member_id}-{index}"``."""
+    """One of a member's streams (the seeds' "consumer thread").
+
+    ``index`` counts from 0 per topic for named topics, and across all matching topics for a
+    wildcard. On the wire it is the stream id ``f"{member_id}-{index}"``."""
 
     member_id: str
     index: int

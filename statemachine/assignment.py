@@ -15,8 +15,8 @@ Two assignors share one vocabulary:
 
 Both are linear in the size of their input (plus sorting): threads become small integers numbered
 in ``(member_id, index)`` order, so every tie-break is an integer comparison, and no step scans all
-threads once per partition. kafka-python's sticky assignor needs 10.6 s and 1.15 GB for 1,000 members
-x 10,000 partitions (DESIGN.md); this one needs milliseconds.
+threads once per partition. kafka-python's sticky assignor needs 10.6 s and 1.15 GB for 1,000
+members x 10,000 partitions (DESIGN.md); this one needs milliseconds.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from itertools import chain
 
 from protocol.types import ConsumerThread, Subscription, TopicPartition
 
@@ -52,7 +53,7 @@ class _Plan:
         member_streams: dict[str, dict[str, int]] = {}
         # Members whose subscriptions resolve to the same streams map form one class, so a crowd
         # of identical members costs one pass over the topics rather than one per member.
-        classes: dict[int, tuple[dict[str, int], list[int]]] = {}
+        classes: dict[tuple[tuple[str, int], ...], tuple[dict[str, int], list[int]]] = {}
         for member in sorted(subscriptions):
             sub = subscriptions[member]
             streams = by_identity.get(id(sub))
@@ -62,26 +63,28 @@ class _Plan:
             member_streams[member] = streams
             if not streams:
                 continue
-            cls = classes.get(id(streams))
+            key = tuple(streams.items())
+            cls = classes.get(key)
             if cls is None:
-                classes[id(streams)] = cls = (streams, [])
+                classes[key] = cls = (streams, [])
             cls[1].append(len(threads))
             threads.extend([(member, index) for index in range(max(streams.values()))])
-        topic_threads: dict[str, list[int]] = {}
+        parts: dict[str, list[list[int]]] = {}
         for streams, bases in classes.values():
             by_width: dict[int, list[int]] = {1: bases}
             for topic, n in streams.items():
                 tids = by_width.get(n)
                 if tids is None:
                     by_width[n] = tids = [base + i for base in bases for i in range(n)]
-                have = topic_threads.get(topic)
-                if have is None:
-                    topic_threads[topic] = tids
-                else:
-                    # Shared lists are never mutated: build a new one. Classes come in order of
-                    # their first member, so the concatenation is nearly sorted and sorts fast.
-                    topic_threads[topic] = merged = have + tids
-                    merged.sort()
+                parts.setdefault(topic, []).append(tids)
+        topic_threads: dict[str, list[int]] = {}
+        for topic, lists in parts.items():
+            if len(lists) == 1:
+                topic_threads[topic] = lists[0]  # shared between topics: never mutated
+            else:
+                # Classes come in order of their first member, so this is a few sorted runs.
+                topic_threads[topic] = merged = list(chain.from_iterable(lists))
+                merged.sort()
         self.counts = counts
         self.topics = [topic for topic in topic_order if topic in topic_threads]
         self.threads = threads
@@ -115,11 +118,8 @@ def _streams_per_topic(
     subscriptions, so wildcard results are shared by value.
     """
     if sub.pattern is None:
-        named: dict[str, int] = {}
-        for entry in sub.topics:
-            if entry.topic in counts and entry.topic not in named:
-                named[entry.topic] = entry.streams
-        return {topic: n for topic, n in named.items() if n > 0}
+        named = {entry.topic: entry.streams for entry in reversed(sub.topics)}
+        return {topic: n for topic, n in named.items() if n > 0 and topic in counts}
     cached = by_value.get(sub)
     if cached is None:
         cached = {}
@@ -164,9 +164,9 @@ def sticky_assign(
     """Balance every topic while keeping as many partitions as possible where they were.
 
     Per topic with ``P`` partitions over ``T`` threads, balance means every thread holds
-    ``q = P // T`` or ``q + 1`` partitions, with exactly ``r = P % T`` of them at ``q + 1``. The most
-    partitions that can stay put is ``sum(min(kept, q)) + min(r, threads keeping more than q)``;
-    this function reaches that bound, so nothing moves that balance does not require:
+    ``q = P // T`` or ``q + 1`` partitions, with exactly ``r = P % T`` of them at ``q + 1``. So at
+    most ``sum(min(kept, q)) + min(r, number of threads keeping more than q)`` partitions can stay
+    put; this function reaches that bound, so nothing moves that balance does not require:
 
     1. a previous owner keeps its partitions if it still exists and still wants the topic;
     2. an owner above ``q + 1`` gives up its highest partitions down to ``q + 1``; if more than
@@ -183,7 +183,9 @@ def sticky_assign(
     n_threads = len(plan.threads)
     tid_of = {key: tid for tid, key in enumerate(plan.threads)}
     load = [0] * n_threads
-    kept: dict[str, dict[int, list[int]]] = {}
+    # Kept partitions stay as the caller's own TopicPartition objects: no rebuilding, no rehashing
+    # beyond the result's own.
+    kept: dict[str, dict[int, list[TopicPartition]]] = {}
     for tp, owner in previous.items():
         count = plan.counts.get(tp.topic)
         if count is None or not 0 <= tp.partition < count or not plan.wants(owner, tp.topic):
@@ -191,7 +193,7 @@ def sticky_assign(
         tid = tid_of[(owner.member_id, owner.index)]
         if plan.objects[tid] is None:
             plan.objects[tid] = owner
-        kept.setdefault(tp.topic, {}).setdefault(tid, []).append(tp.partition)
+        kept.setdefault(tp.topic, {}).setdefault(tid, []).append(tp)
         load[tid] += 1
 
     result: dict[TopicPartition, ConsumerThread] = {}
@@ -233,15 +235,13 @@ def sticky_assign(
         if held:
             taken = set(freed)
             for parts in held.values():
-                taken.update(parts)
+                taken.update([tp.partition for tp in parts])
             pool = sorted([p for p in range(count) if p not in taken] + freed)
         else:
             pool = list(range(count))
 
         for tid, parts in held.items():
-            owner = plan.thread(tid)
-            for partition in parts:
-                result[TopicPartition(topic=topic, partition=partition)] = owner
+            result.update(dict.fromkeys(parts, plan.thread(tid)))
         start = 0
         for tid in sorted(receivers):
             n = receivers[tid]
@@ -254,16 +254,19 @@ def sticky_assign(
     return result
 
 
-def _trim(held: dict[int, list[int]], quota: int, extra: int, load: list[int]) -> list[int]:
-    """Take partitions away from owners above balance; return them (step 2 of sticky_assign)."""
+def _trim(
+    held: dict[int, list[TopicPartition]], quota: int, extra: int, load: list[int]
+) -> list[int]:
+    """Take partitions away from owners above balance; return their numbers (step 2 of
+    sticky_assign). An owner gives up its highest partitions and keeps its lowest."""
     cap = quota + 1
     freed: list[int] = []
     full: list[int] = []
     for tid, parts in held.items():
         if len(parts) >= cap:
             if len(parts) > cap:
-                parts.sort()
-                freed.extend(parts[cap:])
+                parts.sort(key=_partition_number)
+                freed.extend([tp.partition for tp in parts[cap:]])
                 load[tid] -= len(parts) - cap
                 del parts[cap:]
             full.append(tid)
@@ -272,10 +275,14 @@ def _trim(held: dict[int, list[int]], quota: int, extra: int, load: list[int]) -
         # are the ones that give; ties go against the highest (member_id, index).
         for tid in heapq.nlargest(len(full) - extra, full, key=lambda t: (load[t], t)):
             parts = held[tid]
-            parts.sort()
-            freed.append(parts.pop())
+            parts.sort(key=_partition_number)
+            freed.append(parts.pop().partition)
             load[tid] -= 1
     return freed
+
+
+def _partition_number(tp: TopicPartition) -> int:
+    return tp.partition
 
 
 def _smallest(n: int, keys: list[int]) -> list[int]:

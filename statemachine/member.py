@@ -102,7 +102,7 @@ class ProtocolViolation:
 
 @attrs.frozen(kw_only=True)
 class DeclaredDead:
-    """The member is gone. Its partitions may start elsewhere no earlier than ``partitions_free_at``:
+    """The member is gone; its partitions may start elsewhere from ``partitions_free_at`` on:
     at once if it closed its connection or left, else when its lease has surely run out."""
 
     cause: DeathCause
@@ -120,16 +120,18 @@ def _build_table() -> TransitionTable[MemberState]:
         # A new rebalance attempt may begin from any live state: a failed attempt leaves members
         # in Stopping or Starting, and the next attempt stops everyone again.
         t[(state, StopFetcherSent)] = MemberState.STOPPING
-        for event in (PingSent, PingAnswered, DeadlineMissed):
+        heartbeat: tuple[type, ...] = (PingSent, PingAnswered, DeadlineMissed)
+        for event in heartbeat:
             t[(state, event)] = state  # DeadlineMissed may also kill: see MemberMachine.handle
-        for event in (ConnectionClosed, Left, ProtocolViolation):
+        endings: tuple[type, ...] = (ConnectionClosed, Left, ProtocolViolation)
+        for event in endings:
             t[(state, event)] = MemberState.DEAD
     t[(MemberState.STOPPING, StopFetcherAnswered)] = MemberState.STOPPING
     t[(MemberState.STOPPING, StartFetcherSent)] = MemberState.STARTING
     t[(MemberState.STARTING, StartFetcherAnswered)] = MemberState.STABLE
     # A dead member's connection may still close, or a stale deadline fire, after death: absorbed.
-    for event in (ConnectionClosed, DeadlineMissed):
-        t[(MemberState.DEAD, event)] = MemberState.DEAD
+    t[(MemberState.DEAD, ConnectionClosed)] = MemberState.DEAD
+    t[(MemberState.DEAD, DeadlineMissed)] = MemberState.DEAD
     return TransitionTable("Member (coordinator side)", t)
 
 

@@ -1,8 +1,9 @@
 """Transition tables as data, in the manner of h11's ``_state.py``.
 
-A machine's table maps ``(state, input type)`` to the next state. Looking an input up is the only way
-a machine changes state, so an input the table does not list raises :class:`IllegalTransition` before
-anything is touched, and the diagrams in ``docs/`` are rendered from the same data the code runs.
+A machine's table maps ``(state, input type)`` to the next state. Looking an input up is the only
+way a machine changes state, so an input the table does not list raises
+:class:`IllegalTransition` before anything is touched, and the diagrams in ``docs/`` are rendered
+from the same data the code runs.
 """
 
 from __future__ import annotations

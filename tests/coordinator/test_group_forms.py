@@ -19,8 +19,7 @@ async def test_a_group_of_five_reaches_stable_after_the_initial_delay(
         await cluster.create_topic("events", partitions=12)
         start = trio.current_time()
         consumers = [
-            await cluster.start_consumer(f"c{i}", group="g", topics={"events": 1})
-            for i in range(5)
+            await cluster.start_consumer(f"c{i}", group="g", topics={"events": 1}) for i in range(5)
         ]
         generation = await cluster.wait_stable("g", members=5)
         # one rebalance, begun exactly when the initial delay after the first join ran out;
@@ -29,6 +28,8 @@ async def test_a_group_of_five_reaches_stable_after_the_initial_delay(
         assert generation == 1
         owned = [c.owned for c in consumers]
         assert sorted(len(o) for o in owned) == [2, 2, 2, 3, 3]
-        assert set().union(*owned) == {TopicPartition(topic="events", partition=p) for p in range(12)}
+        assert set().union(*owned) == {
+            TopicPartition(topic="events", partition=p) for p in range(12)
+        }
         assert sum(len(o) for o in owned) == 12
         cluster.ledger.check()

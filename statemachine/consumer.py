@@ -1,0 +1,547 @@
+"""The consumer client's own machine (seed 03's lightweight consumer), as an explicit table.
+
+The consumer finds its coordinator by asking brokers round-robin, registers, and then only answers
+the coordinator: Ping (report offsets), StopFetcher (stop, report final offsets), StartFetcher
+(start the assigned partitions). Everything here is pure: inputs arrive as values carrying the
+time, effects go back as values, and the trio layer (``consumer/``) performs them **in order**.
+
+Three guards run before the table, because each protects an invariant of DESIGN.md that the
+table's ``(state, input type)`` shape cannot express:
+
+* **Ownership lease.** The consumer may fetch only while it heard a coordinator request (or its
+  registration answer) within the session timeout T. :meth:`ConsumerMachine.lease_deadline` is
+  when that runs out and :meth:`ConsumerMachine.check_lease` applies it; besides, any input whose
+  ``now`` is at or past the deadline first expires the lease (stopping the fetchers), and an input
+  that came over the connection the expiry closed is then dropped as :class:`Ignored` (a Ping read
+  late from the socket buffer must not revive a lease that already ran out). A
+  :class:`LeaseExpired` from before the deadline is a stale timer and is :class:`Ignored`.
+* **Coordinator epoch.** Ping/StopFetcher/StartFetcher below the highest epoch seen come from a
+  deposed coordinator and are :class:`Ignored`, state untouched. A registration answer or a
+  discovery result below it means we reached a deposed coordinator or stale metadata, so it is
+  handled as a rejection or a failed discovery: back off and look again.
+* **Stop before close.** Every transition that closes the coordinator connection while fetchers
+  run emits :class:`StopFetchers` first, because the coordinator takes a closed connection as
+  proof that the member stopped and may restart its partitions elsewhere at once. Two closes
+  happen while fetching, both to a broker for which we are not a member: after
+  :class:`CoordinatorMoved` (the broker just said it is *not* our coordinator) and after a new
+  coordinator rejected our re-registration. Neither can move a partition, so the consumer keeps
+  fetching under its lease while it looks for the coordinator (seed 04: "the consumer does not
+  stop fetching data during the co-ordinator failover and re-discovery process").
+
+While in DISCOVERING or REDISCOVERING exactly one discovery is in flight (one round-robin pass over
+the known brokers, reported as :class:`CoordinatorFound` or :class:`DiscoveryFailed`); every
+transition into those states either emits one :class:`Discover` or inherits the one in flight.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TypeAlias
+
+import attrs
+
+from protocol.errors import ErrorCode
+from protocol.messages import AssignedStream
+from protocol.types import BrokerInfo, TopicPartition
+from statemachine.table import IllegalTransition, TransitionTable
+
+__all__ = [
+    "INITIAL_STATE",
+    "TABLE",
+    "Close",
+    "CloseConnection",
+    "CommitAndLeave",
+    "ConnectionLost",
+    "ConsumerConfig",
+    "ConsumerMachine",
+    "ConsumerState",
+    "CoordinatorFound",
+    "CoordinatorMoved",
+    "Discover",
+    "DiscoveryFailed",
+    "Effect",
+    "Ignored",
+    "Input",
+    "LeaseExpired",
+    "PingReceived",
+    "Register",
+    "Registered",
+    "RegistrationRejected",
+    "RespondPing",
+    "RespondStart",
+    "RespondStop",
+    "Start",
+    "StartFetcherReceived",
+    "StartFetchers",
+    "StopFetcherReceived",
+    "StopFetchers",
+]
+
+
+class ConsumerState(enum.Enum):
+    IDLE = "Idle"
+    """Constructed, not started."""
+    DISCOVERING = "Discovering"
+    """Asking brokers round-robin which one is the coordinator; no fetchers, no connection."""
+    REGISTERING = "Registering"
+    """RegisterConsumer sent to the coordinator; no fetchers."""
+    STOPPED = "Stopped"
+    """Registered, no fetchers: waiting for StartFetcher."""
+    FETCHING = "Fetching"
+    """Registered and fetching the partitions of the last StartFetcher."""
+    REDISCOVERING = "Rediscovering"
+    """The coordinator moved; looking for the new one while still fetching under the lease."""
+    REREGISTERING = "Reregistering"
+    """Registering with the new coordinator, offering the partitions still fetched."""
+    CLOSED = "Closed"
+
+
+INITIAL_STATE = ConsumerState.IDLE
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Start:
+    pass
+
+
+@attrs.frozen(kw_only=True)
+class CoordinatorFound:
+    """A broker named the coordinator (ClusterMetadata), with the epoch of its election."""
+
+    now: float
+    coordinator: BrokerInfo
+    epoch: int
+
+
+@attrs.frozen(kw_only=True)
+class DiscoveryFailed:
+    """A whole round-robin pass over the known brokers found no coordinator."""
+
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class Registered:
+    """RegisterConsumer was accepted: this is the first word heard from the coordinator."""
+
+    now: float
+    generation: int
+    epoch: int
+
+
+@attrs.frozen(kw_only=True)
+class RegistrationRejected:
+    """RegisterConsumer was answered with an error; every code is retried after a backoff (seed 03:
+    the consumer keeps trying until shut down), and ``last_error`` keeps it for the application."""
+
+    now: float
+    error_code: ErrorCode
+
+
+@attrs.frozen(kw_only=True)
+class PingReceived:
+    now: float
+    correlation_id: int
+    epoch: int
+    generation: int
+
+
+@attrs.frozen(kw_only=True)
+class StopFetcherReceived:
+    now: float
+    correlation_id: int
+    epoch: int
+    generation: int
+
+
+@attrs.frozen(kw_only=True)
+class StartFetcherReceived:
+    now: float
+    correlation_id: int
+    epoch: int
+    generation: int
+    streams: tuple[AssignedStream, ...]
+
+
+@attrs.frozen(kw_only=True)
+class CoordinatorMoved:
+    """A request to the coordinator (OffsetCommit, LeaveGroup) was answered NOT_COORDINATOR or
+    COORDINATOR_LOAD_IN_PROGRESS: the group's coordinator is elsewhere or not ready yet."""
+
+    now: float
+    error_code: ErrorCode
+
+
+@attrs.frozen(kw_only=True)
+class ConnectionLost:
+    """The coordinator connection failed or was closed by the coordinator (which is how the seeds'
+    coordinator triggers a rebalance), or a registration answer did not come in time."""
+
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class LeaseExpired:
+    """Nothing was heard from the coordinator for the session timeout."""
+
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class Close:
+    """The application shuts the consumer down."""
+
+
+Input: TypeAlias = (
+    Start
+    | CoordinatorFound
+    | DiscoveryFailed
+    | Registered
+    | RegistrationRejected
+    | PingReceived
+    | StopFetcherReceived
+    | StartFetcherReceived
+    | CoordinatorMoved
+    | ConnectionLost
+    | LeaseExpired
+    | Close
+)
+
+_COORDINATOR_REQUESTS = (PingReceived, StopFetcherReceived, StartFetcherReceived)
+_FROM_CONNECTION = (
+    *_COORDINATOR_REQUESTS,
+    Registered,
+    RegistrationRejected,
+    CoordinatorMoved,
+    ConnectionLost,
+)
+"""Inputs that arrive over the coordinator connection, so are void once it has been closed."""
+
+
+# --- effects ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Discover:
+    """After ``delay`` seconds, ask the known brokers round-robin for the coordinator; report one
+    CoordinatorFound, or DiscoveryFailed after a full pass."""
+
+    delay: float
+
+
+@attrs.frozen(kw_only=True)
+class Register:
+    """Connect to ``coordinator`` and send RegisterConsumer with this generation and the partitions
+    still being fetched, so that a newly elected coordinator can adopt them."""
+
+    coordinator: BrokerInfo
+    generation: int
+    owned: tuple[TopicPartition, ...]
+
+
+@attrs.frozen(kw_only=True)
+class StopFetchers:
+    """Stop every fetcher and clear its queue; nothing may be fetched once this has been done."""
+
+
+@attrs.frozen(kw_only=True)
+class StartFetchers:
+    generation: int
+    streams: tuple[AssignedStream, ...]
+
+
+@attrs.frozen(kw_only=True)
+class RespondPing:
+    """Answer the Ping with the consumed offsets of ``partitions`` (only offsets the application
+    has finished with, DESIGN.md "Offsets")."""
+
+    correlation_id: int
+    partitions: tuple[TopicPartition, ...]
+
+
+@attrs.frozen(kw_only=True)
+class RespondStop:
+    """Answer the StopFetcher with the *final* consumed offsets of ``partitions``: the fetchers were
+    stopped by the effect before this one, so the offsets can no longer move."""
+
+    correlation_id: int
+    partitions: tuple[TopicPartition, ...]
+
+
+@attrs.frozen(kw_only=True)
+class RespondStart:
+    correlation_id: int
+
+
+@attrs.frozen(kw_only=True)
+class CommitAndLeave:
+    """Commit the final offsets of ``partitions`` under ``generation``, then send LeaveGroup, so the
+    group rebalances without waiting for a failure to be detected."""
+
+    generation: int
+    partitions: tuple[TopicPartition, ...]
+
+
+@attrs.frozen(kw_only=True)
+class CloseConnection:
+    """Close the coordinator connection (also a half-open registration)."""
+
+
+@attrs.frozen(kw_only=True)
+class Ignored:
+    """A guard dropped the input, which changed nothing (a lease that ran out before it arrived
+    is expired first: those effects come before this one)."""
+
+    event: object
+    reason: str
+
+
+Effect: TypeAlias = (
+    Discover
+    | Register
+    | StopFetchers
+    | StartFetchers
+    | RespondPing
+    | RespondStop
+    | RespondStart
+    | CommitAndLeave
+    | CloseConnection
+    | Ignored
+)
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+
+def _build_table() -> TransitionTable[ConsumerState]:
+    S = ConsumerState
+    t: dict[tuple[ConsumerState, type], ConsumerState] = {
+        (S.IDLE, Start): S.DISCOVERING,
+        (S.DISCOVERING, CoordinatorFound): S.REGISTERING,
+        (S.DISCOVERING, DiscoveryFailed): S.DISCOVERING,
+        (S.REGISTERING, Registered): S.STOPPED,
+        (S.REGISTERING, RegistrationRejected): S.DISCOVERING,
+        (S.REGISTERING, ConnectionLost): S.DISCOVERING,
+        (S.STOPPED, PingReceived): S.STOPPED,
+        (S.STOPPED, StopFetcherReceived): S.STOPPED,
+        (S.STOPPED, StartFetcherReceived): S.FETCHING,
+        (S.STOPPED, CoordinatorMoved): S.DISCOVERING,
+        (S.STOPPED, ConnectionLost): S.DISCOVERING,
+        (S.STOPPED, LeaseExpired): S.DISCOVERING,
+        (S.FETCHING, PingReceived): S.FETCHING,
+        (S.FETCHING, StopFetcherReceived): S.STOPPED,
+        # A StartFetcher without a StopFetcher first replaces the assignment: stop, then start.
+        (S.FETCHING, StartFetcherReceived): S.FETCHING,
+        (S.FETCHING, CoordinatorMoved): S.REDISCOVERING,
+        (S.FETCHING, ConnectionLost): S.DISCOVERING,
+        (S.FETCHING, LeaseExpired): S.DISCOVERING,
+        (S.REDISCOVERING, CoordinatorFound): S.REREGISTERING,
+        (S.REDISCOVERING, DiscoveryFailed): S.REDISCOVERING,
+        (S.REDISCOVERING, LeaseExpired): S.DISCOVERING,
+        (S.REREGISTERING, Registered): S.FETCHING,
+        (S.REREGISTERING, RegistrationRejected): S.REDISCOVERING,
+        (S.REREGISTERING, ConnectionLost): S.DISCOVERING,
+        (S.REREGISTERING, LeaseExpired): S.DISCOVERING,
+    }
+    for state in S:
+        t[(state, Close)] = S.CLOSED
+    return TransitionTable("Consumer client", t)
+
+
+TABLE: TransitionTable[ConsumerState] = _build_table()
+
+_LEASED = frozenset(
+    {
+        ConsumerState.STOPPED,
+        ConsumerState.FETCHING,
+        ConsumerState.REDISCOVERING,
+        ConsumerState.REREGISTERING,
+    }
+)
+"""States that count on having heard the coordinator lately: with fetchers running, or (STOPPED)
+registered and waiting, where silence for T means the coordinator is presumed dead (seed 03)."""
+
+
+@attrs.frozen(kw_only=True)
+class ConsumerConfig:
+    session_timeout: float = attrs.field(validator=attrs.validators.gt(0))
+    """T, in the same unit as ``now`` (seconds on trio's clock)."""
+    retry_backoff: float = attrs.field(default=0.1, validator=attrs.validators.ge(0))
+    """First delay after a failed discovery or registration; doubles per failure in a row."""
+    max_retry_backoff: float = attrs.field(default=5.0, validator=attrs.validators.ge(0))
+
+
+@attrs.define
+class ConsumerMachine:
+    """The consumer's view of its membership. Attributes are read-only outside :meth:`handle`."""
+
+    config: ConsumerConfig
+    state: ConsumerState = INITIAL_STATE
+    coordinator: BrokerInfo | None = None
+    generation: int = -1
+    """The generation of the last StartFetcher (or registration); -1 before any."""
+    epoch: int = -1
+    """The highest coordinator epoch seen."""
+    owned: tuple[TopicPartition, ...] = ()
+    """The partitions the fetchers are running for: empty whenever they are stopped."""
+    last_heard: float | None = None
+    """When the coordinator was last heard from: a request received or a registration accepted."""
+    failures: int = 0
+    """Discovery or registration failures in a row; drives the backoff."""
+    last_error: ErrorCode | None = None
+
+    # --- time -----------------------------------------------------------------------------------
+
+    def lease_deadline(self) -> float | None:
+        """When the lease runs out (fetchers stop, the coordinator is presumed gone), or None when
+        the machine holds no lease. The trio layer sleeps until it and then calls check_lease."""
+        if self.state not in _LEASED or self.last_heard is None:
+            return None
+        return self.last_heard + self.config.session_timeout
+
+    def check_lease(self, now: float) -> list[Effect]:
+        """Expire the lease if ``now`` is at or past its deadline; otherwise do nothing."""
+        deadline = self.lease_deadline()
+        if deadline is None or now < deadline:
+            return []
+        return self._step(LeaseExpired(now=now))
+
+    # --- inputs ---------------------------------------------------------------------------------
+
+    def handle(self, event: Input) -> list[Effect]:
+        """Apply one input; return what the trio layer must do, in order.
+
+        Raises IllegalTransition, changing nothing, if the table does not allow the input in the
+        current state. The guards described in the module docstring run before the table.
+        """
+        if not TABLE.allows(self.state, type(event)):
+            raise IllegalTransition(TABLE.name, self.state, event)
+        if isinstance(event, LeaseExpired):
+            deadline = self.lease_deadline()
+            if deadline is not None and event.now < deadline:
+                return [Ignored(event=event, reason="the lease was renewed since")]
+            return self._step(event)
+
+        if isinstance(event, Start | Close):
+            return self._step(event)
+        effects: list[Effect] = []
+        deadline = self.lease_deadline()
+        if deadline is not None and event.now >= deadline:
+            effects = self._step(LeaseExpired(now=event.now))
+            if isinstance(event, _FROM_CONNECTION) or not TABLE.allows(self.state, type(event)):
+                return [*effects, Ignored(event=event, reason="arrived after the lease ran out")]
+
+        if isinstance(event, _COORDINATOR_REQUESTS) and event.epoch < self.epoch:
+            reason = f"coordinator epoch {event.epoch} is below {self.epoch}"
+            return [*effects, Ignored(event=event, reason=reason)]
+        if isinstance(event, Registered) and event.epoch < self.epoch:
+            event = RegistrationRejected(
+                now=event.now, error_code=ErrorCode.STALE_COORDINATOR_EPOCH
+            )
+        elif isinstance(event, CoordinatorFound) and event.epoch < self.epoch:
+            event = DiscoveryFailed(now=event.now)
+        return [*effects, *self._step(event)]
+
+    # --- the transitions' effects ---------------------------------------------------------------
+
+    def _step(self, event: Input) -> list[Effect]:
+        """Move along the table and compute the effects; ``self.state`` is still the old state
+        while the effects are worked out."""
+        next_state = TABLE.next_state(self.state, event)
+        S = ConsumerState
+        effects: list[Effect] = []
+        match event:
+            case Start():
+                self.failures = 0
+                effects.append(Discover(delay=0.0))
+            case CoordinatorFound(coordinator=coordinator, epoch=epoch):
+                self.coordinator = coordinator
+                self.epoch = max(self.epoch, epoch)
+                effects.append(
+                    Register(coordinator=coordinator, generation=self.generation, owned=self.owned)
+                )
+            case DiscoveryFailed():
+                self.failures += 1
+                effects.append(Discover(delay=self._backoff()))
+            case Registered(now=now, generation=generation, epoch=epoch):
+                self._heard(now, epoch)
+                self.generation = generation
+                self.failures = 0
+                self.last_error = None
+            case RegistrationRejected(error_code=code) | CoordinatorMoved(error_code=code):
+                self.failures += 1
+                self.last_error = code
+                self.coordinator = None
+                effects += [CloseConnection(), Discover(delay=self._backoff())]
+            case PingReceived(now=now, correlation_id=cid, epoch=epoch):
+                self._heard(now, epoch)
+                effects.append(RespondPing(correlation_id=cid, partitions=self.owned))
+            case StopFetcherReceived(now=now, correlation_id=cid, epoch=epoch):
+                self._heard(now, epoch)
+                if self.state is S.FETCHING:
+                    effects.append(StopFetchers())
+                effects.append(RespondStop(correlation_id=cid, partitions=self.owned))
+                self.owned = ()
+            case StartFetcherReceived(
+                now=now, correlation_id=cid, epoch=epoch, generation=generation, streams=streams
+            ):
+                self._heard(now, epoch)
+                if self.state is S.FETCHING:
+                    effects.append(StopFetchers())
+                self.generation = generation
+                self.owned = tuple(
+                    sorted(
+                        TopicPartition(topic=p.topic, partition=p.partition)
+                        for stream in streams
+                        for p in stream.partitions
+                    )
+                )
+                effects += [
+                    StartFetchers(generation=generation, streams=streams),
+                    RespondStart(correlation_id=cid),
+                ]
+            case ConnectionLost() | LeaseExpired():
+                if self.state is S.REGISTERING:
+                    self.failures += 1
+                effects += self._stop_and_disconnect()
+                if self.state is not S.REDISCOVERING:  # that one's discovery is still in flight
+                    effects.append(Discover(delay=self._backoff()))
+            case Close() if self.state in (S.STOPPED, S.FETCHING):
+                # Registered: stop, commit and leave over the connection, and only then close it.
+                if self.state is S.FETCHING:
+                    effects.append(StopFetchers())
+                effects += [
+                    CommitAndLeave(generation=self.generation, partitions=self.owned),
+                    CloseConnection(),
+                ]
+                self.owned = ()
+                self.coordinator = None
+            case Close():
+                effects += self._stop_and_disconnect()
+        self.state = next_state
+        return effects
+
+    def _stop_and_disconnect(self) -> list[Effect]:
+        """Stop fetching (if still fetching), then close the coordinator connection (if any)."""
+        S = ConsumerState
+        effects: list[Effect] = []
+        if self.state in (S.FETCHING, S.REDISCOVERING, S.REREGISTERING):
+            effects.append(StopFetchers())
+        self.owned = ()
+        if self.state in (S.REGISTERING, S.STOPPED, S.FETCHING, S.REREGISTERING):
+            effects.append(CloseConnection())
+            self.coordinator = None
+        return effects
+
+    def _heard(self, now: float, epoch: int) -> None:
+        self.last_heard = now if self.last_heard is None else max(self.last_heard, now)
+        self.epoch = max(self.epoch, epoch)
+
+    def _backoff(self) -> float:
+        if self.failures == 0:
+            return 0.0
+        delay = self.config.retry_backoff * 2 ** (self.failures - 1)
+        return float(min(delay, self.config.max_retry_backoff))

@@ -1,0 +1,127 @@
+"""Failure paths of seed 01 §8-§9 on the autojump clock, with exact virtual times.
+
+Every test uses a session timeout T = 6 s: Pings every 2 s, each due within 4 s, one miss kills,
+and a silent member's partitions wait T + 0.5 s after it was last heard from.
+"""
+
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from coordinator.config import CoordinatorConfig
+from coordinator.testing import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from protocol import ErrorCode
+from protocol.types import TopicPartition
+from statemachine.group import GroupState
+
+CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
+ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
+
+
+async def _pair(cluster: SimulatedCluster) -> tuple[SimulatedConsumer, SimulatedConsumer]:
+    await cluster.create_topic("events", partitions=6)
+    a = await cluster.start_consumer("a", group="g", topics={"events": 1})
+    b = await cluster.start_consumer("b", group="g", topics={"events": 1})
+    assert await cluster.wait_stable("g", members=2) == 1
+    assert trio.current_time() == 3.0
+    return a, b
+
+
+async def _wait_departure(cluster: SimulatedCluster, group_id: str) -> None:
+    group = cluster.coordinator.groups[group_id]
+    await group.status.wait_value(lambda s: s[0] is GroupState.PENDING)
+
+
+async def test_a_silent_consumer_dies_two_thirds_t_after_its_unanswered_ping(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster)
+        a_partitions = a.owned
+        await trio.sleep_until(10.5)
+        a.freeze(60)  # last answered the Ping sent at 10.0; the one sent at 12.0 goes unanswered
+        await _wait_departure(cluster, "g")
+        assert trio.current_time() == 12.0 + 4.0
+        await cluster.wait_stable("g", members=1)
+        # a's lease: its last request arrived at 10.0, so it could fetch until 16.0, and the
+        # coordinator waits until last heard (10.0) + T + margin before starting its partitions.
+        assert trio.current_time() == 16.5
+        assert b.owned == ALL
+        starts = {
+            i.partition: i.start
+            for i in cluster.ledger.intervals(trio.current_time())
+            if i.consumer_id == "b" and i.partition in a_partitions
+        }
+        assert starts == dict.fromkeys(a_partitions, 16.5)
+        await a.fetching_state.wait_value(False)  # a resumes, finds its lease expired, stops
+        assert trio.current_time() == 70.5
+        cluster.ledger.check()
+
+
+async def test_a_killed_consumers_partitions_move_at_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster)
+        await trio.sleep_until(5.0)
+        await a.kill()
+        await cluster.wait_stable("g", members=1)
+        assert trio.current_time() == 5.0
+        assert b.owned == ALL
+        assert b.generation == 2
+        cluster.ledger.check()
+
+
+async def test_a_death_during_a_rebalance_cancels_it_and_the_next_one_succeeds(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster)
+        c = await cluster.start_consumer("c", group="g", topics={"events": 1})
+        assert await cluster.wait_stable("g", members=3) == 2
+        await trio.sleep_until(10.0)
+        b.answer_slowly(1.0)
+        d = await cluster.start_consumer("d", group="g", topics={"events": 1})  # attempt 3 begins
+        await trio.sleep_until(10.5)  # b has not answered StopFetcher yet
+        group = cluster.coordinator.groups["g"]
+        assert group.status.value == (GroupState.STOPPING, 3)
+        await c.kill()
+        await _wait_departure(cluster, "g")
+        assert trio.current_time() == 10.5
+        generation = await cluster.wait_stable("g", members=3)
+        assert generation == 4
+        # attempt 3 never reached StartFetcher; attempt 4 did, for everyone left
+        assert 3 not in cluster.generations["g"]
+        assert {a.generation, b.generation, d.generation} == {4}
+        assert a.owned | b.owned | d.owned == ALL
+        assert (group.attempts, group.completed) == (4, 3)
+        # b reads one request at a time and answers each 1 s later. Its queue: the Ping of 10.0
+        # (answered 11.0), attempt 3's StopFetcher (12.0, stale and dropped), attempt 4's
+        # StopFetcher sent at 10.5 (13.0), the Ping of 12.0 (14.0), StartFetcher (15.0).
+        assert trio.current_time() == 15.0
+        cluster.ledger.check()
+
+
+async def test_a_paused_consumer_stops_itself_its_commit_is_refused_and_it_rejoins(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster)
+        await trio.sleep_until(10.5)
+        assert await cluster.coordinator.offsets.committed("g")  # auto-commit through Pings
+        for tp in a.positions:  # work its application finished but nobody has heard of yet
+            a.positions[tp] += 50
+        a.freeze(20)
+        await a.fetching_state.wait_value(False)
+        assert trio.current_time() == 30.5  # it stops as soon as it resumes
+        a_leases = [i for i in cluster.ledger.closed if i.consumer_id == "a"]
+        assert {i.end for i in a_leases} == {16.0}  # last request at 10.0 + T
+        committed_before = dict(await cluster.coordinator.offsets.committed("g"))
+        assert await a.commit() == ErrorCode.UNKNOWN_MEMBER_ID
+        assert await cluster.coordinator.offsets.committed("g") == committed_before
+        assert all(committed_before[tp] < a.positions[tp] for tp in a.positions)
+        await cluster.wait_stable("g", members=2)
+        assert a.registrations == 2
+        assert a.owned and b.owned and a.owned | b.owned == ALL
+        cluster.ledger.check()

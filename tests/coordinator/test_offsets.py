@@ -1,0 +1,131 @@
+"""Offsets: fenced by member and generation, durable before the answer, kept across restarts."""
+
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from coordinator.config import CoordinatorConfig
+from coordinator.testing import SimulatedCluster, open_simulated_cluster
+from protocol import (
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    ErrorCode,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+)
+from protocol.types import PartitionOffset, TopicPartition
+
+CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
+
+
+def _offsets(**by_partition: int) -> tuple[PartitionOffset, ...]:
+    return tuple(
+        PartitionOffset(topic="events", partition=int(p[1:]), offset=o)
+        for p, o in by_partition.items()
+    )
+
+
+async def _standalone_commit(
+    cluster: SimulatedCluster, group: str, offsets: tuple[PartitionOffset, ...]
+) -> ErrorCode:
+    async with cluster.open_client() as client:
+        response = await client.request(
+            OffsetCommitRequest(group_id=group, consumer_id=None, generation=-1, offsets=offsets)
+        )
+    assert isinstance(response, OffsetCommitResponse)
+    return response.error_code
+
+
+async def _fetch(cluster: SimulatedCluster, group: str) -> dict[TopicPartition, int]:
+    async with cluster.open_client() as client:
+        response = await client.request(OffsetFetchRequest(group_id=group, partitions=None))
+    assert isinstance(response, OffsetFetchResponse)
+    return {po.topic_partition: po.offset for po in response.offsets}
+
+
+async def test_committed_offsets_survive_a_restart_and_seed_the_next_assignment(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=4)
+        assert await _standalone_commit(cluster, "g", _offsets(p0=10, p1=20)) is ErrorCode.NONE
+        a = await cluster.start_consumer("a", group="g", topics={"events": 1})
+        await cluster.wait_stable("g", members=1)
+        assert a.positions[TopicPartition(topic="events", partition=0)] == 10
+        await trio.sleep(10)  # five Pings, each reporting one more record per partition
+        before = await _fetch(cluster, "g")
+        assert before[TopicPartition(topic="events", partition=0)] == 15
+    restart = trio.current_time()
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        assert await _fetch(cluster, "g") == before
+        b = await cluster.start_consumer("b", group="g", topics={"events": 1})
+        await cluster.wait_stable("g", members=1)
+        # a, the previous owner, may still fetch under its lease: T (6 s) + 0.5 s after the
+        # new coordinator took office
+        assert trio.current_time() == restart + 6.5
+        assert b.positions == before
+        cluster.ledger.check()
+
+
+async def test_commits_are_fenced_by_member_generation_and_ownership(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=2)
+        a = await cluster.start_consumer("a", group="g", topics={"events": 1})
+        b = await cluster.start_consumer("b", group="g", topics={"events": 1})
+        generation = await cluster.wait_stable("g", members=2)
+        assert a.channel is not None
+        (mine,) = a.owned
+        (theirs,) = b.owned
+
+        async def commit(
+            consumer_id: str | None, generation: int, partition: TopicPartition, offset: int
+        ) -> ErrorCode:
+            assert a.channel is not None
+            offsets = (
+                PartitionOffset(
+                    topic=partition.topic, partition=partition.partition, offset=offset
+                ),
+            )
+            response = await a.channel.request(
+                OffsetCommitRequest(
+                    group_id="g", consumer_id=consumer_id, generation=generation, offsets=offsets
+                )
+            )
+            assert isinstance(response, OffsetCommitResponse)
+            return response.error_code
+
+        assert await commit("a", generation, mine, 100) is ErrorCode.NONE
+        assert await commit("a", generation - 1, mine, 200) is ErrorCode.ILLEGAL_GENERATION
+        assert await commit("a", generation, theirs, 300) is ErrorCode.ILLEGAL_GENERATION
+        assert await commit("b", generation, theirs, 300) is ErrorCode.UNKNOWN_MEMBER_ID
+        assert await commit("nobody", generation, mine, 400) is ErrorCode.UNKNOWN_MEMBER_ID
+        assert await commit(None, -1, mine, 0) is ErrorCode.NON_EMPTY_GROUP
+        assert await commit("a", generation, mine, 50) is ErrorCode.NONE  # never backwards
+        committed = await _fetch(cluster, "g")
+        assert committed[mine] == 100
+        assert committed.get(theirs, -1) < 300
+
+
+async def test_describe_shows_members_assignment_and_offsets(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=3)
+        a = await cluster.start_consumer("a", group="g", topics={"events": 1})
+        generation = await cluster.wait_stable("g", members=1)
+        await trio.sleep(2)  # one Ping
+        async with cluster.open_client() as client:
+            response = await client.request(DescribeGroupRequest(group_id="g"))
+            missing = await client.request(DescribeGroupRequest(group_id="nope"))
+        assert isinstance(response, DescribeGroupResponse)
+        assert (response.state, response.generation) == ("Stable", generation)
+        (member,) = response.members
+        assert member.member_id == "a" and set(member.partitions) == a.owned
+        assert {po.topic_partition: po.offset for po in response.offsets} == a.positions
+        assert isinstance(missing, DescribeGroupResponse)
+        assert missing.error_code is ErrorCode.GROUP_ID_NOT_FOUND

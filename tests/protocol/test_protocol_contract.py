@@ -1,0 +1,224 @@
+"""The message classes are a contract other packages code against, and SPEC.md is the contract for
+clients in other languages: both must match the wire layout the codec actually uses."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+from typing import Any
+
+import attrs
+import pytest
+
+import protocol
+from protocol import REQUEST_TYPES, RESPONSE_TYPES, ApiKey
+from protocol.codec import Codec
+from protocol.schema import struct_codec
+
+SPEC = pathlib.Path(__file__).resolve().parents[2] / "protocol" / "SPEC.md"
+
+# name:type, "?" marks a nullable field; exactly the field lists of the design brief.
+CONTRACT = {
+    "TopicPartition": "topic:string partition:int32",
+    "PartitionOffset": "topic:string partition:int32 offset:int64",
+    "BrokerInfo": "broker_id:int32 host:string port:int32",
+    "TopicStreams": "topic:string streams:int32",
+    "Subscription": "topics:array[TopicStreams] pattern:string? pattern_is_blacklist:bool"
+    " pattern_streams:int32",
+    "AssignedPartition": "topic:string partition:int32 offset:int64 broker_id:int32",
+    "AssignedStream": "stream_id:string partitions:array[AssignedPartition]",
+    "PartitionMetadata": "partition:int32 broker_id:int32",
+    "TopicMetadata": "topic:string error_code:int16 partitions:array[PartitionMetadata]",
+    "GroupSummary": "group_id:string state:string",
+    "MemberDescription": "member_id:string client_id:string session_timeout_ms:int32"
+    " subscription:Subscription partitions:array[TopicPartition]",
+    "ProduceRequest": "topic:string partition:int32 records:array[Record]",
+    "ProduceResponse": "error_code:int16 base_offset:int64",
+    "FetchRequest": "topic:string partition:int32 offset:int64 max_bytes:int32",
+    "FetchResponse": "error_code:int16 high_watermark:int64 log_start_offset:int64"
+    " records:array[Record]",
+    "ListOffsetsRequest": "topic:string partition:int32",
+    "ListOffsetsResponse": "error_code:int16 log_start_offset:int64 high_watermark:int64",
+    "ClusterMetadataRequest": "group_id:string? topics:array[string]?",
+    "ClusterMetadataResponse": "error_code:int16 coordinator_id:int32 coordinator_epoch:int64"
+    " brokers:array[BrokerInfo] topics:array[TopicMetadata]",
+    "RegisterConsumerRequest": "group_id:string consumer_id:string subscription:Subscription"
+    " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
+    " owned_partitions:array[TopicPartition]",
+    "RegisterConsumerResponse": "error_code:int16 coordinator_epoch:int64 generation:int32",
+    "PingRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string num_retries:int32",
+    "PingResponse": "error_code:int16 consumer_id:string offsets:array[PartitionOffset]",
+    "StopFetcherRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string",
+    "StopFetcherResponse": "error_code:int16 consumer_id:string offsets:array[PartitionOffset]",
+    "StartFetcherRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string"
+    " streams:array[AssignedStream] brokers:array[BrokerInfo]",
+    "StartFetcherResponse": "error_code:int16 consumer_id:string",
+    "OffsetCommitRequest": "group_id:string consumer_id:string? generation:int32"
+    " offsets:array[PartitionOffset]",
+    "OffsetCommitResponse": "error_code:int16",
+    "OffsetFetchRequest": "group_id:string partitions:array[TopicPartition]?",
+    "OffsetFetchResponse": "error_code:int16 offsets:array[PartitionOffset]",
+    "CreateTopicRequest": "topic:string partitions:int32",
+    "CreateTopicResponse": "error_code:int16",
+    "CreatePartitionsRequest": "topic:string total_partitions:int32",
+    "CreatePartitionsResponse": "error_code:int16",
+    "ListGroupsRequest": "",
+    "ListGroupsResponse": "error_code:int16 groups:array[GroupSummary]",
+    "DescribeGroupRequest": "group_id:string",
+    "DescribeGroupResponse": "error_code:int16 group_id:string state:string generation:int32"
+    " members:array[MemberDescription] offsets:array[PartitionOffset]",
+    "LeaveGroupRequest": "group_id:string consumer_id:string generation:int32",
+    "LeaveGroupResponse": "error_code:int16",
+    "DeleteGroupRequest": "group_id:string",
+    "DeleteGroupResponse": "error_code:int16",
+}
+
+Layout = list[tuple[str, str]]
+
+
+def _contract(name: str) -> Layout:
+    fields = []
+    for item in CONTRACT[name].split():
+        field, wire = item.split(":")
+        fields.append((field, wire.removesuffix("?") + (", nullable" if wire[-1] == "?" else "")))
+    return fields
+
+
+def _spec_type(codec: Codec[Any]) -> str:
+    """A codec's type in SPEC.md's notation."""
+    nullable = codec.name.startswith("nullable ")
+    base = codec.name.removeprefix("nullable ")
+    names = {"error code": "int16", "record": "Record"}
+    if base.startswith("array of "):
+        item = base.removeprefix("array of ")
+        base = f"array[{names.get(item, item)}]"
+    return names.get(base, base) + (", nullable" if nullable else "")
+
+
+def _layout(cls: type) -> Layout:
+    return [(name, _spec_type(codec)) for name, codec in struct_codec(cls).fields]
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACT))
+def test_classes_have_the_contracted_fields_and_wire_types(name: str) -> None:
+    cls = getattr(protocol, name)
+    assert [a.name for a in attrs.fields(cls)] == [f for f, _ in _contract(name)]
+    assert _layout(cls) == _contract(name)
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACT))
+def test_classes_are_frozen_and_keyword_only(name: str) -> None:
+    cls = getattr(protocol, name)
+    assert attrs.has(cls)
+    assert all(a.kw_only for a in attrs.fields(cls))
+    assert cls.__setattr__ is not object.__setattr__  # frozen
+
+
+def test_api_keys_and_tables() -> None:
+    assert [(k.name, k.value) for k in ApiKey] == [
+        (name, i)
+        for i, name in enumerate(
+            [
+                "PRODUCE",
+                "FETCH",
+                "LIST_OFFSETS",
+                "CLUSTER_METADATA",
+                "REGISTER_CONSUMER",
+                "PING",
+                "STOP_FETCHER",
+                "START_FETCHER",
+                "OFFSET_COMMIT",
+                "OFFSET_FETCH",
+                "CREATE_TOPIC",
+                "CREATE_PARTITIONS",
+                "LIST_GROUPS",
+                "DESCRIBE_GROUP",
+                "LEAVE_GROUP",
+                "DELETE_GROUP",
+            ]
+        )
+    ]
+    for key in ApiKey:
+        assert REQUEST_TYPES[key].API_KEY is key is RESPONSE_TYPES[key].API_KEY
+        assert REQUEST_TYPES[key].__name__.endswith("Request")
+        assert RESPONSE_TYPES[key].__name__ == REQUEST_TYPES[key].__name__[:-7] + "Response"
+
+
+def test_error_codes() -> None:
+    codes = {code.name: code.value for code in protocol.ErrorCode}
+    assert codes == {
+        "NONE": 0,
+        "UNKNOWN_SERVER_ERROR": -1,
+        "OFFSET_OUT_OF_RANGE": 1,
+        "CORRUPT_MESSAGE": 2,
+        "UNKNOWN_TOPIC_OR_PARTITION": 3,
+        "MESSAGE_TOO_LARGE": 10,
+        "COORDINATOR_LOAD_IN_PROGRESS": 14,
+        "COORDINATOR_NOT_AVAILABLE": 15,
+        "NOT_COORDINATOR": 16,
+        "INVALID_TOPIC_EXCEPTION": 17,
+        "ILLEGAL_GENERATION": 22,
+        "UNKNOWN_MEMBER_ID": 25,
+        "INVALID_SESSION_TIMEOUT": 26,
+        "REBALANCE_IN_PROGRESS": 27,
+        "UNSUPPORTED_VERSION": 35,
+        "TOPIC_ALREADY_EXISTS": 36,
+        "INVALID_PARTITIONS": 37,
+        "INVALID_REQUEST": 42,
+        "NON_EMPTY_GROUP": 68,
+        "GROUP_ID_NOT_FOUND": 69,
+        "FRAME_TOO_LARGE": 1001,
+        "MALFORMED_FRAME": 1002,
+        "UNKNOWN_API_KEY": 1003,
+        "DUPLICATE_MEMBER_ID": 1004,
+        "STALE_COORDINATOR_EPOCH": 1005,
+        "UNEXPECTED_RESPONSE": 1006,
+        "INVALID_OFFSET_RESET": 1007,
+    }
+
+
+def test_protocol_error_cannot_be_raised_directly() -> None:
+    with pytest.raises(TypeError):
+        protocol.ProtocolError("x", protocol.ErrorCode.NONE)
+
+
+# --- SPEC.md ------------------------------------------------------------------------------------
+
+
+def _spec_layouts() -> dict[str, Layout]:
+    """Every structure and message layout SPEC.md writes down, in its own notation."""
+    text = SPEC.read_text()
+    layouts: dict[str, Layout] = {}
+    # Message tables: a header row naming the class, then one row per field.
+    for match in re.finditer(r"^\| (\w+) \| Type \|.*\n\|[-|]+\|\n((?:\|.*\n)*)", text, re.M):
+        rows = re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", match.group(2), re.M)
+        layouts[match.group(1)] = [(field, wire) for field, wire in rows]
+    # One-line messages: "XResponse and YResponse: `error_code`: int16." / "X has an empty body."
+    for names, field, wire in re.findall(r"^(\w+(?: and \w+)?): `(\w+)`: (\w+)\.$", text, re.M):
+        for name in names.split(" and "):
+            layouts[name] = [(field, wire)]
+    for name in re.findall(r"^(\w+) has an empty body\.$", text, re.M):
+        layouts[name] = []
+    # Shared structures: "| Name | `field`: type (meaning), ... |".
+    section = text.split("## 7. Shared structures", 1)[1].split("\n## ", 1)[0]
+    for name, fields in re.findall(r"^\| (\w+) \| (`.*) \|$", section, re.M):
+        layouts[name] = [
+            (field, wire + (", nullable" if nullable else ""))
+            for field, wire, nullable in re.findall(
+                r"`(\w+)`: (array\[\w+\]|\w+)(,? nullable)?", fields
+            )
+        ]
+    return layouts
+
+
+def test_spec_documents_every_layout_exactly() -> None:
+    spec = _spec_layouts()
+    for name in CONTRACT:
+        assert spec.get(name) == _layout(getattr(protocol, name)), name
+
+
+def test_spec_lists_every_error_code() -> None:
+    rows = dict(re.findall(r"^\| (-?\d+) \| (\w+) \|", SPEC.read_text(), re.M))
+    assert {int(code): name for code, name in rows.items()} == {
+        code.value: code.name for code in protocol.ErrorCode
+    }

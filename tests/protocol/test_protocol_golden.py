@@ -1,0 +1,102 @@
+"""Bytes written out by hand from SPEC.md's worked example: the spec and the code must agree."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+from protocol import (
+    Connection,
+    ErrorCode,
+    PartitionOffset,
+    PingRequest,
+    PingResponse,
+    Record,
+    Request,
+    Response,
+    Role,
+    encode_record,
+)
+
+SPEC = pathlib.Path(__file__).resolve().parents[2] / "protocol" / "SPEC.md"
+
+PING = PingRequest(coordinator_epoch=5, generation=2, consumer_id="c1", num_retries=1)
+PING_FRAME = bytes.fromhex(
+    "00 00 00 21"  # size = 33
+    "00"  # kind = request
+    "00 05"  # api_key = PING
+    "00 00"  # api_version = 0
+    "00 00 00 2a"  # correlation_id = 42
+    "00 02 62 31"  # client_id = "b1"
+    "00 00 00 00 00 00 00 05"  # coordinator_epoch = 5
+    "00 00 00 02"  # generation = 2
+    "00 02 63 31"  # consumer_id = "c1"
+    "00 00 00 01"  # num_retries = 1
+)
+PONG = PingResponse(
+    error_code=ErrorCode.NONE,
+    consumer_id="c1",
+    offsets=(PartitionOffset(topic="t", partition=0, offset=17),),
+)
+PONG_FRAME = bytes.fromhex(
+    "00 00 00 22 01 00 05 00 00 00 00 00 2a"  # size 34, response, PING, v0, correlation 42
+    "00 00"  # error_code = NONE
+    "00 02 63 31"  # consumer_id = "c1"
+    "00 00 00 01"  # one offset:
+    "00 01 74 00 00 00 00 00 00 00 00 00 00 00 11"  # "t", 0, 17
+)
+ERROR_FRAME = bytes.fromhex("00 00 00 0f 02 00 03 00 00 00 00 00 07 00 23 00 02 76 31")
+RECORD = bytes.fromhex(
+    "ff ff ff ff ff ff ff ff 0b c8 24 eb 00 00 00 00 00 00 03 e8 ff ff ff ff 00 00 00 02 68 69"
+)
+
+
+def _spec_blocks() -> list[bytes]:
+    """The hex of every code block in SPEC.md's worked-example section, comments dropped."""
+    section = SPEC.read_text().split("## 10. Worked example", 1)[1]
+    blocks = re.findall(r"```\n(.*?)```", section, flags=re.S)
+    out = []
+    for block in blocks:
+        hex_text = " ".join(
+            re.match(r"\s*((?:[0-9a-f]{2} ?)+)", line).group(1)  # type: ignore[union-attr]
+            for line in block.splitlines()
+            if re.match(r"\s*[0-9a-f]{2}( |$)", line)
+        )
+        out.append(bytes.fromhex(hex_text))
+    return out
+
+
+def test_ping_request_bytes() -> None:
+    broker = Connection(Role.BROKER, client_id="b1")
+    assert broker.send(Request(correlation_id=42, message=PING, client_id="b1")) == PING_FRAME
+    consumer = Connection(Role.CONSUMER)
+    consumer.receive_data(PING_FRAME)
+    assert consumer.next_event() == Request(correlation_id=42, message=PING, client_id="b1")
+
+
+def test_ping_response_bytes() -> None:
+    broker = Connection(Role.BROKER)
+    consumer = Connection(Role.CONSUMER)
+    consumer.receive_data(PING_FRAME)
+    request = consumer.next_event()
+    assert isinstance(request, Request)
+    assert consumer.send(request.response(PONG)) == PONG_FRAME
+    broker.send(Request(correlation_id=42, message=PING, client_id="b1"))
+    broker.receive_data(PONG_FRAME)
+    assert broker.next_event() == Response(correlation_id=42, message=PONG, request=PING)
+
+
+def test_error_frame_bytes() -> None:
+    frame = Connection(Role.BROKER).send_error(
+        ErrorCode.UNSUPPORTED_VERSION, "v1", correlation_id=7, api_key=3
+    )
+    assert frame == ERROR_FRAME
+
+
+def test_record_bytes() -> None:
+    record = Record(offset=-1, timestamp_ms=1000, key=None, value=b"hi")
+    assert encode_record(record) == RECORD
+
+
+def test_spec_shows_the_same_bytes() -> None:
+    assert _spec_blocks() == [PING_FRAME, PONG_FRAME, ERROR_FRAME, RECORD]

@@ -1,0 +1,518 @@
+"""The consumer client's machine: its table cell by cell, its lease, its epoch guard, and a
+random walk that checks the safety rules of DESIGN.md on the effects it emits."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocol.errors import ErrorCode
+from protocol.messages import AssignedPartition, AssignedStream
+from protocol.types import BrokerInfo, TopicPartition
+from statemachine.consumer import (
+    TABLE,
+    Close,
+    CloseConnection,
+    CommitAndLeave,
+    ConnectionLost,
+    ConsumerConfig,
+    ConsumerMachine,
+    ConsumerState,
+    CoordinatorFound,
+    CoordinatorMoved,
+    Discover,
+    DiscoveryFailed,
+    Effect,
+    Ignored,
+    Input,
+    LeaseExpired,
+    PingReceived,
+    Register,
+    Registered,
+    RegistrationRejected,
+    RespondPing,
+    RespondStart,
+    RespondStop,
+    Start,
+    StartFetcherReceived,
+    StartFetchers,
+    StopFetcherReceived,
+    StopFetchers,
+)
+from statemachine.table import IllegalTransition
+
+S = ConsumerState
+T = 6.0
+OLD = BrokerInfo(broker_id=1, host="127.0.0.1", port=9092)
+NEW = BrokerInfo(broker_id=2, host="127.0.0.1", port=9093)
+
+
+def streams(*partitions: tuple[str, int]) -> tuple[AssignedStream, ...]:
+    return (
+        AssignedStream(
+            stream_id="c-0",
+            partitions=tuple(
+                AssignedPartition(topic=t, partition=p, offset=0, broker_id=1)
+                for t, p in partitions
+            ),
+        ),
+    )
+
+
+ASSIGNED = streams(("t", 1), ("t", 0))
+OWNED = (TopicPartition(topic="t", partition=0), TopicPartition(topic="t", partition=1))
+
+
+def _started(now: float) -> StartFetcherReceived:
+    return StartFetcherReceived(now=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED)
+
+
+def machine_in(state: ConsumerState, now: float = 100.0) -> ConsumerMachine:
+    """Drive a fresh machine into ``state`` along the ordinary path, all at time ``now``, with
+    coordinator epoch 5 and generation 3."""
+    m = ConsumerMachine(config=ConsumerConfig(session_timeout=T))
+    paths: dict[ConsumerState, list[Input]] = {
+        S.IDLE: [],
+        S.DISCOVERING: [Start()],
+        S.REGISTERING: [Start(), CoordinatorFound(now=now, coordinator=OLD, epoch=5)],
+        S.STOPPED: [
+            Start(),
+            CoordinatorFound(now=now, coordinator=OLD, epoch=5),
+            Registered(now=now, generation=2, epoch=5),
+        ],
+        S.FETCHING: [
+            Start(),
+            CoordinatorFound(now=now, coordinator=OLD, epoch=5),
+            Registered(now=now, generation=2, epoch=5),
+            StartFetcherReceived(
+                now=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED
+            ),
+        ],
+        S.REDISCOVERING: [
+            Start(),
+            CoordinatorFound(now=now, coordinator=OLD, epoch=5),
+            Registered(now=now, generation=2, epoch=5),
+            StartFetcherReceived(
+                now=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED
+            ),
+            CoordinatorMoved(now=now, error_code=ErrorCode.NOT_COORDINATOR),
+        ],
+        S.REREGISTERING: [
+            Start(),
+            CoordinatorFound(now=now, coordinator=OLD, epoch=5),
+            Registered(now=now, generation=2, epoch=5),
+            StartFetcherReceived(
+                now=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED
+            ),
+            CoordinatorMoved(now=now, error_code=ErrorCode.NOT_COORDINATOR),
+            CoordinatorFound(now=now, coordinator=NEW, epoch=5),
+        ],
+        S.CLOSED: [Close()],
+    }
+    for event in paths[state]:
+        m.handle(event)
+    assert state_of(m) is state
+    return m
+
+
+def sample(kind: type, now: float, epoch: int = 5) -> Input:
+    """One input of each kind, fresh (within the lease) and at the current epoch."""
+    samples: dict[type, Input] = {
+        Start: Start(),
+        CoordinatorFound: CoordinatorFound(now=now, coordinator=NEW, epoch=epoch),
+        DiscoveryFailed: DiscoveryFailed(now=now),
+        Registered: Registered(now=now, generation=3, epoch=epoch),
+        RegistrationRejected: RegistrationRejected(
+            now=now, error_code=ErrorCode.DUPLICATE_MEMBER_ID
+        ),
+        PingReceived: PingReceived(now=now, correlation_id=7, epoch=epoch, generation=3),
+        StopFetcherReceived: StopFetcherReceived(
+            now=now, correlation_id=8, epoch=epoch, generation=4
+        ),
+        StartFetcherReceived: StartFetcherReceived(
+            now=now, correlation_id=9, epoch=epoch, generation=4, streams=streams(("u", 0))
+        ),
+        CoordinatorMoved: CoordinatorMoved(now=now, error_code=ErrorCode.NOT_COORDINATOR),
+        ConnectionLost: ConnectionLost(now=now),
+        LeaseExpired: LeaseExpired(now=now),
+        Close: Close(),
+    }
+    return samples[kind]
+
+
+def state_of(m: ConsumerMachine) -> ConsumerState:
+    return m.state  # read through a call, so that mypy does not keep an earlier narrowing
+
+
+def snapshot(m: ConsumerMachine) -> dict[str, Any]:
+    return attrs.asdict(m, recurse=False)
+
+
+# --- the table, cell by cell, written out by hand -----------------------------------------------
+
+COLUMNS: dict[str, type] = {
+    "Start": Start,
+    "Found": CoordinatorFound,
+    "DFail": DiscoveryFailed,
+    "Regd": Registered,
+    "Rejd": RegistrationRejected,
+    "Ping": PingReceived,
+    "Stop": StopFetcherReceived,
+    "StartF": StartFetcherReceived,
+    "Moved": CoordinatorMoved,
+    "Lost": ConnectionLost,
+    "Lease": LeaseExpired,
+    "Close": Close,
+}
+CELLS = {
+    "IDLE": S.IDLE,
+    "DISC": S.DISCOVERING,
+    "REG": S.REGISTERING,
+    "STOP": S.STOPPED,
+    "FETCH": S.FETCHING,
+    "REDISC": S.REDISCOVERING,
+    "REREG": S.REREGISTERING,
+    "CLOSED": S.CLOSED,
+}
+# "-": the input is illegal in that state (IllegalTransition, nothing changes).
+GRID = """
+               Start  Found  DFail  Regd   Rejd   Ping   Stop   StartF Moved  Lost   Lease  Close
+IDLE           DISC   -      -      -      -      -      -      -      -      -      -      CLOSED
+DISCOVERING    -      REG    DISC   -      -      -      -      -      -      -      -      CLOSED
+REGISTERING    -      -      -      STOP   DISC   -      -      -      -      DISC   -      CLOSED
+STOPPED        -      -      -      -      -      STOP   STOP   FETCH  DISC   DISC   DISC   CLOSED
+FETCHING       -      -      -      -      -      FETCH  STOP   FETCH  REDISC DISC   DISC   CLOSED
+REDISCOVERING  -      REREG  REDISC -      -      -      -      -      -      -      DISC   CLOSED
+REREGISTERING  -      -      -      FETCH  REDISC -      -      -      -      DISC   DISC   CLOSED
+CLOSED         -      -      -      -      -      -      -      -      -      -      -      CLOSED
+"""
+
+
+def expected_table() -> dict[tuple[ConsumerState, type], ConsumerState | None]:
+    header, *rows = GRID.strip().splitlines()
+    kinds = [COLUMNS[name] for name in header.split()]
+    table: dict[tuple[ConsumerState, type], ConsumerState | None] = {}
+    for row in rows:
+        state_name, *cells = row.split()
+        assert len(cells) == len(kinds)
+        for kind, cell in zip(kinds, cells, strict=True):
+            table[(ConsumerState[state_name], kind)] = None if cell == "-" else CELLS[cell]
+    return table
+
+
+EXPECTED: dict[tuple[ConsumerState, type], ConsumerState | None] = expected_table()
+CELLS_IN_ORDER: list[tuple[ConsumerState, type]] = sorted(
+    EXPECTED.keys(), key=lambda c: (c[0].name, c[1].__name__)
+)
+
+
+def test_the_grid_covers_every_state_and_every_input_of_the_table() -> None:
+    assert {state for state, _ in EXPECTED} == set(ConsumerState)
+    assert {kind for _, kind in EXPECTED} == set(TABLE.inputs())
+
+
+@pytest.mark.parametrize(("state", "kind"), CELLS_IN_ORDER)
+def test_every_state_and_input(state: ConsumerState, kind: type) -> None:
+    m = machine_in(state)
+    # Within the lease, except LeaseExpired itself, which comes exactly at the deadline.
+    now = 100.0 + T if kind is LeaseExpired else 101.0
+    event = sample(kind, now)
+    expected = EXPECTED[(state, kind)]
+    before = snapshot(m)
+    if expected is None:
+        with pytest.raises(IllegalTransition):
+            m.handle(event)
+        assert snapshot(m) == before
+    else:
+        effects = m.handle(event)
+        assert state_of(m) is expected
+        assert not any(isinstance(e, Ignored) for e in effects)
+
+
+# --- the ownership lease ------------------------------------------------------------------------
+
+
+def test_lease_runs_out_exactly_session_timeout_after_the_last_request() -> None:
+    m = machine_in(S.FETCHING, now=100.0)
+    assert m.lease_deadline() == 106.0
+    assert m.check_lease(math.nextafter(106.0, 0.0)) == []
+    assert state_of(m) is S.FETCHING
+    assert m.handle(PingReceived(now=104.0, correlation_id=2, epoch=5, generation=3)) == [
+        RespondPing(correlation_id=2, partitions=OWNED)
+    ]
+    assert m.lease_deadline() == 110.0
+    assert m.check_lease(109.5) == []
+    assert m.check_lease(110.0) == [StopFetchers(), CloseConnection(), Discover(delay=0.0)]
+    assert state_of(m) is S.DISCOVERING
+    assert m.owned == ()
+    assert m.lease_deadline() is None
+    assert m.check_lease(1000.0) == []
+
+
+@given(
+    st.floats(0, 1e6, allow_nan=False),
+    st.floats(0.01, 1e3, allow_nan=False),
+    st.lists(st.floats(0, 1e3, allow_nan=False), max_size=5),
+)
+def test_lease_expiry_stops_fetching_at_last_heard_plus_t(
+    start: float, timeout: float, gaps: list[float]
+) -> None:
+    m = ConsumerMachine(config=ConsumerConfig(session_timeout=timeout))
+    m.handle(Start())
+    m.handle(CoordinatorFound(now=start, coordinator=OLD, epoch=1))
+    m.handle(Registered(now=start, generation=0, epoch=1))
+    m.handle(
+        StartFetcherReceived(now=start, correlation_id=0, epoch=1, generation=1, streams=ASSIGNED)
+    )
+    heard = start
+    for i, gap in enumerate(gaps):
+        at = heard + min(gap, timeout) * 0.999
+        if at >= heard + timeout:
+            continue
+        m.handle(PingReceived(now=at, correlation_id=i, epoch=1, generation=1))
+        heard = at
+    deadline = heard + timeout
+    assert m.lease_deadline() == deadline
+    assert m.check_lease(math.nextafter(deadline, -math.inf)) == []
+    assert state_of(m) is S.FETCHING
+    assert StopFetchers() in m.check_lease(deadline)
+    assert state_of(m) is S.DISCOVERING
+
+
+def test_stopped_consumer_presumes_a_silent_coordinator_dead() -> None:
+    m = machine_in(S.STOPPED, now=100.0)
+    assert m.check_lease(106.0) == [CloseConnection(), Discover(delay=0.0)]
+    assert state_of(m) is S.DISCOVERING
+
+
+def test_a_stale_lease_timer_is_ignored() -> None:
+    m = machine_in(S.FETCHING, now=100.0)
+    m.handle(PingReceived(now=105.0, correlation_id=2, epoch=5, generation=3))
+    before = snapshot(m)
+    timer = LeaseExpired(now=106.0)  # armed for the old deadline
+    assert m.handle(timer) == [Ignored(event=timer, reason="the lease was renewed since")]
+    assert snapshot(m) == before
+
+
+def test_a_request_read_after_the_deadline_does_not_revive_the_lease() -> None:
+    m = machine_in(S.FETCHING, now=100.0)
+    late = PingReceived(now=107.0, correlation_id=2, epoch=5, generation=3)
+    effects = m.handle(late)
+    assert effects[:3] == [StopFetchers(), CloseConnection(), Discover(delay=0.0)]
+    assert isinstance(effects[3], Ignored) and effects[3].event == late
+    assert len(effects) == 4
+    assert state_of(m) is S.DISCOVERING
+
+
+def test_lease_runs_on_while_rediscovering_and_stops_the_fetchers() -> None:
+    m = machine_in(S.REDISCOVERING, now=100.0)
+    assert m.lease_deadline() == 106.0
+    # A discovery answer after the deadline: stop first, then register owning nothing.
+    effects = m.handle(CoordinatorFound(now=106.5, coordinator=NEW, epoch=6))
+    assert effects == [StopFetchers(), Register(coordinator=NEW, generation=3, owned=())]
+    assert state_of(m) is S.REGISTERING
+
+
+def test_reregistration_answer_after_the_deadline_is_dropped() -> None:
+    m = machine_in(S.REREGISTERING, now=100.0)
+    effects = m.handle(Registered(now=106.0, generation=3, epoch=6))
+    # One failure so far (the coordinator moved), hence the backoff.
+    assert effects[:3] == [StopFetchers(), CloseConnection(), Discover(delay=0.1)]
+    assert isinstance(effects[-1], Ignored)
+    assert state_of(m) is S.DISCOVERING
+
+
+# --- the coordinator epoch ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [PingReceived, StopFetcherReceived, StartFetcherReceived])
+@pytest.mark.parametrize("state", [S.STOPPED, S.FETCHING])
+def test_requests_from_an_older_epoch_are_ignored(kind: type, state: ConsumerState) -> None:
+    m = machine_in(state, now=100.0)
+    before = snapshot(m)
+    event = sample(kind, now=101.0, epoch=4)
+    effects = m.handle(event)
+    assert len(effects) == 1 and isinstance(effects[0], Ignored) and effects[0].event == event
+    assert snapshot(m) == before  # not even the lease was renewed
+
+
+def test_a_newer_epoch_raises_the_bar() -> None:
+    m = machine_in(S.FETCHING, now=100.0)
+    m.handle(PingReceived(now=101.0, correlation_id=2, epoch=9, generation=3))
+    assert m.epoch == 9
+    effects = m.handle(StopFetcherReceived(now=102.0, correlation_id=3, epoch=5, generation=4))
+    assert isinstance(effects[0], Ignored)
+    assert state_of(m) is S.FETCHING
+
+
+def test_registration_with_a_deposed_coordinator_counts_as_a_rejection() -> None:
+    m = machine_in(S.REREGISTERING, now=100.0)
+    m.epoch = 8  # seen meanwhile; a newer coordinator exists
+    effects = m.handle(Registered(now=101.0, generation=3, epoch=7))
+    assert effects == [CloseConnection(), Discover(delay=0.2)]  # the second failure in a row
+    assert state_of(m) is S.REDISCOVERING
+    assert m.last_error is ErrorCode.STALE_COORDINATOR_EPOCH
+    assert m.owned == OWNED  # still fetching under the lease
+
+
+def test_stale_metadata_counts_as_a_failed_discovery() -> None:
+    m = machine_in(S.REDISCOVERING, now=100.0)
+    effects = m.handle(CoordinatorFound(now=101.0, coordinator=OLD, epoch=4))
+    assert effects == [Discover(delay=0.2)]  # the second failure in a row
+    assert state_of(m) is S.REDISCOVERING
+
+
+# --- effects: order and memory ------------------------------------------------------------------
+
+
+def test_registration_carries_generation_and_partitions_still_fetched() -> None:
+    m = machine_in(S.REDISCOVERING, now=100.0)
+    assert m.handle(CoordinatorFound(now=101.0, coordinator=NEW, epoch=6)) == [
+        Register(coordinator=NEW, generation=3, owned=OWNED)
+    ]
+    assert m.handle(Registered(now=102.0, generation=3, epoch=6)) == []
+    assert state_of(m) is S.FETCHING
+    assert m.lease_deadline() == 108.0
+
+
+def test_stop_reports_final_offsets_of_what_it_owned_then_forgets_it() -> None:
+    m = machine_in(S.FETCHING)
+    assert m.handle(StopFetcherReceived(now=101.0, correlation_id=4, epoch=5, generation=4)) == [
+        StopFetchers(),
+        RespondStop(correlation_id=4, partitions=OWNED),
+    ]
+    assert m.owned == ()
+    assert m.handle(StopFetcherReceived(now=101.5, correlation_id=5, epoch=5, generation=4)) == [
+        RespondStop(correlation_id=5, partitions=())
+    ]
+    m.handle(ConnectionLost(now=102.0))
+    assert m.handle(CoordinatorFound(now=102.0, coordinator=NEW, epoch=5)) == [
+        Register(coordinator=NEW, generation=3, owned=())
+    ]
+
+
+def test_start_while_fetching_stops_before_starting() -> None:
+    m = machine_in(S.FETCHING)
+    new = streams(("u", 3))
+    effects = m.handle(
+        StartFetcherReceived(now=101.0, correlation_id=6, epoch=5, generation=5, streams=new)
+    )
+    assert effects == [
+        StopFetchers(),
+        StartFetchers(generation=5, streams=new),
+        RespondStart(correlation_id=6),
+    ]
+    assert m.owned == (TopicPartition(topic="u", partition=3),)
+    assert m.generation == 5
+
+
+def test_close_stops_fetchers_commits_and_leaves_before_closing() -> None:
+    m = machine_in(S.FETCHING)
+    assert m.handle(Close()) == [
+        StopFetchers(),
+        CommitAndLeave(generation=3, partitions=OWNED),
+        CloseConnection(),
+    ]
+    assert state_of(m) is S.CLOSED
+    assert m.handle(Close()) == []
+
+
+def test_connection_lost_stops_fetchers_before_closing() -> None:
+    m = machine_in(S.FETCHING)
+    assert m.handle(ConnectionLost(now=101.0)) == [
+        StopFetchers(),
+        CloseConnection(),
+        Discover(delay=0.0),
+    ]
+
+
+def test_coordinator_moved_keeps_fetching_while_rediscovering() -> None:
+    m = machine_in(S.FETCHING)
+    assert m.handle(CoordinatorMoved(now=101.0, error_code=ErrorCode.NOT_COORDINATOR)) == [
+        CloseConnection(),
+        Discover(delay=0.1),
+    ]
+    assert state_of(m) is S.REDISCOVERING
+    assert m.owned == OWNED
+
+
+def test_backoff_doubles_up_to_its_cap_and_resets_on_registration() -> None:
+    m = ConsumerMachine(
+        config=ConsumerConfig(session_timeout=T, retry_backoff=0.5, max_retry_backoff=3.0)
+    )
+    assert m.handle(Start()) == [Discover(delay=0.0)]
+    delays = [m.handle(DiscoveryFailed(now=float(i))) for i in range(5)]
+    assert delays == [[Discover(delay=d)] for d in (0.5, 1.0, 2.0, 3.0, 3.0)]
+    m.handle(CoordinatorFound(now=10.0, coordinator=OLD, epoch=1))
+    m.handle(Registered(now=10.0, generation=0, epoch=1))
+    assert m.handle(ConnectionLost(now=11.0)) == [CloseConnection(), Discover(delay=0.0)]
+
+
+# --- a random walk checking the safety rules on the effects -------------------------------------
+
+KINDS = list(COLUMNS.values())
+
+
+@st.composite
+def walks(draw: st.DrawFn) -> list[Input]:
+    events: list[Input] = [Start()]
+    now = 0.0
+    for _ in range(draw(st.integers(0, 40))):
+        now += draw(st.sampled_from([0.0, 0.5, 2.0, 5.9, 6.0, 7.0]))
+        kind = draw(st.sampled_from(KINDS))
+        epoch = draw(st.sampled_from([4, 5, 5, 5, 6]))
+        events.append(sample(kind, now, epoch))
+    return events
+
+
+@given(walks())
+def test_random_walk_keeps_the_safety_rules(events: list[Input]) -> None:
+    m = ConsumerMachine(config=ConsumerConfig(session_timeout=T))
+    fetching = False
+    connected = False
+    discoveries = 0
+    for event in events:
+        before = snapshot(m)
+        try:
+            effects: list[Effect] = m.handle(event)
+        except IllegalTransition:
+            assert snapshot(m) == before
+            continue
+        if isinstance(event, CoordinatorFound | DiscoveryFailed) and not (
+            effects and isinstance(effects[-1], Ignored)
+        ):
+            discoveries -= 1  # this input is the discovery's answer
+        for effect in effects:
+            match effect:
+                case StopFetchers():
+                    fetching = False
+                case StartFetchers():
+                    fetching = True
+                case Register():
+                    assert not connected
+                    connected = True
+                case CloseConnection():
+                    # Closing while fetching only towards a broker that is not our coordinator.
+                    assert not fetching or isinstance(
+                        event, CoordinatorMoved | RegistrationRejected | Registered
+                    )
+                    connected = False
+                case CommitAndLeave():
+                    assert not fetching and connected
+                case Discover():
+                    discoveries += 1
+        if isinstance(event, Close):
+            discoveries = 0  # the trio layer cancels what is in flight
+        assert fetching == (m.state in (S.FETCHING, S.REDISCOVERING, S.REREGISTERING))
+        assert connected == (m.state in (S.REGISTERING, S.STOPPED, S.FETCHING, S.REREGISTERING))
+        assert discoveries == (1 if m.state in (S.DISCOVERING, S.REDISCOVERING) else 0)
+        if not fetching:
+            assert m.owned == ()
+        if fetching and not isinstance(event, Start | Close):
+            deadline = m.lease_deadline()
+            assert deadline is not None and event.now < deadline
