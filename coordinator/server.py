@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import attrs
 import trio
@@ -47,6 +46,7 @@ from protocol import (
     ResponseMessage,
     Role,
     TopicMetadata,
+    error_response,
 )
 from protocol.types import PartitionOffset
 from statemachine import member as member_sm
@@ -140,7 +140,7 @@ class _Session:
                 )
         if self.data_plane is not None:
             return await self.data_plane(request)
-        return _error_response(request, ErrorCode.INVALID_REQUEST)
+        return error_response(request.message, ErrorCode.INVALID_REQUEST)
 
     async def _commit(self, request: Request, message: OffsetCommitRequest) -> None:
         error = await self.coordinator.commit(message, self.channel)
@@ -211,25 +211,6 @@ def _valid_topic_name(name: str) -> bool:
         and name not in {".", ".."}
         and all(c.isascii() and (c.isalnum() or c in "._-") for c in name)
     )
-
-
-def _error_response(request: Request, error: ErrorCode) -> ResponseMessage:
-    """The request's own response type, carrying only an error (other fields empty)."""
-    from protocol import RESPONSE_TYPES
-
-    response_type: Any = RESPONSE_TYPES[type(request.message).API_KEY]
-    fields: dict[str, Any] = {}
-    for field in attrs.fields(response_type):
-        if field.name == "error_code":
-            fields[field.name] = error
-        elif field.type in ("int", int) or "Int" in str(field.type):
-            fields[field.name] = -1
-        elif "tuple" in str(field.type):
-            fields[field.name] = ()
-        else:
-            fields[field.name] = ""
-    response: ResponseMessage = response_type(**fields)
-    return response
 
 
 async def handle_connection(

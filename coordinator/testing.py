@@ -191,7 +191,8 @@ class SimulatedConsumer:
 
     async def commit(self) -> ErrorCode:
         """An explicit OffsetCommit of the current positions, over a fresh connection if the
-        coordinator connection is gone (what a resumed process does before it re-registers)."""
+        coordinator connection is gone or its lease ran out (what a process back from a long
+        pause does before it re-registers)."""
         request = OffsetCommitRequest(
             group_id=self.group_id,
             consumer_id=self.consumer_id,
@@ -199,7 +200,7 @@ class SimulatedConsumer:
             offsets=self._offsets(),
         )
         channel = self.channel
-        if channel is None or channel.closed:
+        if channel is None or channel.closed or trio.current_time() >= self.lease_end:
             async with self.cluster.open_client() as client:
                 response = await client.request(request)
         else:

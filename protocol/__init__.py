@@ -53,6 +53,7 @@ from .messages import (
     StopFetcherRequest,
     StopFetcherResponse,
     TopicMetadata,
+    error_response,
 )
 from .records import Record, decode_record, encode_record, record_size
 from .types import BrokerInfo, PartitionOffset, Subscription, TopicPartition, TopicStreams
@@ -124,5 +125,6 @@ __all__ = [
     "TopicStreams",
     "decode_record",
     "encode_record",
+    "error_response",
     "record_size",
 ]

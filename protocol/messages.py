@@ -9,6 +9,7 @@ timeouts and broker ids are int32; offsets, epochs, timestamps and watermarks ar
 from __future__ import annotations
 
 import enum
+import typing
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeAlias
@@ -479,3 +480,31 @@ RESPONSE_CODECS: Mapping[ApiKey, Codec[Any]] = MappingProxyType(
 )
 
 assert len(REQUEST_TYPES) == len(RESPONSE_TYPES) == len(ApiKey), "every api key has both halves"
+
+
+def error_response(request: RequestMessage, error_code: ErrorCode) -> ResponseMessage:
+    """The response that answers ``request`` with nothing but ``error_code``.
+
+    Every other field takes its "nothing" value (-1 for numbers, empty strings and lists, None
+    where allowed), so one function lets a broker refuse any request — not the coordinator,
+    still loading — without a hand-written refusal per message type.
+    """
+    response_type = RESPONSE_TYPES[request.API_KEY]
+    hints = typing.get_type_hints(response_type)
+    fields: dict[str, Any] = {}
+    for field in attrs.fields(response_type):
+        hint = hints[field.name]
+        if hint is ErrorCode:
+            fields[field.name] = error_code
+        elif type(None) in typing.get_args(hint):
+            fields[field.name] = None
+        elif hint is str:
+            fields[field.name] = ""
+        elif hint is bool:
+            fields[field.name] = False
+        elif typing.get_origin(hint) is tuple:
+            fields[field.name] = ()
+        else:  # Int32 / Int64
+            fields[field.name] = -1
+    response: ResponseMessage = response_type(**fields)
+    return response
