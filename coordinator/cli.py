@@ -1,0 +1,135 @@
+"""``coordinator`` / ``python -m coordinator``: the command line.
+
+Errors a user can cause (a bad argument, a port in use, an unreachable broker) print one line and
+exit non-zero; a traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from coordinator.config import CoordinatorConfig
+from coordinator.node import NodeSettings, run_node
+from coordinator.store import StoreError
+
+log = logging.getLogger("coordinator")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coordinator",
+        description="A Kafka-style broker with a broker-side consumer group coordinator.",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run a broker and its coordinator")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=9092, help="port to listen on (0: any)")
+    serve.add_argument("--broker-id", type=int, default=1)
+    serve.add_argument("--data-dir", type=Path, default=Path("data"))
+    defaults = CoordinatorConfig()
+    serve.add_argument(
+        "--min-session-timeout-ms", type=int, default=defaults.min_session_timeout_ms
+    )
+    serve.add_argument(
+        "--max-session-timeout-ms", type=int, default=defaults.max_session_timeout_ms
+    )
+    serve.add_argument(
+        "--ping-misses",
+        type=int,
+        default=defaults.max_missed_pings,
+        help="deadlines a consumer may miss in a row before it is declared dead",
+    )
+    serve.add_argument(
+        "--initial-rebalance-delay",
+        type=float,
+        default=defaults.initial_rebalance_delay,
+        help="seconds a new group waits for more members before its first rebalance",
+    )
+    serve.add_argument(
+        "--rebalance-backoff",
+        type=float,
+        default=defaults.rebalance_backoff_fraction,
+        help="after a failed rebalance, wait this fraction of the longest session timeout",
+    )
+    serve.add_argument(
+        "--commit-interval",
+        type=float,
+        default=defaults.commit_interval,
+        help="seconds between writes of offsets reported in Pings",
+    )
+    return parser
+
+
+async def _serve(settings: NodeSettings) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(run_node, settings)
+            print(f"serving on {settings.host}:{port} (broker {settings.broker_id})", flush=True)
+            async for signum in signals:
+                log.info("%s: shutting down", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.command == "serve":
+            config = CoordinatorConfig(
+                min_session_timeout_ms=args.min_session_timeout_ms,
+                max_session_timeout_ms=args.max_session_timeout_ms,
+                max_missed_pings=args.ping_misses,
+                initial_rebalance_delay=args.initial_rebalance_delay,
+                rebalance_backoff_fraction=args.rebalance_backoff,
+                commit_interval=args.commit_interval,
+            )
+            settings = NodeSettings(
+                broker_id=args.broker_id,
+                host=args.host,
+                port=args.port,
+                data_dir=args.data_dir,
+                coordinator=config,
+            )
+            trio.run(_serve, settings)
+    except (ValueError, OSError, StoreError, ExceptionGroup) as exc:
+        cause = _user_error(exc)
+        if cause is None:
+            raise
+        print(f"coordinator: {_describe(cause)}", file=sys.stderr)
+        return 2 if isinstance(cause, ValueError) else 1
+    return 0
+
+
+def _user_error(exc: BaseException) -> BaseException | None:
+    """The error a user caused, if that is what ``exc`` is (trio wraps task errors in groups)."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _user_error(inner)
+            if found is not None:
+                return found
+        return None
+    return exc if isinstance(exc, ValueError | OSError | StoreError) else None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    return str(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
