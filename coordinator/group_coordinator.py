@@ -31,6 +31,8 @@ from protocol import (
     PingResponse,
     RegisterConsumerRequest,
     RegisterConsumerResponse,
+    RequestMessage,
+    ResponseMessage,
 )
 from protocol.types import BrokerInfo, PartitionOffset
 from statemachine import group as group_sm
@@ -92,6 +94,9 @@ class GroupCoordinator:
             connection_scope=connection_scope,
         )
         group.members[member.member_id] = member
+        group.highest_reported_generation = max(
+            group.highest_reported_generation, request.generation
+        )
         log.info("group %s: %s joined", group.group_id, member.member_id)
         self._apply(group, group.machine.handle(group_sm.MemberJoined(member_id=member.member_id)))
         return self._register_response(ErrorCode.NONE, request.group_id), member
@@ -171,7 +176,7 @@ class GroupCoordinator:
                 await self.accept_reported_offsets(member, request.generation, response.offsets)
             next_at = max(sent_at + timeouts.ping_interval, trio.current_time())
 
-    async def call(self, member: Member, request: object) -> object | None:
+    async def call(self, member: Member, request: RequestMessage) -> ResponseMessage | None:
         """Send a coordinator request with the seeds' deadline of 2/3 of the session timeout.
 
         Returns the response, or None when the deadline passed (the member machine counts the
@@ -179,7 +184,7 @@ class GroupCoordinator:
         declares it dead)."""
         with trio.move_on_after(member.machine.timeouts.response_deadline) as scope:
             try:
-                response = await member.channel.request(request)  # type: ignore[arg-type]
+                response = await member.channel.request(request)
             except ChannelClosed:
                 return None
         if scope.cancelled_caught or not member.machine.alive:
@@ -229,12 +234,12 @@ class GroupCoordinator:
 
     # --- groups ---------------------------------------------------------------------------
 
-    def group(self, group_id: str) -> Group:
+    def group(self, group_id: str, *, generation: int = 0) -> Group:
+        """The group's record, created (with its driver task) on first use."""
         group = self.groups.get(group_id)
         if group is None:
-            group = self.groups[group_id] = Group(
-                group_id=group_id, machine=group_sm.GroupMachine(group_id=group_id)
-            )
+            machine = group_sm.GroupMachine(group_id=group_id, generation=generation)
+            group = self.groups[group_id] = Group(group_id=group_id, machine=machine)
             self.nursery.start_soon(rebalance.drive, self, group)
         return group
 
@@ -348,8 +353,7 @@ async def _recover_groups(coordinator: GroupCoordinator) -> None:
     previous owner may still fetch until its lease runs out after this coordinator took office."""
     records = await coordinator.store.groups()
     for record in records.values():
-        group = coordinator.group(record.group_id)
-        group.machine.generation = record.generation
+        group = coordinator.group(record.group_id, generation=record.generation)
         longest = max((m.session_timeout_ms / 1000 for m in record.members), default=0.0)
         free_at = coordinator.took_office_at + longest + coordinator.config.lease_margin
         for tp in record.assignment:

@@ -51,6 +51,10 @@ class Group:
     #: When the next rebalance attempt is due (None: none is due).
     next_attempt_at: AsyncValue[float | None] = attrs.field(factory=lambda: AsyncValue(None))
     attempt_scope: trio.CancelScope | None = None
+    #: The highest generation a registering member said it had: after a failover, a previous
+    #: coordinator may have begun attempts that it never persisted, and generations must still
+    #: only increase.
+    highest_reported_generation: int = -1
     #: (state, generation) after every input, for those who wait on a group (tools and tests).
     status: AsyncValue[tuple[GroupState, int]] = attrs.field(
         factory=lambda: AsyncValue((GroupState.EMPTY, 0))

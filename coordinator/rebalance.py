@@ -86,7 +86,7 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
     if settled and assignment == group.assignment:
         coordinator.apply(group, group_sm.AttemptNotNeeded())
         return
-    generation = group.machine.generation + 1
+    generation = max(group.machine.generation, group.highest_reported_generation) + 1
     coordinator.apply(group, group_sm.AttemptBegan(generation=generation))
     group.attempts += 1
     log.info(

@@ -125,3 +125,44 @@ async def test_a_paused_consumer_stops_itself_its_commit_is_refused_and_it_rejoi
         assert a.registrations == 2
         assert a.owned and b.owned and a.owned | b.owned == ALL
         cluster.ledger.check()
+
+
+async def test_an_unanswered_stop_fetcher_kills_its_member_and_the_rebalance_goes_on(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster)
+        await trio.sleep_until(10.5)  # b last answered the Ping of 10.0
+        b.freeze(60)
+        c = await cluster.start_consumer("c", group="g", topics={"events": 1})
+        group = cluster.coordinator.groups["g"]
+        assert group.status.value == (GroupState.STOPPING, 2)
+        # StopFetcher sent at 10.5 is due at 14.5: b dies then, before its Ping of 12.0 is due
+        await _wait_departure(cluster, "g")
+        assert trio.current_time() == 14.5
+        assert await cluster.wait_stable("g", members=2) == 3
+        assert trio.current_time() == 10.0 + 6.0 + 0.5  # b's lease, as it was last heard at 10.0
+        assert a.owned | c.owned == ALL
+        cluster.ledger.check()
+
+
+async def test_a_failed_attempt_backs_off_and_retries_until_it_succeeds(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    config = CoordinatorConfig(initial_rebalance_delay=3.0, max_missed_pings=2)
+    async with open_simulated_cluster(tmp_path, config) as cluster:
+        a, b = await _pair(cluster)
+        await trio.sleep_until(10.5)  # b last heard a request at 10.0: its lease runs to 16.0
+        b.freeze(4.5)
+        c = await cluster.start_consumer("c", group="g", topics={"events": 1})
+        group = cluster.coordinator.groups["g"]
+        # StopFetcher of attempt 2 goes unanswered until 14.5: one miss of two allowed, so the
+        # attempt fails and the next waits a third of the session timeout (2 s)
+        await group.status.wait_value(lambda s: s == (GroupState.PENDING, 2))
+        assert trio.current_time() == 14.5
+        assert set(group.members) == {"a", "b", "c"}
+        assert await cluster.wait_stable("g", members=3) == 3
+        assert trio.current_time() == 16.5
+        assert (group.attempts, group.completed) == (3, 2)
+        assert a.owned | b.owned | c.owned == ALL
+        cluster.ledger.check()

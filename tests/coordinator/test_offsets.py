@@ -129,3 +129,20 @@ async def test_describe_shows_members_assignment_and_offsets(
         assert {po.topic_partition: po.offset for po in response.offsets} == a.positions
         assert isinstance(missing, DescribeGroupResponse)
         assert missing.error_code is ErrorCode.GROUP_ID_NOT_FOUND
+
+
+async def test_generations_stay_above_any_a_returning_member_reports(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A coordinator that died mid-attempt may have sent a generation it never persisted; the
+    members that saw it carry it back, and the next generation must still be larger."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=2)
+        await cluster.start_consumer("a", group="g", topics={"events": 1})
+        assert await cluster.wait_stable("g", members=1) == 1
+        returning = await cluster.start_consumer(
+            "b", group="g", topics={"events": 1}, generation=41
+        )
+        assert returning.last_register_error is ErrorCode.NONE
+        assert await cluster.wait_stable("g", members=2) == 42
+        assert returning.generation == 42
