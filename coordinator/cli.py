@@ -15,7 +15,10 @@ from pathlib import Path
 
 import trio
 
+from coordinator.admin import AdminError
+from coordinator.cli_admin import add_admin_commands, run_admin
 from coordinator.config import CoordinatorConfig
+from coordinator.log import FsyncPolicy, LogConfig
 from coordinator.node import NodeSettings, run_node
 from coordinator.store import StoreError
 
@@ -65,6 +68,23 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.commit_interval,
         help="seconds between writes of offsets reported in Pings",
     )
+    logs = LogConfig()
+    serve.add_argument(
+        "--fsync",
+        choices=[p.value for p in FsyncPolicy],
+        default=logs.fsync.value,
+        help="always: fsync before acknowledging a produce; interval: every --fsync-interval-ms",
+    )
+    serve.add_argument("--fsync-interval-ms", type=int, default=logs.fsync_interval_ms)
+    serve.add_argument(
+        "--retention-ms", type=int, default=logs.retention_ms, help="-1: keep forever"
+    )
+    serve.add_argument(
+        "--retention-bytes", type=int, default=-1, help="per partition; -1: no limit"
+    )
+    serve.add_argument("--retention-check-ms", type=int, default=logs.retention_check_ms)
+    serve.add_argument("--segment-bytes", type=int, default=logs.segment_bytes)
+    add_admin_commands(commands)
     return parser
 
 
@@ -102,9 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 port=args.port,
                 data_dir=args.data_dir,
                 coordinator=config,
+                log=LogConfig(
+                    fsync=FsyncPolicy(args.fsync),
+                    fsync_interval_ms=args.fsync_interval_ms,
+                    retention_ms=None if args.retention_ms < 0 else args.retention_ms,
+                    retention_bytes=None if args.retention_bytes < 0 else args.retention_bytes,
+                    retention_check_ms=args.retention_check_ms,
+                    segment_bytes=args.segment_bytes,
+                ),
             )
             trio.run(_serve, settings)
-    except (ValueError, OSError, StoreError, ExceptionGroup) as exc:
+        else:
+            trio.run(run_admin, args)
+    except (ValueError, OSError, StoreError, AdminError, ExceptionGroup) as exc:
         cause = _user_error(exc)
         if cause is None:
             raise
@@ -121,7 +151,7 @@ def _user_error(exc: BaseException) -> BaseException | None:
             if found is not None:
                 return found
         return None
-    return exc if isinstance(exc, ValueError | OSError | StoreError) else None
+    return exc if isinstance(exc, ValueError | OSError | StoreError | AdminError) else None
 
 
 def _describe(exc: BaseException) -> str:

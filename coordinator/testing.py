@@ -38,6 +38,7 @@ import trio.testing
 from trio_util import AsyncValue
 
 from coordinator.channel import Channel, ChannelClosed
+from coordinator.client import open_channel
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from coordinator.server import handle_connection
@@ -408,21 +409,10 @@ class SimulatedCluster:
     @asynccontextmanager
     async def open_client(self) -> AsyncIterator[Channel]:
         """A plain client connection (an admin tool, a standalone committer)."""
-        channel = Channel.open(
-            await self.connect(), Role.CONSUMER, max_frame_size=self.config.max_frame_size
-        )
-        async with trio.open_nursery() as nursery:
-
-            async def refuse(request: Request) -> None:
-                raise AssertionError(f"a plain client got {request}")
-
-            nursery.start_soon(channel.run, refuse)
-            try:
-                yield channel
-            finally:
-                nursery.cancel_scope.cancel()
-                with trio.CancelScope(shield=True):
-                    await channel.aclose()
+        async with open_channel(
+            await self.connect(), max_frame_size=self.config.max_frame_size
+        ) as channel:
+            yield channel
 
     async def start_consumer(
         self,
