@@ -37,6 +37,18 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=9092, help="port to listen on (0: any)")
     serve.add_argument("--broker-id", type=int, default=1)
     serve.add_argument("--data-dir", type=Path, default=Path("data"))
+    serve.add_argument(
+        "--zookeeper",
+        metavar="HOST:PORT[,HOST:PORT...][/CHROOT]",
+        help="keep metadata in this ZooKeeper ensemble, shared with the cluster's other brokers, "
+        "which elect one coordinator (default: the embedded store under --data-dir)",
+    )
+    serve.add_argument(
+        "--zookeeper-session-timeout",
+        type=float,
+        default=NodeSettings().zookeeper_session_timeout,
+        help="seconds ZooKeeper keeps this broker's registration and office after losing it",
+    )
     defaults = CoordinatorConfig()
     serve.add_argument(
         "--min-session-timeout-ms", type=int, default=defaults.min_session_timeout_ms
@@ -121,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 host=args.host,
                 port=args.port,
                 data_dir=args.data_dir,
+                zookeeper=args.zookeeper,
+                zookeeper_session_timeout=args.zookeeper_session_timeout,
                 coordinator=config,
                 log=LogConfig(
                     fsync=FsyncPolicy(args.fsync),

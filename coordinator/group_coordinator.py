@@ -187,20 +187,29 @@ class GroupCoordinator:
                 response = await member.channel.request(request)
             except ChannelClosed:
                 return None
-        if scope.cancelled_caught or not member.machine.alive:
+        if scope.cancelled_caught:
             if member.machine.alive:
                 self.member_event(member, member_sm.DeadlineMissed(now=trio.current_time()))
             return None
-        return response
+        return response  # even if the member died meanwhile: its answer may still count
 
     # --- offsets --------------------------------------------------------------------------
 
     async def accept_reported_offsets(
-        self, member: Member, generation: int, offsets: tuple[PartitionOffset, ...]
+        self,
+        member: Member,
+        generation: int,
+        offsets: tuple[PartitionOffset, ...],
+        *,
+        final: bool = False,
     ) -> None:
         """Offsets in a Ping response count only for partitions the member owns under the
-        generation the Ping carried (DESIGN.md, "Generations")."""
-        if not offsets or not member.machine.alive or generation != member.owned_generation:
+        generation the Ping carried, and only while it is a member; a StopFetcher answer is its
+        ``final`` report for what it owned, accepted even if it left right after (DESIGN.md,
+        "Generations")."""
+        if not offsets or generation != member.owned_generation:
+            return
+        if not final and not member.machine.alive:
             return
         accepted = {
             po.topic_partition: po.offset for po in offsets if po.topic_partition in member.owned

@@ -8,16 +8,22 @@ the store, in that order.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from pathlib import Path
 
 import attrs
 import trio
 
+from coordinator.broker import open_broker_log
 from coordinator.config import CoordinatorConfig
+from coordinator.election import handle_elected_connection, open_elector
 from coordinator.group_coordinator import open_group_coordinator
+from coordinator.log import LogConfig
 from coordinator.server import handle_connection
-from coordinator.store import open_embedded_store
+from coordinator.store import MetadataStore, open_embedded_store
+from coordinator.store.zookeeper import ZooKeeperStore, open_zookeeper_store
 from protocol.types import BrokerInfo
 
 log = logging.getLogger(__name__)
@@ -32,6 +38,13 @@ class NodeSettings:
     advertised_host: str | None = None
     data_dir: Path = Path("data")
     coordinator: CoordinatorConfig = attrs.field(factory=CoordinatorConfig)
+    log: LogConfig = attrs.field(factory=LogConfig)
+    #: ``host:port[,host:port...][/chroot]`` of a ZooKeeper ensemble shared by the brokers of a
+    #: cluster, which then elect one coordinator among them; None: the embedded store, and this
+    #: broker is the coordinator.
+    zookeeper: str | None = None
+    #: How long ZooKeeper keeps this broker's registration and office after losing touch with it.
+    zookeeper_session_timeout: float = 6.0
 
 
 async def run_node(
@@ -39,7 +52,7 @@ async def run_node(
 ) -> None:
     """Serve until cancelled; ``task_status.started`` gets the bound port (useful with port 0)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    async with open_embedded_store(settings.data_dir / "metadata") as store:
+    async with _open_store(settings) as store:
         listeners = await trio.open_tcp_listeners(settings.port, host=settings.host)
         port = listeners[0].socket.getsockname()[1]
         broker = BrokerInfo(
@@ -49,10 +62,11 @@ async def run_node(
         )
         await store.register_broker(broker)
         async with (
-            open_group_coordinator(store, settings.coordinator, broker) as coordinator,
+            open_broker_log(store, broker.broker_id, settings.data_dir, settings.log) as data_plane,
+            _open_coordination(store, settings.coordinator, broker) as serve_connection,
             trio.open_nursery() as nursery,
         ):
-            handler = partial(handle_connection, coordinator)
+            handler = partial(serve_connection, data_plane=data_plane)
             await nursery.start(trio.serve_listeners, handler, listeners)
             log.info(
                 "broker %d serving on %s:%d, data in %s",
@@ -62,3 +76,29 @@ async def run_node(
                 settings.data_dir,
             )
             task_status.started(port)
+
+
+def _open_store(settings: NodeSettings) -> AbstractAsyncContextManager[MetadataStore]:
+    if settings.zookeeper is None:
+        return open_embedded_store(settings.data_dir / "metadata")
+    return open_zookeeper_store(
+        settings.zookeeper, session_timeout=settings.zookeeper_session_timeout
+    )
+
+
+#: ``handler(stream, data_plane=...)``: serves one connection.
+ConnectionHandler = Callable[..., Awaitable[None]]
+
+
+@asynccontextmanager
+async def _open_coordination(
+    store: MetadataStore, config: CoordinatorConfig, broker: BrokerInfo
+) -> AsyncIterator[ConnectionHandler]:
+    """Alone on its store, a broker is the coordinator; sharing ZooKeeper, it stands for election
+    and serves each connection as whatever it is when the connection arrives."""
+    if isinstance(store, ZooKeeperStore):
+        async with open_elector(store, config, broker) as elector:
+            yield partial(handle_elected_connection, elector)
+    else:
+        async with open_group_coordinator(store, config, broker) as coordinator:
+            yield partial(handle_connection, coordinator)

@@ -95,34 +95,46 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
         generation,
         len(members),
     )
-    with trio.CancelScope() as scope:
-        group.attempt_scope = scope
+    # Once a member failure cancels the attempt, the attempt feeds no machine another input: the
+    # group machine has already moved on (Pending or Empty) and the dead member's machine is Dead,
+    # and the code below may run on until its next checkpoint delivers the cancellation.
+    with trio.CancelScope() as attempt:
+        group.attempt_scope = attempt
         try:
-            await _stop_all(coordinator, group, members, generation)
+            await _stop_all(coordinator, members, generation, attempt)
+            if attempt.cancel_called:
+                return
             coordinator.apply(group, group_sm.MembersStopped())
-            await _start_all(coordinator, group, members, assignment, generation)
+            await _start_all(coordinator, group, members, assignment, generation, attempt)
         except AttemptFailed as exc:
-            log.warning("group %s: attempt %d failed: %s", group.group_id, generation, exc)
-            coordinator.apply(group, group_sm.AttemptFailed())
+            if not attempt.cancel_called:
+                log.warning("group %s: attempt %d failed: %s", group.group_id, generation, exc)
+                coordinator.apply(group, group_sm.AttemptFailed())
             return
         finally:
             group.attempt_scope = None
-    if scope.cancelled_caught:
+        if attempt.cancel_called:
+            return
+        group.completed += 1
+        for tp in assignment:
+            group.free_at.pop(tp, None)
+        coordinator.apply(group, group_sm.AttemptCompleted())
+        log.info("group %s: stable at generation %d", group.group_id, generation)
+    if attempt.cancelled_caught:
         log.info("group %s: attempt %d cancelled by a member failure", group.group_id, generation)
-        return
-    group.completed += 1
-    for tp in assignment:
-        group.free_at.pop(tp, None)
-    coordinator.apply(group, group_sm.AttemptCompleted())
-    log.info("group %s: stable at generation %d", group.group_id, generation)
 
 
 async def _stop_all(
-    coordinator: GroupCoordinator, group: Group, members: list[Member], generation: int
+    coordinator: GroupCoordinator,
+    members: list[Member],
+    generation: int,
+    attempt: trio.CancelScope,
 ) -> None:
     failures: list[str] = []
 
     async def stop(member: Member) -> None:
+        if attempt.cancel_called or not member.machine.alive:
+            return
         member.machine.handle(member_sm.StopFetcherSent(generation=generation, now=_now()))
         request = StopFetcherRequest(
             coordinator_epoch=coordinator.epoch,
@@ -130,15 +142,20 @@ async def _stop_all(
             consumer_id=member.member_id,
         )
         response = await coordinator.call(member, request)
-        if not isinstance(response, StopFetcherResponse) or not member.machine.alive:
+        if not isinstance(response, StopFetcherResponse):
             failures.append(f"{member.member_id} did not answer StopFetcher")
             return
         if response.error_code is not ErrorCode.NONE:
             failures.append(f"{member.member_id} answered StopFetcher {response.error_code.name}")
             return
-        member.machine.handle(member_sm.StopFetcherAnswered(now=_now()))
-        # The member's final report for the partitions it owned: accepted, then it owns nothing.
-        await coordinator.accept_reported_offsets(member, member.owned_generation, response.offsets)
+        if member.machine.alive:
+            member.machine.handle(member_sm.StopFetcherAnswered(now=_now()))
+        # The member's final report for the partitions it owned: accepted even if it left or
+        # the attempt was cancelled since it answered; then it owns nothing.
+        with trio.CancelScope(shield=True):
+            await coordinator.accept_reported_offsets(
+                member, member.owned_generation, response.offsets, final=True
+            )
         member.owned = frozenset()
 
     async with trio.open_nursery() as nursery:
@@ -154,12 +171,15 @@ async def _start_all(
     members: list[Member],
     assignment: Assignment,
     generation: int,
+    attempt: trio.CancelScope,
 ) -> None:
     # A partition leaving a member that fell silent waits until that member's lease ran out.
     free_at = group.partitions_free_at(set(assignment))
     if free_at > _now():
         log.info("group %s: waiting until %.3f for leases to run out", group.group_id, free_at)
         await trio.sleep_until(free_at)
+    if attempt.cancel_called:
+        return
     try:
         await coordinator.offsets.flush()
         record = GroupRecord(
@@ -177,6 +197,8 @@ async def _start_all(
     failures: list[str] = []
 
     async def start(member: Member) -> None:
+        if attempt.cancel_called or not member.machine.alive:
+            return
         member_streams = streams.get(member.member_id, ())
         member.machine.handle(member_sm.StartFetcherSent(generation=generation, now=_now()))
         member.owned = frozenset(

@@ -9,8 +9,9 @@ the protocol is told why and closed without touching anyone else.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import trio
@@ -18,7 +19,14 @@ import trio
 from coordinator.channel import Channel
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.membership import Member
-from coordinator.store import InvalidPartitions, TopicExists, UnknownTopic
+from coordinator.store import (
+    InvalidPartitions,
+    MetadataStore,
+    StoreUnavailable,
+    TopicExists,
+    TopicPlacement,
+    UnknownTopic,
+)
 from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
@@ -48,7 +56,7 @@ from protocol import (
     TopicMetadata,
     error_response,
 )
-from protocol.types import PartitionOffset
+from protocol.types import BrokerInfo, PartitionOffset
 from statemachine import member as member_sm
 
 log = logging.getLogger(__name__)
@@ -123,7 +131,7 @@ class _Session:
                     ),
                 )
             case ClusterMetadataRequest() as message:
-                return self._metadata(message)
+                return await self._metadata(message)
             case CreateTopicRequest() as message:
                 return CreateTopicResponse(error_code=await self._create_topic(message))
             case CreatePartitionsRequest() as message:
@@ -146,63 +154,100 @@ class _Session:
         error = await self.coordinator.commit(message, self.channel)
         await self.channel.respond(request, OffsetCommitResponse(error_code=error))
 
-    def _metadata(self, message: ClusterMetadataRequest) -> ClusterMetadataResponse:
+    async def _metadata(self, message: ClusterMetadataRequest) -> ClusterMetadataResponse:
         coordinator = self.coordinator
-        names = sorted(coordinator.topics) if message.topics is None else list(message.topics)
-        topics = []
-        for name in names:
-            placement = coordinator.topics.get(name)
-            if placement is None:
-                topics.append(
-                    TopicMetadata(
-                        topic=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, partitions=()
-                    )
-                )
-                continue
-            partitions = tuple(
-                PartitionMetadata(partition=p, broker_id=b) for p, b in enumerate(placement.brokers)
-            )
-            topics.append(
-                TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=partitions)
-            )
-        return ClusterMetadataResponse(
-            error_code=ErrorCode.NONE,
+        # Brokers of a cluster come and go after the coordinator took office; the cached list
+        # serves while the store cannot answer.
+        with contextlib.suppress(StoreUnavailable):
+            coordinator.brokers = await coordinator.store.brokers()
+        return cluster_metadata(
+            message,
+            topics=coordinator.topics,
+            brokers=coordinator.brokers,
             coordinator_id=coordinator.broker.broker_id,
             coordinator_epoch=coordinator.epoch,
-            brokers=coordinator.brokers,
-            topics=tuple(topics),
         )
 
     async def _create_topic(self, message: CreateTopicRequest) -> ErrorCode:
-        if not _valid_topic_name(message.topic):
-            return ErrorCode.INVALID_TOPIC_EXCEPTION
-        if message.partitions < 1:
-            return ErrorCode.INVALID_PARTITIONS
-        brokers = (self.coordinator.broker.broker_id,) * message.partitions
-        try:
-            await self.coordinator.store.create_topic(message.topic, brokers)
-        except TopicExists:
-            return ErrorCode.TOPIC_ALREADY_EXISTS
-        return ErrorCode.NONE
+        return await create_topic(self.coordinator.store, self.coordinator.broker, message)
 
     async def _add_partitions(self, message: CreatePartitionsRequest) -> ErrorCode:
-        placement = self.coordinator.topics.get(message.topic)
+        return await add_partitions(
+            self.coordinator.store, self.coordinator.broker, message, self.coordinator.topics
+        )
+
+
+def cluster_metadata(
+    message: ClusterMetadataRequest,
+    *,
+    topics: Mapping[str, TopicPlacement],
+    brokers: tuple[BrokerInfo, ...],
+    coordinator_id: int,
+    coordinator_epoch: int,
+) -> ClusterMetadataResponse:
+    """The answer to ClusterMetadata from a broker that knows these topics and brokers."""
+    names = sorted(topics) if message.topics is None else list(message.topics)
+    found = []
+    for name in names:
+        placement = topics.get(name)
         if placement is None:
-            placement = (await self.coordinator.store.topics()).get(message.topic)
-        if placement is None:
-            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        added = message.total_partitions - placement.partition_count
-        if added < 1:
-            return ErrorCode.INVALID_PARTITIONS
-        try:
-            await self.coordinator.store.add_partitions(
-                message.topic, (self.coordinator.broker.broker_id,) * added
+            found.append(
+                TopicMetadata(
+                    topic=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, partitions=()
+                )
             )
-        except UnknownTopic:
-            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        except InvalidPartitions:
-            return ErrorCode.INVALID_PARTITIONS
-        return ErrorCode.NONE
+            continue
+        partitions = tuple(
+            PartitionMetadata(partition=p, broker_id=b) for p, b in enumerate(placement.brokers)
+        )
+        found.append(TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=partitions))
+    return ClusterMetadataResponse(
+        error_code=ErrorCode.NONE,
+        coordinator_id=coordinator_id,
+        coordinator_epoch=coordinator_epoch,
+        brokers=brokers,
+        topics=tuple(found),
+    )
+
+
+async def create_topic(
+    store: MetadataStore, broker: BrokerInfo, message: CreateTopicRequest
+) -> ErrorCode:
+    """Create the topic with every partition on ``broker``, the one that was asked."""
+    if not _valid_topic_name(message.topic):
+        return ErrorCode.INVALID_TOPIC_EXCEPTION
+    if message.partitions < 1:
+        return ErrorCode.INVALID_PARTITIONS
+    try:
+        await store.create_topic(message.topic, (broker.broker_id,) * message.partitions)
+    except TopicExists:
+        return ErrorCode.TOPIC_ALREADY_EXISTS
+    return ErrorCode.NONE
+
+
+async def add_partitions(
+    store: MetadataStore,
+    broker: BrokerInfo,
+    message: CreatePartitionsRequest,
+    known: Mapping[str, TopicPlacement] | None = None,
+) -> ErrorCode:
+    """Grow the topic to ``total_partitions``, the new ones on ``broker``; ``known`` is a cached
+    view of the topics to try before asking the store."""
+    placement = None if known is None else known.get(message.topic)
+    if placement is None:
+        placement = (await store.topics()).get(message.topic)
+    if placement is None:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    added = message.total_partitions - placement.partition_count
+    if added < 1:
+        return ErrorCode.INVALID_PARTITIONS
+    try:
+        await store.add_partitions(message.topic, (broker.broker_id,) * added)
+    except UnknownTopic:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    except InvalidPartitions:
+        return ErrorCode.INVALID_PARTITIONS
+    return ErrorCode.NONE
 
 
 def _valid_topic_name(name: str) -> bool:

@@ -10,6 +10,7 @@ a clock.
 from __future__ import annotations
 
 import enum
+import math
 
 import attrs
 
@@ -160,6 +161,9 @@ class MemberMachine:
     member_id: str
     timeouts: MemberTimeouts
     last_heard: float
+    #: When the coordinator last sent the member a request. The member may have received it
+    #: even if its answer is lost, and each request it receives renews its lease.
+    last_sent: float = -math.inf
     state: MemberState = MemberState.REGISTERED
     generation: int = -1
     missed: int = 0
@@ -171,11 +175,15 @@ class MemberMachine:
             return []
         effects: list[Effect] = []
         match event:
-            case StopFetcherSent(generation=generation):
+            case StopFetcherSent(generation=generation, now=now):
                 self.generation = generation
                 self.stop_answered = False
-            case StartFetcherSent(generation=generation):
+                self._sent(now)
+            case StartFetcherSent(generation=generation, now=now):
                 self.generation = generation
+                self._sent(now)
+            case PingSent(now=now):
+                self._sent(now)
             case StopFetcherAnswered(now=now):
                 self.stop_answered = True
                 self._heard(now)
@@ -200,8 +208,16 @@ class MemberMachine:
         return self.state is not MemberState.DEAD
 
     def lease_end(self) -> float:
-        """The latest instant the member may still be fetching if it has heard nothing since."""
-        return self.last_heard + self.timeouts.session_timeout + self.timeouts.lease_margin
+        """The latest instant the member may still be fetching if it has heard nothing since.
+
+        Its lease runs from the last request it received, which may be later than its last
+        answer that arrived (a request got through, its answer did not): so count from the
+        last request sent, or the last answer if that came later."""
+        last_contact = max(self.last_heard, self.last_sent)
+        return last_contact + self.timeouts.session_timeout + self.timeouts.lease_margin
+
+    def _sent(self, now: float) -> None:
+        self.last_sent = max(self.last_sent, now)
 
     def _heard(self, now: float) -> None:
         self.last_heard = max(self.last_heard, now)

@@ -95,6 +95,7 @@ class EmbeddedStore:
     _topics: TopicsView
     _topic_watch: trio_util.AsyncValue[TopicsView | None]
     _office_epoch: int | None = None
+    _office_broker: int | None = None
     _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
     _closed: bool = False
 
@@ -143,7 +144,12 @@ class EmbeddedStore:
         epoch = self._state.last_epoch + 1
         self._write(office_entry(epoch, broker_id))
         self._office_epoch = epoch
+        self._office_broker = broker_id
         return epoch
+
+    async def coordinator_id(self) -> int | None:
+        await self._enter()
+        return self._office_broker
 
     async def groups(self) -> Mapping[str, GroupRecord]:
         await self._enter()

@@ -190,8 +190,13 @@ class MetadataStore(Protocol):
         """Become the coordinator and return the new epoch.
 
         The epoch is strictly larger than any this store ever returned, across restarts; every
-        earlier epoch is fenced from then on.
+        earlier epoch is fenced from then on. On a shared store (ZooKeeper) this waits, for as
+        long as the caller lets it, until no other broker holds the office.
         """
+        ...
+
+    async def coordinator_id(self) -> int | None:
+        """The broker that holds the coordinator office now; None while nobody does."""
         ...
 
     async def groups(self) -> Mapping[str, GroupRecord]: ...

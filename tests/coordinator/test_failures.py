@@ -1,7 +1,7 @@
 """Failure paths of seed 01 §8-§9 on the autojump clock, with exact virtual times.
 
 Every test uses a session timeout T = 6 s: Pings every 2 s, each due within 4 s, one miss kills,
-and a silent member's partitions wait T + 0.5 s after it was last heard from.
+and a silent member's partitions wait T + 0.5 s after the last request sent to it.
 """
 
 from pathlib import Path
@@ -44,16 +44,17 @@ async def test_a_silent_consumer_dies_two_thirds_t_after_its_unanswered_ping(
         await _wait_departure(cluster, "g")
         assert trio.current_time() == 12.0 + 4.0
         await cluster.wait_stable("g", members=1)
-        # a's lease: its last request arrived at 10.0, so it could fetch until 16.0, and the
-        # coordinator waits until last heard (10.0) + T + margin before starting its partitions.
-        assert trio.current_time() == 16.5
+        # a's lease: its last request arrived at 10.0, so it could fetch until 16.0. The
+        # coordinator cannot tell whether the Ping of 12.0 arrived (a lost answer looks the
+        # same), so it waits until that last request sent + T + margin before starting them.
+        assert trio.current_time() == 18.5
         assert b.owned == ALL
         starts = {
             i.partition: i.start
             for i in cluster.ledger.intervals(trio.current_time())
             if i.consumer_id == "b" and i.partition in a_partitions
         }
-        assert starts == dict.fromkeys(a_partitions, 16.5)
+        assert starts == dict.fromkeys(a_partitions, 18.5)
         await a.fetching_state.wait_value(False)  # a resumes, finds its lease expired, stops
         assert trio.current_time() == 70.5
         cluster.ledger.check()
@@ -80,8 +81,9 @@ async def test_a_death_during_a_rebalance_cancels_it_and_the_next_one_succeeds(
         a, b = await _pair(cluster)
         c = await cluster.start_consumer("c", group="g", topics={"events": 1})
         assert await cluster.wait_stable("g", members=3) == 2
-        await trio.sleep_until(10.0)
+        await trio.sleep_until(9.5)  # between two Pings, so the delay applies to the next one
         b.answer_slowly(1.0)
+        await trio.sleep_until(10.0)
         d = await cluster.start_consumer("d", group="g", topics={"events": 1})  # attempt 3 begins
         await trio.sleep_until(10.5)  # b has not answered StopFetcher yet
         group = cluster.coordinator.groups["g"]
@@ -97,8 +99,9 @@ async def test_a_death_during_a_rebalance_cancels_it_and_the_next_one_succeeds(
         assert a.owned | b.owned | d.owned == ALL
         assert (group.attempts, group.completed) == (4, 3)
         # b reads one request at a time and answers each 1 s later. Its queue: the Ping of 10.0
-        # (answered 11.0), attempt 3's StopFetcher (12.0, stale and dropped), attempt 4's
-        # StopFetcher sent at 10.5 (13.0), the Ping of 12.0 (14.0), StartFetcher (15.0).
+        # and attempt 3's StopFetcher, both sent at 10.0 in either order (answered at 11.0 and
+        # 12.0; the stale StopFetcher answer is dropped), attempt 4's StopFetcher sent at 10.5
+        # (13.0), the Ping of 12.0 (14.0), and StartFetcher, sent at 13.0 (15.0).
         assert trio.current_time() == 15.0
         cluster.ledger.check()
 
@@ -136,12 +139,13 @@ async def test_an_unanswered_stop_fetcher_kills_its_member_and_the_rebalance_goe
         b.freeze(60)
         c = await cluster.start_consumer("c", group="g", topics={"events": 1})
         group = cluster.coordinator.groups["g"]
-        assert group.status.value == (GroupState.STOPPING, 2)
+        await group.status.wait_value((GroupState.STOPPING, 2))
+        assert trio.current_time() == 10.5
         # StopFetcher sent at 10.5 is due at 14.5: b dies then, before its Ping of 12.0 is due
         await _wait_departure(cluster, "g")
         assert trio.current_time() == 14.5
         assert await cluster.wait_stable("g", members=2) == 3
-        assert trio.current_time() == 10.0 + 6.0 + 0.5  # b's lease, as it was last heard at 10.0
+        assert trio.current_time() == 12.0 + 6.0 + 0.5  # the Ping of 12.0 may have reached b
         assert a.owned | c.owned == ALL
         cluster.ledger.check()
 
@@ -165,4 +169,27 @@ async def test_a_failed_attempt_backs_off_and_retries_until_it_succeeds(
         assert trio.current_time() == 16.5
         assert (group.attempts, group.completed) == (3, 2)
         assert a.owned | b.owned | c.owned == ALL
+        cluster.ledger.check()
+
+
+async def test_several_members_dying_at_once_during_a_rebalance_leave_the_coordinator_serving(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=6)
+        members = {
+            name: await cluster.start_consumer(name, group="g", topics={"events": 1})
+            for name in "abcd"
+        }
+        assert await cluster.wait_stable("g", members=4) == 1
+        await trio.sleep_until(9.5)
+        members["b"].answer_slowly(1.0)
+        await trio.sleep_until(10.0)
+        e = await cluster.start_consumer("e", group="g", topics={"events": 1})
+        group = cluster.coordinator.groups["g"]
+        await group.status.wait_value((GroupState.STOPPING, 2))
+        for name in "acd":  # all at the same instant, while b holds the attempt up
+            await members[name].kill()
+        assert await cluster.wait_stable("g", members=2) == 3
+        assert members["b"].owned | e.owned == ALL
         cluster.ledger.check()

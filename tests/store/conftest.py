@@ -13,6 +13,10 @@ from contextlib import AbstractAsyncContextManager
 import pytest
 
 from coordinator.store import MetadataStore, open_embedded_store
+from coordinator.store.zookeeper import open_zookeeper_store
+from tests.support.zookeeper_fixtures import zookeeper, zookeeper_hosts
+
+__all__ = ["zookeeper", "zookeeper_hosts"]  # fixtures the ZooKeeper kind needs
 
 StoreOpener = Callable[[], AbstractAsyncContextManager[MetadataStore]]
 
@@ -22,12 +26,27 @@ def _embedded(request: pytest.FixtureRequest) -> StoreOpener:
     return lambda: open_embedded_store(data_dir)
 
 
+def _zookeeper(request: pytest.FixtureRequest) -> StoreOpener:
+    """A real standalone ZooKeeper, a chroot per test; each open is a new session."""
+    hosts = request.getfixturevalue("zookeeper_hosts")
+    return lambda: open_zookeeper_store(hosts)
+
+
 STORE_KINDS: dict[str, Callable[[pytest.FixtureRequest], StoreOpener]] = {
     "embedded": _embedded,
+    "zookeeper": _zookeeper,
 }
 
+#: Kinds that run on real servers and the real clock.
+REALTIME_KINDS = {"zookeeper"}
 
-@pytest.fixture(params=sorted(STORE_KINDS))
+
+@pytest.fixture(
+    params=[
+        pytest.param(kind, marks=[pytest.mark.realtime] if kind in REALTIME_KINDS else [])
+        for kind in sorted(STORE_KINDS)
+    ]
+)
 def store_factory(request: pytest.FixtureRequest) -> StoreOpener:
     return STORE_KINDS[request.param](request)
 

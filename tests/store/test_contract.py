@@ -232,6 +232,14 @@ async def test_epochs_increase_strictly_across_reopens(store_factory: StoreOpene
     assert epochs == sorted(set(epochs))
 
 
+async def test_the_coordinator_is_whoever_took_office(store: MetadataStore) -> None:
+    assert await store.coordinator_id() is None
+    await store.take_office(2)
+    assert await store.coordinator_id() == 2
+    await store.take_office(3)
+    assert await store.coordinator_id() == 3
+
+
 async def test_writes_before_taking_office_are_fenced(store: MetadataStore) -> None:
     for epoch in (0, 1, -1):
         with pytest.raises(EpochFenced):

@@ -1,0 +1,20 @@
+"""The trio client library: the producer and the group consumer (seed 03)."""
+
+from .client import CommitFailed, Consumer, ConsumerSettings, RebalanceCallback, open_consumer
+from .producer import Delivery, ProduceError, Producer, ProducerConfig, open_producer
+from .streams import ConsumerRecord, RecordStream
+
+__all__ = [
+    "CommitFailed",
+    "Consumer",
+    "ConsumerRecord",
+    "ConsumerSettings",
+    "Delivery",
+    "ProduceError",
+    "Producer",
+    "ProducerConfig",
+    "RebalanceCallback",
+    "RecordStream",
+    "open_consumer",
+    "open_producer",
+]

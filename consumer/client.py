@@ -1,0 +1,684 @@
+"""The consumer an application embeds (seed 03), performing the effects of the consumer machine.
+
+:class:`statemachine.consumer.ConsumerMachine` decides everything: when to discover, register,
+stop, start, answer and close, and when the ownership lease runs out. This module owns the tasks
+that do it, in the manner of a trio driver around a sans-IO core:
+
+* one **driver** task feeds the machine one input at a time and performs the effects in order.
+  It waits for the next input no later than the machine's ``lease_deadline()`` and then calls
+  ``check_lease`` (the lease timer); the fetchers also check the lease themselves before every
+  request, so they stop at the deadline even if the driver is busy;
+* a **discovery** task per :class:`~statemachine.consumer.Discover` effect (one round-robin pass);
+* a **session** per :class:`~statemachine.consumer.Register` effect: the coordinator connection,
+  its reader and the registration. Every input carries the session or discovery it came from, and
+  inputs from one that the machine has since closed are dropped, so a late answer from an old
+  connection can never reach the machine;
+* the **fetchers** (:mod:`consumer.fetcher`), one per assigned partition, feeding the streams
+  (:mod:`consumer.streams`, which also defines when a record counts as consumed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import TypeAlias
+
+import attrs
+import trio
+from trio_util import AsyncValue
+
+from coordinator.channel import Channel, ChannelClosed
+from coordinator.client import Connector, parse_bootstrap
+from protocol import (
+    AssignedStream,
+    ErrorCode,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    PingRequest,
+    PingResponse,
+    RegisterConsumerRequest,
+    RegisterConsumerResponse,
+    RemoteProtocolError,
+    Request,
+    ResponseMessage,
+    Role,
+    StartFetcherRequest,
+    StartFetcherResponse,
+    StopFetcherRequest,
+    StopFetcherResponse,
+)
+from protocol.types import BrokerInfo, PartitionOffset, Subscription, TopicPartition, TopicStreams
+from statemachine import consumer as sm
+
+from .discovery import Discovery
+from .fetcher import BrokerConnections, FetchSettings, run_fetcher
+from .streams import ConsumerRecord, PartitionClaim, RecordStream
+
+__all__ = ["CommitFailed", "Consumer", "ConsumerSettings", "RebalanceCallback", "open_consumer"]
+
+log = logging.getLogger(__name__)
+
+RebalanceCallback = Callable[[frozenset[TopicPartition]], Awaitable[None]]
+"""Called with the partitions revoked (fetchers already stopped, before the coordinator is told)
+or assigned (fetchers started). Awaited by the driver: the coordinator expects the answer within
+2/3 of the session timeout, so keep it short."""
+
+OFFSET_RESETS = ("smallest", "largest")
+
+
+@attrs.frozen(kw_only=True)
+class ConsumerSettings:
+    session_timeout: float = attrs.field(default=6.0, validator=attrs.validators.gt(0))
+    """T, in seconds: the coordinator declares us dead after missed pings, and we stop fetching
+    once we have not heard from it for T (the ownership lease)."""
+    auto_commit: bool = True
+    """Report consumed offsets in Ping and StopFetcher responses, and commit on close."""
+    auto_offset_reset: str = attrs.field(
+        default="smallest", validator=attrs.validators.in_(OFFSET_RESETS)
+    )
+    """Where to start a partition with no committed offset, or whose offset is out of range."""
+    client_id: str = "consumer"
+    retry_backoff: float = 0.1
+    max_retry_backoff: float = 5.0
+    request_timeout: float = 5.0
+    """Bound on each discovery, registration, commit and LeaveGroup round trip."""
+    fetch_max_bytes: int = 1024 * 1024
+    fetch_idle_interval: float = 0.1
+    max_buffered_records: int = 1000
+    """Per stream: fetchers wait while this many records wait for the application."""
+    max_frame_size: int = 4 * 1024 * 1024
+
+
+class CommitFailed(Exception):
+    def __init__(self, error_code: ErrorCode, message: str = "") -> None:
+        self.error_code = error_code
+        super().__init__(message or error_code.name)
+
+
+# --- what the driver's inputs come from ---------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Session:
+    """One coordinator connection, from Register to CloseConnection."""
+
+    coordinator: BrokerInfo
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    channel: Channel | None = None
+    registered: trio.Event = attrs.field(factory=trio.Event)
+    requests: dict[int, Request] = attrs.field(factory=dict)
+
+
+@attrs.define(eq=False)
+class _DiscoveryRun:
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+
+@attrs.define(eq=False)
+class _FetchRun:
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+
+_Source: TypeAlias = _Session | _DiscoveryRun | None
+"""None: the application (Close)."""
+
+
+@attrs.define(eq=False, repr=False)
+class Consumer:
+    """A member of a consumer group. Create it with :func:`open_consumer`."""
+
+    group_id: str
+    member_id: str
+    subscription: Subscription
+    settings: ConsumerSettings
+    streams: tuple[RecordStream, ...]
+    """Named topics: ``streams_for(topic)``; a wildcard: every stream takes every matching topic."""
+    machine: sm.ConsumerMachine
+    assignment: AsyncValue[frozenset[TopicPartition]]
+    """The partitions being fetched now (empty while stopped); wait on it with ``wait_value``."""
+    _nursery: trio.Nursery
+    _connect: Connector
+    _discovery: Discovery
+    _brokers: BrokerConnections
+    _on_revoked: RebalanceCallback | None
+    _on_assigned: RebalanceCallback | None
+    _send: trio.MemorySendChannel[tuple[_Source, sm.Input]]
+    _receive: trio.MemoryReceiveChannel[tuple[_Source, sm.Input]]
+    _session: _Session | None = None
+    _discovery_run: _DiscoveryRun | None = None
+    _fetch_run: _FetchRun | None = None
+    _claims: dict[TopicPartition, PartitionClaim] = attrs.field(factory=dict)
+    _close_requested: bool = False
+    _stopped: trio.Event = attrs.field(factory=trio.Event)
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.member_id} of {self.group_id}: {self.machine.state.value}>"
+
+    # --- the application's API ------------------------------------------------------------------
+
+    @property
+    def state(self) -> sm.ConsumerState:
+        return self.machine.state
+
+    @property
+    def generation(self) -> int:
+        return self.machine.generation
+
+    @property
+    def last_heard(self) -> float | None:
+        """When the coordinator was last heard from (trio time): the lease runs T from here."""
+        return self.machine.last_heard
+
+    @property
+    def last_error(self) -> ErrorCode | None:
+        """The latest registration or coordinator error, kept across retries."""
+        return self.machine.last_error
+
+    def streams_for(self, topic: str) -> tuple[RecordStream, ...]:
+        return tuple(s for s in self.streams if s.topic == topic)
+
+    def mark(self, record: ConsumerRecord) -> None:
+        """The application has finished ``record`` and every earlier record of its partition."""
+        record.finish()
+
+    def consumed_offsets(self) -> dict[TopicPartition, int]:
+        """The next offset to read of each partition fetched now, as the application finished
+        them: what a commit would send."""
+        return {
+            tp: claim.consumed
+            for tp, claim in self._claims.items()
+            if claim.active and claim.consumed is not None
+        }
+
+    async def commit(self) -> None:
+        """OffsetCommit the consumed offsets now, answered once durable at the coordinator.
+
+        A no-op when nothing is assigned. Raises CommitFailed when not registered, or when the
+        coordinator refuses (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID after a rebalance moved on;
+        NOT_COORDINATOR, which also sends the consumer looking for the coordinator)."""
+        offsets = self._offsets(tuple(self._claims))
+        if not offsets:
+            return
+        session = self._session
+        if session is None or session.channel is None or not session.registered.is_set():
+            raise CommitFailed(ErrorCode.COORDINATOR_NOT_AVAILABLE, "not registered")
+        request = OffsetCommitRequest(
+            group_id=self.group_id,
+            consumer_id=self.member_id,
+            generation=self.machine.generation,
+            offsets=offsets,
+        )
+        response: ResponseMessage | None = None
+        with trio.move_on_after(self.settings.request_timeout):
+            try:
+                response = await session.channel.request(request)
+            except ChannelClosed as exc:
+                raise CommitFailed(ErrorCode.COORDINATOR_NOT_AVAILABLE, str(exc)) from exc
+        if response is None:
+            raise CommitFailed(ErrorCode.COORDINATOR_NOT_AVAILABLE, "no answer in time")
+        assert isinstance(response, OffsetCommitResponse)
+        code = response.error_code
+        if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS):
+            moved = sm.CoordinatorMoved(now=trio.current_time(), error_code=code)
+            await self._send.send((session, moved))
+        if code is not ErrorCode.NONE:
+            raise CommitFailed(code)
+
+    async def aclose(self) -> None:
+        """Stop the fetchers, commit (with auto_commit), LeaveGroup, close. Idempotent."""
+        if not self._close_requested and not self._stopped.is_set():
+            await self._send.send((None, sm.Close()))
+            self._close_requested = True  # only once sent: a cancelled send must not count
+        await self._stopped.wait()
+
+    # --- the driver -----------------------------------------------------------------------------
+
+    async def _drive(self) -> None:
+        try:
+            await self._perform(self.machine.handle(sm.Start()))
+            while self.machine.state is not sm.ConsumerState.CLOSED:
+                deadline = self.machine.lease_deadline()
+                item: tuple[_Source, sm.Input] | None = None
+                with trio.move_on_at(math.inf if deadline is None else deadline):
+                    item = await self._receive.receive()
+                if item is None:
+                    await self._perform(self.machine.check_lease(trio.current_time()))
+                    continue
+                source, event = item
+                if not self._is_current(source):
+                    continue
+                if source is self._discovery_run:
+                    self._discovery_run = None  # its one result is in
+                if isinstance(event, sm.CoordinatorMoved) and not sm.TABLE.allows(
+                    self.machine.state, sm.CoordinatorMoved
+                ):
+                    continue  # a commit answered after the machine had moved on
+                await self._perform(self.machine.handle(event))
+        finally:
+            for stream in self.streams:
+                stream.close()
+            self._stopped.set()
+
+    def _is_current(self, source: _Source) -> bool:
+        if source is None:
+            return True
+        if isinstance(source, _Session):
+            return source is self._session
+        return source is self._discovery_run
+
+    async def _perform(self, effects: list[sm.Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case sm.Discover(delay=delay):
+                    run = self._discovery_run = _DiscoveryRun()
+                    self._nursery.start_soon(self._discover, run, delay)
+                case sm.Register() as register:
+                    session = self._session = _Session(coordinator=register.coordinator)
+                    self._nursery.start_soon(self._run_session, session, register)
+                case sm.StopFetchers():
+                    await self._stop_fetchers()
+                case sm.StartFetchers(generation=generation, streams=streams):
+                    await self._start_fetchers(generation, streams)
+                case sm.RespondPing(correlation_id=cid, partitions=partitions):
+                    await self._respond(
+                        cid,
+                        PingResponse(
+                            error_code=ErrorCode.NONE,
+                            consumer_id=self.member_id,
+                            offsets=self._reported(partitions),
+                        ),
+                    )
+                case sm.RespondStop(correlation_id=cid, partitions=partitions):
+                    await self._respond(
+                        cid,
+                        StopFetcherResponse(
+                            error_code=ErrorCode.NONE,
+                            consumer_id=self.member_id,
+                            offsets=self._reported(partitions),
+                        ),
+                    )
+                case sm.RespondStart(correlation_id=cid):
+                    await self._respond(
+                        cid,
+                        StartFetcherResponse(error_code=ErrorCode.NONE, consumer_id=self.member_id),
+                    )
+                case sm.CommitAndLeave(generation=generation, partitions=partitions):
+                    await self._commit_and_leave(generation, partitions)
+                case sm.CloseConnection():
+                    await self._close_session()
+                case sm.Ignored(event=event, reason=reason):
+                    log.debug("%s: ignored %s: %s", self.member_id, type(event).__name__, reason)
+
+    # --- discovery and the coordinator session --------------------------------------------------
+
+    async def _discover(self, run: _DiscoveryRun, delay: float) -> None:
+        with run.scope:
+            await trio.sleep(delay)
+            found = await self._discovery.find()
+            now = trio.current_time()
+            if found is None:
+                await self._send.send((run, sm.DiscoveryFailed(now=now)))
+                return
+            self._brokers.update(found.brokers)
+            event = sm.CoordinatorFound(now=now, coordinator=found.coordinator, epoch=found.epoch)
+            await self._send.send((run, event))
+
+    async def _run_session(self, session: _Session, register: sm.Register) -> None:
+        with session.scope:
+            async with trio.open_nursery() as nursery:
+                event = await self._register(session, register, nursery)
+                await self._send.send((session, event))
+                session.registered.set()  # lets the reader pass on coordinator requests
+
+    async def _register(
+        self, session: _Session, register: sm.Register, nursery: trio.Nursery
+    ) -> sm.Input:
+        coordinator = register.coordinator
+        with trio.move_on_after(self.settings.request_timeout):
+            try:
+                stream = await self._connect(coordinator.host, coordinator.port)
+            except OSError as exc:
+                log.info("%s: cannot reach the coordinator: %s", self.member_id, exc)
+                return sm.ConnectionLost(now=trio.current_time())
+            channel = session.channel = Channel.open(
+                stream,
+                Role.CONSUMER,
+                client_id=self.settings.client_id,
+                max_frame_size=self.settings.max_frame_size,
+            )
+            nursery.start_soon(self._read, session, channel)
+            request = RegisterConsumerRequest(
+                group_id=self.group_id,
+                consumer_id=self.member_id,
+                subscription=self.subscription,
+                auto_commit=self.settings.auto_commit,
+                auto_offset_reset=self.settings.auto_offset_reset,
+                session_timeout_ms=round(self.settings.session_timeout * 1000),
+                generation=register.generation,
+                owned_partitions=register.owned,
+            )
+            try:
+                response = await channel.request(request)
+            except ChannelClosed:
+                return sm.ConnectionLost(now=trio.current_time())
+            assert isinstance(response, RegisterConsumerResponse)
+            now = trio.current_time()
+            if response.error_code is ErrorCode.NONE:
+                log.info("%s: registered with broker %d", self.member_id, coordinator.broker_id)
+                return sm.Registered(
+                    now=now, generation=response.generation, epoch=response.coordinator_epoch
+                )
+            log.info("%s: registration refused: %s", self.member_id, response.error_code.name)
+            return sm.RegistrationRejected(now=now, error_code=response.error_code)
+        log.info("%s: no registration answer in time", self.member_id)
+        return sm.ConnectionLost(now=trio.current_time())
+
+    async def _read(self, session: _Session, channel: Channel) -> None:
+        async def on_request(request: Request) -> None:
+            now = trio.current_time()
+            await session.registered.wait()
+            session.requests[request.correlation_id] = request
+            await self._send.send((session, self._coordinator_input(request, now)))
+
+        try:
+            await channel.run(on_request)
+        except RemoteProtocolError as exc:
+            log.warning("%s: the coordinator broke the protocol: %s", self.member_id, exc)
+        await self._send.send((session, sm.ConnectionLost(now=trio.current_time())))
+
+    def _coordinator_input(self, request: Request, now: float) -> sm.Input:
+        cid = request.correlation_id
+        match request.message:
+            case PingRequest() as ping:
+                return sm.PingReceived(
+                    now=now,
+                    correlation_id=cid,
+                    epoch=ping.coordinator_epoch,
+                    generation=ping.generation,
+                )
+            case StopFetcherRequest() as stop:
+                return sm.StopFetcherReceived(
+                    now=now,
+                    correlation_id=cid,
+                    epoch=stop.coordinator_epoch,
+                    generation=stop.generation,
+                )
+            case StartFetcherRequest() as start:
+                self._brokers.update(start.brokers)
+                return sm.StartFetcherReceived(
+                    now=now,
+                    correlation_id=cid,
+                    epoch=start.coordinator_epoch,
+                    generation=start.generation,
+                    streams=start.streams,
+                )
+        raise AssertionError(f"the protocol let {request.message!r} through to a consumer")
+
+    async def _respond(self, correlation_id: int, message: ResponseMessage) -> None:
+        session = self._session
+        assert session is not None and session.channel is not None
+        request = session.requests.pop(correlation_id)
+        with contextlib.suppress(ChannelClosed):  # the reader reports the lost connection
+            await session.channel.respond(request, message)
+
+    async def _close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is None:
+            return
+        session.scope.cancel()
+        if session.channel is not None:
+            with trio.CancelScope(shield=True):
+                await session.channel.aclose()
+
+    async def _commit_and_leave(
+        self, generation: int, partitions: tuple[TopicPartition, ...]
+    ) -> None:
+        session = self._session
+        if session is None or session.channel is None:
+            return
+        channel = session.channel
+        offsets = self._reported(partitions)
+        with trio.move_on_after(self.settings.request_timeout):
+            try:
+                if offsets:
+                    commit = OffsetCommitRequest(
+                        group_id=self.group_id,
+                        consumer_id=self.member_id,
+                        generation=generation,
+                        offsets=offsets,
+                    )
+                    response = await channel.request(commit)
+                    assert isinstance(response, OffsetCommitResponse)
+                    if response.error_code is not ErrorCode.NONE:
+                        log.warning(
+                            "%s: final commit refused: %s",
+                            self.member_id,
+                            response.error_code.name,
+                        )
+                leave = LeaveGroupRequest(
+                    group_id=self.group_id, consumer_id=self.member_id, generation=generation
+                )
+                answer = await channel.request(leave)
+                assert isinstance(answer, LeaveGroupResponse)
+            except ChannelClosed:
+                log.info("%s: the coordinator connection closed while leaving", self.member_id)
+
+    # --- fetchers -------------------------------------------------------------------------------
+
+    async def _start_fetchers(self, generation: int, assigned: tuple[AssignedStream, ...]) -> None:
+        claims: dict[TopicPartition, PartitionClaim] = {}
+        work: list[tuple[PartitionClaim, RecordStream]] = []
+        by_stream: dict[int, list[PartitionClaim]] = {id(s): [] for s in self.streams}
+        for assigned_stream in assigned:
+            for p in assigned_stream.partitions:
+                tp = TopicPartition(topic=p.topic, partition=p.partition)
+                stream = self._route(assigned_stream.stream_id, p.topic)
+                if stream is None:
+                    log.error(
+                        "%s: no stream %s for %s", self.member_id, assigned_stream.stream_id, tp
+                    )
+                    continue
+                claim = PartitionClaim(
+                    partition=tp,
+                    generation=generation,
+                    broker_id=p.broker_id,
+                    position=p.offset,
+                    consumed=p.offset if p.offset >= 0 else None,
+                )
+                claims[tp] = claim
+                by_stream[id(stream)].append(claim)
+                work.append((claim, stream))
+        for stream in self.streams:
+            stream.assign(by_stream[id(stream)])
+        self._claims = claims
+        run = self._fetch_run = _FetchRun()
+        self._nursery.start_soon(self._run_fetchers, run, work)
+        assigned_partitions = frozenset(claims)
+        self.assignment.value = assigned_partitions
+        log.info(
+            "%s: generation %d, fetching %d partitions",
+            self.member_id,
+            generation,
+            len(assigned_partitions),
+        )
+        if self._on_assigned is not None:
+            await self._on_assigned(assigned_partitions)
+
+    def _route(self, stream_id: str, topic: str) -> RecordStream | None:
+        prefix, _, index = stream_id.rpartition("-")
+        if prefix != self.member_id or not index.isdigit():
+            return None
+        wanted = None if self.subscription.is_wildcard else topic
+        return next((s for s in self.streams if s.index == int(index) and s.topic == wanted), None)
+
+    async def _run_fetchers(
+        self, run: _FetchRun, work: list[tuple[PartitionClaim, RecordStream]]
+    ) -> None:
+        settings = FetchSettings(
+            auto_offset_reset=self.settings.auto_offset_reset,
+            max_bytes=self.settings.fetch_max_bytes,
+            idle_interval=self.settings.fetch_idle_interval,
+            retry_backoff=self.settings.retry_backoff,
+            request_timeout=self.settings.request_timeout,
+        )
+        try:
+            with run.scope:
+                async with trio.open_nursery() as nursery:
+                    for claim, stream in work:
+                        nursery.start_soon(
+                            run_fetcher,
+                            claim,
+                            stream,
+                            self._brokers,
+                            settings,
+                            self.machine.lease_deadline,
+                        )
+        finally:
+            run.done.set()
+
+    async def _stop_fetchers(self) -> None:
+        run, self._fetch_run = self._fetch_run, None
+        for claim in self._claims.values():
+            claim.active = False
+        for stream in self.streams:
+            stream.drop_inactive()
+        if run is not None:
+            run.scope.cancel()
+            with trio.CancelScope(shield=True):
+                await run.done.wait()
+        revoked = frozenset(self._claims)
+        self.assignment.value = frozenset()
+        log.info("%s: stopped fetching %d partitions", self.member_id, len(revoked))
+        if revoked and self._on_revoked is not None:
+            await self._on_revoked(revoked)
+
+    # --- offsets --------------------------------------------------------------------------------
+
+    def _offsets(self, partitions: Sequence[TopicPartition]) -> tuple[PartitionOffset, ...]:
+        offsets = []
+        for tp in sorted(partitions):
+            claim = self._claims.get(tp)
+            if claim is not None and claim.consumed is not None:
+                offsets.append(
+                    PartitionOffset(topic=tp.topic, partition=tp.partition, offset=claim.consumed)
+                )
+        return tuple(offsets)
+
+    def _reported(self, partitions: Sequence[TopicPartition]) -> tuple[PartitionOffset, ...]:
+        """What Ping and StopFetcher responses carry: nothing without auto-commit."""
+        return self._offsets(partitions) if self.settings.auto_commit else ()
+
+
+def _subscription(
+    topics: Mapping[str, int] | None, pattern: str | None, streams: int, blacklist: bool
+) -> Subscription:
+    if (topics is None) == (pattern is None):
+        raise ValueError("give either topics={topic: streams} or pattern=...")
+    if topics is not None:
+        if not topics or any(n < 1 for n in topics.values()):
+            raise ValueError("every topic needs at least one stream")
+        return Subscription(
+            topics=tuple(TopicStreams(topic=t, streams=n) for t, n in sorted(topics.items()))
+        )
+    if streams < 1:
+        raise ValueError("a wildcard subscription needs at least one stream")
+    return Subscription(pattern=pattern, pattern_is_blacklist=blacklist, pattern_streams=streams)
+
+
+async def _open_tcp(host: str, port: int) -> trio.abc.Stream:
+    return await trio.open_tcp_stream(host, port)
+
+
+@asynccontextmanager
+async def open_consumer(
+    bootstrap: str | Sequence[tuple[str, int]],
+    group_id: str,
+    *,
+    topics: Mapping[str, int] | None = None,
+    pattern: str | None = None,
+    pattern_streams: int = 1,
+    pattern_is_blacklist: bool = False,
+    consumer_id: str | None = None,
+    settings: ConsumerSettings | None = None,
+    on_revoked: RebalanceCallback | None = None,
+    on_assigned: RebalanceCallback | None = None,
+    connect: Connector | None = None,
+) -> AsyncIterator[Consumer]:
+    """Join ``group_id`` and fetch what the coordinator assigns, until the block ends.
+
+    ``topics={"t": 2}`` gives two streams over t's partitions (``consumer.streams_for("t")``);
+    ``pattern=`` subscribes to every topic whose whole name matches the regular expression (or,
+    with ``pattern_is_blacklist``, does not), with ``pattern_streams`` streams shared by all of
+    them. The consumer id is ``f"{client_id}-{12 hex digits}"`` unless given. Leaving the block
+    closes gracefully: fetchers stop, offsets are committed (with auto_commit), and LeaveGroup
+    lets the group rebalance at once instead of after a failure detection.
+    """
+    settings = settings or ConsumerSettings()
+    subscription = _subscription(topics, pattern, pattern_streams, pattern_is_blacklist)
+    member_id = consumer_id or f"{settings.client_id}-{uuid.uuid4().hex[:12]}"
+    connect = connect or _open_tcp
+    if topics is not None:
+        streams = tuple(
+            RecordStream(index=i, topic=topic, max_buffered=settings.max_buffered_records)
+            for topic, n in sorted(topics.items())
+            for i in range(n)
+        )
+    else:
+        streams = tuple(
+            RecordStream(index=i, topic=None, max_buffered=settings.max_buffered_records)
+            for i in range(pattern_streams)
+        )
+    machine = sm.ConsumerMachine(
+        config=sm.ConsumerConfig(
+            session_timeout=settings.session_timeout,
+            retry_backoff=settings.retry_backoff,
+            max_retry_backoff=settings.max_retry_backoff,
+        )
+    )
+    send, receive = trio.open_memory_channel[tuple[_Source, sm.Input]](64)
+    async with trio.open_nursery() as nursery:
+        consumer = Consumer(
+            group_id=group_id,
+            member_id=member_id,
+            subscription=subscription,
+            settings=settings,
+            streams=streams,
+            machine=machine,
+            assignment=AsyncValue(frozenset()),
+            nursery=nursery,
+            connect=connect,
+            discovery=Discovery(
+                group_id=group_id,
+                addresses=(
+                    parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
+                ),
+                connect=connect,
+                client_id=settings.client_id,
+                max_frame_size=settings.max_frame_size,
+                request_timeout=settings.request_timeout,
+            ),
+            brokers=BrokerConnections(
+                nursery=nursery,
+                connect=connect,
+                client_id=settings.client_id,
+                max_frame_size=settings.max_frame_size,
+            ),
+            on_revoked=on_revoked,
+            on_assigned=on_assigned,
+            send=send,
+            receive=receive,
+        )
+        nursery.start_soon(consumer._drive)
+        try:
+            yield consumer
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2 * settings.request_timeout):
+                await consumer.aclose()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,102 @@
+"""Finding the group's coordinator: seed 03's round robin over the known brokers.
+
+The known brokers start as the bootstrap list and grow with every ClusterMetadata answer. Each
+:meth:`Discovery.find` is one pass, starting after the broker the previous pass started from, so a
+dead first broker is not asked first every time; the consumer machine decides the backoff between
+passes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import trio
+
+from coordinator.channel import ChannelClosed
+from coordinator.client import Connector, open_channel
+from protocol import ClusterMetadataRequest, ClusterMetadataResponse, ErrorCode, RemoteProtocolError
+from protocol.types import BrokerInfo
+
+__all__ = ["Discovery", "Found"]
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+
+
+@attrs.frozen(kw_only=True)
+class Found:
+    coordinator: BrokerInfo
+    epoch: int
+    brokers: tuple[BrokerInfo, ...]
+
+
+@attrs.define(eq=False)
+class Discovery:
+    group_id: str
+    addresses: list[Address]
+    connect: Connector
+    client_id: str
+    max_frame_size: int
+    request_timeout: float
+    _next: int = 0
+
+    async def find(self) -> Found | None:
+        """One round-robin pass: the first broker that names a coordinator it also lists wins."""
+        start = self._next
+        self._next = (self._next + 1) % len(self.addresses)
+        for i in range(len(self.addresses)):
+            host, port = self.addresses[(start + i) % len(self.addresses)]
+            response = await self._ask(host, port)
+            if response is None:
+                continue
+            self._learn(response.brokers)
+            if response.error_code is not ErrorCode.NONE:
+                log.info("%s:%d: no coordinator (%s)", host, port, response.error_code.name)
+                continue
+            coordinator = next(
+                (b for b in response.brokers if b.broker_id == response.coordinator_id), None
+            )
+            if coordinator is None:
+                log.info("%s:%d does not know the coordinator of %s", host, port, self.group_id)
+                continue
+            return Found(
+                coordinator=coordinator,
+                epoch=response.coordinator_epoch,
+                brokers=response.brokers,
+            )
+        return None
+
+    async def _ask(self, host: str, port: int) -> ClusterMetadataResponse | None:
+        with trio.move_on_after(self.request_timeout):
+            try:
+                stream = await self.connect(host, port)
+            except OSError as exc:
+                log.info("cannot reach %s:%d: %s", host, port, exc)
+                return None
+            try:
+                async with open_channel(
+                    stream, client_id=self.client_id, max_frame_size=self.max_frame_size
+                ) as channel:
+                    response = await channel.request(
+                        ClusterMetadataRequest(group_id=self.group_id, topics=())
+                    )
+            except (ChannelClosed, RemoteProtocolError) as exc:
+                log.info("%s:%d: %s", host, port, exc)
+                return None
+            except ExceptionGroup as group:  # the reader's protocol error, out of its nursery
+                if group.split((ChannelClosed, RemoteProtocolError))[1] is not None:
+                    raise
+                log.info("%s:%d: %s", host, port, group.exceptions[0])
+                return None
+            assert isinstance(response, ClusterMetadataResponse)
+            return response
+        log.info("%s:%d did not answer in %.1f s", host, port, self.request_timeout)
+        return None
+
+    def _learn(self, brokers: tuple[BrokerInfo, ...]) -> None:
+        for broker in brokers:
+            address = (broker.host, broker.port)
+            if address not in self.addresses:
+                self.addresses.append(address)

@@ -1,0 +1,219 @@
+"""Fetchers: one task per assigned partition, reading from the broker that holds it.
+
+A fetcher resolves a start offset of -1 (nothing committed) with ListOffsets per
+``auto_offset_reset``, then fetches in a loop and hands each batch to its stream. It is bound by
+the ownership lease (DESIGN.md): before each request it checks that the lease still runs, and
+every request is cut off at the lease's deadline, so that a consumer whose coordinator has gone
+silent has stopped fetching by the time its partitions may start elsewhere, even if the task that
+expires the lease has not run yet.
+
+Connections to brokers are shared by every fetcher of a broker (requests are multiplexed by
+correlation id); a broken one is dropped and reopened by the next request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from coordinator.channel import Channel, ChannelClosed
+from coordinator.client import Connector
+from protocol import (
+    ErrorCode,
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    RemoteProtocolError,
+    Request,
+    RequestMessage,
+    ResponseMessage,
+    Role,
+)
+from protocol.types import BrokerInfo
+
+from .streams import ConsumerRecord, PartitionClaim, RecordStream
+
+__all__ = [
+    "BrokerConnections",
+    "BrokerUnavailable",
+    "FetchSettings",
+    "LeaseDeadline",
+    "run_fetcher",
+]
+
+log = logging.getLogger(__name__)
+
+LeaseDeadline = Callable[[], float | None]
+
+
+class BrokerUnavailable(Exception):
+    """The broker is unknown, cannot be reached, or its connection broke."""
+
+
+@attrs.frozen(kw_only=True)
+class FetchSettings:
+    auto_offset_reset: str
+    max_bytes: int
+    idle_interval: float
+    """How long a fetcher waits after an empty fetch (the Fetch request has no long poll)."""
+    retry_backoff: float
+    request_timeout: float
+
+
+@attrs.define(eq=False)
+class BrokerConnections:
+    """One client connection per broker, opened on first use and owned by ``nursery``."""
+
+    nursery: trio.Nursery
+    connect: Connector
+    client_id: str
+    max_frame_size: int
+    brokers: dict[int, BrokerInfo] = attrs.field(factory=dict)
+    _channels: dict[int, Channel] = attrs.field(factory=dict)
+    _connecting: dict[int, trio.Lock] = attrs.field(factory=dict)
+
+    def update(self, brokers: tuple[BrokerInfo, ...]) -> None:
+        for broker in brokers:
+            self.brokers[broker.broker_id] = broker
+
+    async def request(self, broker_id: int, message: RequestMessage) -> ResponseMessage:
+        channel = await self._channel(broker_id)
+        try:
+            return await channel.request(message)
+        except ChannelClosed as exc:
+            raise BrokerUnavailable(str(exc)) from exc
+
+    async def _channel(self, broker_id: int) -> Channel:
+        lock = self._connecting.setdefault(broker_id, trio.Lock())
+        async with lock:
+            channel = self._channels.get(broker_id)
+            if channel is not None and not channel.closed:
+                return channel
+            broker = self.brokers.get(broker_id)
+            if broker is None:
+                raise BrokerUnavailable(f"broker {broker_id} is not in the cluster metadata")
+            try:
+                stream = await self.connect(broker.host, broker.port)
+            except OSError as exc:
+                raise BrokerUnavailable(f"broker {broker_id}: {exc}") from exc
+            channel = Channel.open(
+                stream, Role.CONSUMER, client_id=self.client_id, max_frame_size=self.max_frame_size
+            )
+            self._channels[broker_id] = channel
+            self.nursery.start_soon(self._read, broker_id, channel)
+            return channel
+
+    async def _read(self, broker_id: int, channel: Channel) -> None:
+        async def refuse(request: Request) -> None:
+            raise AssertionError(f"broker {broker_id} sent {request} on a data connection")
+
+        try:
+            await channel.run(refuse)
+        except RemoteProtocolError as exc:
+            log.warning("broker %d broke the protocol: %s", broker_id, exc)
+        finally:
+            if self._channels.get(broker_id) is channel:
+                del self._channels[broker_id]
+            with trio.CancelScope(shield=True):
+                await channel.aclose()
+
+
+async def run_fetcher(
+    claim: PartitionClaim,
+    stream: RecordStream,
+    brokers: BrokerConnections,
+    settings: FetchSettings,
+    lease_deadline: LeaseDeadline,
+) -> None:
+    """Fetch ``claim``'s partition into ``stream`` until cancelled or the lease runs out."""
+    tp = claim.partition
+    while claim.active:
+        deadline = lease_deadline()
+        if deadline is None or trio.current_time() >= deadline:
+            log.debug("%s: the lease ran out, fetcher stops", tp)
+            return
+        response: ResponseMessage | None = None
+        with trio.move_on_at(min(deadline, trio.current_time() + settings.request_timeout)):
+            try:
+                if claim.position < 0:
+                    response = await brokers.request(
+                        claim.broker_id, ListOffsetsRequest(topic=tp.topic, partition=tp.partition)
+                    )
+                else:
+                    response = await brokers.request(
+                        claim.broker_id,
+                        FetchRequest(
+                            topic=tp.topic,
+                            partition=tp.partition,
+                            offset=claim.position,
+                            max_bytes=settings.max_bytes,
+                        ),
+                    )
+            except BrokerUnavailable as exc:
+                log.info("%s: %s", tp, exc)
+        if response is None:
+            await trio.sleep(settings.retry_backoff)
+            continue
+        if trio.current_time() >= deadline:
+            return  # answered after the lease ran out: not ours to deliver
+        if isinstance(response, ListOffsetsResponse):
+            if response.error_code is not ErrorCode.NONE:
+                log.info("%s: ListOffsets failed: %s", tp, response.error_code.name)
+                await trio.sleep(settings.retry_backoff)
+                continue
+            claim.position = _reset_offset(response, settings.auto_offset_reset)
+            if claim.consumed is None:
+                claim.consumed = claim.position
+            continue
+        assert isinstance(response, FetchResponse)
+        if response.error_code is ErrorCode.OFFSET_OUT_OF_RANGE:
+            reset = (
+                response.log_start_offset
+                if settings.auto_offset_reset == "smallest"
+                else response.high_watermark
+            )
+            log.warning(
+                "%s: offset %d is out of range, reset to %d (%s)",
+                tp,
+                claim.position,
+                reset,
+                settings.auto_offset_reset,
+            )
+            claim.position = claim.consumed = reset
+            continue
+        if response.error_code is not ErrorCode.NONE:
+            log.info("%s: Fetch failed: %s", tp, response.error_code.name)
+            await trio.sleep(settings.retry_backoff)
+            continue
+        if claim.consumed is None:
+            claim.consumed = claim.position
+        batch = [
+            ConsumerRecord(
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=r.offset,
+                timestamp_ms=r.timestamp_ms,
+                key=r.key,
+                value=r.value,
+                claim=claim,
+            )
+            for r in response.records
+            if r.offset >= claim.position
+        ]
+        if not batch:
+            await trio.sleep(settings.idle_interval)
+            continue
+        with trio.move_on_at(deadline):  # a full stream must not hold a batch past the lease
+            if not await stream.put(claim, batch):
+                return
+            claim.position = batch[-1].offset + 1
+
+
+def _reset_offset(response: ListOffsetsResponse, auto_offset_reset: str) -> int:
+    if auto_offset_reset == "smallest":
+        return response.log_start_offset
+    return response.high_watermark

@@ -1,0 +1,318 @@
+"""The producer: ``await producer.send(topic, value, key)`` returns ``(partition, offset)`` once the
+broker holding the partition has the record durable under its fsync policy.
+
+Records wait per partition for at most ``linger`` seconds (or until a batch is full) so that many
+concurrent sends share one ProduceRequest and one fsync. One batch per partition is in flight at a
+time, so records of one partition are stored in the order they were sent. A batch that fails in a
+way a retry can fix (broker unreachable, partition moved: UNKNOWN_TOPIC_OR_PARTITION) is retried
+against fresh metadata until ``delivery_timeout``; a retry after a lost connection may store the
+batch twice (at-least-once), never zero times once acknowledged.
+
+Partitioning: a keyed record goes to ``crc32(key) % partitions`` (zlib's CRC-32: stable across
+processes and languages, unlike ``hash()``; not Kafka's murmur2, so a key lands on a different
+partition than Java Kafka would pick); a record without a key goes round robin.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from consumer.fetcher import BrokerConnections, BrokerUnavailable
+from coordinator.client import connect_any, open_channel
+from protocol import (
+    ClusterMetadataRequest,
+    ClusterMetadataResponse,
+    ErrorCode,
+    ProduceRequest,
+    ProduceResponse,
+)
+from protocol.records import Record, record_size
+from protocol.types import TopicPartition
+
+__all__ = ["Delivery", "ProduceError", "Producer", "ProducerConfig", "open_producer"]
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+Connect = Callable[[str, int], Awaitable[trio.abc.Stream]]
+
+
+class ProduceError(Exception):
+    def __init__(self, message: str, error_code: ErrorCode) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+
+
+@attrs.frozen(kw_only=True)
+class ProducerConfig:
+    client_id: str = "producer"
+    #: How long a record may wait for others to share its batch.
+    linger: float = 0.005
+    max_batch_records: int = 2000
+    max_batch_bytes: int = 1024 * 1024
+    #: Records accepted but not yet acknowledged; ``send`` waits beyond this (backpressure).
+    max_pending_records: int = 100_000
+    request_timeout: float = 30.0
+    retry_backoff: float = 0.1
+    #: A record not acknowledged this long after it was sent fails with the last error.
+    delivery_timeout: float = 120.0
+    max_frame_size: int = 64 * 1024 * 1024
+
+
+@attrs.define(eq=False)
+class Delivery:
+    """One record's fate: ``await delivery.wait()`` -> ``(partition, offset)`` or raises."""
+
+    topic: str
+    partition: int
+    record: Record
+    offset: int = -1
+    error: BaseException | None = None
+    _done: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    async def wait(self) -> tuple[int, int]:
+        await self._done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.partition, self.offset
+
+    def _resolve(self, offset: int | None, error: BaseException | None = None) -> None:
+        if offset is not None:
+            self.offset = offset
+        self.error = error
+        self._done.set()
+
+
+@attrs.define(eq=False)
+class _Batcher:
+    pending: list[Delivery] = attrs.field(factory=list)
+    pending_bytes: int = 0
+    ready: trio.Event = attrs.field(factory=trio.Event)
+    full: trio.Event = attrs.field(factory=trio.Event)
+
+
+@attrs.define(eq=False)
+class Producer:
+    bootstrap: Sequence[Address]
+    config: ProducerConfig
+    nursery: trio.Nursery
+    connections: BrokerConnections
+    connect: Connect
+    #: topic -> broker id of each partition
+    placement: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
+    _batchers: dict[TopicPartition, _Batcher] = attrs.field(factory=dict)
+    _round_robin: dict[str, itertools.count[int]] = attrs.field(factory=dict)
+    _unacknowledged: set[Delivery] = attrs.field(factory=set)
+    _space: trio.Semaphore = attrs.field(init=False)
+    _metadata_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    _bootstrap_start: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self._space = trio.Semaphore(self.config.max_pending_records)
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        *,
+        timestamp_ms: int = -1,
+    ) -> tuple[int, int]:
+        """Send one record and wait until the broker acknowledged it: ``(partition, offset)``."""
+        delivery = await self.enqueue(topic, value, key, timestamp_ms=timestamp_ms)
+        return await delivery.wait()
+
+    async def enqueue(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        *,
+        timestamp_ms: int = -1,
+    ) -> Delivery:
+        """Hand a record to its partition's batch without waiting for the acknowledgement.
+
+        Waits only while ``max_pending_records`` are unacknowledged, and otherwise does not even
+        yield to the scheduler (a checkpoint per record would cost more than the record), so a loop
+        of enqueues should await something now and then. ``timestamp_ms`` -1: the broker stamps
+        its own time.
+        """
+        partitions = await self._placement(topic)
+        if key is not None:
+            partition = zlib.crc32(key) % len(partitions)
+        else:
+            counter = self._round_robin.setdefault(topic, itertools.count())
+            partition = next(counter) % len(partitions)
+        record = Record(offset=-1, timestamp_ms=timestamp_ms, key=key, value=value)
+        try:
+            self._space.acquire_nowait()  # no checkpoint per record while there is room
+        except trio.WouldBlock:
+            await self._space.acquire()
+        delivery = Delivery(topic=topic, partition=partition, record=record)
+        self._unacknowledged.add(delivery)
+        tp = TopicPartition(topic=topic, partition=partition)
+        batcher = self._batchers.get(tp)
+        if batcher is None:
+            batcher = self._batchers[tp] = _Batcher()
+            self.nursery.start_soon(self._drain, tp, batcher)
+        batcher.pending.append(delivery)
+        batcher.pending_bytes += record_size(record)
+        batcher.ready.set()
+        if (
+            len(batcher.pending) >= self.config.max_batch_records
+            or batcher.pending_bytes >= self.config.max_batch_bytes
+        ):
+            batcher.full.set()
+        return delivery
+
+    async def flush(self) -> None:
+        """Wait until every record sent so far is acknowledged or failed."""
+        for delivery in list(self._unacknowledged):
+            await delivery._done.wait()
+
+    async def partitions_for(self, topic: str) -> int:
+        return len(await self._placement(topic))
+
+    async def _placement(self, topic: str) -> tuple[int, ...]:
+        found = self.placement.get(topic)
+        if found is None:
+            await self.refresh_metadata(topic)
+            found = self.placement.get(topic)
+        if not found:
+            raise ProduceError(
+                f"topic {topic!r} does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            )
+        return found
+
+    async def refresh_metadata(self, topic: str) -> None:
+        """Ask a bootstrap broker where ``topic``'s partitions live (one pass over the list)."""
+        async with self._metadata_lock:
+            stream, _ = await connect_any(
+                self.bootstrap, connect=self.connect, start=self._bootstrap_start
+            )
+            self._bootstrap_start += 1
+            async with open_channel(
+                stream, client_id=self.config.client_id, max_frame_size=self.config.max_frame_size
+            ) as channel:
+                with trio.fail_after(self.config.request_timeout):
+                    response = await channel.request(
+                        ClusterMetadataRequest(group_id=None, topics=(topic,))
+                    )
+            assert isinstance(response, ClusterMetadataResponse)
+            self.connections.update(response.brokers)
+            for metadata in response.topics:
+                if metadata.error_code is ErrorCode.NONE:
+                    by_partition = sorted((p.partition, p.broker_id) for p in metadata.partitions)
+                    self.placement[metadata.topic] = tuple(b for _, b in by_partition)
+                else:
+                    self.placement.pop(metadata.topic, None)
+
+    async def _drain(self, tp: TopicPartition, batcher: _Batcher) -> None:
+        """This partition's sender: one batch in flight, in the order records were sent."""
+        config = self.config
+        while True:
+            await batcher.ready.wait()
+            with trio.move_on_after(config.linger):
+                await batcher.full.wait()
+            batch: list[Delivery] = []
+            size = 0
+            for delivery in batcher.pending:
+                grown = size + record_size(delivery.record)
+                if batch and (
+                    len(batch) >= config.max_batch_records or grown > config.max_batch_bytes
+                ):
+                    break
+                batch.append(delivery)
+                size = grown
+            del batcher.pending[: len(batch)]
+            batcher.pending_bytes -= size
+            if not batcher.pending:
+                batcher.ready = trio.Event()
+            if len(batcher.pending) < config.max_batch_records and (
+                batcher.pending_bytes < config.max_batch_bytes
+            ):
+                batcher.full = trio.Event()
+            try:
+                await self._send_batch(tp, batch)
+            finally:
+                for delivery in batch:
+                    if not delivery.done:  # cancelled: the producer is closing
+                        delivery._resolve(None, ProduceError("producer closed", ErrorCode.NONE))
+                    self._unacknowledged.discard(delivery)
+                    self._space.release()
+
+    async def _send_batch(self, tp: TopicPartition, batch: list[Delivery]) -> None:
+        config = self.config
+        request = ProduceRequest(
+            topic=tp.topic, partition=tp.partition, records=tuple(d.record for d in batch)
+        )
+        give_up = trio.current_time() + config.delivery_timeout
+        while True:
+            error: ProduceError
+            try:
+                broker_id = (await self._placement(tp.topic))[tp.partition]
+                with trio.fail_after(config.request_timeout):
+                    response = await self.connections.request(broker_id, request)
+            except (BrokerUnavailable, trio.TooSlowError, OSError, IndexError) as exc:
+                error = ProduceError(f"{tp}: {exc or type(exc).__name__}", ErrorCode.NONE)
+            except ProduceError as exc:
+                error = exc
+            else:
+                assert isinstance(response, ProduceResponse)
+                if response.error_code is ErrorCode.NONE:
+                    for i, delivery in enumerate(batch):
+                        delivery._resolve(response.base_offset + i)
+                    return
+                error = ProduceError(f"{tp}: {response.error_code.name}", response.error_code)
+                if response.error_code is not ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                    break  # the broker refused these records; retrying changes nothing
+            if trio.current_time() + config.retry_backoff >= give_up:
+                break
+            log.info("%s; retrying", error)
+            await trio.sleep(config.retry_backoff)
+            self.placement.pop(tp.topic, None)  # refresh before the next attempt
+        for delivery in batch:
+            delivery._resolve(None, error)
+
+
+async def _tcp(host: str, port: int) -> trio.abc.Stream:
+    return await trio.open_tcp_stream(host, port)
+
+
+@asynccontextmanager
+async def open_producer(
+    bootstrap: Sequence[Address],
+    *,
+    config: ProducerConfig | None = None,
+    connect: Connect = _tcp,
+) -> AsyncIterator[Producer]:
+    """A producer for the block's span; on a normal exit it first waits for every record sent."""
+    config = config or ProducerConfig()
+    async with trio.open_nursery() as nursery:
+        connections = BrokerConnections(
+            nursery=nursery,
+            connect=connect,
+            client_id=config.client_id,
+            max_frame_size=config.max_frame_size,
+        )
+        producer = Producer(
+            bootstrap=list(bootstrap),
+            config=config,
+            nursery=nursery,
+            connections=connections,
+            connect=connect,
+        )
+        yield producer
+        await producer.flush()
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,699 @@
+"""The ZooKeeper metadata store: brokers, topics, groups, offsets and the coordinator election in a
+ZooKeeper ensemble, for a cluster of brokers and coordinator failover. The one module that imports
+kazoo.
+
+Layout (seed 01, "Paths Stored in ZooKeeper"; Kafka 0.8 where the seeds keep its paths)::
+
+    /brokers/ids/<id>                                 ephemeral {"host": h, "port": p}
+    /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
+    /consumers/coordinator                            ephemeral {"broker_id": id}; czxid = epoch
+    /coordinator_epoch                                persistent; its version counts terms
+    /consumers/<group>/registry                       the GroupRecord (codec.encode_group)
+    /consumers/<group>/owners/<topic>/<partition>     "<member_id>-<index>" (intended owner)
+    /consumers/<group>/offsets/<topic>/<partition>    {"offset": next, "generation": g}
+
+Group and topic names are percent-encoded where a znode name needs it (``/``, ``%``, and the name
+``coordinator``, which the election node takes); ordinary names read as themselves.
+
+Fencing. Taking office is one transaction that creates the ephemeral election node and bumps the
+version of ``/coordinator_epoch``; the transaction's zxid (the node's czxid) is the epoch. Every
+coordinator write is a transaction that first checks that ``/coordinator_epoch`` still has the
+version this office gave it (nobody took office since) and that the election node exists (the
+session that holds it has not ended). Both checks are on the server, so a coordinator that wakes up
+from a pause with a new kazoo session cannot write, whatever its memory says.
+
+Threads. Kazoo runs its own threads. Requests are sent with kazoo's ``*_async`` calls from the trio
+thread (they only queue), and their completions and watches come back through
+``TrioToken.run_sync_soon``, which never blocks a kazoo thread. Only starting and stopping the
+client block; they run in a worker thread under a limiter of their own, abandoned on cancel. Every
+call is bounded: a lost quorum leaves kazoo requests pending forever, so each wait ends in
+``StoreUnavailable`` after ``call_bound`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import types
+import urllib.parse
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+import trio_util
+from kazoo.client import KazooClient, KazooState  # type: ignore[import-untyped]
+from kazoo.exceptions import (  # type: ignore[import-untyped]
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    RolledBackError,
+)
+from kazoo.handlers.threading import KazooTimeoutError  # type: ignore[import-untyped]
+
+from protocol.types import BrokerInfo, TopicPartition
+
+from .codec import decode_group, decode_placement, encode_group, encode_placement
+from .interface import (
+    EpochFenced,
+    GroupRecord,
+    InvalidPartitions,
+    MetadataStore,
+    OffsetBatch,
+    StoreUnavailable,
+    TopicExists,
+    TopicPlacement,
+    UnknownTopic,
+)
+
+__all__ = [
+    "BROKER_IDS",
+    "CONSUMERS",
+    "ELECTION",
+    "EPOCH_COUNTER",
+    "TOPICS",
+    "ZooKeeperStore",
+    "open_zookeeper_store",
+]
+
+log = logging.getLogger(__name__)
+
+BROKER_IDS = "/brokers/ids"
+TOPICS = "/brokers/topics"
+CONSUMERS = "/consumers"
+ELECTION = "/consumers/coordinator"
+EPOCH_COUNTER = "/coordinator_epoch"
+
+DEFAULT_SESSION_TIMEOUT = 6.0
+DEFAULT_CALL_BOUND = 10.0
+
+#: How often a write that lost a race with another write of the same nodes is tried again.
+_RETRIES = 5
+
+TopicsView = Mapping[str, TopicPlacement]
+
+
+@attrs.frozen
+class _Office:
+    epoch: int
+    counter_version: int
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+#: Names that cannot be znode names, or that this layout uses for itself.
+_RESERVED = frozenset({".", "..", "coordinator"})
+
+
+def _segment(name: str) -> str:
+    """A group or topic name as one znode name: percent-encoded where it must be (``/``, ``%``,
+    anything outside ``[A-Za-z0-9_.~-]``), and a reserved name spelled out in full, so that the
+    encoding is reversible and ordinary names read as themselves in other tools."""
+    quoted = urllib.parse.quote(name, safe="")
+    if quoted in _RESERVED:
+        return "".join(f"%{byte:02X}" for byte in name.encode())
+    return quoted or "%"
+
+
+def _name(segment: str) -> str:
+    return "" if segment == "%" else urllib.parse.unquote(segment)
+
+
+def _group_path(group_id: str, *parts: object) -> str:
+    return "/".join((CONSUMERS, _segment(group_id), *(_segment(str(part)) for part in parts)))
+
+
+def _topic_path(topic: str) -> str:
+    return f"{TOPICS}/{_segment(topic)}"
+
+
+@attrs.define(eq=False, repr=False)
+class ZooKeeperStore:
+    """A ``MetadataStore`` on a ZooKeeper ensemble; obtain one from ``open_zookeeper_store``.
+
+    One handle is one ZooKeeper session: its broker registrations and its office end with it. If
+    the session expires, kazoo opens a new one; the handle registers its brokers again, but its
+    office is over for good (``wait_office_lost`` returns, and its writes are fenced).
+    """
+
+    _client: Any  # KazooClient: untyped
+    _token: trio.lowlevel.TrioToken
+    _call_bound: float
+    _session_timeout: float
+    _topic_watch: trio_util.AsyncValue[TopicsView | None]
+    _topics_wake: trio.Event = attrs.Factory(trio.Event)
+    _topics_lock: trio.Lock = attrs.Factory(trio.Lock)
+    #: Counts election watch events and session state changes: a waiter notes the count before
+    #: it looks, then waits for the count to move, so no event between the two is lost.
+    _election_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
+    _session_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
+    _office: _Office | None = None
+    _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
+    _offset_nodes: set[tuple[str, str, int]] = attrs.Factory(set)
+    _closed: bool = False
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeperStore {self._client.hosts!r}>"
+
+    # Brokers
+
+    async def register_broker(self, broker: BrokerInfo) -> None:
+        self._brokers[broker.broker_id] = broker
+        await self._register(broker)
+
+    async def _register(self, broker: BrokerInfo) -> None:
+        path = f"{BROKER_IDS}/{broker.broker_id}"
+        data = _json({"host": broker.host, "port": broker.port})
+        for _ in range(_RETRIES):
+            try:
+                await self._wait(self._client.create_async(path, data, ephemeral=True))
+                return
+            except NodeExistsError:
+                pass
+            # Someone (perhaps this broker's previous session) holds the id: replace it.
+            tx = self._client.transaction()
+            tx.delete(path)
+            tx.create(path, data, ephemeral=True)
+            if _failure(await self._wait(tx.commit_async())) is None:
+                return
+        raise StoreUnavailable(f"cannot register broker {broker.broker_id}: {path} keeps changing")
+
+    async def brokers(self) -> tuple[BrokerInfo, ...]:
+        ids = await self._children(BROKER_IDS)
+        pending = [(int(i), self._client.get_async(f"{BROKER_IDS}/{i}")) for i in ids]
+        found = []
+        for broker_id, result in pending:
+            try:
+                data, _stat = await self._wait(result)
+            except NoNodeError:
+                continue
+            value = self._decode(data)
+            found.append(BrokerInfo(broker_id=broker_id, host=value["host"], port=value["port"]))
+        return tuple(sorted(found, key=lambda broker: broker.broker_id))
+
+    # Topics
+
+    async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+        if not brokers:
+            raise InvalidPartitions(f"topic {topic!r} needs at least one partition")
+        placement = TopicPlacement(topic=topic, brokers=brokers)
+        try:
+            await self._wait(
+                self._client.create_async(_topic_path(topic), _json(encode_placement(placement)))
+            )
+        except NodeExistsError:
+            raise TopicExists(topic) from None
+        await self._refresh_topics()
+        return placement
+
+    async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+        path = _topic_path(topic)
+        for _ in range(_RETRIES):
+            try:
+                data, stat = await self._wait(self._client.get_async(path))
+            except NoNodeError:
+                raise UnknownTopic(topic) from None
+            if not brokers:
+                raise InvalidPartitions(f"no partitions to add to topic {topic!r}")
+            current = self._decode_placement(topic, data)
+            placement = TopicPlacement(topic=topic, brokers=current.brokers + tuple(brokers))
+            value = _json(encode_placement(placement))
+            try:
+                await self._wait(self._client.set_async(path, value, stat.version))
+            except BadVersionError:
+                continue  # another broker added partitions meanwhile: add ours after theirs
+            await self._refresh_topics()
+            return placement
+        raise StoreUnavailable(f"cannot add partitions to {topic!r}: it keeps changing")
+
+    async def topics(self) -> Mapping[str, TopicPlacement]:
+        return await self._read_topics(watch=None)
+
+    async def _read_topics(self, watch: Callable[[Any], None] | None) -> TopicsView:
+        names = [_name(segment) for segment in await self._children(TOPICS, watch=watch)]
+        pending = [(name, self._client.get_async(_topic_path(name), watch=watch)) for name in names]
+        topics = {}
+        for name, result in pending:
+            try:
+                data, _stat = await self._wait(result)
+            except NoNodeError:
+                continue  # topics are never deleted by us; someone else's business
+            topics[name] = self._decode_placement(name, data)
+        return types.MappingProxyType(topics)
+
+    async def topic_updates(self) -> AsyncGenerator[Mapping[str, TopicPlacement], None]:
+        self._check_open()
+        async with contextlib.aclosing(self._topic_watch.eventual_values()) as values:
+            async for topics in values:
+                if topics is None:
+                    raise StoreUnavailable("the store was closed")
+                yield topics
+
+    async def _watch_topics(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Keep ``_topic_watch`` equal to the topics, re-reading whenever a watch fires.
+
+        A watch only says "something changed"; the value published is always a fresh read, so
+        changes that pile up while a read is in flight collapse into the next one.
+        """
+        started = False
+        while True:
+            wake = self._topics_wake = trio.Event()
+            try:
+                await self._refresh_topics()
+            except StoreUnavailable as exc:
+                if not started:
+                    raise
+                log.warning("cannot read the topics (%s); retrying", exc)
+                with trio.move_on_after(1.0):
+                    await wake.wait()
+                continue
+            if not started:
+                task_status.started()
+                started = True
+            await wake.wait()
+
+    async def _refresh_topics(self) -> None:
+        """Read the topics, re-arm the watches and publish what was read.
+
+        Reads and publications take turns, and one session's requests are answered in order, so
+        a later publication never holds an older value than an earlier one. Writers refresh
+        after their own writes, so their readers see them without waiting for the watch.
+        """
+        async with self._topics_lock:
+            self._topic_watch.value = await self._read_topics(watch=self._on_topics_watch)
+
+    def _on_topics_watch(self, _event: object) -> None:
+        self._soon(lambda: self._topics_wake.set())
+
+    # The coordinator's office
+
+    async def take_office(self, broker_id: int) -> int:
+        data = _json({"broker_id": broker_id})
+        while True:
+            seen = self._election_events.value
+            stat = await self._wait(self._client.exists_async(ELECTION, watch=self._on_election))
+            tx = self._client.transaction()
+            if stat is not None:
+                if stat.ephemeralOwner != self._session_id():
+                    # Someone else's office: stand again once it is gone.
+                    await self._election_event_after(seen)
+                    continue
+                tx.delete(ELECTION)  # ours already: a new term, with a new epoch
+            tx.create(ELECTION, data, ephemeral=True)
+            tx.set_data(EPOCH_COUNTER, data)
+            results = await self._wait(tx.commit_async())
+            if _failure(results) is not None:
+                continue  # lost the race to another broker
+            counter = results[-1]
+            # One transaction, one zxid: the election node's czxid is the counter's mzxid.
+            self._office = _Office(epoch=counter.mzxid, counter_version=counter.version)
+            log.info("broker %d took office, epoch %d", broker_id, counter.mzxid)
+            return int(counter.mzxid)
+
+    def _on_election(self, _event: object) -> None:
+        self._soon(self._count_election_event)
+
+    def _count_election_event(self) -> None:
+        self._election_events.value += 1
+
+    async def _election_event_after(self, seen: int) -> None:
+        await self._election_events.wait_value(lambda count: count != seen)
+
+    async def coordinator_id(self) -> int | None:
+        try:
+            data, _stat = await self._wait(self._client.get_async(ELECTION))
+        except NoNodeError:
+            return None
+        return int(self._decode(data)["broker_id"])
+
+    async def wait_office_lost(self, *, suspended_grace: float | None = None) -> None:
+        """Return once this handle's office may be over: someone else holds the election node,
+        the session ended, or the connection has been lost for ``suspended_grace`` seconds.
+
+        The session outlives a lost connection by about a third of its timeout, and consumers
+        keep fetching until they have not heard from their coordinator for their own session
+        timeout; a coordinator that steps down within the grace has long stopped pinging when
+        its successor starts moving partitions.
+        """
+        if suspended_grace is None:
+            suspended_grace = self._session_timeout / 3
+        while self._office is not None:
+            seen = self._election_events.value
+            if self._client.state == KazooState.LOST:
+                break
+            if self._client.state == KazooState.SUSPENDED:
+                with trio.move_on_after(suspended_grace) as grace:
+                    await self._election_event_after(seen)
+                if grace.cancelled_caught:
+                    break
+                continue
+            with contextlib.suppress(StoreUnavailable):
+                stat = await self._wait(
+                    self._client.exists_async(ELECTION, watch=self._on_election)
+                )
+                if stat is None or stat.ephemeralOwner != self._session_id():
+                    break
+            await self._election_event_after(seen)
+        self._office = None
+
+    # Groups
+
+    async def groups(self) -> Mapping[str, GroupRecord]:
+        children = await self._children(CONSUMERS)
+        names = [_name(child) for child in children if child != "coordinator"]
+        pending = [(n, self._client.get_async(_group_path(n, "registry"))) for n in names]
+        groups = {}
+        for name, result in pending:
+            try:
+                data, _stat = await self._wait(result)
+            except NoNodeError:
+                continue  # a group with offsets only (a standalone committer's)
+            try:
+                groups[name] = decode_group(json.loads(data))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise StoreUnavailable(f"unreadable registry of group {name!r}: {exc}") from exc
+        return types.MappingProxyType(groups)
+
+    async def write_group(self, epoch: int, group: GroupRecord) -> None:
+        office = self._check_epoch(epoch)
+        registry = _group_path(group.group_id, "registry")
+        owners = _group_path(group.group_id, "owners")
+        for _ in range(_RETRIES):
+            try:
+                data, stat = await self._wait(self._client.get_async(registry))
+                old = decode_group(json.loads(data)).assignment
+            except NoNodeError:
+                stat, old = None, {}
+            owner_dirs = set(await self._children(owners, missing_ok=True))
+            tx = self._fenced_transaction(office)
+            if stat is None:
+                if await self._wait(self._client.exists_async(_group_path(group.group_id))) is None:
+                    tx.create(_group_path(group.group_id))
+                tx.create(registry, _json(encode_group(group)))
+                if await self._wait(self._client.exists_async(owners)) is None:
+                    tx.create(owners)
+            else:
+                tx.set_data(registry, _json(encode_group(group)), stat.version)
+            for tp in old.keys() - group.assignment.keys():
+                tx.delete(_group_path(group.group_id, "owners", tp.topic, tp.partition))
+            for tp, thread in sorted(group.assignment.items()):
+                if _segment(tp.topic) not in owner_dirs:
+                    tx.create(_group_path(group.group_id, "owners", tp.topic))
+                    owner_dirs.add(_segment(tp.topic))
+                path = _group_path(group.group_id, "owners", tp.topic, tp.partition)
+                value = f"{thread.member_id}-{thread.index}".encode()
+                if tp not in old:
+                    tx.create(path, value)
+                elif old[tp] != thread:
+                    tx.set_data(path, value)
+            if await self._commit_fenced(tx):
+                return
+        raise StoreUnavailable(f"cannot write group {group.group_id!r}: it keeps changing")
+
+    async def delete_group(self, epoch: int, group_id: str) -> None:
+        office = self._check_epoch(epoch)
+        root = _group_path(group_id)
+        for _ in range(_RETRIES):
+            nodes = await self._subtree(root)
+            tx = self._fenced_transaction(office)
+            for path in reversed(nodes):  # children before their parents
+                tx.delete(path)
+            if not nodes:
+                await self._commit_fenced(tx)  # nothing to delete, but still only from office
+                return
+            if await self._commit_fenced(tx):
+                self._offset_nodes = {n for n in self._offset_nodes if n[0] != group_id}
+                return
+        raise StoreUnavailable(f"cannot delete group {group_id!r}: it keeps changing")
+
+    # Offsets
+
+    async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
+        office = self._check_epoch(epoch)
+        latest: dict[tuple[str, str, int], tuple[int, int]] = {}
+        for batch in batches:
+            for tp, offset in batch.offsets.items():
+                latest[batch.group_id, tp.topic, tp.partition] = (offset, batch.generation)
+        if not latest:
+            return
+        for _ in range(_RETRIES):
+            await self._ensure_offset_dirs(latest.keys() - self._offset_nodes)
+            unknown = [key for key in latest if key not in self._offset_nodes]
+            pending = [
+                (k, self._client.exists_async(_group_path(k[0], "offsets", *k[1:])))
+                for k in unknown
+            ]
+            for key, result in pending:
+                if await self._wait(result) is not None:
+                    self._offset_nodes.add(key)
+            tx = self._fenced_transaction(office)
+            for key, (offset, generation) in latest.items():
+                path = _group_path(key[0], "offsets", key[1], key[2])
+                value = _json({"offset": offset, "generation": generation})
+                if key in self._offset_nodes:
+                    tx.set_data(path, value)
+                else:
+                    tx.create(path, value)
+            if await self._commit_fenced(tx):
+                self._offset_nodes.update(latest)
+                return
+            # A node we thought was there was gone, or the other way round: learn again.
+            self._offset_nodes.difference_update(latest)
+        raise StoreUnavailable("cannot commit offsets: their nodes keep changing")
+
+    async def _ensure_offset_dirs(self, keys: set[tuple[str, str, int]]) -> None:
+        """Create the persistent parents of new offset nodes. Empty directories change nothing a
+        reader sees, so this needs no office."""
+        dirs = sorted({(group, topic) for group, topic, _partition in keys})
+        pending = [self._client.ensure_path_async(_group_path(g, "offsets", t)) for g, t in dirs]
+        for result in pending:
+            await self._wait(result)
+
+    async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
+        base = _group_path(group_id, "offsets")
+        topics = await self._children(base, missing_ok=True)
+        listings = [(t, self._client.get_children_async(f"{base}/{t}")) for t in topics]
+        pending = []
+        for topic, result in listings:
+            try:
+                partitions = await self._wait(result)
+            except NoNodeError:
+                continue
+            for p in partitions:
+                path = f"{base}/{topic}/{p}"
+                tp = TopicPartition(topic=_name(topic), partition=int(p))
+                pending.append((tp, self._client.get_async(path)))
+        offsets = {}
+        for tp, result in pending:
+            try:
+                data, _stat = await self._wait(result)
+            except NoNodeError:
+                continue
+            offsets[tp] = int(self._decode(data)["offset"])
+        return types.MappingProxyType(offsets)
+
+    # Plumbing
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable("the store is closed")
+
+    def _check_epoch(self, epoch: int) -> _Office:
+        office = self._office
+        if office is None or office.epoch != epoch:
+            current = None if office is None else office.epoch
+            raise EpochFenced(f"epoch {epoch} is not this store's coordinator epoch {current}")
+        return office
+
+    def _fenced_transaction(self, office: _Office) -> Any:
+        tx = self._client.transaction()
+        tx.check(EPOCH_COUNTER, office.counter_version)
+        tx.check(ELECTION, 0)  # exists: the election node is never written after its creation
+        return tx
+
+    async def _commit_fenced(self, tx: Any) -> bool:
+        """Commit a transaction from ``_fenced_transaction``: True if it happened, False if it
+        lost a race with another write (retry), ``EpochFenced`` if the office is over."""
+        failed = _failure(await self._wait(tx.commit_async()))
+        if failed is None:
+            return True
+        index, exc = failed
+        if index < 2:
+            self._office = None
+            raise EpochFenced(f"the coordinator office of this store is over ({exc!r})")
+        if isinstance(exc, NoNodeError | NodeExistsError | BadVersionError | NotEmptyError):
+            return False
+        raise StoreUnavailable(f"transaction failed: {exc!r}")
+
+    async def _children(
+        self, path: str, *, watch: Callable[[Any], None] | None = None, missing_ok: bool = False
+    ) -> list[str]:
+        try:
+            return list(await self._wait(self._client.get_children_async(path, watch=watch)))
+        except NoNodeError:
+            if missing_ok:
+                return []
+            raise StoreUnavailable(f"{path} is missing") from None
+
+    async def _subtree(self, root: str) -> list[str]:
+        """``root`` and everything under it, parents first; empty if ``root`` does not exist."""
+        nodes = []
+        frontier = [root]
+        while frontier:
+            pending = [(p, self._client.get_children_async(p)) for p in frontier]
+            frontier = []
+            for path, result in pending:
+                try:
+                    children = await self._wait(result)
+                except NoNodeError:
+                    continue
+                nodes.append(path)
+                frontier.extend(f"{path}/{child}" for child in children)
+        return nodes
+
+    async def _wait(self, result: Any) -> Any:
+        """The value of a kazoo async result, waiting at most ``call_bound`` seconds for it.
+
+        Kazoo's own errors (no node, node exists, bad version) pass through for the caller to
+        interpret; connection trouble becomes ``StoreUnavailable``.
+        """
+        self._check_open()
+        done = trio.Event()
+        result.rawlink(lambda _result: self._soon(done.set))
+        with trio.move_on_after(self._call_bound):
+            await done.wait()
+        if not result.ready():
+            raise StoreUnavailable(f"ZooKeeper did not answer within {self._call_bound} s")
+        try:
+            return result.get_nowait()
+        except (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError):
+            raise
+        except KazooException as exc:
+            raise StoreUnavailable(f"ZooKeeper: {exc!r}") from exc
+
+    def _soon(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` on the trio thread; from any thread, never blocking, never raising."""
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(callback)
+
+    def _session_id(self) -> int | None:
+        client_id = self._client.client_id
+        return None if client_id is None else int(client_id[0])
+
+    def _on_state(self, state: str) -> None:
+        """Kazoo's state listener, on a kazoo thread."""
+        self._soon(partial(self._state_changed, state))
+
+    def _state_changed(self, state: str) -> None:
+        log.info("ZooKeeper session %s", state)
+        self._topics_wake.set()
+        self._count_election_event()
+        self._session_events.value += 1
+
+    async def _keep_registrations(self) -> None:
+        """Register this handle's brokers again whenever kazoo had to open a new session."""
+        session = self._session_id()
+        async for _ in self._session_events.eventual_values():
+            if self._client.state != KazooState.CONNECTED or self._session_id() == session:
+                continue
+            session = self._session_id()
+            for broker in list(self._brokers.values()):
+                try:
+                    await self._register(broker)
+                except StoreUnavailable as exc:
+                    log.warning("cannot register broker %d again: %s", broker.broker_id, exc)
+
+    def _decode(self, data: bytes) -> Any:
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise StoreUnavailable(f"unreadable node: {data[:200]!r}") from exc
+
+    def _decode_placement(self, topic: str, data: bytes) -> TopicPlacement:
+        try:
+            return decode_placement(topic, self._decode(data))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreUnavailable(f"unreadable placement of topic {topic!r}: {exc}") from exc
+
+
+def _failure(results: Sequence[Any]) -> tuple[int, Exception] | None:
+    """The operation that made a transaction fail (the others say RolledBackError), if any."""
+    for index, result in enumerate(results):
+        if isinstance(result, Exception) and not isinstance(result, RolledBackError):
+            return index, result
+    return None
+
+
+if TYPE_CHECKING:  # mypy proves here that the class meets the interface
+    _conforms: type[MetadataStore] = ZooKeeperStore
+
+
+@contextlib.asynccontextmanager
+async def open_zookeeper_store(
+    hosts: str,
+    *,
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT,
+    call_bound: float = DEFAULT_CALL_BOUND,
+) -> AsyncIterator[ZooKeeperStore]:
+    """Connect to ``hosts`` (``host:port,...`` with an optional ``/chroot``, created if missing)
+    and open a store on it for the duration of the block; one ZooKeeper session.
+
+    ``session_timeout`` is how long the ensemble keeps this session's ephemeral nodes (broker
+    registrations, the office) after it last heard from us; ``call_bound`` is the longest any one
+    call waits before ``StoreUnavailable``.
+    """
+    servers, slash, chroot = hosts.partition("/")
+    chroot = "/" + chroot.strip("/") if slash and chroot.strip("/") else ""
+    limiter = trio.CapacityLimiter(1)
+    client = KazooClient(
+        hosts=servers,
+        timeout=session_timeout,
+        connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0},
+    )
+    store = ZooKeeperStore(
+        client=client,
+        token=trio.lowlevel.current_trio_token(),
+        call_bound=call_bound,
+        session_timeout=session_timeout,
+        topic_watch=trio_util.AsyncValue(None),
+    )
+    client.add_listener(store._on_state)
+    try:
+        try:
+            await trio.to_thread.run_sync(
+                partial(client.start, timeout=call_bound), abandon_on_cancel=True, limiter=limiter
+            )
+        except KazooTimeoutError:
+            raise StoreUnavailable(f"cannot reach ZooKeeper at {servers}") from None
+        if chroot:
+            # Kazoo expects the chroot to exist before it connects through it.
+            await store._wait(client.ensure_path_async(chroot))
+            client.chroot = chroot
+        for path in (BROKER_IDS, TOPICS, CONSUMERS, EPOCH_COUNTER):
+            await store._wait(client.ensure_path_async(path))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store._watch_topics)
+            nursery.start_soon(store._keep_registrations)
+            try:
+                yield store
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        store._closed = True
+        store._topic_watch.value = None
+        with trio.CancelScope(shield=True), trio.move_on_after(call_bound):
+            await trio.to_thread.run_sync(_stop, client, abandon_on_cancel=True, limiter=limiter)
+
+
+def _stop(client: Any) -> None:
+    """Close the session (its ephemeral nodes go at once) and the client's threads."""
+    try:
+        client.stop()
+    finally:
+        client.close()

@@ -1,0 +1,89 @@
+"""Each benchmark's ``--quick`` mode runs against real processes and prints the figures it
+promises, one parseable JSON line each (docs/benchmarks.md). Times are never asserted: a benchmark
+reports, it does not fail a run on a slow machine; what is asserted is what the figures mean."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = {"benchmark", "figure", "value", "unit", "baseline", "ratio"}
+
+pytestmark = pytest.mark.realtime
+
+
+async def run_quick(name: str, tmp_path: Path) -> list[dict[str, Any]]:
+    with trio.fail_after(240):
+        result = await trio.run_process(
+            [sys.executable, "-m", f"scripts.bench_{name}", "--quick", "--work-dir", str(tmp_path)],
+            cwd=REPO,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-4000:]
+    lines = [json.loads(line) for line in result.stdout.decode().splitlines() if line.strip()]
+    for line in lines:
+        assert line["benchmark"] == name
+        assert "skipped" in line or line.keys() >= KEYS, line
+    return lines
+
+
+def by_figure(lines: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    figures: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        figures.setdefault(line["figure"], []).append(line)
+    return figures
+
+
+async def test_heartbeat_quick(tmp_path: Path) -> None:
+    figures = by_figure(await run_quick("heartbeat", tmp_path))
+    (cpu,) = figures["cpu_per_round_trip"]
+    assert cpu["consumers"] == 200
+    assert cpu["false_deaths"] == 0
+    assert cpu["value"] > 0 and cpu["baseline"] > 0
+    assert {"probe_latency_p50", "probe_latency_p99", "round_trips_per_s"} <= figures.keys()
+
+
+async def test_capacity_quick(tmp_path: Path) -> None:
+    figures = by_figure(await run_quick("capacity", tmp_path))
+    (held,) = figures["consumers_held"]
+    (deaths,) = figures["false_deaths"]
+    assert deaths["value"] == 0
+    assert held["value"] == held["baseline"] == 200
+
+
+async def test_rebalance_quick(tmp_path: Path) -> None:
+    figures = by_figure(await run_quick("rebalance", tmp_path))
+    latencies = figures["rebalance_latency"]
+    assert [line["members"] for line in latencies] == [10, 50]
+    for line in latencies:
+        assert len(line["samples_ms"]) == line["repeats"]
+        assert line["value"] > 0 and line["baseline"] > 0
+
+
+async def test_detection_quick(tmp_path: Path) -> None:
+    figures = by_figure(await run_quick("detection", tmp_path))
+    (frozen,) = figures["frozen_last_heard_to_stable"]
+    # A frozen member's partitions never start elsewhere before its lease has run out.
+    assert frozen["value"] >= frozen["session_timeout_ms"]
+    (killed,) = figures["killed_to_stable"]
+    # A closed connection is a death at once: no waiting for a lease.
+    assert killed["value"] < killed["session_timeout_ms"]
+
+
+async def test_assignment_quick(tmp_path: Path) -> None:
+    pytest.importorskip("kafka", reason="the bench extra (kafka-python) is not installed")
+    lines = await run_quick("assignment", tmp_path)
+    figures = {(line["figure"], line["assignor"]): line for line in lines if "skipped" not in line}
+    assignors = {"range", "sticky", "kafka_range", "kafka_roundrobin", "kafka_sticky"}
+    assert {assignor for _, assignor in figures} == assignors
+    sticky_moved = figures[("moved", "sticky")]
+    assert sticky_moved["value"] == sticky_moved["baseline"] > 0  # only the leaver's partitions
+    assert figures[("imbalance", "sticky")]["value"] <= 1

@@ -1,0 +1,315 @@
+"""The consumer library against the real coordinator in memory, on the autojump clock: exact
+instants for group formation, growth, graceful hand-over and the ownership lease."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from consumer import ConsumerSettings, RecordStream, open_consumer
+from coordinator.config import CoordinatorConfig
+from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
+from protocol.types import PartitionOffset, TopicPartition
+from statemachine.consumer import ConsumerState
+from tests.consumer.inmemory import InMemoryCluster, open_in_memory_cluster
+
+CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
+ALL_12 = frozenset(TopicPartition(topic="t", partition=p) for p in range(12))
+
+
+async def drain(stream: RecordStream, seen: list[tuple[TopicPartition, int]]) -> None:
+    async for record in stream:
+        seen.append((record.topic_partition, record.offset))
+
+
+async def test_a_group_splits_grows_and_hands_over_at_once_on_close(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    settings = ConsumerSettings(session_timeout=6.0)
+    async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 12}) as net:
+        start = trio.current_time()
+        async with (
+            open_consumer(
+                "broker:9092", "g", topics={"t": 1}, settings=settings, connect=net.connect
+            ) as a,
+            open_consumer(
+                "broker:9092", "g", topics={"t": 1}, settings=settings, connect=net.connect
+            ) as b,
+        ):
+            await a.assignment.wait_value(lambda owned: len(owned) == 6)
+            await b.assignment.wait_value(lambda owned: len(owned) == 6)
+            # one rebalance, when the new group's initial delay ran out
+            assert trio.current_time() - start == 1.0
+            assert a.assignment.value | b.assignment.value == ALL_12
+            assert a.generation == b.generation == 1
+            assert a.member_id != b.member_id and a.member_id.startswith("consumer-")
+
+            joined = trio.current_time()
+            async with open_consumer(
+                "broker:9092", "g", topics={"t": 1}, settings=settings, connect=net.connect
+            ) as c:
+                for member in (a, b, c):
+                    await member.assignment.wait_value(lambda owned: len(owned) == 4)
+                assert trio.current_time() == joined  # a join rebalances a stable group at once
+                assert a.assignment.value | b.assignment.value | c.assignment.value == ALL_12
+                assert a.generation == b.generation == c.generation == 2
+
+                leaving = trio.current_time()
+                await c.aclose()
+                assert c.state is ConsumerState.CLOSED
+                for member in (a, b):
+                    await member.assignment.wait_value(lambda owned: len(owned) == 6)
+                # LeaveGroup: no failure detection, no lease wait
+                assert trio.current_time() == leaving
+                assert a.assignment.value | b.assignment.value == ALL_12
+                assert a.generation == b.generation == 3
+            # Close one at a time: a member leaving while the coordinator is in the middle of
+            # the previous leaver's rebalance is another test's business.
+            await b.aclose()
+            await a.assignment.wait_value(lambda owned: owned == ALL_12)
+
+
+async def test_two_streams_split_their_members_partitions(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_in_memory_cluster(tmp_path, CONFIG, {"t": 4}) as net,
+        open_consumer("broker:9092", "g", topics={"t": 2}, connect=net.connect) as consumer,
+    ):
+        first, second = consumer.streams_for("t")
+        await consumer.assignment.wait_value(lambda owned: len(owned) == 4)
+        assert len(first.partitions) == len(second.partitions) == 2
+        assert first.partitions | second.partitions == consumer.assignment.value
+        seen: list[list[tuple[TopicPartition, int]]] = [[], []]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain, first, seen[0])
+            nursery.start_soon(drain, second, seen[1])
+            await trio.sleep(2.0)
+            nursery.cancel_scope.cancel()
+        assert {tp for tp, _ in seen[0]} == first.partitions
+        assert {tp for tp, _ in seen[1]} == second.partitions
+        # each partition in order, from the start, nothing twice
+        for stream_seen in seen:
+            for tp in {tp for tp, _ in stream_seen}:
+                offsets = [o for p, o in stream_seen if p == tp]
+                assert offsets == list(range(len(offsets))) and len(offsets) >= 10
+
+
+async def test_finished_records_are_reported_in_pings_and_committed(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    settings = ConsumerSettings(session_timeout=3.0)
+    async with (
+        open_in_memory_cluster(tmp_path, CONFIG, {"t": 1}) as net,
+        open_consumer("b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect) as c,
+    ):
+        (stream,) = c.streams
+        await c.assignment.wait_value(lambda owned: len(owned) == 1)
+        tp = TopicPartition(topic="t", partition=0)
+        taken = 0
+        async for record in stream:
+            assert record.offset == taken
+            taken += 1
+            if taken == 7:
+                break
+        # record 6 is still held: only 0..5 are finished
+        assert c.consumed_offsets() == {tp: 6}
+        await trio.sleep(settings.session_timeout / 2)  # a Ping (every T/3) has come and gone
+        assert (await net.cluster.coordinator.offsets.committed("g")) == {tp: 6}
+        c.mark(record)
+        await c.commit()
+        assert (await net.cluster.coordinator.offsets.committed("g")) == {tp: 7}
+
+
+async def test_a_silent_coordinator_stops_the_fetchers_at_the_last_request_plus_t(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    session_timeout = 3.0
+    settings = ConsumerSettings(session_timeout=session_timeout, fetch_idle_interval=0.1)
+    async with (
+        open_in_memory_cluster(tmp_path, CONFIG, {"t": 4}) as net,
+        open_consumer("b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect) as c,
+        trio.open_nursery() as app,
+    ):
+        await c.assignment.wait_value(lambda owned: len(owned) == 4)
+        app.start_soon(drain, c.streams[0], [])
+        await trio.sleep(2.5)
+        net.silence_coordinator()
+        heard = c.last_heard
+        assert heard is not None and trio.current_time() - heard < session_timeout
+        lease_end = heard + session_timeout
+
+        await c.assignment.wait_value(lambda owned: not owned)
+        assert trio.current_time() == lease_end
+        fetched_at = [at for at, _, _ in net.log.fetches]
+        # fetching went on under the lease, right up to its end, and never past it
+        assert max(fetched_at) < lease_end
+        assert lease_end - max(fetched_at) <= settings.fetch_idle_interval
+        await trio.sleep(3 * session_timeout)
+        assert max(at for at, _, _ in net.log.fetches) < lease_end
+        assert c.state is ConsumerState.DISCOVERING  # looking for a coordinator, fetching nothing
+        app.cancel_scope.cancel()
+
+
+async def test_a_consumer_back_from_a_silence_rejoins_and_fetches_again(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    settings = ConsumerSettings(session_timeout=3.0)
+    async with (
+        open_in_memory_cluster(tmp_path, CONFIG, {"t": 4}) as net,
+        open_consumer("b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect) as c,
+    ):
+        await c.assignment.wait_value(lambda owned: len(owned) == 4)
+        await net.cluster.wait_stable("g", members=1)
+        net.silence_coordinator()
+        await c.assignment.wait_value(lambda owned: not owned)
+        lease_end = trio.current_time()
+        net.refusing = False  # the network is back
+        await c.assignment.wait_value(lambda owned: len(owned) == 4)
+        assert c.generation > 1
+        rejoined = trio.current_time()
+        # the coordinator moved nothing before the lease (and its margin) had run out
+        assert rejoined >= lease_end + CONFIG.lease_margin
+        await trio.sleep(1.0)
+        assert {tp for at, tp, _ in net.log.fetches if at >= rejoined} == c.assignment.value
+
+
+async def test_offsets_reset_per_auto_offset_reset(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    tp0, tp1 = (TopicPartition(topic="t", partition=p) for p in (0, 1))
+    async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
+        # t-0 has an offset far past its end (committed while the group was empty)
+        async with net.cluster.open_client() as admin:
+            response = await admin.request(
+                OffsetCommitRequest(
+                    group_id="g",
+                    consumer_id=None,
+                    generation=-1,
+                    offsets=(PartitionOffset(topic="t", partition=0, offset=10_000),),
+                )
+            )
+            assert isinstance(response, OffsetCommitResponse)
+            assert response.error_code is ErrorCode.NONE
+        settings = ConsumerSettings(auto_offset_reset="largest")
+        async with open_consumer(
+            "b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect
+        ) as c:
+            first: dict[TopicPartition, int] = {}
+            async for record in c.streams[0]:
+                first.setdefault(record.topic_partition, record.offset)
+                if len(first) == 2:
+                    break
+            # t-1 had nothing committed: "largest" starts at the end it found; t-0 was out of
+            # range: "largest" moves it to the end at that moment
+            (listed,) = net.log.listed
+            assert first[tp1] == listed
+            out_of_range = [(at, o) for at, tp, o in net.log.fetches if tp == tp0 and o == 10_000]
+            assert len(out_of_range) == 1
+            assert first[tp0] == net.log.rate * (out_of_range[0][0] - net.log.start) // 1
+
+
+async def test_rebalance_callbacks_see_revoked_before_assigned(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    events: list[tuple[str, int]] = []
+
+    async def revoked(partitions: frozenset[TopicPartition]) -> None:
+        events.append(("revoked", len(partitions)))
+
+    async def assigned(partitions: frozenset[TopicPartition]) -> None:
+        events.append(("assigned", len(partitions)))
+
+    async with (
+        open_in_memory_cluster(tmp_path, CONFIG, {"t": 4}) as net,
+        open_consumer(
+            "b:1",
+            "g",
+            topics={"t": 1},
+            connect=net.connect,
+            on_revoked=revoked,
+            on_assigned=assigned,
+        ) as a,
+    ):
+        await a.assignment.wait_value(lambda owned: len(owned) == 4)
+        async with open_consumer("b:1", "g", topics={"t": 1}, connect=net.connect) as b:
+            await b.assignment.wait_value(lambda owned: len(owned) == 2)
+            await a.assignment.wait_value(lambda owned: len(owned) == 2)
+        await a.assignment.wait_value(lambda owned: len(owned) == 4)
+        assert events == [
+            ("assigned", 4),
+            ("revoked", 4),
+            ("assigned", 2),
+            ("revoked", 2),
+            ("assigned", 4),
+        ]
+
+
+async def test_a_wildcard_subscription_takes_every_matching_topic(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_in_memory_cluster(tmp_path, CONFIG, {"clicks": 2, "views": 2, "other": 3}) as net,
+        open_consumer("b:1", "g", pattern="clicks|views", connect=net.connect) as c,
+    ):
+        await c.assignment.wait_value(lambda owned: len(owned) == 4)
+        assert {tp.topic for tp in c.assignment.value} == {"clicks", "views"}
+        (stream,) = c.streams
+        assert stream.topic is None and stream.partitions == c.assignment.value
+
+
+async def test_discovery_goes_round_robin_and_backs_off_until_a_broker_answers(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 1}) as net:
+        tried: list[tuple[float, str]] = []
+        start = trio.current_time()
+
+        async def connect(host: str, port: int) -> trio.abc.Stream:
+            tried.append((trio.current_time() - start, host))
+            if host == "dead":
+                raise ConnectionRefusedError(f"{host}:{port}")
+            return await net.connect(host, port)
+
+        net.refusing = True
+        async with open_consumer("dead:1,alive:1", "g", topics={"t": 1}, connect=connect) as c:
+            await trio.sleep(1.0)
+            net.refusing = False
+            await c.assignment.wait_value(lambda owned: len(owned) == 1)
+            assigned_at = trio.current_time() - start
+        # each pass asks both brokers, starting one further each time; failed passes in a row
+        # back off 0.1, 0.2, 0.4, 0.8 s (ConsumerSettings.retry_backoff doubling)
+        passes = [0.0, 0.1, 0.3, 0.7, 1.5]
+        assert [at for at, _ in tried[:9]] == pytest.approx([t for t in passes for _ in (0, 1)][:9])
+        assert [host for _, host in tried[:4]] == ["dead", "alive", "alive", "dead"]
+        # registered in the pass at 1.5 s, then the new group's initial delay
+        assert assigned_at == pytest.approx(1.5 + CONFIG.initial_rebalance_delay)
+
+
+async def test_a_consumer_silenced_while_starting_loses_its_lease_and_the_coordinator_survives(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    settings = ConsumerSettings(session_timeout=3.0)
+    net_box: list[InMemoryCluster] = []
+
+    async def assigned(partitions: frozenset[TopicPartition]) -> None:
+        net_box[0].silence_coordinator()  # before the StartFetcher response goes out
+
+    async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 4}) as net:
+        net_box.append(net)
+        async with open_consumer(
+            "b:1",
+            "g",
+            topics={"t": 1},
+            settings=settings,
+            connect=net.connect,
+            on_assigned=assigned,
+        ) as c:
+            await c.assignment.wait_value(lambda owned: len(owned) == 4)
+            started = trio.current_time()
+            await c.assignment.wait_value(lambda owned: not owned)
+            assert trio.current_time() == started + settings.session_timeout
+            await trio.sleep(2 * settings.session_timeout)

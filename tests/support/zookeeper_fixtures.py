@@ -1,0 +1,49 @@
+"""Pytest fixtures for real ZooKeeper: one standalone server for the whole session, a fresh
+3-node ensemble per test that needs one, and a chroot of its own for every test.
+
+Import them into a ``conftest.py`` (``from tests.support.zookeeper_fixtures import *``). A machine
+without java or Debian's zookeeper package skips these tests, saying why.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.zookeeper import Ensemble, open_ensemble, zookeeper_available
+
+__all__ = ["zookeeper", "zookeeper_ensemble", "zookeeper_hosts"]
+
+_chroots = itertools.count(1)
+
+
+def _require_zookeeper() -> None:
+    if not zookeeper_available():
+        pytest.skip(
+            "needs java and Debian's zookeeper package (scripts/bootstrap.sh installs them)"
+        )
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
+    """One standalone server shared by every test of the run; tests keep apart by chroot."""
+    _require_zookeeper()
+    with open_ensemble(1, base_dir=tmp_path_factory.mktemp("zookeeper")) as ensemble:
+        yield ensemble
+
+
+@pytest.fixture
+def zookeeper_hosts(zookeeper: Ensemble) -> str:
+    """A connect string with a chroot no other test uses (kazoo creates it on first use)."""
+    return f"{zookeeper.hosts}/test-{os.getpid()}-{next(_chroots)}"
+
+
+@pytest.fixture
+def zookeeper_ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
+    """A 3-node quorum of this test's own, for tests that kill servers."""
+    _require_zookeeper()
+    with open_ensemble(3, base_dir=tmp_path_factory.mktemp("ensemble")) as ensemble:
+        yield ensemble
