@@ -15,8 +15,10 @@ from pathlib import Path
 
 import trio
 
+from consumer import ProduceError
 from coordinator.admin import AdminError
 from coordinator.cli_admin import add_admin_commands, run_admin
+from coordinator.cli_data import add_data_commands, run_consume, run_produce
 from coordinator.config import CoordinatorConfig
 from coordinator.log import FsyncPolicy, LogConfig
 from coordinator.node import NodeSettings, run_node
@@ -30,7 +32,11 @@ def _parser() -> argparse.ArgumentParser:
         prog="coordinator",
         description="A Kafka-style broker with a broker-side consumer group coordinator.",
     )
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help="DEBUG, INFO, WARNING or ERROR (default: INFO for serve, WARNING otherwise)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run a broker and its coordinator")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -97,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--retention-check-ms", type=int, default=logs.retention_check_ms)
     serve.add_argument("--segment-bytes", type=int, default=logs.segment_bytes)
     add_admin_commands(commands)
+    add_data_commands(commands)
     return parser
 
 
@@ -114,7 +121,7 @@ async def _serve(settings: NodeSettings) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=(args.log_level or ("INFO" if args.command == "serve" else "WARNING")).upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -146,9 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ),
             )
             trio.run(_serve, settings)
+        elif args.command == "produce":
+            return trio.run(run_produce, args)
+        elif args.command == "consume":
+            return trio.run(run_consume, args)
         else:
             trio.run(run_admin, args)
-    except (ValueError, OSError, StoreError, AdminError, ExceptionGroup) as exc:
+    except (ValueError, OSError, StoreError, AdminError, ProduceError, ExceptionGroup) as exc:
         cause = _user_error(exc)
         if cause is None:
             raise
@@ -165,7 +176,11 @@ def _user_error(exc: BaseException) -> BaseException | None:
             if found is not None:
                 return found
         return None
-    return exc if isinstance(exc, ValueError | OSError | StoreError | AdminError) else None
+    return (
+        exc
+        if isinstance(exc, ValueError | OSError | StoreError | AdminError | ProduceError)
+        else None
+    )
 
 
 def _describe(exc: BaseException) -> str:
