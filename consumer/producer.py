@@ -116,6 +116,7 @@ class Producer:
     _unacknowledged: set[Delivery] = attrs.field(factory=set)
     _space: trio.Semaphore = attrs.field(init=False)
     _metadata_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    _first_lookup: trio.Lock = attrs.field(factory=trio.Lock)
     _bootstrap_start: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -187,8 +188,12 @@ class Producer:
     async def _placement(self, topic: str) -> tuple[int, ...]:
         found = self.placement.get(topic)
         if found is None:
-            await self.refresh_metadata(topic)
-            found = self.placement.get(topic)
+            async with self._first_lookup:
+                # many sends for a new topic wait here for one lookup, not one lookup each
+                found = self.placement.get(topic)
+                if found is None:
+                    await self.refresh_metadata(topic)
+                    found = self.placement.get(topic)
         if not found:
             raise ProduceError(
                 f"topic {topic!r} does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
