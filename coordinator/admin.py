@@ -46,8 +46,21 @@ class AdminError(Exception):
     """The cluster refused the operation; ``error_code`` says why."""
 
     def __init__(self, what: str, error_code: ErrorCode) -> None:
-        super().__init__(f"{what}: {error_code.name}")
+        hint = _HINTS.get(error_code)
+        super().__init__(
+            f"{what}: {hint} ({error_code.name})" if hint else f"{what}: {error_code.name}"
+        )
         self.error_code = error_code
+
+
+#: What the codes an operator meets most often mean for them.
+_HINTS = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: "no such topic",
+    ErrorCode.TOPIC_ALREADY_EXISTS: "the topic already exists",
+    ErrorCode.INVALID_PARTITIONS: "a topic's partitions can only be added to",
+    ErrorCode.GROUP_ID_NOT_FOUND: "no such group",
+    ErrorCode.NON_EMPTY_GROUP: "the group has live members; stop its consumers first",
+}
 
 
 @attrs.frozen(kw_only=True)

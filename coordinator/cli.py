@@ -7,11 +7,13 @@ exit non-zero; a traceback means a bug.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import trio
 
@@ -27,8 +29,15 @@ from coordinator.store import StoreError
 log = logging.getLogger("coordinator")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line, like every other error a user can make (not a usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="coordinator",
         description="A Kafka-style broker with a broker-side consumer group coordinator.",
     )
@@ -163,7 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cause = _user_error(exc)
         if cause is None:
             raise
-        print(f"coordinator: {_describe(cause)}", file=sys.stderr)
+        message = _describe(cause)
+        if args.command == "serve" and getattr(cause, "errno", None) == errno.EADDRINUSE:
+            message = f"cannot listen on {args.host}:{args.port}: {message}"
+        print(f"coordinator: {message}", file=sys.stderr)
         return 2 if isinstance(cause, ValueError) else 1
     return 0
 

@@ -162,6 +162,7 @@ async def _groups_delete(admin: Admin, args: argparse.Namespace) -> None:
 
 
 async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.topics([args.topic])  # an unknown topic has no bounds: nothing would be reset
     bounds = await admin.log_bounds([args.topic])
     if args.to_offset is not None:
         for tp, (start, end) in sorted(bounds.items()):

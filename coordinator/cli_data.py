@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
 import uuid
+from collections.abc import AsyncIterator
 
 import trio
 
@@ -22,6 +24,8 @@ from coordinator.client import DEFAULT_BOOTSTRAP, parse_bootstrap
 
 #: Lines produced between two checkpoints (the producer does not yield per record).
 PRODUCE_CHUNK = 500
+#: Bytes of stdin read at a time by ``produce``.
+READ_BLOCK = 64 * 1024
 
 
 def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,13 +66,14 @@ def _bootstrap(text: str) -> list[tuple[str, int]]:
 
 
 async def run_produce(args: argparse.Namespace) -> int:
-    stdin = trio.wrap_file(sys.stdin.buffer)
+    async with open_admin(args.bootstrap) as admin:
+        await admin.topics([args.topic])  # before reading stdin, as ``consume`` does
     separator = args.key_separator.encode() if args.key_separator else None
     deliveries: list[Delivery] = []
     shown_at = -math.inf
     async with open_producer(args.bootstrap) as producer:
-        async for line in stdin:
-            value = line.rstrip(b"\n")
+        async for line in _lines(sys.stdin.fileno()):
+            value = line
             key = None
             if separator is not None and separator in value:
                 key, value = value.split(separator, 1)
@@ -93,6 +98,19 @@ async def run_produce(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1 if failed else 0
+
+
+async def _lines(fd: int) -> AsyncIterator[bytes]:
+    """Lines without their newline, read a block at a time: one thread hop per line (``async
+    for`` over a wrapped file) made ``produce`` five times slower than the producer. ``os.read``
+    returns what is there, so lines typed at a terminal still go out as they are typed."""
+    pending = b""
+    while chunk := await trio.to_thread.run_sync(os.read, fd, READ_BLOCK):
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
 
 
 async def run_consume(args: argparse.Namespace) -> int:

@@ -67,7 +67,7 @@ def write_record(w: bytearray, record: Record) -> None:
         raise LocalProtocolError(
             f"record at offset {record.offset} cannot be encoded: {exc}", ErrorCode.INVALID_REQUEST
         ) from exc
-    if type(key) is str or type(value) is str:  # len() and += took them; the wire takes bytes
+    if isinstance(key, str) or isinstance(value, str):  # len() and += took them; wire takes bytes
         del w[start:]
         raise LocalProtocolError(
             "a record's key and value are bytes, not str", ErrorCode.INVALID_REQUEST
