@@ -53,6 +53,7 @@ from protocol import (
     PingResponse,
     RegisterConsumerRequest,
     RegisterConsumerResponse,
+    RemoteProtocolError,
     Request,
     Role,
     StartFetcherRequest,
@@ -537,7 +538,10 @@ class SimulatedConsumer:
             self.last_request_at = now
             requests.send_nowait(request)
 
-        await channel.run(on_request)
+        # A failed send leaves the connection in ERROR, which the next read reports as a
+        # protocol error: either way the connection is lost.
+        with contextlib.suppress(RemoteProtocolError):
+            await channel.run(on_request)
         session_scope.cancel()
 
     async def _watch_lease(self, session_scope: trio.CancelScope) -> None:
