@@ -38,7 +38,7 @@ import logging
 import types
 import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-from functools import partial
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -76,7 +76,9 @@ __all__ = [
     "ELECTION",
     "EPOCH_COUNTER",
     "TOPICS",
+    "ZooKeeperRebalanceSession",
     "ZooKeeperStore",
+    "open_zk_rebalance_session",
     "open_zookeeper_store",
 ]
 
@@ -111,6 +113,7 @@ def _json(value: Any) -> bytes:
 _RESERVED = frozenset({".", "..", "coordinator"})
 
 
+@lru_cache(maxsize=4096)  # offset commits build every path anew, quoting each name
 def _segment(name: str) -> str:
     """A group or topic name as one znode name: percent-encoded where it must be (``/``, ``%``,
     anything outside ``[A-Za-z0-9_.~-]``), and a reserved name spelled out in full, so that the
@@ -157,6 +160,8 @@ class ZooKeeperStore:
     _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
     _offset_nodes: set[tuple[str, str, int]] = attrs.Factory(set)
     _closed: bool = False
+    #: ZooKeeper requests awaited (a transaction is one), for the benchmarks' operation counts.
+    operations: int = 0
 
     def __repr__(self) -> str:
         return f"<ZooKeeperStore {self._client.hosts!r}>"
@@ -564,6 +569,7 @@ class ZooKeeperStore:
         interpret; connection trouble becomes ``StoreUnavailable``.
         """
         self._check_open()
+        self.operations += 1
         done = trio.Event()
         result.rawlink(lambda _result: self._soon(done.set))
         with trio.move_on_after(self._call_bound):
@@ -697,3 +703,140 @@ def _stop(client: Any) -> None:
         client.stop()
     finally:
         client.close()
+
+
+# --- seed 02's client-side rebalancing, the benchmarks' baseline --------------------------------
+
+
+@attrs.define(eq=False, repr=False)
+class ZooKeeperRebalanceSession:
+    """One consumer's own ZooKeeper session for seed 02's client-side rebalancing (Kafka 0.8's
+    ``ZookeeperConsumerConnector``): the predecessor the coordinator replaces, kept here only as
+    a benchmark baseline. Obtain one from ``open_zk_rebalance_session``.
+
+    It offers the primitives that design is built from, each one ZooKeeper request, counted in
+    ``operations``: register the consumer (ephemeral), list the group's consumers and read a
+    topic's partitions (both arming a watch; every watch that fires bumps ``changes``), claim a
+    partition (an ephemeral owner node: a NodeExists is a failed claim) and release it. The
+    consumer logic itself lives with the benchmark. Bridging is the store's: requests are queued
+    with kazoo's ``*_async`` calls and their completions and watches come back through
+    ``TrioToken.run_sync_soon``; every wait is bounded by ``call_bound``.
+    """
+
+    _client: Any  # KazooClient: untyped
+    _token: trio.lowlevel.TrioToken
+    _call_bound: float
+    #: Bumped on the trio thread by every watch that fires and every session state change.
+    changes: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
+    #: ZooKeeper requests made (create, delete, get, get_children; ensure_path counts once).
+    operations: int = 0
+    _closed: bool = False
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeperRebalanceSession {self._client.hosts!r}>"
+
+    async def register(self, group_id: str, consumer_id: str, topics: Sequence[str]) -> None:
+        """Create ``/consumers/<group>/ids/<consumer_id>`` (ephemeral) and the owner dirs."""
+        owner_dirs = [_group_path(group_id, "owners", topic) for topic in topics]
+        for parent in [_group_path(group_id, "ids"), *owner_dirs]:
+            await self._wait(self._client.ensure_path_async(parent))
+        path = _group_path(group_id, "ids", consumer_id)
+        await self._wait(self._client.create_async(path, b"{}", ephemeral=True))
+
+    async def consumer_ids(self, group_id: str) -> list[str]:
+        """The group's registered consumers, arming a watch on the list."""
+        path = _group_path(group_id, "ids")
+        children = await self._wait(self._client.get_children_async(path, watch=self._on_watch))
+        return sorted(_name(child) for child in children)
+
+    async def partition_count(self, topic: str) -> int:
+        """How many partitions ``topic`` has (0 if it does not exist), arming a watch on it."""
+        try:
+            data, _stat = await self._wait(
+                self._client.get_async(_topic_path(topic), watch=self._on_watch)
+            )
+        except NoNodeError:
+            await self._wait(self._client.exists_async(_topic_path(topic), watch=self._on_watch))
+            return 0
+        return len(json.loads(data))
+
+    async def claim(self, group_id: str, topic: str, partition: int, owner: str) -> bool:
+        """Create the partition's ephemeral owner node: False if someone else still holds it."""
+        path = _group_path(group_id, "owners", topic, partition)
+        try:
+            await self._wait(self._client.create_async(path, owner.encode(), ephemeral=True))
+        except NodeExistsError:
+            return False
+        return True
+
+    async def release(self, group_id: str, topic: str, partition: int) -> None:
+        """Delete the partition's owner node (gone already is fine)."""
+        path = _group_path(group_id, "owners", topic, partition)
+        with contextlib.suppress(NoNodeError):
+            await self._wait(self._client.delete_async(path))
+
+    def _on_watch(self, _event: object) -> None:
+        """Kazoo's watch callback, on a kazoo thread."""
+        self._soon(self._bump)
+
+    def _bump(self) -> None:
+        self.changes.value += 1
+
+    async def _wait(self, result: Any) -> Any:
+        if self._closed:
+            raise StoreUnavailable("the session is closed")
+        self.operations += 1
+        done = trio.Event()
+        result.rawlink(lambda _result: self._soon(done.set))
+        with trio.move_on_after(self._call_bound):
+            await done.wait()
+        if not result.ready():
+            raise StoreUnavailable(f"ZooKeeper did not answer within {self._call_bound} s")
+        try:
+            return result.get_nowait()
+        except (NoNodeError, NodeExistsError):
+            raise
+        except KazooException as exc:
+            raise StoreUnavailable(f"ZooKeeper: {exc!r}") from exc
+
+    def _soon(self, callback: Callable[[], object]) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(callback)
+
+
+@contextlib.asynccontextmanager
+async def open_zk_rebalance_session(
+    hosts: str,
+    *,
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT,
+    call_bound: float = DEFAULT_CALL_BOUND,
+) -> AsyncIterator[ZooKeeperRebalanceSession]:
+    """One seed-02 consumer's ZooKeeper session (``hosts`` as for ``open_zookeeper_store``) for
+    the block; leaving it closes the session, so its ephemeral nodes go at once."""
+    servers, slash, chroot = hosts.partition("/")
+    chroot = "/" + chroot.strip("/") if slash and chroot.strip("/") else ""
+    limiter = trio.CapacityLimiter(1)
+    client = KazooClient(
+        hosts=servers,
+        timeout=session_timeout,
+        connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0},
+    )
+    session = ZooKeeperRebalanceSession(
+        client=client, token=trio.lowlevel.current_trio_token(), call_bound=call_bound
+    )
+    client.add_listener(lambda _state: session._soon(session._bump))
+    try:
+        try:
+            await trio.to_thread.run_sync(
+                partial(client.start, timeout=call_bound), abandon_on_cancel=True, limiter=limiter
+            )
+        except KazooTimeoutError:
+            raise StoreUnavailable(f"cannot reach ZooKeeper at {servers}") from None
+        if chroot:
+            await session._wait(client.ensure_path_async(chroot))
+            client.chroot = chroot
+        yield session
+    finally:
+        session._closed = True
+        with trio.CancelScope(shield=True), trio.move_on_after(call_bound):
+            await trio.to_thread.run_sync(_stop, client, abandon_on_cancel=True, limiter=limiter)

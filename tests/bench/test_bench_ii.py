@@ -1,0 +1,83 @@
+"""Benchmarks II's ``--quick`` modes (failover, ZooKeeper commits, seed 02's baseline) run against
+real ZooKeeper and real broker processes and print the figures they promise, one parseable JSON
+line each (docs/benchmarks.md). Times and rates are never asserted (a benchmark reports, it does
+not fail a run on a busy machine); what is asserted is what the figures mean."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from tests.support.zookeeper import zookeeper_available
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = {"benchmark", "figure", "value", "unit", "baseline", "ratio"}
+
+pytestmark = [
+    pytest.mark.realtime,
+    pytest.mark.skipif(not zookeeper_available(), reason="needs java and Debian's zookeeper"),
+]
+
+
+async def run_quick(name: str, tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
+    """Run ``scripts.bench_<name> --quick``; its figures by name. A "skipped" line fails."""
+    with trio.fail_after(120):
+        result = await trio.run_process(
+            [sys.executable, "-m", f"scripts.bench_{name}", "--quick", "--work-dir", str(tmp_path)],
+            cwd=REPO,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-4000:]
+    figures: dict[str, list[dict[str, Any]]] = {}
+    for text in result.stdout.decode().splitlines():
+        line = json.loads(text)
+        assert line["benchmark"] == name and "skipped" not in line, line
+        assert line.keys() >= KEYS, line
+        figures.setdefault(line["figure"], []).append(line)
+    return figures
+
+
+async def test_failover_quick(tmp_path: Path) -> None:
+    figures = await run_quick("failover", tmp_path)
+    (elected,) = figures["kill_9_to_elected_p50"]
+    (stable,) = figures["kill_9_to_stable_p50"]
+    assert stable["runs"] == 1 and len(stable["samples_ms"]) == 1
+    assert 0 < elected["value"] < stable["value"]  # a successor first, then the group
+    assert stable["baseline"] == (
+        stable["zookeeper_session_timeout_ms"] + stable["consumer_session_timeout_ms"]
+    )
+    assert {"kill_9_to_stable_max", "elected_to_stable_p50"} <= figures.keys()
+
+
+async def test_zk_commits_quick(tmp_path: Path) -> None:
+    figures = await run_quick("zk_commits", tmp_path)
+    (offsets,) = figures["offsets_per_s"]
+    (commits,) = figures["commits_per_s"]
+    assert offsets["batch"] == 100
+    assert offsets["value"] > 0 and offsets["baseline"] > 0
+    assert offsets["ratio"] == commits["ratio"]
+
+
+async def test_seed02_quick(tmp_path: Path) -> None:
+    figures = await run_quick("seed02", tmp_path)
+    (claims,) = figures["failed_claims"]
+    assert claims["consumers"] == 10
+    assert claims["value"] == 0  # the coordinator assigns; nobody claims
+    (overlaps,) = figures["two_owner_instants"]
+    assert overlaps["value"] == 0
+    # A consumer paused past its session: seed 02's wakes still believing it owns what others
+    # took meanwhile; the coordinator's stopped at its lease's end.
+    (paused,) = figures["two_owner_instants_pause"]
+    assert paused["value"] == 0 and paused["baseline"] >= 1
+    for phase in ("formed", "joined", "died"):
+        (operations,) = figures[f"zk_operations_{phase}"]
+        (settle,) = figures[f"settle_time_{phase}"]
+        assert operations["baseline"] > 0  # every seed-02 rebalance reads ZooKeeper
+        assert settle["value"] > 0 and settle["baseline"] > 0
