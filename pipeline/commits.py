@@ -1,0 +1,93 @@
+"""Moving a consumer group's committed offsets with a Spark job's progress.
+
+The job's own truth is its checkpoint; the group's offsets are a mirror of it for operators, so
+that ``coordinator groups describe G`` shows the job's lag. Each finished micro-batch's end
+offsets are committed with the standalone OffsetCommit (generation -1, no member), which the
+coordinator accepts only while the group has no live members: a Spark job and a consumer group
+never share one group.
+
+Why a query listener: Spark reports progress after a micro-batch's commit-log entry is written,
+for every batch including the last one under ``availableNow``; the stream reader's ``commit``
+runs one batch late and not at all for that last one. Listener events are delivered
+asynchronously, so after ``awaitTermination`` call :meth:`GroupOffsetCommitter.commit_last` to
+commit the final batch synchronously.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from pyspark.sql.streaming.listener import StreamingQueryListener
+from pyspark.sql.streaming.query import StreamingQuery
+
+from pipeline import offsets as om
+from pipeline.wire import Cluster
+
+log = logging.getLogger(__name__)
+
+
+def commit_group_offsets(bootstrap: str, group: str, offsets: om.OffsetsJson | str) -> None:
+    """Commit ``offsets`` (a source offset map, as JSON text or dict) as ``group``'s offsets."""
+    parsed = om.from_json(offsets if isinstance(offsets, str) else json.dumps(offsets))
+    if parsed:
+        with Cluster(bootstrap) as cluster:
+            cluster.commit_offsets(group, parsed)
+
+
+def _source_offsets(source: Any) -> om.OffsetsJson | None:
+    """A progress source's end offsets if they are this data source's offset map."""
+    text = source["endOffset"] if isinstance(source, dict) else source.endOffset
+    try:
+        data = json.loads(text) if isinstance(text, str) else text
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(data, dict) or not all(
+        isinstance(partitions, dict)
+        and all(isinstance(o, int) and p.isdigit() for p, o in partitions.items())
+        for partitions in data.values()
+    ):
+        return None
+    return data
+
+
+class GroupOffsetCommitter(StreamingQueryListener):
+    """``spark.streams.addListener(GroupOffsetCommitter(bootstrap, group, query_name))``: commits
+    the end offsets of each finished micro-batch of the query named ``query_name``."""
+
+    def __init__(self, bootstrap: str, group: str, query_name: str) -> None:
+        self.bootstrap = bootstrap
+        self.group = group
+        self.query_name = query_name
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        if progress.name != self.query_name:
+            return
+        self._commit(progress.sources)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+    def commit_last(self, query: StreamingQuery) -> None:
+        """Commit the query's last reported batch now (the listener may not have caught up)."""
+        progress = query.lastProgress
+        if progress is not None:
+            self._commit(progress.sources if hasattr(progress, "sources") else progress["sources"])
+
+    def _commit(self, sources: Any) -> None:
+        for source in sources:
+            offsets = _source_offsets(source)
+            if offsets is None:
+                continue
+            try:
+                commit_group_offsets(self.bootstrap, self.group, offsets)
+            except Exception:  # the listener bus must survive an unreachable coordinator
+                log.exception("committing offsets of group %s failed", self.group)

@@ -1,0 +1,105 @@
+"""Writing a Spark task's rows to a topic with Produce, from the task's own process.
+
+Rows need a ``value`` column and may have ``key``, ``partition`` and ``timestamp``; strings are
+sent as UTF-8. A keyed row goes to ``crc32(key) % partitions`` like the project's producer
+(``consumer.producer``), so a key's records stay in order on one partition whichever writes them.
+Each batch is acknowledged (under the broker's fsync policy) before the task finishes; a task that
+Spark retries produces its rows again (at least once).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import zlib
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from pipeline.wire import Cluster, PipelineError, Placement
+from protocol import ErrorCode, Record, TopicPartition, record_size
+
+MAX_BATCH_RECORDS = 2000
+MAX_BATCH_BYTES = 1024 * 1024
+
+
+def _bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    return str(value).encode()
+
+
+def _timestamp_ms(value: Any) -> int:
+    if value is None:
+        return -1  # the broker stamps its own time
+    if isinstance(value, dt.datetime):
+        return int(value.timestamp() * 1000)
+    return int(value)
+
+
+@attrs.define(eq=False)
+class TopicWriter:
+    bootstrap: str
+    topic: str
+    _pending: dict[int, list[Record]] = attrs.field(factory=dict)
+    _pending_bytes: dict[int, int] = attrs.field(factory=dict)
+    _round_robin: itertools.count[int] = attrs.field(factory=itertools.count)
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> TopicWriter:
+        topic = options.get("topic")
+        if not topic:
+            raise ValueError("writing to format coordinator needs the topic option")
+        return cls(bootstrap=options.get("bootstrap", "127.0.0.1:9092"), topic=topic)
+
+    def write_rows(self, rows: Iterable[Any]) -> int:
+        """Produce every row; returns how many were acknowledged."""
+        written = 0
+        with Cluster(self.bootstrap) as cluster:
+            placements = self._placements(cluster)
+            for row in rows:
+                fields = row.asDict() if hasattr(row, "asDict") else dict(row)
+                key = _bytes(fields.get("key"))
+                if fields.get("partition") is not None:
+                    partition = int(fields["partition"])
+                elif key is not None:
+                    partition = zlib.crc32(key) % len(placements)
+                else:
+                    partition = next(self._round_robin) % len(placements)
+                record = Record(
+                    offset=-1,
+                    timestamp_ms=_timestamp_ms(fields.get("timestamp")),
+                    key=key,
+                    value=_bytes(fields.get("value")),
+                )
+                batch = self._pending.setdefault(partition, [])
+                batch.append(record)
+                size = self._pending_bytes[partition] = self._pending_bytes.get(
+                    partition, 0
+                ) + record_size(record)
+                if len(batch) >= MAX_BATCH_RECORDS or size >= MAX_BATCH_BYTES:
+                    written += self._send(cluster, placements, partition)
+            for partition in list(self._pending):
+                written += self._send(cluster, placements, partition)
+        return written
+
+    def _placements(self, cluster: Cluster) -> list[Placement]:
+        found = cluster.placements([self.topic])
+        ordered = [found[tp] for tp in sorted(found) if tp.topic == self.topic]
+        if not ordered:
+            raise PipelineError(f"topic {self.topic!r}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        return ordered
+
+    def _send(self, cluster: Cluster, placements: list[Placement], partition: int) -> int:
+        batch = self._pending.pop(partition, [])
+        self._pending_bytes.pop(partition, None)
+        if not batch:
+            return 0
+        if not 0 <= partition < len(placements):
+            tp = TopicPartition(topic=self.topic, partition=partition)
+            raise PipelineError(f"partition {tp}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        cluster.produce(placements[partition], batch)
+        return len(batch)

@@ -1,0 +1,299 @@
+"""The ``coordinator`` data source: batch and streaming reads of topics, and writes to one.
+
+The driver plans (metadata, log bounds, the group's offsets); each Spark input partition is one
+topic partition's offset range, read by a Spark task straight from the broker that holds it, so
+executors fetch partitions in parallel. Offsets are ``pipeline.offsets`` JSON maps.
+
+Group offsets are not committed here: ``DataSourceStreamReader.commit`` runs one batch late and
+not at all for the last batch under ``availableNow``. ``pipeline.commits`` commits each finished
+micro-batch's end offsets from the driver instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from pipeline import offsets as om
+from pipeline.sink import TopicWriter
+from pipeline.wire import Cluster, Placement
+from protocol import ErrorCode, TopicPartition
+
+SCHEMA = "topic string, partition int, offset long, key binary, value binary, timestamp timestamp"
+ARROW_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+)
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+#: Bytes asked for per Fetch; the broker caps a response at 2 MiB.
+FETCH_BYTES = 1024 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class OffsetRange(InputPartition):
+    """One Spark task: records [start, end) of one partition, from the broker holding it."""
+
+    placement: Placement
+    start: int
+    end: int
+
+
+class CoordinatorDataSource(DataSource):
+    """``spark.read.format("coordinator")`` / ``spark.readStream`` / ``df.write`` (see README)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "coordinator"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(dict(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(dict(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return BatchWriter(dict(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return StreamWriter(dict(self.options))
+
+
+class _Planner:
+    """What the driver asks the cluster: the partitions a read covers and their bounds."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        # Spark hands the options over with lowercased keys
+        self.options = {key.lower(): value for key, value in options.items()}
+        self.bootstrap = options.get("bootstrap", DEFAULT_BOOTSTRAP)
+        self.selector = om.TopicSelector(self.options)
+        self.group = options.get("group") or None
+
+    def placements(self, cluster: Cluster) -> dict[TopicPartition, Placement]:
+        names = self.selector.names
+        found = cluster.placements(list(names) if names is not None else None)
+        return {tp: p for tp, p in found.items() if self.selector.matches(tp.topic)}
+
+    def resolve_start(
+        self,
+        cluster: Cluster,
+        bounds: dict[TopicPartition, tuple[int, int]],
+        default: str,
+    ) -> om.Offsets:
+        spec = self.options.get("startingoffsets") or default
+        if spec == "group" and self.group is None:
+            raise ValueError("startingOffsets=group needs the group option")
+        committed = cluster.committed_offsets(self.group) if spec == "group" and self.group else {}
+        return om.starting_offsets(spec, bounds, committed)
+
+    def input_partitions(
+        self,
+        placements: dict[TopicPartition, Placement],
+        start: dict[TopicPartition, int],
+        end: dict[TopicPartition, int],
+    ) -> list[OffsetRange]:
+        wanted = [r for r in om.ranges(start, end) if r[0] in placements]
+        min_partitions = self.options.get("minpartitions")
+        if min_partitions:
+            wanted = om.split(wanted, int(min_partitions))
+        return [
+            OffsetRange(placement=placements[tp], start=first, end=until)
+            for tp, first, until in wanted
+        ]
+
+
+class BatchReader(DataSourceReader):
+    """A bounded read: ``startingOffsets`` (default earliest) to ``endingOffsets`` (default
+    latest, or a JSON map)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.planner = _Planner(options)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        with Cluster(self.planner.bootstrap) as cluster:
+            placements = self.planner.placements(cluster)
+            bounds = cluster.log_bounds(placements.values())
+            start = self.planner.resolve_start(cluster, bounds, "earliest")
+        end = {tp: e for tp, (_, e) in bounds.items()}
+        ending = self.planner.options.get("endingoffsets", "latest")
+        if ending != "latest":
+            named = om.from_json(ending)
+            end = {tp: min(named.get(tp, e), e) for tp, e in end.items()}
+        return self.planner.input_partitions(placements, start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        return read_range(partition)
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of every partition the topics have at each trigger (new partitions and,
+    with ``pattern``, new topics included), capped by ``maxRecordsPerTrigger``."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.planner = _Planner(options)
+        limit = self.planner.options.get("maxrecordspertrigger")
+        self.max_rows = int(limit) if limit else None
+        self._target: om.Offsets | None = None
+        self._placements: dict[TopicPartition, Placement] = {}
+        self._cluster: Cluster | None = None
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = Cluster(self.planner.bootstrap)
+        return self._cluster
+
+    def _bounds(self) -> dict[TopicPartition, tuple[int, int]]:
+        self._placements = self.planner.placements(self.cluster)
+        return self.cluster.log_bounds(self._placements.values())
+
+    def initialOffset(self) -> om.OffsetsJson:
+        default = "group" if self.planner.group else "latest"
+        return om.to_json(self.planner.resolve_start(self.cluster, self._bounds(), default))
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {tp: end for tp, (_, end) in self._bounds().items()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+
+    def latestOffset(self, start: om.OffsetsJson, limit: ReadLimit) -> om.OffsetsJson:
+        previous = om.from_json(start)
+        bounds = self._bounds()
+        ends = {tp: end for tp, (_, end) in bounds.items()}
+        if self._target is not None:
+            # partitions that appeared after the target was taken have nothing to read this run
+            ends = {tp: min(end, self._target.get(tp, 0)) for tp, end in ends.items()}
+        # a partition new since the last batch starts at its log start, never before it
+        first = {tp: previous.get(tp, log_start) for tp, (log_start, _) in bounds.items()}
+        ends = {tp: max(end, first[tp]) for tp, end in ends.items()}
+        if isinstance(limit, ReadMaxRows):
+            ends = om.limit_ends(first, ends, limit.max_rows)
+        # a partition that is gone from the metadata keeps its last offset
+        return om.to_json({**previous, **ends})
+
+    def reportLatestOffset(self) -> om.OffsetsJson | None:
+        bounds = self._bounds()
+        return om.to_json({tp: end for tp, (_, end) in bounds.items()})
+
+    def partitions(self, start: om.OffsetsJson, end: om.OffsetsJson) -> Sequence[InputPartition]:
+        first, until = om.from_json(start), om.from_json(end)
+        if not until.keys() <= self._placements.keys():
+            self._bounds()  # a restart from a checkpoint plans before any latestOffset
+        return self.planner.input_partitions(self._placements, first, until)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        return read_range(partition)
+
+    def commit(self, end: om.OffsetsJson) -> None:
+        """Nothing: group offsets are committed from the driver (``pipeline.commits``)."""
+
+    def stop(self) -> None:
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+
+
+def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Fetch [start, end) of one partition from its broker, one Arrow batch per Fetch response.
+
+    Records below the log start (deleted by retention since the batch was planned) are skipped.
+    """
+    p = task.placement
+    offset = task.start
+    with Cluster(f"{p.host}:{p.port}") as cluster:
+        while offset < task.end:
+            response = cluster.fetch(p, offset, FETCH_BYTES)
+            if response.error_code is ErrorCode.OFFSET_OUT_OF_RANGE and (
+                offset < response.log_start_offset
+            ):
+                offset = response.log_start_offset
+                continue
+            if response.error_code is not ErrorCode.NONE:
+                raise RuntimeError(
+                    f"fetch {p.topic}-{p.partition} at {offset}: {response.error_code.name}"
+                )
+            records = [r for r in response.records if offset <= r.offset < task.end]
+            if not records:
+                if response.high_watermark <= offset:
+                    raise RuntimeError(
+                        f"{p.topic}-{p.partition} ends at {response.high_watermark}, "
+                        f"before the planned {task.end}"
+                    )
+                continue
+            offset = records[-1].offset + 1
+            yield _arrow(p, records)
+
+
+def _arrow(p: Placement, records: Sequence[Any]) -> pa.RecordBatch:
+    n = len(records)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([p.topic] * n, pa.string()),
+            pa.array([p.partition] * n, pa.int32()),
+            pa.array([r.offset for r in records], pa.int64()),
+            pa.array([r.key for r in records], pa.binary()),
+            pa.array([r.value for r in records], pa.binary()),
+            pa.array([r.timestamp_ms * 1000 for r in records], pa.timestamp("us", tz="UTC")),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class Written(WriterCommitMessage):
+    """What one write task acknowledged."""
+
+    records: int
+
+
+class BatchWriter(DataSourceWriter):
+    """``df.write.format("coordinator").option("topic", T).mode("append").save()``."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return Written(records=TopicWriter.from_options(self.options).write_rows(iterator))
+
+
+class StreamWriter(DataSourceStreamWriter):
+    """``writeStream.format("coordinator")``: at least once (a retried batch is produced again)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return Written(records=TopicWriter.from_options(self.options).write_rows(iterator))
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        """Nothing to do: every record was acknowledged before its task finished."""

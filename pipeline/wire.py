@@ -1,0 +1,249 @@
+"""A small blocking client on ``protocol.Connection`` and a socket, for Spark's processes.
+
+Spark runs the data source in the driver and in Python worker processes that are forked and
+reused at Spark's pleasure, often with no event loop of their own; a plain socket per broker is
+all they need (``scripts/example_raw_client.py`` is the same idea). Nothing here is shared between
+processes: each process opens its own connections, so the data source itself stays picklable.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from coordinator.client import parse_bootstrap
+from protocol import (
+    NEED_DATA,
+    ClusterMetadataRequest,
+    ClusterMetadataResponse,
+    Connection,
+    ConnectionClosed,
+    ErrorCode,
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    PartitionOffset,
+    PeerError,
+    ProduceRequest,
+    ProduceResponse,
+    Record,
+    RequestMessage,
+    Response,
+    ResponseMessage,
+    Role,
+    TopicPartition,
+)
+
+#: Seconds a broker may take to accept a connection or answer one request.
+REQUEST_TIMEOUT = 30.0
+#: Above the broker's 2 MiB fetch cap, so that a whole fetch response always fits one frame.
+MAX_FRAME_SIZE = 16 * 1024 * 1024
+CLIENT_ID = "spark-pipeline"
+
+Address = tuple[str, int]
+
+
+class PipelineError(Exception):
+    """The cluster refused an operation (``error_code``) or could not be reached."""
+
+    def __init__(self, what: str, error_code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR) -> None:
+        super().__init__(f"{what}: {error_code.name}")
+        self.error_code = error_code
+
+
+class BrokerConnection:
+    """One blocking connection: ``call(request)`` sends it and returns its response."""
+
+    def __init__(self, address: Address) -> None:
+        self.address = address
+        self._sock = socket.create_connection(address, timeout=REQUEST_TIMEOUT)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._conn = Connection(Role.CONSUMER, client_id=CLIENT_ID, max_frame_size=MAX_FRAME_SIZE)
+
+    def call(self, message: RequestMessage) -> ResponseMessage:
+        request = self._conn.new_request(message)
+        self._sock.sendall(self._conn.send(request))
+        while True:
+            event = self._conn.next_event()
+            if event is NEED_DATA:
+                self._conn.receive_data(self._sock.recv(1 << 20))
+            elif isinstance(event, Response) and event.correlation_id == request.correlation_id:
+                return event.message
+            elif isinstance(event, ConnectionClosed | PeerError):
+                raise PipelineError(f"broker {self.address} closed the connection: {event}")
+            # anything else (the coordinator's own requests) is not for a plain client
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+@attrs.frozen(kw_only=True)
+class Placement:
+    """Where one partition lives."""
+
+    topic: str
+    partition: int
+    host: str
+    port: int
+
+
+class Cluster:
+    """The brokers of one bootstrap list, with a connection per broker opened on first use."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = parse_bootstrap(bootstrap)
+        self._connections: dict[Address, BrokerConnection] = {}
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for connection in self._connections.values():
+            connection.close()
+        self._connections.clear()
+
+    def connection(self, address: Address) -> BrokerConnection:
+        connection = self._connections.get(address)
+        if connection is None:
+            connection = self._connections[address] = BrokerConnection(address)
+        return connection
+
+    def call(self, address: Address, message: RequestMessage) -> ResponseMessage:
+        """One request; a broken connection is reopened once before giving up."""
+        try:
+            return self.connection(address).call(message)
+        except (OSError, PipelineError):
+            self._connections.pop(address).close()
+            return self.connection(address).call(message)
+
+    def call_any(self, message: RequestMessage) -> ResponseMessage:
+        errors = []
+        for address in self.bootstrap:
+            try:
+                return self.call(address, message)
+            except (OSError, PipelineError) as exc:
+                self._connections.pop(address, None)
+                errors.append(f"{address[0]}:{address[1]}: {exc}")
+        raise PipelineError("cannot reach any broker (" + "; ".join(errors) + ")")
+
+    # --- metadata ---------------------------------------------------------------------------------
+
+    def metadata(
+        self, topics: Sequence[str] | None = None, group: str | None = None
+    ) -> ClusterMetadataResponse:
+        response = self.call_any(
+            ClusterMetadataRequest(group_id=group, topics=None if topics is None else tuple(topics))
+        )
+        assert isinstance(response, ClusterMetadataResponse)
+        return response
+
+    def placements(self, topics: Sequence[str] | None = None) -> dict[TopicPartition, Placement]:
+        """Every partition of ``topics`` (all when None) with the broker that holds it; topics
+        that do not exist are left out."""
+        metadata = self.metadata(topics)
+        brokers = {b.broker_id: b for b in metadata.brokers}
+        found = {}
+        for topic in metadata.topics:
+            if topic.error_code is not ErrorCode.NONE:
+                continue
+            for p in topic.partitions:
+                broker = brokers.get(p.broker_id)
+                if broker is not None:
+                    tp = TopicPartition(topic=topic.topic, partition=p.partition)
+                    found[tp] = Placement(
+                        topic=topic.topic, partition=p.partition, host=broker.host, port=broker.port
+                    )
+        return found
+
+    def log_bounds(self, placements: Iterable[Placement]) -> dict[TopicPartition, tuple[int, int]]:
+        """(log start, end) of each partition, asked of the broker that holds it."""
+        bounds = {}
+        for p in placements:
+            response = self.call(
+                (p.host, p.port), ListOffsetsRequest(topic=p.topic, partition=p.partition)
+            )
+            assert isinstance(response, ListOffsetsResponse)
+            if response.error_code is not ErrorCode.NONE:
+                raise PipelineError(f"offsets of {p.topic}-{p.partition}", response.error_code)
+            tp = TopicPartition(topic=p.topic, partition=p.partition)
+            bounds[tp] = (response.log_start_offset, response.high_watermark)
+        return bounds
+
+    # --- data -------------------------------------------------------------------------------------
+
+    def fetch(self, placement: Placement, offset: int, max_bytes: int) -> FetchResponse:
+        response = self.call(
+            (placement.host, placement.port),
+            FetchRequest(
+                topic=placement.topic,
+                partition=placement.partition,
+                offset=offset,
+                max_bytes=max_bytes,
+            ),
+        )
+        assert isinstance(response, FetchResponse)
+        return response
+
+    def produce(self, placement: Placement, records: Sequence[Record]) -> int:
+        """Append ``records`` (acknowledged under the broker's fsync policy): the base offset."""
+        response = self.call(
+            (placement.host, placement.port),
+            ProduceRequest(
+                topic=placement.topic, partition=placement.partition, records=tuple(records)
+            ),
+        )
+        assert isinstance(response, ProduceResponse)
+        if response.error_code is not ErrorCode.NONE:
+            raise PipelineError(
+                f"produce to {placement.topic}-{placement.partition}", response.error_code
+            )
+        return response.base_offset
+
+    # --- group offsets ----------------------------------------------------------------------------
+
+    def _coordinator(self, group: str) -> Address:
+        metadata = self.metadata(topics=(), group=group)
+        for broker in metadata.brokers:
+            if broker.broker_id == metadata.coordinator_id:
+                return (broker.host, broker.port)
+        raise PipelineError(
+            f"no coordinator for group {group}", ErrorCode.COORDINATOR_NOT_AVAILABLE
+        )
+
+    def committed_offsets(self, group: str) -> dict[TopicPartition, int]:
+        """The group's committed offsets (the next offset to read); partitions without one are
+        left out."""
+        response = self.call(
+            self._coordinator(group), OffsetFetchRequest(group_id=group, partitions=None)
+        )
+        assert isinstance(response, OffsetFetchResponse)
+        if response.error_code is not ErrorCode.NONE:
+            raise PipelineError(f"offsets of group {group}", response.error_code)
+        return {po.topic_partition: po.offset for po in response.offsets if po.offset >= 0}
+
+    def commit_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
+        """The standalone commit (generation -1, no member): accepted only while the group has no
+        live members, so a Spark job and a consumer group cannot both move one group's offsets."""
+        request = OffsetCommitRequest(
+            group_id=group,
+            consumer_id=None,
+            generation=-1,
+            offsets=tuple(
+                PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset)
+                for tp, offset in sorted(offsets.items())
+            ),
+        )
+        response = self.call(self._coordinator(group), request)
+        assert isinstance(response, OffsetCommitResponse)
+        if response.error_code is not ErrorCode.NONE:
+            raise PipelineError(f"commit offsets of group {group}", response.error_code)

@@ -1,0 +1,266 @@
+"""The ``coordinator`` Spark data source against a real broker process and a real local Spark.
+
+One broker and one SparkSession (``local[2]``) serve the whole module; each test has its own
+topic. Sinks are ``foreachBatch`` functions that write one file per batch id (an idempotent sink:
+a batch Spark runs again overwrites its own file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from consumer import open_producer
+from coordinator.admin import open_admin
+from coordinator.client import parse_bootstrap
+from pipeline import GroupOffsetCommitter
+from pipeline.local import local_broker, local_spark
+
+pytestmark = pytest.mark.realtime
+
+WAIT = 120.0  # generous: CI has two busy cores and Spark plans every batch in a JVM
+
+
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with local_broker(tmp_path_factory.mktemp("pipeline") / "broker") as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = local_spark("pipeline-tests")
+    yield session
+    session.stop()
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    async def create() -> None:
+        async with open_admin(parse_bootstrap(bootstrap)) as admin:
+            await admin.create_topic(topic, partitions)
+
+    trio.run(create)
+
+
+def produce(bootstrap: str, topic: str, values: list[str]) -> set[tuple[int, int, str]]:
+    """Send keyed records with the project's producer: {(partition, offset, value)}."""
+
+    async def send() -> set[tuple[int, int, str]]:
+        async with open_producer(parse_bootstrap(bootstrap)) as producer:
+            deliveries = [
+                await producer.enqueue(topic, v.encode(), f"key-{v}".encode()) for v in values
+            ]
+            return {
+                (*(await d.wait()), d.record.value.decode()) for d in deliveries if d.record.value
+            }
+
+    return trio.run(send)
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT  # real-clock: Spark runs on the wall clock
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT} s: {what}")
+        time.sleep(0.05)
+
+
+def batch_file_sink(directory: Path) -> Callable[[Any, int], None]:
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def write(df: Any, batch_id: int) -> None:
+        rows = [[r.partition, r.offset, r.value.decode()] for r in df.collect()]
+        staged = directory / f".batch-{batch_id:05d}"
+        staged.write_text(json.dumps(rows))
+        staged.rename(directory / f"batch-{batch_id:05d}.json")
+
+    return write
+
+
+def sink_rows(directory: Path) -> list[tuple[int, int, str]]:
+    """Every row of every batch file (duplicates kept, so a test can see them)."""
+    return [
+        (p, o, v)
+        for path in sorted(directory.glob("batch-*.json"))
+        for p, o, v in json.loads(path.read_text())
+    ]
+
+
+def stream(spark: Any, bootstrap: str, topic: str, **options: str) -> Any:
+    reader = spark.readStream.format("coordinator").option("bootstrap", bootstrap)
+    for key, value in {"topic": topic, **options}.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def run_available_now(df: Any, sink: Path, checkpoint: Path, name: str) -> Any:
+    query = (
+        df.writeStream.foreachBatch(batch_file_sink(sink))
+        .queryName(name)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(WAIT), "the availableNow query did not finish"
+    return query
+
+
+def describe_group(bootstrap: str, group: str) -> dict[str, Any]:
+    """What an operator sees: ``coordinator groups describe G --json``."""
+    command = [sys.executable, "-m", "coordinator", "groups", "describe", group, "--json"]
+    out = subprocess.run(
+        [*command, "--bootstrap", bootstrap],
+        capture_output=True,
+        check=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    ).stdout
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def test_a_batch_read_returns_exactly_what_was_produced(spark: Any, bootstrap: str) -> None:
+    create_topic(bootstrap, "batch", 3)
+    produced = produce(bootstrap, "batch", [f"v{i}" for i in range(600)])
+    assert {p for p, _, _ in produced} == {0, 1, 2}
+
+    df = (
+        spark.read.format("coordinator")
+        .option("bootstrap", bootstrap)
+        .option("topic", "batch")
+        .option("minPartitions", "7")  # cut the three ranges into about seven tasks
+        .load()
+    )
+    assert 6 <= df.rdd.getNumPartitions() <= 8
+    rows = df.collect()
+
+    assert len(rows) == 600
+    assert {(r.partition, r.offset, r.value.decode()) for r in rows} == produced
+    assert all(r.topic == "batch" and r.key == b"key-" + r.value for r in rows)
+    assert all(r.timestamp is not None for r in rows)
+
+    by_pattern = (
+        spark.read.format("coordinator")
+        .option("bootstrap", bootstrap)
+        .option("pattern", "ba.ch")
+        .option("endingOffsets", '{"batch": {"0": 5}}')
+        .load()
+    )
+    counts = {r.partition: r["count"] for r in by_pattern.groupBy("partition").count().collect()}
+    ends = {p: max(o + 1 for q, o, _ in produced if q == p) for p in (1, 2)}
+    assert counts == {0: 5, 1: ends[1], 2: ends[2]}
+
+
+def test_available_now_picks_up_what_was_produced_between_runs_and_commits_the_group(
+    spark: Any, bootstrap: str, tmp_path: Path
+) -> None:
+    create_topic(bootstrap, "runs", 2)
+    first = produce(bootstrap, "runs", [f"a{i}" for i in range(200)])
+    committer = GroupOffsetCommitter(bootstrap, "nightly", query_name="runs")
+    spark.streams.addListener(committer)
+    try:
+        df = stream(spark, bootstrap, "runs", group="nightly", maxRecordsPerTrigger="70")
+        run_available_now(df, tmp_path / "sink", tmp_path / "checkpoint", "runs")
+        assert set(sink_rows(tmp_path / "sink")) == first
+        assert len(sink_rows(tmp_path / "sink")) == 200
+        assert len(list((tmp_path / "sink").glob("batch-*"))) >= 3  # the limit made batches
+
+        # the listener commits each finished batch, the last one included
+        wait_until(
+            lambda: (
+                sum(p["committed"] for p in describe_group(bootstrap, "nightly")["partitions"])
+                == 200
+            ),
+            "the group's offsets at the end of the first run",
+        )
+        group = describe_group(bootstrap, "nightly")
+        assert [(p["committed"], p["lag"]) for p in group["partitions"]] == [
+            (p["end"], 0) for p in group["partitions"]
+        ]
+        assert sum(p["committed"] for p in group["partitions"]) == 200
+
+        second = produce(bootstrap, "runs", [f"b{i}" for i in range(50)])
+        assert sum(p["lag"] for p in describe_group(bootstrap, "nightly")["partitions"]) == 50
+        query = run_available_now(df, tmp_path / "sink", tmp_path / "checkpoint", "runs")
+        committer.commit_last(query)  # at once, without waiting for the listener
+    finally:
+        spark.streams.removeListener(committer)
+
+    rows = sink_rows(tmp_path / "sink")
+    assert len(rows) == 250 and set(rows) == first | second
+    group = describe_group(bootstrap, "nightly")
+    assert sum(p["committed"] for p in group["partitions"]) == 250
+    assert all(p["lag"] == 0 for p in group["partitions"])
+
+    # a new job (no checkpoint) on the group's offsets starts where the group stands
+    third = produce(bootstrap, "runs", [f"c{i}" for i in range(10)])
+    df = stream(spark, bootstrap, "runs", group="nightly", startingOffsets="group")
+    run_available_now(df, tmp_path / "sink2", tmp_path / "checkpoint2", "fresh")
+    assert sorted(sink_rows(tmp_path / "sink2")) == sorted(third)
+
+
+def test_restarting_from_the_checkpoint_loses_and_duplicates_nothing(
+    spark: Any, bootstrap: str, tmp_path: Path
+) -> None:
+    create_topic(bootstrap, "restart", 3)
+    produced = produce(bootstrap, "restart", [f"r{i}" for i in range(1500)])
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+    df = stream(spark, bootstrap, "restart", startingOffsets="earliest", maxRecordsPerTrigger="100")
+    query = (
+        df.writeStream.foreachBatch(batch_file_sink(sink))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(list(sink.glob("batch-*"))) >= 3, "three batches written")
+    finally:
+        query.stop()
+    stopped_with = len(sink_rows(sink))
+    assert 0 < stopped_with < 1500, "the query was not stopped mid-way"
+
+    run_available_now(df, sink, checkpoint, "restart-2")
+
+    rows = sink_rows(sink)
+    assert len(rows) == 1500, "records were lost or duplicated across the restart"
+    assert set(rows) == produced
+
+
+def test_a_partition_added_while_the_query_runs_is_picked_up(
+    spark: Any, bootstrap: str, tmp_path: Path
+) -> None:
+    create_topic(bootstrap, "grow", 1)
+    produce(bootstrap, "grow", [f"g{i}" for i in range(20)])
+    sink = tmp_path / "sink"
+    df = stream(spark, bootstrap, "grow", startingOffsets="earliest")
+    query = (
+        df.writeStream.foreachBatch(batch_file_sink(sink))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(sink_rows(sink)) == 20, "the first partition's records")
+
+        async def grow() -> None:
+            async with open_admin(parse_bootstrap(bootstrap)) as admin:
+                await admin.add_partitions("grow", 2)
+
+        trio.run(grow)
+        later = produce(bootstrap, "grow", [f"h{i}" for i in range(40)])
+        assert any(p == 1 for p, _, _ in later)
+        wait_until(lambda: len(sink_rows(sink)) == 60, "the records of both partitions")
+    finally:
+        query.stop()
+    rows = sink_rows(sink)
+    assert {(p, o, v) for p, o, v in rows if v.startswith("h")} == later
+    assert len(rows) == len(set(rows)) == 60
