@@ -19,6 +19,7 @@ that do it, in the manner of a trio driver around a sans-IO core:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
@@ -155,6 +156,12 @@ class Consumer:
     _discovery_run: _DiscoveryRun | None = None
     _fetch_run: _FetchRun | None = None
     _claims: dict[TopicPartition, PartitionClaim] = attrs.field(factory=dict)
+    accepted_by_epoch: collections.Counter[int] = attrs.field(factory=collections.Counter)
+    """Coordinator requests (Ping, StopFetcher, StartFetcher) that passed the machine's epoch
+    guard and were acted on, by coordinator epoch: what a failover test checks fencing with."""
+    accepted_span: dict[int, tuple[int, int]] = attrs.field(factory=dict)
+    """Per epoch, the positions (1-based, over all accepted requests) of its first and last
+    accepted request: a deposed coordinator's last must come before its successor's first."""
     _close_requested: bool = False
     _stopped: trio.Event = attrs.field(factory=trio.Event)
 
@@ -260,11 +267,24 @@ class Consumer:
                     self.machine.state, sm.CoordinatorMoved
                 ):
                     continue  # a commit answered after the machine had moved on
-                await self._perform(self.machine.handle(event))
+                effects = self.machine.handle(event)
+                self._count_accepted(event, effects)
+                await self._perform(effects)
         finally:
             for stream in self.streams:
                 stream.close()
             self._stopped.set()
+
+    def _count_accepted(self, event: sm.Input, effects: list[sm.Effect]) -> None:
+        requests = (sm.PingReceived, sm.StopFetcherReceived, sm.StartFetcherReceived)
+        if not isinstance(event, requests):
+            return
+        if any(isinstance(e, sm.Ignored) and e.event is event for e in effects):
+            return
+        self.accepted_by_epoch[event.epoch] += 1
+        position = self.accepted_by_epoch.total()
+        first, _ = self.accepted_span.get(event.epoch, (position, position))
+        self.accepted_span[event.epoch] = (first, position)
 
     def _is_current(self, source: _Source) -> bool:
         if source is None:
