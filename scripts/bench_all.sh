@@ -2,14 +2,21 @@
 # Every benchmark (docs/benchmarks.md), one JSON line per figure on stdout, also appended to
 # $BENCH_OUT when set. Installs the project with the `bench` extra (kafka-python, py-spy) first if
 # kafka-python is missing. `scripts/bench_all.sh --quick` runs the CI sizes in about a minute;
-# without it the full sizes take about 15 minutes on 2 cores.
+# without it the full sizes take 25 minutes or more on 2 busy cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! .venv/bin/python -c "import kafka, trio" 2>/dev/null; then
-    EXTRAS=${EXTRAS:-test,dev,bench} scripts/bootstrap.sh
+    EXTRAS=${EXTRAS:-test,dev,spark,bench} scripts/bootstrap.sh
 fi
 out=${BENCH_OUT:-/dev/null}
-for bench in assignment heartbeat capacity rebalance detection; do
+for bench in assignment heartbeat capacity rebalance detection failover zk_commits seed02; do
     echo "== bench_$bench $*" >&2
     .venv/bin/python -m "scripts.bench_$bench" "$@" | tee -a "$out"
+done
+# These two take sizes rather than --quick.
+sizes=()
+if [ "${1:-}" = "--quick" ]; then sizes=(--records 20000); fi
+for bench in throughput spark_source; do
+    echo "== bench_$bench ${sizes[*]}" >&2
+    .venv/bin/python -m "scripts.bench_$bench" "${sizes[@]}" | tee -a "$out"
 done

@@ -41,6 +41,7 @@ from scripts.bench_harness import (
     wait_until,
 )
 from scripts.loadgen import (
+    PER_WORKER,
     frame_sizes,
     now,
     percentile,
@@ -64,12 +65,19 @@ async def _window(
     return cpu1 - cpu0, t1 - t0, rtts, await stats(workers)
 
 
-async def measure(work: Path, n: int, *, settle: float, window: float, profile: float) -> None:
+async def measure(
+    work: Path, n: int, *, settle: float, window: float, profile: float, per_worker: int
+) -> None:
     sizes = frame_sizes("m1234", "bench", 0)
     async with (
         open_coordinator(work / f"coordinator-{n}", "--initial-rebalance-delay", "2") as server,
         open_consumers(
-            server, n, work, group_size=100, session_timeout_ms=SESSION_TIMEOUT_MS
+            server,
+            n,
+            work,
+            group_size=100,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            per_worker=per_worker,
         ) as workers,
     ):
         await wait_until(workers, registered(n), timeout=120 + n / 50)
@@ -150,16 +158,25 @@ async def main() -> None:
     parser.add_argument(
         "--profile", type=float, default=None, help="py-spy seconds after each window (0: none)"
     )
+    parser.add_argument("--consumers", type=int, nargs="+", help="sizes instead of the defaults")
+    parser.add_argument("--per-worker", type=int, default=PER_WORKER, help="consumers per process")
     args = parser.parse_args()
     profile = args.profile if args.profile is not None else (0 if args.quick else 10)
-    sizes = [200] if args.quick else [5000, 10000]
+    sizes = args.consumers or ([200] if args.quick else [5000, 10000])
     settle, window = (1.5, 3.0) if args.quick else (5.0, 20.0)
     with tempfile.TemporaryDirectory(prefix="bench-heartbeat-") as tmp:
         work = (args.work_dir or Path(tmp)) / BENCH
         work.mkdir(parents=True, exist_ok=True)
         for n in sizes:
             with reporting_errors(BENCH, "cpu_per_round_trip", consumers=n):
-                await measure(work, n, settle=settle, window=window, profile=profile)
+                await measure(
+                    work,
+                    n,
+                    settle=settle,
+                    window=window,
+                    profile=profile,
+                    per_worker=args.per_worker,
+                )
 
 
 if __name__ == "__main__":

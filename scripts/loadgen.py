@@ -30,6 +30,7 @@ import random
 import signal
 import struct
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,6 +63,7 @@ MAX_FRAME = 64 * 1024 * 1024
 PER_WORKER = 5000
 #: Connections a worker opens at once (the listen backlog caps at 4096).
 CONNECT_CONCURRENCY = 200
+LATENESS_SAMPLES = 20_000
 _SIZE = struct.Struct(">i")
 
 
@@ -282,7 +284,9 @@ class ConsumerWorker:
     pings: int = 0
     stops: int = 0
     errors: list[str] = attrs.field(factory=list)
-    lateness: list[float] = attrs.field(factory=list)
+    #: The latest lateness samples only: the parent polls stats often, and each poll sorts them.
+    lateness: deque[float] = attrs.field(factory=lambda: deque(maxlen=LATENESS_SAMPLES))
+    lateness_max: float = -math.inf
     limiter: trio.CapacityLimiter = attrs.field(
         factory=lambda: trio.CapacityLimiter(CONNECT_CONCURRENCY)
     )
@@ -345,7 +349,9 @@ class ConsumerWorker:
         if isinstance(message, PingRequest):
             self.pings += 1
             if consumer.last_ping is not None:
-                self.lateness.append(arrived - consumer.last_ping - self.session_timeout_ms / 3000)
+                late = arrived - consumer.last_ping - self.session_timeout_ms / 3000
+                self.lateness.append(late)
+                self.lateness_max = max(self.lateness_max, late)
             consumer.last_ping = arrived
             answer = PingResponse(
                 error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id, offsets=()
@@ -390,7 +396,7 @@ class ConsumerWorker:
             "last_answer": max(answers) if answers else None,
             "lateness_p50": rounded(percentile(self.lateness, 50)),
             "lateness_p99": rounded(percentile(self.lateness, 99)),
-            "lateness_max": rounded(max(self.lateness) if self.lateness else math.nan),
+            "lateness_max": rounded(self.lateness_max if self.lateness else math.nan),
         }
 
     def add(self, nursery: trio.Nursery, group_id: str, consumer_id: str) -> _Consumer:
@@ -428,6 +434,7 @@ async def run_consumer_worker(args: argparse.Namespace) -> None:
             elif verb == "reset":
                 worker.pings = 0
                 worker.lateness.clear()
+                worker.lateness_max = -math.inf
                 reply = {}
             elif verb == "join":
                 reply = {"t0": now()}

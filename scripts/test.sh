@@ -3,7 +3,7 @@
 # Extra arguments go to pytest, e.g. `scripts/test.sh -k rebalance -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=test,dev,spark scripts/bootstrap.sh
+EXTRAS=test,dev,spark,bench scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff"; ruff check . && ruff format --check .
 echo "== mypy"; mypy

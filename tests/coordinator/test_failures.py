@@ -193,3 +193,31 @@ async def test_several_members_dying_at_once_during_a_rebalance_leave_the_coordi
         assert await cluster.wait_stable("g", members=2) == 3
         assert members["b"].owned | e.owned == ALL
         cluster.ledger.check()
+
+
+async def test_every_member_dying_during_a_rebalance_leaves_an_empty_group_and_a_serving_coordinator(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=6)
+        members = [
+            await cluster.start_consumer(name, group="g", topics={"events": 1}, rejoin=False)
+            for name in "abc"
+        ]
+        assert await cluster.wait_stable("g", members=3) == 1
+        await trio.sleep_until(9.5)
+        members[1].answer_slowly(1.0)
+        await trio.sleep_until(10.0)
+        members.append(
+            await cluster.start_consumer("d", group="g", topics={"events": 1}, rejoin=False)
+        )
+        group = cluster.coordinator.groups["g"]
+        await group.status.wait_value((GroupState.STOPPING, 2))
+        for member in members:  # all at once, while b holds the attempt up
+            await member.kill()
+        await group.status.wait_value(lambda s: s[0] is GroupState.EMPTY)
+        assert trio.current_time() == 10.0
+        late = await cluster.start_consumer("e", group="g", topics={"events": 1})
+        assert await cluster.wait_stable("g", members=1) > 2
+        assert late.owned == ALL
+        cluster.ledger.check()
