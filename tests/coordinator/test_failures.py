@@ -195,7 +195,7 @@ async def test_several_members_dying_at_once_during_a_rebalance_leave_the_coordi
         cluster.ledger.check()
 
 
-async def test_every_member_dying_during_a_rebalance_leaves_an_empty_group_and_a_serving_coordinator(
+async def test_every_member_dying_mid_rebalance_leaves_an_empty_group_and_a_serving_coordinator(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
