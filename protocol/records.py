@@ -15,6 +15,7 @@ import zlib
 import attrs
 
 from .codec import (
+    NULLABLE_BYTES,
     Codec,
     ReadableBuffer,
     Reader,
@@ -26,6 +27,8 @@ _HEAD_SIZE = 12  # offset:int64, crc:uint32 — the part the CRC does not cover
 #: The fixed-width start of a record, read and written with one call: offset, crc, timestamp,
 #: key length (the hot path of every produce, fetch and log scan).
 _FIXED = struct.Struct(">qIqi")
+#: What a reader takes in one call before the key: offset, crc, timestamp.
+_HEAD = struct.Struct(">qIq")
 _LENGTH = struct.Struct(">i")
 _CRC = struct.Struct(">I")
 
@@ -79,38 +82,22 @@ def write_record(w: bytearray, record: Record) -> None:
 
 def read_record(r: Reader) -> Record:
     """Decode one record at ``r.pos``, checking its CRC."""
-    buf, pos, end = r.buf, r.pos, r.end
-    if end - pos < RECORD_OVERHEAD:
-        raise malformed(f"a record needs at least {RECORD_OVERHEAD} bytes, {end - pos} left")
-    offset, crc, timestamp_ms, key_length = _FIXED.unpack_from(buf, pos)
+    buf, pos = r.buf, r.pos
+    if r.end - pos < RECORD_OVERHEAD:
+        raise malformed(f"a record needs at least {RECORD_OVERHEAD} bytes, {r.end - pos} left")
+    offset, crc, timestamp_ms = _HEAD.unpack_from(buf, pos)
     covered = pos + _HEAD_SIZE
-    pos += _FIXED.size
-    key, pos = _read_bytes(buf, pos, end, key_length, "key")
-    if end - pos < 4:
-        raise malformed(f"a record's value length needs 4 bytes, {end - pos} left")
-    (value_length,) = _LENGTH.unpack_from(buf, pos)
-    value, pos = _read_bytes(buf, pos + 4, end, value_length, "value")
+    r.pos = pos + _HEAD.size
+    key = NULLABLE_BYTES.decode(r)
+    value = NULLABLE_BYTES.decode(r)
     with memoryview(buf) as view:
-        actual = zlib.crc32(view[covered:pos])
+        actual = zlib.crc32(view[covered : r.pos])
     if actual != crc:
         raise RemoteProtocolError(
             f"record at offset {offset}: crc {actual:#010x} does not match {crc:#010x}",
             ErrorCode.CORRUPT_MESSAGE,
         )
-    r.pos = pos
     return Record(offset=offset, timestamp_ms=timestamp_ms, key=key, value=value)
-
-
-def _read_bytes(
-    buf: ReadableBuffer, pos: int, end: int, length: int, what: str
-) -> tuple[bytes | None, int]:
-    if length == -1:
-        return None, pos
-    if length < 0:
-        raise malformed(f"a record's {what} has length {length}")
-    if end - pos < length:
-        raise malformed(f"a record's {what} needs {length} bytes, {end - pos} left")
-    return bytes(buf[pos : pos + length]), pos + length
 
 
 def encode_record(record: Record) -> bytes:
