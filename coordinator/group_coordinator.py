@@ -18,6 +18,7 @@ import trio
 from coordinator import rebalance
 from coordinator.channel import Channel, ChannelClosed
 from coordinator.config import CoordinatorConfig
+from coordinator.heartbeat import Pinger
 from coordinator.membership import Group, Member
 from coordinator.offsets import OffsetKeeper
 from coordinator.store import MemberRecord, MetadataStore, StoreError, TopicPlacement
@@ -27,14 +28,12 @@ from protocol import (
     GroupSummary,
     MemberDescription,
     OffsetCommitRequest,
-    PingRequest,
-    PingResponse,
     RegisterConsumerRequest,
     RegisterConsumerResponse,
     RequestMessage,
     ResponseMessage,
 )
-from protocol.types import BrokerInfo, PartitionOffset
+from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine import group as group_sm
 from statemachine import member as member_sm
 
@@ -52,9 +51,13 @@ class GroupCoordinator:
     offsets: OffsetKeeper
     nursery: trio.Nursery
     took_office_at: float
+    pinger: Pinger = attrs.field(init=False)
     groups: dict[str, Group] = attrs.field(factory=dict)
     topics: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
     brokers: tuple[BrokerInfo, ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        self.pinger = Pinger(coordinator=self)
 
     # --- membership -----------------------------------------------------------------------
 
@@ -98,6 +101,7 @@ class GroupCoordinator:
             group.highest_reported_generation, request.generation
         )
         log.info("group %s: %s joined", group.group_id, member.member_id)
+        self.pinger.add(member)
         self._apply(group, group.machine.handle(group_sm.MemberJoined(member_id=member.member_id)))
         return self._register_response(ErrorCode.NONE, request.group_id), member
 
@@ -153,29 +157,6 @@ class GroupCoordinator:
         departed = group_sm.MemberDeparted(member_id=member.member_id, remaining=len(group.members))
         self._apply(group, group.machine.handle(departed))
 
-    async def run_member(self, member: Member) -> None:
-        """Seed 01 §8's scheduler for one member: a Ping every T/3, each due within 2T/3; a Ping
-        is not sent while the previous one is outstanding."""
-        timeouts = member.machine.timeouts
-        next_at = trio.current_time() + timeouts.ping_interval
-        while member.machine.alive:
-            await trio.sleep_until(next_at)
-            if not member.machine.alive:
-                return
-            sent_at = trio.current_time()
-            member.machine.handle(member_sm.PingSent(now=sent_at))
-            request = PingRequest(
-                coordinator_epoch=self.epoch,
-                generation=member.machine.generation,
-                consumer_id=member.member_id,
-                num_retries=member.machine.missed,
-            )
-            response = await self.call(member, request)
-            if isinstance(response, PingResponse) and member.machine.alive:
-                member.machine.handle(member_sm.PingAnswered(now=trio.current_time()))
-                await self.accept_reported_offsets(member, request.generation, response.offsets)
-            next_at = max(sent_at + timeouts.ping_interval, trio.current_time())
-
     async def call(self, member: Member, request: RequestMessage) -> ResponseMessage | None:
         """Send a coordinator request with the seeds' deadline of 2/3 of the session timeout.
 
@@ -207,15 +188,34 @@ class GroupCoordinator:
         generation the Ping carried, and only while it is a member; a StopFetcher answer is its
         ``final`` report for what it owned, accepted even if it left right after (DESIGN.md,
         "Generations")."""
-        if not offsets or generation != member.owned_generation:
-            return
-        if not final and not member.machine.alive:
-            return
-        accepted = {
-            po.topic_partition: po.offset for po in offsets if po.topic_partition in member.owned
-        }
+        accepted = self._fenced(member, generation, offsets, final=final)
         if accepted:
             await self.offsets.accept(member.group_id, generation, accepted, monotonic=True)
+
+    def accept_pinged_offsets(
+        self, member: Member, generation: int, offsets: tuple[PartitionOffset, ...]
+    ) -> None:
+        """:meth:`accept_reported_offsets` for a Ping answer, from the reader that got it."""
+        accepted = self._fenced(member, generation, offsets, final=False)
+        if not accepted:
+            return
+        group_id = member.group_id
+        if self.offsets.accept_nowait(group_id, generation, accepted, monotonic=True) is None:
+            # Not in memory yet (a member owns partitions only after they were loaded, so this
+            # is rare): load them from the store in a task of their own.
+            self.nursery.start_soon(self.accept_reported_offsets, member, generation, offsets)
+
+    @staticmethod
+    def _fenced(
+        member: Member, generation: int, offsets: tuple[PartitionOffset, ...], *, final: bool
+    ) -> dict[TopicPartition, int]:
+        if not offsets or generation != member.owned_generation:
+            return {}
+        if not final and not member.machine.alive:
+            return {}
+        return {
+            po.topic_partition: po.offset for po in offsets if po.topic_partition in member.owned
+        }
 
     async def commit(self, request: OffsetCommitRequest, channel: Channel) -> ErrorCode:
         """OffsetCommit, fenced by member and generation, answered once durable."""
@@ -396,6 +396,7 @@ async def open_group_coordinator(
         await _recover_groups(coordinator)
         await nursery.start(coordinator.watch_topics)
         await nursery.start(offsets.run)
+        await nursery.start(coordinator.pinger.run)
         log.info("broker %d is coordinator, epoch %d", broker.broker_id, epoch)
         try:
             yield coordinator

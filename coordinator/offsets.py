@@ -59,7 +59,23 @@ class OffsetKeeper:
         position must not regress what a newer one committed. A standalone committer (a reset
         while the group is empty) may set any offset.
         """
-        group = await self._load(group_id)
+        await self._load(group_id)
+        version = self.accept_nowait(group_id, generation, offsets, monotonic=monotonic)
+        return self._version if version is None else version  # None: deleted meanwhile
+
+    def accept_nowait(
+        self,
+        group_id: str,
+        generation: int,
+        offsets: Mapping[TopicPartition, int],
+        *,
+        monotonic: bool,
+    ) -> int | None:
+        """:meth:`accept` for a group whose offsets are in memory, from a plain function (the
+        reader that got a Ping answer); None when they are not in memory."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return None
         changed = False
         for tp, offset in offsets.items():
             if monotonic and offset <= group.committed.get(tp, -1):

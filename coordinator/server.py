@@ -1,8 +1,8 @@
 """A broker's connections: one task per connection, in the manner of trio's serve_listeners.
 
-Each connection task owns a nursery with three jobs: the channel's reader, a worker that answers the
-peer's requests in order, and — once the peer registers as a consumer — that member's ping loop.
-Cancelling the nursery (``Member.connection_scope``) is how the coordinator closes a member's
+Each connection task owns a nursery with two jobs: the channel (its reader and writer) and a worker
+that answers the peer's requests in order; a registered member's Pings come from the coordinator's
+one scheduler (:mod:`coordinator.heartbeat`) and their answers back through the reader. Cancelling the nursery (``Member.connection_scope``) is how the coordinator closes a member's
 connection; a connection that ends for any reason kills its member at once, and a peer that breaks
 the protocol is told why and closed without touching anyone else.
 """
@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import attrs
 import trio
 
-from coordinator.channel import Channel
+from coordinator.channel import CLOSING_WRITE_DEADLINE, Channel
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.membership import Member
 from coordinator.store import (
@@ -97,7 +97,6 @@ class _Session:
                 )
                 if member is not None:
                     self.member = member
-                    self.nursery.start_soon(coordinator.run_member, member)
                 return response
             case OffsetCommitRequest() as message:
                 # Waits for durability: answered from its own task so later requests go on.
@@ -112,11 +111,11 @@ class _Session:
                 ):
                     return LeaveGroupResponse(error_code=ErrorCode.UNKNOWN_MEMBER_ID)
                 coordinator.member_event(member, member_sm.Left(now=trio.current_time()))
-                # The connection is closing; answer first, shielded from that cancellation.
-                with trio.CancelScope(shield=True):
-                    await self.channel.respond(
-                        request, LeaveGroupResponse(error_code=ErrorCode.NONE)
-                    )
+                # The connection is closing: the answer leaves from here, shielded from that
+                # cancellation (the channel's writer is being cancelled with it).
+                await self.channel.respond(request, LeaveGroupResponse(error_code=ErrorCode.NONE))
+                with trio.CancelScope(shield=True), trio.move_on_after(CLOSING_WRITE_DEADLINE):
+                    await self.channel.flush()
                 return None
             case OffsetFetchRequest() as message:
                 committed = await coordinator.offsets.committed(message.group_id)

@@ -1,0 +1,129 @@
+"""Seed 01 §8's failure detection for every member of a coordinator, from one task.
+
+Each member is sent a Ping every T/3, each due within 2T/3, and none while the previous one is
+outstanding. A task per member costs a timer wake-up, a cancel scope and an Event per Ping, and at
+thousands of members those are most of the coordinator's CPU. Here one scheduler keeps every due
+Ping and every Ping deadline in one heap, sends Pings with :meth:`Channel.request_nowait`, and the
+connection's reader hands each answer straight back: a Ping round trip costs the coordinator a
+frame out, a frame in, and two heap operations.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from coordinator.channel import ChannelClosed
+from protocol import PingRequest, PingResponse, ResponseMessage
+from statemachine import member as member_sm
+
+if TYPE_CHECKING:
+    from coordinator.group_coordinator import GroupCoordinator
+    from coordinator.membership import Member
+
+#: Due Pings sent before the scheduler lets other tasks run: a crowd whose Pings fall due
+#: together must not hold up the connections that carry their answers.
+BATCH = 64
+
+
+@attrs.define(eq=False)
+class _Ping:
+    """A Ping sent and not yet answered or given up on."""
+
+    member: Member
+    sent_at: float
+    generation: int
+    correlation_id: int
+
+
+@attrs.define(eq=False)
+class Pinger:
+    coordinator: GroupCoordinator
+    #: (when, tie-breaker, what): a Member whose next Ping is due then, or a _Ping whose deadline
+    #: passes then. Entries that no longer apply (a dead member, an answered Ping) are skipped.
+    _due: list[tuple[float, int, Member | _Ping]] = attrs.field(factory=list)
+    _order: itertools.count[int] = attrs.field(factory=itertools.count)
+    _outstanding: dict[Member, _Ping] = attrs.field(factory=dict)
+    _sleep: trio.CancelScope | None = None
+
+    def add(self, member: Member) -> None:
+        """A member registered: its first Ping is due one interval from now."""
+        self._schedule(trio.current_time() + member.machine.timeouts.ping_interval, member)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            with trio.CancelScope(deadline=self._due[0][0] if self._due else math.inf) as sleep:
+                self._sleep = sleep
+                await trio.sleep_forever()
+            self._sleep = None
+            sent = 0
+            while self._due and self._due[0][0] <= trio.current_time():
+                _, _, item = heapq.heappop(self._due)
+                if isinstance(item, _Ping):
+                    self._deadline_passed(item)
+                elif self._send(item):
+                    sent += 1
+                    if sent % BATCH == 0:
+                        await trio.lowlevel.checkpoint()
+
+    def _schedule(self, at: float, item: Member | _Ping) -> None:
+        heapq.heappush(self._due, (at, next(self._order), item))
+        if self._sleep is not None and at < self._sleep.deadline:
+            self._sleep.deadline = at
+
+    def _send(self, member: Member) -> bool:
+        machine = member.machine
+        if not machine.alive or member in self._outstanding:
+            return False
+        now = trio.current_time()
+        machine.handle(member_sm.PingSent(now=now))
+        request = PingRequest(
+            coordinator_epoch=self.coordinator.epoch,
+            generation=machine.generation,
+            consumer_id=member.member_id,
+            num_retries=machine.missed,
+        )
+        ping = _Ping(member=member, sent_at=now, generation=request.generation, correlation_id=-1)
+
+        def on_response(response: ResponseMessage | None) -> None:
+            self._answered(ping, response)
+
+        try:
+            ping.correlation_id = member.channel.request_nowait(request, on_response)
+        except ChannelClosed:
+            return False  # the connection task declares the member dead
+        self._outstanding[member] = ping
+        self._schedule(now + machine.timeouts.response_deadline, ping)
+        return True
+
+    def _answered(self, ping: _Ping, response: ResponseMessage | None) -> None:
+        member = ping.member
+        if self._outstanding.get(member) is not ping:
+            return
+        del self._outstanding[member]
+        if response is None:
+            return  # the connection ended; its task declares the member dead
+        now = trio.current_time()
+        if isinstance(response, PingResponse) and member.machine.alive:
+            member.machine.handle(member_sm.PingAnswered(now=now))
+            self.coordinator.accept_pinged_offsets(member, ping.generation, response.offsets)
+        self._schedule(max(ping.sent_at + member.machine.timeouts.ping_interval, now), member)
+
+    def _deadline_passed(self, ping: _Ping) -> None:
+        member = ping.member
+        if self._outstanding.get(member) is not ping:
+            return  # answered in time
+        del self._outstanding[member]
+        member.channel.abandon(ping.correlation_id)
+        if not member.machine.alive:
+            return
+        now = trio.current_time()
+        self.coordinator.member_event(member, member_sm.DeadlineMissed(now=now))
+        if member.machine.alive:  # more misses allowed: the next Ping goes now
+            self._schedule(now, member)
