@@ -8,6 +8,7 @@ scope that a member failure cancels, and the timer of the next attempt.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import attrs
 import trio
@@ -65,5 +66,6 @@ class Group:
     def longest_session_timeout(self) -> float:
         return max((m.machine.timeouts.session_timeout for m in self.members.values()), default=0.0)
 
-    def partitions_free_at(self, partitions: set[TopicPartition]) -> float:
-        return max((self.free_at.get(tp, -math.inf) for tp in partitions), default=-math.inf)
+    def partitions_free_at(self, partitions: Collection[TopicPartition]) -> float:
+        # ``free_at`` is usually empty or small, ``partitions`` a whole assignment.
+        return max((at for tp, at in self.free_at.items() if tp in partitions), default=-math.inf)

@@ -8,7 +8,7 @@ The coordinator's time includes everything a rebalance does: stop all, the assig
 generation and assignment to the embedded store (fsynced), the forced offset commit, start all.
 Each size is measured ``--repeats`` times on a fresh server; the median is the figure.
 
-    python -m scripts.bench_rebalance [--quick]
+    python -m scripts.bench_rebalance [--quick] [--sizes 10,100] [--partitions N]
 """
 
 from __future__ import annotations
@@ -121,9 +121,16 @@ async def main() -> None:
     parser.add_argument(
         "--profile", type=float, default=None, help="py-spy seconds on the largest group (0: none)"
     )
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=None,
+        help="comma-separated group sizes (default: 10,100,1000,5000; quick: 10,50)",
+    )
+    parser.add_argument("--partitions", type=int, default=None, help="default 10,000 (quick 1,000)")
     args = parser.parse_args()
-    sizes = [10, 50] if args.quick else [10, 100, 1000, 5000]
-    partitions = 1000 if args.quick else 10_000
+    sizes = args.sizes or ([10, 50] if args.quick else [10, 100, 1000, 5000])
+    partitions = args.partitions or (1000 if args.quick else 10_000)
     with tempfile.TemporaryDirectory(prefix="bench-rebalance-") as tmp:
         work = (args.work_dir or Path(tmp)) / BENCH
         work.mkdir(parents=True, exist_ok=True)

@@ -158,7 +158,7 @@ class EmbeddedStore:
     async def write_group(self, epoch: int, group: GroupRecord) -> None:
         await self._enter()
         self._check_epoch(epoch)
-        self._write(group_entry(group))
+        self._write(group_entry(group, self._state.groups.get(group.group_id)))
 
     async def delete_group(self, epoch: int, group_id: str) -> None:
         await self._enter()
