@@ -51,6 +51,9 @@ class Group:
     free_at: dict[TopicPartition, float] = attrs.field(factory=dict)
     #: When the next rebalance attempt is due (None: none is due).
     next_attempt_at: AsyncValue[float | None] = attrs.field(factory=lambda: AsyncValue(None))
+    #: While the group forms (statemachine.group's ``forming``): joins postpone its first attempt
+    #: up to this instant, set by the join that ended Empty.
+    forming_until: float = math.inf
     attempt_scope: trio.CancelScope | None = None
     #: The highest generation a registering member said it had: after a failover, a previous
     #: coordinator may have begun attempts that it never persisted, and generations must still
