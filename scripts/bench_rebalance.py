@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import trio
 
 from scripts.bench_harness import (
+    ServerProcess,
     bare_broadcast,
     bench_arguments,
     create_topic,
@@ -58,6 +60,7 @@ async def coordinator_latencies(
         work / f"coordinator-{members}", "--initial-rebalance-delay", "1"
     ) as server:
         await create_topic(server, TOPIC, partitions)
+        started = time.monotonic()  # real-clock: against the workers' CLOCK_MONOTONIC stamps
         async with open_consumers(
             server,
             members,
@@ -68,11 +71,26 @@ async def coordinator_latencies(
             per_worker=max(1000, (members + 1) // 2),
         ) as workers:
             await wait_until(workers, registered(members), timeout=60 + members / 50)
-            await wait_until(workers, stable_at(members), timeout=60 + members / 50)
+            formed = await wait_until(workers, stable_at(members), timeout=60 + members / 50)
+            generation, stable = stable_generation(formed)
+            # How a crowd forms: every member connecting at once, to all of them Stable; one
+            # generation means one rebalance (each join restarted the initial delay of 1 s).
+            figure(
+                BENCH,
+                "formation",
+                (stable - started) * 1e3,
+                "ms",
+                None,
+                members=members,
+                partitions=partitions,
+                generation=generation,
+            )
+            await settle(server)
             latencies = []
+            # The last worker's next member ids follow everyone's: no DUPLICATE_MEMBER_ID.
             for k in range(1, repeats + 1):
                 generation, _ = stable_generation(await stats(workers))
-                t0 = (await workers[0].command("join 1"))["t0"]
+                t0 = (await workers[-1].command("join 1"))["t0"]
                 st = await wait_until(
                     workers, stable_at(members + k, above=generation), timeout=60 + members / 50
                 )
@@ -84,7 +102,7 @@ async def coordinator_latencies(
                     nursery.start_soon(profile_server, server, profile, path)
                     await trio.sleep(0.5)  # py-spy attaches
                     generation, _ = stable_generation(await stats(workers))
-                    await workers[0].command("join 1")
+                    await workers[-1].command("join 1")
                     await wait_until(
                         workers,
                         stable_at(members + repeats + 1, above=generation),
@@ -100,6 +118,21 @@ async def coordinator_latencies(
                     **top_frames(path),
                 )
             return latencies
+
+
+async def settle(server: ServerProcess, at_most: float = 60) -> None:
+    """Wait until the broker has finished its one-time work on the new topic (it opens 10,000
+    partition logs in threads, seconds of CPU), so that a rebalance is measured, not that: until
+    the server's CPU per second stops falling, or is below a fifth of a core."""
+    previous = None
+    with trio.move_on_after(at_most):
+        while True:
+            before = server.cpu_seconds()
+            await trio.sleep(1)
+            rate = server.cpu_seconds() - before
+            if rate < 0.2 or (previous is not None and rate > previous - 0.05):
+                return
+            previous = rate
 
 
 async def bare_latencies(work: Path, members: int, partitions: int, repeats: int) -> list[float]:

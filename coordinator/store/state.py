@@ -85,9 +85,14 @@ def group_entry(group: GroupRecord, previous: GroupRecord | None = None) -> Json
     still_assigned = 0
     for tp, thread in group.assignment.items():
         old_thread = old_assignment.get(tp)
-        if old_thread is not None:
-            still_assigned += 1
-        if old_thread is not thread and old_thread != thread:
+        if old_thread is None:
+            changed[tp] = thread
+            continue
+        still_assigned += 1
+        # Field by field: attrs' generated __ne__ is two Python calls per partition.
+        if old_thread is not thread and (
+            old_thread.index != thread.index or old_thread.member_id != thread.member_id
+        ):
             changed[tp] = thread
     released: dict[str, list[int]] = {}
     if still_assigned < len(old_assignment):
