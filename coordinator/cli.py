@@ -81,7 +81,15 @@ def _parser() -> argparse.ArgumentParser:
         "--initial-rebalance-delay",
         type=float,
         default=defaults.initial_rebalance_delay,
-        help="seconds a new group waits for more members before its first rebalance",
+        help="seconds a new group waits for more members before its first rebalance; each "
+        "join restarts the wait",
+    )
+    serve.add_argument(
+        "--initial-rebalance-max-delay",
+        type=float,
+        default=defaults.initial_rebalance_max_delay,
+        help="seconds after its first member that a new group rebalances at the latest, "
+        "however many keep joining",
     )
     serve.add_argument(
         "--rebalance-backoff",
@@ -141,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_session_timeout_ms=args.max_session_timeout_ms,
                 max_missed_pings=args.ping_misses,
                 initial_rebalance_delay=args.initial_rebalance_delay,
+                initial_rebalance_max_delay=args.initial_rebalance_max_delay,
                 rebalance_backoff_fraction=args.rebalance_backoff,
                 commit_interval=args.commit_interval,
             )

@@ -24,8 +24,12 @@ class CoordinatorConfig:
     #: differences and the consumer's own lease check interval.
     lease_margin: float = attrs.field(default=0.5, validator=_positive)
     #: A new group waits this long after its first member so a crowd joining together causes one
-    #: rebalance (Kafka's group.initial.rebalance.delay.ms).
+    #: rebalance (Kafka's group.initial.rebalance.delay.ms); each further join before that first
+    #: rebalance begins restarts the wait, as in Kafka ...
     initial_rebalance_delay: float = attrs.field(default=3.0, validator=attrs.validators.ge(0))
+    #: ... but never past this long after the first join (or the initial delay, if that is
+    #: longer), so a crowd that never stops joining is not kept waiting forever.
+    initial_rebalance_max_delay: float = attrs.field(default=30.0, validator=attrs.validators.ge(0))
     #: A failed rebalance attempt waits this fraction of the group's longest session timeout.
     rebalance_backoff_fraction: float = attrs.field(default=1 / 3, validator=_positive)
     #: How often offsets reported in Ping responses are written to the store.

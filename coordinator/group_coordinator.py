@@ -258,10 +258,17 @@ class GroupCoordinator:
                 if group.attempt_scope is not None:
                     group.attempt_scope.cancel()
             else:
-                delay = self._delay(group, effect.delay)
-                due = trio.current_time() + delay
+                now = trio.current_time()
                 current = group.next_attempt_at.value
-                group.next_attempt_at.value = due if current is None else min(current, due)
+                if effect.delay is group_sm.Delay.INITIAL:
+                    group.forming_until = now + self.config.initial_rebalance_max_delay
+                if effect.delay is group_sm.Delay.INITIAL_AGAIN:
+                    # A join into a forming group postpones its first attempt, up to the cap.
+                    due = min(now + self.config.initial_rebalance_delay, group.forming_until)
+                    group.next_attempt_at.value = due if current is None else max(current, due)
+                else:
+                    due = now + self._delay(group, effect.delay)
+                    group.next_attempt_at.value = due if current is None else min(current, due)
         if group.machine.state is group_sm.GroupState.EMPTY:
             group.next_attempt_at.value = None
         group.status.value = (group.machine.state, group.machine.generation)

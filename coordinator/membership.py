@@ -8,6 +8,7 @@ scope that a member failure cancels, and the timer of the next attempt.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import attrs
 import trio
@@ -50,6 +51,9 @@ class Group:
     free_at: dict[TopicPartition, float] = attrs.field(factory=dict)
     #: When the next rebalance attempt is due (None: none is due).
     next_attempt_at: AsyncValue[float | None] = attrs.field(factory=lambda: AsyncValue(None))
+    #: While the group forms (statemachine.group's ``forming``): joins postpone its first attempt
+    #: up to this instant, set by the join that ended Empty.
+    forming_until: float = math.inf
     attempt_scope: trio.CancelScope | None = None
     #: The highest generation a registering member said it had: after a failover, a previous
     #: coordinator may have begun attempts that it never persisted, and generations must still
@@ -65,5 +69,6 @@ class Group:
     def longest_session_timeout(self) -> float:
         return max((m.machine.timeouts.session_timeout for m in self.members.values()), default=0.0)
 
-    def partitions_free_at(self, partitions: set[TopicPartition]) -> float:
-        return max((self.free_at.get(tp, -math.inf) for tp in partitions), default=-math.inf)
+    def partitions_free_at(self, partitions: Collection[TopicPartition]) -> float:
+        # ``free_at`` is usually empty or small, ``partitions`` a whole assignment.
+        return max((at for tp, at in self.free_at.items() if tp in partitions), default=-math.inf)

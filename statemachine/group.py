@@ -3,6 +3,9 @@
 The seeds keep a ``rebalanceInitiated`` bit so a burst of joins causes one rebalance, and let only a
 member's failure cut an attempt short (seed 01 §8-§9). Here that policy is a table: joins and topic
 changes during an attempt only mark another one pending; a departure cancels the attempt in flight.
+A group that leaves Empty is *forming* until its first attempt begins: each join restarts its wait
+(within a cap the trio layer keeps), so a crowd that connects over many seconds still forms in one
+attempt rather than in one per attempt's worth of late joiners.
 The trio layer performs the effects: it owns the timer and the cancel scope of the attempt.
 """
 
@@ -84,7 +87,11 @@ class Delay(enum.Enum):
     """How long to wait before the next attempt; the trio layer turns these into seconds."""
 
     NONE = "none"
-    INITIAL = "initial"  # a new group waits for the crowd that joins with its first member
+    INITIAL = "initial"  # a forming group waits for the crowd that joins with its first member
+    #: another member of that crowd joined: the wait starts over, within a cap from the first join
+    #: (Kafka's group.initial.rebalance.delay.ms), so a crowd that takes a while still causes one
+    #: rebalance; the attempt is postponed, never brought forward
+    INITIAL_AGAIN = "initial_again"
     BACKOFF = "backoff"  # after a failed attempt, scaled to the session timeouts
 
 
@@ -138,6 +145,8 @@ class GroupMachine:
     generation: int = 0
     #: seed 01's ``rebalanceInitiated``: another attempt is owed after the one in flight.
     rebalance_pending: bool = False
+    #: The group left Empty and has not begun an attempt since: joins postpone the first one.
+    forming: bool = False
 
     def handle(self, event: object) -> list[Effect]:
         next_state = TABLE.next_state(self.state, event)  # raises before any change
@@ -147,7 +156,10 @@ class GroupMachine:
                 if self.state in _IN_FLIGHT:
                     self.rebalance_pending = True
                 elif self.state is GroupState.EMPTY and isinstance(event, MemberJoined):
+                    self.forming = True
                     effects.append(ScheduleRebalance(delay=Delay.INITIAL))
+                elif self.forming and isinstance(event, MemberJoined):
+                    effects.append(ScheduleRebalance(delay=Delay.INITIAL_AGAIN))
                 elif self.state is GroupState.STABLE:
                     effects.append(ScheduleRebalance(delay=Delay.NONE))
             case MemberDeparted(remaining=remaining):
@@ -156,6 +168,7 @@ class GroupMachine:
                 self.rebalance_pending = False
                 if remaining == 0:
                     next_state = GroupState.EMPTY
+                    self.forming = False
                 elif self.state is not GroupState.PENDING:
                     effects.append(ScheduleRebalance(delay=Delay.NONE))
             case AttemptBegan(generation=generation):
@@ -163,8 +176,10 @@ class GroupMachine:
                     raise ValueError(f"generation {generation} is not above {self.generation}")
                 self.generation = generation
                 self.rebalance_pending = False
+                self.forming = False
             case AttemptNotNeeded():
                 self.rebalance_pending = False
+                self.forming = False
             case AttemptCompleted():
                 if self.rebalance_pending:
                     self.rebalance_pending = False
@@ -172,6 +187,7 @@ class GroupMachine:
                     effects.append(ScheduleRebalance(delay=Delay.NONE))
             case AttemptFailed():
                 self.rebalance_pending = False
+                self.forming = False
                 effects.append(ScheduleRebalance(delay=Delay.BACKOFF))
         self.state = next_state
         return effects

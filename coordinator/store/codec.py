@@ -18,8 +18,12 @@ from .interface import GroupRecord, MemberRecord, TopicPlacement
 
 __all__ = [
     "decode_group",
+    "decode_member",
+    "decode_owners",
     "decode_placement",
     "encode_group",
+    "encode_member",
+    "encode_owners",
     "encode_placement",
 ]
 
@@ -53,7 +57,7 @@ def _decode_subscription(value: Mapping[str, Any]) -> Subscription:
     )
 
 
-def _encode_member(member: MemberRecord) -> dict[str, Any]:
+def encode_member(member: MemberRecord) -> dict[str, Any]:
     return {
         "member_id": member.member_id,
         "client_id": member.client_id,
@@ -64,7 +68,7 @@ def _encode_member(member: MemberRecord) -> dict[str, Any]:
     }
 
 
-def _decode_member(value: Mapping[str, Any]) -> MemberRecord:
+def decode_member(value: Mapping[str, Any]) -> MemberRecord:
     return MemberRecord(
         member_id=str(value["member_id"]),
         client_id=str(value["client_id"]),
@@ -78,28 +82,49 @@ def _decode_member(value: Mapping[str, Any]) -> MemberRecord:
 def encode_group(group: GroupRecord) -> dict[str, Any]:
     """The group's registry, its assignment as topic -> [[partition, member_id, index], ...]: a
     large group's owners cost a few bytes each, sorted so that equal records encode equally."""
-    owners: dict[str, list[list[Any]]] = {}
-    for tp, thread in sorted(group.assignment.items()):
-        owners.setdefault(tp.topic, []).append([tp.partition, thread.member_id, thread.index])
     return {
         "group_id": group.group_id,
         "generation": group.generation,
-        "members": [_encode_member(member) for member in group.members],
-        "assignment": owners,
+        "members": [encode_member(member) for member in group.members],
+        "assignment": encode_owners(group.assignment),
     }
+
+
+def encode_owners(
+    assignment: Mapping[TopicPartition, ConsumerThread],
+) -> dict[str, list[list[Any]]]:
+    """topic -> [[partition, member_id, index], ...], sorted by plain tuples (attrs' generated
+    ordering costs microseconds a comparison: a sixth of a 10,000-partition rebalance)."""
+    rows = sorted(
+        (tp.topic, tp.partition, thread.member_id, thread.index)
+        for tp, thread in assignment.items()
+    )
+    owners: dict[str, list[list[Any]]] = {}
+    for topic, partition, member_id, index in rows:
+        owners.setdefault(topic, []).append([partition, member_id, index])
+    return owners
+
+
+def decode_owners(value: Mapping[str, Any]) -> dict[TopicPartition, ConsumerThread]:
+    """The inverse of ``encode_owners``. A member's threads are one object each, not one per
+    partition: 10,000 partitions of 10 members decode to 10 ``ConsumerThread`` objects."""
+    threads: dict[tuple[str, int], ConsumerThread] = {}
+    assignment: dict[TopicPartition, ConsumerThread] = {}
+    for topic, rows in value.items():
+        topic = str(topic)
+        for partition, member_id, index in rows:
+            key = (str(member_id), int(index))
+            thread = threads.get(key)
+            if thread is None:
+                thread = threads[key] = ConsumerThread(member_id=key[0], index=key[1])
+            assignment[TopicPartition(topic=topic, partition=int(partition))] = thread
+    return assignment
 
 
 def decode_group(value: Mapping[str, Any]) -> GroupRecord:
-    assignment = {
-        TopicPartition(topic=str(topic), partition=int(partition)): ConsumerThread(
-            member_id=str(member_id), index=int(index)
-        )
-        for topic, rows in value["assignment"].items()
-        for partition, member_id, index in rows
-    }
     return GroupRecord(
         group_id=str(value["group_id"]),
         generation=int(value["generation"]),
-        members=tuple(_decode_member(member) for member in value["members"]),
-        assignment=assignment,
+        members=tuple(decode_member(member) for member in value["members"]),
+        assignment=decode_owners(value["assignment"]),
     )

@@ -4,21 +4,35 @@ A live write and a replay after a restart go through the same ``StoreState.apply
 entry, so what a restart rebuilds is, by construction, what the running store held; and every live
 write exercises the decoder that a restart will depend on.
 
-Every entry sets values absolutely (a topic's whole placement, a group's whole record, an offset's
-new value, the epoch reached) rather than relative to what came before, and carries a sequence
-number, so a snapshot that already covers part of the journal can be replayed over safely.
+Entries set values absolutely (a topic's whole placement, an offset's new value, the epoch reached),
+except a group's record once the store has one: a rebalance moves few partitions, so the entry
+holds only what changed since the previous record ("group_update"), not the whole assignment, which
+over 10,000 partitions was most of a rebalance's cost on the coordinator. Every entry carries a
+sequence number and is applied only right after the entry before it, so a snapshot that already
+covers part of the journal can be replayed over safely, and an update also names the generation it
+was computed against, which replay checks.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from protocol.types import TopicPartition
+from protocol.types import ConsumerThread, TopicPartition
 
-from .codec import decode_group, decode_placement, encode_group, encode_placement
+from .codec import (
+    decode_group,
+    decode_member,
+    decode_owners,
+    decode_placement,
+    encode_group,
+    encode_member,
+    encode_owners,
+    encode_placement,
+)
 from .interface import GroupRecord, OffsetBatch, TopicPlacement
 
 __all__ = [
@@ -49,8 +63,51 @@ def office_entry(epoch: int, broker_id: int) -> JsonObject:
     return {"op": "office", "epoch": epoch, "broker_id": broker_id}
 
 
-def group_entry(group: GroupRecord) -> JsonObject:
-    return {"op": "group", "group": encode_group(group)}
+def group_entry(group: GroupRecord, previous: GroupRecord | None = None) -> JsonObject:
+    """The whole record, or, given the record the store holds, only what changed since it: the
+    members that left (by id) and joined (kept members keep their order, joiners follow), and the
+    partitions whose owner changed or that left the assignment."""
+    if previous is None:
+        return {"op": "group", "group": encode_group(group)}
+    old_members = {member.member_id: member for member in previous.members}
+    kept = set()
+    for member in group.members:
+        old = old_members.get(member.member_id)
+        if old is member or old == member:
+            kept.add(member.member_id)
+    joined = [member for member in group.members if member.member_id not in kept]
+    if [m.member_id for m in previous.members if m.member_id in kept] + [
+        m.member_id for m in joined
+    ] != [m.member_id for m in group.members]:
+        kept, joined = set(), list(group.members)  # an order a diff cannot say: all anew
+    old_assignment = previous.assignment
+    changed: dict[TopicPartition, ConsumerThread] = {}
+    still_assigned = 0
+    for tp, thread in group.assignment.items():
+        old_thread = old_assignment.get(tp)
+        if old_thread is None:
+            changed[tp] = thread
+            continue
+        still_assigned += 1
+        # Field by field: attrs' generated __ne__ is two Python calls per partition.
+        if old_thread is not thread and (
+            old_thread.index != thread.index or old_thread.member_id != thread.member_id
+        ):
+            changed[tp] = thread
+    released: dict[str, list[int]] = {}
+    if still_assigned < len(old_assignment):
+        for tp in old_assignment.keys() - group.assignment.keys():
+            released.setdefault(tp.topic, []).append(tp.partition)
+    return {
+        "op": "group_update",
+        "group_id": group.group_id,
+        "from": previous.generation,
+        "generation": group.generation,
+        "left": sorted(old_members.keys() - kept),
+        "joined": [encode_member(member) for member in joined],
+        "owners": encode_owners(changed),
+        "released": {topic: sorted(partitions) for topic, partitions in released.items()},
+    }
 
 
 def delete_group_entry(group_id: str) -> JsonObject:
@@ -92,6 +149,8 @@ class StoreState:
         elif op == "group":
             group = decode_group(entry["group"])
             self.groups[group.group_id] = group
+        elif op == "group_update":
+            self._apply_group_update(entry)
         elif op == "delete_group":
             group_id = str(entry["group_id"])
             self.groups.pop(group_id, None)
@@ -101,6 +160,30 @@ class StoreState:
         else:
             raise ValueError(f"unknown journal entry {op!r}")
         self.seq = seq
+
+    def _apply_group_update(self, entry: Mapping[str, Any]) -> None:
+        group_id = str(entry["group_id"])
+        previous = self.groups[group_id]
+        if previous.generation != int(entry["from"]):
+            raise ValueError(
+                f"an update of group {group_id!r} from generation {entry['from']} "
+                f"meets generation {previous.generation}"
+            )
+        left = set(entry["left"])
+        members = [member for member in previous.members if member.member_id not in left]
+        members.extend(decode_member(member) for member in entry["joined"])
+        # The record's mapping proxy copies its dict as a dict: no rehashing of every partition.
+        assignment = _copy(previous.assignment)
+        for topic, partitions in entry["released"].items():
+            for partition in partitions:
+                del assignment[TopicPartition(topic=str(topic), partition=int(partition))]
+        assignment.update(decode_owners(entry["owners"]))
+        self.groups[group_id] = GroupRecord(
+            group_id=group_id,
+            generation=int(entry["generation"]),
+            members=tuple(members),
+            assignment=assignment,
+        )
 
     def _apply_offsets(self, batches: Sequence[Sequence[Any]]) -> None:
         for group_id, generation, by_topic in batches:
@@ -154,3 +237,9 @@ class StoreState:
                 for group_id, by_topic in value["offsets"].items()
             },
         )
+
+
+def _copy(mapping: Mapping[TopicPartition, ConsumerThread]) -> dict[TopicPartition, ConsumerThread]:
+    if isinstance(mapping, types.MappingProxyType | dict):
+        return mapping.copy()
+    return dict(mapping)

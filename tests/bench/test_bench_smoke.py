@@ -66,6 +66,9 @@ async def test_rebalance_quick(tmp_path: Path) -> None:
     for line in latencies:
         assert len(line["samples_ms"]) == line["repeats"]
         assert line["value"] > 0 and line["baseline"] > 0
+    formations = figures["formation"]
+    assert [line["members"] for line in formations] == [10, 50]
+    assert all(line["value"] > 0 and line["generation"] >= 1 for line in formations)
 
 
 async def test_detection_quick(tmp_path: Path) -> None:

@@ -58,10 +58,51 @@ def test_every_state_and_input(state: S, name: str) -> None:
         assert machine.state is expected
 
 
-def test_a_crowd_of_joins_schedules_one_rebalance() -> None:
+def test_a_crowd_of_joins_postpones_one_first_rebalance() -> None:
     machine = g.GroupMachine(group_id="g")
     effects = [e for i in range(100) for e in machine.handle(g.MemberJoined(member_id=f"c{i}"))]
-    assert effects == [g.ScheduleRebalance(delay=g.Delay.INITIAL)]
+    assert effects == [g.ScheduleRebalance(delay=g.Delay.INITIAL)] + 99 * [
+        g.ScheduleRebalance(delay=g.Delay.INITIAL_AGAIN)
+    ]
+    # A topic change or a departure while forming neither brings the attempt forward nor ends
+    # the forming.
+    assert machine.handle(g.TopicsChanged()) == []
+    assert machine.handle(g.MemberDeparted(member_id="c0", remaining=99)) == []
+    assert machine.handle(g.MemberJoined(member_id="c100")) == [
+        g.ScheduleRebalance(delay=g.Delay.INITIAL_AGAIN)
+    ]
+
+
+def test_only_the_first_rebalance_after_empty_is_postponed_by_joins() -> None:
+    machine = g.GroupMachine(group_id="g")
+    machine.handle(g.MemberJoined(member_id="c1"))
+    machine.handle(g.AttemptBegan(generation=1))
+    assert machine.handle(g.MemberJoined(member_id="c2")) == []  # coalesced, not postponed
+    machine.handle(g.MembersStopped())
+    assert machine.handle(g.AttemptCompleted()) == [g.ScheduleRebalance(delay=g.Delay.NONE)]
+    machine.handle(g.AttemptNotNeeded())
+    assert machine.handle(g.MemberJoined(member_id="c3")) == [
+        g.ScheduleRebalance(delay=g.Delay.NONE)
+    ]
+    # Emptied, the group forms again: the next crowd gets the initial delay again.
+    machine.handle(g.MemberDeparted(member_id="c1", remaining=0))
+    assert machine.state is S.EMPTY
+    assert machine.handle(g.MemberJoined(member_id="c4")) == [
+        g.ScheduleRebalance(delay=g.Delay.INITIAL)
+    ]
+    assert machine.handle(g.MemberJoined(member_id="c5")) == [
+        g.ScheduleRebalance(delay=g.Delay.INITIAL_AGAIN)
+    ]
+
+
+def test_a_group_emptied_while_forming_forms_afresh() -> None:
+    machine = g.GroupMachine(group_id="g")
+    machine.handle(g.MemberJoined(member_id="c1"))
+    machine.handle(g.MemberDeparted(member_id="c1", remaining=0))
+    assert (machine.state, machine.forming) == (S.EMPTY, False)
+    assert machine.handle(g.MemberJoined(member_id="c2")) == [
+        g.ScheduleRebalance(delay=g.Delay.INITIAL)
+    ]
 
 
 def test_joins_during_an_attempt_coalesce_into_one_more_and_never_cancel() -> None:

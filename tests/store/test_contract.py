@@ -333,6 +333,66 @@ async def test_writing_a_group_replaces_its_record(store: MetadataStore) -> None
     assert await store.groups() == {"billing": smaller}
 
 
+def rebalances() -> list[GroupRecord]:
+    """One group's records over a run of rebalances: members join, leave, come back with another
+    subscription, change order; partitions move, leave the assignment, and a topic appears."""
+    named = Subscription(topics=(TopicStreams(topic="orders", streams=1),))
+    other = Subscription(topics=(TopicStreams(topic="orders", streams=2),))
+    m1, m2, m3 = member("m1", named), member("m2", named), member("m3", named)
+    m2_again = member("m2", other)
+
+    def owners(*owners: tuple[str, int, str, int]) -> dict[TopicPartition, ConsumerThread]:
+        return {tp(t, p): ConsumerThread(member_id=m, index=i) for t, p, m, i in owners}
+
+    def record(generation: int, members: tuple[MemberRecord, ...], *rows: Any) -> GroupRecord:
+        return GroupRecord(
+            group_id="billing", generation=generation, members=members, assignment=owners(*rows)
+        )
+
+    return [
+        record(1, (m1,), ("orders", 0, "m1", 0), ("orders", 1, "m1", 0)),
+        record(2, (m1, m2), ("orders", 0, "m1", 0), ("orders", 1, "m2", 0)),
+        record(3, (m1, m2, m3), ("orders", 0, "m1", 0), ("orders", 1, "m2", 0)),
+        # m2 left and came back with two streams; a topic appeared; orders-1 moved
+        record(
+            4,
+            (m1, m3, m2_again),
+            ("orders", 0, "m1", 0),
+            ("orders", 1, "m2", 1),
+            ("logs", 0, "m3", 0),
+        ),
+        record(5, (m3, m2_again), ("orders", 1, "m2", 1), ("logs", 0, "m3", 0)),  # m1 left
+        record(6, (m2_again, m3), ("logs", 0, "m2", 0)),  # reordered; orders unassigned
+        record(6, (m2_again, m3), ("logs", 0, "m2", 0)),  # written again unchanged
+        record(
+            7,
+            (),
+        ),  # everyone left
+        record(8, (m1,), ("orders", 0, "m1", 0)),
+    ]
+
+
+async def test_a_run_of_rebalances_reads_back_after_each_write_and_a_reopen(
+    store_factory: StoreOpener,
+) -> None:
+    records = rebalances()
+    async with store_factory() as store:
+        epoch = await store.take_office(1)
+        for record in records[:5]:
+            await store.write_group(epoch, record)
+            assert await store.groups() == {"billing": record}
+    async with store_factory() as store:
+        assert await store.groups() == {"billing": records[4]}
+        epoch = await store.take_office(1)
+        for record in records[5:]:
+            await store.write_group(epoch, record)
+            assert await store.groups() == {"billing": record}
+        await store.delete_group(epoch, "billing")
+        await store.write_group(epoch, records[3])  # after a delete: no previous record
+    async with store_factory() as store:
+        assert await store.groups() == {"billing": records[3]}
+
+
 async def test_deleting_a_group(store: MetadataStore) -> None:
     epoch = await store.take_office(1)
     await store.write_group(epoch, sample_group("billing"))

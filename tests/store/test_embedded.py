@@ -10,9 +10,11 @@ kernel enforces even for root.
 from __future__ import annotations
 
 import itertools
+import json
 import pathlib
 import resource
 import signal
+import zlib
 from collections.abc import Iterator
 from contextlib import aclosing, contextmanager
 from typing import Any
@@ -24,13 +26,14 @@ import trio.testing
 from coordinator.store import (
     EmbeddedStore,
     GroupRecord,
+    MemberRecord,
     OffsetBatch,
     StoreUnavailable,
     TopicPlacement,
     open_embedded_store,
 )
 from coordinator.store.embedded import JOURNAL_NAME, SNAPSHOT_NAME
-from protocol.types import ConsumerThread, TopicPartition
+from protocol.types import ConsumerThread, Subscription, TopicPartition, TopicStreams
 
 
 def tp(topic: str, partition: int) -> TopicPartition:
@@ -45,12 +48,43 @@ def offsets_batch(group_id: str, generation: int, base: int, count: int = 3) -> 
     )
 
 
+def member(member_id: str) -> MemberRecord:
+    return MemberRecord(
+        member_id=member_id,
+        client_id="client",
+        subscription=Subscription(topics=(TopicStreams(topic="orders", streams=1),)),
+        session_timeout_ms=6000,
+        auto_commit=True,
+        auto_offset_reset="smallest",
+    )
+
+
 def group(group_id: str, generation: int) -> GroupRecord:
+    """A record that changes with each generation, as after a rebalance: a member leaves and
+    another joins, a partition moves and another leaves the assignment."""
+    alternate = f"m{generation % 2}"
     return GroupRecord(
         group_id=group_id,
         generation=generation,
-        members=(),
-        assignment={tp("orders", 0): ConsumerThread(member_id="m1", index=0)},
+        members=(member("m9"), member(alternate)),
+        assignment={
+            tp("orders", 0): ConsumerThread(member_id=alternate, index=0),
+            tp("orders", 1 + generation % 2): ConsumerThread(member_id="m9", index=0),
+        },
+    )
+
+
+def rebalanced(previous: GroupRecord, joiner: str) -> GroupRecord:
+    """``previous`` after ``joiner`` joined and took an even share, as the sticky assignor does."""
+    members = (*previous.members, member(joiner))
+    share = len(previous.assignment) // len(members)
+    thread = ConsumerThread(member_id=joiner, index=0)
+    moved = dict.fromkeys(list(previous.assignment)[:: len(members)][:share], thread)
+    return GroupRecord(
+        group_id=previous.group_id,
+        generation=previous.generation + 1,
+        members=members,
+        assignment={**previous.assignment, **moved},
     )
 
 
@@ -179,6 +213,74 @@ async def test_compaction_keeps_everything(tmp_path: pathlib.Path) -> None:
         assert await state_of(store) == before
         assert (await store.groups())["billing"].generation == 39
         assert await store.take_office(1) > max(epochs)
+
+
+async def test_a_rebalance_journals_only_what_changed(tmp_path: pathlib.Path) -> None:
+    members = tuple(member(f"m{i:02}") for i in range(10))
+    first = GroupRecord(
+        group_id="billing",
+        generation=1,
+        members=members,
+        assignment={
+            tp("orders", p): ConsumerThread(member_id=f"m{p % 10:02}", index=0) for p in range(1000)
+        },
+    )
+    joined = rebalanced(first, "m10")
+    assert sum(1 for t in joined.assignment.values() if t.member_id == "m10") == 90
+    async with open_embedded_store(tmp_path) as store:
+        epoch = await store.take_office(1)
+        await store.write_group(epoch, first)
+        await store.write_group(epoch, joined)
+        assert await store.groups() == {"billing": joined}
+    whole, update = journal_lines(tmp_path)[-2:]
+    # the 90 partitions that moved and the one member that joined, not 1,000 owners and 11 members
+    assert len(update) < len(whole) / 8
+    async with open_embedded_store(tmp_path) as store:
+        assert await store.groups() == {"billing": joined}
+
+
+async def test_a_journal_of_rebalances_compacts_and_reopens_to_the_last(
+    tmp_path: pathlib.Path,
+) -> None:
+    record = GroupRecord(
+        group_id="billing",
+        generation=1,
+        members=(member("m00"),),
+        assignment={tp("orders", p): ConsumerThread(member_id="m00", index=0) for p in range(200)},
+    )
+    async with open_embedded_store(tmp_path, compact_after_bytes=4000) as store:
+        epoch = await store.take_office(1)
+        for joiner in range(1, 30):
+            await store.write_group(epoch, record)
+            record = rebalanced(record, f"m{joiner:02}")
+        await store.write_group(epoch, record)
+        assert await store.groups() == {"billing": record}
+    assert (tmp_path / SNAPSHOT_NAME).exists()
+    assert journal_lines(tmp_path)  # some updates came after the last snapshot
+    async with open_embedded_store(tmp_path) as store:
+        assert await store.groups() == {"billing": record}
+
+
+async def test_an_update_that_does_not_follow_its_record_refuses_to_open(
+    tmp_path: pathlib.Path,
+) -> None:
+    """An update names the generation it was computed against; a journal whose update would
+    apply to another record (a lost or reordered write) is refused, not folded into garbage."""
+    async with open_embedded_store(tmp_path) as store:
+        epoch = await store.take_office(1)
+        await store.write_group(epoch, group("billing", 1))
+        await store.write_group(epoch, group("billing", 2))
+    *before, update = journal_lines(tmp_path)
+    entry = json.loads(update.split(b" ", 1)[1])
+    assert (entry["op"], entry["from"]) == ("group_update", 1)
+    entry["from"] = 0
+    payload = json.dumps(entry, separators=(",", ":")).encode()
+    forged = b"%08x %s\n" % (zlib.crc32(payload), payload)  # a checksum that matches
+    (tmp_path / JOURNAL_NAME).write_bytes(b"".join(before) + forged)
+
+    with pytest.raises(StoreUnavailable, match="generation"):
+        async with open_embedded_store(tmp_path):
+            pass  # pragma: no cover
 
 
 async def test_a_journal_the_snapshot_already_covers_is_skipped(tmp_path: pathlib.Path) -> None:
