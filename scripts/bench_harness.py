@@ -377,6 +377,10 @@ async def create_topic(server: ServerProcess, topic: str, partitions: int) -> No
         raise RuntimeError(f"create topic {topic}: {response.error_code.name}")
 
 
+#: A probe's round trip that takes longer is an error, not a figure: the run must end.
+PROBE_DEADLINE = 30.0
+
+
 async def probe_coordinator(server: ServerProcess, seconds: float, every: float) -> list[float]:
     """Round trips of a small request (metadata of no topics) through the loaded server."""
     rtts: list[float] = []
@@ -385,7 +389,8 @@ async def probe_coordinator(server: ServerProcess, seconds: float, every: float)
         deadline = trio.current_time() + seconds
         while trio.current_time() < deadline:
             sent = trio.current_time()
-            await channel.request(ClusterMetadataRequest(group_id=None, topics=()))
+            with trio.fail_after(PROBE_DEADLINE):
+                await channel.request(ClusterMetadataRequest(group_id=None, topics=()))
             rtts.append(trio.current_time() - sent)
             await trio.sleep_until(sent + every)
     return rtts
@@ -402,8 +407,10 @@ async def probe_bare(
         deadline = trio.current_time() + seconds
         while trio.current_time() < deadline:
             sent = trio.current_time()
-            await stream.send_all(frame)
-            await reader.next()
+            with trio.fail_after(PROBE_DEADLINE):
+                await stream.send_all(frame)
+                if await reader.next() is None:
+                    raise RuntimeError("the bare server closed the probe's connection")
             rtts.append(trio.current_time() - sent)
             await trio.sleep_until(sent + every)
     return rtts

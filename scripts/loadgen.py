@@ -466,8 +466,15 @@ async def run_bare_worker(args: argparse.Namespace) -> None:
         async with limiter:
             stream = await trio.open_tcp_stream(args.host, args.port)
             await stream.send_all(bare_frame(b"H", 9))
+            # One round trip before the next client connects, as a consumer registers before
+            # the next: a connect returns once the handshake is in the server's accept queue,
+            # and a flood overflows that queue into the kernel's SYN-ACK retry backoff.
+            reader = FrameReader(stream)
+            await stream.send_all(bare_frame(b"E", args.request_size, args.reply_size))
+            if await reader.next() is None:
+                dropped += 1
+                return
         connected += 1
-        reader = FrameReader(stream)
         try:
             if args.interval > 0:
                 request = bare_frame(b"E", args.request_size, args.reply_size)
