@@ -2,7 +2,8 @@
 
 Each connection task owns a nursery with two jobs: the channel (its reader and writer) and a worker
 that answers the peer's requests in order; a registered member's Pings come from the coordinator's
-one scheduler (:mod:`coordinator.heartbeat`) and their answers back through the reader. Cancelling the nursery (``Member.connection_scope``) is how the coordinator closes a member's
+one scheduler (:mod:`coordinator.heartbeat`) and their answers back through the reader.
+Cancelling the nursery (``Member.connection_scope``) is how the coordinator closes a member's
 connection; a connection that ends for any reason kills its member at once, and a peer that breaks
 the protocol is told why and closed without touching anyone else.
 """
