@@ -7,9 +7,10 @@ lives in :mod:`coordinator.rebalance`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import attrs
@@ -157,22 +158,61 @@ class GroupCoordinator:
         departed = group_sm.MemberDeparted(member_id=member.member_id, remaining=len(group.members))
         self._apply(group, group.machine.handle(departed))
 
-    async def call(self, member: Member, request: RequestMessage) -> ResponseMessage | None:
-        """Send a coordinator request with the seeds' deadline of 2/3 of the session timeout.
+    async def call_all(
+        self,
+        requests: Mapping[Member, RequestMessage],
+        on_answer: Callable[[Member, ResponseMessage], None],
+    ) -> list[Member]:
+        """Send each member its coordinator request at once, each due within 2/3 of that member's
+        session timeout (seed 01 §8), and return once every one has answered or missed.
 
-        Returns the response, or None when the deadline passed (the member machine counts the
-        miss and may declare the member dead) or the connection closed (the connection task
-        declares it dead)."""
-        with trio.move_on_after(member.machine.timeouts.response_deadline) as scope:
+        ``on_answer`` runs in the reader that got the answer, when it arrives: even if the
+        member died meanwhile, since its answer may still count. A member whose deadline passes
+        counts a miss, which may declare it dead. Returns the members that did not answer (a
+        missed deadline, or a closed connection, whose task declares the member dead). One task
+        waits for them all: a task, a cancel scope and an Event per member cost more than the
+        rest of a rebalance of a thousand members.
+        """
+        pending: dict[Member, tuple[float, int]] = {}  # deadline, correlation id
+        silent: list[Member] = []
+        all_in = trio.Event()
+        now = trio.current_time()
+
+        def answered(member: Member, response: ResponseMessage | None) -> None:
+            if pending.pop(member, None) is None:
+                return
+            if response is None:
+                silent.append(member)
+            else:
+                on_answer(member, response)
+            if not pending:
+                all_in.set()
+
+        for member, request in requests.items():
             try:
-                response = await member.channel.request(request)
+                correlation_id = member.channel.request_nowait(
+                    request, functools.partial(answered, member)
+                )
             except ChannelClosed:
-                return None
-        if scope.cancelled_caught:
-            if member.machine.alive:
-                self.member_event(member, member_sm.DeadlineMissed(now=trio.current_time()))
-            return None
-        return response  # even if the member died meanwhile: its answer may still count
+                silent.append(member)
+                continue
+            pending[member] = (now + member.machine.timeouts.response_deadline, correlation_id)
+        try:
+            while pending:
+                with trio.move_on_at(min(deadline for deadline, _ in pending.values())):
+                    await all_in.wait()
+                now = trio.current_time()
+                for member, (deadline, correlation_id) in list(pending.items()):
+                    if deadline <= now:
+                        del pending[member]
+                        member.channel.abandon(correlation_id)
+                        silent.append(member)
+                        if member.machine.alive:
+                            self.member_event(member, member_sm.DeadlineMissed(now=now))
+        finally:
+            for member, (_, correlation_id) in pending.items():
+                member.channel.abandon(correlation_id)  # cancelled: late answers are dropped
+        return silent
 
     # --- offsets --------------------------------------------------------------------------
 
@@ -192,18 +232,27 @@ class GroupCoordinator:
         if accepted:
             await self.offsets.accept(member.group_id, generation, accepted, monotonic=True)
 
-    def accept_pinged_offsets(
-        self, member: Member, generation: int, offsets: tuple[PartitionOffset, ...]
+    def accept_reported_offsets_nowait(
+        self,
+        member: Member,
+        generation: int,
+        offsets: tuple[PartitionOffset, ...],
+        *,
+        final: bool = False,
     ) -> None:
-        """:meth:`accept_reported_offsets` for a Ping answer, from the reader that got it."""
-        accepted = self._fenced(member, generation, offsets, final=False)
+        """:meth:`accept_reported_offsets` from the reader that got the answer."""
+        accepted = self._fenced(member, generation, offsets, final=final)
         if not accepted:
             return
         group_id = member.group_id
         if self.offsets.accept_nowait(group_id, generation, accepted, monotonic=True) is None:
-            # Not in memory yet (a member owns partitions only after they were loaded, so this
-            # is rare): load them from the store in a task of their own.
-            self.nursery.start_soon(self.accept_reported_offsets, member, generation, offsets)
+            # Not in memory (a member owns partitions only after a rebalance loaded them, and a
+            # rebalance loads them before StopFetcher): load them in a task of their own.
+            self.nursery.start_soon(
+                functools.partial(
+                    self.accept_reported_offsets, member, generation, offsets, final=final
+                )
+            )
 
     @staticmethod
     def _fenced(

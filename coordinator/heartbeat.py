@@ -112,7 +112,9 @@ class Pinger:
         now = trio.current_time()
         if isinstance(response, PingResponse) and member.machine.alive:
             member.machine.handle(member_sm.PingAnswered(now=now))
-            self.coordinator.accept_pinged_offsets(member, ping.generation, response.offsets)
+            self.coordinator.accept_reported_offsets_nowait(
+                member, ping.generation, response.offsets
+            )
         self._schedule(max(ping.sent_at + member.machine.timeouts.ping_interval, now), member)
 
     def _deadline_passed(self, ping: _Ping) -> None:

@@ -26,6 +26,8 @@ from protocol import (
     AssignedPartition,
     AssignedStream,
     ErrorCode,
+    RequestMessage,
+    ResponseMessage,
     StartFetcherRequest,
     StartFetcherResponse,
     StopFetcherRequest,
@@ -101,6 +103,8 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
     with trio.CancelScope() as attempt:
         group.attempt_scope = attempt
         try:
+            # Loaded first: StopFetcher answers' offsets are accepted as they arrive.
+            await coordinator.offsets.committed(group.group_id)
             await _stop_all(coordinator, members, generation, attempt)
             if attempt.cancel_called:
                 return
@@ -131,36 +135,35 @@ async def _stop_all(
     attempt: trio.CancelScope,
 ) -> None:
     failures: list[str] = []
+    requests: dict[Member, RequestMessage] = {}
+    now = _now()
+    for member in members:
+        if member.machine.alive:
+            member.machine.handle(member_sm.StopFetcherSent(generation=generation, now=now))
+            requests[member] = StopFetcherRequest(
+                coordinator_epoch=coordinator.epoch,
+                generation=generation,
+                consumer_id=member.member_id,
+            )
 
-    async def stop(member: Member) -> None:
-        if attempt.cancel_called or not member.machine.alive:
-            return
-        member.machine.handle(member_sm.StopFetcherSent(generation=generation, now=_now()))
-        request = StopFetcherRequest(
-            coordinator_epoch=coordinator.epoch,
-            generation=generation,
-            consumer_id=member.member_id,
-        )
-        response = await coordinator.call(member, request)
+    def stopped(member: Member, response: ResponseMessage) -> None:
         if not isinstance(response, StopFetcherResponse):
             failures.append(f"{member.member_id} did not answer StopFetcher")
             return
         if response.error_code is not ErrorCode.NONE:
             failures.append(f"{member.member_id} answered StopFetcher {response.error_code.name}")
             return
-        if member.machine.alive:
+        if member.machine.alive and not attempt.cancel_called:
             member.machine.handle(member_sm.StopFetcherAnswered(now=_now()))
         # The member's final report for the partitions it owned: accepted even if it left or
         # the attempt was cancelled since it answered; then it owns nothing.
-        with trio.CancelScope(shield=True):
-            await coordinator.accept_reported_offsets(
-                member, member.owned_generation, response.offsets, final=True
-            )
+        coordinator.accept_reported_offsets_nowait(
+            member, member.owned_generation, response.offsets, final=True
+        )
         member.owned = frozenset()
 
-    async with trio.open_nursery() as nursery:
-        for member in members:
-            nursery.start_soon(stop, member)
+    silent = await coordinator.call_all(requests, stopped)
+    failures.extend(f"{member.member_id} did not answer StopFetcher" for member in silent)
     if failures:
         raise AttemptFailed("; ".join(failures))
 
@@ -195,22 +198,26 @@ async def _start_all(
     committed = await coordinator.offsets.committed(group.group_id)
     streams = _streams_by_member(coordinator, assignment, committed)
     failures: list[str] = []
-
-    async def start(member: Member) -> None:
-        if attempt.cancel_called or not member.machine.alive:
-            return
+    requests: dict[Member, RequestMessage] = {}
+    now = _now()
+    for member in members:
+        if not member.machine.alive:
+            continue
         member_streams, owned = streams.get(member.member_id, ((), frozenset()))
-        member.machine.handle(member_sm.StartFetcherSent(generation=generation, now=_now()))
+        member.machine.handle(member_sm.StartFetcherSent(generation=generation, now=now))
         member.owned = owned
         member.owned_generation = generation
-        request = StartFetcherRequest(
+        requests[member] = StartFetcherRequest(
             coordinator_epoch=coordinator.epoch,
             generation=generation,
             consumer_id=member.member_id,
             streams=member_streams,
             brokers=coordinator.brokers,
         )
-        response = await coordinator.call(member, request)
+
+    def started(member: Member, response: ResponseMessage) -> None:
+        if attempt.cancel_called:
+            return
         if not isinstance(response, StartFetcherResponse) or not member.machine.alive:
             failures.append(f"{member.member_id} did not answer StartFetcher")
             return
@@ -219,9 +226,8 @@ async def _start_all(
             return
         member.machine.handle(member_sm.StartFetcherAnswered(now=_now()))
 
-    async with trio.open_nursery() as nursery:
-        for member in members:
-            nursery.start_soon(start, member)
+    silent = await coordinator.call_all(requests, started)
+    failures.extend(f"{member.member_id} did not answer StartFetcher" for member in silent)
     if failures:
         raise AttemptFailed("; ".join(failures))
 

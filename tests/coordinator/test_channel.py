@@ -69,7 +69,7 @@ async def test_requests_queued_while_the_peer_does_not_read_arrive_whole_in_orde
 
             async def answer(request: Request) -> None:
                 assert request.message == start_fetcher(len(received))
-                received.append(request.message.generation)  # type: ignore[union-attr]
+                received.append(request.message.generation)
                 await consumer.respond(
                     request, StartFetcherResponse(error_code=ErrorCode.NONE, consumer_id="c")
                 )
