@@ -12,6 +12,7 @@ hold time, not a soak test.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -102,9 +103,14 @@ async def main() -> None:
             ) as bare_workers,
         ):
             started = now()
-            await wait_until(
-                bare_workers, lambda st: sum(s["connected"] for s in st) >= n, timeout=60 + n / 20
-            )
+            # Under load trio's accept loop takes one connection per scheduler pass, and the bare
+            # server may not get them all in time: what it then holds is the baseline.
+            with contextlib.suppress(RuntimeError):
+                await wait_until(
+                    bare_workers,
+                    lambda st: sum(s["connected"] for s in st) >= n,
+                    timeout=60 + n / 50,
+                )
             bare_connect = now() - started
             await trio.sleep(1.0)
             for worker in bare_workers:

@@ -179,8 +179,10 @@ class Worker:
 
     async def command(self, line: str) -> dict[str, Any]:
         assert self.process.stdin is not None
-        await self.process.stdin.send_all(line.encode() + b"\n")
-        with trio.fail_after(60):
+        # One exchange, never cut in half by the caller's deadline: an unread reply would be
+        # taken as the answer to the next command.
+        with trio.CancelScope(shield=True), trio.fail_after(60):
+            await self.process.stdin.send_all(line.encode() + b"\n")
             reply = await self.lines.next()
         if reply is None:
             raise RuntimeError(f"worker {self.process.pid} ended")
