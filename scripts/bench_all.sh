@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every benchmark (docs/benchmarks.md), one JSON line per figure on stdout, also appended to
 # $BENCH_OUT when set. Installs the project with the `bench` extra (kafka-python, py-spy) first if
-# kafka-python is missing. `scripts/bench_all.sh --quick` runs the CI sizes in about a minute;
+# kafka-python is missing. `scripts/bench_all.sh --quick` runs the CI sizes in about two minutes;
 # without it the full sizes take about 45 minutes on 2 busy cores (capacity alone holds 5 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
