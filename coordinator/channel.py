@@ -123,10 +123,12 @@ class Channel:
         await self._wait_for_room()
 
     async def flush(self) -> None:
-        """Write everything queued so far, from the caller's task: for an answer that must leave
-        before the connection closes (the writer may already be cancelled)."""
-        async with self._send_lock:
-            await self._write_queued()
+        """Write everything queued so far, from the caller's task: for a last frame that must
+        leave while the connection closes (the writer may already be cancelled), so shielded
+        from that cancellation and bounded instead: a peer that does not read gets nothing."""
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSING_WRITE_DEADLINE):
+            async with self._send_lock:
+                await self._write_queued()
 
     async def run(self, on_request: Callable[[Request], Awaitable[None]]) -> None:
         """Read until the peer closes or breaks the protocol, and write what is queued meanwhile.
@@ -136,18 +138,15 @@ class Channel:
         propagates to the owner, who closes the connection.
         """
         violation: RemoteProtocolError | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._write_forever, nursery.cancel_scope)
-                try:
-                    await self._read(on_request)
-                except RemoteProtocolError as exc:
-                    violation = exc  # raised below, not wrapped in the nursery's group
-                finally:
-                    self._close_handlers()  # before the writer is gone: nobody sends meanwhile
-                nursery.cancel_scope.cancel()
-        finally:
-            self._close_handlers()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_forever, nursery.cancel_scope)
+            try:
+                await self._read(on_request)
+            except RemoteProtocolError as exc:
+                violation = exc  # raised below, not wrapped in the nursery's group
+            finally:
+                self._close_handlers()  # before the writer is gone: nobody sends meanwhile
+            nursery.cancel_scope.cancel()
         if violation is not None:
             raise violation
 
@@ -239,8 +238,7 @@ class Channel:
                 api_key=exc.api_key if exc.api_key is not None else -1,
             )
         )
-        with trio.move_on_after(CLOSING_WRITE_DEADLINE):
-            await self.flush()
+        await self.flush()
 
     def _close_handlers(self) -> None:
         """The connection is over: every request still waiting gets None, once."""

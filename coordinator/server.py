@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import attrs
 import trio
 
-from coordinator.channel import CLOSING_WRITE_DEADLINE, Channel
+from coordinator.channel import Channel
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.membership import Member
 from coordinator.store import (
@@ -112,11 +112,9 @@ class _Session:
                 ):
                     return LeaveGroupResponse(error_code=ErrorCode.UNKNOWN_MEMBER_ID)
                 coordinator.member_event(member, member_sm.Left(now=trio.current_time()))
-                # The connection is closing: the answer leaves from here, shielded from that
-                # cancellation (the channel's writer is being cancelled with it).
+                # The connection is closing (its writer with it): the answer leaves from here.
                 await self.channel.respond(request, LeaveGroupResponse(error_code=ErrorCode.NONE))
-                with trio.CancelScope(shield=True), trio.move_on_after(CLOSING_WRITE_DEADLINE):
-                    await self.channel.flush()
+                await self.channel.flush()
                 return None
             case OffsetFetchRequest() as message:
                 committed = await coordinator.offsets.committed(message.group_id)
