@@ -202,7 +202,8 @@ class MetadataStore(Protocol):
     async def groups(self) -> Mapping[str, GroupRecord]: ...
 
     async def write_group(self, epoch: int, group: GroupRecord) -> None:
-        """Replace the group's whole record."""
+        """Replace the group's whole record: readers see the old record or the new one whole, even
+        if the call fails part-way."""
         ...
 
     async def delete_group(self, epoch: int, group_id: str) -> None:
@@ -210,7 +211,9 @@ class MetadataStore(Protocol):
         ...
 
     async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
-        """Make every batch durable, all or none, before returning.
+        """Make every batch durable before returning. If the call fails, each partition's offset
+        is either its old one or its new one, never anything else (a store may need more than one
+        transaction for a large commit: the ZooKeeper store's are at most 512 KiB each).
 
         Later batches of the same call win over earlier ones for the same partition. A group needs
         no record to have offsets: a standalone committer's group may never register members.

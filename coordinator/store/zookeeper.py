@@ -8,7 +8,10 @@ Layout (seed 01, "Paths Stored in ZooKeeper"; Kafka 0.8 where the seeds keep its
     /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
     /consumers/coordinator                            ephemeral {"broker_id": id}; czxid = epoch
     /coordinator_epoch                                persistent; its version counts terms
-    /consumers/<group>/registry                       the GroupRecord (codec.encode_group)
+    /consumers/<group>/registry                       {"generation": g, "record": r, "chunks": k}
+    /consumers/<group>/records/<r>-<i>                chunk i of record r: the GroupRecord's JSON
+                                                      (codec.encode_group), cut into k pieces
+    /consumers/<group>/owners                         the record r its owner nodes mirror
     /consumers/<group>/owners/<topic>/<partition>     "<member_id>-<index>" (intended owner)
     /consumers/<group>/offsets/<topic>/<partition>    {"offset": next, "generation": g}
 
@@ -22,6 +25,17 @@ version this office gave it (nobody took office since) and that the election nod
 session that holds it has not ended). Both checks are on the server, so a coordinator that wakes up
 from a pause with a new kazoo session cannot write, whatever its memory says.
 
+Size. ZooKeeper refuses a request over its jute.maxbuffer (1 MiB by default), and a group of
+thousands of members over 10,000 partitions takes more than that to write: its record alone can
+approach it, its owner nodes or offsets exceed it. So a write is a list of operations cut into
+fenced transactions of at most 512 KiB, committed in order, each list ordered so that whatever
+prefix has committed is a state readers may see: a group record goes into new chunk nodes, then
+the registry names them (the commit point: a write cut short leaves the previous record whole),
+then the owner nodes follow, and the owners node names the record once all of them are written
+(until then, the next write lists them instead of trusting the record). An offset commit that
+needs more than one transaction leaves, if cut short, each partition at its old or its new
+offset; its call returns only once all are written.
+
 Threads. Kazoo runs its own threads. Requests are sent with kazoo's ``*_async`` calls from the trio
 thread (they only queue), and their completions and watches come back through
 ``TrioToken.run_sync_soon``, which never blocks a kazoo thread. Only starting and stopping the
@@ -33,13 +47,14 @@ call is bounded: a lost quorum leaves kazoo requests pending forever, so each wa
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import types
 import urllib.parse
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import trio
@@ -55,7 +70,7 @@ from kazoo.exceptions import (  # type: ignore[import-untyped]
 )
 from kazoo.handlers.threading import KazooTimeoutError  # type: ignore[import-untyped]
 
-from protocol.types import BrokerInfo, TopicPartition
+from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
 
 from .codec import decode_group, decode_placement, encode_group, encode_placement
 from .interface import (
@@ -96,6 +111,16 @@ DEFAULT_CALL_BOUND = 10.0
 #: How often a write that lost a race with another write of the same nodes is tried again.
 _RETRIES = 5
 
+#: ZooKeeper drops the connection of a request over its jute.maxbuffer (1 MiB by default), which
+#: one transaction of a 10,000-partition group's owners or offsets exceeds: transactions are cut
+#: into parts of at most this many bytes, and a group record into chunk nodes of this many.
+_TX_BYTES = 512 * 1024
+_CHUNK_BYTES = 200 * 1024
+#: An operation's bytes in a request besides its path and data (headers, lengths, an ACL).
+_OP_OVERHEAD = 64
+#: The depth of the layout's leaves below /consumers/<group>: owners/<topic>/<partition>.
+_GROUP_DEPTH = 3
+
 TopicsView = Mapping[str, TopicPlacement]
 
 
@@ -103,6 +128,52 @@ TopicsView = Mapping[str, TopicPlacement]
 class _Office:
     epoch: int
     counter_version: int
+
+
+@attrs.frozen
+class _Op:
+    """One operation of a transaction, as data, so that a long list of them can be cut into
+    transactions that each fit under ZooKeeper's request limit."""
+
+    kind: Literal["create", "set", "delete"]
+    path: str
+    data: bytes = b""
+    version: int = -1
+
+    @property
+    def size(self) -> int:
+        return len(self.path) + len(self.data)  # paths are ASCII: ``_segment`` quotes the rest
+
+    def add_to(self, tx: Any) -> None:
+        if self.kind == "create":
+            tx.create(self.path, self.data)
+        elif self.kind == "set":
+            tx.set_data(self.path, self.data, self.version)
+        else:
+            tx.delete(self.path, self.version)
+
+
+@attrs.frozen
+class _Registry:
+    """A group's registry node: its generation (for people and tools) and the record it names."""
+
+    generation: int
+    record: str
+    chunks: int
+
+
+@attrs.frozen
+class _GroupNodes:
+    """What a write of a group finds in place before it writes."""
+
+    group_id: str
+    missing_dirs: tuple[str, ...]
+    registry: _Registry | None
+    registry_version: int | None
+    stale_records: tuple[str, ...]
+    #: The record the owner nodes were last completely written for (None: no owners node).
+    mirror: str | None
+    owner_topics: set[str]
 
 
 def _json(value: Any) -> bytes:
@@ -132,6 +203,10 @@ def _group_path(group_id: str, *parts: object) -> str:
     return "/".join((CONSUMERS, _segment(group_id), *(_segment(str(part)) for part in parts)))
 
 
+def _record_path(group_id: str, record: str, index: int) -> str:
+    return _group_path(group_id, "records", f"{record}-{index}")
+
+
 def _topic_path(topic: str) -> str:
     return f"{TOPICS}/{_segment(topic)}"
 
@@ -159,6 +234,11 @@ class ZooKeeperStore:
     _office: _Office | None = None
     _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
     _offset_nodes: set[tuple[str, str, int]] = attrs.Factory(set)
+    #: Per group, the record this handle last wrote every owner node for, and their assignment.
+    _owners_written: dict[str, tuple[str, Mapping[TopicPartition, ConsumerThread]]] = attrs.Factory(
+        dict
+    )
+    _record_ids: Iterator[int] = attrs.Factory(itertools.count)
     _closed: bool = False
     #: ZooKeeper requests awaited (a transaction is one), for the benchmarks' operation counts.
     operations: int = 0
@@ -373,67 +453,219 @@ class ZooKeeperStore:
         children = await self._children(CONSUMERS)
         names = [_name(child) for child in children if child != "coordinator"]
         pending = [(n, self._client.get_async(_group_path(n, "registry"))) for n in names]
-        groups = {}
+        registries = []
         for name, result in pending:
             try:
                 data, _stat = await self._wait(result)
             except NoNodeError:
                 continue  # a group with offsets only (a standalone committer's)
+            registries.append((name, self._decode_registry(name, data)))
+        # Every group's chunks are asked for before any answer is awaited: one round trip in all.
+        reads = [(name, self._read_chunks(name, registry)) for name, registry in registries]
+        groups = {}
+        for name, chunks in reads:
             try:
-                groups[name] = decode_group(json.loads(data))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise StoreUnavailable(f"unreadable registry of group {name!r}: {exc}") from exc
+                groups[name] = self._decode_record(name, [await self._wait(r) for r in chunks])
+            except NoNodeError:
+                # Written again (or deleted) between the two reads: read the registry anew.
+                record = await self._read_group(name)
+                if record is not None:
+                    groups[name] = record
         return types.MappingProxyType(groups)
 
-    async def write_group(self, epoch: int, group: GroupRecord) -> None:
-        office = self._check_epoch(epoch)
-        registry = _group_path(group.group_id, "registry")
-        owners = _group_path(group.group_id, "owners")
+    async def _read_group(self, group_id: str) -> GroupRecord | None:
         for _ in range(_RETRIES):
             try:
-                data, stat = await self._wait(self._client.get_async(registry))
-                old = decode_group(json.loads(data)).assignment
+                data, _stat = await self._wait(
+                    self._client.get_async(_group_path(group_id, "registry"))
+                )
             except NoNodeError:
-                stat, old = None, {}
-            owner_dirs = set(await self._children(owners, missing_ok=True))
-            tx = self._fenced_transaction(office)
-            if stat is None:
-                if await self._wait(self._client.exists_async(_group_path(group.group_id))) is None:
-                    tx.create(_group_path(group.group_id))
-                tx.create(registry, _json(encode_group(group)))
-                if await self._wait(self._client.exists_async(owners)) is None:
-                    tx.create(owners)
+                return None
+            registry = self._decode_registry(group_id, data)
+            try:
+                chunks = [await self._wait(r) for r in self._read_chunks(group_id, registry)]
+            except NoNodeError:
+                continue
+            return self._decode_record(group_id, chunks)
+        raise StoreUnavailable(f"cannot read group {group_id!r}: it keeps changing")
+
+    def _read_chunks(self, group_id: str, registry: _Registry) -> list[Any]:
+        return [
+            self._client.get_async(_record_path(group_id, registry.record, index))
+            for index in range(registry.chunks)
+        ]
+
+    async def write_group(self, epoch: int, group: GroupRecord) -> None:
+        """The record goes into new chunk nodes first; then the registry is pointed at them, which
+        is the commit point readers trust, so a write cut short (a crash, a lost connection, the
+        office lost between two transactions) leaves the previous record whole. The owner nodes
+        follow, and the owners node names the record they mirror once every one is written."""
+        office = self._check_epoch(epoch)
+        group_id = group.group_id
+        data = _json(encode_group(group))
+        chunks = [data[i : i + _CHUNK_BYTES] for i in range(0, len(data), _CHUNK_BYTES)]
+        registry_path = _group_path(group_id, "registry")
+        for _ in range(_RETRIES):
+            # A new record each attempt: chunks an attempt left behind are stale, not in the way.
+            record_id = f"{office.epoch}-{next(self._record_ids)}"
+            registry = _json(
+                {"generation": group.generation, "record": record_id, "chunks": len(chunks)}
+            )
+            nodes = await self._group_nodes(group_id)
+            ops = [_Op("create", path) for path in nodes.missing_dirs]
+            ops += [
+                _Op("create", _record_path(group_id, record_id, index), chunk)
+                for index, chunk in enumerate(chunks)
+            ]
+            if nodes.registry_version is None:
+                ops.append(_Op("create", registry_path, registry))
             else:
-                tx.set_data(registry, _json(encode_group(group)), stat.version)
-            for tp in old.keys() - group.assignment.keys():
-                tx.delete(_group_path(group.group_id, "owners", tp.topic, tp.partition))
-            for tp, thread in sorted(group.assignment.items()):
-                if _segment(tp.topic) not in owner_dirs:
-                    tx.create(_group_path(group.group_id, "owners", tp.topic))
-                    owner_dirs.add(_segment(tp.topic))
-                path = _group_path(group.group_id, "owners", tp.topic, tp.partition)
-                value = f"{thread.member_id}-{thread.index}".encode()
-                if tp not in old:
-                    tx.create(path, value)
-                elif old[tp] != thread:
-                    tx.set_data(path, value)
-            if await self._commit_fenced(tx):
+                ops.append(_Op("set", registry_path, registry, nodes.registry_version))
+            committed_at = len(ops)
+            ops += self._mirror_ops(group_id, record_id, nodes, await self._owners(nodes), group)
+            done = await self._commit_in_parts(office, ops)
+            if done == len(ops):
+                self._owners_written[group_id] = (record_id, group.assignment)
                 return
-        raise StoreUnavailable(f"cannot write group {group.group_id!r}: it keeps changing")
+            if done >= committed_at:
+                break
+        else:
+            raise StoreUnavailable(f"cannot write group {group_id!r}: it keeps changing")
+        # The registry holds the new record, but the owner nodes were not as remembered: list them.
+        for _ in range(_RETRIES):
+            nodes = await self._group_nodes(group_id, keep=record_id)
+            owners = await self._listed_owners(nodes)
+            ops = self._mirror_ops(group_id, record_id, nodes, owners, group)
+            if await self._commit_in_parts(office, ops) == len(ops):
+                self._owners_written[group_id] = (record_id, group.assignment)
+                return
+        raise StoreUnavailable(f"cannot write the owners of group {group_id!r}: they keep changing")
+
+    async def _group_nodes(self, group_id: str, *, keep: str | None = None) -> _GroupNodes:
+        """The nodes a write of the group replaces, read in one round trip."""
+        registry = self._client.get_async(_group_path(group_id, "registry"))
+        records = self._client.get_children_async(_group_path(group_id, "records"))
+        owners = self._client.get_async(_group_path(group_id, "owners"))
+        owner_topics = self._client.get_children_async(_group_path(group_id, "owners"))
+        missing = []
+        try:
+            data, stat = await self._wait(registry)
+            current, version = self._decode_registry(group_id, data), stat.version
+        except NoNodeError:
+            current, version = None, None
+            # A new group, or one with offsets only (a standalone committer's).
+            if await self._wait(self._client.exists_async(_group_path(group_id))) is None:
+                missing.append(_group_path(group_id))
+        try:
+            stale = [
+                name
+                for name in await self._wait(records)
+                if keep is None or not name.startswith(f"{keep}-")
+            ]
+        except NoNodeError:
+            missing.append(_group_path(group_id, "records"))
+            stale = []
+        try:
+            mirror, _stat = await self._wait(owners)
+            topics = set(await self._wait(owner_topics))
+        except NoNodeError:
+            missing.append(_group_path(group_id, "owners"))
+            mirror, topics = None, set()
+        return _GroupNodes(
+            group_id=group_id,
+            missing_dirs=tuple(missing),
+            registry=current,
+            registry_version=version,
+            stale_records=tuple(stale),
+            mirror=None if mirror is None else mirror.decode(errors="replace"),
+            owner_topics=topics,
+        )
+
+    async def _owners(self, nodes: _GroupNodes) -> Mapping[TopicPartition, ConsumerThread | None]:
+        """What the owner nodes hold. The owners node names a record only after all of them were
+        written for it, and every write commits a new record before it touches them, so they
+        match the registry's record exactly when the owners node names that record. Otherwise (a
+        write was cut short after its commit point) they are listed, values unknown."""
+        registry = nodes.registry
+        if registry is None or nodes.mirror != registry.record:
+            return await self._listed_owners(nodes)
+        remembered = self._owners_written.get(nodes.group_id)
+        if remembered is not None and remembered[0] == registry.record:
+            return remembered[1]
+        try:
+            chunks = [await self._wait(r) for r in self._read_chunks(nodes.group_id, registry)]
+        except NoNodeError:
+            return await self._listed_owners(nodes)  # written meanwhile: the commit will fail
+        return self._decode_record(nodes.group_id, chunks).assignment
+
+    async def _listed_owners(
+        self, nodes: _GroupNodes
+    ) -> Mapping[TopicPartition, ConsumerThread | None]:
+        listings = [
+            (
+                _name(topic),
+                self._client.get_children_async(
+                    _group_path(nodes.group_id, "owners", _name(topic))
+                ),
+            )
+            for topic in nodes.owner_topics
+        ]
+        owners: dict[TopicPartition, ConsumerThread | None] = {}
+        for topic, result in listings:
+            with contextlib.suppress(NoNodeError):
+                for partition in await self._wait(result):
+                    owners[TopicPartition(topic=topic, partition=int(partition))] = None
+        return owners
+
+    def _mirror_ops(
+        self,
+        group_id: str,
+        record_id: str,
+        nodes: _GroupNodes,
+        owners: Mapping[TopicPartition, ConsumerThread | None],
+        group: GroupRecord,
+    ) -> list[_Op]:
+        """After the registry: drop the records it no longer names, bring the owner nodes from
+        ``owners`` to the group's assignment, and last name the record they now mirror."""
+        ops = [
+            _Op("delete", _group_path(group_id, "records", name)) for name in nodes.stale_records
+        ]
+        for tp in owners.keys() - group.assignment.keys():
+            ops.append(_Op("delete", _group_path(group_id, "owners", tp.topic, tp.partition)))
+        topics = set(nodes.owner_topics)
+        for tp, thread in group.assignment.items():
+            if _segment(tp.topic) not in topics:
+                ops.append(_Op("create", _group_path(group_id, "owners", tp.topic)))
+                topics.add(_segment(tp.topic))
+            path = _group_path(group_id, "owners", tp.topic, tp.partition)
+            if tp not in owners:
+                ops.append(_Op("create", path, f"{thread.member_id}-{thread.index}".encode()))
+            elif owners[tp] != thread:
+                ops.append(_Op("set", path, f"{thread.member_id}-{thread.index}".encode()))
+        ops.append(_Op("set", _group_path(group_id, "owners"), record_id.encode()))
+        return ops
 
     async def delete_group(self, epoch: int, group_id: str) -> None:
         office = self._check_epoch(epoch)
         root = _group_path(group_id)
+        registry = _group_path(group_id, "registry")
+        records = _group_path(group_id, "records")
         for _ in range(_RETRIES):
-            nodes = await self._subtree(root)
-            tx = self._fenced_transaction(office)
-            for path in reversed(nodes):  # children before their parents
-                tx.delete(path)
+            nodes = await self._group_subtree(group_id)
             if not nodes:
-                await self._commit_fenced(tx)  # nothing to delete, but still only from office
+                # Nothing to delete, but still only from office.
+                await self._commit_fenced(self._fenced_transaction(office))
                 return
-            if await self._commit_fenced(tx):
+            # Offsets and owners first, then the registry before the chunks it names: cut short,
+            # a delete leaves a group with fewer offsets (deleting it again finishes the job) or
+            # none at all, never a registry whose record is gone.
+            last = [registry, *(n for n in reversed(nodes) if n.startswith(f"{records}/")), records]
+            last = [n for n in last if n in nodes]
+            first = [n for n in reversed(nodes) if n not in last and n != root]
+            ops = [_Op("delete", path) for path in [*first, *last, root]]
+            if await self._commit_in_parts(office, ops) == len(ops):
                 self._offset_nodes = {n for n in self._offset_nodes if n[0] != group_id}
+                self._owners_written.pop(group_id, None)
                 return
         raise StoreUnavailable(f"cannot delete group {group_id!r}: it keeps changing")
 
@@ -448,37 +680,39 @@ class ZooKeeperStore:
         if not latest:
             return
         for _ in range(_RETRIES):
-            await self._ensure_offset_dirs(latest.keys() - self._offset_nodes)
-            unknown = [key for key in latest if key not in self._offset_nodes]
-            pending = [
-                (k, self._client.exists_async(_group_path(k[0], "offsets", *k[1:])))
-                for k in unknown
-            ]
-            for key, result in pending:
-                if await self._wait(result) is not None:
-                    self._offset_nodes.add(key)
-            tx = self._fenced_transaction(office)
-            for key, (offset, generation) in latest.items():
+            await self._learn_offset_nodes(latest.keys() - self._offset_nodes)
+            keys = list(latest)
+            ops = []
+            for key in keys:
+                offset, generation = latest[key]
                 path = _group_path(key[0], "offsets", key[1], key[2])
                 value = _json({"offset": offset, "generation": generation})
-                if key in self._offset_nodes:
-                    tx.set_data(path, value)
-                else:
-                    tx.create(path, value)
-            if await self._commit_fenced(tx):
-                self._offset_nodes.update(latest)
+                ops.append(_Op("set" if key in self._offset_nodes else "create", path, value))
+            done = await self._commit_in_parts(office, ops)
+            self._offset_nodes.update(keys[:done])
+            if done == len(keys):
                 return
+            for key in keys[:done]:
+                del latest[key]
             # A node we thought was there was gone, or the other way round: learn again.
             self._offset_nodes.difference_update(latest)
         raise StoreUnavailable("cannot commit offsets: their nodes keep changing")
 
-    async def _ensure_offset_dirs(self, keys: set[tuple[str, str, int]]) -> None:
-        """Create the persistent parents of new offset nodes. Empty directories change nothing a
-        reader sees, so this needs no office."""
+    async def _learn_offset_nodes(self, keys: set[tuple[str, str, int]]) -> None:
+        """Learn which offset nodes exist in the directories of ``keys``, creating the directories
+        that are missing. One listing per topic, not a request per partition; empty directories
+        change nothing a reader sees, so creating them needs no office."""
         dirs = sorted({(group, topic) for group, topic, _partition in keys})
-        pending = [self._client.ensure_path_async(_group_path(g, "offsets", t)) for g, t in dirs]
-        for result in pending:
+        created = [self._client.ensure_path_async(_group_path(g, "offsets", t)) for g, t in dirs]
+        for result in created:
             await self._wait(result)
+        listings = [
+            (g, t, self._client.get_children_async(_group_path(g, "offsets", t))) for g, t in dirs
+        ]
+        for group, topic, result in listings:
+            with contextlib.suppress(NoNodeError):  # deleted meanwhile: its nodes are gone too
+                for partition in await self._wait(result):
+                    self._offset_nodes.add((group, topic, int(partition)))
 
     async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
         base = _group_path(group_id, "offsets")
@@ -536,6 +770,25 @@ class ZooKeeperStore:
             return False
         raise StoreUnavailable(f"transaction failed: {exc!r}")
 
+    async def _commit_in_parts(self, office: _Office, ops: Sequence[_Op]) -> int:
+        """Commit ``ops`` in order, as fenced transactions that each fit well under ZooKeeper's
+        request limit; how many of them (a prefix) are committed: all, or fewer when a part lost a
+        race with another write. A part committed stays committed, so callers order ``ops`` such
+        that every prefix leaves a state readers may see. Raises as ``_commit_fenced``."""
+        overhead = _OP_OVERHEAD + len(self._client.chroot)
+        done = 0
+        while done < len(ops):
+            tx = self._fenced_transaction(office)
+            end, size = done, 0
+            while end < len(ops) and (end == done or size + ops[end].size + overhead <= _TX_BYTES):
+                ops[end].add_to(tx)
+                size += ops[end].size + overhead
+                end += 1
+            if not await self._commit_fenced(tx):
+                return done
+            done = end
+        return done
+
     async def _children(
         self, path: str, *, watch: Callable[[Any], None] | None = None, missing_ok: bool = False
     ) -> list[str]:
@@ -546,11 +799,16 @@ class ZooKeeperStore:
                 return []
             raise StoreUnavailable(f"{path} is missing") from None
 
-    async def _subtree(self, root: str) -> list[str]:
-        """``root`` and everything under it, parents first; empty if ``root`` does not exist."""
+    async def _group_subtree(self, group_id: str) -> list[str]:
+        """The group's nodes, parents first; empty if it has none. Its partitions' owner and
+        offset nodes are the layout's leaves, so they are not asked for children: a big group
+        has tens of thousands of them."""
         nodes = []
-        frontier = [root]
-        while frontier:
+        frontier = [_group_path(group_id)]
+        for depth in range(_GROUP_DEPTH + 1):
+            if depth == _GROUP_DEPTH:
+                nodes.extend(frontier)
+                break
             pending = [(p, self._client.get_children_async(p)) for p in frontier]
             frontier = []
             for path, result in pending:
@@ -563,25 +821,10 @@ class ZooKeeperStore:
         return nodes
 
     async def _wait(self, result: Any) -> Any:
-        """The value of a kazoo async result, waiting at most ``call_bound`` seconds for it.
-
-        Kazoo's own errors (no node, node exists, bad version) pass through for the caller to
-        interpret; connection trouble becomes ``StoreUnavailable``.
-        """
+        """A request's answer (``_answer``), counted in ``operations``."""
         self._check_open()
         self.operations += 1
-        done = trio.Event()
-        result.rawlink(lambda _result: self._soon(done.set))
-        with trio.move_on_after(self._call_bound):
-            await done.wait()
-        if not result.ready():
-            raise StoreUnavailable(f"ZooKeeper did not answer within {self._call_bound} s")
-        try:
-            return result.get_nowait()
-        except (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError):
-            raise
-        except KazooException as exc:
-            raise StoreUnavailable(f"ZooKeeper: {exc!r}") from exc
+        return await _answer(result, self._soon, self._call_bound)
 
     def _soon(self, callback: Callable[[], object]) -> None:
         """Run ``callback`` on the trio thread; from any thread, never blocking, never raising."""
@@ -621,11 +864,53 @@ class ZooKeeperStore:
         except ValueError as exc:
             raise StoreUnavailable(f"unreadable node: {data[:200]!r}") from exc
 
+    def _decode_registry(self, group_id: str, data: bytes) -> _Registry:
+        try:
+            value = json.loads(data)
+            return _Registry(
+                generation=int(value["generation"]),
+                record=str(value["record"]),
+                chunks=int(value["chunks"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreUnavailable(f"unreadable registry of group {group_id!r}: {exc}") from exc
+
+    def _decode_record(self, group_id: str, chunks: Sequence[tuple[bytes, Any]]) -> GroupRecord:
+        """A group record from its chunk nodes' (data, stat) pairs, in order."""
+        try:
+            return decode_group(json.loads(b"".join(data for data, _stat in chunks)))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreUnavailable(f"unreadable record of group {group_id!r}: {exc}") from exc
+
     def _decode_placement(self, topic: str, data: bytes) -> TopicPlacement:
         try:
             return decode_placement(topic, self._decode(data))
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreUnavailable(f"unreadable placement of topic {topic!r}: {exc}") from exc
+
+
+async def _answer(
+    result: Any, soon: Callable[[Callable[[], object]], None], call_bound: float
+) -> Any:
+    """The value of a kazoo async result, waiting at most ``call_bound`` seconds for it, woken
+    through ``soon`` (``TrioToken.run_sync_soon``) from kazoo's thread.
+
+    Kazoo's own errors (no node, node exists, bad version, not empty) pass through for the caller
+    to interpret; connection trouble becomes ``StoreUnavailable``.
+    """
+    if not result.ready():  # of thousands of requests sent at once, most are answered by now
+        done = trio.Event()
+        result.rawlink(lambda _result: soon(done.set))
+        with trio.move_on_after(call_bound):
+            await done.wait()
+        if not result.ready():
+            raise StoreUnavailable(f"ZooKeeper did not answer within {call_bound} s")
+    try:
+        return result.get_nowait()
+    except (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError):
+        raise
+    except KazooException as exc:
+        raise StoreUnavailable(f"ZooKeeper: {exc!r}") from exc
 
 
 def _failure(results: Sequence[Any]) -> tuple[int, Exception] | None:
@@ -786,18 +1071,7 @@ class ZooKeeperRebalanceSession:
         if self._closed:
             raise StoreUnavailable("the session is closed")
         self.operations += 1
-        done = trio.Event()
-        result.rawlink(lambda _result: self._soon(done.set))
-        with trio.move_on_after(self._call_bound):
-            await done.wait()
-        if not result.ready():
-            raise StoreUnavailable(f"ZooKeeper did not answer within {self._call_bound} s")
-        try:
-            return result.get_nowait()
-        except (NoNodeError, NodeExistsError):
-            raise
-        except KazooException as exc:
-            raise StoreUnavailable(f"ZooKeeper: {exc!r}") from exc
+        return await _answer(result, self._soon, self._call_bound)
 
     def _soon(self, callback: Callable[[], object]) -> None:
         with contextlib.suppress(trio.RunFinishedError):

@@ -23,8 +23,9 @@ from coordinator.store import (
     StoreUnavailable,
     TopicPlacement,
 )
+from coordinator.store.codec import encode_group
 from coordinator.store.zookeeper import ZooKeeperStore, open_zookeeper_store
-from protocol import Subscription, TopicStreams
+from protocol import Subscription
 from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
 from tests.store.test_contract import sample_group
 from tests.support.cluster import eventually
@@ -283,31 +284,174 @@ async def test_names_that_are_not_znode_names_round_trip(zookeeper_hosts: str) -
         assert set(await store.groups()) == set(odd) - {"a/b"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit: write_group is one transaction, and ZooKeeper drops a request over its "
-    "1 MB jute.maxbuffer (README). Remove this mark once a group is written in chunks.",
-)
-async def test_a_group_of_1000_members_over_10000_partitions_is_written(
+def big_group(members: int, partitions: int, generation: int) -> GroupRecord:
+    """``members`` members over ``partitions`` partitions of 100 topics; each generation moves
+    every partition to another member."""
+    subscription = Subscription(pattern=r"topic-.*", pattern_streams=1)
+    return GroupRecord(
+        group_id="big",
+        generation=generation,
+        members=tuple(
+            MemberRecord(
+                member_id=f"consumer-{i:05d}-2f1c9e7a",
+                client_id=f"client-{i:05d}",
+                subscription=subscription,
+                session_timeout_ms=10_000,
+                auto_commit=True,
+                auto_offset_reset="smallest",
+            )
+            for i in range(members)
+        ),
+        assignment={
+            tp(f"topic-{p % 100:03d}", p // 100): ConsumerThread(
+                member_id=f"consumer-{(p + generation) % members:05d}-2f1c9e7a", index=0
+            )
+            for p in range(partitions)
+        },
+    )
+
+
+def owner_nodes(hosts: str, group_id: str) -> dict[str, bytes]:
+    """Every owner node of the group as another tool would read it: path -> data."""
+    client = _raw_client(hosts)
+    try:
+        base = f"/consumers/{group_id}/owners"
+        paths = [
+            f"{base}/{topic}/{partition}"
+            for topic in client.get_children(base)
+            for partition in client.get_children(f"{base}/{topic}")
+        ]
+        pending = [(path, client.get_async(path)) for path in paths]  # one round trip, not 10,000
+        return {path: bytes(result.get(timeout=DEADLINE)[0]) for path, result in pending}
+    finally:
+        client.stop()
+        client.close()
+
+
+def expected_owners(group: GroupRecord) -> dict[str, bytes]:
+    return {
+        f"/consumers/{group.group_id}/owners/{tp.topic}/{tp.partition}": (
+            f"{thread.member_id}-{thread.index}".encode()
+        )
+        for tp, thread in group.assignment.items()
+    }
+
+
+async def test_a_group_of_5000_members_over_10000_partitions_is_written_committed_and_deleted(
     zookeeper_hosts: str,
 ) -> None:
-    subscription = Subscription(topics=(TopicStreams(topic="t", streams=1),))
-    members = tuple(
-        MemberRecord(
-            member_id=f"m{i:04d}",
-            client_id="c",
-            subscription=subscription,
-            session_timeout_ms=10_000,
-            auto_commit=True,
-            auto_offset_reset="smallest",
-        )
-        for i in range(1000)
-    )
-    assignment = {
-        tp("t", p): ConsumerThread(member_id=f"m{p % 1000:04d}", index=0) for p in range(10_000)
-    }
-    group = GroupRecord(group_id="g", generation=1, members=members, assignment=assignment)
+    """The seeds' biggest group takes more than ZooKeeper's 1 MiB request limit to write (its
+    record alone is about 1 MB, its owner nodes and its offsets more): one transaction each was
+    dropped with ConnectionLoss, so such a group could never finish a rebalance nor keep an offset
+    under ``--zookeeper``."""
+    first, second = big_group(5000, 10_000, 1), big_group(5000, 10_000, 2)
+    assert len(json.dumps(encode_group(first))) > 1_000_000
+    offsets = {tp: tp.partition + 1 for tp in first.assignment}
+    timings = {}
     async with open_zookeeper_store(zookeeper_hosts, call_bound=DEADLINE) as store:
         epoch = await store.take_office(1)
-        await store.write_group(epoch, group)  # today: StoreUnavailable (ConnectionLoss)
-        assert (await store.groups())["g"] == group
+        started = trio.current_time()
+        await store.write_group(epoch, first)
+        timings["first write"] = trio.current_time() - started
+        assert (await store.groups())["big"] == first
+        started = trio.current_time()
+        await store.write_group(epoch, second)  # every owner node changes
+        timings["second write"] = trio.current_time() - started
+        assert (await store.groups())["big"] == second
+        assert await trio.to_thread.run_sync(owner_nodes, zookeeper_hosts, "big") == (
+            expected_owners(second)
+        )
+        started = trio.current_time()
+        await store.commit_offsets(
+            epoch, [OffsetBatch(group_id="big", generation=2, offsets=offsets)]
+        )
+        timings["first offset commit"] = trio.current_time() - started
+        offsets = {tp: offset + 100 for tp, offset in offsets.items()}
+        started = trio.current_time()
+        await store.commit_offsets(
+            epoch, [OffsetBatch(group_id="big", generation=2, offsets=offsets)]
+        )
+        timings["next offset commit"] = trio.current_time() - started
+        started = trio.current_time()
+        assert await store.fetch_offsets("big") == offsets
+        timings["offset fetch"] = trio.current_time() - started
+        started = trio.current_time()
+        await store.delete_group(epoch, "big")
+        timings["delete"] = trio.current_time() - started
+        assert "big" not in await store.groups()
+        assert await store.fetch_offsets("big") == {}
+    print(", ".join(f"{step} {seconds:.2f}s" for step, seconds in timings.items()))
+
+
+async def test_a_write_cut_short_leaves_a_whole_record_and_the_next_write_repairs_the_owners(
+    zookeeper_hosts: str,
+) -> None:
+    """What a coordinator that died part-way through a write leaves behind, made with a plain
+    ZooKeeper client (a real crash cannot be timed to fall between two transactions): chunks
+    of a record that was never committed, and owner nodes half moved after a committed one."""
+    billing = sample_group("billing", generation=3)
+    moved = GroupRecord(
+        group_id="billing",
+        generation=4,
+        members=billing.members,
+        assignment={
+            tp("orders", 1): ConsumerThread(member_id="m3", index=0),
+            tp("orders", 2): ConsumerThread(member_id="m1", index=0),
+        },
+    )
+    async with open_zookeeper_store(zookeeper_hosts) as store:
+        epoch = await store.take_office(1)
+        await store.write_group(epoch, billing)
+
+        def crash_before_the_commit_point() -> None:
+            client = _raw_client(zookeeper_hosts)
+            try:
+                client.create("/consumers/billing/records/99-0", b'{"group_id": "bill')
+            finally:
+                client.stop()
+                client.close()
+
+        await trio.to_thread.run_sync(crash_before_the_commit_point)
+        assert (await store.groups())["billing"] == billing
+
+        def crash_after_the_commit_point() -> None:
+            client = _raw_client(zookeeper_hosts)
+            try:
+                client.create(
+                    "/consumers/billing/records/98-0", json.dumps(encode_group(moved)).encode()
+                )
+                client.set(
+                    "/consumers/billing/registry", b'{"generation": 4, "record": "98", "chunks": 1}'
+                )
+                client.delete("/consumers/billing/owners/orders/0")
+                client.set("/consumers/billing/owners/orders/1", b"m3-0")
+                client.create("/consumers/billing/owners/stale/5", b"m9-0", makepath=True)
+            finally:
+                client.stop()
+                client.close()
+
+        await trio.to_thread.run_sync(crash_after_the_commit_point)
+        assert (await store.groups())["billing"] == moved
+
+        # This handle wrote every owner node of the first record and remembers them: it must
+        # not trust that memory now that the registry names another record.
+        await store.write_group(epoch, billing)
+        assert (await store.groups())["billing"] == billing
+    owners = await trio.to_thread.run_sync(owner_nodes, zookeeper_hosts, "billing")
+    assert owners == expected_owners(billing)
+    registry = json.loads(await read_raw(zookeeper_hosts, "/consumers/billing/registry"))
+    assert registry["generation"] == 3
+    assert (
+        await read_raw(zookeeper_hosts, "/consumers/billing/owners") == registry["record"].encode()
+    )
+
+    def records() -> list[str]:
+        client = _raw_client(zookeeper_hosts)
+        try:
+            return sorted(client.get_children("/consumers/billing/records"))
+        finally:
+            client.stop()
+            client.close()
+
+    # The uncommitted chunks and the replaced record are gone; only the registry's remain.
+    assert await trio.to_thread.run_sync(records) == [f"{registry['record']}-0"]
