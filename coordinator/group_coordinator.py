@@ -102,9 +102,41 @@ class GroupCoordinator:
             group.highest_reported_generation, request.generation
         )
         log.info("group %s: %s joined", group.group_id, member.member_id)
+        self._adopt(group, member, request)
         self.pinger.add(member)
         self._apply(group, group.machine.handle(group_sm.MemberJoined(member_id=member.member_id)))
         return self._register_response(ErrorCode.NONE, request.group_id), member
+
+    def _adopt(self, group: Group, member: Member, request: RegisterConsumerRequest) -> None:
+        """DESIGN.md: a new coordinator starts no partition whose owner has not re-registered
+        before its lease ran out; one whose owner has needs no wait. A member that registers
+        with the recovered record's generation is the process that record named (a coordinator
+        has one member per id in a generation), so what it says it holds is the truth: partitions
+        it no longer fetches are free now, and those it still fetches are its own (their offsets
+        count) until its StopFetcher answer frees them, or its death starts a lease again. Any
+        other generation (a new process under an old id, an attempt the previous coordinator
+        never persisted) proves nothing, and the leases stand."""
+        if request.generation != group.recovered_generation:
+            return
+        recovered = group.recovered_owners.pop(member.member_id, None)
+        if not recovered:
+            return
+        now = trio.current_time()
+        leased = {tp for tp in recovered if group.free_at.get(tp, -math.inf) > now}
+        held = leased.intersection(request.owned_partitions)
+        for tp in leased - held:
+            del group.free_at[tp]
+        if held:
+            member.owned = frozenset(held)
+            member.owned_generation = request.generation
+        log.info(
+            "group %s: %s re-registered under generation %d; adopted %d partitions, freed %d",
+            group.group_id,
+            member.member_id,
+            request.generation,
+            len(held),
+            len(leased - held),
+        )
 
     def _registration_error(self, request: RegisterConsumerRequest) -> ErrorCode:
         timeout = request.session_timeout_ms
@@ -415,14 +447,19 @@ class GroupCoordinator:
 
 async def _recover_groups(coordinator: GroupCoordinator) -> None:
     """A new coordinator knows each group's last intended assignment but none of its members; a
-    previous owner may still fetch until its lease runs out after this coordinator took office."""
+    previous owner may still fetch until its lease runs out after this coordinator took office,
+    unless it re-registers first (``GroupCoordinator._adopt``). The assignment stays the sticky
+    assignor's starting point, so re-registered members keep what they had."""
     records = await coordinator.store.groups()
     for record in records.values():
         group = coordinator.group(record.group_id, generation=record.generation)
         longest = max((m.session_timeout_ms / 1000 for m in record.members), default=0.0)
         free_at = coordinator.took_office_at + longest + coordinator.config.lease_margin
-        for tp in record.assignment:
+        group.assignment = dict(record.assignment)
+        group.recovered_generation = record.generation
+        for tp, thread in record.assignment.items():
             group.free_at[tp] = free_at
+            group.recovered_owners.setdefault(thread.member_id, set()).add(tp)
 
 
 @asynccontextmanager

@@ -49,6 +49,11 @@ class Group:
     #: Partitions whose previous owner may still be fetching until the given instant (a member
     #: that fell silent, or one that a previous coordinator knew).
     free_at: dict[TopicPartition, float] = attrs.field(factory=dict)
+    #: After a failover, until the group's first completed attempt: the generation of the record
+    #: this coordinator recovered, and per member id the partitions that record gave it, whose
+    #: lease waits for that member to re-register (DESIGN.md, "Ownership lease").
+    recovered_generation: int = -1
+    recovered_owners: dict[str, set[TopicPartition]] = attrs.field(factory=dict)
     #: When the next rebalance attempt is due (None: none is due).
     next_attempt_at: AsyncValue[float | None] = attrs.field(factory=lambda: AsyncValue(None))
     #: While the group forms (statemachine.group's ``forming``): joins postpone its first attempt

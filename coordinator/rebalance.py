@@ -105,7 +105,7 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
         try:
             # Loaded first: StopFetcher answers' offsets are accepted as they arrive.
             await coordinator.offsets.committed(group.group_id)
-            await _stop_all(coordinator, members, generation, attempt)
+            await _stop_all(coordinator, group, members, generation, attempt)
             if attempt.cancel_called:
                 return
             coordinator.apply(group, group_sm.MembersStopped())
@@ -122,6 +122,7 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
         group.completed += 1
         for tp in [tp for tp in group.free_at if tp in assignment]:
             del group.free_at[tp]
+        group.recovered_owners.clear()  # those who did not re-register waited out their leases
         coordinator.apply(group, group_sm.AttemptCompleted())
         log.info("group %s: stable at generation %d", group.group_id, generation)
     if attempt.cancelled_caught:
@@ -130,6 +131,7 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
 
 async def _stop_all(
     coordinator: GroupCoordinator,
+    group: Group,
     members: list[Member],
     generation: int,
     attempt: trio.CancelScope,
@@ -156,10 +158,13 @@ async def _stop_all(
         if member.machine.alive and not attempt.cancel_called:
             member.machine.handle(member_sm.StopFetcherAnswered(now=_now()))
         # The member's final report for the partitions it owned: accepted even if it left or
-        # the attempt was cancelled since it answered; then it owns nothing.
+        # the attempt was cancelled since it answered; then it owns nothing, and fetches nothing,
+        # so no lease need hold its partitions any longer (one adopted after a failover).
         coordinator.accept_reported_offsets_nowait(
             member, member.owned_generation, response.offsets, final=True
         )
+        for tp in member.owned:
+            group.free_at.pop(tp, None)
         member.owned = frozenset()
 
     silent = await coordinator.call_all(requests, stopped)

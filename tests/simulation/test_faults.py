@@ -97,11 +97,12 @@ async def test_a_request_that_arrives_when_its_answer_cannot_still_renews_the_le
         cluster.ledger.check()
 
 
-async def test_a_restarted_coordinator_keeps_offsets_and_groups_and_waits_out_old_leases(
+async def test_a_restarted_coordinator_frees_at_once_what_re_registered_members_no_longer_fetch(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
+        held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(10.5)
         await cluster.check_invariants()
         committed = dict(await cluster.coordinator.offsets.committed("g"))
@@ -116,10 +117,90 @@ async def test_a_restarted_coordinator_keeps_offsets_and_groups_and_waits_out_ol
         assert cluster.coordinator.groups["g"].machine.generation == 1  # recovered
         with trio.fail_after(20):
             await cluster.wait_settled()
-        # Both rediscovered at 12.5; the new coordinator took office at 11.5 and starts no
-        # partition of the old assignment before 11.5 + T + margin.
-        assert trio.current_time() == 18.0
+        # Both re-registered at 12.5 under generation 1, the recovered record's, holding
+        # nothing: their partitions need no lease wait, only the group's 3 s initial delay.
+        assert trio.current_time() == 15.5
         assert a.generation == b.generation == 2
-        assert a.owned | b.owned == ALL
+        # The recovered assignment was the sticky assignor's start: each got its own back.
+        assert {"a": a.owned, "b": b.owned} == held
         assert all(a.positions[tp] >= committed[tp] for tp in a.owned)
+        await cluster.check_invariants(settled=True)
+
+
+async def test_members_that_fetch_through_a_failover_keep_their_partitions_and_offsets(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Seed 04's consumer does not stop fetching while it finds its coordinator again: the new
+    coordinator adopts what each says it still holds, counts the offsets it reports, and moves
+    nothing before its StopFetcher answer."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=6)
+        a = await cluster.start_consumer(
+            "a", group="g", topics={"events": 1}, fetch_through_failover=True
+        )
+        b = await cluster.start_consumer(
+            "b", group="g", topics={"events": 1}, fetch_through_failover=True
+        )
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        held = {"a": a.owned, "b": b.owned}
+        await trio.sleep_until(10.5)
+        at_restart = dict(await cluster.coordinator.offsets.committed("g"))
+        with trio.fail_after(5):
+            await cluster.restart_coordinator(down_for=1.0)
+        assert a.fetching and b.fetching  # the closed connection did not stop them
+        with trio.fail_after(20):
+            await cluster.wait_settled()
+        assert trio.current_time() == 15.5  # re-registered at 12.5, plus the initial delay
+        # Each fetched its partitions without a break until the new coordinator's StopFetcher.
+        for consumer in (a, b):
+            spans = [i for i in cluster.ledger.closed if i.consumer_id == consumer.consumer_id]
+            assert {(i.start, i.end) for i in spans} == {(3.0, 15.5)}
+        assert {"a": a.owned, "b": b.owned} == held
+        # What they reported to the new coordinator (a Ping at 14.5, StopFetcher at 15.5)
+        # counts: they resume from there, so nothing read since the restart is read again.
+        committed = await cluster.coordinator.offsets.committed("g")
+        assert all(committed[tp] > at_restart[tp] for tp in at_restart)
+        assert all(a.positions[tp] == committed[tp] for tp in a.owned)
+        await cluster.check_invariants(settled=True)
+
+
+async def test_a_restarted_coordinator_waits_out_the_lease_of_a_member_that_does_not_return(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster)
+        await trio.sleep_until(10.4)
+        b.cut_network(30)  # b sees neither the restart nor the new coordinator
+        await trio.sleep_until(10.5)
+        with trio.fail_after(5):
+            await cluster.restart_coordinator(down_for=1.0)
+        assert trio.current_time() == 11.5
+        with trio.fail_after(20):
+            await cluster.wait_stable("g", members=1)
+        # a came back at 12.5 and the group's first attempt began at 15.5, but b may fetch
+        # until its lease runs out: nothing of the old assignment starts before the new
+        # coordinator took office (11.5) + T + margin.
+        assert trio.current_time() == 18.0
+        assert a.owned == ALL
+        assert max(i.end for i in cluster.ledger.closed if i.consumer_id == "b") <= 18.0
+        await cluster.check_invariants()
+
+
+async def test_a_new_process_under_an_old_member_id_proves_nothing_and_the_lease_stands(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        _a, b = await _pair(cluster)
+        await trio.sleep_until(10.5)
+        with trio.fail_after(5):
+            await cluster.restart_coordinator(down_for=1.0)
+        await b.kill()
+        # Another process under b's id registers before a does: it never took part in the
+        # recovered generation, so it cannot speak for what the old b may still fetch.
+        await cluster.start_consumer("b", group="g", topics={"events": 1})
+        assert trio.current_time() == 11.5
+        with trio.fail_after(20):
+            await cluster.wait_settled()
+        assert trio.current_time() == 18.0  # 11.5 + T + margin
         await cluster.check_invariants(settled=True)
