@@ -18,7 +18,9 @@ table's ``(state, input type)`` shape cannot express:
 * **Coordinator epoch.** Ping/StopFetcher/StartFetcher below the highest epoch seen come from a
   deposed coordinator and are :class:`Ignored`, state untouched. A registration answer or a
   discovery result below it means we reached a deposed coordinator or stale metadata, so it is
-  handled as a rejection or a failed discovery: back off and look again.
+  handled as a rejection or a failed discovery: back off and look again. A discovery result from
+  a broker that is not the coordinator carries no epoch (:data:`UNKNOWN_EPOCH`): that is not
+  stale metadata, and the registration answer that follows brings the epoch to check.
 * **Stop before close.** Every transition that closes the coordinator connection while fetchers
   run emits :class:`StopFetchers` first, because the coordinator takes a closed connection as
   proof that the member stopped and may restart its partitions elsewhere at once. Two closes
@@ -48,6 +50,7 @@ from statemachine.table import IllegalTransition, TransitionTable
 __all__ = [
     "INITIAL_STATE",
     "TABLE",
+    "UNKNOWN_EPOCH",
     "Close",
     "CloseConnection",
     "CommitAndLeave",
@@ -98,6 +101,10 @@ class ConsumerState(enum.Enum):
 
 INITIAL_STATE = ConsumerState.IDLE
 
+UNKNOWN_EPOCH = -1
+"""The epoch of a CoordinatorFound from a broker that did not tell one: only the coordinator
+knows its own, so a follower names it in ClusterMetadata with ``coordinator_epoch`` -1."""
+
 
 # --- inputs -------------------------------------------------------------------------------------
 
@@ -109,7 +116,8 @@ class Start:
 
 @attrs.frozen(kw_only=True)
 class CoordinatorFound:
-    """A broker named the coordinator (ClusterMetadata), with the epoch of its election."""
+    """A broker named the coordinator (ClusterMetadata), with the epoch of its election, or
+    UNKNOWN_EPOCH when the broker was not the coordinator itself."""
 
     now: float
     coordinator: BrokerInfo
@@ -441,7 +449,11 @@ class ConsumerMachine:
             event = RegistrationRejected(
                 now=event.now, error_code=ErrorCode.STALE_COORDINATOR_EPOCH
             )
-        elif isinstance(event, CoordinatorFound) and event.epoch < self.epoch:
+        elif (
+            isinstance(event, CoordinatorFound)
+            and event.epoch != UNKNOWN_EPOCH
+            and event.epoch < self.epoch
+        ):
             event = DiscoveryFailed(now=event.now)
         return [*effects, *self._step(event)]
 

@@ -4,6 +4,7 @@ instants for group formation, growth, graceful hand-over and the ownership lease
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import trio
@@ -11,10 +12,11 @@ import trio.testing
 
 from consumer import ConsumerSettings, RecordStream, open_consumer
 from coordinator.config import CoordinatorConfig
+from coordinator.election import ElectionStore, Elector, handle_elected_connection
 from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
-from protocol.types import PartitionOffset, TopicPartition
+from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine.consumer import ConsumerState
-from tests.consumer.inmemory import InMemoryCluster, open_in_memory_cluster
+from tests.consumer.inmemory import InMemoryCluster, Line, open_in_memory_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
 ALL_12 = frozenset(TopicPartition(topic="t", partition=p) for p in range(12))
@@ -313,3 +315,55 @@ async def test_a_consumer_silenced_while_starting_loses_its_lease_and_the_coordi
             await c.assignment.wait_value(lambda owned: not owned)
             assert trio.current_time() == started + settings.session_timeout
             await trio.sleep(2 * settings.session_timeout)
+
+
+async def test_after_losing_its_coordinator_a_consumer_believes_the_follower_naming_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A follower names the coordinator in ClusterMetadata with no epoch (only the coordinator
+    knows its own). A consumer that had registered once took that for stale metadata and backed
+    off, pass after pass, until a pass happened to start at the coordinator itself: the
+    bench_failover runs that took 2 s longer to recover."""
+    async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
+        # The real follower code on the cluster's store (a mock ElectionStore: the embedded store
+        # has no office to lose, and a follower that never stands needs none).
+        followers = {
+            host: Elector(
+                store=cast(ElectionStore, net.cluster.store),
+                config=CONFIG,
+                broker=BrokerInfo(broker_id=broker_id, host=host, port=1),
+            )
+            for broker_id, host in ((2, "f2"), (3, "f3"), (4, "f4"))
+        }
+        asked: list[tuple[float, str]] = []
+        coordinator_lines: list[tuple[float, Line]] = []
+
+        async def connect(host: str, port: int) -> trio.abc.Stream:
+            if host not in followers:
+                line = await net.connect(host, port)
+                coordinator_lines.append((trio.current_time(), cast(Line, line)))
+                return line
+            asked.append((trio.current_time(), host))
+            client, server = trio.testing.memory_stream_pair()
+            net.nursery.start_soon(handle_elected_connection, followers[host], server)
+            return client
+
+        async with open_consumer("f2:1,f3:1,f4:1", "g", topics={"t": 1}, connect=connect) as c:
+            await c.assignment.wait_value(lambda owned: len(owned) == 2)
+            assert asked == [(0.0, "f2")]
+            assert [at for at, line in coordinator_lines if line.carries_registration] == [0.0]
+            assert c.machine.epoch >= 0
+            (registration,) = (line for line in net.lines if line.carries_registration)
+            await trio.sleep(0.5)  # into the stable generation
+            lost = trio.current_time()
+            await registration.aclose()  # the coordinator connection is lost
+            await c.assignment.wait_value(lambda owned: not owned)
+            await c.assignment.wait_value(lambda owned: len(owned) == 2)
+            back = trio.current_time()
+        # The pass after the loss starts at the next broker, f3, which names the coordinator:
+        # the consumer registers with it at once, no backoff.
+        assert [(at - lost, host) for at, host in asked[1:]] == [(0.0, "f3")]
+        registered = [at for at, line in coordinator_lines if line.carries_registration]
+        assert [at - lost for at in registered[1:]] == [0.0]
+        # It was the group's only member, so the group forms afresh, after the initial delay.
+        assert back == lost + CONFIG.initial_rebalance_delay

@@ -16,6 +16,7 @@ from protocol.messages import AssignedPartition, AssignedStream
 from protocol.types import BrokerInfo, TopicPartition
 from statemachine.consumer import (
     TABLE,
+    UNKNOWN_EPOCH,
     Close,
     CloseConnection,
     CommitAndLeave,
@@ -365,6 +366,37 @@ def test_stale_metadata_counts_as_a_failed_discovery() -> None:
     effects = m.handle(CoordinatorFound(now=101.0, coordinator=OLD, epoch=4))
     assert effects == [Discover(delay=0.2)]  # the second failure in a row
     assert state_of(m) is S.REDISCOVERING
+
+
+def test_a_follower_naming_the_coordinator_without_its_epoch_is_not_stale_metadata() -> None:
+    # After a failover a follower names the successor; not being the coordinator, it gives no
+    # epoch (ClusterMetadata coordinator_epoch -1). Counting that as stale metadata sent every
+    # consumer that had registered once back off until a pass happened to ask the coordinator.
+    m = machine_in(S.FETCHING, now=100.0)
+    assert m.handle(ConnectionLost(now=101.0)) == [
+        StopFetchers(),
+        CloseConnection(),
+        Discover(delay=0.0),
+    ]
+    found = CoordinatorFound(now=101.2, coordinator=NEW, epoch=UNKNOWN_EPOCH)
+    assert m.handle(found) == [Register(coordinator=NEW, generation=3, owned=())]
+    assert state_of(m) is S.REGISTERING
+    assert m.epoch == 5
+    # The registration answer brings the coordinator's epoch, and the guard checks that one.
+    assert m.handle(Registered(now=101.3, generation=3, epoch=4)) == [
+        CloseConnection(),
+        Discover(delay=0.1),
+    ]
+    assert m.last_error is ErrorCode.STALE_COORDINATOR_EPOCH
+
+
+def test_a_follower_naming_the_coordinator_while_fetching_leads_to_reregistration() -> None:
+    m = machine_in(S.REDISCOVERING, now=100.0)
+    found = CoordinatorFound(now=101.0, coordinator=NEW, epoch=UNKNOWN_EPOCH)
+    assert m.handle(found) == [Register(coordinator=NEW, generation=3, owned=OWNED)]
+    assert state_of(m) is S.REREGISTERING
+    assert m.handle(Registered(now=101.1, generation=3, epoch=6)) == []
+    assert state_of(m) is S.FETCHING and m.epoch == 6
 
 
 # --- effects: order and memory ------------------------------------------------------------------
