@@ -124,8 +124,11 @@ class GroupCoordinator:
         now = trio.current_time()
         leased = {tp for tp in recovered if group.free_at.get(tp, -math.inf) > now}
         held = leased.intersection(request.owned_partitions)
-        for tp in leased - held:
+        freed = leased - held
+        for tp in freed:
             del group.free_at[tp]
+        if freed:
+            group.leases_freed.value += 1  # an attempt waiting on these leases goes on now
         if held:
             member.owned = frozenset(held)
             member.owned_generation = request.generation
@@ -135,7 +138,7 @@ class GroupCoordinator:
             member.member_id,
             request.generation,
             len(held),
-            len(leased - held),
+            len(freed),
         )
 
     def _registration_error(self, request: RegisterConsumerRequest) -> ErrorCode:

@@ -54,6 +54,8 @@ class Group:
     #: lease waits for that member to re-register (DESIGN.md, "Ownership lease").
     recovered_generation: int = -1
     recovered_owners: dict[str, set[TopicPartition]] = attrs.field(factory=dict)
+    #: Counts re-registrations that freed leased partitions: an attempt waiting on leases wakes.
+    leases_freed: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
     #: When the next rebalance attempt is due (None: none is due).
     next_attempt_at: AsyncValue[float | None] = attrs.field(factory=lambda: AsyncValue(None))
     #: While the group forms (statemachine.group's ``forming``): joins postpone its first attempt

@@ -181,11 +181,12 @@ async def _start_all(
     generation: int,
     attempt: trio.CancelScope,
 ) -> None:
-    # A partition leaving a member that fell silent waits until that member's lease ran out.
-    free_at = group.partitions_free_at(assignment.keys())
-    if free_at > _now():
+    # A partition leaving a member that fell silent waits until that member's lease ran out, or,
+    # after a failover, until its owner came back and said it no longer fetches it.
+    while (free_at := group.partitions_free_at(assignment.keys())) > _now():
         log.info("group %s: waiting until %.3f for leases to run out", group.group_id, free_at)
-        await trio.sleep_until(free_at)
+        with trio.move_on_at(free_at):
+            await group.leases_freed.wait_transition()
     if attempt.cancel_called:
         return
     try:

@@ -187,6 +187,27 @@ async def test_a_restarted_coordinator_waits_out_the_lease_of_a_member_that_does
         await cluster.check_invariants()
 
 
+async def test_a_member_back_late_ends_the_lease_wait_of_an_attempt_in_flight(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster)
+        held = {"a": a.owned, "b": b.owned}
+        await trio.sleep_until(10.4)
+        b.freeze(4.0)  # paused through the restart: b comes back after a's attempt began
+        await trio.sleep_until(10.5)
+        with trio.fail_after(5):
+            await cluster.restart_coordinator(down_for=1.0)
+        with trio.fail_after(20):
+            await cluster.wait_settled()
+        # a re-registered at 12.5 and its attempt began at 15.5 waiting for b's lease (18.0);
+        # b resumed at 14.4, found its connection closed, and re-registered at 16.4 holding
+        # nothing, which ended the wait: one attempt for a, one more for b, both at 16.4.
+        assert trio.current_time() == 16.4
+        assert {"a": a.owned, "b": b.owned} == held
+        await cluster.check_invariants(settled=True)
+
+
 async def test_a_new_process_under_an_old_member_id_proves_nothing_and_the_lease_stands(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
