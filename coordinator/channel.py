@@ -60,6 +60,9 @@ class Channel:
     connection: Connection
     peer: str = "?"
     closed: bool = False
+    #: The connection failed (a reset, a send error) rather than the peer closing it: a member
+    #: whose connection broke may not know yet, so it is not proof that it stopped fetching.
+    broken: bool = False
     _handlers: dict[int, ResponseHandler] = attrs.field(factory=dict)
     #: Frames not yet written; one writer task drains it, so a caller that sends never waits
     #: for the socket and frames leave in the order they were made.
@@ -176,7 +179,9 @@ class Channel:
             log.warning("closing %s: %s (%s)", self.peer, exc, exc.error_code.name)
             await self._tell_peer(exc)
             raise
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except trio.BrokenResourceError:
+            self.broken = True
+        except trio.ClosedResourceError:
             return
 
     def _queue(self, data: bytes) -> None:
@@ -219,7 +224,8 @@ class Channel:
         self._outgoing.clear()
         try:
             await self.stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.broken = self.broken or isinstance(exc, trio.BrokenResourceError)
             self.connection.send_failed()
             self._close_handlers()
         finally:

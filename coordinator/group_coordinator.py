@@ -20,7 +20,7 @@ from coordinator import rebalance
 from coordinator.channel import Channel, ChannelClosed
 from coordinator.config import CoordinatorConfig
 from coordinator.heartbeat import Pinger
-from coordinator.membership import Group, Member
+from coordinator.membership import Group, Lease, Member
 from coordinator.offsets import OffsetKeeper
 from coordinator.store import MemberRecord, MetadataStore, StoreError, TopicPlacement
 from protocol import (
@@ -108,21 +108,21 @@ class GroupCoordinator:
         return self._register_response(ErrorCode.NONE, request.group_id), member
 
     def _adopt(self, group: Group, member: Member, request: RegisterConsumerRequest) -> None:
-        """DESIGN.md: a new coordinator starts no partition whose owner has not re-registered
-        before its lease ran out; one whose owner has needs no wait. A member that registers
-        with the recovered record's generation is the process that record named (a coordinator
-        has one member per id in a generation), so what it says it holds is the truth: partitions
-        it no longer fetches are free now, and those it still fetches are its own (their offsets
-        count) until its StopFetcher answer frees them, or its death starts a lease again. Any
-        other generation (a new process under an old id, an attempt the previous coordinator
-        never persisted) proves nothing, and the leases stand."""
-        if request.generation != group.recovered_generation:
+        """A partition under a lease waits until its owner surely stopped (DESIGN.md, "Ownership
+        lease"); the owner itself can say so sooner. A member that registers under the
+        generation of its lease is the process that held it (a coordinator has one member per id
+        in a generation): partitions it no longer fetches are free now, and those it still
+        fetches are its own (their offsets count) until its StopFetcher answer frees them, or
+        its death starts a lease again. So after a failover a new coordinator waits only for
+        owners that have not re-registered, and a member whose connection broke under it frees
+        its partitions when it comes back. Any other generation (a new process under an old id,
+        an attempt that was never persisted) proves nothing, and the lease stands."""
+        lease = group.leases.get(member.member_id)
+        if lease is None or request.generation != lease.generation:
             return
-        recovered = group.recovered_owners.pop(member.member_id, None)
-        if not recovered:
-            return
+        del group.leases[member.member_id]
         now = trio.current_time()
-        leased = {tp for tp in recovered if group.free_at.get(tp, -math.inf) > now}
+        leased = {tp for tp in lease.partitions if group.free_at.get(tp, -math.inf) > now}
         held = leased.intersection(request.owned_partitions)
         freed = leased - held
         for tp in freed:
@@ -133,7 +133,7 @@ class GroupCoordinator:
             member.owned = frozenset(held)
             member.owned_generation = request.generation
         log.info(
-            "group %s: %s re-registered under generation %d; adopted %d partitions, freed %d",
+            "group %s: %s came back under generation %d; adopted %d leased partitions, freed %d",
             group.group_id,
             member.member_id,
             request.generation,
@@ -183,6 +183,10 @@ class GroupCoordinator:
         del group.members[member.member_id]
         for tp in member.owned:
             group.free_at[tp] = max(group.free_at.get(tp, -math.inf), death.partitions_free_at)
+        if member.owned and death.partitions_free_at > trio.current_time():
+            group.leases[member.member_id] = Lease(
+                generation=member.owned_generation, partitions=member.owned
+            )
         log.info(
             "group %s: %s is dead (%s); its partitions are free at %.3f",
             group.group_id,
@@ -459,10 +463,14 @@ async def _recover_groups(coordinator: GroupCoordinator) -> None:
         longest = max((m.session_timeout_ms / 1000 for m in record.members), default=0.0)
         free_at = coordinator.took_office_at + longest + coordinator.config.lease_margin
         group.assignment = dict(record.assignment)
-        group.recovered_generation = record.generation
+        owners: dict[str, set[TopicPartition]] = {}
         for tp, thread in record.assignment.items():
             group.free_at[tp] = free_at
-            group.recovered_owners.setdefault(thread.member_id, set()).add(tp)
+            owners.setdefault(thread.member_id, set()).add(tp)
+        for member_id, partitions in owners.items():
+            group.leases[member_id] = Lease(
+                generation=record.generation, partitions=frozenset(partitions)
+            )
 
 
 @asynccontextmanager

@@ -39,6 +39,14 @@ class Member:
         return self.record.member_id
 
 
+@attrs.frozen(kw_only=True)
+class Lease:
+    """Partitions a member id held under ``generation`` and may still be fetching."""
+
+    generation: int
+    partitions: frozenset[TopicPartition]
+
+
 @attrs.define(eq=False)
 class Group:
     group_id: str
@@ -49,11 +57,10 @@ class Group:
     #: Partitions whose previous owner may still be fetching until the given instant (a member
     #: that fell silent, or one that a previous coordinator knew).
     free_at: dict[TopicPartition, float] = attrs.field(factory=dict)
-    #: After a failover, until the group's first completed attempt: the generation of the record
-    #: this coordinator recovered, and per member id the partitions that record gave it, whose
-    #: lease waits for that member to re-register (DESIGN.md, "Ownership lease").
-    recovered_generation: int = -1
-    recovered_owners: dict[str, set[TopicPartition]] = attrs.field(factory=dict)
+    #: Per member id, what a process that may still be fetching holds under a lease in
+    #: ``free_at``: a member whose connection broke or that fell silent, or an owner in the
+    #: record a new coordinator recovered. Its re-registration can end the lease early.
+    leases: dict[str, Lease] = attrs.field(factory=dict)
     #: Counts re-registrations that freed leased partitions: an attempt waiting on leases wakes.
     leases_freed: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
     #: When the next rebalance attempt is due (None: none is due).

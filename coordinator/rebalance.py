@@ -15,6 +15,7 @@ complete.
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -122,7 +123,12 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
         group.completed += 1
         for tp in [tp for tp in group.free_at if tp in assignment]:
             del group.free_at[tp]
-        group.recovered_owners.clear()  # those who did not re-register waited out their leases
+        now = _now()
+        group.leases = {  # keep only those still in force
+            member_id: lease
+            for member_id, lease in group.leases.items()
+            if any(group.free_at.get(tp, -math.inf) > now for tp in lease.partitions)
+        }
         coordinator.apply(group, group_sm.AttemptCompleted())
         log.info("group %s: stable at generation %d", group.group_id, generation)
     if attempt.cancelled_caught:

@@ -279,11 +279,12 @@ async def handle_connection(
         member = session.member if session is not None else None
         if member is not None and member.machine.alive:
             now = trio.current_time()
-            event = (
-                member_sm.ProtocolViolation(now=now)
-                if violation
-                else member_sm.ConnectionClosed(now=now)
-            )
+            if violation:
+                event: object = member_sm.ProtocolViolation(now=now)
+            elif channel.broken:
+                event = member_sm.ConnectionBroken(now=now)
+            else:
+                event = member_sm.ConnectionClosed(now=now)
             coordinator.member_event(member, event)
         with trio.CancelScope(shield=True):
             await channel.aclose()

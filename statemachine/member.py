@@ -27,6 +27,7 @@ class MemberState(enum.Enum):
 
 class DeathCause(enum.Enum):
     CONNECTION_CLOSED = "connection closed"
+    CONNECTION_BROKEN = "connection broken"
     MISSED_DEADLINES = "missed deadlines"
     LEFT = "left the group"
     PROTOCOL_ERROR = "protocol error"
@@ -78,8 +79,17 @@ class DeadlineMissed:
 
 @attrs.frozen(kw_only=True)
 class ConnectionClosed:
-    """The member's connection ended: it stops fetching before it closes (DESIGN.md), so its
-    partitions are free at once."""
+    """The member closed its connection (the peer's end of stream): it stops fetching before it
+    closes (DESIGN.md), so its partitions are free at once."""
+
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class ConnectionBroken:
+    """The member's connection failed (a reset, a send error) instead of ending with the member's
+    own close: the member may not know yet, and fetches on until it notices or its lease runs out
+    (a paused process notices only when it resumes)."""
 
     now: float
 
@@ -124,7 +134,7 @@ def _build_table() -> TransitionTable[MemberState]:
         heartbeat: tuple[type, ...] = (PingSent, PingAnswered, DeadlineMissed)
         for event in heartbeat:
             t[(state, event)] = state  # DeadlineMissed may also kill: see MemberMachine.handle
-        endings: tuple[type, ...] = (ConnectionClosed, Left, ProtocolViolation)
+        endings: tuple[type, ...] = (ConnectionClosed, ConnectionBroken, Left, ProtocolViolation)
         for event in endings:
             t[(state, event)] = MemberState.DEAD
     t[(MemberState.STOPPING, StopFetcherAnswered)] = MemberState.STOPPING
@@ -132,6 +142,7 @@ def _build_table() -> TransitionTable[MemberState]:
     t[(MemberState.STARTING, StartFetcherAnswered)] = MemberState.STABLE
     # A dead member's connection may still close, or a stale deadline fire, after death: absorbed.
     t[(MemberState.DEAD, ConnectionClosed)] = MemberState.DEAD
+    t[(MemberState.DEAD, ConnectionBroken)] = MemberState.DEAD
     t[(MemberState.DEAD, DeadlineMissed)] = MemberState.DEAD
     return TransitionTable("Member (coordinator side)", t)
 
@@ -196,6 +207,8 @@ class MemberMachine:
                     effects.append(self._death(DeathCause.MISSED_DEADLINES, now, silent=True))
             case ConnectionClosed(now=now):
                 effects.append(self._death(DeathCause.CONNECTION_CLOSED, now, silent=False))
+            case ConnectionBroken(now=now):
+                effects.append(self._death(DeathCause.CONNECTION_BROKEN, now, silent=True))
             case Left(now=now):
                 effects.append(self._death(DeathCause.LEFT, now, silent=False))
             case ProtocolViolation(now=now):
@@ -224,7 +237,8 @@ class MemberMachine:
         self.missed = 0
 
     def _death(self, cause: DeathCause, now: float, *, silent: bool) -> DeclaredDead:
-        # A member that closed or left stopped its fetchers first. One that fell silent or broke
-        # the protocol may still be fetching until its lease runs out.
+        # A member that closed or left stopped its fetchers first. One that fell silent, whose
+        # connection broke under it, or that broke the protocol may still be fetching until its
+        # lease runs out.
         free_at = max(now, self.lease_end()) if silent else now
         return DeclaredDead(cause=cause, partitions_free_at=free_at)

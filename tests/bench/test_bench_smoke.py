@@ -77,8 +77,10 @@ async def test_detection_quick(tmp_path: Path) -> None:
     # A frozen member's partitions never start elsewhere before its lease has run out.
     assert frozen["value"] >= frozen["session_timeout_ms"]
     (killed,) = figures["killed_to_stable"]
-    # A closed connection is a death at once: no waiting for a lease.
-    assert killed["value"] < killed["session_timeout_ms"]
+    # A killed process's kernel closes its connection: a death at once when that is a clean
+    # close, a lease wait when it is a reset (a request was still unread, which the coordinator
+    # cannot tell from a reset under a live process). Never later than a frozen member.
+    assert 0 < killed["value"] <= frozen["baseline"]
 
 
 async def test_assignment_quick(tmp_path: Path) -> None:

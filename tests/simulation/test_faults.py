@@ -36,22 +36,48 @@ def _starts(cluster: SimulatedCluster, consumer_id: str) -> set[float]:
     }
 
 
-async def test_a_dropped_connection_moves_partitions_at_once_and_the_consumer_comes_back(
+async def test_a_connection_reset_under_a_consumer_frees_its_partitions_when_it_comes_back(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(5.0)
         a.drop_connection()
-        with trio.fail_after(5):
-            await cluster.wait_stable("g", members=1)
-        assert trio.current_time() == 5.0
-        assert not a.fetching and b.owned == ALL
         with trio.fail_after(10):
+            await a.fetching_state.wait_value(False)
+            assert trio.current_time() == 5.0  # a saw the reset at once, and stopped
             await cluster.wait_settled()
-        assert trio.current_time() == 7.0  # a waited T/3, registered again, and rebalanced
+        # A reset is not the consumer's own close, so not proof that it stopped: a's partitions
+        # stayed leased until a came back at 7.0 (T/3 after it saw the reset) holding nothing.
+        assert trio.current_time() == 7.0
         assert a.registrations == 2
         assert a.owned | b.owned == ALL and a.owned
+        await cluster.check_invariants(settled=True)
+
+
+async def test_a_connection_reset_under_a_paused_consumer_waits_until_it_has_stopped(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Found by the randomized fault test: the coordinator saw the reset at once and moved the
+    partitions, while the paused consumer fetched on until it resumed and noticed."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, _b = await _pair(cluster)
+        held = a.owned
+        await trio.sleep_until(5.0)
+        a.freeze(2.0)
+        a.drop_connection()
+        with trio.fail_after(10):
+            await a.fetching_state.wait_value(False)
+            assert trio.current_time() == 7.0  # it noticed the reset only when it resumed
+            await cluster.wait_settled()
+        # a resumed at 7.0, saw the reset and stopped; it came back at 9.0 holding nothing.
+        assert trio.current_time() == 9.0
+        assert {i.end for i in cluster.ledger.closed if i.consumer_id == "a"} == {7.0}
+        assert all(
+            i.start >= 9.0
+            for i in cluster.ledger.intervals(trio.current_time())
+            if i.consumer_id == "b" and i.partition in held
+        )
         await cluster.check_invariants(settled=True)
 
 

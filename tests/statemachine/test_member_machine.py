@@ -16,6 +16,7 @@ INPUTS = {
     "PingAnswered": m.PingAnswered(now=1.0),
     "Missed": m.DeadlineMissed(now=1.0),
     "Closed": m.ConnectionClosed(now=1.0),
+    "Broken": m.ConnectionBroken(now=1.0),
     "Left": m.Left(now=1.0),
     "Violation": m.ProtocolViolation(now=1.0),
 }
@@ -24,19 +25,21 @@ X = None  # illegal
 EXPECTED: dict[S, dict[str, S | None]] = {
     S.REGISTERED: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
                    "PingSent": S.REGISTERED, "PingAnswered": S.REGISTERED, "Missed": S.DEAD,
-                   "Closed": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
+                   "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
     S.STOPPING: {"StopSent": S.STOPPING, "StopAnswered": S.STOPPING, "StartSent": S.STARTING,
                  "StartAnswered": X, "PingSent": S.STOPPING, "PingAnswered": S.STOPPING,
-                 "Missed": S.DEAD, "Closed": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
+                 "Missed": S.DEAD, "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD,
+                 "Violation": S.DEAD},
     S.STARTING: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X,
                  "StartAnswered": S.STABLE, "PingSent": S.STARTING, "PingAnswered": S.STARTING,
-                 "Missed": S.DEAD, "Closed": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
+                 "Missed": S.DEAD, "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD,
+                 "Violation": S.DEAD},
     S.STABLE: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
                "PingSent": S.STABLE, "PingAnswered": S.STABLE, "Missed": S.DEAD,
-               "Closed": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
+               "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
     S.DEAD: {"StopSent": X, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
-             "PingSent": X, "PingAnswered": X, "Missed": S.DEAD, "Closed": S.DEAD, "Left": X,
-             "Violation": X},
+             "PingSent": X, "PingAnswered": X, "Missed": S.DEAD, "Closed": S.DEAD,
+             "Broken": S.DEAD, "Left": X, "Violation": X},
 }
 # fmt: on
 
@@ -74,6 +77,20 @@ def test_one_missed_deadline_kills_by_default_and_frees_partitions_after_the_lea
     # The Ping of 12.0 may have arrived and renewed the lease though its answer never came back:
     # the lease counts from the last request sent (12.0), plus T (6) and the margin (0.5).
     assert effect == m.DeclaredDead(cause=m.DeathCause.MISSED_DEADLINES, partitions_free_at=18.5)
+
+
+def test_a_closed_connection_frees_at_once_but_a_broken_one_waits_for_the_lease() -> None:
+    # The member closes its connection only after it stopped fetching; a connection reset under
+    # it (or under a paused process) is no such proof.
+    closed, broken = _machine(S.STABLE), _machine(S.STABLE)
+    for machine in (closed, broken):
+        machine.handle(m.PingSent(now=12.0))
+    assert closed.handle(m.ConnectionClosed(now=13.0)) == [
+        m.DeclaredDead(cause=m.DeathCause.CONNECTION_CLOSED, partitions_free_at=13.0)
+    ]
+    assert broken.handle(m.ConnectionBroken(now=13.0)) == [
+        m.DeclaredDead(cause=m.DeathCause.CONNECTION_BROKEN, partitions_free_at=18.5)
+    ]
 
 
 def test_misses_are_counted_and_an_answer_resets_them() -> None:
