@@ -38,10 +38,10 @@ from scripts.loadgen import (
     bare_frame,
     rounded,
 )
+from tests.support.processes import open_serving_process, stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT = 60.0
-_SERVING = re.compile(rb"serving on (\S+):(\d+)")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -97,48 +97,12 @@ class ServerProcess:
 
 @asynccontextmanager
 async def _open_server(command: Sequence[str], log_path: Path) -> AsyncIterator[ServerProcess]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with open(log_path, "ab") as log_file:
-        process = await trio.lowlevel.open_process(
-            list(command),
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            cwd=REPO,
-            env=env,
-        )
-    try:
-        assert process.stdout is not None
-        seen = b""
-        with trio.move_on_after(STARTUP_TIMEOUT):
-            while (match := _SERVING.search(seen)) is None:
-                chunk = await process.stdout.receive_some(4096)
-                if not chunk:
-                    break
-                seen += chunk
-        if match is None:
-            raise RuntimeError(f"server did not start: {seen!r}\n{log_path.read_text()}")
-        yield ServerProcess(
-            process=process,
-            host=match.group(1).decode(),
-            port=int(match.group(2)),
-            log_path=log_path,
-        )
-    finally:
-        with trio.CancelScope(shield=True):
-            await _stop(process)
-            if process.stdout is not None:
-                await process.stdout.aclose()
-
-
-async def _stop(process: trio.Process) -> None:
-    if process.returncode is None:
-        process.send_signal(signal.SIGCONT)
-        process.terminate()
-        with trio.move_on_after(10):
-            await process.wait()
-    if process.returncode is None:
-        process.kill()
-        await process.wait()
+    async with open_serving_process(command, log_path, startup_timeout=STARTUP_TIMEOUT) as (
+        process,
+        host,
+        port,
+    ):
+        yield ServerProcess(process=process, host=host, port=port, log_path=log_path)
 
 
 def open_coordinator(data_dir: Path, *args: str) -> AbstractAsyncContextManager[ServerProcess]:
@@ -213,7 +177,7 @@ async def open_worker(arguments: Sequence[str], log_path: Path) -> AsyncIterator
         with trio.CancelScope(shield=True):
             if process.stdin is not None:
                 await process.stdin.aclose()
-            await _stop(process)
+            await stop_process(process)
 
 
 @asynccontextmanager

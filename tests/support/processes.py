@@ -63,15 +63,28 @@ async def run_broker(
         str(data_dir),
         *args,
     ]
+    async with open_serving_process(command, log_path) as (process, host, port):
+        yield BrokerProcess(process=process, host=host, port=port, log_path=log_path)
+
+
+@asynccontextmanager
+async def open_serving_process(
+    command: Sequence[str], log_path: Path, *, startup_timeout: float = STARTUP_TIMEOUT
+) -> AsyncIterator[tuple[trio.Process, str, int]]:
+    """Run ``command``, anything that prints ``serving on HOST:PORT`` once it listens (a broker,
+    the benchmarks' bare server), for the block's span, its stderr appended to ``log_path``;
+    yields the process and where it serves. One that does not say so within
+    ``startup_timeout`` fails with its log attached. The tests' brokers and the benchmarks'
+    servers both start here."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log_path, "ab") as log_file:
         process = await trio.lowlevel.open_process(
-            command, stdout=subprocess.PIPE, stderr=log_file, cwd=REPO, env=env
+            list(command), stdout=subprocess.PIPE, stderr=log_file, cwd=REPO, env=env
         )
     try:
         assert process.stdout is not None
         seen = b""
-        with trio.move_on_after(STARTUP_TIMEOUT):
+        with trio.move_on_after(startup_timeout):
             while (match := _SERVING.search(seen)) is None:
                 chunk = await process.stdout.receive_some(4096)
                 if not chunk:
@@ -79,22 +92,25 @@ async def run_broker(
                 seen += chunk
         if match is None:
             raise RuntimeError(
-                f"broker did not start: {seen!r}\n{log_path.read_text(errors='replace')}"
+                f"{' '.join(command[1:])} did not start: {seen!r}\n"
+                f"{log_path.read_text(errors='replace')}"
             )
-        yield BrokerProcess(
-            process=process,
-            host=match.group(1).decode(),
-            port=int(match.group(2)),
-            log_path=log_path,
-        )
+        yield process, match.group(1).decode(), int(match.group(2))
     finally:
         with trio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.terminate()
-                with trio.move_on_after(STOP_TIMEOUT):
-                    await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            await stop_process(process)
             if process.stdout is not None:
                 await process.stdout.aclose()
+
+
+async def stop_process(process: trio.Process) -> None:
+    """SIGTERM, after SIGCONT (a paused process acts on nothing until it runs again), then
+    SIGKILL if it has not ended within STOP_TIMEOUT."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGCONT)
+        process.terminate()
+        with trio.move_on_after(STOP_TIMEOUT):
+            await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
