@@ -225,7 +225,8 @@ class Channel:
         try:
             await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self.broken = self.broken or isinstance(exc, trio.BrokenResourceError)
+            if isinstance(exc, trio.BrokenResourceError):
+                self.broken = True
             self.connection.send_failed()
             self._close_handlers()
         finally:

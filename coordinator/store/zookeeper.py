@@ -465,7 +465,7 @@ class ZooKeeperStore:
         groups = {}
         for name, chunks in reads:
             try:
-                groups[name] = self._decode_record(name, [await self._wait(r) for r in chunks])
+                groups[name] = await self._record(name, chunks)
             except NoNodeError:
                 # Written again (or deleted) between the two reads: read the registry anew.
                 record = await self._read_group(name)
@@ -483,10 +483,9 @@ class ZooKeeperStore:
                 return None
             registry = self._decode_registry(group_id, data)
             try:
-                chunks = [await self._wait(r) for r in self._read_chunks(group_id, registry)]
+                return await self._record(group_id, self._read_chunks(group_id, registry))
             except NoNodeError:
                 continue
-            return self._decode_record(group_id, chunks)
         raise StoreUnavailable(f"cannot read group {group_id!r}: it keeps changing")
 
     def _read_chunks(self, group_id: str, registry: _Registry) -> list[Any]:
@@ -593,10 +592,10 @@ class ZooKeeperStore:
         if remembered is not None and remembered[0] == registry.record:
             return remembered[1]
         try:
-            chunks = [await self._wait(r) for r in self._read_chunks(nodes.group_id, registry)]
+            record = await self._record(nodes.group_id, self._read_chunks(nodes.group_id, registry))
         except NoNodeError:
             return await self._listed_owners(nodes)  # written meanwhile: the commit will fail
-        return self._decode_record(nodes.group_id, chunks).assignment
+        return record.assignment
 
     async def _listed_owners(
         self, nodes: _GroupNodes
@@ -875,10 +874,12 @@ class ZooKeeperStore:
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreUnavailable(f"unreadable registry of group {group_id!r}: {exc}") from exc
 
-    def _decode_record(self, group_id: str, chunks: Sequence[tuple[bytes, Any]]) -> GroupRecord:
-        """A group record from its chunk nodes' (data, stat) pairs, in order."""
+    async def _record(self, group_id: str, chunks: list[Any]) -> GroupRecord:
+        """A group record from the reads of its chunk nodes (``_read_chunks``), in order;
+        NoNodeError if one is gone (the group was written again or deleted meanwhile)."""
+        answers = [await self._wait(result) for result in chunks]
         try:
-            return decode_group(json.loads(b"".join(data for data, _stat in chunks)))
+            return decode_group(json.loads(b"".join(data for data, _stat in answers)))
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreUnavailable(f"unreadable record of group {group_id!r}: {exc}") from exc
 
