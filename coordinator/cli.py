@@ -23,6 +23,7 @@ from coordinator.admin import AdminError
 from coordinator.cli_admin import add_admin_commands, run_admin
 from coordinator.cli_data import add_data_commands, run_consume, run_produce
 from coordinator.config import CoordinatorConfig
+from coordinator.limits import ConnectionLimits, RequestLimits
 from coordinator.log import FsyncPolicy, LogConfig
 from coordinator.node import NodeSettings, run_node
 from coordinator.store import StoreError
@@ -128,9 +129,71 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--retention-check-ms", type=int, default=logs.retention_check_ms)
     serve.add_argument("--segment-bytes", type=int, default=logs.segment_bytes)
+    _add_limit_options(serve)
     add_admin_commands(commands)
     add_data_commands(commands)
     return parser
+
+
+def _add_limit_options(serve: argparse.ArgumentParser) -> None:
+    """Bounds on what any one client may make the broker hold or do (docs/limits.md)."""
+    group = serve.add_argument_group("limits (docs/limits.md)")
+    connections = ConnectionLimits()
+    requests = RequestLimits()
+    group.add_argument(
+        "--max-connections",
+        type=int,
+        default=connections.max_connections,
+        help="open client connections at once (default: the file limit less a reserve)",
+    )
+    group.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=connections.max_connections_per_address,
+        help="open connections from one client address (default: no limit)",
+    )
+    group.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=connections.idle_timeout,
+        help="seconds a connection may send nothing before it is closed",
+    )
+    group.add_argument(
+        "--frame-timeout",
+        type=float,
+        default=connections.frame_timeout,
+        help="seconds a frame may take to arrive once its first byte has",
+    )
+    group.add_argument(
+        "--max-buffered-request-bytes",
+        type=int,
+        default=connections.max_buffered_request_bytes,
+        help="bytes of unfinished frames buffered for all connections together",
+    )
+    group.add_argument(
+        "--max-frame-size",
+        type=int,
+        default=CoordinatorConfig().max_frame_size,
+        help="largest frame received or sent, in bytes",
+    )
+    group.add_argument("--max-id-bytes", type=int, default=requests.max_id_bytes)
+    group.add_argument("--max-pattern-bytes", type=int, default=requests.max_pattern_bytes)
+    group.add_argument("--max-streams-per-topic", type=int, default=requests.max_streams_per_topic)
+    group.add_argument(
+        "--max-topics-per-subscription", type=int, default=requests.max_topics_per_subscription
+    )
+    group.add_argument(
+        "--max-partitions-per-topic", type=int, default=requests.max_partitions_per_topic
+    )
+    group.add_argument(
+        "--max-partitions-per-broker", type=int, default=requests.max_partitions_per_broker
+    )
+    group.add_argument(
+        "--max-group-size",
+        type=int,
+        default=requests.max_group_size,
+        help="members of one group (Kafka's group.max.size)",
+    )
 
 
 async def _serve(settings: NodeSettings) -> None:
@@ -161,6 +224,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 initial_rebalance_max_delay=args.initial_rebalance_max_delay,
                 rebalance_backoff_fraction=args.rebalance_backoff,
                 commit_interval=args.commit_interval,
+                max_frame_size=args.max_frame_size,
+                limits=RequestLimits(
+                    max_id_bytes=args.max_id_bytes,
+                    max_pattern_bytes=args.max_pattern_bytes,
+                    max_streams_per_topic=args.max_streams_per_topic,
+                    max_topics_per_subscription=args.max_topics_per_subscription,
+                    max_partitions_per_topic=args.max_partitions_per_topic,
+                    max_partitions_per_broker=args.max_partitions_per_broker,
+                    max_group_size=args.max_group_size,
+                ),
             )
             settings = NodeSettings(
                 broker_id=args.broker_id,
@@ -170,6 +243,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 zookeeper=args.zookeeper,
                 zookeeper_session_timeout=args.zookeeper_session_timeout,
                 coordinator=config,
+                connections=ConnectionLimits(
+                    max_connections=args.max_connections,
+                    max_connections_per_address=args.max_connections_per_address,
+                    idle_timeout=args.idle_timeout,
+                    frame_timeout=args.frame_timeout,
+                    max_buffered_request_bytes=args.max_buffered_request_bytes,
+                ),
                 log=LogConfig(
                     fsync=FsyncPolicy(args.fsync),
                     fsync_interval_ms=args.fsync_interval_ms,

@@ -6,6 +6,8 @@ from typing import Any
 
 import attrs
 
+from coordinator.limits import RequestLimits
+
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if value <= 0:
@@ -37,6 +39,8 @@ class CoordinatorConfig:
     max_frame_size: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
     #: How long the coordinator retries a store write before it answers a request with an error.
     store_retry_backoff: float = attrs.field(default=0.2, validator=_positive)
+    #: Bounds on what one request may ask for (coordinator.limits).
+    limits: RequestLimits = attrs.field(factory=RequestLimits)
 
     def __attrs_post_init__(self) -> None:
         if self.min_session_timeout_ms > self.max_session_timeout_ms:

@@ -20,6 +20,7 @@ from coordinator.broker import open_broker_log
 from coordinator.config import CoordinatorConfig
 from coordinator.election import handle_elected_connection, open_elector
 from coordinator.group_coordinator import open_group_coordinator
+from coordinator.limits import ConnectionLimits
 from coordinator.log import LogConfig
 from coordinator.server import handle_connection
 from coordinator.store import MetadataStore, open_embedded_store
@@ -38,6 +39,7 @@ class NodeSettings:
     advertised_host: str | None = None
     data_dir: Path = Path("data")
     coordinator: CoordinatorConfig = attrs.field(factory=CoordinatorConfig)
+    connections: ConnectionLimits = attrs.field(factory=ConnectionLimits)
     log: LogConfig = attrs.field(factory=LogConfig)
     #: ``host:port[,host:port...][/chroot]`` of a ZooKeeper ensemble shared by the brokers of a
     #: cluster, which then elect one coordinator among them; None: the embedded store, and this
