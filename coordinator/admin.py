@@ -68,7 +68,10 @@ class PartitionLag:
     topic: str
     partition: int
     owner: str | None
-    committed: int  # -1: nothing committed
+    committed: int  # -1: nothing committed; only durable offsets count as committed
+    reported: int | None
+    """An offset the coordinator accepted and has not written yet (None: nothing pending): a
+    coordinator crash before its next commit loses it, so it is not shown as committed."""
     end: int  # -1: the partition's broker did not answer
     lag: int | None
 
@@ -145,15 +148,18 @@ class Admin:
         _check(f"delete group {group}", response.error_code)
 
     async def describe_group(self, group: str) -> GroupReport:
+        """The lag is counted from the committed (durable) offset, which only moves forward."""
         response = await self.call(DescribeGroupRequest(group_id=group))
         assert isinstance(response, DescribeGroupResponse)
         _check(f"group {group}", response.error_code)
         owners = {tp: m.member_id for m in response.members for tp in m.partitions}
         committed = {po.topic_partition: po.offset for po in response.offsets}
-        subscribed = {tp.topic for tp in owners} | {tp.topic for tp in committed}
+        reported = {po.topic_partition: po.offset for po in response.reported_offsets}
+        known = committed.keys() | reported.keys()
+        subscribed = {tp.topic for tp in owners} | {tp.topic for tp in known}
         ends = {tp: end for tp, (_, end) in (await self.log_bounds(sorted(subscribed))).items()}
         rows = []
-        for tp in sorted(set(ends) | set(committed) | set(owners)):
+        for tp in sorted(set(ends) | known | set(owners)):
             end, done = ends.get(tp, -1), committed.get(tp, -1)
             rows.append(
                 PartitionLag(
@@ -161,6 +167,7 @@ class Admin:
                     partition=tp.partition,
                     owner=owners.get(tp),
                     committed=done,
+                    reported=reported.get(tp),
                     end=end,
                     lag=None if end < 0 else end - max(done, 0),
                 )

@@ -25,6 +25,7 @@ from coordinator.cli_data import add_data_commands, run_consume, run_produce
 from coordinator.config import CoordinatorConfig
 from coordinator.limits import ConnectionLimits, RequestLimits
 from coordinator.log import FsyncPolicy, LogConfig
+from coordinator.logformat import configure_logging
 from coordinator.node import NodeSettings, run_node
 from coordinator.store import StoreError
 
@@ -209,10 +210,8 @@ async def _serve(settings: NodeSettings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=(args.log_level or ("INFO" if args.command == "serve" else "WARNING")).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    configure_logging(
+        (args.log_level or ("INFO" if args.command == "serve" else "WARNING")).upper(), sys.stderr
     )
     try:
         if args.command == "serve":

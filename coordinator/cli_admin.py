@@ -141,13 +141,14 @@ async def _groups_describe(admin: Admin, args: argparse.Namespace) -> None:
         f"{len(report.members)} members"
     )
     _table(
-        ("TOPIC", "PARTITION", "OWNER", "COMMITTED", "END", "LAG"),
+        ("TOPIC", "PARTITION", "OWNER", "COMMITTED", "REPORTED", "END", "LAG"),
         [
             (
                 p.topic,
                 p.partition,
                 p.owner or "-",
                 _or_dash(p.committed),
+                "-" if p.reported is None else p.reported,
                 _or_dash(p.end),
                 "-" if p.lag is None else p.lag,
             )

@@ -378,9 +378,20 @@ class GroupCoordinator:
         )
 
     async def describe(self, group_id: str) -> DescribeGroupResponse:
+        """Committed offsets are the durable ones; what was accepted but not yet written is
+        reported apart, so that no restart can make a shown committed offset go backwards."""
         group = self.groups.get(group_id)
-        committed = await self.offsets.committed(group_id)
-        if group is None and not committed:
+        accepted = await self.offsets.committed(group_id)
+        durable = await self.offsets.durable(group_id)
+        pending = await self.offsets.pending(group_id)
+
+        def listed(offsets: Mapping[TopicPartition, int]) -> tuple[PartitionOffset, ...]:
+            return tuple(
+                PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset)
+                for tp, offset in sorted(offsets.items())
+            )
+
+        if group is None and not accepted:
             return DescribeGroupResponse(
                 error_code=ErrorCode.GROUP_ID_NOT_FOUND,
                 group_id=group_id,
@@ -405,10 +416,8 @@ class GroupCoordinator:
             state=group.machine.state.value if group else group_sm.GroupState.EMPTY.value,
             generation=group.machine.generation if group else -1,
             members=members,
-            offsets=tuple(
-                PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset)
-                for tp, offset in sorted(committed.items())
-            ),
+            offsets=listed(durable),
+            reported_offsets=listed(pending),
         )
 
     async def delete_group(self, group_id: str) -> ErrorCode:

@@ -5,6 +5,12 @@ interval; DESIGN.md adds that an OffsetCommit is answered only once its batch is
 rebalance forces a commit before StartFetcher. One task writes; everyone else records an update and,
 if they need durability, waits for the version they produced to become durable, which also asks
 the committer to write at once instead of at its next interval.
+
+So each group has two views. *Accepted* offsets (:meth:`OffsetKeeper.committed`) are everything
+fenced and recorded, durable or not: what later reports are compared against and what a rebalance
+hands out (after forcing a commit). *Durable* offsets (:meth:`OffsetKeeper.durable`) are those the
+store is known to hold, the only ones a restart or failover cannot take back: what OffsetFetch
+returns and DescribeGroup calls committed. Between the two sit the offsets a crash would lose.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ log = logging.getLogger(__name__)
 class _GroupOffsets:
     generation: int = -1
     committed: dict[TopicPartition, int] = attrs.field(factory=dict)
+    """Accepted: durable, or about to be."""
+    durable: dict[TopicPartition, int] = attrs.field(factory=dict)
+    """What the store holds: loaded from it, then updated by each write that succeeded."""
     dirty: dict[TopicPartition, int] = attrs.field(factory=dict)
 
 
@@ -42,8 +51,21 @@ class OffsetKeeper:
     _write_lock: trio.Lock = attrs.field(factory=trio.Lock)
 
     async def committed(self, group_id: str) -> Mapping[TopicPartition, int]:
-        """The group's offsets as accepted so far (durable, or about to be)."""
+        """The group's offsets as accepted so far (durable, or about to be); not what to show
+        anyone as committed, which is :meth:`durable`."""
         return (await self._load(group_id)).committed
+
+    async def durable(self, group_id: str) -> Mapping[TopicPartition, int]:
+        """The group's committed offsets: those written to the store."""
+        return (await self._load(group_id)).durable
+
+    async def pending(self, group_id: str) -> Mapping[TopicPartition, int]:
+        """Offsets accepted but not (yet) durable: lost if the coordinator dies before its
+        committer writes them."""
+        group = await self._load(group_id)
+        return {
+            tp: offset for tp, offset in group.committed.items() if group.durable.get(tp) != offset
+        }
 
     async def accept(
         self,
@@ -116,6 +138,10 @@ class OffsetKeeper:
                         kept = self._groups[batch.group_id]
                         kept.dirty = {**batch.offsets, **kept.dirty}
                 raise
+            for batch in batches:
+                written = self._groups.get(batch.group_id)
+                if written is not None:
+                    written.durable.update(batch.offsets)
             self._durable.value = max(self._durable.value, version)
 
     def forget(self, group_id: str) -> None:
@@ -139,5 +165,7 @@ class OffsetKeeper:
         if group_id not in self._groups:
             stored = await self.store.fetch_offsets(group_id)
             # another task may have loaded it while this one waited on the store
-            self._groups.setdefault(group_id, _GroupOffsets(committed=dict(stored)))
+            self._groups.setdefault(
+                group_id, _GroupOffsets(committed=dict(stored), durable=dict(stored))
+            )
         return self._groups[group_id]

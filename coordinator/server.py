@@ -117,7 +117,7 @@ class _Session:
                 await self.channel.flush()
                 return None
             case OffsetFetchRequest() as message:
-                committed = await coordinator.offsets.committed(message.group_id)
+                committed = await coordinator.offsets.durable(message.group_id)
                 wanted = committed.keys() if message.partitions is None else set(message.partitions)
                 return OffsetFetchResponse(
                     error_code=ErrorCode.NONE,

@@ -10,6 +10,7 @@ from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocol
 from .events import NEED_DATA, ConnectionClosed, Event, NeedData, PeerError, Request, Response
 from .messages import (
     COORDINATOR_REQUESTS,
+    NEWEST_VERSION,
     REQUEST_TYPES,
     RESPONSE_TYPES,
     ApiKey,
@@ -61,6 +62,7 @@ from .types import BrokerInfo, PartitionOffset, Subscription, TopicPartition, To
 __all__ = [
     "COORDINATOR_REQUESTS",
     "NEED_DATA",
+    "NEWEST_VERSION",
     "REQUEST_TYPES",
     "RESPONSE_TYPES",
     "ApiKey",

@@ -21,7 +21,6 @@ from .codec import MAX_STRING_BYTES, STRING, Reader, malformed
 from .errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from .events import NEED_DATA, ConnectionClosed, Event, NeedData, PeerError, Request, Response
 from .framing import (
-    API_VERSION,
     HEADER,
     HEADER_SIZE,
     SIZE,
@@ -32,6 +31,7 @@ from .framing import (
 )
 from .messages import (
     COORDINATOR_REQUESTS,
+    NEWEST_VERSION,
     REQUEST_CODECS,
     REQUEST_TYPES,
     RESPONSE_CODECS,
@@ -92,8 +92,9 @@ class Connection:
         self._pos = 0
         self._eof = False
         self._next_correlation_id = 0
-        self._outstanding: dict[int, RequestMessage] = {}
-        self._pending: dict[int, RequestMessage] = {}
+        # correlation id -> the request and the version it went in (its answer's version)
+        self._outstanding: dict[int, tuple[RequestMessage, int]] = {}
+        self._pending: dict[int, tuple[RequestMessage, int]] = {}
 
     # --- properties ------------------------------------------------------------------------------
 
@@ -201,20 +202,23 @@ class Connection:
             api_key = _API_KEYS.get(raw_key)
             if api_key is None:
                 raise RemoteProtocolError(f"unknown api key {raw_key}", ErrorCode.UNKNOWN_API_KEY)
-            if version != API_VERSION:
+            if not 0 <= version <= NEWEST_VERSION[api_key]:
                 raise RemoteProtocolError(
-                    f"{api_key.name} version {version} is not supported (only {API_VERSION})",
+                    f"{api_key.name} version {version} is not supported"
+                    f" (0 to {NEWEST_VERSION[api_key]})",
                     ErrorCode.UNSUPPORTED_VERSION,
                 )
             if kind == FrameKind.REQUEST:
-                return self._decode_request(api_key, correlation_id, r)
-            return self._decode_response(api_key, correlation_id, r)
+                return self._decode_request(api_key, version, correlation_id, r)
+            return self._decode_response(api_key, version, correlation_id, r)
         except RemoteProtocolError as exc:
             exc.correlation_id = correlation_id
             exc.api_key = raw_key
             raise
 
-    def _decode_request(self, api_key: ApiKey, correlation_id: int, r: Reader) -> Request:
+    def _decode_request(
+        self, api_key: ApiKey, version: int, correlation_id: int, r: Reader
+    ) -> Request:
         if not may_send(self._peer_role, api_key):
             raise RemoteProtocolError(
                 f"a {self._peer_role.value} may not send {api_key.name} requests",
@@ -226,19 +230,32 @@ class Connection:
                 ErrorCode.INVALID_REQUEST,
             )
         client_id: str = STRING.decode(r)
-        message = REQUEST_CODECS[api_key].decode(r)
+        message = REQUEST_CODECS[api_key, version].decode(r)
         self._check_end(r)
-        self._pending[correlation_id] = message
-        return Request(correlation_id=correlation_id, message=message, client_id=client_id)
+        self._pending[correlation_id] = (message, version)
+        return Request(
+            correlation_id=correlation_id,
+            message=message,
+            client_id=client_id,
+            api_version=version,
+        )
 
-    def _decode_response(self, api_key: ApiKey, correlation_id: int, r: Reader) -> Response:
-        request = self._outstanding.get(correlation_id)
+    def _decode_response(
+        self, api_key: ApiKey, version: int, correlation_id: int, r: Reader
+    ) -> Response:
+        request, sent_version = self._outstanding.get(correlation_id, (None, -1))
         if request is None or request.API_KEY is not api_key:
             raise RemoteProtocolError(
                 f"{api_key.name} response {correlation_id} answers no outstanding request",
                 ErrorCode.UNEXPECTED_RESPONSE,
             )
-        message = RESPONSE_CODECS[api_key].decode(r)
+        if version != sent_version:
+            raise RemoteProtocolError(
+                f"{api_key.name} response {correlation_id} is version {version},"
+                f" its request was version {sent_version}",
+                ErrorCode.UNSUPPORTED_VERSION,
+            )
+        message = RESPONSE_CODECS[api_key, version].decode(r)
         self._check_end(r)
         del self._outstanding[correlation_id]
         return Response(correlation_id=correlation_id, message=message, request=request)
@@ -306,14 +323,24 @@ class Connection:
                 correlation_id=correlation_id,
                 api_key=api_key,
             )
-        frame = self._encode(FrameKind.REQUEST, api_key, correlation_id, message, event.client_id)
-        self._outstanding[correlation_id] = message
+        version = event.api_version
+        if not 0 <= version <= NEWEST_VERSION[api_key]:
+            raise LocalProtocolError(
+                f"{api_key.name} has no version {version} (0 to {NEWEST_VERSION[api_key]})",
+                ErrorCode.UNSUPPORTED_VERSION,
+                correlation_id=correlation_id,
+                api_key=api_key,
+            )
+        frame = self._encode(
+            FrameKind.REQUEST, api_key, version, correlation_id, message, event.client_id
+        )
+        self._outstanding[correlation_id] = (message, version)
         return frame
 
     def _send_response(self, event: Response) -> bytes:
         correlation_id = event.correlation_id
         message = event.message
-        request = self._pending.get(correlation_id)
+        request, version = self._pending.get(correlation_id, (None, -1))
         if request is None:
             raise LocalProtocolError(
                 f"no received request {correlation_id} is waiting for a response",
@@ -336,7 +363,7 @@ class Connection:
                 correlation_id=correlation_id,
                 api_key=api_key,
             )
-        frame = self._encode(FrameKind.RESPONSE, api_key, correlation_id, message, None)
+        frame = self._encode(FrameKind.RESPONSE, api_key, version, correlation_id, message, None)
         del self._pending[correlation_id]
         return frame
 
@@ -344,13 +371,22 @@ class Connection:
         self,
         kind: FrameKind,
         api_key: ApiKey,
+        version: int,
         correlation_id: int,
         message: object,
         client_id: str | None,
     ) -> bytes:
         codecs = REQUEST_CODECS if kind is FrameKind.REQUEST else RESPONSE_CODECS
         try:
-            frame = encode_frame(kind, api_key, correlation_id, codecs[api_key], message, client_id)
+            frame = encode_frame(
+                kind,
+                api_key,
+                correlation_id,
+                codecs[api_key, version],
+                message,
+                client_id,
+                api_version=version,
+            )
         except LocalProtocolError as exc:
             exc.correlation_id = correlation_id
             exc.api_key = api_key

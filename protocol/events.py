@@ -12,7 +12,12 @@ from typing import Final, Literal, TypeAlias
 import attrs
 
 from .errors import ErrorCode
-from .messages import RequestMessage, ResponseMessage
+from .messages import NEWEST_VERSION, RequestMessage, ResponseMessage
+
+
+def _newest_version(request: Request) -> int:
+    # Not a message at all: Connection.send refuses it, with a better error than this would be.
+    return NEWEST_VERSION.get(getattr(request.message, "API_KEY", None), 0)  # type: ignore[arg-type]
 
 
 @attrs.frozen(kw_only=True)
@@ -22,6 +27,9 @@ class Request:
     correlation_id: int
     message: RequestMessage
     client_id: str = ""
+    api_version: int = attrs.field(default=attrs.Factory(_newest_version, takes_self=True))
+    """The version it was sent in; its response is sent in the same one. Sending: the newest
+    unless a caller speaks an older one on purpose."""
 
     def response(self, message: ResponseMessage) -> Response:
         """The Response event answering this request, ready for ``Connection.send``."""

@@ -16,8 +16,9 @@ from typing import Any
 from .codec import ERROR_CODE, STRING, Codec, Reader
 from .errors import ErrorCode, LocalProtocolError
 
-API_VERSION = 0
-"""The only version of every api; a frame with any other gets UNSUPPORTED_VERSION."""
+ERROR_FRAME_VERSION = 0
+"""The version an error frame is sent with; receivers do not check it (its layout never changes).
+Which versions each api has is :data:`protocol.messages.NEWEST_VERSION`'s business."""
 
 
 class FrameKind(enum.IntEnum):
@@ -42,12 +43,15 @@ def encode_frame(
     body: Codec[Any],
     message: object,
     client_id: str | None = None,
+    *,
+    api_version: int,
 ) -> bytearray:
-    """One whole frame, size field included. ``client_id`` is written only for requests.
+    """One whole frame, size field included. ``client_id`` is written only for requests;
+    ``body`` must be the codec of ``api_version``.
 
     Raises LocalProtocolError (from the codecs) when a value does not fit its wire type.
     """
-    w = _header(kind, api_key, correlation_id)
+    w = _header(kind, api_key, api_version, correlation_id)
     if kind is FrameKind.REQUEST:
         STRING.encode(w, client_id)
     body.encode(w, message)
@@ -55,14 +59,15 @@ def encode_frame(
     return w
 
 
-def _header(kind: FrameKind, api_key: int, correlation_id: int) -> bytearray:
+def _header(kind: FrameKind, api_key: int, api_version: int, correlation_id: int) -> bytearray:
     """Size placeholder and header; the size is filled in once the body is written."""
     w = bytearray(SIZE_AND_HEADER.size)
     try:
-        SIZE_AND_HEADER.pack_into(w, 0, 0, kind, api_key, API_VERSION, correlation_id)
+        SIZE_AND_HEADER.pack_into(w, 0, 0, kind, api_key, api_version, correlation_id)
     except struct.error as exc:
         raise LocalProtocolError(
-            f"header field out of range (api_key={api_key!r}, correlation_id={correlation_id!r})"
+            f"header field out of range (api_key={api_key!r}, api_version={api_version!r},"
+            f" correlation_id={correlation_id!r})"
             f": {exc}",
             ErrorCode.INVALID_REQUEST,
         ) from None
@@ -73,7 +78,7 @@ def encode_error_frame(
     error_code: ErrorCode, message: str, correlation_id: int, api_key: int
 ) -> bytearray:
     """An error frame; ``correlation_id``/``api_key`` are the offending request's, or -1."""
-    w = _header(FrameKind.ERROR, api_key, correlation_id)
+    w = _header(FrameKind.ERROR, api_key, ERROR_FRAME_VERSION, correlation_id)
     ERROR_CODE.encode(w, error_code)
     STRING.encode(w, message)
     SIZE.pack_into(w, 0, len(w) - SIZE.size)

@@ -4,6 +4,9 @@ Field order here is byte order on the wire (see :mod:`protocol.schema`), so reor
 protocol change; ``protocol/SPEC.md`` documents the same layout for implementers in other languages.
 Ints carry their width in the annotation (``Int32``/``Int64``): counts, partitions, generations,
 timeouts and broker ids are int32; offsets, epochs, timestamps and watermarks are int64.
+
+Each api has versions 0 to :data:`NEWEST_VERSION`; a field that a later version added is marked
+``since(N)`` and has a default (see :mod:`protocol.schema`), so one class serves every version.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import attrs
 from .codec import Codec, Int32, Int64
 from .errors import ErrorCode
 from .records import Record
-from .schema import struct_codec
+from .schema import since, struct_codec
 from .types import BrokerInfo, PartitionOffset, Subscription, TopicPartition
 
 
@@ -357,6 +360,11 @@ class DescribeGroupResponse:
     generation: Int32
     members: tuple[MemberDescription, ...]
     offsets: tuple[PartitionOffset, ...]
+    """Committed offsets: durable in the store, so no restart or failover can take them back."""
+    reported_offsets: tuple[PartitionOffset, ...] = attrs.field(default=(), metadata=since(1))
+    """Offsets accepted (from Pings, StopFetcher answers, OffsetCommits) but not yet durable, for
+    the partitions where they differ from ``offsets``; a crash before the committer writes them
+    loses them. Version 1 on; a version-0 answer has ``offsets`` alone."""
 
 
 # --- 14 LEAVE_GROUP, 15 DELETE_GROUP ------------------------------------------------------------
@@ -471,12 +479,27 @@ RESPONSE_TYPES: Mapping[ApiKey, type[ResponseMessage]] = MappingProxyType(
     {cls.API_KEY: cls for cls in _RESPONSES}
 )
 
-REQUEST_CODECS: Mapping[ApiKey, Codec[Any]] = MappingProxyType(
-    {key: struct_codec(cls) for key, cls in REQUEST_TYPES.items()}
+NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
+    {key: 0 for key in ApiKey} | {ApiKey.DESCRIBE_GROUP: 1}
 )
-"""The body codec of each request; the frame header is :mod:`protocol.framing`'s job."""
-RESPONSE_CODECS: Mapping[ApiKey, Codec[Any]] = MappingProxyType(
-    {key: struct_codec(cls) for key, cls in RESPONSE_TYPES.items()}
+"""Every api is served in versions 0 .. its newest; clients here send the newest. SPEC.md §3 has
+the version table (what each version changed)."""
+
+REQUEST_CODECS: Mapping[tuple[ApiKey, int], Codec[Any]] = MappingProxyType(
+    {
+        (key, version): struct_codec(cls, version)
+        for key, cls in REQUEST_TYPES.items()
+        for version in range(NEWEST_VERSION[key] + 1)
+    }
+)
+"""The body codec of each request by api key and version; the frame header is
+:mod:`protocol.framing`'s job."""
+RESPONSE_CODECS: Mapping[tuple[ApiKey, int], Codec[Any]] = MappingProxyType(
+    {
+        (key, version): struct_codec(cls, version)
+        for key, cls in RESPONSE_TYPES.items()
+        for version in range(NEWEST_VERSION[key] + 1)
+    }
 )
 
 assert len(REQUEST_TYPES) == len(RESPONSE_TYPES) == len(ApiKey), "every api key has both halves"

@@ -13,6 +13,13 @@ Type annotation -> wire type:
 * ``tuple[X, ...]`` -> array of X; ``tuple[X, ...] | None`` -> nullable array (count -1);
 * another attrs class -> its fields, inline, recursively.
 
+Versions: a message field added in version N carries ``attrs.field(metadata=since(N))`` and a
+default; :func:`struct_codec` with ``version`` keeps only the fields that version has, so each
+version of a message is another field list of the same class. An older version decodes into the
+same class with the newer fields at their defaults, and encodes without them. Only a message's own
+fields are versioned: a nested structure has one layout (changing it means a new structure in a
+new field).
+
 A bare ``int`` has no width, so it is refused unless the class is one of the shared value types of
 :mod:`protocol.types` (which may not import wire details); their widths are listed in
 :data:`FOREIGN_INT_WIDTHS`.
@@ -67,30 +74,52 @@ _LEAVES: dict[Any, Codec[Any]] = {
 }
 _NULLABLE_LEAVES: dict[Any, Codec[Any]] = {str: NULLABLE_STRING, bytes: NULLABLE_BYTES}
 
-_struct_cache: dict[type, Codec[Any]] = {}
+SINCE = "protocol.since"
+"""Field metadata key: the first version of its message that has the field (absent: 0)."""
+
+_struct_cache: dict[tuple[type, int | None], Codec[Any]] = {}
 
 
-def struct_codec(cls: type[T]) -> Codec[T]:
-    """The codec of an attrs class: its fields in order, no framing of its own."""
-    cached = _struct_cache.get(cls)
+def since(version: int) -> dict[str, int]:
+    """Metadata for a field that version ``version`` of its message added."""
+    return {SINCE: version}
+
+
+def struct_codec(cls: type[T], version: int | None = None) -> Codec[T]:
+    """The codec of an attrs class: its fields in order, no framing of its own.
+
+    ``version`` None: every field (the newest layout); otherwise only the fields that version has.
+    """
+    key = (cls, version)
+    cached = _struct_cache.get(key)
     if cached is not None:
         return cached
     hints = typing.get_type_hints(cls, include_extras=True)
     attributes: tuple[attrs.Attribute[Any], ...] = attrs.fields(typing.cast(Any, cls))
-    fields = [(a.name, _codec_for(hints[a.name], cls, a.name)) for a in attributes]
-    encode, decode = _generate(cls, fields)
+    for a in attributes:
+        if a.metadata.get(SINCE, 0) > 0 and a.default is attrs.NOTHING:
+            raise TypeError(f"{cls.__name__}.{a.name}: a versioned field needs a default")
+    fields = [
+        (a.name, _codec_for(hints[a.name], cls, a.name))
+        for a in attributes
+        if version is None or a.metadata.get(SINCE, 0) <= version
+    ]
+    name = cls.__name__ if version is None else f"{cls.__name__} v{version}"
+    encode, decode = _generate(cls, name.replace(" ", "_"), fields)
     codec: Codec[T] = Codec(
-        cls.__name__,
+        name,
         encode,
         decode,
         sum(c.min_size for _, c in fields),
         fields=tuple(fields),
     )
-    _struct_cache[cls] = codec
+    _struct_cache[key] = codec
     return codec
 
 
-def _generate(cls: type, fields: list[tuple[str, Codec[Any]]]) -> tuple[Encoder, Decoder]:
+def _generate(
+    cls: type, label: str, fields: list[tuple[str, Codec[Any]]]
+) -> tuple[Encoder, Decoder]:
     """Write an encoder and a decoder specialised to ``cls``, as attrs writes its ``__init__``.
 
     A generic loop over fields costs a call and a lookup per field per message; the ping path
@@ -142,7 +171,7 @@ def _generate(cls: type, fields: list[tuple[str, Codec[Any]]]) -> tuple[Encoder,
         args += names
     dec.append(f"    return _cls({', '.join(f'{name}={name}_' for name in args)})")
     source = "\n".join(enc) + "\n\n" + "\n".join(dec) + "\n"
-    filename = f"<protocol.schema generated {cls.__module__}.{cls.__qualname__}>"
+    filename = f"<protocol.schema generated {cls.__module__}.{label}>"
     exec(compile(source, filename, "exec"), namespace)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return namespace["encode"], namespace["decode"]

@@ -233,6 +233,7 @@ RESPONSE_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
         generation=int32,
         members=tuples_of(member_descriptions),
         offsets=tuples_of(partition_offsets),
+        reported_offsets=tuples_of(partition_offsets),
     ),
     ApiKey.LEAVE_GROUP: st.builds(LeaveGroupResponse, error_code=error_codes),
     ApiKey.DELETE_GROUP: st.builds(DeleteGroupResponse, error_code=error_codes),

@@ -14,6 +14,7 @@ from protocol import (
     Connection,
     ConnectionClosed,
     ConnectionState,
+    DescribeGroupRequest,
     ErrorCode,
     ListGroupsRequest,
     LocalProtocolError,
@@ -149,6 +150,21 @@ def test_unsupported_version(version: int) -> None:
     conn = _consumer_fed(raw_frame(version=version, correlation_id=3, body=ping_body()))
     error = _expect_error(conn, ErrorCode.UNSUPPORTED_VERSION)
     assert (error.correlation_id, error.api_key) == (3, 5)
+
+
+def test_a_version_past_an_apis_newest_is_unsupported() -> None:
+    broker = Connection(Role.BROKER)
+    broker.receive_data(raw_frame(api_key=13, version=2, correlation_id=3, body=string("g")))
+    error = _expect_error(broker, ErrorCode.UNSUPPORTED_VERSION)
+    assert (error.correlation_id, error.api_key) == (3, 13)
+
+
+def test_a_response_in_another_version_than_its_request_is_refused() -> None:
+    client = Connection(Role.CONSUMER)
+    client.send(Request(correlation_id=3, message=DescribeGroupRequest(group_id="g")))
+    v0_body = bytes.fromhex("00 00") + string("g") + string("Empty") + bytes(12)
+    client.receive_data(raw_frame(kind=1, api_key=13, version=0, correlation_id=3, body=v0_body))
+    _expect_error(client, ErrorCode.UNSUPPORTED_VERSION)
 
 
 @pytest.mark.parametrize("kind", [3, -1, 127])

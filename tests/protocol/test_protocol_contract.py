@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 import protocol
-from protocol import REQUEST_TYPES, RESPONSE_TYPES, ApiKey
+from protocol import NEWEST_VERSION, REQUEST_TYPES, RESPONSE_TYPES, ApiKey
 from protocol.codec import Codec
 from protocol.schema import struct_codec
 
@@ -66,19 +66,26 @@ CONTRACT = {
     "ListGroupsResponse": "error_code:int16 groups:array[GroupSummary]",
     "DescribeGroupRequest": "group_id:string",
     "DescribeGroupResponse": "error_code:int16 group_id:string state:string generation:int32"
-    " members:array[MemberDescription] offsets:array[PartitionOffset]",
+    " members:array[MemberDescription] offsets:array[PartitionOffset]"
+    " reported_offsets:array[PartitionOffset]",
     "LeaveGroupRequest": "group_id:string consumer_id:string generation:int32",
     "LeaveGroupResponse": "error_code:int16",
     "DeleteGroupRequest": "group_id:string",
     "DeleteGroupResponse": "error_code:int16",
 }
+# The layouts of older versions, where they differ from the newest (the class's whole field list).
+OLDER_VERSIONS = {
+    ("DescribeGroupResponse", 0): "error_code:int16 group_id:string state:string generation:int32"
+    " members:array[MemberDescription] offsets:array[PartitionOffset]",
+}
 
 Layout = list[tuple[str, str]]
 
 
-def _contract(name: str) -> Layout:
+def _contract(name: str, version: int | None = None) -> Layout:
     fields = []
-    for item in CONTRACT[name].split():
+    text = CONTRACT[name] if version is None else OLDER_VERSIONS[name, version]
+    for item in text.split():
         field, wire = item.split(":")
         fields.append((field, wire.removesuffix("?") + (", nullable" if wire[-1] == "?" else "")))
     return fields
@@ -95,8 +102,25 @@ def _spec_type(codec: Codec[Any]) -> str:
     return names.get(base, base) + (", nullable" if nullable else "")
 
 
-def _layout(cls: type) -> Layout:
-    return [(name, _spec_type(codec)) for name, codec in struct_codec(cls).fields]
+def _layout(cls: type, version: int | None = None) -> Layout:
+    return [(name, _spec_type(codec)) for name, codec in struct_codec(cls, version).fields]
+
+
+def _versions() -> list[tuple[str, int]]:
+    return [
+        (cls.__name__, version)
+        for key, newest in NEWEST_VERSION.items()
+        for cls in (REQUEST_TYPES[key], RESPONSE_TYPES[key])
+        for version in range(newest + 1)
+    ]
+
+
+@pytest.mark.parametrize(("name", "version"), _versions())
+def test_each_version_has_its_contracted_layout(name: str, version: int) -> None:
+    cls = getattr(protocol, name)
+    # A version not listed in OLDER_VERSIONS has the newest layout: later ones did not change it.
+    older = (name, version) in OLDER_VERSIONS
+    assert _layout(cls, version) == _contract(name, version if older else None)
 
 
 @pytest.mark.parametrize("name", sorted(CONTRACT))
@@ -190,7 +214,9 @@ def _spec_layouts() -> dict[str, Layout]:
     text = SPEC.read_text()
     layouts: dict[str, Layout] = {}
     # Message tables: a header row naming the class, then one row per field.
-    for match in re.finditer(r"^\| (\w+) \| Type \|.*\n\|[-|]+\|\n((?:\|.*\n)*)", text, re.M):
+    for match in re.finditer(
+        r"^\| (\w+(?: v\d+)?) \| Type \|.*\n\|[-|]+\|\n((?:\|.*\n)*)", text, re.M
+    ):
         rows = re.findall(r"^\| `(\w+)` \| ([^|]+?) \|", match.group(2), re.M)
         layouts[match.group(1)] = [(field, wire) for field, wire in rows]
     # One-line messages: "XResponse and YResponse: `error_code`: int16." / "X has an empty body."
@@ -215,6 +241,17 @@ def test_spec_documents_every_layout_exactly() -> None:
     spec = _spec_layouts()
     for name in CONTRACT:
         assert spec.get(name) == _layout(getattr(protocol, name)), name
+    for name, version in OLDER_VERSIONS:
+        assert spec.get(f"{name} v{version}") == _layout(getattr(protocol, name), version), name
+
+
+def test_spec_version_table_matches_the_code() -> None:
+    """SPEC.md §3's table: one row per api, its versions as "0" or "0-N"."""
+    rows = re.findall(r"^\| (\d+) (\w+) \| (\d+(?:-\d+)?) \|", SPEC.read_text(), re.M)
+    assert {ApiKey[name]: versions for _, name, versions in rows} == {
+        key: "0" if newest == 0 else f"0-{newest}" for key, newest in NEWEST_VERSION.items()
+    }
+    assert all(int(number) == ApiKey[name] for number, name, _ in rows)
 
 
 def test_spec_lists_every_error_code() -> None:

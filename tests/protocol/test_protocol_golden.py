@@ -7,6 +7,8 @@ import re
 
 from protocol import (
     Connection,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
     ErrorCode,
     PartitionOffset,
     PingRequest,
@@ -44,6 +46,31 @@ PONG_FRAME = bytes.fromhex(
     "00 02 63 31"  # consumer_id = "c1"
     "00 00 00 01"  # one offset:
     "00 01 74 00 00 00 00 00 00 00 00 00 00 00 11"  # "t", 0, 17
+)
+DESCRIBE = DescribeGroupRequest(group_id="g")
+DESCRIBED = DescribeGroupResponse(
+    error_code=ErrorCode.NONE,
+    group_id="g",
+    state="Stable",
+    generation=3,
+    members=(),
+    offsets=(PartitionOffset(topic="t", partition=0, offset=5),),
+    reported_offsets=(PartitionOffset(topic="t", partition=0, offset=9),),
+)
+DESCRIBED_V1_FRAME = bytes.fromhex(
+    "00 00 00 44 01 00 0d 00 01 00 00 00 07"  # size 68, response, DESCRIBE_GROUP, v1, corr. 7
+    "00 00"  # error_code = NONE
+    "00 01 67"  # group_id = "g"
+    "00 06 53 74 61 62 6c 65"  # state = "Stable"
+    "00 00 00 03"  # generation = 3
+    "00 00 00 00"  # no members
+    "00 00 00 01 00 01 74 00 00 00 00 00 00 00 00 00 00 00 05"  # offsets: "t", 0, 5
+    "00 00 00 01 00 01 74 00 00 00 00 00 00 00 00 00 00 00 09"  # reported_offsets: "t", 0, 9
+)
+DESCRIBED_V0_FRAME = bytes.fromhex(
+    "00 00 00 31 01 00 0d 00 00 00 00 00 07"  # size 49, response, DESCRIBE_GROUP, v0, corr. 7
+    "00 00 00 01 67 00 06 53 74 61 62 6c 65 00 00 00 03 00 00 00 00"
+    "00 00 00 01 00 01 74 00 00 00 00 00 00 00 00 00 00 00 05"  # offsets: "t", 0, 5; no more
 )
 ERROR_FRAME = bytes.fromhex("00 00 00 0f 02 00 03 00 00 00 00 00 07 00 23 00 02 76 31")
 RECORD = bytes.fromhex(
@@ -86,6 +113,47 @@ def test_ping_response_bytes() -> None:
     assert broker.next_event() == Response(correlation_id=42, message=PONG, request=PING)
 
 
+def _describe_request_frame(version: int) -> bytes:
+    return bytes.fromhex(
+        f"00 00 00 0e 00 00 0d 00 {version:02x} 00 00 00 07"  # request, DESCRIBE_GROUP, corr. 7
+        "00 00"  # client_id = ""
+        "00 01 67"  # group_id = "g"
+    )
+
+
+def test_describe_group_is_answered_in_the_version_it_was_asked_in() -> None:
+    for version, frame in [(1, DESCRIBED_V1_FRAME), (0, DESCRIBED_V0_FRAME)]:
+        broker = Connection(Role.BROKER)
+        broker.receive_data(_describe_request_frame(version))
+        request = broker.next_event()
+        assert request == Request(correlation_id=7, message=DESCRIBE, api_version=version)
+        assert isinstance(request, Request)
+        assert broker.send(request.response(DESCRIBED)) == frame
+
+
+def test_a_client_sends_the_newest_describe_group_and_reads_either_version() -> None:
+    client = Connection(Role.CONSUMER)
+    assert client.send(Request(correlation_id=7, message=DESCRIBE)) == _describe_request_frame(1)
+    client.receive_data(DESCRIBED_V1_FRAME)
+    assert client.next_event() == Response(correlation_id=7, message=DESCRIBED, request=DESCRIBE)
+
+    old_client = Connection(Role.CONSUMER)
+    sent = old_client.send(Request(correlation_id=7, message=DESCRIBE, api_version=0))
+    assert sent == _describe_request_frame(0)
+    old_client.receive_data(DESCRIBED_V0_FRAME)
+    without_reported = DescribeGroupResponse(
+        error_code=ErrorCode.NONE,
+        group_id="g",
+        state="Stable",
+        generation=3,
+        members=(),
+        offsets=DESCRIBED.offsets,
+    )
+    assert old_client.next_event() == Response(
+        correlation_id=7, message=without_reported, request=DESCRIBE
+    )
+
+
 def test_error_frame_bytes() -> None:
     frame = Connection(Role.BROKER).send_error(
         ErrorCode.UNSUPPORTED_VERSION, "v1", correlation_id=7, api_key=3
@@ -99,4 +167,4 @@ def test_record_bytes() -> None:
 
 
 def test_spec_shows_the_same_bytes() -> None:
-    assert _spec_blocks() == [PING_FRAME, PONG_FRAME, ERROR_FRAME, RECORD]
+    assert _spec_blocks() == [PING_FRAME, PONG_FRAME, DESCRIBED_V1_FRAME, ERROR_FRAME, RECORD]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import itertools
 import random
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import (
     NEED_DATA,
+    NEWEST_VERSION,
     ApiKey,
     Connection,
     ConnectionClosed,
@@ -23,6 +25,7 @@ from protocol import (
     ResponseMessage,
     Role,
 )
+from protocol.schema import SINCE
 from tests.protocol.protocol_testing import drain, other, sender_role
 from tests.protocol.strategies import (
     REQUEST_STRATEGIES,
@@ -58,6 +61,34 @@ def test_every_message_round_trips(exchange: tuple[RequestMessage, ResponseMessa
     assert sender.next_event() is NEED_DATA
     assert sender.outstanding_requests == receiver.pending_requests == frozenset()
     assert sender.state is receiver.state is ConnectionState.OPEN
+
+
+@given(exchanges(), st.data())
+def test_every_version_round_trips(
+    exchange: tuple[RequestMessage, ResponseMessage], data: st.DataObject
+) -> None:
+    """A peer speaking an older version gets its answer in that version: the fields later
+    versions added are left out on the wire and read back as their defaults."""
+    request, response = exchange
+    version = data.draw(st.integers(0, NEWEST_VERSION[request.API_KEY]))
+    role = sender_role(request)
+    sender, receiver = Connection(role), Connection(other(role))
+
+    receiver.receive_data(
+        sender.send(Request(correlation_id=0, message=request, api_version=version))
+    )
+    received = receiver.next_event()
+    assert isinstance(received, Request)
+    assert received.api_version == version
+    sender.receive_data(receiver.send(received.response(response)))
+    answered = sender.next_event()
+    assert isinstance(answered, Response)
+    absent = {
+        field.name: field.default
+        for field in attrs.fields(type(response))
+        if field.metadata.get(SINCE, 0) > version
+    }
+    assert answered.message == attrs.evolve(response, **absent)
 
 
 def _stream(role: Role, messages: list[RequestMessage]) -> tuple[bytes, list[Event]]:

@@ -1,0 +1,50 @@
+"""Log lines that a client cannot forge.
+
+Group, member and client ids, topic names and patterns come from the network and end up in log
+messages. A newline in one would start what looks like a new record (``x\\nINFO forged line``), and
+other control or invisible characters (an ANSI escape, a right-to-left override, U+2028) can hide
+or rewrite what an operator reads. Escaping every log call would need every call site to get it
+right, in code several people edit; the formatter escapes instead, once, for every record: after
+the message is interpolated, any character that is not printable is written as ``repr`` writes it
+(a newline as ``\\n``, ESC as ``\\x1b``). So one record is one line, except a traceback, which the
+formatter appends after the escaped line, unchanged. Backslashes are left alone (regex patterns stay
+readable), so a literal backslash-n in an id looks like an escaped newline but cannot start a line.
+
+The CLI installs it (``configure_logging``). A program that embeds the coordinator, or a test that
+wants the same lines, puts :class:`EscapingFormatter` on its own handler:
+``handler.setFormatter(EscapingFormatter(LOG_FORMAT))``. ``caplog.records`` keep the raw
+arguments, which is what a test asserting on an id wants.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TextIO
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def escape_unprintable(text: str) -> str:
+    """``text`` with every non-printable character escaped as ``repr`` escapes it."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class EscapingFormatter(logging.Formatter):
+    """A Formatter whose line (message and every other field) has no unprintable character."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # Formatter.format appends the traceback and stack after this, so they stay as they are.
+        return escape_unprintable(super().formatMessage(record))
+
+
+def configure_logging(level: str, stream: TextIO) -> logging.Handler:
+    """What the CLI does for every command: one handler on the root logger, escaping. Returns
+    the handler (a test removes it again)."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(EscapingFormatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(level)
+    return handler

@@ -1,0 +1,40 @@
+"""``groups describe``'s table: COMMITTED is durable only, REPORTED what is not written yet."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from coordinator.admin import GroupReport, PartitionLag
+from coordinator.cli_admin import _groups_describe
+from protocol.types import TopicPartition
+
+
+async def test_the_text_table_shows_a_reported_offset_apart_from_the_committed_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    report = GroupReport(
+        group="g",
+        state="Stable",
+        generation=3,
+        members=(("m", (TopicPartition(topic="t", partition=0),)),),
+        partitions=(
+            PartitionLag(topic="t", partition=0, owner="m", committed=5, reported=9, end=12, lag=7),
+            PartitionLag(
+                topic="t", partition=1, owner=None, committed=-1, reported=None, end=0, lag=0
+            ),
+        ),
+    )
+
+    class Described:
+        async def describe_group(self, group: str) -> GroupReport:
+            return report
+
+    await _groups_describe(Described(), argparse.Namespace(group="g", json=False))  # type: ignore[arg-type]
+    assert capsys.readouterr().out.splitlines() == [
+        "group g: Stable, generation 3, 1 members",
+        "TOPIC  PARTITION  OWNER  COMMITTED  REPORTED  END  LAG",
+        "t      0          m      5          9         12   7",
+        "t      1          -      -          -         0    0",
+    ]

@@ -1,0 +1,73 @@
+"""Ids and names in log lines are escaped: a newline in a member id cannot forge a record (issue
+14, case 9). The CLI's logging setup, in-process, with the coordinator's own registration line."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from coordinator.cli import main
+from coordinator.logformat import EscapingFormatter, configure_logging
+
+
+@pytest.fixture
+def cli_log() -> Iterator[io.StringIO]:
+    """What ``coordinator serve`` writes to stderr, for the span of a test."""
+    stream = io.StringIO()
+    root = logging.getLogger()
+    level = root.level
+    handler = configure_logging("INFO", stream)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def test_a_newline_in_a_member_id_does_not_forge_a_log_line(cli_log: io.StringIO) -> None:
+    member_id = "x\nINFO forged line"
+    # The line GroupCoordinator.register logs when a member joins.
+    logging.getLogger("coordinator.group_coordinator").info("group %s: %s joined", "g", member_id)
+    lines = cli_log.getvalue().splitlines()
+    assert len(lines) == 1
+    assert lines[0].endswith(
+        r"INFO coordinator.group_coordinator: group g: x\nINFO forged line joined"
+    )
+
+
+def test_other_invisible_characters_are_escaped_and_printable_ones_kept(
+    cli_log: io.StringIO,
+) -> None:
+    logging.getLogger("coordinator").warning(
+        "%s|%s|%s", "\x1b[2Jcleared\r", "a\u202eb\u2028c", r"größe\d+ ✓"
+    )
+    (line,) = cli_log.getvalue().splitlines()
+    assert line.endswith(r"\x1b[2Jcleared\r|a\u202eb\u2028c|größe\d+ ✓")
+
+
+def test_a_traceback_keeps_its_lines(cli_log: io.StringIO) -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("coordinator").exception("member %s failed", "m\n1")
+    first, *traceback = cli_log.getvalue().splitlines()
+    assert first.endswith(r"member m\n1 failed")
+    assert traceback[0] == "Traceback (most recent call last):"
+    assert traceback[-1] == "ValueError: boom"
+
+
+def test_the_cli_logs_through_the_escaping_formatter() -> None:
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    try:
+        assert main(["groups", "list", "--bootstrap", "127.0.0.1:1"]) == 1  # nobody listens
+        added = [handler for handler in root.handlers if handler not in before]
+        assert [type(handler.formatter) for handler in added] == [EscapingFormatter]
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in before:
+                root.removeHandler(handler)
+        root.setLevel(level)
