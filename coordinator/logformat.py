@@ -7,7 +7,9 @@ or rewrite what an operator reads. Escaping every log call would need every call
 right, in code several people edit; the formatter escapes instead, once, for every record: after
 the message is interpolated, any character that is not printable is written as ``repr`` writes it
 (a newline as ``\\n``, ESC as ``\\x1b``). So one record is one line, except a traceback, which the
-formatter appends after the escaped line, unchanged. Backslashes are left alone (regex patterns stay
+formatter appends after the escaped line with every one of its lines indented: an exception message
+that carries a client's id may still hold a newline, but what follows it cannot start at column 0,
+where every record starts. Backslashes are left alone (regex patterns stay
 readable), so a literal backslash-n in an id looks like an escaped newline but cannot start a line.
 
 The CLI installs it (``configure_logging``). A program that embeds the coordinator, or a test that
@@ -19,7 +21,12 @@ arguments, which is what a test asserting on an id wants.
 from __future__ import annotations
 
 import logging
-from typing import TextIO
+from types import TracebackType
+from typing import TextIO, TypeAlias
+
+_ExcInfo: TypeAlias = (
+    tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+)
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -37,6 +44,24 @@ class EscapingFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         # Formatter.format appends the traceback and stack after this, so they stay as they are.
         return escape_unprintable(super().formatMessage(record))
+
+    def format(self, record: logging.LogRecord) -> str:
+        # Another handler may have cached its own rendering of the traceback on the record.
+        cached, record.exc_text = record.exc_text, None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_text = cached
+
+    def formatException(self, ei: _ExcInfo) -> str:
+        return _indent(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _indent(super().formatStack(stack_info))
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + escape_unprintable(line) for line in text.split("\n"))
 
 
 def configure_logging(level: str, stream: TextIO) -> logging.Handler:

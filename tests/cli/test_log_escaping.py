@@ -48,15 +48,17 @@ def test_other_invisible_characters_are_escaped_and_printable_ones_kept(
     assert line.endswith(r"\x1b[2Jcleared\r|a\u202eb\u2028c|größe\d+ ✓")
 
 
-def test_a_traceback_keeps_its_lines(cli_log: io.StringIO) -> None:
+def test_a_traceback_keeps_its_lines_and_cannot_forge_one(cli_log: io.StringIO) -> None:
     try:
-        raise ValueError("boom")
+        raise ValueError("boom for m\n2026-01-01 INFO forged line")
     except ValueError:
         logging.getLogger("coordinator").exception("member %s failed", "m\n1")
     first, *traceback = cli_log.getvalue().splitlines()
     assert first.endswith(r"member m\n1 failed")
-    assert traceback[0] == "Traceback (most recent call last):"
-    assert traceback[-1] == "ValueError: boom"
+    assert traceback[0] == "  Traceback (most recent call last):"
+    assert traceback[-2:] == ["  ValueError: boom for m", "  2026-01-01 INFO forged line"]
+    # Every record starts at column 0; nothing a traceback carries does.
+    assert all(line.startswith("  ") for line in traceback)
 
 
 def test_the_cli_logs_through_the_escaping_formatter() -> None:
