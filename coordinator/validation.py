@@ -13,7 +13,7 @@ a broker) stay in their handlers, which use the helpers here.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from coordinator.limits import RequestLimits
 from protocol import (
@@ -61,6 +61,11 @@ def valid_topic_name(name: str) -> bool:
     )
 
 
+def all_valid_topic_names(names: Iterable[str]) -> bool:
+    """Checked once per distinct name: a request names a few topics many times."""
+    return all(valid_topic_name(name) for name in set(names))
+
+
 def request_error(message: RequestMessage, client_id: str, limits: RequestLimits) -> ErrorCode:
     """The code to refuse ``message`` with, or NONE; the checks that need no state.
 
@@ -78,21 +83,22 @@ def request_error(message: RequestMessage, client_id: str, limits: RequestLimits
         case OffsetFetchRequest():
             if not valid_id(message.group_id, limits):
                 return ErrorCode.INVALID_GROUP_ID
-            if (
-                message.partitions is not None
-                and len(message.partitions) > limits.max_partitions_per_request
-            ):
-                return ErrorCode.INVALID_REQUEST
+            if message.partitions is not None:
+                if len(message.partitions) > limits.max_partitions_per_request:
+                    return ErrorCode.INVALID_REQUEST
+                # The answer repeats each name: bounded names keep it within a frame.
+                if not all_valid_topic_names(tp.topic for tp in message.partitions):
+                    return ErrorCode.INVALID_TOPIC_EXCEPTION
         case ClusterMetadataRequest():
             if message.group_id is not None and not valid_id(message.group_id, limits):
                 return ErrorCode.INVALID_GROUP_ID
             # The answer repeats each named topic's partitions: the server names each once,
             # and asking for all topics (None) is bounded by what the cluster holds.
-            if (
-                message.topics is not None
-                and len(set(message.topics)) > limits.max_topics_per_subscription
-            ):
-                return ErrorCode.INVALID_REQUEST
+            if message.topics is not None:
+                if len(set(message.topics)) > limits.max_topics_per_subscription:
+                    return ErrorCode.INVALID_REQUEST
+                if not all_valid_topic_names(message.topics):
+                    return ErrorCode.INVALID_TOPIC_EXCEPTION
         case CreateTopicRequest():
             if not valid_topic_name(message.topic):
                 return ErrorCode.INVALID_TOPIC_EXCEPTION
@@ -172,6 +178,8 @@ def offset_commit_error(request: OffsetCommitRequest, limits: RequestLimits) -> 
         return ErrorCode.INVALID_REQUEST
     if len(request.offsets) > limits.max_partitions_per_request:
         return ErrorCode.INVALID_REQUEST
+    if not all_valid_topic_names(po.topic for po in request.offsets):
+        return ErrorCode.INVALID_TOPIC_EXCEPTION
     if any(po.partition < 0 for po in request.offsets):
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     if any(po.offset < 0 for po in request.offsets):

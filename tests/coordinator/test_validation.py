@@ -156,6 +156,25 @@ def test_ids(value: str, ok: bool) -> None:
             ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
         ),
         (ListGroupsRequest(), ErrorCode.NONE),
+        (
+            OffsetFetchRequest(
+                group_id="g", partitions=(TopicPartition(topic="a" * 250, partition=0),)
+            ),
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+        ),
+        (
+            ClusterMetadataRequest(group_id=None, topics=("a" * 250,)),
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+        ),
+        (
+            OffsetCommitRequest(
+                group_id="g",
+                consumer_id=None,
+                generation=-1,
+                offsets=(PartitionOffset(topic="a/b", partition=0, offset=0),),
+            ),
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+        ),
     ],
 )
 def test_request_error(message: RequestMessage, code: ErrorCode) -> None:
