@@ -532,3 +532,17 @@ async def test_metadata_names_each_topic_once_and_bounds_the_count(tmp_path: Pat
         assert isinstance(answer, ClusterMetadataResponse)
         assert answer.error_code is ErrorCode.NONE
         assert len(answer.topics) == 1000
+
+
+async def test_a_produce_of_many_records_is_encoded_off_the_event_loop(tmp_path: Path) -> None:
+    """A batch larger than ENCODE_INLINE_RECORDS is encoded in a worker thread; its offsets
+    are the same contiguous run as inline."""
+    async with open_broker(tmp_path) as broker:
+        await _create(broker, partitions=1)
+        await _produce(broker, 5000)
+        await _produce(broker, 1)
+        fetch = FetchRequest(topic="t", partition=0, offset=4990, max_bytes=1024)
+        answer = await broker.request(fetch)
+        assert isinstance(answer, FetchResponse)
+        assert answer.high_watermark == 5001
+        assert [r.offset for r in answer.records] == list(range(4990, 5001))
