@@ -20,10 +20,11 @@ class InvalidPattern(ValueError):
     backreference or a lookaround)."""
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=256)
 def compile_pattern(pattern: str) -> re2._Regexp:
     """The pattern compiled by RE2, cached: a rebalance matches each member's pattern against
-    every topic, and members decoded from the wire carry equal but distinct strings."""
+    every topic, and members decoded from the wire carry equal but distinct strings. A compiled
+    1 KiB pattern can hold about 160 KB, so the cache holds a few groups' worth, not thousands."""
     try:
         return re2.compile(pattern, _RE2_OPTIONS)
     except re2.error as exc:
