@@ -203,7 +203,10 @@ def broker_partitions_error(placed: int, added: int, limits: RequestLimits) -> E
 
 
 #: A partition's log end offset if this broker can tell it now, else None (placed on another
-#: broker, or no log at all, as in the coordinator's simulation).
+#: broker, or no log at all, as in the coordinator's simulation). In a ZooKeeper cluster an
+#: offset for a partition on another broker is not checked: asking that broker (ListOffsets) for
+#: every Ping answer would put a network round trip, and that broker's failures, into the
+#: offsets path.
 LogEnd = Callable[[TopicPartition], int | None]
 
 
