@@ -209,13 +209,9 @@ def cluster_metadata(
     topic named once however often it was asked for (the answer repeats its partitions)."""
     error = validation.request_error(message, "", limits)
     if error is not ErrorCode.NONE:
-        return ClusterMetadataResponse(
-            error_code=error,
-            coordinator_id=-1,
-            coordinator_epoch=-1,
-            brokers=(),
-            topics=(),
-        )
+        refusal = error_response(message, error)
+        assert isinstance(refusal, ClusterMetadataResponse)
+        return refusal
     names = sorted(topics) if message.topics is None else list(dict.fromkeys(message.topics))
     found = []
     for name in names:
