@@ -421,26 +421,31 @@ async def test_offsets_a_member_reports_past_the_log_end_are_dropped(tmp_path: P
         await _produce(broker, 5)
         reported = [PartitionOffset(topic="t", partition=0, offset=10**15)]
         started = trio.Event()
+        pings: list[int] = []
+        pinged = trio.lowlevel.ParkingLot()
 
         async def member(channel: Channel, request: Request) -> None:
             await _answer(channel, request, offsets=tuple(reported))
             if isinstance(request.message, StartFetcherRequest):
                 started.set()
+            if isinstance(request.message, PingRequest):
+                pings.append(reported[0].offset)
+                pinged.unpark_all()
 
         async with broker.member(member) as channel:
             with trio.fail_after(DEADLINE):
                 assert (await channel.request(_register())).error_code is ErrorCode.NONE
                 await started.wait()
-                group = broker.coordinator.groups["g"]
-                # the next Ping answer says 10^15: dropped; then 4: accepted
-                pinged = broker.coordinator.offsets._version
-                await trio.sleep(2.5)  # a Ping every T/3 = 2 s
-                assert broker.coordinator.offsets._version == pinged
+                # Two Pings answered 10^15: Pings go out T/3 = 2 s apart, so the first answer
+                # was read long before the second Ping arrived.
+                while len(pings) < 2:
+                    await pinged.park()
                 assert await _committed(broker) == {}
                 reported[0] = PartitionOffset(topic="t", partition=0, offset=4)
                 while not await _committed(broker):
-                    await trio.sleep(0.1)
-                assert group.members["a"].owned == {TopicPartition(topic="t", partition=0)}
+                    await pinged.park()
+                    await trio.sleep(0.05)  # the answer is read after the member sent it
+        assert pings[:2] == [10**15, 10**15]
         assert await _committed(broker) == {TopicPartition(topic="t", partition=0): 4}
 
 
