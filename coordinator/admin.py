@@ -57,7 +57,15 @@ class AdminError(Exception):
 _HINTS = {
     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: "no such topic",
     ErrorCode.TOPIC_ALREADY_EXISTS: "the topic already exists",
-    ErrorCode.INVALID_PARTITIONS: "a topic's partitions can only be added to",
+    ErrorCode.INVALID_PARTITIONS: (
+        "a topic's partitions can only be added to, up to the broker's --max-partitions-per-topic"
+    ),
+    ErrorCode.POLICY_VIOLATION: "the broker would hold more than its --max-partitions-per-broker",
+    ErrorCode.INVALID_TOPIC_EXCEPTION: "a topic name is 1-249 characters of [A-Za-z0-9._-]",
+    ErrorCode.INVALID_GROUP_ID: (
+        "a group id is at most the broker's --max-id-bytes, without control characters"
+    ),
+    ErrorCode.OFFSET_OUT_OF_RANGE: "an offset lies past its partition's log end",
     ErrorCode.GROUP_ID_NOT_FOUND: "no such group",
     ErrorCode.NON_EMPTY_GROUP: "the group has live members; stop its consumers first",
 }

@@ -28,6 +28,7 @@ from coordinator.log import (
     open_partition_log,
 )
 from coordinator.store import MetadataStore, TopicPlacement
+from coordinator.validation import data_error
 from protocol import (
     ErrorCode,
     FetchRequest,
@@ -69,14 +70,18 @@ class BrokerLog:
     _opening: dict[TopicPartition, trio.Lock] = attrs.field(factory=dict)
 
     async def __call__(self, request: Request) -> ResponseMessage | None:
-        match request.message:
-            case ProduceRequest() as message:
+        message = request.message
+        if not isinstance(message, ProduceRequest | FetchRequest | ListOffsetsRequest):
+            return error_response(message, ErrorCode.INVALID_REQUEST)
+        error = data_error(message)
+        if error is not ErrorCode.NONE:
+            return error_response(message, error)
+        match message:
+            case ProduceRequest():
                 return await self.produce(message)
-            case FetchRequest() as message:
+            case FetchRequest():
                 return await self.fetch(message)
-            case ListOffsetsRequest() as message:
-                return await self.list_offsets(message)
-        return error_response(request.message, ErrorCode.INVALID_REQUEST)
+        return await self.list_offsets(message)
 
     async def produce(self, message: ProduceRequest) -> ProduceResponse:
         partition = await self.partition(message.topic, message.partition)
@@ -104,7 +109,10 @@ class BrokerLog:
                 records=(),
             )
         try:
-            records = await partition.read(message.offset, min(message.max_bytes, MAX_FETCH_BYTES))
+            # At least one whole record is answered whatever max_bytes says (zero or negative
+            # included), so a consumer always moves on; at most MAX_FETCH_BYTES beyond it.
+            max_bytes = max(1, min(message.max_bytes, MAX_FETCH_BYTES))
+            records = await partition.read(message.offset, max_bytes)
             error = ErrorCode.NONE
         except OffsetOutOfRange:
             records, error = (), ErrorCode.OFFSET_OUT_OF_RANGE
@@ -131,6 +139,16 @@ class BrokerLog:
             log_start_offset=partition.log_start_offset,
             high_watermark=partition.high_watermark,
         )
+
+    def log_end_offset(self, tp: TopicPartition) -> int | None:
+        """The offset after the last record a consumer may have read (the high watermark), for
+        a partition placed here; None for one placed elsewhere or unknown. A partition placed
+        here but not open yet was placed after this broker started (it opens every other one
+        before serving), so nothing was written to it."""
+        found = self.partitions.get(tp)
+        if found is not None:
+            return found.high_watermark
+        return 0 if self._placed_here(tp) else None
 
     async def partition(self, topic: str, partition: int) -> PartitionLog | None:
         """The partition's log if it is placed on this broker, opening it on first use."""

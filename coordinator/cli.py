@@ -195,6 +195,12 @@ def _add_limit_options(serve: argparse.ArgumentParser) -> None:
         default=requests.max_group_size,
         help="members of one group (Kafka's group.max.size)",
     )
+    group.add_argument(
+        "--max-partitions-per-request",
+        type=int,
+        default=requests.max_partitions_per_request,
+        help="partitions one OffsetCommit, OffsetFetch or RegisterConsumer may name",
+    )
 
 
 async def _serve(settings: NodeSettings) -> None:
@@ -232,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     max_partitions_per_topic=args.max_partitions_per_topic,
                     max_partitions_per_broker=args.max_partitions_per_broker,
                     max_group_size=args.max_group_size,
+                    max_partitions_per_request=args.max_partitions_per_request,
                 ),
             )
             settings = NodeSettings(

@@ -35,6 +35,7 @@ from coordinator.server import (
     handle_connection,
 )
 from coordinator.store import EpochFenced, MetadataStore, StoreUnavailable
+from coordinator.validation import LogEnd
 from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
@@ -93,6 +94,8 @@ class Elector:
     store: ElectionStore
     config: CoordinatorConfig
     broker: BrokerInfo
+    #: This broker's partition log ends, for checking offsets (coordinator.validation.LogEnd).
+    log_end: LogEnd | None = None
     coordinator: trio_util.AsyncValue[GroupCoordinator | None] = attrs.Factory(
         lambda: trio_util.AsyncValue(None)
     )
@@ -103,7 +106,9 @@ class Elector:
         while True:
             failed = False
             try:
-                async with open_group_coordinator(self.store, self.config, self.broker) as elected:
+                async with open_group_coordinator(
+                    self.store, self.config, self.broker, log_end=self.log_end
+                ) as elected:
                     self.coordinator.value = elected
                     try:
                         await self.store.wait_office_lost()
@@ -131,10 +136,14 @@ def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 @contextlib.asynccontextmanager
 async def open_elector(
-    store: ElectionStore, config: CoordinatorConfig, broker: BrokerInfo
+    store: ElectionStore,
+    config: CoordinatorConfig,
+    broker: BrokerInfo,
+    *,
+    log_end: LogEnd | None = None,
 ) -> AsyncIterator[Elector]:
     """Stand for coordinator for the duration of the block."""
-    elector = Elector(store=store, config=config, broker=broker)
+    elector = Elector(store=store, config=config, broker=broker, log_end=log_end)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(elector._stand)
         try:
@@ -200,14 +209,19 @@ async def _follower_answer(
                     brokers=await store.brokers(),
                     coordinator_id=-1 if coordinator_id is None else coordinator_id,
                     coordinator_epoch=-1,  # the coordinator tells its epoch itself
+                    limits=elector.config.limits,
                 )
             case CreateTopicRequest() as message:
                 return CreateTopicResponse(
-                    error_code=await create_topic(store, elector.broker, message)
+                    error_code=await create_topic(
+                        store, elector.broker, message, elector.config.limits
+                    )
                 )
             case CreatePartitionsRequest() as message:
                 return CreatePartitionsResponse(
-                    error_code=await add_partitions(store, elector.broker, message)
+                    error_code=await add_partitions(
+                        store, elector.broker, message, elector.config.limits
+                    )
                 )
     except StoreUnavailable as exc:
         log.warning("cannot answer %s: %s", type(request.message).__name__, exc)

@@ -16,13 +16,14 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from coordinator import rebalance
+from coordinator import rebalance, validation
 from coordinator.channel import Channel, ChannelClosed
 from coordinator.config import CoordinatorConfig
 from coordinator.heartbeat import Pinger
 from coordinator.membership import Group, Lease, Member
 from coordinator.offsets import OffsetKeeper
 from coordinator.store import MemberRecord, MetadataStore, StoreError, TopicPlacement
+from coordinator.validation import LogEnd
 from protocol import (
     DescribeGroupResponse,
     ErrorCode,
@@ -70,7 +71,7 @@ class GroupCoordinator:
         connection_scope: trio.CancelScope,
     ) -> tuple[RegisterConsumerResponse, Member | None]:
         """Seed 01 §7: check the registration, add the member, and let the group rebalance."""
-        error = self._registration_error(request)
+        error = self._registration_error(request, client_id)
         if error is not ErrorCode.NONE:
             return self._register_response(error, request.group_id), None
         group = self.group(request.group_id)
@@ -141,24 +142,20 @@ class GroupCoordinator:
             len(freed),
         )
 
-    def _registration_error(self, request: RegisterConsumerRequest) -> ErrorCode:
+    def _registration_error(self, request: RegisterConsumerRequest, client_id: str) -> ErrorCode:
         timeout = request.session_timeout_ms
         if not self.config.min_session_timeout_ms <= timeout <= self.config.max_session_timeout_ms:
             return ErrorCode.INVALID_SESSION_TIMEOUT
         if request.auto_offset_reset not in OFFSET_RESETS:
             return ErrorCode.INVALID_OFFSET_RESET
-        if not request.group_id or not request.consumer_id:
-            return ErrorCode.INVALID_REQUEST
-        subscription = request.subscription
-        if not subscription.topics and subscription.pattern is None:
-            return ErrorCode.INVALID_REQUEST
-        if any(entry.streams < 1 for entry in subscription.topics) or (
-            subscription.pattern is not None and subscription.pattern_streams < 1
-        ):
-            return ErrorCode.INVALID_REQUEST
+        error = validation.request_error(request, client_id, self.config.limits)
+        if error is not ErrorCode.NONE:
+            return error
         group = self.groups.get(request.group_id)
         if group is not None and request.consumer_id in group.members:
             return ErrorCode.DUPLICATE_MEMBER_ID
+        if group is not None and len(group.members) >= self.config.limits.max_group_size:
+            return ErrorCode.GROUP_MAX_SIZE_REACHED
         return ErrorCode.NONE
 
     def _register_response(self, error: ErrorCode, group_id: str) -> RegisterConsumerResponse:
@@ -306,16 +303,24 @@ class GroupCoordinator:
         }
 
     async def commit(self, request: OffsetCommitRequest, channel: Channel) -> ErrorCode:
-        """OffsetCommit, fenced by member and generation, answered once durable."""
+        """OffsetCommit, fenced by member and generation, answered once durable; an offset
+        past its partition's log end is refused (OFFSET_OUT_OF_RANGE), since members only move
+        offsets forward and one such commit would pin its group there."""
+        error = validation.offset_commit_error(request, self.config.limits)
+        if error is not ErrorCode.NONE:
+            return error
         group = self.groups.get(request.group_id)
         offsets = {po.topic_partition: po.offset for po in request.offsets}
+        log_end = self.offsets.log_end
+        if log_end is not None and validation.beyond_log_end(offsets, log_end):
+            return ErrorCode.OFFSET_OUT_OF_RANGE
         if request.consumer_id is None:
             if request.generation != -1:
                 return ErrorCode.ILLEGAL_GENERATION
             if group is not None and group.members:
                 return ErrorCode.NON_EMPTY_GROUP
-            if any(offset < 0 for offset in offsets.values()):
-                return ErrorCode.INVALID_REQUEST
+            if not await self._partitions_exist(offsets):
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             version = await self.offsets.accept(request.group_id, -1, offsets, monotonic=False)
         else:
             member = group.members.get(request.consumer_id) if group is not None else None
@@ -328,6 +333,20 @@ class GroupCoordinator:
             )
         await self.offsets.wait_durable(version)
         return ErrorCode.NONE
+
+    async def _partitions_exist(self, offsets: Mapping[TopicPartition, int]) -> bool:
+        """A standalone committer names its partitions itself (a member's are fenced by what it
+        owns): only partitions of existing topics may hold offsets, which also bounds what a
+        group's offsets can grow to. The topic watch may lag a CreateTopic just answered."""
+        for topics in (self.topics, None):
+            if topics is None:
+                topics = await self.store.topics()
+            if all(
+                tp.topic in topics and tp.partition < topics[tp.topic].partition_count
+                for tp in offsets
+            ):
+                return True
+        return False
 
     # --- groups ---------------------------------------------------------------------------
 
@@ -484,9 +503,14 @@ async def _recover_groups(coordinator: GroupCoordinator) -> None:
 
 @asynccontextmanager
 async def open_group_coordinator(
-    store: MetadataStore, config: CoordinatorConfig, broker: BrokerInfo
+    store: MetadataStore,
+    config: CoordinatorConfig,
+    broker: BrokerInfo,
+    *,
+    log_end: LogEnd | None = None,
 ) -> AsyncIterator[GroupCoordinator]:
-    """Take office, recover the groups, and run the committer and the topic watch."""
+    """Take office, recover the groups, and run the committer and the topic watch; offsets
+    past ``log_end`` (this broker's partition logs) are refused."""
     epoch = await store.take_office(broker.broker_id)
     took_office_at = trio.current_time()
     offsets = OffsetKeeper(
@@ -494,6 +518,7 @@ async def open_group_coordinator(
         epoch=epoch,
         commit_interval=config.commit_interval,
         retry_backoff=config.store_retry_backoff,
+        log_end=log_end,
     )
     async with trio.open_nursery() as nursery:
         coordinator = GroupCoordinator(

@@ -59,7 +59,7 @@ class RequestLimits:
     max_pattern_bytes: int = attrs.field(default=1024, validator=_positive)
     #: Streams (consumer threads) a subscription may ask for on one topic or its wildcard.
     max_streams_per_topic: int = attrs.field(default=1000, validator=_positive)
-    #: Topics a subscription may name.
+    #: Topics a subscription may name, and a ClusterMetadata request (which may ask for all).
     max_topics_per_subscription: int = attrs.field(default=1000, validator=_positive)
     #: Partitions of one topic (CreateTopic, CreatePartitions).
     max_partitions_per_topic: int = attrs.field(default=10_000, validator=_positive)
@@ -67,3 +67,7 @@ class RequestLimits:
     max_partitions_per_broker: int = attrs.field(default=50_000, validator=_positive)
     #: Members of one group (Kafka's ``group.max.size``).
     max_group_size: int = attrs.field(default=10_000, validator=_positive)
+    #: Partitions one OffsetCommit, OffsetFetch or RegisterConsumer (its owned partitions) may
+    #: name: at most this many entries are sorted and answered for one request. The benchmarks
+    #: reset and read 10,000-partition groups in one request.
+    max_partitions_per_request: int = attrs.field(default=10_000, validator=_positive)

@@ -25,6 +25,7 @@ from coordinator.log import LogConfig
 from coordinator.server import handle_connection
 from coordinator.store import MetadataStore, open_embedded_store
 from coordinator.store.zookeeper import ZooKeeperStore, open_zookeeper_store
+from coordinator.validation import LogEnd
 from protocol.types import BrokerInfo
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,9 @@ async def run_node(
         await store.register_broker(broker)
         async with (
             open_broker_log(store, broker.broker_id, settings.data_dir, settings.log) as data_plane,
-            _open_coordination(store, settings.coordinator, broker) as serve_connection,
+            _open_coordination(
+                store, settings.coordinator, broker, data_plane.log_end_offset
+            ) as serve_connection,
             trio.open_nursery() as nursery,
         ):
             handler = partial(serve_connection, data_plane=data_plane)
@@ -94,13 +97,13 @@ ConnectionHandler = Callable[..., Awaitable[None]]
 
 @asynccontextmanager
 async def _open_coordination(
-    store: MetadataStore, config: CoordinatorConfig, broker: BrokerInfo
+    store: MetadataStore, config: CoordinatorConfig, broker: BrokerInfo, log_end: LogEnd
 ) -> AsyncIterator[ConnectionHandler]:
     """Alone on its store, a broker is the coordinator; sharing ZooKeeper, it stands for election
     and serves each connection as whatever it is when the connection arrives."""
     if isinstance(store, ZooKeeperStore):
-        async with open_elector(store, config, broker) as elector:
+        async with open_elector(store, config, broker, log_end=log_end) as elector:
             yield partial(handle_elected_connection, elector)
     else:
-        async with open_group_coordinator(store, config, broker) as coordinator:
+        async with open_group_coordinator(store, config, broker, log_end=log_end) as coordinator:
             yield partial(handle_connection, coordinator)

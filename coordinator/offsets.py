@@ -23,6 +23,7 @@ import trio
 from trio_util import AsyncValue
 
 from coordinator.store import MetadataStore, OffsetBatch, StoreUnavailable
+from coordinator.validation import LogEnd, beyond_log_end
 from protocol.types import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class OffsetKeeper:
     epoch: int
     commit_interval: float
     retry_backoff: float
+    #: The log end of partitions whose log this broker holds: an offset past it is dropped.
+    log_end: LogEnd | None = None
     _groups: dict[str, _GroupOffsets] = attrs.field(factory=dict)
     _version: int = 0
     _durable: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
@@ -98,6 +101,18 @@ class OffsetKeeper:
         group = self._groups.get(group_id)
         if group is None:
             return None
+        if self.log_end is not None and (beyond := beyond_log_end(offsets, self.log_end)):
+            # A commit past the log end was refused before it came here; a Ping or StopFetcher
+            # answer's offsets cannot be, so the offending partitions are dropped from it.
+            log.warning(
+                "group %r: dropped offsets past the log end for %d partitions (%s: %d)",
+                group_id,
+                len(beyond),
+                beyond[0],
+                offsets[beyond[0]],
+            )
+            dropped = set(beyond)
+            offsets = {tp: offset for tp, offset in offsets.items() if tp not in dropped}
         changed = False
         for tp, offset in offsets.items():
             if monotonic and offset <= group.committed.get(tp, -1):

@@ -17,8 +17,10 @@ from collections.abc import Awaitable, Callable, Mapping
 import attrs
 import trio
 
+from coordinator import validation
 from coordinator.channel import Channel
 from coordinator.group_coordinator import GroupCoordinator
+from coordinator.limits import RequestLimits
 from coordinator.membership import Member
 from coordinator.store import (
     InvalidPartitions,
@@ -57,14 +59,15 @@ from protocol import (
     TopicMetadata,
     error_response,
 )
-from protocol.types import BrokerInfo, PartitionOffset
+from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine import member as member_sm
 
 log = logging.getLogger(__name__)
 
 #: Requests a connection may have queued before its reader waits for the worker.
 REQUEST_QUEUE = 64
-TOPIC_NAME_MAX = 249
+#: Entries of an answer built between two checkpoints (about a millisecond of work).
+ANSWER_CHUNK = 1000
 
 DataPlane = Callable[[Request], Awaitable[ResponseMessage | None]]
 
@@ -85,6 +88,10 @@ class _Session:
 
     async def answer(self, request: Request) -> ResponseMessage | None:
         coordinator = self.coordinator
+        if not isinstance(request.message, RegisterConsumerRequest):  # answered with its epoch
+            error = validation.request_error(request.message, request.client_id, self.limits)
+            if error is not ErrorCode.NONE:
+                return error_response(request.message, error)
         match request.message:
             case RegisterConsumerRequest() as message:
                 if self.member is not None:
@@ -117,17 +124,7 @@ class _Session:
                 await self.channel.flush()
                 return None
             case OffsetFetchRequest() as message:
-                committed = await coordinator.offsets.durable(message.group_id)
-                wanted = committed.keys() if message.partitions is None else set(message.partitions)
-                return OffsetFetchResponse(
-                    error_code=ErrorCode.NONE,
-                    offsets=tuple(
-                        PartitionOffset(
-                            topic=tp.topic, partition=tp.partition, offset=committed.get(tp, -1)
-                        )
-                        for tp in sorted(wanted)
-                    ),
-                )
+                return await self._offset_fetch(message)
             case ClusterMetadataRequest() as message:
                 return await self._metadata(message)
             case CreateTopicRequest() as message:
@@ -148,6 +145,27 @@ class _Session:
             return await self.data_plane(request)
         return error_response(request.message, ErrorCode.INVALID_REQUEST)
 
+    @property
+    def limits(self) -> RequestLimits:
+        return self.coordinator.config.limits
+
+    async def _offset_fetch(self, message: OffsetFetchRequest) -> OffsetFetchResponse:
+        """The answer is built a chunk at a time with a checkpoint between chunks, so a
+        request naming its maximum of partitions (or a group holding offsets for as many) does
+        not hold the event loop for other connections; sorting plain tuples, not
+        TopicPartitions (attrs' ordering costs microseconds per comparison)."""
+        committed = await self.coordinator.offsets.durable(message.group_id)
+        wanted = committed.keys() if message.partitions is None else message.partitions
+        keys = sorted({(tp.topic, tp.partition) for tp in wanted})
+        offsets: list[PartitionOffset] = []
+        for start in range(0, len(keys), ANSWER_CHUNK):
+            if start:
+                await trio.lowlevel.checkpoint()
+            for topic, partition in keys[start : start + ANSWER_CHUNK]:
+                offset = committed.get(TopicPartition(topic=topic, partition=partition), -1)
+                offsets.append(PartitionOffset(topic=topic, partition=partition, offset=offset))
+        return OffsetFetchResponse(error_code=ErrorCode.NONE, offsets=tuple(offsets))
+
     async def _commit(self, request: Request, message: OffsetCommitRequest) -> None:
         error = await self.coordinator.commit(message, self.channel)
         await self.channel.respond(request, OffsetCommitResponse(error_code=error))
@@ -164,14 +182,17 @@ class _Session:
             brokers=coordinator.brokers,
             coordinator_id=coordinator.broker.broker_id,
             coordinator_epoch=coordinator.epoch,
+            limits=self.limits,
         )
 
     async def _create_topic(self, message: CreateTopicRequest) -> ErrorCode:
-        return await create_topic(self.coordinator.store, self.coordinator.broker, message)
+        coordinator = self.coordinator
+        return await create_topic(coordinator.store, coordinator.broker, message, self.limits)
 
     async def _add_partitions(self, message: CreatePartitionsRequest) -> ErrorCode:
+        coordinator = self.coordinator
         return await add_partitions(
-            self.coordinator.store, self.coordinator.broker, message, self.coordinator.topics
+            coordinator.store, coordinator.broker, message, self.limits, coordinator.topics
         )
 
 
@@ -182,9 +203,16 @@ def cluster_metadata(
     brokers: tuple[BrokerInfo, ...],
     coordinator_id: int,
     coordinator_epoch: int,
+    limits: RequestLimits,
 ) -> ClusterMetadataResponse:
-    """The answer to ClusterMetadata from a broker that knows these topics and brokers."""
-    names = sorted(topics) if message.topics is None else list(message.topics)
+    """The answer to ClusterMetadata from a broker that knows these topics and brokers; each
+    topic named once however often it was asked for (the answer repeats its partitions)."""
+    error = validation.request_error(message, "", limits)
+    if error is not ErrorCode.NONE:
+        refusal = error_response(message, error)
+        assert isinstance(refusal, ClusterMetadataResponse)
+        return refusal
+    names = sorted(topics) if message.topics is None else list(dict.fromkeys(message.topics))
     found = []
     for name in names:
         placement = topics.get(name)
@@ -209,13 +237,17 @@ def cluster_metadata(
 
 
 async def create_topic(
-    store: MetadataStore, broker: BrokerInfo, message: CreateTopicRequest
+    store: MetadataStore, broker: BrokerInfo, message: CreateTopicRequest, limits: RequestLimits
 ) -> ErrorCode:
-    """Create the topic with every partition on ``broker``, the one that was asked."""
-    if not _valid_topic_name(message.topic):
-        return ErrorCode.INVALID_TOPIC_EXCEPTION
-    if message.partitions < 1:
-        return ErrorCode.INVALID_PARTITIONS
+    """Create the topic with every partition on ``broker``, the one that was asked, within the
+    limits per topic and per broker. Two CreateTopics at once may both pass the per-broker check
+    and overshoot it by one topic's partitions at most; the bound is on resources, not exact."""
+    error = validation.request_error(message, "", limits)
+    if error is ErrorCode.NONE:
+        placed = _placed_on(broker, await store.topics())
+        error = validation.broker_partitions_error(placed, message.partitions, limits)
+    if error is not ErrorCode.NONE:
+        return error
     try:
         await store.create_topic(message.topic, (broker.broker_id,) * message.partitions)
     except TopicExists:
@@ -227,18 +259,27 @@ async def add_partitions(
     store: MetadataStore,
     broker: BrokerInfo,
     message: CreatePartitionsRequest,
+    limits: RequestLimits,
     known: Mapping[str, TopicPlacement] | None = None,
 ) -> ErrorCode:
-    """Grow the topic to ``total_partitions``, the new ones on ``broker``; ``known`` is a cached
-    view of the topics to try before asking the store."""
+    """Grow the topic to ``total_partitions``, the new ones on ``broker``, within the limits
+    per topic and per broker; ``known`` is a cached view of the topics to try before asking the
+    store."""
+    error = validation.request_error(message, "", limits)
+    if error is not ErrorCode.NONE:
+        return error
+    topics = await store.topics()
     placement = None if known is None else known.get(message.topic)
     if placement is None:
-        placement = (await store.topics()).get(message.topic)
+        placement = topics.get(message.topic)
     if placement is None:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     added = message.total_partitions - placement.partition_count
     if added < 1:
         return ErrorCode.INVALID_PARTITIONS
+    error = validation.broker_partitions_error(_placed_on(broker, topics), added, limits)
+    if error is not ErrorCode.NONE:
+        return error
     try:
         await store.add_partitions(message.topic, (broker.broker_id,) * added)
     except UnknownTopic:
@@ -248,12 +289,8 @@ async def add_partitions(
     return ErrorCode.NONE
 
 
-def _valid_topic_name(name: str) -> bool:
-    return (
-        0 < len(name) <= TOPIC_NAME_MAX
-        and name not in {".", ".."}
-        and all(c.isascii() and (c.isalnum() or c in "._-") for c in name)
-    )
+def _placed_on(broker: BrokerInfo, topics: Mapping[str, TopicPlacement]) -> int:
+    return sum(placement.brokers.count(broker.broker_id) for placement in topics.values())
 
 
 async def handle_connection(

@@ -26,6 +26,8 @@ class ErrorCode(enum.IntEnum):
     NOT_COORDINATOR = 16
     INVALID_TOPIC_EXCEPTION = 17
     ILLEGAL_GENERATION = 22
+    INVALID_GROUP_ID = 24
+    """Empty, longer than the broker's ``max_id_bytes``, or holding a control character."""
     UNKNOWN_MEMBER_ID = 25
     INVALID_SESSION_TIMEOUT = 26
     REBALANCE_IN_PROGRESS = 27
@@ -33,8 +35,14 @@ class ErrorCode(enum.IntEnum):
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
     INVALID_REQUEST = 42
+    POLICY_VIOLATION = 44
+    """A CreateTopic or CreatePartitions would place more partitions on the broker than its
+    ``max_partitions_per_broker``."""
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
+    GROUP_MAX_SIZE_REACHED = 81
+    INVALID_REGULAR_EXPRESSION = 128
+    """A subscription pattern RE2 cannot compile, or longer than ``max_pattern_bytes``."""
 
     FRAME_TOO_LARGE = 1001
     MALFORMED_FRAME = 1002

@@ -179,6 +179,15 @@ def test_unreachable_broker(cluster: Cluster, args: tuple[str, ...]) -> None:
         (("topics", "alter", "nope", "--partitions", "4"), r"alter topic nope: no such topic"),
         (("topics", "create", TOPIC, "--partitions", "2"), r"topic errors: the topic already"),
         (("topics", "alter", TOPIC, "--partitions", "1"), r"partitions can only be added"),
+        (
+            ("topics", "create", "huge", "--partitions", "100000"),
+            r"up to the broker's --max-partitions-per-topic \(INVALID_PARTITIONS\)",
+        ),
+        (
+            ("topics", "alter", TOPIC, "--partitions", "2147483647"),
+            r"up to the broker's --max-partitions-per-topic \(INVALID_PARTITIONS\)",
+        ),
+        (("groups", "describe", "g" * 256), r"at most the broker's --max-id-bytes"),
         (("groups", "describe", "nobody"), r"group nobody: no such group"),
         (("groups", "delete", "nobody"), r"group nobody: no such group"),
         (("groups", "delete", LIVE_GROUP), r"the group has live members"),
@@ -206,7 +215,7 @@ def test_nothing_was_changed_by_the_refusals(cluster: Cluster) -> None:
     topics = json.loads(cli("topics", "list", "--json", "--bootstrap", cluster.bootstrap).stdout)
     assert {"topic": TOPIC, "partitions": 2} in topics
     assert {t["topic"] for t in topics} >= {TOPIC}
-    assert "nope" not in {t["topic"] for t in topics}
+    assert not {"nope", "huge"} & {t["topic"] for t in topics}
     report = cli("groups", "describe", LIVE_GROUP, "--json", "--bootstrap", cluster.bootstrap)
     assert json.loads(report.stdout)["state"] == "Stable"
 
