@@ -105,7 +105,10 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
         group.attempt_scope = attempt
         try:
             # Loaded first: StopFetcher answers' offsets are accepted as they arrive.
-            await coordinator.offsets.committed(group.group_id)
+            try:
+                await coordinator.offsets.committed(group.group_id)
+            except StoreError as exc:
+                raise AttemptFailed(f"store: {exc}") from exc
             await _stop_all(coordinator, group, members, generation, attempt)
             if attempt.cancel_called:
                 return

@@ -26,7 +26,8 @@ X = None  # illegal
 EXPECTED: dict[S, dict[str, S | None]] = {
     S.REGISTERED: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
                    "PingSent": S.REGISTERED, "PingAnswered": S.REGISTERED, "Missed": S.DEAD,
-                   "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD, "Refused": S.DEAD},
+                   "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD,
+                   "Refused": S.DEAD},
     S.STOPPING: {"StopSent": S.STOPPING, "StopAnswered": S.STOPPING, "StartSent": S.STARTING,
                  "StartAnswered": X, "PingSent": S.STOPPING, "PingAnswered": S.STOPPING,
                  "Missed": S.DEAD, "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD,
