@@ -105,7 +105,7 @@ class GroupCoordinator:
         log.info("group %s: %s joined", group.group_id, member.member_id)
         self._adopt(group, member, request)
         self.pinger.add(member)
-        self._apply(group, group.machine.handle(group_sm.MemberJoined(member_id=member.member_id)))
+        self.apply(group, group_sm.MemberJoined(member_id=member.member_id))
         return self._register_response(ErrorCode.NONE, request.group_id), member
 
     def _adopt(self, group: Group, member: Member, request: RegisterConsumerRequest) -> None:
@@ -196,7 +196,7 @@ class GroupCoordinator:
             death.partitions_free_at,
         )
         departed = group_sm.MemberDeparted(member_id=member.member_id, remaining=len(group.members))
-        self._apply(group, group.machine.handle(departed))
+        self.apply(group, departed)
 
     async def call_all(
         self,
@@ -371,15 +371,21 @@ class GroupCoordinator:
 
     async def _drive(self, group: Group) -> None:
         """The group's driver, and the edge of its failure domain (docs/failure-domains.md): an
-        exception from our own code in the group's work fails that group alone, which is rebuilt.
+        exception from our own code in the group's work fails that group alone, which is rebuilt
+        (so does one in another task, through :meth:`fail_group`).
         A StoreError is the shared store's, and ends the process like any failure of a shared
         component (an attempt already retries the store errors it expects, as AttemptFailed)."""
-        try:
-            await rebalance.drive(self, group)
-        except Exception as exc:
-            if _is_shared_failure(exc):
-                raise
-            await self._rebuild(group, exc)
+        group.driver = scope = trio.CancelScope()
+        with scope:
+            try:
+                await rebalance.drive(self, group)
+            except Exception as exc:
+                if _is_shared_failure(exc):
+                    raise
+                self.fail_group(group, exc)
+        group.driver = None
+        if group.failure is not None:
+            await self._rebuild(group, group.failure)
 
     async def _rebuild(self, failed: Group, exc: Exception) -> None:
         """Seed 04's failover, for one group: nothing the failed group kept in memory can be
@@ -477,7 +483,23 @@ class GroupCoordinator:
         group.status.value = (group.machine.state, group.machine.generation)
 
     def apply(self, group: Group, event: object) -> None:
-        self._apply(group, group.machine.handle(event))
+        """Feed the group's machine and perform its effects. An input it refuses is a bug in
+        the group's work, whichever task fed it (a connection, the Ping scheduler, the topic
+        watch): the group fails, not that task."""
+        try:
+            self._apply(group, group.machine.handle(event))
+        except Exception as exc:
+            self.fail_group(group, exc)
+
+    def fail_group(self, group: Group, exc: Exception) -> None:
+        """Fail the group from any task: its driver stops at its next checkpoint and rebuilds
+        it (:meth:`_rebuild`). The first failure is the one reported."""
+        if group.failure is None:
+            group.failure = exc
+        if group.driver is not None:
+            group.driver.cancel()
+        else:  # its driver has ended: the group was deleted, or is being rebuilt already
+            log.error("group %s failed after its driver ended", group.group_id, exc_info=exc)
 
     def _delay(self, group: Group, delay: group_sm.Delay) -> float:
         if delay is group_sm.Delay.INITIAL:

@@ -26,7 +26,7 @@ from protocol import (
     OffsetCommitResponse,
 )
 from protocol.types import PartitionOffset, TopicPartition
-from statemachine.group import GroupState
+from statemachine.group import Effect, GroupMachine, GroupState, MemberDeparted
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -111,6 +111,42 @@ async def test_a_bug_in_one_groups_rebalance_fails_that_group_alone(
         with trio.fail_after(40):
             await cluster.wait_settled()  # b2 resumes at 30.5, sees the close, comes back
         assert trio.current_time() == 32.5
+        await cluster.check_invariants(settled=True)
+
+
+async def test_a_bug_met_outside_the_driver_fails_only_that_group_too(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group machine input comes from a connection's task here (a member's close): a bug
+    there fails the group, not the connection task, nor the broker."""
+    armed = [False]
+    real = GroupMachine.handle
+
+    def handle(machine: GroupMachine, event: object) -> list[Effect]:
+        if machine.group_id == "bad" and isinstance(event, MemberDeparted) and armed[0]:
+            armed[0] = False
+            raise RuntimeError("injected bug")
+        return real(machine, event)
+
+    monkeypatch.setattr(GroupMachine, "handle", handle)
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await _two_groups(cluster)
+        good = cluster.coordinator.groups["good"]
+        b2 = cluster.consumers["b2"]
+        await trio.sleep_until(10.5)
+        armed[0] = True
+        await cluster.consumers["b1"].kill()
+        with trio.fail_after(20):
+            await b2.fetching_state.wait_value(False)  # disconnected with its group
+            assert trio.current_time() == 10.5
+            assert await cluster.wait_stable("bad", members=1) == 2
+        # b1 closed its connection, but that was the failed group's knowledge: its partitions
+        # wait until 10.5 + T + margin. b2 came back at 12.5 holding nothing; the attempt of
+        # 15.5 waited for b1's partitions.
+        assert trio.current_time() == 17.0
+        assert b2.owned == ALL
+        assert cluster.coordinator.groups["good"] is good
+        assert good.status.value == (GroupState.STABLE, 1)
         await cluster.check_invariants(settled=True)
 
 
