@@ -425,6 +425,8 @@ class GroupCoordinator:
             for tp, at in failed.free_at.items():
                 group.free_at[tp] = max(group.free_at.get(tp, -math.inf), at)
         for member in members:
+            # Dead to the Ping scheduler and to offset fencing at once; what its death would
+            # free is already counted above, from the failure.
             if member.machine.alive:
                 member.machine.handle(member_sm.ConnectionBroken(now=failed_at))
             member.connection_scope.cancel()
