@@ -59,7 +59,10 @@ _HINTS = {
     ErrorCode.TOPIC_ALREADY_EXISTS: "the topic already exists",
     ErrorCode.INVALID_PARTITIONS: "a topic's partitions can only be added to",
     ErrorCode.GROUP_ID_NOT_FOUND: "no such group",
-    ErrorCode.NON_EMPTY_GROUP: "the group has live members; stop its consumers first",
+    ErrorCode.NON_EMPTY_GROUP: (
+        "the group has live members, or a dead one may still be fetching until its lease "
+        "runs out; stop its consumers first, and retry after their session timeout"
+    ),
 }
 
 
