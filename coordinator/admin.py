@@ -67,7 +67,10 @@ _HINTS = {
     ),
     ErrorCode.OFFSET_OUT_OF_RANGE: "an offset lies past its partition's log end",
     ErrorCode.GROUP_ID_NOT_FOUND: "no such group",
-    ErrorCode.NON_EMPTY_GROUP: "the group has live members; stop its consumers first",
+    ErrorCode.NON_EMPTY_GROUP: (
+        "the group has live members, or a dead one may still be fetching until its lease "
+        "runs out; stop its consumers first, and retry after their session timeout"
+    ),
 }
 
 

@@ -26,6 +26,7 @@ from protocol import (
     NEED_DATA,
     Connection,
     ConnectionClosed,
+    ErrorCode,
     PeerError,
     RemoteProtocolError,
     Request,
@@ -124,6 +125,12 @@ class Channel:
         )
         self._queue(data)
         await self._wait_for_room()
+
+    async def refuse(self, error_code: ErrorCode, reason: str) -> None:
+        """Tell the peer why we are about to close the connection: an error frame, after which
+        nothing else is sent on it, written like :meth:`flush`."""
+        self._queue(self.connection.send_error(error_code, reason))
+        await self.flush()
 
     async def flush(self) -> None:
         """Write everything queued so far, from the caller's task: for a last frame that must

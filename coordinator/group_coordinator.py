@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 
 import attrs
@@ -22,12 +22,13 @@ from coordinator.config import CoordinatorConfig
 from coordinator.heartbeat import Pinger
 from coordinator.membership import Group, Lease, Member
 from coordinator.offsets import OffsetKeeper
-from coordinator.store import MemberRecord, MetadataStore, StoreError, TopicPlacement
+from coordinator.store import GroupRecord, MemberRecord, MetadataStore, StoreError, TopicPlacement
 from coordinator.validation import LogEnd
 from protocol import (
     DescribeGroupResponse,
     ErrorCode,
     GroupSummary,
+    LocalProtocolError,
     MemberDescription,
     OffsetCommitRequest,
     RegisterConsumerRequest,
@@ -105,7 +106,7 @@ class GroupCoordinator:
         log.info("group %s: %s joined", group.group_id, member.member_id)
         self._adopt(group, member, request)
         self.pinger.add(member)
-        self._apply(group, group.machine.handle(group_sm.MemberJoined(member_id=member.member_id)))
+        self.apply(group, group_sm.MemberJoined(member_id=member.member_id))
         return self._register_response(ErrorCode.NONE, request.group_id), member
 
     def _adopt(self, group: Group, member: Member, request: RegisterConsumerRequest) -> None:
@@ -192,12 +193,13 @@ class GroupCoordinator:
             death.partitions_free_at,
         )
         departed = group_sm.MemberDeparted(member_id=member.member_id, remaining=len(group.members))
-        self._apply(group, group.machine.handle(departed))
+        self.apply(group, departed)
 
     async def call_all(
         self,
         requests: Mapping[Member, RequestMessage],
         on_answer: Callable[[Member, ResponseMessage], None],
+        on_unsent: Callable[[Member], None] | None = None,
     ) -> list[Member]:
         """Send each member its coordinator request at once, each due within 2/3 of that member's
         session timeout (seed 01 §8), and return once every one has answered or missed.
@@ -205,12 +207,14 @@ class GroupCoordinator:
         ``on_answer`` runs in the reader that got the answer, when it arrives: even if the
         member died meanwhile, since its answer may still count. A member whose deadline passes
         counts a miss, which may declare it dead. Returns the members that did not answer (a
-        missed deadline, or a closed connection, whose task declares the member dead). One task
+        missed deadline, or a closed connection, whose task declares the member dead, or a
+        request we could not send, after ``on_unsent`` ran: :meth:`close_unsendable`). One task
         waits for them all: a task, a cancel scope and an Event per member cost more than the
         rest of a rebalance of a thousand members.
         """
         pending: dict[Member, tuple[float, int]] = {}  # deadline, correlation id
         silent: list[Member] = []
+        unsendable: list[tuple[Member, LocalProtocolError]] = []
         all_in = trio.Event()
         now = trio.current_time()
 
@@ -232,7 +236,15 @@ class GroupCoordinator:
             except ChannelClosed:
                 silent.append(member)
                 continue
+            except LocalProtocolError as error:
+                if on_unsent is not None:
+                    on_unsent(member)
+                unsendable.append((member, error))
+                silent.append(member)
+                continue
             pending[member] = (now + member.machine.timeouts.response_deadline, correlation_id)
+        for member, refusal in unsendable:
+            await self.close_unsendable(member, refusal)
         try:
             while pending:
                 with trio.move_on_at(min(deadline for deadline, _ in pending.values())):
@@ -244,11 +256,28 @@ class GroupCoordinator:
                         member.channel.abandon(correlation_id)
                         silent.append(member)
                         if member.machine.alive:
-                            self.member_event(member, member_sm.DeadlineMissed(now=now))
+                            missed = member_sm.DeadlineMissed(now=now, handover=True)
+                            self.member_event(member, missed)
         finally:
             for member, (_, correlation_id) in pending.items():
                 member.channel.abandon(correlation_id)  # cancelled: late answers are dropped
         return silent
+
+    async def close_unsendable(self, member: Member, exc: LocalProtocolError) -> None:
+        """A request we cannot encode for this member (a StartFetcher for more partitions than
+        one frame holds): the limit is ours, but the failure is only this member's. It is told
+        why and closed, and dies as one whose connection broke under it: whatever it may still
+        fetch stays leased to it. The others go on without it."""
+        log.warning(
+            "group %s: closing %s: cannot send it a request: %s (%s)",
+            member.group_id,
+            member.member_id,
+            exc,
+            exc.error_code.name,
+        )
+        await member.channel.refuse(exc.error_code, f"the coordinator cannot send you {exc}")
+        if member.machine.alive:
+            self.member_event(member, member_sm.ConnectionBroken(now=trio.current_time()))
 
     # --- offsets --------------------------------------------------------------------------
 
@@ -356,7 +385,101 @@ class GroupCoordinator:
         if group is None:
             machine = group_sm.GroupMachine(group_id=group_id, generation=generation)
             group = self.groups[group_id] = Group(group_id=group_id, machine=machine)
-            self.nursery.start_soon(rebalance.drive, self, group)
+            self.nursery.start_soon(self._drive, group)
+        return group
+
+    async def _drive(self, group: Group) -> None:
+        """The group's driver, and the edge of its failure domain (docs/failure-domains.md): an
+        exception from our own code in the group's work fails that group alone, which is rebuilt
+        (so does one in another task, through :meth:`fail_group`).
+        A StoreError is the shared store's, and ends the process like any failure of a shared
+        component (an attempt already retries the store errors it expects, as AttemptFailed)."""
+        group.driver = scope = trio.CancelScope()
+        with scope:
+            try:
+                await rebalance.drive(self, group)
+            except Exception as exc:
+                if _is_shared_failure(exc):
+                    raise
+                self.fail_group(group, exc)
+        group.driver = None
+        if group.failure is not None:
+            await self._rebuild(group, group.failure)
+
+    async def _rebuild(self, failed: Group, exc: Exception) -> None:
+        """Seed 04's failover, for one group: nothing the failed group kept in memory can be
+        trusted, so it is rebuilt from its last durable record as a new coordinator would, with
+        every lease counted from the failure. Its members are disconnected and register again;
+        each partition of that record, and each one a member owned or a lease held in memory,
+        waits until T plus the lease margin after the failure, unless its owner re-registers
+        under that generation holding nothing (``_adopt``)."""
+        failed_at = trio.current_time()
+        log.error(
+            "group %s failed; disconnecting its %d members and rebuilding it from its last "
+            "durable record",
+            failed.group_id,
+            len(failed.members),
+            exc_info=exc,
+        )
+        record = (await self.store.groups()).get(failed.group_id)
+        members = list(failed.members.values())
+        failed.members.clear()
+        failed.next_attempt_at.value = None
+        if self.groups.get(failed.group_id) is failed:
+            del self.groups[failed.group_id]
+            claims = [
+                (member_id, lease.generation, lease.partitions)
+                for member_id, lease in failed.leases.items()
+                if failed.partitions_free_at(lease.partitions) > failed_at
+            ]
+            claims += [(m.member_id, m.owned_generation, m.owned) for m in members if m.owned]
+            group = self._restore(
+                failed.group_id,
+                record,
+                since=failed_at,
+                generation=max(failed.machine.generation, record.generation if record else 0),
+                claims=claims,
+                longest=max((m.machine.timeouts.session_timeout for m in members), default=0.0),
+            )
+            for tp, at in failed.free_at.items():
+                group.free_at[tp] = max(group.free_at.get(tp, -math.inf), at)
+        for member in members:
+            # Dead to the Ping scheduler and to offset fencing at once; what its death would
+            # free is already counted above, from the failure.
+            if member.machine.alive:
+                member.machine.handle(member_sm.ConnectionBroken(now=failed_at))
+            member.connection_scope.cancel()
+
+    def _restore(
+        self,
+        group_id: str,
+        record: GroupRecord | None,
+        *,
+        since: float,
+        generation: int,
+        claims: Iterable[tuple[str, int, frozenset[TopicPartition]]] = (),
+        longest: float = 0.0,
+    ) -> Group:
+        """The group as a coordinator that knows none of its members finds it. The record's
+        assignment stays the sticky assignor's starting point, so owners that re-register get
+        their partitions back. Every partition of the record, and of each (member id,
+        generation, partitions) in ``claims``, waits until ``since`` plus the longest session
+        timeout (of the record's members, or ``longest``) plus the margin, unless its owner
+        re-registers under that generation first (``_adopt``)."""
+        group = self.group(group_id, generation=generation)
+        claims = list(claims)
+        if record is not None:
+            group.assignment = dict(record.assignment)
+            owners: dict[str, set[TopicPartition]] = {}
+            for tp, thread in record.assignment.items():
+                owners.setdefault(thread.member_id, set()).add(tp)
+            claims += [(m, record.generation, frozenset(tps)) for m, tps in owners.items()]
+            longest = max([longest, *(m.session_timeout_ms / 1000 for m in record.members)])
+        free_at = since + longest + self.config.lease_margin
+        for member_id, claimed_generation, partitions in claims:
+            _hold(group.leases, member_id, claimed_generation, partitions)
+            for tp in partitions:
+                group.free_at[tp] = max(group.free_at.get(tp, -math.inf), free_at)
         return group
 
     def _apply(self, group: Group, effects: list[group_sm.Effect]) -> None:
@@ -381,7 +504,23 @@ class GroupCoordinator:
         group.status.value = (group.machine.state, group.machine.generation)
 
     def apply(self, group: Group, event: object) -> None:
-        self._apply(group, group.machine.handle(event))
+        """Feed the group's machine and perform its effects. An input it refuses is a bug in
+        the group's work, whichever task fed it (a connection, the Ping scheduler, the topic
+        watch): the group fails, not that task."""
+        try:
+            self._apply(group, group.machine.handle(event))
+        except Exception as exc:
+            self.fail_group(group, exc)
+
+    def fail_group(self, group: Group, exc: Exception) -> None:
+        """Fail the group from any task: its driver stops at its next checkpoint and rebuilds
+        it (:meth:`_rebuild`). The first failure is the one reported."""
+        if group.failure is None:
+            group.failure = exc
+        if group.driver is not None:
+            group.driver.cancel()
+        else:  # its driver has ended: the group was deleted, or is being rebuilt already
+            log.error("group %s failed after its driver ended", group.group_id, exc_info=exc)
 
     def _delay(self, group: Group, delay: group_sm.Delay) -> float:
         if delay is group_sm.Delay.INITIAL:
@@ -440,15 +579,21 @@ class GroupCoordinator:
         )
 
     async def delete_group(self, group_id: str) -> ErrorCode:
+        """DeleteGroup, refused (NON_EMPTY_GROUP) while the group has members or while a
+        partition of it is under a lease: a member that died silently may still be fetching,
+        and deleting the group would forget the lease, so the next member to join would be
+        started on that partition at once (docs/failure-domains.md)."""
         group = self.groups.get(group_id)
-        if group is not None and group.members:
+        if group is not None and not _deletable(group):
             return ErrorCode.NON_EMPTY_GROUP
         committed = await self.offsets.committed(group_id)
         if group is None and not committed:
             return ErrorCode.GROUP_ID_NOT_FOUND
         await self.store.delete_group(self.epoch, group_id)
         self.offsets.forget(group_id)
-        if group is not None:
+        group = self.groups.get(group_id)
+        # A member may have joined while the store deleted: its group lives on from empty.
+        if group is not None and _deletable(group):
             self.apply(group, group_sm.Deleted())
             del self.groups[group_id]
         return ErrorCode.NONE
@@ -480,25 +625,49 @@ class GroupCoordinator:
                 task_status.started()
 
 
+def _deletable(group: Group) -> bool:
+    return not group.members and group.partitions_free_at(group.free_at) <= trio.current_time()
+
+
+def _is_shared_failure(exc: BaseException) -> bool:
+    """Whether an exception from a group's work is a shared component's failure (the store's)
+    rather than the group's own."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(StoreError) is not None
+    return isinstance(exc, StoreError)
+
+
+def _hold(
+    leases: dict[str, Lease],
+    member_id: str,
+    generation: int,
+    partitions: frozenset[TopicPartition],
+) -> None:
+    """Add what ``member_id`` may hold under ``generation`` to ``leases``. Under another
+    generation it is another process (or a start it never got): neither may free the other's
+    partitions by re-registering, so only the newer lease is kept, and the other's partitions
+    wait out their time in ``free_at``."""
+    current = leases.get(member_id)
+    if current is None or current.generation == generation:
+        if current is not None:
+            partitions = partitions | current.partitions
+        leases[member_id] = Lease(generation=generation, partitions=partitions)
+    elif generation > current.generation:
+        leases[member_id] = Lease(generation=generation, partitions=partitions)
+
+
 async def _recover_groups(coordinator: GroupCoordinator) -> None:
     """A new coordinator knows each group's last intended assignment but none of its members; a
     previous owner may still fetch until its lease runs out after this coordinator took office,
-    unless it re-registers first (``GroupCoordinator._adopt``). The assignment stays the sticky
-    assignor's starting point, so re-registered members keep what they had."""
+    unless it re-registers first (``GroupCoordinator._adopt``)."""
     records = await coordinator.store.groups()
     for record in records.values():
-        group = coordinator.group(record.group_id, generation=record.generation)
-        longest = max((m.session_timeout_ms / 1000 for m in record.members), default=0.0)
-        free_at = coordinator.took_office_at + longest + coordinator.config.lease_margin
-        group.assignment = dict(record.assignment)
-        owners: dict[str, set[TopicPartition]] = {}
-        for tp, thread in record.assignment.items():
-            group.free_at[tp] = free_at
-            owners.setdefault(thread.member_id, set()).add(tp)
-        for member_id, partitions in owners.items():
-            group.leases[member_id] = Lease(
-                generation=record.generation, partitions=frozenset(partitions)
-            )
+        coordinator._restore(
+            record.group_id,
+            record,
+            since=coordinator.took_office_at,
+            generation=record.generation,
+        )
 
 
 @asynccontextmanager

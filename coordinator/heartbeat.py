@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from coordinator.channel import ChannelClosed
-from protocol import PingRequest, PingResponse, ResponseMessage
+from protocol import LocalProtocolError, PingRequest, PingResponse, ResponseMessage
 from statemachine import member as member_sm
 
 if TYPE_CHECKING:
@@ -98,6 +98,10 @@ class Pinger:
             ping.correlation_id = member.channel.request_nowait(request, on_response)
         except ChannelClosed:
             return False  # the connection task declares the member dead
+        except LocalProtocolError as exc:
+            # Only this member's failure: the scheduler serves every member of the broker.
+            self.coordinator.nursery.start_soon(self.coordinator.close_unsendable, member, exc)
+            return False
         self._outstanding[member] = ping
         self._schedule(now + machine.timeouts.response_deadline, ping)
         return True

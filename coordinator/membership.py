@@ -69,6 +69,11 @@ class Group:
     #: up to this instant, set by the join that ended Empty.
     forming_until: float = math.inf
     attempt_scope: trio.CancelScope | None = None
+    #: The driver task's scope while it runs: cancelling it ends the driver, which rebuilds the
+    #: group if ``failure`` is set.
+    driver: trio.CancelScope | None = None
+    #: The first exception from the group's own work: the group is rebuilt from the store.
+    failure: Exception | None = None
     #: The highest generation a registering member said it had: after a failover, a previous
     #: coordinator may have begun attempts that it never persisted, and generations must still
     #: only increase.

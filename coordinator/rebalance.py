@@ -105,7 +105,10 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
         group.attempt_scope = attempt
         try:
             # Loaded first: StopFetcher answers' offsets are accepted as they arrive.
-            await coordinator.offsets.committed(group.group_id)
+            try:
+                await coordinator.offsets.committed(group.group_id)
+            except StoreError as exc:
+                raise AttemptFailed(f"store: {exc}") from exc
             await _stop_all(coordinator, group, members, generation, attempt)
             if attempt.cancel_called:
                 return
@@ -155,11 +158,11 @@ async def _stop_all(
             )
 
     def stopped(member: Member, response: ResponseMessage) -> None:
-        if not isinstance(response, StopFetcherResponse):
-            failures.append(f"{member.member_id} did not answer StopFetcher")
-            return
-        if response.error_code is not ErrorCode.NONE:
-            failures.append(f"{member.member_id} answered StopFetcher {response.error_code.name}")
+        if (
+            not isinstance(response, StopFetcherResponse)
+            or response.error_code is not ErrorCode.NONE
+        ):
+            failures.append(_refused(coordinator, member, "StopFetcher", response))
             return
         if member.machine.alive and not attempt.cancel_called:
             member.machine.handle(member_sm.StopFetcherAnswered(now=_now()))
@@ -211,6 +214,7 @@ async def _start_all(
     streams = _streams_by_member(coordinator, assignment, committed)
     failures: list[str] = []
     requests: dict[Member, RequestMessage] = {}
+    previously = {member: (member.owned, member.owned_generation) for member in members}
     now = _now()
     for member in members:
         if not member.machine.alive:
@@ -230,18 +234,40 @@ async def _start_all(
     def started(member: Member, response: ResponseMessage) -> None:
         if attempt.cancel_called:
             return
-        if not isinstance(response, StartFetcherResponse) or not member.machine.alive:
+        if not member.machine.alive:
             failures.append(f"{member.member_id} did not answer StartFetcher")
             return
-        if response.error_code is not ErrorCode.NONE:
-            failures.append(f"{member.member_id} answered StartFetcher {response.error_code.name}")
+        if (
+            not isinstance(response, StartFetcherResponse)
+            or response.error_code is not ErrorCode.NONE
+        ):
+            failures.append(_refused(coordinator, member, "StartFetcher", response))
             return
         member.machine.handle(member_sm.StartFetcherAnswered(now=_now()))
 
-    silent = await coordinator.call_all(requests, started)
+    def unsent(member: Member) -> None:
+        # Nothing reached it: it holds what it held before, which its StopFetcher answer emptied.
+        member.owned, member.owned_generation = previously[member]
+
+    silent = await coordinator.call_all(requests, started, unsent)
     failures.extend(f"{member.member_id} did not answer StartFetcher" for member in silent)
     if failures:
         raise AttemptFailed("; ".join(failures))
+
+
+def _refused(
+    coordinator: GroupCoordinator, member: Member, request: str, response: ResponseMessage
+) -> str:
+    """A StopFetcher or StartFetcher answered with an error, or with something else, counts as
+    a miss: a member that refuses every time is dead after its allowed misses (its lease
+    honoured, since whether it stopped is unknown), and the others go on without it."""
+    if isinstance(response, StopFetcherResponse | StartFetcherResponse):
+        what = f"{member.member_id} answered {request} {response.error_code.name}"
+    else:
+        what = f"{member.member_id} answered {request} with {type(response).__name__}"
+    if member.machine.alive:
+        coordinator.member_event(member, member_sm.HandoverRefused(now=_now()))
+    return what
 
 
 def _streams_by_member(

@@ -362,6 +362,8 @@ class SimulatedConsumer:
     #: ``consumer/`` stops at a lost connection, and this simulator does by default.
     fetch_through_failover: bool = False
     answer_delay: float = 0.0
+    #: Not NONE: StopFetcher and StartFetcher are answered with this error and not carried out.
+    handover_error: ErrorCode = ErrorCode.NONE
     channel: Channel | None = None
     generation: int = -1
     highest_epoch: int = -1
@@ -418,6 +420,11 @@ class SimulatedConsumer:
     def answer_slowly(self, seconds: float) -> None:
         """Take ``seconds`` over each answer from now on (0 restores prompt answers)."""
         self.answer_delay = seconds
+
+    def refuse_handovers(self, error: ErrorCode) -> None:
+        """From now on answer every StopFetcher and StartFetcher with ``error`` and go on as
+        before: fetching what it fetched, starting nothing (a buggy or hostile consumer)."""
+        self.handover_error = error
 
     def drop_connection(self) -> None:
         """Reset the coordinator connection: both ends see it fail; the process lives on."""
@@ -609,6 +616,20 @@ class SimulatedConsumer:
                         error_code=ErrorCode.NONE,
                         consumer_id=self.consumer_id,
                         offsets=self._offsets() if self.auto_commit else (),
+                    ),
+                )
+            case StopFetcherRequest() if self.handover_error is not ErrorCode.NONE:
+                await self._respond(
+                    request,
+                    StopFetcherResponse(
+                        error_code=self.handover_error, consumer_id=self.consumer_id, offsets=()
+                    ),
+                )
+            case StartFetcherRequest() if self.handover_error is not ErrorCode.NONE:
+                await self._respond(
+                    request,
+                    StartFetcherResponse(
+                        error_code=self.handover_error, consumer_id=self.consumer_id
                     ),
                 )
             case StopFetcherRequest():

@@ -29,6 +29,7 @@ class DeathCause(enum.Enum):
     CONNECTION_CLOSED = "connection closed"
     CONNECTION_BROKEN = "connection broken"
     MISSED_DEADLINES = "missed deadlines"
+    REFUSED_HANDOVERS = "refused or missed StopFetcher/StartFetcher"
     LEFT = "left the group"
     PROTOCOL_ERROR = "protocol error"
 
@@ -72,7 +73,18 @@ class PingAnswered:
 
 @attrs.frozen(kw_only=True)
 class DeadlineMissed:
-    """A Ping, StopFetcher or StartFetcher went unanswered for 2/3 of the session timeout."""
+    """A Ping, StopFetcher or StartFetcher went unanswered for 2/3 of the session timeout;
+    ``handover`` for StopFetcher and StartFetcher."""
+
+    now: float
+    handover: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class HandoverRefused:
+    """The member answered StopFetcher or StartFetcher with an error (or with something else):
+    a miss like a deadline passed, or one misbehaving member holds its group hostage, every
+    member stopped, while attempt after attempt fails."""
 
     now: float
 
@@ -131,9 +143,9 @@ def _build_table() -> TransitionTable[MemberState]:
         # A new rebalance attempt may begin from any live state: a failed attempt leaves members
         # in Stopping or Starting, and the next attempt stops everyone again.
         t[(state, StopFetcherSent)] = MemberState.STOPPING
-        heartbeat: tuple[type, ...] = (PingSent, PingAnswered, DeadlineMissed)
+        heartbeat: tuple[type, ...] = (PingSent, PingAnswered, DeadlineMissed, HandoverRefused)
         for event in heartbeat:
-            t[(state, event)] = state  # DeadlineMissed may also kill: see MemberMachine.handle
+            t[(state, event)] = state  # a miss may also kill: see MemberMachine.handle
         endings: tuple[type, ...] = (ConnectionClosed, ConnectionBroken, Left, ProtocolViolation)
         for event in endings:
             t[(state, event)] = MemberState.DEAD
@@ -144,6 +156,7 @@ def _build_table() -> TransitionTable[MemberState]:
     t[(MemberState.DEAD, ConnectionClosed)] = MemberState.DEAD
     t[(MemberState.DEAD, ConnectionBroken)] = MemberState.DEAD
     t[(MemberState.DEAD, DeadlineMissed)] = MemberState.DEAD
+    t[(MemberState.DEAD, HandoverRefused)] = MemberState.DEAD
     return TransitionTable("Member (coordinator side)", t)
 
 
@@ -178,6 +191,10 @@ class MemberMachine:
     state: MemberState = MemberState.REGISTERED
     generation: int = -1
     missed: int = 0
+    #: StopFetcher and StartFetcher requests in a row that the member refused or left
+    #: unanswered. Only carrying one out clears it, not a Ping answer: a member that answers
+    #: every Ping but refuses every StopFetcher would otherwise never use up its misses.
+    handovers_missed: int = 0
     stop_answered: bool = False
 
     def handle(self, event: object) -> list[Effect]:
@@ -197,14 +214,32 @@ class MemberMachine:
                 self._sent(now)
             case StopFetcherAnswered(now=now):
                 self.stop_answered = True
+                self.handovers_missed = 0
                 self._heard(now)
-            case PingAnswered(now=now) | StartFetcherAnswered(now=now):
+            case StartFetcherAnswered(now=now):
+                self.handovers_missed = 0
                 self._heard(now)
-            case DeadlineMissed(now=now):
+            case PingAnswered(now=now):
+                self._heard(now)
+            case DeadlineMissed(now=now, handover=handover):
                 self.missed += 1
-                if self.missed >= self.timeouts.max_missed:
+                self.handovers_missed += handover
+                if max(self.missed, self.handovers_missed) >= self.timeouts.max_missed:
                     next_state = MemberState.DEAD
-                    effects.append(self._death(DeathCause.MISSED_DEADLINES, now, silent=True))
+                    cause = (
+                        DeathCause.REFUSED_HANDOVERS
+                        if self.handovers_missed >= self.timeouts.max_missed
+                        else DeathCause.MISSED_DEADLINES
+                    )
+                    effects.append(self._death(cause, now, silent=True))
+            case HandoverRefused(now=now):
+                # It answered, but whether it stopped (or started) is unknown: its lease holds,
+                # counted from this answer at the latest, and the misses stand.
+                self.last_heard = max(self.last_heard, now)
+                self.handovers_missed += 1
+                if self.handovers_missed >= self.timeouts.max_missed:
+                    next_state = MemberState.DEAD
+                    effects.append(self._death(DeathCause.REFUSED_HANDOVERS, now, silent=True))
             case ConnectionClosed(now=now):
                 effects.append(self._death(DeathCause.CONNECTION_CLOSED, now, silent=False))
             case ConnectionBroken(now=now):

@@ -19,27 +19,30 @@ INPUTS = {
     "Broken": m.ConnectionBroken(now=1.0),
     "Left": m.Left(now=1.0),
     "Violation": m.ProtocolViolation(now=1.0),
+    "Refused": m.HandoverRefused(now=1.0),
 }
 X = None  # illegal
 # fmt: off
 EXPECTED: dict[S, dict[str, S | None]] = {
     S.REGISTERED: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
                    "PingSent": S.REGISTERED, "PingAnswered": S.REGISTERED, "Missed": S.DEAD,
-                   "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
+                   "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD,
+                   "Refused": S.DEAD},
     S.STOPPING: {"StopSent": S.STOPPING, "StopAnswered": S.STOPPING, "StartSent": S.STARTING,
                  "StartAnswered": X, "PingSent": S.STOPPING, "PingAnswered": S.STOPPING,
                  "Missed": S.DEAD, "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD,
-                 "Violation": S.DEAD},
+                 "Violation": S.DEAD, "Refused": S.DEAD},
     S.STARTING: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X,
                  "StartAnswered": S.STABLE, "PingSent": S.STARTING, "PingAnswered": S.STARTING,
                  "Missed": S.DEAD, "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD,
-                 "Violation": S.DEAD},
+                 "Violation": S.DEAD, "Refused": S.DEAD},
     S.STABLE: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
                "PingSent": S.STABLE, "PingAnswered": S.STABLE, "Missed": S.DEAD,
-               "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD},
+               "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD,
+               "Refused": S.DEAD},
     S.DEAD: {"StopSent": X, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
              "PingSent": X, "PingAnswered": X, "Missed": S.DEAD, "Closed": S.DEAD,
-             "Broken": S.DEAD, "Left": X, "Violation": X},
+             "Broken": S.DEAD, "Left": X, "Violation": X, "Refused": S.DEAD},
 }
 # fmt: on
 
@@ -127,3 +130,33 @@ def test_generation_follows_the_requests_sent() -> None:
     machine.handle(m.StartFetcherSent(generation=3, now=0.6))
     machine.handle(m.StartFetcherAnswered(now=0.7))
     assert (machine.state, machine.generation, machine.last_heard) == (S.STABLE, 3, 0.7)
+
+
+def test_refused_handovers_count_as_misses_that_ping_answers_do_not_clear() -> None:
+    """A member that answers every Ping but refuses every StopFetcher still uses up its misses,
+    and dies silently: it may still be fetching, so its lease holds."""
+    timeouts = m.MemberTimeouts(session_timeout=6.0, max_missed=2, lease_margin=0.5)
+    machine = m.MemberMachine(member_id="c1", timeouts=timeouts, last_heard=0.0)
+    machine.handle(m.StopFetcherSent(generation=2, now=10.0))
+    assert machine.handle(m.HandoverRefused(now=10.0)) == []
+    machine.handle(m.PingSent(now=12.0))
+    machine.handle(m.PingAnswered(now=12.0))
+    assert (machine.missed, machine.handovers_missed) == (0, 1)
+    machine.handle(m.StopFetcherSent(generation=3, now=12.5))
+    (effect,) = machine.handle(m.HandoverRefused(now=12.5))
+    assert machine.state is S.DEAD
+    assert effect == m.DeclaredDead(cause=m.DeathCause.REFUSED_HANDOVERS, partitions_free_at=19.0)
+
+
+def test_a_missed_handover_deadline_is_not_cleared_by_ping_answers_either() -> None:
+    timeouts = m.MemberTimeouts(session_timeout=6.0, max_missed=2, lease_margin=0.5)
+    machine = m.MemberMachine(member_id="c1", timeouts=timeouts, last_heard=0.0)
+    assert machine.handle(m.DeadlineMissed(now=4.0, handover=True)) == []
+    machine.handle(m.PingAnswered(now=5.0))
+    (effect,) = machine.handle(m.DeadlineMissed(now=9.0, handover=True))
+    assert effect.cause is m.DeathCause.REFUSED_HANDOVERS
+    other = m.MemberMachine(member_id="c2", timeouts=timeouts, last_heard=0.0)
+    other.handle(m.HandoverRefused(now=1.0))
+    other.handle(m.StopFetcherSent(generation=2, now=2.0))
+    other.handle(m.StopFetcherAnswered(now=2.0))  # carried one out: the count starts over
+    assert other.handle(m.HandoverRefused(now=3.0)) == []

@@ -1,0 +1,289 @@
+"""Failure domains (docs/failure-domains.md) on the autojump clock, with exact virtual times.
+
+T = 6 s throughout: Pings every 2 s, each due within 4 s, a silent member's partitions wait T +
+0.5 s after the last request sent to it, and a consumer whose connection ended registers again
+T/3 = 2 s later.
+"""
+
+import logging
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from coordinator import rebalance
+from coordinator.config import CoordinatorConfig
+from coordinator.group_coordinator import GroupCoordinator
+from coordinator.membership import Group
+from coordinator.store import EpochFenced, OffsetBatch, StoreUnavailable
+from coordinator.testing import RecordingStore, SimulatedCluster, open_simulated_cluster
+from protocol import (
+    DeleteGroupRequest,
+    DeleteGroupResponse,
+    ErrorCode,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+)
+from protocol.types import PartitionOffset, TopicPartition
+from statemachine.group import Effect, GroupMachine, GroupState, MemberDeparted
+
+CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
+ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
+
+
+def _inject_assignor_bug(
+    monkeypatch: pytest.MonkeyPatch, group_id: str, error: Exception
+) -> list[bool]:
+    """An injected bug: the assignment of ``group_id`` raises ``error`` once the returned switch
+    is turned on, then works again."""
+    armed = [False]
+    real = rebalance.compute_assignment
+
+    def compute(coordinator: GroupCoordinator, group: Group) -> rebalance.Assignment:
+        if group.group_id == group_id and armed[0]:
+            armed[0] = False
+            raise error
+        return real(coordinator, group)
+
+    monkeypatch.setattr(rebalance, "compute_assignment", compute)
+    return armed
+
+
+async def _two_groups(cluster: SimulatedCluster) -> None:
+    await cluster.create_topic("events", partitions=6)
+    for name in ("a1", "a2"):
+        await cluster.start_consumer(name, group="good", topics={"events": 1})
+    for name in ("b1", "b2"):
+        await cluster.start_consumer(name, group="bad", topics={"events": 1})
+    with trio.fail_after(10):
+        await cluster.wait_settled()
+    assert trio.current_time() == 3.0
+
+
+async def test_a_bug_in_one_groups_rebalance_fails_that_group_alone(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    armed = _inject_assignor_bug(monkeypatch, "bad", RuntimeError("injected bug"))
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await _two_groups(cluster)
+        good = cluster.coordinator.groups["good"]
+        failed = cluster.coordinator.groups["bad"]
+        b1, b2 = cluster.consumers["b1"], cluster.consumers["b2"]
+        b2_partitions = b2.owned
+        await trio.sleep_until(10.5)  # every consumer answered the Ping of 10.0
+        b2.freeze(20)  # cannot come back: its partitions must wait out its lease
+        armed[0] = True
+        b3 = await cluster.start_consumer("b3", group="bad", topics={"events": 1})
+        with trio.fail_after(10):
+            await b1.fetching_state.wait_value(False)
+        # The join's attempt hit the bug at once: the group was rebuilt, its members cut off.
+        assert cluster.coordinator.groups["bad"] is not failed
+        assert trio.current_time() == 10.5
+        assert not b1.fetching and b2.fetching  # b2 is frozen: it has not noticed
+        failures = [r for r in caplog.records if "group bad failed" in r.getMessage()]
+        assert len(failures) == 1 and failures[0].exc_info is not None
+        with trio.fail_after(20):
+            assert await cluster.wait_stable("bad", members=2) == 2
+        # b1 and b3 registered again at 12.5; b1 under generation 1 holding nothing, which
+        # freed its partitions. The new group's first attempt began at 15.5 and waited for b2's,
+        # whose lease is counted from the failure: 10.5 + T + margin.
+        assert trio.current_time() == 17.0
+        assert (b1.registrations, b3.registrations) == (2, 2)
+        assert b1.owned | b3.owned == ALL
+        starts = {
+            i.start
+            for i in cluster.ledger.intervals(trio.current_time())
+            if i.group_id == "bad" and i.partition in b2_partitions and i.consumer_id != "b2"
+        }
+        assert starts == {17.0}
+        await cluster.check_invariants()
+        # The other group never noticed: same group, same generation, fetching since 3.0.
+        assert cluster.coordinator.groups["good"] is good
+        assert good.status.value == (GroupState.STABLE, 1)
+        assert (good.attempts, good.completed) == (1, 1)
+        good_leases = [i for i in cluster.ledger.closed if i.consumer_id in ("a1", "a2")]
+        assert good_leases == []
+        assert cluster.incarnation.value == 1  # the coordinator never restarted
+        with trio.fail_after(40):
+            await cluster.wait_settled()  # b2 resumes at 30.5, sees the close, comes back
+        assert trio.current_time() == 32.5
+        await cluster.check_invariants(settled=True)
+
+
+async def test_a_bug_met_outside_the_driver_fails_only_that_group_too(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group machine input comes from a connection's task here (a member's close): a bug
+    there fails the group, not the connection task, nor the broker."""
+    armed = [False]
+    real = GroupMachine.handle
+
+    def handle(machine: GroupMachine, event: object) -> list[Effect]:
+        if machine.group_id == "bad" and isinstance(event, MemberDeparted) and armed[0]:
+            armed[0] = False
+            raise RuntimeError("injected bug")
+        return real(machine, event)
+
+    monkeypatch.setattr(GroupMachine, "handle", handle)
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await _two_groups(cluster)
+        good = cluster.coordinator.groups["good"]
+        b2 = cluster.consumers["b2"]
+        await trio.sleep_until(10.5)
+        armed[0] = True
+        await cluster.consumers["b1"].kill()
+        with trio.fail_after(20):
+            await b2.fetching_state.wait_value(False)  # disconnected with its group
+            assert trio.current_time() == 10.5
+            assert await cluster.wait_stable("bad", members=1) == 2
+        # b1 closed its connection, but that was the failed group's knowledge: its partitions
+        # wait until 10.5 + T + margin. b2 came back at 12.5 holding nothing; the attempt of
+        # 15.5 waited for b1's partitions.
+        assert trio.current_time() == 17.0
+        assert b2.owned == ALL
+        assert cluster.coordinator.groups["good"] is good
+        assert good.status.value == (GroupState.STABLE, 1)
+        await cluster.check_invariants(settled=True)
+
+
+async def test_a_store_error_in_a_groups_work_is_the_stores_and_ends_the_coordinator(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Containing a group's failure must not hide a shared component's: a store that is gone
+    ends the coordinator (crash-only: a restart recovers what is durable)."""
+    armed = _inject_assignor_bug(monkeypatch, "bad", StoreUnavailable("injected: store gone"))
+    with pytest.raises(BaseExceptionGroup) as failure:
+        async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+            await _two_groups(cluster)
+            await trio.sleep_until(10.5)
+            armed[0] = True
+            await cluster.start_consumer("b3", group="bad", topics={"events": 1})
+            await trio.sleep_forever()
+    assert failure.value.subgroup(StoreUnavailable) is not None
+    assert trio.current_time() == 10.5
+
+
+async def test_a_failing_committer_ends_the_coordinator(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The committer is shared by every group: its failure is the process's (a deposed
+    coordinator's write here), not any group's."""
+    with pytest.raises(BaseExceptionGroup) as failure:
+        async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+            await _two_groups(cluster)
+            await trio.sleep_until(10.5)
+
+            async def fenced(store: RecordingStore, epoch: int, batches: list[OffsetBatch]) -> None:
+                raise EpochFenced("injected: deposed")
+
+            monkeypatch.setattr(RecordingStore, "commit_offsets", fenced)
+            await trio.sleep_forever()
+    assert failure.value.subgroup(EpochFenced) is not None
+    assert trio.current_time() == 11.0  # the committer's next interval
+
+
+async def test_a_member_that_refuses_every_stop_fetcher_dies_and_the_others_go_on(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    config = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5, max_missed_pings=2)
+    async with open_simulated_cluster(tmp_path, config) as cluster:
+        await cluster.create_topic("events", partitions=6)
+        a = await cluster.start_consumer("a", group="g", topics={"events": 1})
+        b = await cluster.start_consumer("b", group="g", topics={"events": 1})
+        c = await cluster.start_consumer("c", group="g", topics={"events": 1}, rejoin=False)
+        assert await cluster.wait_stable("g", members=3) == 1
+        c_partitions = c.owned
+        await trio.sleep_until(10.5)
+        c.refuse_handovers(ErrorCode.UNKNOWN_SERVER_ERROR)
+        await cluster.add_partitions("events", added=3)
+        with trio.fail_after(30):
+            await cluster.wait_stable("g", members=2)
+        # 10.5: attempt 2, c refuses StopFetcher: one miss of two, the attempt fails. It answers
+        # the Ping of 12.0, which does not clear that miss. 12.5: attempt 3, c refuses again and
+        # is dead; it may still be fetching, so its partitions wait until 12.5 + T + margin.
+        assert trio.current_time() == 19.0
+        everything = {TopicPartition(topic="events", partition=p) for p in range(9)}
+        assert a.owned | b.owned == everything
+        assert {a.generation, b.generation} == {4}
+        starts = {
+            i.start
+            for i in cluster.ledger.intervals(trio.current_time())
+            if i.partition in c_partitions and i.consumer_id != "c"
+        }
+        assert starts == {19.0}
+        await cluster.check_invariants()  # c's process lives on, without a coordinator
+
+
+async def test_delete_group_is_refused_while_a_lease_is_in_force(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=6)
+        a = await cluster.start_consumer("a", group="g", topics={"events": 1})
+        b = await cluster.start_consumer("b", group="g", topics={"events": 1})
+        assert await cluster.wait_stable("g", members=2) == 1
+        await trio.sleep_until(5.0)  # a answered the Ping of 4.0
+        a.freeze(20)
+        a.drop_connection()  # dead at once, but it may fetch on: its lease runs to 10.5
+        await b.kill()  # closed: b's partitions are free at once; the group has no members
+        await cluster.coordinator.groups["g"].status.wait_value(lambda s: s[0] is GroupState.EMPTY)
+        async with cluster.open_client() as admin:
+            deleted = await admin.request(DeleteGroupRequest(group_id="g"))
+            assert deleted == DeleteGroupResponse(error_code=ErrorCode.NON_EMPTY_GROUP)
+            # A reset of the offsets is allowed (it starts nothing) and cuts no lease short.
+            reset = OffsetCommitRequest(
+                group_id="g",
+                consumer_id=None,
+                generation=-1,
+                offsets=tuple(
+                    PartitionOffset(topic=tp.topic, partition=tp.partition, offset=0)
+                    for tp in sorted(ALL)
+                ),
+            )
+            assert await admin.request(reset) == OffsetCommitResponse(error_code=ErrorCode.NONE)
+        assert trio.current_time() == 5.0
+        c = await cluster.start_consumer("c", group="g", topics={"events": 1})
+        with trio.fail_after(20):
+            await cluster.wait_stable("g", members=1)
+        # c's first attempt began at 8.0 and waited for a's lease: 4.0 + T + margin.
+        assert trio.current_time() == 10.5
+        assert c.owned == ALL
+        assert c.positions == dict.fromkeys(ALL, 0)
+        assert {i.start for i in cluster.ledger.intervals(10.5) if i.consumer_id == "c"} == {10.5}
+        # No two owners. (Not check_invariants: the offset keeper labels the reset's batch with
+        # the group's last generation, so the store history takes it for a regression.)
+        cluster.ledger.check()
+        await c.kill()  # closed, no lease left: now the group can go
+        async with cluster.open_client() as admin:
+            deleted = await admin.request(DeleteGroupRequest(group_id="g"))
+            assert deleted == DeleteGroupResponse(error_code=ErrorCode.NONE)
+        assert "g" not in cluster.coordinator.groups
+
+
+async def test_a_start_fetcher_too_large_for_a_frame_closes_only_its_member(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    config = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5, max_frame_size=2048)
+    async with open_simulated_cluster(tmp_path, config) as cluster:
+        await cluster.create_topic("events", partitions=6)
+        await cluster.create_topic("wide", partitions=200)
+        x = await cluster.start_consumer("x", group="g", topics={"wide": 1}, rejoin=False)
+        y = await cluster.start_consumer("y", group="g", topics={"events": 1})
+        with trio.fail_after(10):
+            generation = await cluster.wait_stable("g", members=1)
+        # x's StartFetcher (200 partitions) does not fit 2,048 bytes: x was told why and closed
+        # when its attempt began at 3.0, and the next attempt started y alone at once.
+        assert trio.current_time() == 3.0
+        assert generation == 2
+        assert y.owned == ALL and not x.fetching
+        assert set(cluster.coordinator.groups["g"].members) == {"y"}
+        told = [r.getMessage() for r in caplog.records if r.name == "coordinator.channel"]
+        assert any(
+            "reported FRAME_TOO_LARGE" in line and "cannot send you" in line for line in told
+        )
+        await cluster.check_invariants()
