@@ -77,13 +77,17 @@ async def test_a_bug_in_one_groups_rebalance_fails_that_group_alone(
         await trio.sleep_until(10.5)  # every consumer answered the Ping of 10.0
         b2.freeze(20)  # cannot come back: its partitions must wait out its lease
         armed[0] = True
+        # b3's join begins an attempt in the same instant, which hits the bug at once: the group
+        # is rebuilt and its members cut off. Whether b3 heard its registration's answer first
+        # is up to trio's scheduling; if not, it registers again at 12.5 like the others.
         b3 = await cluster.start_consumer("b3", group="bad", topics={"events": 1})
         with trio.fail_after(10):
             await b1.fetching_state.wait_value(False)
-        # The join's attempt hit the bug at once: the group was rebuilt, its members cut off.
+        assert trio.current_time() in (10.5, 12.5)
         assert cluster.coordinator.groups["bad"] is not failed
-        assert trio.current_time() == 10.5
-        assert not b1.fetching and b2.fetching  # b2 is frozen: it has not noticed
+        b1_leases = [i for i in cluster.ledger.closed if i.consumer_id == "b1"]
+        assert {i.end for i in b1_leases} == {10.5}
+        assert b2.fetching  # b2 is frozen: it has not noticed
         failures = [r for r in caplog.records if "group bad failed" in r.getMessage()]
         assert len(failures) == 1 and failures[0].exc_info is not None
         with trio.fail_after(20):
@@ -92,7 +96,7 @@ async def test_a_bug_in_one_groups_rebalance_fails_that_group_alone(
         # freed its partitions. The new group's first attempt began at 15.5 and waited for b2's,
         # whose lease is counted from the failure: 10.5 + T + margin.
         assert trio.current_time() == 17.0
-        assert (b1.registrations, b3.registrations) == (2, 2)
+        assert b1.registrations == 2 and b3.registrations in (1, 2)
         assert b1.owned | b3.owned == ALL
         starts = {
             i.start
