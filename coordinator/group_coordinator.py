@@ -502,6 +502,15 @@ class GroupCoordinator:
         if group.machine.state is group_sm.GroupState.EMPTY:
             group.next_attempt_at.value = None
         group.status.value = (group.machine.state, group.machine.generation)
+        if (
+            group.machine.state is group_sm.GroupState.EMPTY
+            and group.machine.generation == 0
+            and _deletable(group)
+        ):
+            # Emptied before any attempt began: no generation was ever handed out or stored,
+            # so nothing about it needs remembering, and a client that registers and leaves
+            # under ever new group ids must not grow the broker's memory.
+            self._retire(group)
 
     def apply(self, group: Group, event: object) -> None:
         """Feed the group's machine and perform its effects. An input it refuses is a bug in
@@ -539,9 +548,7 @@ class GroupCoordinator:
         """Committed offsets are the durable ones; what was accepted but not yet written is
         reported apart, so that no restart can make a shown committed offset go backwards."""
         group = self.groups.get(group_id)
-        accepted = await self.offsets.committed(group_id)
-        durable = await self.offsets.durable(group_id)
-        pending = await self.offsets.pending(group_id)
+        offsets = await self.offsets.view(group_id)
 
         def listed(offsets: Mapping[TopicPartition, int]) -> tuple[PartitionOffset, ...]:
             return tuple(
@@ -549,7 +556,7 @@ class GroupCoordinator:
                 for tp, offset in sorted(offsets.items())
             )
 
-        if group is None and not accepted:
+        if group is None and not offsets.accepted:
             return DescribeGroupResponse(
                 error_code=ErrorCode.GROUP_ID_NOT_FOUND,
                 group_id=group_id,
@@ -574,8 +581,8 @@ class GroupCoordinator:
             state=group.machine.state.value if group else group_sm.GroupState.EMPTY.value,
             generation=group.machine.generation if group else -1,
             members=members,
-            offsets=listed(durable),
-            reported_offsets=listed(pending),
+            offsets=listed(offsets.durable),
+            reported_offsets=listed(offsets.pending),
         )
 
     async def delete_group(self, group_id: str) -> ErrorCode:
@@ -586,8 +593,8 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is not None and not _deletable(group):
             return ErrorCode.NON_EMPTY_GROUP
-        committed = await self.offsets.committed(group_id)
-        if group is None and not committed:
+        offsets = await self.offsets.view(group_id)
+        if group is None and not offsets.accepted:
             return ErrorCode.GROUP_ID_NOT_FOUND
         await self.store.delete_group(self.epoch, group_id)
         self.offsets.forget(group_id)
@@ -595,8 +602,15 @@ class GroupCoordinator:
         # A member may have joined while the store deleted: its group lives on from empty.
         if group is not None and _deletable(group):
             self.apply(group, group_sm.Deleted())
-            del self.groups[group_id]
+            self._retire(group)
         return ErrorCode.NONE
+
+    def _retire(self, group: Group) -> None:
+        """Forget a group that holds nothing, and end its driver task."""
+        if self.groups.get(group.group_id) is group:
+            del self.groups[group.group_id]
+        if group.driver is not None:
+            group.driver.cancel()
 
     # --- topics ---------------------------------------------------------------------------
 

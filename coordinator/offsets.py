@@ -8,7 +8,7 @@ the committer to write at once instead of at its next interval.
 
 So each group has two views. *Accepted* offsets (:meth:`OffsetKeeper.committed`) are everything
 fenced and recorded, durable or not: what later reports are compared against and what a rebalance
-hands out (after forcing a commit). *Durable* offsets (:meth:`OffsetKeeper.durable`) are those the
+hands out (after forcing a commit). *Durable* offsets (:attr:`OffsetView.durable`) are those the
 store is known to hold, the only ones a restart or failover cannot take back: what OffsetFetch
 returns and DescribeGroup calls committed. Between the two sit the offsets a crash would lose.
 """
@@ -39,6 +39,21 @@ class _GroupOffsets:
     dirty: dict[TopicPartition, int] = attrs.field(factory=dict)
 
 
+@attrs.frozen(kw_only=True)
+class OffsetView:
+    #: Fenced and recorded, durable or not.
+    accepted: Mapping[TopicPartition, int]
+    #: What the store holds: the only offsets to call committed.
+    durable: Mapping[TopicPartition, int]
+
+    @property
+    def pending(self) -> dict[TopicPartition, int]:
+        """Accepted but not (yet) durable: lost if the coordinator dies before its committer
+        writes them."""
+        durable = self.durable
+        return {tp: offset for tp, offset in self.accepted.items() if durable.get(tp) != offset}
+
+
 @attrs.define(eq=False)
 class OffsetKeeper:
     store: MetadataStore
@@ -58,17 +73,15 @@ class OffsetKeeper:
         anyone as committed, which is :meth:`durable`."""
         return (await self._load(group_id)).committed
 
-    async def durable(self, group_id: str) -> Mapping[TopicPartition, int]:
-        """The group's committed offsets: those written to the store."""
-        return (await self._load(group_id)).durable
-
-    async def pending(self, group_id: str) -> Mapping[TopicPartition, int]:
-        """Offsets accepted but not (yet) durable: lost if the coordinator dies before its
-        committer writes them."""
-        group = await self._load(group_id)
-        return {
-            tp: offset for tp, offset in group.committed.items() if group.durable.get(tp) != offset
-        }
+    async def view(self, group_id: str) -> OffsetView:
+        """A group's offsets for a query (OffsetFetch, DescribeGroup, DeleteGroup). A group not
+        in memory is read from the store and not kept: a client asking about any number of
+        group ids must not grow the broker's memory. Read the mappings at once; they are live."""
+        group = self._groups.get(group_id)
+        if group is None:
+            stored = await self.store.fetch_offsets(group_id)
+            return OffsetView(accepted=stored, durable=stored)
+        return OffsetView(accepted=group.committed, durable=group.durable)
 
     async def accept(
         self,

@@ -154,7 +154,7 @@ class _Session:
         request naming its maximum of partitions (or a group holding offsets for as many) does
         not hold the event loop for other connections; sorting plain tuples, not
         TopicPartitions (attrs' ordering costs microseconds per comparison)."""
-        committed = await self.coordinator.offsets.durable(message.group_id)
+        committed = (await self.coordinator.offsets.view(message.group_id)).durable
         wanted = committed.keys() if message.partitions is None else message.partitions
         keys = sorted({(tp.topic, tp.partition) for tp in wanted})
         offsets: list[PartitionOffset] = []

@@ -28,9 +28,13 @@ from protocol import (
     ClusterMetadataResponse,
     CreatePartitionsRequest,
     CreateTopicRequest,
+    DescribeGroupRequest,
     ErrorCode,
     FetchRequest,
     FetchResponse,
+    LeaveGroupRequest,
+    ListGroupsRequest,
+    ListGroupsResponse,
     ListOffsetsRequest,
     OffsetCommitRequest,
     OffsetFetchRequest,
@@ -551,3 +555,38 @@ async def test_a_produce_of_many_records_is_encoded_off_the_event_loop(tmp_path:
         assert isinstance(answer, FetchResponse)
         assert answer.high_watermark == 5001
         assert [r.offset for r in answer.records] == list(range(4990, 5001))
+
+
+# --- what a stream of short-lived groups and queries leaves behind ------------------------------
+
+
+async def test_groups_that_empty_before_their_first_rebalance_leave_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    # Every join waits 60 s for more members: each group empties long before its first attempt.
+    config = CoordinatorConfig(initial_rebalance_delay=60.0, limits=LIMITS)
+    async with open_broker(tmp_path, config) as broker:
+        await _create(broker)
+        coordinator = broker.coordinator
+        tasks_before = len(coordinator.nursery.child_tasks)
+        for i in range(200):
+            async with broker.client(f"c{i}") as channel:
+                with trio.fail_after(DEADLINE):
+                    joined = await channel.request(_register(group_id=f"g{i}", consumer_id="a"))
+                    assert joined.error_code is ErrorCode.NONE
+                    left = await channel.request(
+                        LeaveGroupRequest(group_id=f"g{i}", consumer_id="a", generation=-1)
+                    )
+                    assert left.error_code is ErrorCode.NONE
+            fetched = await broker.request(OffsetFetchRequest(group_id=f"q{i}", partitions=None))
+            assert fetched.error_code is ErrorCode.NONE
+            described = await broker.request(DescribeGroupRequest(group_id=f"q{i}"))
+            assert described.error_code is ErrorCode.GROUP_ID_NOT_FOUND
+        listed = await broker.request(ListGroupsRequest())
+        assert isinstance(listed, ListGroupsResponse) and listed.groups == ()
+        assert coordinator.groups == {}
+        # No driver task per group left waiting, and no offsets kept for groups only asked about.
+        with trio.fail_after(DEADLINE):
+            while len(coordinator.nursery.child_tasks) > tasks_before:
+                await trio.sleep(0.01)
+        assert coordinator.offsets._groups == {}  # the keeper's cache, inspected directly
