@@ -196,6 +196,12 @@ def _add_limit_options(serve: argparse.ArgumentParser) -> None:
         help="members of one group (Kafka's group.max.size)",
     )
     group.add_argument(
+        "--max-group-streams",
+        type=int,
+        default=requests.max_group_streams,
+        help="streams of one group, each member counting its widest topic",
+    )
+    group.add_argument(
         "--max-partitions-per-request",
         type=int,
         default=requests.max_partitions_per_request,
@@ -238,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     max_partitions_per_topic=args.max_partitions_per_topic,
                     max_partitions_per_broker=args.max_partitions_per_broker,
                     max_group_size=args.max_group_size,
+                    max_group_streams=args.max_group_streams,
                     max_partitions_per_request=args.max_partitions_per_request,
                 ),
             )

@@ -100,6 +100,7 @@ class GroupCoordinator:
             connection_scope=connection_scope,
         )
         group.members[member.member_id] = member
+        group.streams += validation.stream_count(record.subscription)
         group.highest_reported_generation = max(
             group.highest_reported_generation, request.generation
         )
@@ -155,7 +156,12 @@ class GroupCoordinator:
         group = self.groups.get(request.group_id)
         if group is not None and request.consumer_id in group.members:
             return ErrorCode.DUPLICATE_MEMBER_ID
-        if group is not None and len(group.members) >= self.config.limits.max_group_size:
+        limits = self.config.limits
+        members, streams = (len(group.members), group.streams) if group else (0, 0)
+        if (
+            members >= limits.max_group_size
+            or streams + validation.stream_count(request.subscription) > limits.max_group_streams
+        ):
             return ErrorCode.GROUP_MAX_SIZE_REACHED
         return ErrorCode.NONE
 
@@ -179,6 +185,7 @@ class GroupCoordinator:
             return
         (death,) = effects
         del group.members[member.member_id]
+        group.streams -= validation.stream_count(member.record.subscription)
         for tp in member.owned:
             group.free_at[tp] = max(group.free_at.get(tp, -math.inf), death.partitions_free_at)
         if member.owned and death.partitions_free_at > trio.current_time():
@@ -424,6 +431,7 @@ class GroupCoordinator:
         record = (await self.store.groups()).get(failed.group_id)
         members = list(failed.members.values())
         failed.members.clear()
+        failed.streams = 0
         failed.next_attempt_at.value = None
         if self.groups.get(failed.group_id) is failed:
             del self.groups[failed.group_id]

@@ -67,6 +67,10 @@ class RequestLimits:
     max_partitions_per_broker: int = attrs.field(default=50_000, validator=_positive)
     #: Members of one group (Kafka's ``group.max.size``).
     max_group_size: int = attrs.field(default=10_000, validator=_positive)
+    #: Streams (consumer threads) of one group, each member counting its widest topic: the
+    #: threads the assignor balances at every rebalance, on the event loop (100,000 of them
+    #: take about half a second; the benchmarks' 5,000 members hold one each).
+    max_group_streams: int = attrs.field(default=20_000, validator=_positive)
     #: Partitions one OffsetCommit, OffsetFetch or RegisterConsumer (its owned partitions) may
     #: name: at most this many entries are sorted and answered for one request. The benchmarks
     #: reset and read 10,000-partition groups in one request.

@@ -52,6 +52,8 @@ class Group:
     group_id: str
     machine: GroupMachine
     members: dict[str, Member] = attrs.field(factory=dict)
+    #: The members' streams together (``validation.stream_count`` of each subscription).
+    streams: int = 0
     #: The intended assignment of the latest attempt that reached its start phase.
     assignment: dict[TopicPartition, ConsumerThread] = attrs.field(factory=dict)
     #: Partitions whose previous owner may still be fetching until the given instant (a member

@@ -328,6 +328,33 @@ async def test_a_full_group_refuses_another_member(tmp_path: Path) -> None:
         assert codes == [ErrorCode.NONE] * 3 + [ErrorCode.GROUP_MAX_SIZE_REACHED]
 
 
+async def test_a_group_refuses_streams_beyond_what_the_assignor_may_balance(
+    tmp_path: Path,
+) -> None:
+    # 10,000 members of 1,000 streams each would be 10^7 threads for every rebalance to balance.
+    limits = attrs.evolve(LIMITS, max_group_streams=25)
+    async with open_broker(tmp_path, attrs.evolve(CONFIG, limits=limits)) as broker:
+        await _create(broker)
+
+        async def member(channel: Channel, request: Request) -> None:
+            await _answer(channel, request, offsets=())
+
+        wide = Subscription(topics=(TopicStreams(topic="t", streams=10),))
+        by_pattern = Subscription(pattern="t", pattern_streams=10)
+        async with broker.member(member) as a, broker.member(member) as b:
+            with trio.fail_after(DEADLINE):
+                first = await a.request(_register(wide, consumer_id="a"))
+                second = await b.request(_register(by_pattern, consumer_id="b"))
+                third = await broker.request(_register(wide, consumer_id="c"))
+                narrow = await broker.request(_register(_streams(5), consumer_id="c"))
+        assert [r.error_code for r in (first, second, third, narrow)] == [
+            ErrorCode.NONE,
+            ErrorCode.NONE,
+            ErrorCode.GROUP_MAX_SIZE_REACHED,
+            ErrorCode.NONE,
+        ]
+
+
 # --- topics (case 6) ------------------------------------------------------------------------
 
 
