@@ -82,7 +82,10 @@ def _marks(kind: Kind) -> list[pytest.MarkDecorator]:
 @settings(max_examples=EXAMPLES, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(rng=st.randoms(use_true_random=False))
 def test_fuzzed_connections_do_not_disturb_a_served_group(kind: Kind, rng: random.Random) -> None:
-    scripts = [connection_script(rng, kind, max_frame_size=CONFIG.max_frame_size) for _ in range(CONNECTIONS)]
+    scripts = [
+        connection_script(rng, kind, max_frame_size=CONFIG.max_frame_size)
+        for _ in range(CONNECTIONS)
+    ]
     starts = sorted(rng.uniform(0, SPREAD) for _ in scripts)
     try:
         with _broker_log() as records, tempfile.TemporaryDirectory() as data_dir:
@@ -138,7 +141,7 @@ async def _fuzz_connection(cluster: SimulatedCluster, script: Script, start: flo
     async def read() -> None:
         while not answers.closed:
             try:
-                answers.feed(await stream.receive_some(65536))
+                answers.feed(bytes(await stream.receive_some(65536)))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 answers.closed = True
             if answers.done(script.expected):
