@@ -25,6 +25,7 @@ import contextlib
 import json
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,7 +72,10 @@ ADMIN_ERRORS = (
     trio.BrokenResourceError,
     trio.ClosedResourceError,
 )
-_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):", re.M)
+_TRACEBACK = re.compile(r"^[ |+]*(Exception Group )?Traceback \(most recent call last\):", re.M)
+_EXCEPTION_LINE = re.compile(
+    r"^(?!(Base)?ExceptionGroup\b)[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|error)(: |$)"
+)
 _ERROR_LINE = re.compile(r"^\S+ \S+ (ERROR|CRITICAL) ", re.M)
 
 
@@ -109,6 +113,14 @@ class Finding:
     """The traceback's last line (or the log line): what tells two findings apart."""
     suspects: tuple[Script, ...]
     reproduction: Script | None = None
+
+    @property
+    def key(self) -> str:
+        """What tells two findings apart: the exception's type, and for the protocol's own
+        errors (one type, many bugs) its message too."""
+        if self.signature.startswith("protocol."):
+            return self.signature
+        return self.signature.split(":")[0]
 
     def as_json(self) -> dict[str, object]:
         found = self.reproduction
@@ -154,18 +166,16 @@ class Broker:
 
 
 def _signature(log_text: str) -> tuple[str, str] | None:
-    """(kind, signature) of the first traceback or ERROR line in ``log_text``."""
+    """(kind, signature) of the first traceback or ERROR line in ``log_text``: the innermost
+    exception's line with its numbers blanked, so that one bug counts once."""
     match = _TRACEBACK.search(log_text)
     if match is not None:
-        lines = log_text[match.start() :].splitlines()
-        last = next(
-            (line for line in lines[1:] if line and not line.startswith((" ", "\t", "+", "|"))),
-            lines[-1],
-        )
-        for line in lines[1:]:
-            stripped = line.strip(" |")
-            if re.match(r"^[A-Za-z_.]+(Error|Exception|Group)\b.*:", stripped):
-                last = stripped
+        leaves = [
+            line.strip(" |+")
+            for line in log_text[match.start() :].splitlines()
+            if _EXCEPTION_LINE.match(line.strip(" |+"))
+        ]
+        last = leaves[-1] if leaves else "a traceback"
         return "traceback", re.sub(r"\d+", "N", last)[:300]
     match = _ERROR_LINE.search(log_text)
     if match is not None:
@@ -187,10 +197,13 @@ async def open_own_broker(
         sys.executable, "-m", "coordinator", "serve", "--host", "127.0.0.1", "--port", "0",
         "--data-dir", str(data_dir), *BROKER_OPTIONS,
     ]  # fmt: skip
-    async with open_serving_process(command, log_path) as (process, host, port):
-        broker = Broker(host=host, port=port, process=process, log_path=log_path)
-        async with open_served_group(broker, consumers=SERVED_CONSUMERS if served else 0):
-            yield broker
+    try:
+        async with open_serving_process(command, log_path) as (process, host, port):
+            broker = Broker(host=host, port=port, process=process, log_path=log_path)
+            async with open_served_group(broker, consumers=SERVED_CONSUMERS if served else 0):
+                yield broker
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)  # the log stays
 
 
 @asynccontextmanager
@@ -380,8 +393,7 @@ class Fuzzer:
             print(f"  stall: a ListGroups took {took:.1f} s", file=sys.stderr)
 
     def report(self, finding: Finding) -> None:
-        known = {f.signature for f in self.findings}
-        if finding.signature in known:
+        if finding.key in {f.key for f in self.findings}:
             return
         self.findings.append(finding)
         print(f"FOUND {finding.what}: {finding.signature}", file=sys.stderr, flush=True)
