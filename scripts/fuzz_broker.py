@@ -21,6 +21,7 @@ replayed alone against a fresh broker to find the one that reproduces it.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import random
@@ -59,8 +60,9 @@ PROGRESS_EVERY = 5.0
 ANSWER_TIMEOUT = 5.0
 """Seconds a connection waits for its answers before it gives up on them (counted, not failed: a
 frame cut short is the broker's to time out, after its --frame-timeout)."""
-SUSPECT_WINDOW = 3.0
-"""Connections that ended this many seconds before a death or a traceback are suspects too."""
+HISTORY = 200
+"""Connections kept for a replay: what the broker had seen before a finding (a Fetch may need the
+topic an earlier connection created and the records another produced)."""
 REPLAY_WAIT = 3.0
 STALL = 1.0
 """A probe answered later than this is a stalled event loop."""
@@ -74,8 +76,10 @@ ADMIN_ERRORS = (
 )
 _TRACEBACK = re.compile(r"^[ |+]*(Exception Group )?Traceback \(most recent call last\):", re.M)
 _EXCEPTION_LINE = re.compile(
-    r"^(?!(Base)?ExceptionGroup\b)[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|error)(: |$)"
+    r"^(?!(Base)?ExceptionGroup\b)(?:[a-z_]\w*\.)*(?:[A-Z]\w*|error)(?:: |$)"
 )
+_CLI_ERROR = re.compile(r"^coordinator: .*", re.M)
+"""How ``serve`` ends on an OSError or ValueError: one line, no traceback."""
 _ERROR_LINE = re.compile(r"^\S+ \S+ (ERROR|CRITICAL) ", re.M)
 
 
@@ -112,7 +116,8 @@ class Finding:
     signature: str
     """The traceback's last line (or the log line): what tells two findings apart."""
     suspects: tuple[Script, ...]
-    reproduction: Script | None = None
+    reproduction: tuple[Script, ...] | None = None
+    """Connections that do it on a fresh broker, one after the other."""
 
     @property
     def key(self) -> str:
@@ -128,11 +133,10 @@ class Finding:
             "what": self.what,
             "broker_died": self.died,
             "signature": self.signature,
-            "reproduced_alone": found is not None,
-            "kind": None if found is None else found.kind.value,
-            "frames_hex": None if found is None else found.hex(),
-            "writes": None if found is None else len(found.writes),
-            "suspects_hex": [s.hex() for s in self.suspects] if found is None else None,
+            "reproduced": found is not None,
+            "connections_hex": None if found is None else [s.hex() for s in found],
+            "kinds": None if found is None else [s.kind.value for s in found],
+            "suspects_hex": None if found is not None else [s.hex() for s in self.suspects],
         }
 
 
@@ -177,6 +181,9 @@ def _signature(log_text: str) -> tuple[str, str] | None:
         ]
         last = leaves[-1] if leaves else "a traceback"
         return "traceback", re.sub(r"\d+", "N", last)[:300]
+    match = _CLI_ERROR.search(log_text)
+    if match is not None:
+        return "died", re.sub(r"\d+", "N", match.group(0))[:300]
     match = _ERROR_LINE.search(log_text)
     if match is not None:
         line = log_text[match.start() :].splitlines()[0]
@@ -273,7 +280,7 @@ async def run_connection(
                 answers.feed(bytes(await stream.receive_some(65536)))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 answers.closed = True
-            if answers.done(script.expected):
+            if answers.done(script):
                 finished.set()
 
     async with stream, trio.open_nursery() as nursery:
@@ -305,8 +312,10 @@ class Fuzzer:
     rng: random.Random = attrs.field(init=False)
     findings: list[Finding] = attrs.field(factory=list)
     started: float = attrs.field(factory=time.monotonic)
-    recent: list[tuple[float, Script]] = attrs.field(factory=list)
-    in_flight: dict[int, Script] = attrs.field(factory=dict)
+    history: collections.deque[Script] = attrs.field(
+        factory=lambda: collections.deque(maxlen=HISTORY)
+    )
+    """The latest connections in the order they began."""
     broker_alive: bool = False
     """Whether the broker fuzzed last was alive at the end."""
     group_served: bool | None = None
@@ -330,21 +339,8 @@ class Fuzzer:
     async def lane(self, broker: Broker) -> None:
         while not self.done():
             script, linger = self.next_script()
-            key = id(script)
-            self.in_flight[key] = script
-            try:
-                await run_connection(broker, script, self.figures, linger)
-            finally:
-                del self.in_flight[key]
-            now = time.monotonic()
-            self.recent.append((now, script))
-            if len(self.recent) > 4 * self.args.connections:
-                self.recent = [(t, s) for t, s in self.recent if t > now - SUSPECT_WINDOW]
-
-    def suspects(self) -> tuple[Script, ...]:
-        now = time.monotonic()
-        recent = [s for t, s in self.recent if t > now - SUSPECT_WINDOW]
-        return (*self.in_flight.values(), *reversed(recent))
+            self.history.append(script)
+            await run_connection(broker, script, self.figures, linger)
 
     async def watch(self, broker: Broker, lanes: trio.CancelScope) -> None:
         """Every half second: is the broker alive, did it log a traceback, does it answer?"""
@@ -364,7 +360,7 @@ class Fuzzer:
                         what=what,
                         died=not broker.alive,
                         signature=signature,
-                        suspects=self.suspects(),
+                        suspects=tuple(self.history),
                     )
                 )
                 lanes.cancel()
@@ -454,38 +450,59 @@ class Fuzzer:
         return await stack.enter_async_context(open_own_broker(work, self.figures))
 
     async def reproduce(self, finding: Finding, work: Path) -> None:
-        """Replay the suspects one at a time, each alone on the wire, against a fresh broker until
-        one does it again; then confirm that one on a broker of its own."""
+        """Replay the connections the broker had seen, in order and one at a time, against a
+        fresh broker until one does it again; then try that one alone on a broker of its own,
+        and after each of the earlier ones that may have made state it needs."""
         if self.args.bootstrap:
             return
-        suspects = list(finding.suspects[: self.args.replay_limit])
+        suspects = list(finding.suspects)
         culprit = None
-        while suspects and culprit is None:
+        async with open_own_broker(work, Figures(), served=False) as broker:
+            for index, script in enumerate(suspects):
+                if await self.replay(broker, script, wait=0.1):
+                    culprit = index
+                    break
+        if culprit is None:
+            print("  not reproduced by a replay; the suspects are in the JSON", file=sys.stderr)
+            return
+        earlier = [s for s in suspects[:culprit] if _makes_state(s)][-self.args.replay_limit :]
+        for prefix in ([], *([s] for s in reversed(earlier)), earlier):
             async with open_own_broker(work, Figures(), served=False) as broker:
-                while suspects:
-                    script = suspects.pop(0)
-                    if await self.replay(broker, script):
-                        culprit = script
-                        break
-        if culprit is not None:
-            async with open_own_broker(work, Figures(), served=False) as broker:
-                if await self.replay(broker, culprit):
+                for script in prefix:
+                    await run_connection(broker, script, None, 0.0)
+                if await self.replay(broker, suspects[culprit]):
+                    found = (*prefix, suspects[culprit])
                     index = self.findings.index(finding)
-                    self.findings[index] = attrs.evolve(finding, reproduction=culprit)
-                    print(f"  reproduced alone:\n{culprit.describe()}", file=sys.stderr)
+                    self.findings[index] = attrs.evolve(finding, reproduction=found)
+                    print(
+                        "  reproduced by:\n" + "\n".join(s.describe() for s in found),
+                        file=sys.stderr,
+                    )
                     return
-        print("  no suspect reproduces it alone; all suspects are in the JSON", file=sys.stderr)
+        print("  the replay did it but no reduction does; see suspects", file=sys.stderr)
 
-    async def replay(self, broker: Broker, script: Script) -> bool:
-        """Whether ``script`` alone makes ``broker`` die or log a traceback or an ERROR line."""
+    async def replay(self, broker: Broker, script: Script, *, wait: float = REPLAY_WAIT) -> bool:
+        """Whether ``script`` alone makes ``broker`` die or log a traceback or an ERROR line
+        within ``wait`` seconds after its connection ends (a registration stays connected
+        through its group's first rebalance)."""
         broker.new_log()
-        await run_connection(broker, script, None, self.args.linger_max)
-        with trio.move_on_after(REPLAY_WAIT):
+        linger = 0.5 if _makes_state(script) else 0.0
+        await run_connection(broker, script, None, linger)
+        with trio.move_on_after(wait):
             while broker.alive:
                 if _signature(broker.new_log()) is not None:
                     return True
-                await trio.sleep(0.1)
+                await trio.sleep(0.05)
         return not broker.alive or _signature(broker.new_log()) is not None
+
+
+def _makes_state(script: Script) -> bool:
+    """Whether a connection may leave something a later one needs: a topic, records, a member."""
+    return any(
+        label in frame.label
+        for frame in script.frames
+        for label in ("CreateTopic", "CreatePartitions", "Produce", "RegisterConsumer")
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -508,7 +525,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="after a finding, start a fresh broker and go on; report every distinct one",
     )
     parser.add_argument("--linger-max", type=float, default=2.0)
-    parser.add_argument("--replay-limit", type=int, default=40, help="suspects replayed at most")
+    parser.add_argument(
+        "--replay-limit", type=int, default=20, help="earlier connections tried with a culprit"
+    )
     parser.add_argument("--work-dir", type=Path, help="data dirs and logs (default: a temp dir)")
     args = parser.parse_args(argv)
     if args.frames is None and args.seconds is None:

@@ -181,7 +181,7 @@ def _tp(rng: random.Random, read_only: bool = False) -> TopicPartition:
 def _subscription(rng: random.Random) -> Subscription:
     if rng.random() < 0.5:
         topics = tuple(
-            TopicStreams(topic=_topic(rng, read_only=True), streams=rng.randint(1, 3))
+            TopicStreams(topic=rng.choice((SERVED_TOPIC, *FUZZ_TOPICS)), streams=rng.randint(1, 3))
             for _ in range(rng.randint(1, 2))
         )
         return Subscription(topics=topics)
@@ -351,15 +351,44 @@ def _with_control(rng: random.Random, text: str) -> str:
     return text[:cut] + rng.choice(CONTROL_INSERTS) + text[cut:]
 
 
+FOCUS: dict[Kind, tuple[tuple[ApiKey, ...], frozenset[str]]] = {
+    Kind.NUMBERS: (
+        (ApiKey.REGISTER_CONSUMER, ApiKey.OFFSET_COMMIT, ApiKey.FETCH),
+        frozenset({"generation", "offset", "max_bytes", "session_timeout_ms", "partition"}),
+    ),
+    Kind.COUNTS: (
+        (ApiKey.REGISTER_CONSUMER, ApiKey.CREATE_TOPIC, ApiKey.CREATE_PARTITIONS),
+        COUNT_FIELDS,
+    ),
+    Kind.STRINGS: ((ApiKey.REGISTER_CONSUMER,), frozenset({"consumer_id", "group_id"})),
+    Kind.CONTROL: ((ApiKey.REGISTER_CONSUMER,), frozenset({"consumer_id", "group_id"})),
+    Kind.ARRAYS: (
+        (ApiKey.CLUSTER_METADATA, ApiKey.OFFSET_FETCH, ApiKey.REGISTER_CONSUMER),
+        frozenset({"topics", "partitions", "owned_partitions"}),
+    ),
+}
+"""Half of the time a field class changes these requests and fields: the ones whose handling
+goes furthest into the broker (a registration reaches the assignor and StartFetcher)."""
+
+
+def _focused(
+    rng: random.Random, kind: Kind, leaves: list[tuple[FieldPath, object]]
+) -> list[tuple[FieldPath, object]]:
+    names = FOCUS[kind][1]
+    focused = [(p, v) for p, v in leaves if _name(p) in names]
+    return focused if focused and rng.random() < 0.5 else leaves
+
+
 def _mutate_field(rng: random.Random, kind: Kind, message: RequestMessage) -> RequestMessage | None:
     """``message`` with one field of the kind's choosing changed; None if it has no such field."""
-    leaves = list(_leaves(message))
+    leaves = _focused(rng, kind, list(_leaves(message)))
     if kind is Kind.NUMBERS:
         choices = [(p, v) for p, v in leaves if _is_int(v) and _name(p) not in COUNT_FIELDS]
         if not choices:
             return None
         path, _ = rng.choice(choices)
-        return _with_field(message, path, rng.choice((*INT64_EXTREMES, *INT32_EXTREMES)))
+        extremes = INT32_EXTREMES if rng.random() < 0.6 else INT64_EXTREMES
+        return _with_field(message, path, rng.choice(extremes))
     if kind is Kind.COUNTS:
         choices = [(p, v) for p, v in leaves if _is_int(v) and _name(p) in COUNT_FIELDS]
         if not choices:
@@ -385,7 +414,7 @@ def _mutate_field(rng: random.Random, kind: Kind, message: RequestMessage) -> Re
             return None
         path, items = rng.choice(choices)
         assert isinstance(items, tuple)
-        return _with_field(message, path, items * rng.choice((100, 1000, 20_000)))
+        return _with_field(message, path, items * rng.choice((100, 1000, 20_000, 70_000)))
     raise ValueError(kind)
 
 
@@ -404,7 +433,8 @@ def _field_frame(rng: random.Random, kind: Kind, correlation_id: int) -> Frame:
     for _ in range(50):
         if kind is Kind.REGEX:
             return _regex_frame(rng, correlation_id)
-        base = valid_request(rng)
+        focus = FOCUS[kind][0]
+        base = valid_request(rng, rng.choice(focus) if rng.random() < 0.5 else None)
         client_id = "fuzz"
         if kind is Kind.CONTROL and rng.random() < 0.25:
             mutated: RequestMessage | None = base
@@ -608,6 +638,7 @@ class Answers:
     refuse answers to requests it did not send itself)."""
 
     answered: set[int] = attrs.field(factory=set)
+    responses: int = 0
     codes: list[str] = attrs.field(factory=list)
     """The error code of every response and error frame, by name (NONE included)."""
     requests: int = 0
@@ -635,12 +666,18 @@ class Answers:
         elif kind == FrameKind.ERROR:
             self.codes.append(_code_name(struct.unpack_from(">h", body, 9)[0]))
         else:
+            self.responses += 1
             self.answered.add(correlation_id)
             if len(body) >= 11:  # every response body starts with its error code (int16)
                 self.codes.append(_code_name(struct.unpack_from(">h", body, 9)[0]))
 
-    def done(self, expected: frozenset[int]) -> bool:
-        return self.closed or expected <= self.answered
+    def done(self, script: Script) -> bool:
+        """Whether the broker has said all it must about ``script``: it closed the connection
+        (after a frame it refused, it must), or it answered every intact request and as many
+        frames as were sent (a mutated frame may still be a valid request)."""
+        return self.closed or (
+            script.expected <= self.answered and self.responses >= len(script.frames)
+        )
 
 
 def _code_name(code: int) -> str:

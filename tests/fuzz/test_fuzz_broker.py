@@ -52,6 +52,8 @@ SETTLE_DEADLINE = 60.0
 EXAMPLES = 8
 
 KNOWN_FAILURES: dict[Kind, str] = {
+    Kind.NUMBERS: "not one of the nine: a RegisterConsumer reporting generation 2**31-1 makes the "
+    "next generation 2**31, which StopFetcher cannot encode; the LocalProtocolError escapes",
     Kind.PIPELINED: "issue 14 case 1: a request answered after a bad frame kills the process",
     Kind.REGEX: "issue 14 case 2: an invalid pattern's re.error escapes the rebalance",
     Kind.STRINGS: "issue 14 case 3: a long member id makes StartFetcher unencodable",
@@ -144,7 +146,7 @@ async def _fuzz_connection(cluster: SimulatedCluster, script: Script, start: flo
                 answers.feed(bytes(await stream.receive_some(65536)))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 answers.closed = True
-            if answers.done(script.expected):
+            if answers.done(script):
                 finished.set()
 
     try:
