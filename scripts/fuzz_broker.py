@@ -47,10 +47,10 @@ from coordinator.client import parse_bootstrap  # noqa: E402
 from tests.fuzz.frames import (  # noqa: E402
     SERVED_GROUP,
     SERVED_TOPIC,
-    Answers,
     Kind,
     Script,
     connection_script,
+    converse,
 )
 from tests.support.processes import open_serving_process, stop_process  # noqa: E402
 
@@ -270,37 +270,14 @@ async def run_connection(
     try:
         stream = await trio.open_tcp_stream(broker.host, broker.port)
     except OSError:
-        return  # refused: the broker is gone, which the monitor reports
-    answers = Answers()
-    finished = trio.Event()
-
-    async def read() -> None:
-        while not answers.closed:
-            try:
-                answers.feed(bytes(await stream.receive_some(65536)))
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                answers.closed = True
-            if answers.done(script):
-                finished.set()
-
-    async with stream, trio.open_nursery() as nursery:
-        nursery.start_soon(read)
-        for chunk in script.writes:
-            try:
-                await stream.send_all(chunk)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                break
-        with trio.move_on_after(ANSWER_TIMEOUT):
-            await finished.wait()
-        if finished.is_set():
-            await trio.sleep(linger)
-        nursery.cancel_scope.cancel()
+        return  # refused: the broker is gone, which the watch reports
+    answers, done = await converse(stream, script, answer_timeout=ANSWER_TIMEOUT, linger=linger)
     if figures is not None:
         figures.frames += len(script.frames)
         figures.connections += 1
         figures.codes.update(answers.codes)
         figures.broker_requests += answers.requests
-        if not finished.is_set():
+        if not done:
             figures.unanswered[script.kind.value] += 1
 
 

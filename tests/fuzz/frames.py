@@ -12,13 +12,16 @@ client that joins it or commits for it is a legitimate member, not an attack on 
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import math
 import random
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
 
 import attrs
+import trio
 
 from protocol import (
     COORDINATOR_REQUESTS,
@@ -39,14 +42,22 @@ from protocol import (
     OffsetFetchRequest,
     PingRequest,
     ProduceRequest,
+    ProtocolError,
     Record,
     RegisterConsumerRequest,
     RequestMessage,
     StartFetcherRequest,
     StopFetcherRequest,
 )
-from protocol.framing import SIZE, FrameKind, encode_frame
-from protocol.messages import REQUEST_CODECS, AssignedPartition, AssignedStream
+from protocol.codec import STRING, Reader
+from protocol.framing import HEADER, SIZE, FrameKind, encode_frame
+from protocol.messages import (
+    REQUEST_CODECS,
+    RESPONSE_CODECS,
+    AssignedPartition,
+    AssignedStream,
+    error_response,
+)
 from protocol.types import BrokerInfo, PartitionOffset, Subscription, TopicPartition, TopicStreams
 
 SERVED_GROUP = "served-group"
@@ -181,7 +192,9 @@ def _tp(rng: random.Random, read_only: bool = False) -> TopicPartition:
 def _subscription(rng: random.Random) -> Subscription:
     if rng.random() < 0.5:
         topics = tuple(
-            TopicStreams(topic=rng.choice((SERVED_TOPIC, *FUZZ_TOPICS)), streams=rng.randint(1, 3))
+            TopicStreams(
+                topic=rng.choice((SERVED_TOPIC, *FUZZ_TOPICS[:2])), streams=rng.randint(1, 3)
+            )
             for _ in range(rng.randint(1, 2))
         )
         return Subscription(topics=topics)
@@ -340,7 +353,7 @@ def _is_int(value: object) -> bool:
 
 
 def _long_string(rng: random.Random) -> str:
-    size = rng.choice((256, 1000, 4096, MAX_STRING_BYTES - 2, MAX_STRING_BYTES))
+    size = rng.choice((256, 4096, MAX_STRING_BYTES - 1, MAX_STRING_BYTES))
     if rng.random() < 0.2:
         return "\u00e9" * (size // 2)  # two bytes each
     return "x" * size
@@ -360,7 +373,7 @@ FOCUS: dict[Kind, tuple[tuple[ApiKey, ...], frozenset[str]]] = {
         (ApiKey.REGISTER_CONSUMER, ApiKey.CREATE_TOPIC, ApiKey.CREATE_PARTITIONS),
         COUNT_FIELDS,
     ),
-    Kind.STRINGS: ((ApiKey.REGISTER_CONSUMER,), frozenset({"consumer_id", "group_id"})),
+    Kind.STRINGS: ((ApiKey.REGISTER_CONSUMER,), frozenset({"consumer_id"})),
     Kind.CONTROL: ((ApiKey.REGISTER_CONSUMER,), frozenset({"consumer_id", "group_id"})),
     Kind.ARRAYS: (
         (ApiKey.CLUSTER_METADATA, ApiKey.OFFSET_FETCH, ApiKey.REGISTER_CONSUMER),
@@ -643,6 +656,10 @@ class Answers:
     """The error code of every response and error frame, by name (NONE included)."""
     requests: int = 0
     """Requests the broker sent us (Pings and the like, to a fuzz connection that registered)."""
+    replies: list[bytes] = attrs.field(factory=list)
+    """Answers to those requests, not yet sent: a registered fuzz connection answers Ping,
+    StopFetcher and StartFetcher as a consumer owning nothing would, so that its rebalances go
+    on to StartFetcher."""
     closed: bool = False
     _buf: bytearray = attrs.field(factory=bytearray)
 
@@ -663,6 +680,9 @@ class Answers:
         kind, _api_key, _version, correlation_id = struct.unpack_from(">bhhi", body)
         if kind == FrameKind.REQUEST:
             self.requests += 1
+            reply = _reply(body, _api_key, correlation_id)
+            if reply is not None:
+                self.replies.append(reply)
         elif kind == FrameKind.ERROR:
             self.codes.append(_code_name(struct.unpack_from(">h", body, 9)[0]))
         else:
@@ -678,6 +698,79 @@ class Answers:
         return self.closed or (
             script.expected <= self.answered and self.responses >= len(script.frames)
         )
+
+
+def _reply(body: bytes, api_key: int, correlation_id: int) -> bytes | None:
+    try:
+        key = ApiKey(api_key)
+        r = Reader(body, HEADER.size)
+        STRING.decode(r)  # the client id
+        request = REQUEST_CODECS[key].decode(r)
+        response: Any = error_response(request, ErrorCode.NONE)
+        if hasattr(response, "consumer_id"):
+            response = attrs.evolve(response, consumer_id=request.consumer_id)
+        frame = encode_frame(
+            FrameKind.RESPONSE, key, correlation_id, RESPONSE_CODECS[key], response
+        )
+    except (ValueError, KeyError, ProtocolError):
+        return None
+    return bytes(frame)
+
+
+async def converse(
+    stream: trio.abc.Stream, script: Script, *, answer_timeout: float, linger: float
+) -> tuple[Answers, bool]:
+    """Send ``script`` on ``stream``, answer the broker's requests, wait up to
+    ``answer_timeout`` until the broker has said all it must (:meth:`Answers.done`), stay
+    ``linger`` seconds more if it has, and close. Returns the answers and whether they were
+    done in time."""
+    answers = Answers()
+    finished = trio.Event()
+    written = trio.Event()
+    send_reply, replies = trio.open_memory_channel[bytes](math.inf)
+
+    async def read() -> None:
+        while not answers.closed:
+            try:
+                answers.feed(bytes(await stream.receive_some(65536)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                answers.closed = True
+            for frame in answers.replies:
+                send_reply.send_nowait(frame)
+            answers.replies.clear()
+            if answers.done(script):
+                finished.set()
+
+    async def reply() -> None:
+        await written.wait()  # only between whole frames: after the script's last write
+        async for frame in replies:
+            await stream.send_all(frame)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            for chunk in script.writes:
+                try:
+                    await stream.send_all(chunk)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    break  # the broker closed the connection: that is an answer
+            written.set()
+            nursery.start_soon(_quietly, reply)
+            with trio.move_on_after(answer_timeout):
+                await finished.wait()
+            if finished.is_set():
+                await trio.sleep(linger)
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+    return answers, finished.is_set()
+
+
+async def _quietly(task: Callable[[], Awaitable[None]]) -> None:
+    """A broken connection ends ``task``; the reader reports it."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await task()
 
 
 def _code_name(code: int) -> str:

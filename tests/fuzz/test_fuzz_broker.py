@@ -7,8 +7,9 @@ embedded store over in-memory connections on an autojump MockClock (so the deadl
 virtual seconds), driven by ``trio.run`` because hypothesis runs the body once per example.
 ``scripts/fuzz_broker.py`` throws the same frames at a real broker process for as long as asked.
 
-``KNOWN_FAILURES`` names the classes today's broker fails on, with the issue 14 case each hits;
-remove a class from it once its fix is in, and the test holds the broker to it.
+``KNOWN_FAILURES`` and ``NOT_RUN`` name the classes the broker is known to fail on, with the issue
+14 case each hits; once a class's fix is merged its entry goes, and the test holds the broker to
+it.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from coordinator.testing import SimulatedCluster, open_simulated_cluster
 from tests.fuzz.frames import (
     SERVED_GROUP,
     SERVED_TOPIC,
-    Answers,
     Kind,
     Script,
     connection_script,
+    converse,
 )
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, max_frame_size=1024 * 1024)
@@ -62,11 +63,12 @@ KNOWN_FAILURES: dict[Kind, str] = {
     Kind.ARRAYS: "issue 14, answers whose size a client controls: a ClusterMetadata naming a "
     "topic 20,000 times gets an answer over the frame limit, whose LocalProtocolError escapes",
 }
-"""Classes today's broker fails on: delete an entry once its fix is merged."""
+"""Classes the broker is known to fail on (xfail, not strict): an entry goes once its fix is in."""
 NOT_RUN: dict[Kind, str] = {
     Kind.COUNTS: "issue 14 cases 4 and 6: huge stream and partition counts exhaust memory",
 }
-"""Classes that would take the test machine down with the broker: delete an entry once fixed."""
+"""Classes that would take the test machine down with the broker (not run): an entry goes once its
+fix is in."""
 
 
 def _marks(kind: Kind) -> list[pytest.MarkDecorator]:
@@ -136,38 +138,14 @@ async def _monitor(cluster: SimulatedCluster) -> None:
 
 async def _fuzz_connection(cluster: SimulatedCluster, script: Script, start: float) -> None:
     await trio.sleep(start)
-    stream = await cluster.connect()
-    answers = Answers()
-    finished = trio.Event()
-
-    async def read() -> None:
-        while not answers.closed:
-            try:
-                answers.feed(bytes(await stream.receive_some(65536)))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                answers.closed = True
-            if answers.done(script):
-                finished.set()
-
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(read)
-            for chunk in script.writes:
-                try:
-                    await stream.send_all(chunk)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    break  # the broker closed the connection: that is an answer
-            with trio.move_on_after(ANSWER_DEADLINE):
-                await finished.wait()
-            if not finished.is_set():
-                raise AssertionError(
-                    f"the broker neither answered {sorted(script.expected - answers.answered)} "
-                    f"nor closed within {ANSWER_DEADLINE} s:\n{script.describe()}"
-                )
-            await trio.sleep(script.linger)
-            nursery.cancel_scope.cancel()
-    finally:
-        await stream.aclose()
+    answers, done = await converse(
+        await cluster.connect(), script, answer_timeout=ANSWER_DEADLINE, linger=script.linger
+    )
+    if not done:
+        raise AssertionError(
+            f"the broker neither answered {sorted(script.expected - answers.answered)} "
+            f"nor closed within {ANSWER_DEADLINE} s:\n{script.describe()}"
+        )
 
 
 # --- the broker's log ---------------------------------------------------------------------------
