@@ -78,6 +78,8 @@ _TRACEBACK = re.compile(r"^[ |+]*(Exception Group )?Traceback \(most recent call
 _EXCEPTION_LINE = re.compile(
     r"^(?!(Base)?ExceptionGroup\b)(?:[a-z_]\w*\.)*(?:[A-Z]\w*|error)(?:: |$)"
 )
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f\u2028\u2029]")
+"""A character a peer put in an id, logged raw: it can forge or hide log lines (case 9)."""
 _CLI_ERROR = re.compile(r"^coordinator: .*", re.M)
 """How ``serve`` ends on an OSError or ValueError: one line, no traceback."""
 _ERROR_LINE = re.compile(r"^\S+ \S+ (ERROR|CRITICAL) ", re.M)
@@ -111,7 +113,8 @@ class Figures:
 @attrs.frozen(kw_only=True)
 class Finding:
     what: str
-    """``traceback``, ``error-line``, ``died`` (without either) or ``group-not-served``."""
+    """``traceback``, ``error-line``, ``log-forgery``, ``died`` (without a traceback) or
+    ``group-not-served``."""
     died: bool
     signature: str
     """The traceback's last line (or the log line): what tells two findings apart."""
@@ -181,6 +184,9 @@ def _signature(log_text: str) -> tuple[str, str] | None:
         ]
         last = leaves[-1] if leaves else "a traceback"
         return "traceback", re.sub(r"\d+", "N", last)[:300]
+    match = _CONTROL.search(log_text)
+    if match is not None:
+        return "log-forgery", "a peer's control character in the log"
     match = _CLI_ERROR.search(log_text)
     if match is not None:
         return "died", re.sub(r"\d+", "N", match.group(0))[:300]
@@ -309,7 +315,7 @@ class Fuzzer:
         )
 
     def next_script(self) -> tuple[Script, float]:
-        script = connection_script(self.rng, self.rng.choice(self.kinds))
+        script = connection_script(self.rng, self.rng.choice(self.kinds), slow_topic_max=24)
         linger = min(script.linger, self.args.linger_max) if self.rng.random() < 0.1 else 0.0
         return script, linger
 

@@ -92,7 +92,7 @@ CONTROL_INSERTS = (
     "\t",
     "\x7f",
     "\u2028",
-    "\n2026-01-01 ERROR forged",
+    "\n2026-01-01 00:00:00,000 ERROR forged: a line",
 )
 ID_FIELDS = frozenset({"group_id", "consumer_id", "topic", "stream_id", "auto_offset_reset"})
 
@@ -606,9 +606,14 @@ def _chunk(rng: random.Random, frames: Sequence[Frame]) -> tuple[bytes, ...]:
 
 
 def connection_script(
-    rng: random.Random, kind: Kind, *, max_frame_size: int = 4 * 1024 * 1024
+    rng: random.Random,
+    kind: Kind,
+    *,
+    max_frame_size: int = 4 * 1024 * 1024,
+    slow_topic_max: int = 20,
 ) -> Script:
-    """What one fuzz connection of class ``kind`` sends."""
+    """What one fuzz connection of class ``kind`` sends. A REGEX connection may first create a
+    topic of up to ``slow_topic_max`` a's, on which a backtracking engine takes 2**n steps."""
     frames: list[Frame] = []
     correlation_ids = iter(range(2**31))
     if kind is Kind.VALID:
@@ -621,7 +626,7 @@ def connection_script(
         frames += [_valid_frame(rng, next(correlation_ids)) for _ in range(rng.randint(0, 2))]
     else:
         if kind is Kind.REGEX and rng.random() < 0.5:
-            topic = backtracking_topic(rng.randint(12, 20))
+            topic = backtracking_topic(rng.randint(12, slow_topic_max))
             frames.append(
                 Frame(
                     data=encode_request(topic, 0),
