@@ -47,6 +47,7 @@ from coordinator.client import parse_bootstrap  # noqa: E402
 from tests.fuzz.frames import (  # noqa: E402
     SERVED_GROUP,
     SERVED_TOPIC,
+    Frame,
     Kind,
     Script,
     connection_script,
@@ -511,6 +512,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--replay-limit", type=int, default=20, help="earlier connections tried with a culprit"
     )
+    parser.add_argument(
+        "--replay",
+        action="append",
+        metavar="HEX[,HEX...]",
+        help="instead of fuzzing, send this connection's frames to a fresh broker (repeatable: "
+        "one connection each, in order) and report whether it died or logged a traceback",
+    )
     parser.add_argument("--work-dir", type=Path, help="data dirs and logs (default: a temp dir)")
     args = parser.parse_args(argv)
     if args.frames is None and args.seconds is None:
@@ -518,7 +526,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def replay_script(text: str) -> Script:
+    """One connection of a reproduction: its frames' hex, comma-separated, sent in one write."""
+    frames = tuple(
+        Frame(data=bytes.fromhex(part), intact=False, correlation_id=-1, label="replayed")
+        for part in text.split(",")
+    )
+    return Script(kind=Kind.VALID, frames=frames, writes=(b"".join(f.data for f in frames),))
+
+
+async def replay_main(args: argparse.Namespace) -> int:
+    """Send each --replay connection, one after the other, to a fresh broker of our own (its
+    served topic created, no consumers), and say whether it died or logged a traceback."""
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="fuzz-replay-"))
+    seen = None
+    async with open_own_broker(work, Figures(), served=False) as broker:
+        for text in args.replay:
+            await run_connection(broker, replay_script(text), None, args.linger_max)
+        with trio.move_on_after(REPLAY_WAIT):
+            while broker.alive and (seen := _signature(broker.new_log())) is None:
+                await trio.sleep(0.1)
+        seen = seen or _signature(broker.new_log())
+        alive = broker.alive
+    print(json.dumps({"broker_alive": alive, "finding": seen, "log": str(broker.log_path)}))
+    return 0 if alive and seen is None else 1
+
+
 async def main(args: argparse.Namespace) -> int:
+    if args.replay:
+        return await replay_main(args)
     kinds = tuple(Kind(name) for name in args.kinds.split(",") if name)
     fuzzer = Fuzzer(args=args, kinds=kinds)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="fuzz-broker-"))
