@@ -43,7 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout
 
 from coordinator.admin import AdminError, open_admin  # noqa: E402
+from coordinator.channel import ChannelClosed  # noqa: E402
 from coordinator.client import parse_bootstrap  # noqa: E402
+from protocol import ProtocolError  # noqa: E402
 from tests.fuzz.frames import (  # noqa: E402
     SERVED_GROUP,
     SERVED_TOPIC,
@@ -70,6 +72,8 @@ STALL = 1.0
 BROKER_OPTIONS = ("--initial-rebalance-delay", "0.3", "--ping-misses", "3")
 ADMIN_ERRORS = (
     OSError,
+    ChannelClosed,
+    ProtocolError,
     AdminError,
     trio.TooSlowError,
     trio.BrokenResourceError,
@@ -125,11 +129,7 @@ class Finding:
 
     @property
     def key(self) -> str:
-        """What tells two findings apart: the exception's type, and for the protocol's own
-        errors (one type, many bugs) its message too."""
-        if self.signature.startswith("protocol."):
-            return self.signature
-        return self.signature.split(":")[0]
+        return _key(self.signature)
 
     def as_json(self) -> dict[str, object]:
         found = self.reproduction
@@ -443,7 +443,7 @@ class Fuzzer:
         culprit = None
         async with open_own_broker(work, Figures(), served=False) as broker:
             for index, script in enumerate(suspects):
-                if await self.replay(broker, script, wait=0.1):
+                if await self.replay(broker, script, wait=0.1, like=finding):
                     culprit = index
                     break
         if culprit is None:
@@ -454,7 +454,7 @@ class Fuzzer:
             async with open_own_broker(work, Figures(), served=False) as broker:
                 for script in prefix:
                     await run_connection(broker, script, None, 0.0)
-                if await self.replay(broker, suspects[culprit]):
+                if await self.replay(broker, suspects[culprit], like=finding):
                     found = (*prefix, suspects[culprit])
                     index = self.findings.index(finding)
                     self.findings[index] = attrs.evolve(finding, reproduction=found)
@@ -465,19 +465,38 @@ class Fuzzer:
                     return
         print("  the replay did it but no reduction does; see suspects", file=sys.stderr)
 
-    async def replay(self, broker: Broker, script: Script, *, wait: float = REPLAY_WAIT) -> bool:
-        """Whether ``script`` alone makes ``broker`` die or log a traceback or an ERROR line
-        within ``wait`` seconds after its connection ends (a registration stays connected
-        through its group's first rebalance)."""
+    async def replay(
+        self, broker: Broker, script: Script, *, wait: float = REPLAY_WAIT, like: Finding
+    ) -> bool:
+        """Whether ``script`` alone makes ``broker`` do what ``like`` says (die, or log the same
+        kind of traceback) within ``wait`` seconds after its connection ends (a registration
+        stays connected through its group's first rebalance)."""
         broker.new_log()
         linger = 0.5 if _makes_state(script) else 0.0
         await run_connection(broker, script, None, linger)
+        seen: list[tuple[str, str]] = []
         with trio.move_on_after(wait):
-            while broker.alive:
-                if _signature(broker.new_log()) is not None:
-                    return True
+            while broker.alive and not seen:
+                found = _signature(broker.new_log())
+                if found is not None:
+                    seen.append(found)
                 await trio.sleep(0.05)
-        return not broker.alive or _signature(broker.new_log()) is not None
+        if not broker.alive:
+            await trio.sleep(0.2)
+            found = _signature(broker.new_log())
+            if found is not None:
+                seen.append(found)
+        if any(_key(signature) == like.key for _, signature in seen):
+            return True
+        return like.what == "died" and not seen and not broker.alive
+
+
+def _key(signature: str) -> str:
+    """What tells two findings apart: the exception's type, and for the protocol's own errors
+    (one type, many bugs) its message too."""
+    if signature.startswith("protocol."):
+        return signature
+    return signature.split(":")[0]
 
 
 def _makes_state(script: Script) -> bool:
