@@ -436,7 +436,8 @@ class Fuzzer:
     async def reproduce(self, finding: Finding, work: Path) -> None:
         """Replay the connections the broker had seen, in order and one at a time, against a
         fresh broker until one does it again; then try that one alone on a broker of its own,
-        and after each of the earlier ones that may have made state it needs."""
+        after each of the earlier ones that may have made state it needs, after all of those,
+        and after everything before it."""
         if self.args.bootstrap:
             return
         suspects = list(finding.suspects)
@@ -450,7 +451,8 @@ class Fuzzer:
             print("  not reproduced by a replay; the suspects are in the JSON", file=sys.stderr)
             return
         earlier = [s for s in suspects[:culprit] if _makes_state(s)][-self.args.replay_limit :]
-        for prefix in ([], *([s] for s in reversed(earlier)), earlier):
+        everything = suspects[:culprit]
+        for prefix in ([], *([s] for s in reversed(earlier)), earlier, everything):
             async with open_own_broker(work, Figures(), served=False) as broker:
                 for script in prefix:
                     await run_connection(broker, script, None, 0.0)
