@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import attrs
@@ -63,6 +63,11 @@ PROGRESS_EVERY = 5.0
 ANSWER_TIMEOUT = 5.0
 """Seconds a connection waits for its answers before it gives up on them (counted, not failed: a
 frame cut short is the broker's to time out, after its --frame-timeout)."""
+_CAPPED = (
+    "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit})); "
+    "sys.argv[0] = 'coordinator'; runpy.run_module('coordinator', run_name='__main__')"
+)
+"""``python -m coordinator`` with its address space capped."""
 HISTORY = 200
 """Connections kept for a replay: what the broker had seen before a finding (a Fetch may need the
 topic an earlier connection created and the records another produced)."""
@@ -200,16 +205,18 @@ def _signature(log_text: str) -> tuple[str, str] | None:
 
 @asynccontextmanager
 async def open_own_broker(
-    work: Path, figures: Figures, *, served: bool = True
+    work: Path, figures: Figures, *, served: bool = True, memory_mb: int = 4096
 ) -> AsyncIterator[Broker]:
     """A fresh broker on the embedded store in a new data dir under ``work``, with the served
-    topic, and (``served``) its consumer group."""
+    topic, and (``served``) its consumer group. Its address space is capped at ``memory_mb``, so
+    that a request that makes it allocate without bound ends in a MemoryError (a finding), not
+    in the machine swapping."""
     figures.brokers_started += 1
     data_dir = Path(tempfile.mkdtemp(prefix="broker-", dir=work))
     log_path = data_dir.with_suffix(".log")
     command = [
-        sys.executable, "-m", "coordinator", "serve", "--host", "127.0.0.1", "--port", "0",
-        "--data-dir", str(data_dir), *BROKER_OPTIONS,
+        sys.executable, "-c", _CAPPED.format(limit=memory_mb * 2**20),
+        "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir), *BROKER_OPTIONS,
     ]  # fmt: skip
     try:
         async with open_serving_process(command, log_path) as (process, host, port):
@@ -431,7 +438,12 @@ class Fuzzer:
             broker.new_log()  # what was there before is not ours
             await stack.enter_async_context(open_served_group(broker))
             return broker
-        return await stack.enter_async_context(open_own_broker(work, self.figures))
+        return await stack.enter_async_context(self.own_broker(work, self.figures))
+
+    def own_broker(
+        self, work: Path, figures: Figures, *, served: bool = True
+    ) -> AbstractAsyncContextManager[Broker]:
+        return open_own_broker(work, figures, served=served, memory_mb=self.args.broker_memory_mb)
 
     async def reproduce(self, finding: Finding, work: Path) -> None:
         """Replay the connections the broker had seen, in order and one at a time, against a
@@ -442,7 +454,7 @@ class Fuzzer:
             return
         suspects = list(finding.suspects)
         culprit = None
-        async with open_own_broker(work, Figures(), served=False) as broker:
+        async with self.own_broker(work, Figures(), served=False) as broker:
             for index, script in enumerate(suspects):
                 if await self.replay(broker, script, wait=0.1, like=finding):
                     culprit = index
@@ -453,7 +465,7 @@ class Fuzzer:
         earlier = [s for s in suspects[:culprit] if _makes_state(s)][-self.args.replay_limit :]
         everything = suspects[:culprit]
         for prefix in ([], *([s] for s in reversed(earlier)), earlier, everything):
-            async with open_own_broker(work, Figures(), served=False) as broker:
+            async with self.own_broker(work, Figures(), served=False) as broker:
                 for script in prefix:
                     await run_connection(broker, script, None, 0.0)
                 if await self.replay(broker, suspects[culprit], like=finding):
@@ -529,6 +541,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="after a finding, start a fresh broker and go on; report every distinct one",
     )
+    parser.add_argument(
+        "--broker-memory-mb",
+        type=int,
+        default=4096,
+        help="address space of a broker of our own: past it, a MemoryError (default 4096)",
+    )
     parser.add_argument("--linger-max", type=float, default=2.0)
     parser.add_argument(
         "--replay-limit", type=int, default=20, help="earlier connections tried with a culprit"
@@ -561,7 +579,8 @@ async def replay_main(args: argparse.Namespace) -> int:
     served topic created, no consumers), and say whether it died or logged a traceback."""
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="fuzz-replay-"))
     seen = None
-    async with open_own_broker(work, Figures(), served=False) as broker:
+    memory_mb = args.broker_memory_mb
+    async with open_own_broker(work, Figures(), served=False, memory_mb=memory_mb) as broker:
         for text in args.replay:
             await run_connection(broker, replay_script(text), None, args.linger_max)
         with trio.move_on_after(REPLAY_WAIT):
