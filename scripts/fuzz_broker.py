@@ -399,6 +399,7 @@ class Fuzzer:
     async def run(self, work: Path) -> None:
         """Fuzz until done, or until the first finding without --keep-going."""
         while True:
+            already = len(self.findings)
             async with AsyncExitStack() as stack:
                 broker = await self.open_broker(stack, work)
                 async with trio.open_nursery() as nursery:
@@ -409,8 +410,7 @@ class Fuzzer:
                             for _ in range(self.args.connections):
                                 fuzz.start_soon(self.lane, broker)
                     nursery.cancel_scope.cancel()
-                fresh = [f for f in self.findings if f.reproduction is None and f.suspects]
-                for finding in fresh:
+                for finding in self.findings[already:]:
                     await self.reproduce(finding, work)
                 if self.done() and broker.alive and not lanes.cancelled_caught:
                     self.group_served = served = await group_served(broker)
