@@ -69,6 +69,7 @@ _CAPPED = (
 )
 """``python -m coordinator`` with its address space capped."""
 HISTORY = 200
+SUSPECTS_SHOWN = 20
 """Connections kept for a replay: what the broker had seen before a finding (a Fetch may need the
 topic an earlier connection created and the records another produced)."""
 REPLAY_WAIT = 3.0
@@ -145,7 +146,9 @@ class Finding:
             "reproduced": found is not None,
             "connections_hex": None if found is None else [s.hex() for s in found],
             "kinds": None if found is None else [s.kind.value for s in found],
-            "suspects_hex": None if found is not None else [s.hex() for s in self.suspects],
+            "last_suspects_hex": (
+                None if found is not None else [s.hex() for s in self.suspects[-SUSPECTS_SHOWN:]]
+            ),
         }
 
 
