@@ -52,6 +52,7 @@ from protocol import (
 from protocol.codec import STRING, Reader
 from protocol.framing import HEADER, SIZE, FrameKind, encode_frame
 from protocol.messages import (
+    NEWEST_VERSION,
     REQUEST_CODECS,
     RESPONSE_CODECS,
     AssignedPartition,
@@ -435,8 +436,15 @@ def encode_request(message: RequestMessage, correlation_id: int, client_id: str 
     """A request frame, whatever the values (the codec refuses only what its wire type cannot
     carry: LocalProtocolError)."""
     key = message.API_KEY
+    version = NEWEST_VERSION[key]
     frame = encode_frame(
-        FrameKind.REQUEST, key, correlation_id, REQUEST_CODECS[key], message, client_id
+        FrameKind.REQUEST,
+        key,
+        correlation_id,
+        REQUEST_CODECS[key, version],
+        message,
+        client_id,
+        api_version=version,
     )
     return bytes(frame)
 
@@ -708,14 +716,20 @@ class Answers:
 def _reply(body: bytes, api_key: int, correlation_id: int) -> bytes | None:
     try:
         key = ApiKey(api_key)
+        version = HEADER.unpack_from(body, 0)[2]
         r = Reader(body, HEADER.size)
         STRING.decode(r)  # the client id
-        request = REQUEST_CODECS[key].decode(r)
+        request = REQUEST_CODECS[key, version].decode(r)
         response: Any = error_response(request, ErrorCode.NONE)
         if hasattr(response, "consumer_id"):
             response = attrs.evolve(response, consumer_id=request.consumer_id)
         frame = encode_frame(
-            FrameKind.RESPONSE, key, correlation_id, RESPONSE_CODECS[key], response
+            FrameKind.RESPONSE,
+            key,
+            correlation_id,
+            RESPONSE_CODECS[key, version],
+            response,
+            api_version=version,
         )
     except (ValueError, KeyError, ProtocolError):
         return None

@@ -53,20 +53,12 @@ SETTLE_DEADLINE = 60.0
 EXAMPLES = 8
 
 KNOWN_FAILURES: dict[Kind, str] = {
-    Kind.NUMBERS: "not one of the nine: a RegisterConsumer reporting generation 2**31-1 makes the "
-    "next generation 2**31, which StopFetcher cannot encode; the LocalProtocolError escapes",
     Kind.PIPELINED: "issue 14 case 1: a request answered after a bad frame kills the process",
-    Kind.REGEX: "issue 14 case 2: an invalid pattern's re.error escapes the rebalance",
-    Kind.STRINGS: "issue 14 case 3: a long member id makes StartFetcher unencodable",
     Kind.TRUNCATED: "issue 14 case 7: no deadline for a frame once its first byte arrived",
-    Kind.CONTROL: "issue 14 case 9: ids are logged raw",
-    Kind.ARRAYS: "issue 14, answers whose size a client controls: a ClusterMetadata naming a "
-    "topic 20,000 times gets an answer over the frame limit, whose LocalProtocolError escapes",
+    Kind.ARRAYS: "issue 14 case 1: an answer to a connection already in ERROR escapes",
 }
 """Classes the broker is known to fail on (xfail, not strict): an entry goes once its fix is in."""
-NOT_RUN: dict[Kind, str] = {
-    Kind.COUNTS: "issue 14 cases 4 and 6: huge stream and partition counts exhaust memory",
-}
+NOT_RUN: dict[Kind, str] = {}
 """Classes that would take the test machine down with the broker (not run): an entry goes once its
 fix is in."""
 
