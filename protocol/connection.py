@@ -115,6 +115,23 @@ class Connection:
         """Correlation ids of requests we received and have not answered yet."""
         return frozenset(self._pending)
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet returned as events. After NEED_DATA: the part of an
+        unfinished frame that has arrived, what a receiver bounds with its frame deadline and
+        its memory budget."""
+        return len(self._buf) - self._pos
+
+    @property
+    def next_frame_bytes(self) -> int | None:
+        """The whole size (size field included) of the next frame once its size field has
+        arrived, None before: what buffering that frame will cost, known from its first four
+        bytes. A size the next ``next_event`` will refuse counts as it claims."""
+        if len(self._buf) - self._pos < SIZE.size:
+            return None
+        size: int = _unpack_size(self._buf, self._pos)[0]
+        return SIZE.size + max(size, 0)
+
     # --- receiving -------------------------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> None:
