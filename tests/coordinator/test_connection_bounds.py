@@ -269,7 +269,9 @@ def task_count() -> int:
     def count(task: trio.lowlevel.Task) -> int:
         return 1 + sum(count(t) for n in task.child_nurseries for t in n.child_tasks)
 
-    return count(trio.lowlevel.current_root_task())
+    root = trio.lowlevel.current_root_task()
+    assert root is not None
+    return count(root)
 
 
 @attrs.define(eq=False)
