@@ -166,6 +166,11 @@ class Channel:
     _never_idle: bool = False
     #: Bytes this connection holds of ``bounds.budget``.
     _claimed: int = 0
+    #: The frame size of each request read and not yet answered, by correlation id (bounded
+    #: channels only), and their sum.
+    _unanswered: dict[int, int] = attrs.field(factory=dict)
+    _unanswered_bytes: int = 0
+    _answered: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
 
     @classmethod
     def open(
@@ -224,6 +229,7 @@ class Channel:
     async def respond(self, request: Request, message: ResponseMessage) -> None:
         """Answer ``request``; an answer that cannot be encoded (one that would exceed the frame
         limit: the peer asked for too much) is replaced by an error response, never raised."""
+        self._answering(request)
         if self.closed or self.connection.state is not ConnectionState.OPEN:
             return  # the peer is gone or refused: nobody will read this answer
         try:
@@ -333,6 +339,8 @@ class Channel:
                 if handler is not None:
                     handler(event.message)
             elif isinstance(event, Request):
+                if self.bounds is not None:
+                    await self._await_room_for_request(event)
                 await on_request(event)
             elif isinstance(event, ConnectionClosed):
                 return
@@ -351,6 +359,24 @@ class Channel:
         wanted = self.connection.next_frame_bytes or buffered
         await self.bounds.budget.claim(self._claimed, wanted)
         self._claimed = wanted
+
+    async def _await_room_for_request(self, request: Request) -> None:
+        """Take a request only while those read and not answered yet, this one included, fit one
+        frame (or it is the only one): with the request queue's length, this bounds what a peer
+        that pipelines requests and never reads the answers makes us hold, whatever their size.
+        Its waiting reader reads nothing, so the idle timeout closes it in the end."""
+        size = self.connection.last_frame_bytes
+        limit = self.connection.max_frame_size
+        while self._unanswered_bytes and self._unanswered_bytes + size > limit:
+            await self._answered.park()
+        self._unanswered[request.correlation_id] = size
+        self._unanswered_bytes += size
+
+    def _answering(self, request: Request) -> None:
+        size = self._unanswered.pop(request.correlation_id, 0)
+        if size:
+            self._unanswered_bytes -= size
+            self._answered.unpark_all()
 
     def _claim_nothing(self) -> None:
         if self.bounds is not None:

@@ -92,6 +92,7 @@ class Connection:
         self._pos = 0
         self._eof = False
         self._next_correlation_id = 0
+        self._last_frame_bytes = 0
         self._outstanding: dict[int, RequestMessage] = {}
         self._pending: dict[int, RequestMessage] = {}
 
@@ -114,6 +115,16 @@ class Connection:
     def pending_requests(self) -> frozenset[int]:
         """Correlation ids of requests we received and have not answered yet."""
         return frozenset(self._pending)
+
+    @property
+    def max_frame_size(self) -> int:
+        return self._max_frame_size
+
+    @property
+    def last_frame_bytes(self) -> int:
+        """The whole size of the frame the latest event was decoded from: what the request it
+        carried cost to receive, for a receiver bounding what it holds of unanswered requests."""
+        return self._last_frame_bytes
 
     @property
     def buffered_bytes(self) -> int:
@@ -175,6 +186,7 @@ class Connection:
                 except RemoteProtocolError as exc:
                     raise self._fail(exc) from None
                 self._consumed(end)
+                self._last_frame_bytes = end - pos
                 return event
         if self._eof:
             if available:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -25,13 +26,18 @@ from protocol import (
     Connection,
     DescribeGroupRequest,
     ErrorCode,
+    FetchRequest,
     ListGroupsRequest,
     ListGroupsResponse,
     OffsetCommitRequest,
     PeerError,
+    ProduceRequest,
+    Request,
     RequestMessage,
+    ResponseMessage,
     Role,
 )
+from protocol.records import Record
 
 MAX_FRAME = 64 * 1024
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, max_frame_size=MAX_FRAME)
@@ -329,3 +335,36 @@ async def test_a_peer_that_pipelines_and_never_reads_costs_bounded_memory(
             with trio.fail_after(200):
                 await trio.sleep_forever()  # until the idle timeout closes the hog
         assert trio.current_time() == start + 60
+
+
+async def test_big_requests_are_not_read_ahead_while_an_answer_is_pending(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A slow first request holds the worker; 50 KB requests pipelined behind it are read only
+    # while those not yet answered fit one frame (without the bound: the request queue's 64).
+    record = Record(offset=-1, timestamp_ms=0, key=None, value=bytes(50_000))
+    produce = ProduceRequest(topic="t", partition=0, records=(record,))
+    slow = FetchRequest(topic="t", partition=0, offset=0, max_bytes=1)
+    pipelined = frames(slow, *[produce] * 200)
+    never = trio.Event()
+
+    async def data_plane(request: Request) -> ResponseMessage | None:
+        await never.wait()
+        return None
+
+    async with bounded_cluster(tmp_path) as cluster:
+        feed = Feed()
+        feed.feed(pipelined)
+        stream = trio.StapledStream(
+            send_stream=trio.testing.MemorySendStream(), receive_stream=feed
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                partial(handle_connection, data_plane=data_plane, bounds=cluster.bounds),
+                cluster.coordinator,
+                stream,
+            )
+            await trio.sleep(5)
+            assert feed.taken <= 2 * MAX_FRAME + 65536
+            await assert_still_serving(cluster)
+            nursery.cancel_scope.cancel()
