@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import attrs
 import pytest
@@ -17,6 +18,7 @@ import trio.testing
 
 from coordinator.channel import ReadBounds
 from coordinator.config import CoordinatorConfig
+from coordinator.election import ElectionStore, Elector, handle_elected_connection
 from coordinator.limits import ConnectionLimits
 from coordinator.server import COMMITS_IN_FLIGHT, handle_connection
 from coordinator.testing import SimulatedCluster, open_simulated_cluster
@@ -38,6 +40,7 @@ from protocol import (
     Role,
 )
 from protocol.records import Record
+from protocol.types import BrokerInfo
 
 MAX_FRAME = 64 * 1024
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, max_frame_size=MAX_FRAME)
@@ -368,3 +371,33 @@ async def test_big_requests_are_not_read_ahead_while_an_answer_is_pending(
             assert feed.taken <= 2 * MAX_FRAME + 65536
             await assert_still_serving(cluster)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_follower_brokers_connections_have_the_same_bounds(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with bounded_cluster(tmp_path) as cluster:
+        # A follower (it never stands) on the cluster's store, served as a ZooKeeper broker's
+        # listener serves every connection.
+        follower = Elector(
+            store=cast(ElectionStore, cluster.store),
+            config=CONFIG,
+            broker=BrokerInfo(broker_id=2, host="f", port=1),
+        )
+        start = trio.current_time()
+        with trio.fail_after(200):
+            async with trio.open_nursery() as nursery:
+                silent, server = trio.testing.memory_stream_pair()
+                nursery.start_soon(
+                    partial(handle_elected_connection, bounds=cluster.bounds), follower, server
+                )
+                slow, server = trio.testing.memory_stream_pair()
+                nursery.start_soon(
+                    partial(handle_elected_connection, bounds=cluster.bounds), follower, server
+                )
+                await slow.send_all(frames(ListGroupsRequest())[:5])
+                events = await read_until_closed(slow)
+                assert trio.current_time() == start + 10
+                assert isinstance(events[-1], PeerError)
+                assert events[-1].error_code is ErrorCode.REQUEST_TIMED_OUT
+                assert await closed_at(silent) == start + 60
