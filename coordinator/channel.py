@@ -187,6 +187,8 @@ class Channel:
 
     def never_idle(self) -> None:
         """The idle timeout no longer applies (a member registered on this connection)."""
+        if self._never_idle:
+            return
         self._never_idle = True
         self._set_deadline()
 
@@ -385,7 +387,7 @@ class Channel:
 
     def _touch(self) -> None:
         """Bytes arrived: the idle deadline starts again."""
-        if self.bounds is not None:
+        if self.bounds is not None and not self._never_idle:
             self._idle_deadline = trio.current_time() + self.bounds.limits.idle_timeout
             self._set_deadline()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import resource
 from typing import cast
 
 import attrs
@@ -82,3 +83,12 @@ async def test_at_the_file_limit_accepting_backs_off_and_logs_once_per_10_s(
     assert len(lines) == 3  # at 0, 10 and 20 s
     assert all(r.exc_info is None for r in lines)
     assert "Too many open files" in lines[0].getMessage()
+
+
+def test_under_a_small_file_limit_half_of_it_is_kept_for_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
+    assert ConnectionLimits().connection_limit() == 512
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (65536, 65536))
+    assert ConnectionLimits().connection_limit() == 65536 - 1024
