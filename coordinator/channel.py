@@ -11,22 +11,31 @@ else to one buffer that a writer task drains, so the coordinator's ping schedule
 from a plain function. Deadlines belong to callers:
 wrap :meth:`Channel.request` in a cancel scope, or :meth:`Channel.abandon` a request sent with
 :meth:`Channel.request_nowait`. A response that arrives after its caller gave up is dropped.
+
+A broker's channels are bounded by :class:`ReadBounds` (its :class:`ConnectionLimits` and one
+:class:`ReadBudget` shared by all its connections): the reader runs under one cancel scope whose
+deadline is the earlier of the idle deadline and the deadline of the frame being received, so a
+bound costs a deadline update per read, not a task per connection.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
 
+from coordinator.limits import ConnectionLimits
 from protocol import (
     NEED_DATA,
     Connection,
     ConnectionClosed,
+    ConnectionState,
     ErrorCode,
+    LocalProtocolError,
     PeerError,
     RemoteProtocolError,
     Request,
@@ -34,6 +43,7 @@ from protocol import (
     Response,
     ResponseMessage,
     Role,
+    error_response,
 )
 
 log = logging.getLogger(__name__)
@@ -54,6 +64,80 @@ CLOSING_WRITE_DEADLINE = 1.0
 ResponseHandler = Callable[[ResponseMessage | None], None]
 """Called by the reader with the response, or with None when the connection ends first."""
 
+#: At most one log line per this many seconds for each kind of repeated event a client can cause.
+LOG_INTERVAL = 10.0
+
+
+@attrs.define(eq=False)
+class RateLimitedLog:
+    """One line now, then at most one per ``interval`` with how many were left unsaid: a client
+    that repeats what makes us log must not fill the disk or bury everything else."""
+
+    logger: logging.Logger
+    level: int = logging.WARNING
+    interval: float = LOG_INTERVAL
+    _next_at: float = -math.inf
+    _unsaid: int = 0
+
+    def log(self, message: str, *args: object) -> None:
+        now = trio.current_time()
+        if now < self._next_at:
+            self._unsaid += 1
+            return
+        if self._unsaid:
+            message += " (and %d more like it since the last such line)"
+            args = (*args, self._unsaid)
+        self.logger.log(self.level, message, *args)
+        self._unsaid = 0
+        self._next_at = now + self.interval
+
+
+@attrs.define(eq=False)
+class ReadBudget:
+    """The bytes of unfinished frames all of a broker's connections may hold together
+    (``ConnectionLimits.max_buffered_request_bytes``), in the manner of Kafka's
+    ``queued.max.request.bytes``: a connection claims a frame's whole size as soon as its size
+    field has arrived, and reads nothing more of it until the claim fits.
+
+    It cannot deadlock: a connection that holds the only claim always gets what it asks (so a frame
+    larger than the budget but within the frame limit still arrives), and every waiting claim
+    belongs to a connection in the middle of a frame, whose frame deadline closes it and frees
+    its bytes if the others never make room.
+    """
+
+    limit: int
+    used: int = 0
+    _room: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    async def claim(self, held: int, wanted: int) -> None:
+        """Change one connection's claim from ``held`` to ``wanted`` bytes, waiting (for others
+        to release theirs) while growing it would go past the limit."""
+        if wanted <= held:
+            self.release(held - wanted)
+            return
+        while self.used - held + wanted > self.limit and self.used > held:
+            await self._room.park()
+        self.used += wanted - held
+
+    def release(self, amount: int) -> None:
+        if amount:
+            self.used -= amount
+            self._room.unpark_all()
+
+
+@attrs.define(eq=False)
+class ReadBounds:
+    """What bounds the reading side of every connection of one broker."""
+
+    limits: ConnectionLimits
+    budget: ReadBudget
+    #: Answers that could not be encoded, replaced by an error response.
+    unanswerable: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
+
+    @classmethod
+    def of(cls, limits: ConnectionLimits) -> ReadBounds:
+        return cls(limits=limits, budget=ReadBudget(limit=limits.max_buffered_request_bytes))
+
 
 @attrs.define(eq=False)
 class Channel:
@@ -71,13 +155,42 @@ class Channel:
     _has_outgoing: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _written: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _send_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock)
+    #: None: nothing bounds reading (a client's channel).
+    bounds: ReadBounds | None = None
+    #: The reader's deadlines, the earlier of the idle and the frame deadline.
+    _watchdog: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _idle_deadline: float = math.inf
+    #: When the frame being received began to arrive; None between frames.
+    _frame_began: float | None = None
+    #: Never idle (a registered member: it answers Pings, and its failure detector judges it).
+    _never_idle: bool = False
+    #: Bytes this connection holds of ``bounds.budget``.
+    _claimed: int = 0
+    #: The frame size of each request read and not yet answered, by correlation id (bounded
+    #: channels only), and their sum.
+    _unanswered: dict[int, int] = attrs.field(factory=dict)
+    _unanswered_bytes: int = 0
+    _answered: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
 
     @classmethod
     def open(
-        cls, stream: trio.abc.Stream, role: Role, *, client_id: str = "", max_frame_size: int
+        cls,
+        stream: trio.abc.Stream,
+        role: Role,
+        *,
+        client_id: str = "",
+        max_frame_size: int,
+        bounds: ReadBounds | None = None,
     ) -> Channel:
         connection = Connection(role, client_id=client_id, max_frame_size=max_frame_size)
-        return cls(stream=stream, connection=connection, peer=_peer_name(stream))
+        return cls(stream=stream, connection=connection, peer=_peer_name(stream), bounds=bounds)
+
+    def never_idle(self) -> None:
+        """The idle timeout no longer applies (a member registered on this connection)."""
+        if self._never_idle:
+            return
+        self._never_idle = True
+        self._set_deadline()
 
     async def request(self, message: RequestMessage) -> ResponseMessage:
         """Send a request and wait for its response (the caller's cancel scope is the deadline)."""
@@ -104,7 +217,7 @@ class Channel:
         scheduler sends thousands of them without a task, a cancel scope or an Event each.
 
         Returns the correlation id, for :meth:`abandon`."""
-        if self.closed:
+        if self.closed or self.connection.state is not ConnectionState.OPEN:
             raise ChannelClosed(f"connection to {self.peer} is closed")
         event = self.connection.new_request(message)
         self._handlers[event.correlation_id] = on_response
@@ -116,15 +229,36 @@ class Channel:
         self._handlers.pop(correlation_id, None)
 
     async def respond(self, request: Request, message: ResponseMessage) -> None:
-        if self.closed:
-            return  # the peer is gone; nobody awaits this answer
-        data = self.connection.send(
+        """Answer ``request``; an answer that cannot be encoded (one that would exceed the frame
+        limit: the peer asked for too much) is replaced by an error response, never raised."""
+        self._answering(request)
+        if self.closed or self.connection.state is not ConnectionState.OPEN:
+            return  # the peer is gone or refused: nobody will read this answer
+        try:
+            data = self._response(request, message)
+        except LocalProtocolError as exc:
+            code = (
+                ErrorCode.RESPONSE_TOO_LARGE
+                if exc.error_code is ErrorCode.FRAME_TOO_LARGE
+                else ErrorCode.UNKNOWN_SERVER_ERROR
+            )
+            (log.warning if self.bounds is None else self.bounds.unanswerable.log)(
+                "answered %s from %s with %s: %s",
+                type(request.message).__name__,
+                self.peer,
+                code.name,
+                exc,
+            )
+            data = self._response(request, error_response(request.message, code))
+        self._queue(data)
+        await self._wait_for_room()
+
+    def _response(self, request: Request, message: ResponseMessage) -> bytes:
+        return self.connection.send(
             Response(
                 correlation_id=request.correlation_id, message=message, request=request.message
             )
         )
-        self._queue(data)
-        await self._wait_for_room()
 
     async def refuse(self, error_code: ErrorCode, reason: str) -> None:
         """Tell the peer why we are about to close the connection: an error frame, after which
@@ -166,22 +300,11 @@ class Channel:
 
     async def _read(self, on_request: Callable[[Request], Awaitable[None]]) -> None:
         try:
-            while True:
-                event = self.connection.next_event()
-                if event is NEED_DATA:
-                    data = await self.stream.receive_some(RECEIVE_SIZE)
-                    self.connection.receive_data(bytes(data))
-                elif isinstance(event, Response):
-                    handler = self._handlers.pop(event.correlation_id, None)
-                    if handler is not None:
-                        handler(event.message)
-                elif isinstance(event, Request):
-                    await on_request(event)
-                elif isinstance(event, ConnectionClosed):
-                    return
-                elif isinstance(event, PeerError):
-                    log.info("%s reported %s: %s", self.peer, event.error_code.name, event.message)
-                    return
+            with self._watchdog:
+                self._touch()
+                await self._read_events(on_request)
+            if self._watchdog.cancelled_caught:
+                self._expired()
         except RemoteProtocolError as exc:
             log.warning("closing %s: %s (%s)", self.peer, exc, exc.error_code.name)
             await self._tell_peer(exc)
@@ -190,6 +313,97 @@ class Channel:
             self.broken = True
         except trio.ClosedResourceError:
             return
+        finally:
+            self._claim_nothing()
+
+    def _expired(self) -> None:
+        """The watchdog fired: raise if a frame was too slow, return if the peer was idle."""
+        bounds = self.bounds
+        assert bounds is not None
+        began = self._frame_began
+        if began is not None and trio.current_time() >= began + bounds.limits.frame_timeout:
+            raise RemoteProtocolError(
+                f"a frame begun {bounds.limits.frame_timeout:g} s ago is not complete",
+                ErrorCode.REQUEST_TIMED_OUT,
+            )
+        log.debug("closing %s: idle for %g s", self.peer, bounds.limits.idle_timeout)
+
+    async def _read_events(self, on_request: Callable[[Request], Awaitable[None]]) -> None:
+        while True:
+            event = self.connection.next_event()
+            if event is NEED_DATA:
+                if self.bounds is not None:
+                    await self._await_room_for_frame()
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+                self.connection.receive_data(bytes(data))
+                if data:
+                    self._touch()
+                continue
+            if self._frame_began is not None:
+                self._frame_began = None
+                self._set_deadline()
+            if isinstance(event, Response):
+                handler = self._handlers.pop(event.correlation_id, None)
+                if handler is not None:
+                    handler(event.message)
+            elif isinstance(event, Request):
+                if self.bounds is not None:
+                    await self._await_room_for_request(event)
+                await on_request(event)
+            elif isinstance(event, ConnectionClosed):
+                return
+            elif isinstance(event, PeerError):
+                log.info("%s reported %s: %s", self.peer, event.error_code.name, event.message)
+                return
+
+    async def _await_room_for_frame(self) -> None:
+        """Between reads: start the deadline of a frame that has begun to arrive, and claim its
+        size from the broker's budget, waiting (not reading) while the budget has no room."""
+        assert self.bounds is not None
+        buffered = self.connection.buffered_bytes
+        if buffered and self._frame_began is None:
+            self._frame_began = trio.current_time()
+            self._set_deadline()
+        wanted = self.connection.next_frame_bytes or buffered
+        await self.bounds.budget.claim(self._claimed, wanted)
+        self._claimed = wanted
+
+    async def _await_room_for_request(self, request: Request) -> None:
+        """Take a request only while those read and not answered yet, this one included, fit one
+        frame (or it is the only one): with the request queue's length, this bounds what a peer
+        that pipelines requests and never reads the answers makes us hold, whatever their size.
+        Its waiting reader reads nothing, so the idle timeout closes it in the end."""
+        size = self.connection.last_frame_bytes
+        limit = self.connection.max_frame_size
+        while self._unanswered_bytes and self._unanswered_bytes + size > limit:
+            await self._answered.park()
+        self._unanswered[request.correlation_id] = size
+        self._unanswered_bytes += size
+
+    def _answering(self, request: Request) -> None:
+        size = self._unanswered.pop(request.correlation_id, 0)
+        if size:
+            self._unanswered_bytes -= size
+            self._answered.unpark_all()
+
+    def _claim_nothing(self) -> None:
+        if self.bounds is not None:
+            self.bounds.budget.release(self._claimed)
+        self._claimed = 0
+
+    def _touch(self) -> None:
+        """Bytes arrived: the idle deadline starts again."""
+        if self.bounds is not None and not self._never_idle:
+            self._idle_deadline = trio.current_time() + self.bounds.limits.idle_timeout
+            self._set_deadline()
+
+    def _set_deadline(self) -> None:
+        if self.bounds is None:
+            return
+        idle = math.inf if self._never_idle else self._idle_deadline
+        began = self._frame_began
+        frame = math.inf if began is None else began + self.bounds.limits.frame_timeout
+        self._watchdog.deadline = min(idle, frame)
 
     def _queue(self, data: bytes) -> None:
         if not self._outgoing and not self._send_lock.locked():

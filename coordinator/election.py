@@ -23,7 +23,7 @@ import attrs
 import trio
 import trio_util
 
-from coordinator.channel import Channel
+from coordinator.channel import Channel, ReadBounds
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from coordinator.server import (
@@ -153,24 +153,33 @@ async def open_elector(
 
 
 async def handle_elected_connection(
-    elector: Elector, stream: trio.abc.Stream, data_plane: DataPlane | None = None
+    elector: Elector,
+    stream: trio.abc.Stream,
+    data_plane: DataPlane | None = None,
+    *,
+    bounds: ReadBounds | None = None,
 ) -> None:
     """Serve one peer as the coordinator or as a follower, whichever this broker is now, until
-    the peer leaves or the office changes hands."""
+    the peer leaves or the office changes hands; under ``bounds`` either way."""
     coordinator = elector.coordinator.value
     async with trio_util.move_on_when(
         elector.coordinator.wait_value, lambda now: now is not coordinator
     ):
         if coordinator is not None:
-            await handle_connection(coordinator, stream, data_plane)
+            await handle_connection(coordinator, stream, data_plane, bounds=bounds)
         else:
-            await _handle_follower_connection(elector, stream, data_plane)
+            await _handle_follower_connection(elector, stream, data_plane, bounds)
 
 
 async def _handle_follower_connection(
-    elector: Elector, stream: trio.abc.Stream, data_plane: DataPlane | None
+    elector: Elector,
+    stream: trio.abc.Stream,
+    data_plane: DataPlane | None,
+    bounds: ReadBounds | None,
 ) -> None:
-    channel = Channel.open(stream, Role.BROKER, max_frame_size=elector.config.max_frame_size)
+    channel = Channel.open(
+        stream, Role.BROKER, max_frame_size=elector.config.max_frame_size, bounds=bounds
+    )
     send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
     try:
         async with trio.open_nursery() as nursery:
@@ -178,6 +187,8 @@ async def _handle_follower_connection(
             with contextlib.suppress(RemoteProtocolError):  # Channel.run told the peer why
                 await channel.run(send_requests.send)
             nursery.cancel_scope.cancel()
+    except Exception:
+        log.exception("serving %s failed; closing that connection", channel.peer)
     finally:
         with trio.CancelScope(shield=True):
             await channel.aclose()

@@ -46,7 +46,9 @@ class ConnectionLimits:
         if self.max_connections is not None:
             return self.max_connections
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        return max(1, soft - FILE_RESERVE)
+        # Under a small file limit (1024 is a common default) the reserve is half of it, not
+        # all of it: a broker that accepts one connection is no better than one that crashes.
+        return max(1, soft - FILE_RESERVE, soft // 2)
 
 
 @attrs.frozen(kw_only=True)

@@ -17,10 +17,12 @@ import attrs
 import trio
 
 from coordinator.broker import open_broker_log
+from coordinator.channel import ReadBounds
 from coordinator.config import CoordinatorConfig
 from coordinator.election import handle_elected_connection, open_elector
 from coordinator.group_coordinator import open_group_coordinator
 from coordinator.limits import ConnectionLimits
+from coordinator.listener import ConnectionGate, serve_listeners
 from coordinator.log import LogConfig
 from coordinator.server import handle_connection
 from coordinator.store import MetadataStore, open_embedded_store
@@ -71,8 +73,11 @@ async def run_node(
             ) as serve_connection,
             trio.open_nursery() as nursery,
         ):
-            handler = partial(serve_connection, data_plane=data_plane)
-            await nursery.start(trio.serve_listeners, handler, listeners)
+            handler = partial(
+                serve_connection, data_plane=data_plane, bounds=ReadBounds.of(settings.connections)
+            )
+            gate = ConnectionGate.of(settings.connections)
+            await nursery.start(serve_listeners, handler, listeners, gate)
             log.info(
                 "broker %d serving on %s:%d, data in %s",
                 broker.broker_id,

@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from coordinator import validation
-from coordinator.channel import Channel
+from coordinator.channel import Channel, ReadBounds
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.limits import RequestLimits
 from coordinator.membership import Member
@@ -68,6 +68,9 @@ log = logging.getLogger(__name__)
 REQUEST_QUEUE = 64
 #: Entries of an answer built between two checkpoints (about a millisecond of work).
 ANSWER_CHUNK = 1000
+#: OffsetCommits of one connection waiting for durability at once; the next waits (and with it
+#: the worker, then the reader): a peer that pipelines commits gets no task per commit.
+COMMITS_IN_FLIGHT = 16
 
 DataPlane = Callable[[Request], Awaitable[ResponseMessage | None]]
 
@@ -79,10 +82,15 @@ class _Session:
     nursery: trio.Nursery
     data_plane: DataPlane | None
     member: Member | None = None
+    _commits: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(COMMITS_IN_FLIGHT))
 
     async def work(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
         async for request in requests:
+            if isinstance(request.message, OffsetCommitRequest):
+                await self._commits.acquire()  # released by _commit
             response = await self.answer(request)
+            if self.member is not None:
+                self.channel.never_idle()
             if response is not None:
                 await self.channel.respond(request, response)
 
@@ -167,8 +175,11 @@ class _Session:
         return OffsetFetchResponse(error_code=ErrorCode.NONE, offsets=tuple(offsets))
 
     async def _commit(self, request: Request, message: OffsetCommitRequest) -> None:
-        error = await self.coordinator.commit(message, self.channel)
-        await self.channel.respond(request, OffsetCommitResponse(error_code=error))
+        try:
+            error = await self.coordinator.commit(message, self.channel)
+            await self.channel.respond(request, OffsetCommitResponse(error_code=error))
+        finally:
+            self._commits.release()
 
     async def _metadata(self, message: ClusterMetadataRequest) -> ClusterMetadataResponse:
         coordinator = self.coordinator
@@ -294,10 +305,20 @@ def _placed_on(broker: BrokerInfo, topics: Mapping[str, TopicPlacement]) -> int:
 
 
 async def handle_connection(
-    coordinator: GroupCoordinator, stream: trio.abc.Stream, data_plane: DataPlane | None = None
+    coordinator: GroupCoordinator,
+    stream: trio.abc.Stream,
+    data_plane: DataPlane | None = None,
+    *,
+    bounds: ReadBounds | None = None,
 ) -> None:
-    """Serve one peer until it closes, breaks the protocol, or its member is declared dead."""
-    channel = Channel.open(stream, Role.BROKER, max_frame_size=coordinator.config.max_frame_size)
+    """Serve one peer until it closes, breaks the protocol, or its member is declared dead.
+
+    Nothing raised while serving it leaves this task: whatever went wrong ends this connection
+    (its member dies as if the connection broke) and nothing else. ``bounds``: the broker's
+    limits on reading (none: unbounded, for tests of other things)."""
+    channel = Channel.open(
+        stream, Role.BROKER, max_frame_size=coordinator.config.max_frame_size, bounds=bounds
+    )
     send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
     violation = False
     session: _Session | None = None
@@ -312,6 +333,10 @@ async def handle_connection(
             except RemoteProtocolError:
                 violation = True
             nursery.cancel_scope.cancel()
+    except Exception:
+        # Ours, not the peer's: its member may not know, as after a reset.
+        log.exception("serving %s failed; closing that connection", channel.peer)
+        channel.broken = True
     finally:
         member = session.member if session is not None else None
         if member is not None and member.machine.alive:

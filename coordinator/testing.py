@@ -34,7 +34,7 @@ import attrs
 import trio
 from trio_util import AsyncValue
 
-from coordinator.channel import Channel, ChannelClosed
+from coordinator.channel import Channel, ChannelClosed, ReadBounds
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from coordinator.server import handle_connection
@@ -707,6 +707,8 @@ class SimulatedCluster:
     consumers: dict[str, SimulatedConsumer] = attrs.field(factory=dict)
     #: How many times a coordinator took office in this cluster (1 before any restart).
     incarnation: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
+    #: The limits on reading that connections are served under (None: none).
+    bounds: ReadBounds | None = None
     _connections: trio.Nursery | None = None
     _stop_requested: trio.Event = attrs.field(factory=trio.Event)
     _down_for: float = 0.0
@@ -790,7 +792,9 @@ class SimulatedCluster:
             host.links.append(link)
         client = LinkEnd(link=link, outgoing=link.to_server, incoming=link.to_client, hold=hold)
         server = LinkEnd(link=link, outgoing=link.to_client, incoming=link.to_server)
-        self._connections.start_soon(handle_connection, self.coordinator, server)
+        self._connections.start_soon(
+            partial(handle_connection, bounds=self.bounds), self.coordinator, server
+        )
         return client, link
 
     async def connect(self) -> trio.abc.Stream:

@@ -92,6 +92,7 @@ class Connection:
         self._pos = 0
         self._eof = False
         self._next_correlation_id = 0
+        self._last_frame_bytes = 0
         # correlation id -> the request and the version it went in (its answer's version)
         self._outstanding: dict[int, tuple[RequestMessage, int]] = {}
         self._pending: dict[int, tuple[RequestMessage, int]] = {}
@@ -115,6 +116,33 @@ class Connection:
     def pending_requests(self) -> frozenset[int]:
         """Correlation ids of requests we received and have not answered yet."""
         return frozenset(self._pending)
+
+    @property
+    def max_frame_size(self) -> int:
+        return self._max_frame_size
+
+    @property
+    def last_frame_bytes(self) -> int:
+        """The whole size of the frame the latest event was decoded from: what the request it
+        carried cost to receive, for a receiver bounding what it holds of unanswered requests."""
+        return self._last_frame_bytes
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet returned as events. After NEED_DATA: the part of an
+        unfinished frame that has arrived, what a receiver bounds with its frame deadline and
+        its memory budget."""
+        return len(self._buf) - self._pos
+
+    @property
+    def next_frame_bytes(self) -> int | None:
+        """The whole size (size field included) of the next frame once its size field has
+        arrived, None before: what buffering that frame will cost, known from its first four
+        bytes. A size the next ``next_event`` will refuse counts as it claims."""
+        if len(self._buf) - self._pos < SIZE.size:
+            return None
+        size: int = _unpack_size(self._buf, self._pos)[0]
+        return SIZE.size + max(size, 0)
 
     # --- receiving -------------------------------------------------------------------------------
 
@@ -159,6 +187,7 @@ class Connection:
                 except RemoteProtocolError as exc:
                     raise self._fail(exc) from None
                 self._consumed(end)
+                self._last_frame_bytes = end - pos
                 return event
         if self._eof:
             if available:

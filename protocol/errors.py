@@ -19,6 +19,8 @@ class ErrorCode(enum.IntEnum):
     CORRUPT_MESSAGE = 2
     """A record's CRC does not match its contents."""
     UNKNOWN_TOPIC_OR_PARTITION = 3
+    REQUEST_TIMED_OUT = 7
+    """A frame begun was not finished within the receiver's frame timeout."""
     MESSAGE_TOO_LARGE = 10
     COORDINATOR_LOAD_IN_PROGRESS = 14
     """The seeds' CoordinatorStartupNotComplete."""
@@ -53,6 +55,9 @@ class ErrorCode(enum.IntEnum):
     UNEXPECTED_RESPONSE = 1006
     """A response matching no outstanding request, or a request this side may not receive."""
     INVALID_OFFSET_RESET = 1007
+    RESPONSE_TOO_LARGE = 1008
+    """The answer to the request would not fit one frame: ask for less (fewer topics, a group
+    with fewer members)."""
 
     @classmethod
     def from_wire(cls, value: int) -> ErrorCode:

@@ -176,6 +176,7 @@ def test_error_codes() -> None:
         "OFFSET_OUT_OF_RANGE": 1,
         "CORRUPT_MESSAGE": 2,
         "UNKNOWN_TOPIC_OR_PARTITION": 3,
+        "REQUEST_TIMED_OUT": 7,
         "MESSAGE_TOO_LARGE": 10,
         "COORDINATOR_LOAD_IN_PROGRESS": 14,
         "COORDINATOR_NOT_AVAILABLE": 15,
@@ -202,6 +203,7 @@ def test_error_codes() -> None:
         "STALE_COORDINATOR_EPOCH": 1005,
         "UNEXPECTED_RESPONSE": 1006,
         "INVALID_OFFSET_RESET": 1007,
+        "RESPONSE_TOO_LARGE": 1008,
     }
 
 
