@@ -37,6 +37,7 @@ from trio_util import AsyncValue
 from coordinator.channel import Channel, ChannelClosed, ReadBounds
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
+from coordinator.limits import ConnectionLimits
 from coordinator.server import handle_connection
 from coordinator.store import (
     GroupRecord,
@@ -707,8 +708,9 @@ class SimulatedCluster:
     consumers: dict[str, SimulatedConsumer] = attrs.field(factory=dict)
     #: How many times a coordinator took office in this cluster (1 before any restart).
     incarnation: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
-    #: The limits on reading that connections are served under (None: none).
-    bounds: ReadBounds | None = None
+    #: The limits on reading that connections are served under: a real broker's defaults, so
+    #: what a test sees is what a deployment would (None: none).
+    bounds: ReadBounds | None = attrs.field(factory=lambda: ReadBounds.of(ConnectionLimits()))
     _connections: trio.Nursery | None = None
     _stop_requested: trio.Event = attrs.field(factory=trio.Event)
     _down_for: float = 0.0

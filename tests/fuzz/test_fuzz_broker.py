@@ -52,11 +52,7 @@ ANSWER_DEADLINE = ConnectionLimits().frame_timeout + 30.0
 SETTLE_DEADLINE = 60.0
 EXAMPLES = 8
 
-KNOWN_FAILURES: dict[Kind, str] = {
-    Kind.PIPELINED: "issue 14 case 1: a request answered after a bad frame kills the process",
-    Kind.TRUNCATED: "issue 14 case 7: no deadline for a frame once its first byte arrived",
-    Kind.ARRAYS: "issue 14 case 1: an answer to a connection already in ERROR escapes",
-}
+KNOWN_FAILURES: dict[Kind, str] = {}
 """Classes the broker is known to fail on (xfail, not strict): an entry goes once its fix is in."""
 NOT_RUN: dict[Kind, str] = {}
 """Classes that would take the test machine down with the broker (not run): an entry goes once its
