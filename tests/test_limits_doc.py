@@ -9,7 +9,7 @@ from coordinator.cli import _parser
 DOC = Path(__file__).resolve().parents[1] / "docs" / "limits.md"
 #: How the table writes a default of None.
 UNBOUNDED = {
-    "--max-connections": "the file limit less 1024",
+    "--max-connections": "the file limit less 1024, at least half of it",
     "--max-connections-per-address": "no limit",
 }
 
