@@ -5,6 +5,7 @@ connections, a pipelining peer that never reads (ConnectionLimits, issue 14 case
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -16,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from coordinator.channel import ReadBounds
+from coordinator.channel import DECODE_OFF_LOOP, ReadBounds
 from coordinator.config import CoordinatorConfig
 from coordinator.election import ElectionStore, Elector, handle_elected_connection
 from coordinator.limits import ConnectionLimits
@@ -32,6 +33,7 @@ from protocol import (
     ListGroupsRequest,
     ListGroupsResponse,
     OffsetCommitRequest,
+    OffsetFetchRequest,
     PeerError,
     ProduceRequest,
     Request,
@@ -40,7 +42,7 @@ from protocol import (
     Role,
 )
 from protocol.records import Record
-from protocol.types import BrokerInfo
+from protocol.types import BrokerInfo, TopicPartition
 
 MAX_FRAME = 64 * 1024
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, max_frame_size=MAX_FRAME)
@@ -406,3 +408,39 @@ async def test_a_follower_brokers_connections_have_the_same_bounds(
                 assert isinstance(events[-1], PeerError)
                 assert events[-1].error_code is ErrorCode.REQUEST_TIMED_OUT
                 assert await closed_at(silent) == start + 60
+
+
+# --- large frames ------------------------------------------------------------------------------
+
+
+async def test_a_large_frame_is_decoded_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Decoding costs about 55 ns a byte: a 4 MiB frame decoded on the event loop would stall
+    # every other connection for a quarter of a second (issue 14: an OffsetFetch naming 250,000
+    # partitions blocked the loop for 10 s). Where each of the broker's frames was decoded:
+    decoded: list[tuple[int, bool]] = []
+    real = Connection.next_event
+
+    def next_event(connection: Connection) -> object:
+        event = real(connection)
+        if connection.our_role is Role.BROKER and isinstance(event, Request):
+            on_loop = threading.current_thread() is threading.main_thread()
+            decoded.append((connection.last_frame_bytes, on_loop))
+        return event
+
+    monkeypatch.setattr(Connection, "next_event", next_event)
+    big = OffsetFetchRequest(
+        group_id="g",
+        partitions=tuple(TopicPartition(topic="events", partition=p) for p in range(10_000)),
+    )
+    async with open_simulated_cluster(tmp_path, CoordinatorConfig()) as cluster:
+        await cluster.create_topic("events", partitions=10_000)
+        async with cluster.open_client() as client:
+            with trio.fail_after(30):
+                fetched = await client.request(big)
+                listed = await client.request(ListGroupsRequest())
+    assert fetched.error_code is ErrorCode.NONE and listed.error_code is ErrorCode.NONE
+    (big_size, big_on_loop), (small_size, small_on_loop) = decoded
+    assert big_size > DECODE_OFF_LOOP and not big_on_loop
+    assert small_size < DECODE_OFF_LOOP and small_on_loop
