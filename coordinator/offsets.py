@@ -134,7 +134,9 @@ class OffsetKeeper:
             group.dirty[tp] = offset
             changed = True
         if changed:
-            group.generation = max(group.generation, generation)
+            # A standalone commit (a reset of an empty group) is written as one (-1), not under
+            # the generation its members last had: it may move offsets backwards, they may not.
+            group.generation = max(group.generation, generation) if monotonic else generation
             self._version += 1
         return self._version
 

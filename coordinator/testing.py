@@ -158,6 +158,9 @@ class StoreHistory:
 
     durable_offsets: dict[tuple[str, TopicPartition], int] = attrs.field(factory=dict)
     group_generations: dict[str, int] = attrs.field(factory=dict)
+    #: How often each group was deleted: a group made again after that starts its generations
+    #: anew, as a group that never existed.
+    deletions: dict[str, int] = attrs.field(factory=dict)
     violations: list[str] = attrs.field(factory=list)
 
     def offsets_written(self, batches: Sequence[OffsetBatch]) -> None:
@@ -183,6 +186,7 @@ class StoreHistory:
         self.group_generations[record.group_id] = max(record.generation, before)
 
     def group_deleted(self, group_id: str) -> None:
+        self.deletions[group_id] = self.deletions.get(group_id, 0) + 1
         self.group_generations.pop(group_id, None)
         for key in [k for k in self.durable_offsets if k[0] == group_id]:
             del self.durable_offsets[key]
@@ -715,7 +719,7 @@ class SimulatedCluster:
     _stop_requested: trio.Event = attrs.field(factory=trio.Event)
     _down_for: float = 0.0
     _accepted: dict[tuple[str, TopicPartition], int] = attrs.field(factory=dict)
-    _generations_seen: dict[tuple[int, str], int] = attrs.field(factory=dict)
+    _generations_seen: dict[tuple[int, str, int], int] = attrs.field(factory=dict)
 
     # --- topics -------------------------------------------------------------------------------
 
@@ -955,7 +959,7 @@ class SimulatedCluster:
         coordinator = self.coordinator
         incarnation = self.incarnation.value
         for group_id, group in coordinator.groups.items():
-            key = (incarnation, group_id)
+            key = (incarnation, group_id, self.history.deletions.get(group_id, 0))
             before = self._generations_seen.get(key, -1)
             if group.machine.generation < before:
                 raise InvariantViolation(
