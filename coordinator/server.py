@@ -25,6 +25,7 @@ from coordinator.membership import Member
 from coordinator.store import (
     InvalidPartitions,
     MetadataStore,
+    StoreError,
     StoreUnavailable,
     TopicExists,
     TopicPlacement,
@@ -333,9 +334,13 @@ async def handle_connection(
             except RemoteProtocolError:
                 violation = True
             nursery.cancel_scope.cancel()
-    except Exception:
-        # Ours, not the peer's: its member may not know, as after a reset.
-        log.exception("serving %s failed; closing that connection", channel.peer)
+    except Exception as exc:
+        # Ours, not the peer's: its member may not know, as after a reset. A store that fails
+        # under one request (a lost ZooKeeper connection) is no bug: the client retries.
+        if (cause := _store_failure(exc)) is not None:
+            log.warning("serving %s: %s; closing that connection", channel.peer, cause)
+        else:
+            log.exception("serving %s failed; closing that connection", channel.peer)
         channel.broken = True
     finally:
         member = session.member if session is not None else None
@@ -350,3 +355,10 @@ async def handle_connection(
             coordinator.member_event(member, event)
         with trio.CancelScope(shield=True):
             await channel.aclose()
+
+
+def _store_failure(exc: BaseException) -> StoreError | None:
+    """The store's error, if that is all ``exc`` is (trio wraps task errors in groups)."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _store_failure(exc.exceptions[0])
+    return exc if isinstance(exc, StoreError) else None

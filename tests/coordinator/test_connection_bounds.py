@@ -22,11 +22,13 @@ from coordinator.config import CoordinatorConfig
 from coordinator.election import ElectionStore, Elector, handle_elected_connection
 from coordinator.limits import ConnectionLimits
 from coordinator.server import COMMITS_IN_FLIGHT, handle_connection
+from coordinator.store import StoreUnavailable
 from coordinator.testing import SimulatedCluster, open_simulated_cluster
 from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
     Connection,
+    ConnectionClosed,
     DescribeGroupRequest,
     ErrorCode,
     FetchRequest,
@@ -70,6 +72,8 @@ async def read_until_closed(
     try:
         while True:
             event = connection.next_event()
+            if isinstance(event, ConnectionClosed):
+                return events
             events.append(event)
             if isinstance(event, PeerError):
                 return events
@@ -444,3 +448,28 @@ async def test_a_large_frame_is_decoded_off_the_event_loop(
     (big_size, big_on_loop), (small_size, small_on_loop) = decoded
     assert big_size > DECODE_OFF_LOOP and not big_on_loop
     assert small_size < DECODE_OFF_LOOP and small_on_loop
+
+
+async def test_a_store_that_fails_under_one_request_closes_only_that_connection(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with bounded_cluster(tmp_path) as cluster:
+
+        async def unavailable(store: object, group_id: str) -> object:
+            raise StoreUnavailable("injected: the store is out of reach")
+
+        # An injected store failure, for OffsetFetch's read of a group not in memory only.
+        inner = cluster.coordinator.offsets.store.inner  # type: ignore[attr-defined]
+        monkeypatch.setattr(type(inner), "fetch_offsets", unavailable)
+        stream = await cluster.connect()
+        await stream.send_all(frames(OffsetFetchRequest(group_id="g", partitions=None)))
+        with trio.fail_after(5):
+            assert await read_until_closed(stream) == []  # closed, no answer
+        monkeypatch.undo()
+        await assert_still_serving(cluster)
+    (line,) = [r for r in caplog.records if "closing that connection" in r.getMessage()]
+    assert line.levelname == "WARNING" and line.exc_info is None
+    assert "out of reach" in line.getMessage()
