@@ -140,13 +140,21 @@ class ReadBounds:
     budget: ReadBudget
     #: Answers that could not be encoded, replaced by an error response.
     unanswerable: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
+    #: Whole frames at least this large are decoded in a worker thread; None: every frame on
+    #: the loop, for the deterministic test driver, whose virtual clock would jump ahead while a
+    #: thread works.
+    decode_off_loop: int | None = DECODE_OFF_LOOP
     #: One large frame decoded off the loop at a time: more threads would only take turns with
     #: the loop for the GIL.
     decoder: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
 
     @classmethod
-    def of(cls, limits: ConnectionLimits) -> ReadBounds:
-        return cls(limits=limits, budget=ReadBudget(limit=limits.max_buffered_request_bytes))
+    def of(cls, limits: ConnectionLimits, *, threads: bool = True) -> ReadBounds:
+        return cls(
+            limits=limits,
+            budget=ReadBudget(limit=limits.max_buffered_request_bytes),
+            decode_off_loop=DECODE_OFF_LOOP if threads else None,
+        )
 
 
 @attrs.define(eq=False)
@@ -373,14 +381,16 @@ class Channel:
         the connection, which touches other correlation ids than the decode does."""
         connection = self.connection
         size = connection.next_frame_bytes
+        bounds = self.bounds
         if (
-            self.bounds is None
+            bounds is None
+            or bounds.decode_off_loop is None
             or size is None
-            or size < DECODE_OFF_LOOP
+            or size < bounds.decode_off_loop
             or connection.buffered_bytes < size
         ):
             return connection.next_event()
-        return await trio.to_thread.run_sync(connection.next_event, limiter=self.bounds.decoder)
+        return await trio.to_thread.run_sync(connection.next_event, limiter=bounds.decoder)
 
     async def _await_room_for_frame(self) -> None:
         """Between reads: start the deadline of a frame that has begun to arrive, and claim its

@@ -713,8 +713,11 @@ class SimulatedCluster:
     #: How many times a coordinator took office in this cluster (1 before any restart).
     incarnation: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
     #: The limits on reading that connections are served under: a real broker's defaults, so
-    #: what a test sees is what a deployment would (None: none).
-    bounds: ReadBounds | None = attrs.field(factory=lambda: ReadBounds.of(ConnectionLimits()))
+    #: what a test sees is what a deployment would (None: none); every frame is decoded on the
+    #: loop, since virtual time would jump ahead while a thread decodes.
+    bounds: ReadBounds | None = attrs.field(
+        factory=lambda: ReadBounds.of(ConnectionLimits(), threads=False)
+    )
     _connections: trio.Nursery | None = None
     _stop_requested: trio.Event = attrs.field(factory=trio.Event)
     _down_for: float = 0.0

@@ -93,7 +93,7 @@ async def bounded_cluster(
     tmp_path: Path, limits: ConnectionLimits = LIMITS
 ) -> AsyncIterator[SimulatedCluster]:
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
-        cluster.bounds = ReadBounds.of(limits)
+        cluster.bounds = ReadBounds.of(limits, threads=False)
         yield cluster
 
 
@@ -439,6 +439,7 @@ async def test_a_large_frame_is_decoded_off_the_event_loop(
         partitions=tuple(TopicPartition(topic="events", partition=p) for p in range(10_000)),
     )
     async with open_simulated_cluster(tmp_path, CoordinatorConfig()) as cluster:
+        cluster.bounds = ReadBounds.of(ConnectionLimits())  # as a broker process serves them
         await cluster.create_topic("events", partitions=10_000)
         async with cluster.open_client() as client:
             with trio.fail_after(30):
