@@ -58,6 +58,8 @@ class GroupCoordinator:
     groups: dict[str, Group] = attrs.field(factory=dict)
     topics: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
     brokers: tuple[BrokerInfo, ...] = ()
+    #: The log end of partitions whose log this broker holds: an offset past it is refused.
+    log_end: LogEnd | None = None
 
     def __attrs_post_init__(self) -> None:
         self.pinger = Pinger(coordinator=self)
@@ -288,7 +290,7 @@ class GroupCoordinator:
 
     # --- offsets --------------------------------------------------------------------------
 
-    async def accept_reported_offsets(
+    def accept_reported_offsets_nowait(
         self,
         member: Member,
         generation: int,
@@ -299,20 +301,7 @@ class GroupCoordinator:
         """Offsets in a Ping response count only for partitions the member owns under the
         generation the Ping carried, and only while it is a member; a StopFetcher answer is its
         ``final`` report for what it owned, accepted even if it left right after (DESIGN.md,
-        "Generations")."""
-        accepted = self._fenced(member, generation, offsets, final=final)
-        if accepted:
-            await self.offsets.accept(member.group_id, generation, accepted, monotonic=True)
-
-    def accept_reported_offsets_nowait(
-        self,
-        member: Member,
-        generation: int,
-        offsets: tuple[PartitionOffset, ...],
-        *,
-        final: bool = False,
-    ) -> None:
-        """:meth:`accept_reported_offsets` from the reader that got the answer."""
+        "Generations"). Called by the reader that got the answer, as it arrives."""
         accepted = self._fenced(member, generation, offsets, final=final)
         if not accepted:
             return
@@ -322,21 +311,32 @@ class GroupCoordinator:
             # rebalance loads them before StopFetcher): load them in a task of their own.
             self.nursery.start_soon(
                 functools.partial(
-                    self.accept_reported_offsets, member, generation, offsets, final=final
+                    self.offsets.accept, group_id, generation, accepted, monotonic=True
                 )
             )
 
-    @staticmethod
     def _fenced(
-        member: Member, generation: int, offsets: tuple[PartitionOffset, ...], *, final: bool
+        self, member: Member, generation: int, offsets: tuple[PartitionOffset, ...], *, final: bool
     ) -> dict[TopicPartition, int]:
         if not offsets or generation != member.owned_generation:
             return {}
         if not final and not member.machine.alive:
             return {}
-        return {
+        fenced = {
             po.topic_partition: po.offset for po in offsets if po.topic_partition in member.owned
         }
+        if self.log_end is not None and (beyond := validation.beyond_log_end(fenced, self.log_end)):
+            # A report cannot be refused as a commit is: the offending partitions are dropped.
+            log.warning(
+                "group %r: dropped offsets past the log end for %d partitions (%s: %d)",
+                member.group_id,
+                len(beyond),
+                beyond[0],
+                fenced[beyond[0]],
+            )
+            for tp in beyond:
+                del fenced[tp]
+        return fenced
 
     async def commit(self, request: OffsetCommitRequest, channel: Channel) -> ErrorCode:
         """OffsetCommit, fenced by member and generation, answered once durable; an offset
@@ -347,8 +347,7 @@ class GroupCoordinator:
             return error
         group = self.groups.get(request.group_id)
         offsets = {po.topic_partition: po.offset for po in request.offsets}
-        log_end = self.offsets.log_end
-        if log_end is not None and validation.beyond_log_end(offsets, log_end):
+        if self.log_end is not None and validation.beyond_log_end(offsets, self.log_end):
             return ErrorCode.OFFSET_OUT_OF_RANGE
         if request.consumer_id is None:
             if request.generation != -1:
@@ -709,7 +708,6 @@ async def open_group_coordinator(
         epoch=epoch,
         commit_interval=config.commit_interval,
         retry_backoff=config.store_retry_backoff,
-        log_end=log_end,
     )
     async with trio.open_nursery() as nursery:
         coordinator = GroupCoordinator(
@@ -720,6 +718,7 @@ async def open_group_coordinator(
             offsets=offsets,
             nursery=nursery,
             took_office_at=took_office_at,
+            log_end=log_end,
         )
         coordinator.brokers = await store.brokers()
         await _recover_groups(coordinator)

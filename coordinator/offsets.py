@@ -23,7 +23,6 @@ import trio
 from trio_util import AsyncValue
 
 from coordinator.store import MetadataStore, OffsetBatch, StoreUnavailable
-from coordinator.validation import LogEnd, beyond_log_end
 from protocol.types import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -60,8 +59,6 @@ class OffsetKeeper:
     epoch: int
     commit_interval: float
     retry_backoff: float
-    #: The log end of partitions whose log this broker holds: an offset past it is dropped.
-    log_end: LogEnd | None = None
     _groups: dict[str, _GroupOffsets] = attrs.field(factory=dict)
     _version: int = 0
     _durable: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
@@ -70,7 +67,7 @@ class OffsetKeeper:
 
     async def committed(self, group_id: str) -> Mapping[TopicPartition, int]:
         """The group's offsets as accepted so far (durable, or about to be); not what to show
-        anyone as committed, which is :meth:`durable`."""
+        anyone as committed, which is :attr:`OffsetView.durable`."""
         return (await self._load(group_id)).committed
 
     async def view(self, group_id: str) -> OffsetView:
@@ -114,18 +111,6 @@ class OffsetKeeper:
         group = self._groups.get(group_id)
         if group is None:
             return None
-        if self.log_end is not None and (beyond := beyond_log_end(offsets, self.log_end)):
-            # A commit past the log end was refused before it came here; a Ping or StopFetcher
-            # answer's offsets cannot be, so the offending partitions are dropped from it.
-            log.warning(
-                "group %r: dropped offsets past the log end for %d partitions (%s: %d)",
-                group_id,
-                len(beyond),
-                beyond[0],
-                offsets[beyond[0]],
-            )
-            dropped = set(beyond)
-            offsets = {tp: offset for tp, offset in offsets.items() if tp not in dropped}
         changed = False
         for tp, offset in offsets.items():
             if monotonic and offset <= group.committed.get(tp, -1):
