@@ -35,9 +35,7 @@ from protocol import (
     ConnectionClosed,
     ConnectionState,
     ErrorCode,
-    Event,
     LocalProtocolError,
-    NeedData,
     PeerError,
     RemoteProtocolError,
     Request,
@@ -347,10 +345,15 @@ class Channel:
         log.debug("closing %s: idle for %g s", self.peer, bounds.limits.idle_timeout)
 
     async def _read_events(self, on_request: Callable[[Request], Awaitable[None]]) -> None:
+        connection = self.connection
         while True:
-            event = await self._next_event()
+            decoder = self._off_loop_decoder()
+            if decoder is None:
+                event = connection.next_event()
+            else:
+                event = await trio.to_thread.run_sync(connection.next_event, limiter=decoder)
             if event is NEED_DATA:
-                if self.bounds is not None:
+                if self.bounds is not None and (connection.buffered_bytes or self._claimed):
                     await self._await_room_for_frame()
                 data = await self.stream.receive_some(RECEIVE_SIZE)
                 self.connection.receive_data(bytes(data))
@@ -374,23 +377,19 @@ class Channel:
                 log.info("%s reported %s: %s", self.peer, event.error_code.name, event.message)
                 return
 
-    async def _next_event(self) -> Event | NeedData:
-        """The connection's next event; a large whole frame is decoded in a worker thread, so
-        that one client's big request does not stall the others. Meanwhile this reader (the
-        only caller of ``receive_data`` and ``next_event``) waits, and the loop may only send on
-        the connection, which touches other correlation ids than the decode does."""
-        connection = self.connection
-        size = connection.next_frame_bytes
+    def _off_loop_decoder(self) -> trio.CapacityLimiter | None:
+        """The limiter to decode the next frame under in a worker thread, if it is whole and
+        large enough for that (None: decode it on the loop), so that one client's big request
+        does not stall the others. Meanwhile this reader (the only caller of ``receive_data``
+        and ``next_event``) waits, and the loop may only send on the connection, which touches
+        other correlation ids than the decode does."""
         bounds = self.bounds
-        if (
-            bounds is None
-            or bounds.decode_off_loop is None
-            or size is None
-            or size < bounds.decode_off_loop
-            or connection.buffered_bytes < size
-        ):
-            return connection.next_event()
-        return await trio.to_thread.run_sync(connection.next_event, limiter=bounds.decoder)
+        if bounds is None or bounds.decode_off_loop is None:
+            return None
+        size = self.connection.next_frame_bytes
+        if size is None or size < bounds.decode_off_loop or self.connection.buffered_bytes < size:
+            return None
+        return bounds.decoder
 
     async def _await_room_for_frame(self) -> None:
         """Between reads: start the deadline of a frame that has begun to arrive, and claim its
