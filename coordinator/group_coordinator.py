@@ -341,10 +341,8 @@ class GroupCoordinator:
     async def commit(self, request: OffsetCommitRequest, channel: Channel) -> ErrorCode:
         """OffsetCommit, fenced by member and generation, answered once durable; an offset
         past its partition's log end is refused (OFFSET_OUT_OF_RANGE), since members only move
-        offsets forward and one such commit would pin its group there."""
-        error = validation.offset_commit_error(request, self.config.limits)
-        if error is not ErrorCode.NONE:
-            return error
+        offsets forward and one such commit would pin its group there. The request has passed
+        the checks at the boundary (``validation.request_error``) already."""
         group = self.groups.get(request.group_id)
         offsets = {po.topic_partition: po.offset for po in request.offsets}
         if self.log_end is not None and validation.beyond_log_end(offsets, self.log_end):
