@@ -8,8 +8,8 @@ lives in :mod:`coordinator.rebalance`.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
-import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 
@@ -20,7 +20,7 @@ from coordinator import rebalance, validation
 from coordinator.channel import Channel, ChannelClosed
 from coordinator.config import CoordinatorConfig
 from coordinator.heartbeat import Pinger
-from coordinator.membership import Group, Lease, Member
+from coordinator.membership import Group, Member
 from coordinator.offsets import OffsetKeeper
 from coordinator.store import GroupRecord, MemberRecord, MetadataStore, StoreError, TopicPlacement
 from coordinator.validation import LogEnd
@@ -39,6 +39,7 @@ from protocol import (
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine import group as group_sm
 from statemachine import member as member_sm
+from statemachine import ownership
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,9 @@ class GroupCoordinator:
     brokers: tuple[BrokerInfo, ...] = ()
     #: The log end of partitions whose log this broker holds: an offset past it is refused.
     log_end: LogEnd | None = None
+    #: Hands out member incarnations: unique across the coordinator's groups, so that a member
+    #: of a group rebuilt since owns nothing in the new group's machine.
+    _incarnations: itertools.count[int] = attrs.field(factory=itertools.count)
 
     def __attrs_post_init__(self) -> None:
         self.pinger = Pinger(coordinator=self)
@@ -100,6 +104,7 @@ class GroupCoordinator:
             machine=machine,
             channel=channel,
             connection_scope=connection_scope,
+            incarnation=next(self._incarnations),
         )
         group.members[member.member_id] = member
         group.streams += validation.stream_count(record.subscription)
@@ -122,29 +127,44 @@ class GroupCoordinator:
         owners that have not re-registered, and a member whose connection broke under it frees
         its partitions when it comes back. Any other generation (a new process under an old id,
         an attempt that was never persisted) proves nothing, and the lease stands."""
-        lease = group.leases.get(member.member_id)
-        if lease is None or request.generation != lease.generation:
-            return
-        del group.leases[member.member_id]
-        now = trio.current_time()
-        leased = {tp for tp in lease.partitions if group.free_at.get(tp, -math.inf) > now}
-        held = leased.intersection(request.owned_partitions)
-        freed = leased - held
-        for tp in freed:
-            del group.free_at[tp]
-        if freed:
-            group.leases_freed.value += 1  # an attempt waiting on these leases goes on now
-        if held:
-            member.owned = frozenset(held)
-            member.owned_generation = request.generation
-        log.info(
-            "group %s: %s came back under generation %d; adopted %d leased partitions, freed %d",
-            group.group_id,
-            member.member_id,
-            request.generation,
-            len(held),
-            len(freed),
+        registered = ownership.OwnerRegistered(
+            owner=member.member_id,
+            incarnation=member.incarnation,
+            generation=request.generation,
+            holding=request.owned_partitions,
+            now=trio.current_time(),
         )
+        effects = self.own_or_fail(group, registered)
+        if effects:
+            held = sum(len(e.partitions) for e in effects if isinstance(e, ownership.LeaseAdopted))
+            freed = sum(len(e.partitions) for e in effects if isinstance(e, ownership.LeaseEnded))
+            log.info(
+                "group %s: %s came back under generation %d; adopted %d leased partitions, "
+                "freed %d",
+                group.group_id,
+                member.member_id,
+                request.generation,
+                held,
+                freed,
+            )
+
+    def own(self, group: Group, event: ownership.Event) -> list[ownership.Effect]:
+        """Feed the group's ownership machine and perform its effects: a lease its owner ended
+        wakes an attempt waiting on leases. An input the machine refuses raises."""
+        effects = group.ownership.handle(event)
+        if any(isinstance(effect, ownership.LeaseEnded) for effect in effects):
+            group.leases_freed.value += 1
+        return effects
+
+    def own_or_fail(self, group: Group, event: ownership.Event) -> list[ownership.Effect]:
+        """:meth:`own` from a task that is not the group's driver (a connection, the Ping
+        scheduler, a reader): an input the machine refuses is a bug in the group's work, and the
+        group fails, not that task."""
+        try:
+            return self.own(group, event)
+        except Exception as exc:
+            self.fail_group(group, exc)
+            return []
 
     def _registration_error(self, request: RegisterConsumerRequest, client_id: str) -> ErrorCode:
         timeout = request.session_timeout_ms
@@ -188,12 +208,12 @@ class GroupCoordinator:
         (death,) = effects
         del group.members[member.member_id]
         group.streams -= validation.stream_count(member.record.subscription)
-        for tp in member.owned:
-            group.free_at[tp] = max(group.free_at.get(tp, -math.inf), death.partitions_free_at)
-        if member.owned and death.partitions_free_at > trio.current_time():
-            group.leases[member.member_id] = Lease(
-                generation=member.owned_generation, partitions=member.owned
-            )
+        died = ownership.OwnerDied(
+            incarnation=member.incarnation,
+            until=death.partitions_free_at,
+            now=trio.current_time(),
+        )
+        self.own_or_fail(group, died)
         log.info(
             "group %s: %s is dead (%s); its partitions are free at %.3f",
             group.group_id,
@@ -318,13 +338,18 @@ class GroupCoordinator:
     def _fenced(
         self, member: Member, generation: int, offsets: tuple[PartitionOffset, ...], *, final: bool
     ) -> dict[TopicPartition, int]:
-        if not offsets or generation != member.owned_generation:
+        if not offsets:
+            return {}
+        group = self.groups.get(member.group_id)
+        if group is None:
+            return {}
+        holding = group.ownership.holding(member.incarnation)
+        if generation != holding.generation:
             return {}
         if not final and not member.machine.alive:
             return {}
-        fenced = {
-            po.topic_partition: po.offset for po in offsets if po.topic_partition in member.owned
-        }
+        owned = holding.partitions
+        fenced = {po.topic_partition: po.offset for po in offsets if po.topic_partition in owned}
         if self.log_end is not None and (beyond := validation.beyond_log_end(fenced, self.log_end)):
             # A report cannot be refused as a commit is: the offending partitions are dropped.
             log.warning(
@@ -359,7 +384,9 @@ class GroupCoordinator:
             member = group.members.get(request.consumer_id) if group is not None else None
             if member is None or member.channel is not channel:
                 return ErrorCode.UNKNOWN_MEMBER_ID
-            if request.generation != member.owned_generation or not offsets.keys() <= member.owned:
+            assert group is not None
+            holding = group.ownership.holding(member.incarnation)
+            if request.generation != holding.generation or not offsets.keys() <= holding.partitions:
                 return ErrorCode.ILLEGAL_GENERATION
             version = await self.offsets.accept(
                 request.group_id, request.generation, offsets, monotonic=True
@@ -432,22 +459,14 @@ class GroupCoordinator:
         failed.next_attempt_at.value = None
         if self.groups.get(failed.group_id) is failed:
             del self.groups[failed.group_id]
-            claims = [
-                (member_id, lease.generation, lease.partitions)
-                for member_id, lease in failed.leases.items()
-                if failed.partitions_free_at(lease.partitions) > failed_at
-            ]
-            claims += [(m.member_id, m.owned_generation, m.owned) for m in members if m.owned]
-            group = self._restore(
+            self._restore(
                 failed.group_id,
                 record,
                 since=failed_at,
                 generation=max(failed.machine.generation, record.generation if record else 0),
-                claims=claims,
+                claims=failed.ownership.carryover(failed_at),
                 longest=max((m.machine.timeouts.session_timeout for m in members), default=0.0),
             )
-            for tp, at in failed.free_at.items():
-                group.free_at[tp] = max(group.free_at.get(tp, -math.inf), at)
         for member in members:
             # Dead to the Ping scheduler and to offset fencing at once; what its death would
             # free is already counted above, from the failure.
@@ -462,14 +481,14 @@ class GroupCoordinator:
         *,
         since: float,
         generation: int,
-        claims: Iterable[tuple[str, int, frozenset[TopicPartition]]] = (),
+        claims: Iterable[ownership.Claim] = (),
         longest: float = 0.0,
     ) -> Group:
         """The group as a coordinator that knows none of its members finds it. The record's
         assignment stays the sticky assignor's starting point, so owners that re-register get
-        their partitions back. Every partition of the record, and of each (member id,
-        generation, partitions) in ``claims``, waits until ``since`` plus the longest session
-        timeout (of the record's members, or ``longest``) plus the margin, unless its owner
+        their partitions back. Every partition of the record, and of each of ``claims``, waits
+        until ``since`` plus the longest session timeout (of the record's members, or
+        ``longest``) plus the margin (or the claim's own instant, if later), unless its owner
         re-registers under that generation first (``_adopt``)."""
         group = self.group(group_id, generation=generation)
         claims = list(claims)
@@ -478,13 +497,18 @@ class GroupCoordinator:
             owners: dict[str, set[TopicPartition]] = {}
             for tp, thread in record.assignment.items():
                 owners.setdefault(thread.member_id, set()).add(tp)
-            claims += [(m, record.generation, frozenset(tps)) for m, tps in owners.items()]
+            claims += [
+                ownership.Claim(owner=m, generation=record.generation, partitions=frozenset(tps))
+                for m, tps in owners.items()
+            ]
             longest = max([longest, *(m.session_timeout_ms / 1000 for m in record.members)])
-        free_at = since + longest + self.config.lease_margin
-        for member_id, claimed_generation, partitions in claims:
-            _hold(group.leases, member_id, claimed_generation, partitions)
-            for tp in partitions:
-                group.free_at[tp] = max(group.free_at.get(tp, -math.inf), free_at)
+        recovered = ownership.Recovered(
+            claims=tuple(claims),
+            since=since,
+            longest_session=longest,
+            margin=self.config.lease_margin,
+        )
+        self.own(group, recovered)
         return group
 
     def _apply(self, group: Group, effects: list[group_sm.Effect]) -> None:
@@ -570,13 +594,14 @@ class GroupCoordinator:
                 members=(),
                 offsets=(),
             )
+        holding = group.ownership.holding if group else (lambda _: ownership.NOTHING)
         members = tuple(
             MemberDescription(
                 member_id=m.member_id,
                 client_id=m.record.client_id,
                 session_timeout_ms=m.record.session_timeout_ms,
                 subscription=m.record.subscription,
-                partitions=tuple(sorted(m.owned)),
+                partitions=tuple(sorted(holding(m.incarnation).partitions)),
             )
             for m in (sorted(group.members.values(), key=lambda m: m.member_id) if group else ())
         )
@@ -645,7 +670,7 @@ class GroupCoordinator:
 
 
 def _deletable(group: Group) -> bool:
-    return not group.members and group.partitions_free_at(group.free_at) <= trio.current_time()
+    return not group.members and not group.ownership.under_lease(trio.current_time())
 
 
 def _is_shared_failure(exc: BaseException) -> bool:
@@ -654,25 +679,6 @@ def _is_shared_failure(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return exc.subgroup(StoreError) is not None
     return isinstance(exc, StoreError)
-
-
-def _hold(
-    leases: dict[str, Lease],
-    member_id: str,
-    generation: int,
-    partitions: frozenset[TopicPartition],
-) -> None:
-    """Add what ``member_id`` may hold under ``generation`` to ``leases``. Under another
-    generation it is another process (or a start it never got): neither may free the other's
-    partitions by re-registering, so only the newer lease is kept, and the other's partitions
-    wait out their time in ``free_at``."""
-    current = leases.get(member_id)
-    if current is None or current.generation == generation:
-        if current is not None:
-            partitions = partitions | current.partitions
-        leases[member_id] = Lease(generation=generation, partitions=partitions)
-    elif generation > current.generation:
-        leases[member_id] = Lease(generation=generation, partitions=partitions)
 
 
 async def _recover_groups(coordinator: GroupCoordinator) -> None:

@@ -8,7 +8,6 @@ scope that a member failure cancels, and the timer of the next attempt.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
 
 import attrs
 import trio
@@ -19,6 +18,7 @@ from coordinator.store import MemberRecord
 from protocol.types import ConsumerThread, TopicPartition
 from statemachine.group import GroupMachine, GroupState
 from statemachine.member import MemberMachine
+from statemachine.ownership import Ownership
 
 
 @attrs.define(eq=False)
@@ -29,22 +29,13 @@ class Member:
     channel: Channel
     #: Cancelling it ends the member's connection task, which closes the connection.
     connection_scope: trio.CancelScope
-    #: The partitions started for this member, and the generation they were started under: only
-    #: offsets for these, reported under that generation, are accepted from it.
-    owned: frozenset[TopicPartition] = frozenset()
-    owned_generation: int = -1
+    #: This registration of the member id, in the group's ownership machine: what it owns, and
+    #: under which generation, is ``group.ownership.holding(incarnation)``.
+    incarnation: int
 
     @property
     def member_id(self) -> str:
         return self.record.member_id
-
-
-@attrs.frozen(kw_only=True)
-class Lease:
-    """Partitions a member id held under ``generation`` and may still be fetching."""
-
-    generation: int
-    partitions: frozenset[TopicPartition]
 
 
 @attrs.define(eq=False)
@@ -56,14 +47,11 @@ class Group:
     streams: int = 0
     #: The intended assignment of the latest attempt that reached its start phase.
     assignment: dict[TopicPartition, ConsumerThread] = attrs.field(factory=dict)
-    #: Partitions whose previous owner may still be fetching until the given instant (a member
-    #: that fell silent, or one that a previous coordinator knew).
-    free_at: dict[TopicPartition, float] = attrs.field(factory=dict)
-    #: Per member id, what a process that may still be fetching holds under a lease in
-    #: ``free_at``: a member whose connection broke or that fell silent, or an owner in the
-    #: record a new coordinator recovered. Its re-registration can end the lease early.
-    leases: dict[str, Lease] = attrs.field(factory=dict)
-    #: Counts re-registrations that freed leased partitions: an attempt waiting on leases wakes.
+    #: Who may fetch each partition, and from when a partition is free (the machine decides;
+    #: the coordinator feeds it and performs its effects).
+    ownership: Ownership = attrs.field(factory=Ownership)
+    #: Counts leases their owners ended early (``ownership.LeaseEnded``): an attempt waiting on
+    #: leases wakes.
     leases_freed: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
     #: When the next rebalance attempt is due (None: none is due).
     next_attempt_at: AsyncValue[float | None] = attrs.field(factory=lambda: AsyncValue(None))
@@ -89,7 +77,3 @@ class Group:
 
     def longest_session_timeout(self) -> float:
         return max((m.machine.timeouts.session_timeout for m in self.members.values()), default=0.0)
-
-    def partitions_free_at(self, partitions: Collection[TopicPartition]) -> float:
-        # ``free_at`` is usually empty or small, ``partitions`` a whole assignment.
-        return max((at for tp, at in self.free_at.items() if tp in partitions), default=-math.inf)

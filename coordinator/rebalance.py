@@ -15,7 +15,6 @@ complete.
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -37,6 +36,7 @@ from protocol import (
 from protocol.types import ConsumerThread, TopicPartition
 from statemachine import group as group_sm
 from statemachine import member as member_sm
+from statemachine import ownership
 from statemachine.assignment import sticky_assign
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
     assignment = compute_assignment(coordinator, group)
     settled = all(
         m.machine.state is member_sm.MemberState.STABLE
-        and m.owned_generation == group.machine.generation
+        and group.ownership.holding(m.incarnation).generation == group.machine.generation
         for m in members
     )
     if settled and assignment == group.assignment:
@@ -124,14 +124,7 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
         if attempt.cancel_called:
             return
         group.completed += 1
-        for tp in [tp for tp in group.free_at if tp in assignment]:
-            del group.free_at[tp]
-        now = _now()
-        group.leases = {  # keep only those still in force
-            member_id: lease
-            for member_id, lease in group.leases.items()
-            if any(group.free_at.get(tp, -math.inf) > now for tp in lease.partitions)
-        }
+        coordinator.own(group, ownership.AttemptCompleted(now=_now()))
         coordinator.apply(group, group_sm.AttemptCompleted())
         log.info("group %s: stable at generation %d", group.group_id, generation)
     if attempt.cancelled_caught:
@@ -169,12 +162,12 @@ async def _stop_all(
         # The member's final report for the partitions it owned: accepted even if it left or
         # the attempt was cancelled since it answered; then it owns nothing, and fetches nothing,
         # so no lease need hold its partitions any longer (one adopted after a failover).
+        holding = group.ownership.holding(member.incarnation)
         coordinator.accept_reported_offsets_nowait(
-            member, member.owned_generation, response.offsets, final=True
+            member, holding.generation, response.offsets, final=True
         )
-        for tp in member.owned:
-            group.free_at.pop(tp, None)
-        member.owned = frozenset()
+        answered = ownership.StopAnswered(incarnation=member.incarnation, now=_now())
+        coordinator.own_or_fail(group, answered)
 
     silent = await coordinator.call_all(requests, stopped)
     failures.extend(f"{member.member_id} did not answer StopFetcher" for member in silent)
@@ -192,7 +185,7 @@ async def _start_all(
 ) -> None:
     # A partition leaving a member that fell silent waits until that member's lease ran out, or,
     # after a failover, until its owner came back and said it no longer fetches it.
-    while (free_at := group.partitions_free_at(assignment.keys())) > _now():
+    while (free_at := group.ownership.free_at(assignment.keys())) > _now():
         log.info("group %s: waiting until %.3f for leases to run out", group.group_id, free_at)
         with trio.move_on_at(free_at):
             await group.leases_freed.wait_transition()
@@ -214,15 +207,22 @@ async def _start_all(
     streams = _streams_by_member(coordinator, assignment, committed)
     failures: list[str] = []
     requests: dict[Member, RequestMessage] = {}
-    previously = {member: (member.owned, member.owned_generation) for member in members}
     now = _now()
     for member in members:
         if not member.machine.alive:
             continue
         member_streams, owned = streams.get(member.member_id, ((), frozenset()))
         member.machine.handle(member_sm.StartFetcherSent(generation=generation, now=now))
-        member.owned = owned
-        member.owned_generation = generation
+        # A start the machine refuses (a partition someone else may fetch) raises here, before
+        # any StartFetcher is sent: the group fails and is rebuilt.
+        start = ownership.Started(
+            owner=member.member_id,
+            incarnation=member.incarnation,
+            generation=generation,
+            partitions=owned,
+            now=now,
+        )
+        coordinator.own(group, start)
         requests[member] = StartFetcherRequest(
             coordinator_epoch=coordinator.epoch,
             generation=generation,
@@ -246,8 +246,7 @@ async def _start_all(
         member.machine.handle(member_sm.StartFetcherAnswered(now=_now()))
 
     def unsent(member: Member) -> None:
-        # Nothing reached it: it holds what it held before, which its StopFetcher answer emptied.
-        member.owned, member.owned_generation = previously[member]
+        coordinator.own(group, ownership.StartUnsent(incarnation=member.incarnation))
 
     silent = await coordinator.call_all(requests, started, unsent)
     failures.extend(f"{member.member_id} did not answer StartFetcher" for member in silent)

@@ -1013,10 +1013,15 @@ class SimulatedCluster:
             members = group.members if group is not None else {}
             for consumer in live:
                 member = members.get(consumer.consumer_id)
-                if member is None or member.owned != consumer.owned:
+                owned = (
+                    None
+                    if member is None or group is None
+                    else group.ownership.holding(member.incarnation).partitions
+                )
+                if owned != consumer.owned:
                     raise InvariantViolation(
                         f"group {group_id}: the coordinator thinks {consumer.consumer_id} owns "
-                        f"{None if member is None else sorted(member.owned)}, "
+                        f"{None if owned is None else sorted(owned)}, "
                         f"it fetches {sorted(consumer.owned)}"
                     )
 
