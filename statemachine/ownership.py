@@ -272,10 +272,15 @@ def _build_table() -> TransitionTable[PartitionState]:
 TABLE = _build_table()
 
 
-def _kind(value: _Timed, now: float) -> PartitionState:
-    if value.until <= now:
-        return TABLE.next_state(P.ADOPTED if type(value) is Adopted else P.LEASED, LeaseRanOut())
+def _untimed_kind(value: _Timed) -> PartitionState:
     return P.ADOPTED if type(value) is Adopted else P.LEASED
+
+
+def _kind(value: _Timed, now: float) -> PartitionState:
+    """The partition's state at ``now``: past its instant, its lease has run out."""
+    if value.until <= now:
+        return TABLE.next_state(_untimed_kind(value), LeaseRanOut())
+    return _untimed_kind(value)
 
 
 def _check(kinds: Iterable[PartitionState], event: object) -> None:
@@ -399,7 +404,7 @@ class Ownership:
             raise ValueError(f"incarnation {event.incarnation} was never started")
         timed = self._timed_among(holding.partitions)
         # Adopted or leased partitions were not given by a start: reverting one is a bug.
-        _check([P.HELD, *(_kind(value, math.inf) for value in timed.values())], event)
+        _check([P.HELD, *(_untimed_kind(value) for value in timed.values())], event)
         self._held -= holding.partitions
         self._holdings[event.incarnation] = attrs.evolve(
             holding, generation=holding.reverts_to, partitions=frozenset()
@@ -417,7 +422,7 @@ class Ownership:
         self._forget(timed)
         ended = frozenset(tp for tp, kind in kinds.items() if kind is P.LEASED)
         if holding.dead:
-            del self._holdings[event.incarnation]
+            self._holdings.pop(event.incarnation, None)
         else:
             self._holdings[event.incarnation] = attrs.evolve(holding, partitions=frozenset())
         return [LeaseEnded(partitions=ended)] if ended else []
@@ -514,9 +519,10 @@ class Ownership:
                 if (value.owner, value.generation) == (claim.owner, claim.generation):
                     self._timed[tp] = attrs.evolve(value, until=merged)
                 else:
-                    for key in {(value.owner, value.generation), (claim.owner, claim.generation)}:
-                        if key[0] is not None:
-                            self._claims[(key[0], key[1])].discard(tp)
+                    # Neither claim's process may end it now, nor may the dead process it came from.
+                    self._forget({tp: value})
+                    if claim.owner is not None:
+                        self._claims[(claim.owner, claim.generation)].discard(tp)
                     self._timed[tp] = Leased(
                         owner=None, generation=-1, incarnation=None, until=merged
                     )
