@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
@@ -350,7 +351,7 @@ STEPS = st.one_of(
     ]
 )
 def test_no_partition_has_two_holders_and_a_lease_ends_early_only_by_its_owners_word(
-    steps: list[tuple[object, ...]],
+    steps: list[tuple[Any, ...]],
 ) -> None:
     machine = o.Ownership()
     now = 0.0
@@ -363,31 +364,31 @@ def test_no_partition_has_two_holders_and_a_lease_ends_early_only_by_its_owners_
         event: o.Event | None = None
         kind = step[0]
         if kind == "wait":
-            now += float(step[1])  # type: ignore[arg-type]
+            now += float(step[1])
             continue
         if kind == "register":
             _, owner, gen, holding = step
             incarnation = len(registered) + len(dead) + 100
             event = o.OwnerRegistered(
-                owner=owner,  # type: ignore[arg-type]
+                owner=owner,
                 incarnation=incarnation,
-                generation=gen,  # type: ignore[arg-type]
-                holding=tuple(holding),  # type: ignore[call-overload]
+                generation=gen,
+                holding=tuple(holding),
                 now=now,
             )
         elif kind == "start" and registered:
-            owner, incarnation = registered[int(step[1]) % len(registered)]  # type: ignore[call-overload]
+            owner, incarnation = registered[int(step[1]) % len(registered)]
             generation += 1
             event = o.Started(
                 owner=owner,
                 incarnation=incarnation,
                 generation=generation,
-                partitions=step[2],  # type: ignore[arg-type]
+                partitions=step[2],
                 now=now,
             )
         elif kind in ("unsent", "stop", "died") and (registered or dead):
             known = [inc for _, inc in registered] + sorted(dead)
-            incarnation = known[int(step[1]) % len(known)]  # type: ignore[call-overload]
+            incarnation = known[int(step[1]) % len(known)]
             if kind == "unsent":
                 event = o.StartUnsent(incarnation=incarnation)
             elif kind == "stop":
@@ -395,17 +396,16 @@ def test_no_partition_has_two_holders_and_a_lease_ends_early_only_by_its_owners_
             else:
                 event = o.OwnerDied(
                     incarnation=incarnation,
-                    until=now + float(step[2]),  # type: ignore[arg-type]
+                    until=now + float(step[2]),
                     now=now,
                 )
         elif kind == "recovered":
             claims = tuple(
-                o.Claim(owner=owner, generation=gen, partitions=tps)
-                for owner, gen, tps in step[1]  # type: ignore[attr-defined]
+                o.Claim(owner=owner, generation=gen, partitions=tps) for owner, gen, tps in step[1]
             )
             event = o.Recovered(
                 claims=claims, since=now, longest_session=float(step[2]), margin=0.5
-            )  # type: ignore[arg-type]
+            )
         elif kind == "completed":
             event = o.AttemptCompleted(now=now)
         if event is None:
