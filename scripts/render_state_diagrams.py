@@ -6,7 +6,8 @@ the code unnoticed: ``--check`` (run by the test suite) exits 1 when the file is
 part between the markers is generated; the prose around it is written by hand.
 
 Conventions read from each table: the first member of the state enum is the initial state, and a
-state with no transition to another state is terminal.
+state with no transition to another state is terminal. A guarded outcome is labelled with its
+guard, ``Input [guard]``.
 
     python scripts/render_state_diagrams.py            # rewrite the generated part
     python scripts/render_state_diagrams.py --check    # exit 1 if it is stale
@@ -76,10 +77,13 @@ def render_table(module: str, table: TransitionTable[Any]) -> str:
     states: list[enum.Enum] = list(type(first_state))
     order = {state: i for i, state in enumerate(states)}
     edges: dict[tuple[enum.Enum, enum.Enum], list[str]] = {}
-    for (source, event_type), target in table.transitions.items():
-        names = edges.setdefault((source, target), [])
-        if event_type.__name__ not in names:
-            names.append(event_type.__name__)
+    for entry in table.entries():
+        name = entry.event_type.__name__
+        if entry.guard is not None:
+            name += f" [{entry.guard}]"
+        names = edges.setdefault((entry.source, entry.target), [])
+        if name not in names:
+            names.append(name)
     leaves = {source for source, target in edges if source is not target}
     reached = {target for _, target in edges}
 
