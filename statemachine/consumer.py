@@ -5,9 +5,9 @@ the coordinator: Ping (report offsets), StopFetcher (stop, report final offsets)
 (start the assigned partitions). Everything here is pure: inputs arrive as values carrying the
 time, effects go back as values, and the trio layer (``consumer/``) performs them **in order**.
 
-Three guards protect invariants of DESIGN.md that the input's type alone cannot decide. The
-epoch guard is in the table (a guarded entry, drawn on the diagram); the lease runs before it, as a
-:class:`LeaseExpired` step of its own; stop-before-close is a property of the effects:
+Three rules protect invariants of DESIGN.md that the input's type alone cannot decide. Where they
+choose the next state they are guards on the table's entries (``RENEWED``, ``STALE``), drawn on the
+diagram; stop-before-close is a property of the effects:
 
 * **Ownership lease.** The consumer may fetch only while it heard a coordinator request (or its
   registration answer) within the session timeout T. :meth:`ConsumerMachine.lease_deadline` is
@@ -15,7 +15,8 @@ epoch guard is in the table (a guarded entry, drawn on the diagram); the lease r
   ``now`` is at or past the deadline first expires the lease (stopping the fetchers), and an input
   that came over the connection the expiry closed is then dropped as :class:`Ignored` (a Ping read
   late from the socket buffer must not revive a lease that already ran out). A
-  :class:`LeaseExpired` from before the deadline is a stale timer and is :class:`Ignored`.
+  :class:`LeaseExpired` from before the deadline is a stale timer (the guard ``RENEWED``) and is
+  :class:`Ignored`.
 * **Coordinator epoch** (the guard ``STALE``). Ping/StopFetcher/StartFetcher below the highest
   epoch seen come from a deposed coordinator and are :class:`Ignored`, state untouched. A
   registration answer or a discovery result below it means we reached a deposed coordinator or
@@ -51,6 +52,7 @@ from statemachine.table import Guard, Guarded, IllegalTransition, TransitionTabl
 
 __all__ = [
     "INITIAL_STATE",
+    "RENEWED",
     "STALE",
     "TABLE",
     "UNKNOWN_EPOCH",
@@ -342,8 +344,21 @@ def _below_epoch(machine: ConsumerMachine, event: _WithEpoch) -> bool:
 STALE = Guard("stale epoch", _below_epoch, otherwise="current epoch")
 
 
+def _before_deadline(machine: ConsumerMachine, event: LeaseExpired) -> bool:
+    deadline = machine.lease_deadline()
+    return deadline is not None and event.now < deadline
+
+
+#: The timer fired for a deadline that has moved on since: the coordinator was heard meanwhile.
+RENEWED = Guard("renewed since", _before_deadline, otherwise="ran out")
+
+
 def _epoch_checked(current: ConsumerState, stale: ConsumerState) -> Guarded[ConsumerState]:
     return Guarded(((~STALE, current), (STALE, stale)))
+
+
+def _lease_checked(state: ConsumerState) -> Guarded[ConsumerState]:
+    return Guarded(((~RENEWED, ConsumerState.DISCOVERING), (RENEWED, state)))
 
 
 def _build_table() -> TransitionTable[ConsumerState]:
@@ -362,21 +377,21 @@ def _build_table() -> TransitionTable[ConsumerState]:
         (S.STOPPED, StartFetcherReceived): _epoch_checked(S.FETCHING, S.STOPPED),
         (S.STOPPED, CoordinatorMoved): S.DISCOVERING,
         (S.STOPPED, ConnectionLost): S.DISCOVERING,
-        (S.STOPPED, LeaseExpired): S.DISCOVERING,
+        (S.STOPPED, LeaseExpired): _lease_checked(S.STOPPED),
         (S.FETCHING, PingReceived): _epoch_checked(S.FETCHING, S.FETCHING),
         (S.FETCHING, StopFetcherReceived): _epoch_checked(S.STOPPED, S.FETCHING),
         # A StartFetcher without a StopFetcher first replaces the assignment: stop, then start.
         (S.FETCHING, StartFetcherReceived): _epoch_checked(S.FETCHING, S.FETCHING),
         (S.FETCHING, CoordinatorMoved): S.REDISCOVERING,
         (S.FETCHING, ConnectionLost): S.DISCOVERING,
-        (S.FETCHING, LeaseExpired): S.DISCOVERING,
+        (S.FETCHING, LeaseExpired): _lease_checked(S.FETCHING),
         (S.REDISCOVERING, CoordinatorFound): _epoch_checked(S.REREGISTERING, S.REDISCOVERING),
         (S.REDISCOVERING, DiscoveryFailed): S.REDISCOVERING,
-        (S.REDISCOVERING, LeaseExpired): S.DISCOVERING,
+        (S.REDISCOVERING, LeaseExpired): _lease_checked(S.REDISCOVERING),
         (S.REREGISTERING, Registered): _epoch_checked(S.FETCHING, S.REDISCOVERING),
         (S.REREGISTERING, RegistrationRejected): S.REDISCOVERING,
         (S.REREGISTERING, ConnectionLost): S.DISCOVERING,
-        (S.REREGISTERING, LeaseExpired): S.DISCOVERING,
+        (S.REREGISTERING, LeaseExpired): _lease_checked(S.REREGISTERING),
     }
     for state in S:
         t[(state, Close)] = S.CLOSED
@@ -452,13 +467,7 @@ class ConsumerMachine:
         """
         if not TABLE.allows(self.state, type(event)):
             raise IllegalTransition(TABLE.name, self.state, event)
-        if isinstance(event, LeaseExpired):
-            deadline = self.lease_deadline()
-            if deadline is not None and event.now < deadline:
-                return [Ignored(event=event, reason="the lease was renewed since")]
-            return self._step(event)
-
-        if isinstance(event, Start | Close):
+        if isinstance(event, Start | Close | LeaseExpired):
             return self._step(event)
         effects: list[Effect] = []
         deadline = self.lease_deadline()
@@ -482,6 +491,8 @@ class ConsumerMachine:
             case PingReceived() | StopFetcherReceived() | StartFetcherReceived() if stale:
                 reason = f"coordinator epoch {event.epoch} is below {self.epoch}"
                 effects.append(Ignored(event=event, reason=reason))
+            case LeaseExpired() if transition.guard == RENEWED.name:
+                effects.append(Ignored(event=event, reason="the lease was renewed since"))
             case CoordinatorFound() if stale:
                 effects += self._failed_discovery()
             case Registered() if stale:
