@@ -463,7 +463,7 @@ class ConsumerMachine:
 
         Raises IllegalTransition, changing nothing, if the table does not allow the input in the
         current state. A lease that ran out before the input arrived is expired first, as a step of
-        its own; the epoch guard is the table's.
+        its own through the table; the table's guards decide everything else.
         """
         if not TABLE.allows(self.state, type(event)):
             raise IllegalTransition(TABLE.name, self.state, event)
