@@ -5,8 +5,8 @@ the coordinator: Ping (report offsets), StopFetcher (stop, report final offsets)
 (start the assigned partitions). Everything here is pure: inputs arrive as values carrying the
 time, effects go back as values, and the trio layer (``consumer/``) performs them **in order**.
 
-Three guards run before the table, because each protects an invariant of DESIGN.md that the
-table's ``(state, input type)`` shape cannot express:
+Three guards run before the table, because each protects an invariant (docs/design.md#invariants)
+that the table's ``(state, input type)`` shape cannot express:
 
 * **Ownership lease.** The consumer may fetch only while it heard a coordinator request (or its
   registration answer) within the session timeout T. :meth:`ConsumerMachine.lease_deadline` is
@@ -264,7 +264,7 @@ class StartFetchers:
 @attrs.frozen(kw_only=True)
 class RespondPing:
     """Answer the Ping with the consumed offsets of ``partitions`` (only offsets the application
-    has finished with, DESIGN.md "Offsets")."""
+    has finished with: docs/design.md#offsets)."""
 
     correlation_id: int
     partitions: tuple[TopicPartition, ...]
