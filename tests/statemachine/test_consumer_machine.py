@@ -1,5 +1,6 @@
 """The consumer client's machine: its table cell by cell, its lease, its epoch guard, and a
-random walk that checks the safety rules of DESIGN.md on the effects it emits."""
+random walk that checks the safety rules of the ownership lease (docs/design.md#ownership-lease)
+on the effects it emits."""
 
 from __future__ import annotations
 
