@@ -19,8 +19,6 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from coordinator.channel import Channel, ChannelClosed
-from coordinator.client import Connector
 from protocol import (
     ErrorCode,
     FetchRequest,
@@ -34,6 +32,8 @@ from protocol import (
     Role,
 )
 from protocol.types import BrokerInfo
+from transport.channel import Channel, ChannelClosed
+from transport.connect import Connector
 
 from .streams import ConsumerRecord, PartitionClaim, RecordStream
 

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from coordinator.channel import ChannelClosed
 from protocol import LocalProtocolError, PingRequest, PingResponse, ResponseMessage
 from statemachine import member as member_sm
+from transport.channel import ChannelClosed
 
 if TYPE_CHECKING:
     from coordinator.group_coordinator import GroupCoordinator

@@ -14,11 +14,11 @@ import attrs
 import trio
 from trio_util import AsyncValue
 
-from coordinator.channel import Channel
-from coordinator.store import MemberRecord
 from protocol.types import ConsumerThread, TopicPartition
 from statemachine.group import GroupMachine, GroupState
 from statemachine.member import MemberMachine
+from store import MemberRecord
+from transport.channel import Channel
 
 
 @attrs.define(eq=False)

@@ -22,8 +22,8 @@ import attrs
 import trio
 from trio_util import AsyncValue
 
-from coordinator.store import MetadataStore, OffsetBatch, StoreUnavailable
 from protocol.types import TopicPartition
+from store import MetadataStore, OffsetBatch, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ import pytest
 import trio
 import trio.testing
 
+from broker.election import ElectionStore, Elector, handle_elected_connection
 from consumer import ConsumerSettings, RecordStream, open_consumer
 from coordinator.config import CoordinatorConfig
-from coordinator.election import ElectionStore, Elector, handle_elected_connection
 from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine.consumer import ConsumerState

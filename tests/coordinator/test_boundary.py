@@ -14,14 +14,12 @@ import pytest
 import trio
 import trio.testing
 
-from coordinator.broker import BrokerLog, open_broker_log
-from coordinator.channel import Channel
+from broker.data_plane import BrokerLog, open_broker_log
+from broker.dispatch import handle_connection
+from broker.log import FsyncPolicy, LogConfig
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from coordinator.limits import RequestLimits
-from coordinator.log import FsyncPolicy, LogConfig
-from coordinator.server import handle_connection
-from coordinator.store import open_embedded_store
 from coordinator.validation import MAX_REPORTED_GENERATION
 from protocol import (
     ClusterMetadataRequest,
@@ -60,6 +58,8 @@ from protocol.types import (
     TopicPartition,
     TopicStreams,
 )
+from store import open_embedded_store
+from transport.channel import Channel
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1

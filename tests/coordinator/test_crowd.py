@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import SimulatedConsumer, open_simulated_cluster
+from simulation import SimulatedConsumer, open_simulated_cluster
 
 N = 1000  # consumers in the crowd
 

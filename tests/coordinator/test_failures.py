@@ -11,9 +11,9 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from protocol import ErrorCode
 from protocol.types import TopicPartition
+from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from statemachine.group import GroupState
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)

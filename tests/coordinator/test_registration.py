@@ -7,9 +7,9 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import open_simulated_cluster
 from protocol import ErrorCode
 from protocol.types import Subscription, TopicStreams
+from simulation import open_simulated_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, min_session_timeout_ms=2000)
 

@@ -11,8 +11,8 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from protocol.types import TopicPartition
+from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}

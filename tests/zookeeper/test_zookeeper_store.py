@@ -15,7 +15,11 @@ import trio.testing
 from kazoo.client import KazooClient  # type: ignore[import-untyped]
 from kazoo.exceptions import NoNodeError  # type: ignore[import-untyped]
 
-from coordinator.store import (
+from launch.cluster import eventually
+from launch.zookeeper import Ensemble
+from protocol import Subscription
+from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
+from store import (
     EpochFenced,
     GroupRecord,
     MemberRecord,
@@ -23,13 +27,9 @@ from coordinator.store import (
     StoreUnavailable,
     TopicPlacement,
 )
-from coordinator.store.codec import encode_group
-from coordinator.store.zookeeper import ZooKeeperStore, open_zookeeper_store
-from protocol import Subscription
-from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
+from store.codec import encode_group
+from store.zookeeper import ZooKeeperStore, open_zookeeper_store
 from tests.store.test_contract import sample_group
-from tests.support.cluster import eventually
-from tests.support.zookeeper import Ensemble
 
 pytestmark = pytest.mark.realtime
 
