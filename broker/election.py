@@ -1,12 +1,13 @@
-"""Coordinator election for a cluster of brokers sharing a ZooKeeper store (seed 01 §5, "A ZK based
-elector").
+"""Coordinator election for a cluster of brokers sharing a ZooKeeper store
+(docs/design.md#coordinator-epochs-and-the-election).
 
 Every broker stands. The one that takes office runs the group coordinator; the others answer group
 requests with NOT_COORDINATOR and name the coordinator in ClusterMetadata, so that consumers find
 it. A broker whose office ends — its session expired, its connection stayed lost beyond the grace,
 or a successor fenced its writes — closes its coordinator and every connection served under it,
-and stands again. Consumers then stop fetching within their ownership lease (DESIGN.md), and the
-successor, which starts no partition before that lease has run out, can move them safely.
+and stands again. Consumers then stop fetching within their ownership lease
+(docs/design.md#ownership-lease), and the successor, which starts no partition before that lease
+has run out, can move them safely.
 
 Connections are bound to the office as it was when they were accepted: when this broker takes or
 loses office they are closed, and clients reconnect and find the coordinator afresh.

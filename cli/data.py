@@ -2,7 +2,7 @@
 
 ``consume`` prints one record value per line and flushes it before asking for the next record, so
 the offset it reports (through Pings, on close) never covers a line that was not written out
-(DESIGN.md, "Offsets"): a consumer killed mid-stream re-prints at most what it had printed but
+(docs/design.md#offsets): a consumer killed mid-stream re-prints at most what it had printed but
 not yet reported, never loses a line.
 """
 
@@ -116,8 +116,8 @@ async def _lines(fd: int) -> AsyncIterator[bytes]:
 async def run_consume(args: argparse.Namespace) -> int:
     if args.max_messages is not None and args.max_messages < 1:
         raise ValueError("--max-messages must be at least 1")
-    # The consumer itself retries unreachable brokers forever (seed 03); a person at a terminal
-    # wants to hear at once that the address is wrong or the topic missing.
+    # The consumer itself retries unreachable brokers forever (it is a service); a person at a
+    # terminal wants to hear at once that the address is wrong or the topic missing.
     async with open_admin(args.bootstrap) as admin:
         await admin.topics([args.topic])
     group = args.group or f"console-consumer-{uuid.uuid4().hex[:8]}"

@@ -42,9 +42,9 @@ class _Parser(argparse.ArgumentParser):
 
 #: The server allocates a few short-lived objects per Ping, and with thousands of connections the
 #: interpreter's default (a young collection every 700 allocations) promotes them into the old
-#: generations, whose collections then walk every connection's objects: at 5,000 consumers that
-#: was a fifth of the server's CPU (benchmark 1). Young collections every 50,000 allocations let
-#: them die first. Cycles are still collected, just in larger batches.
+#: generations, whose collections then walk every connection's objects: at 5,000 consumers they
+#: take a fifth of the server's CPU (docs/benchmarks.md, Benchmarks I). Young collections every
+#: 50,000 allocations let them die first. Cycles are still collected, just in larger batches.
 SERVER_GC_THRESHOLDS = (50_000, 20, 20)
 
 

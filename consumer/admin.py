@@ -92,7 +92,7 @@ class PartitionLag:
 
 @attrs.frozen(kw_only=True)
 class GroupReport:
-    """DESIGN.md's ``groups describe --json`` object."""
+    """One group as ``groups describe --json`` prints it."""
 
     group: str
     state: str

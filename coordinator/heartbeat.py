@@ -1,4 +1,5 @@
-"""Seed 01 §8's failure detection for every member of a coordinator, from one task.
+"""Failure detection (docs/design.md#failure-detection) for every member of a coordinator, from
+one task.
 
 Each member is sent a Ping every T/3, each due within 2T/3, and none while the previous one is
 outstanding. A task per member costs a timer wake-up, a cancel scope and an Event per Ping, and at

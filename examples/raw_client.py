@@ -6,7 +6,8 @@ StopFetcher and StartFetcher, and prints its assignment as one JSON line per Sta
 
     python examples/raw_client.py --bootstrap 127.0.0.1:9092 --topic demo --group g
 
-It does not fetch records (a real consumer would, within its ownership lease: DESIGN.md).
+It does not fetch records (a real consumer would, within its ownership lease:
+docs/design.md#ownership-lease).
 """
 
 from __future__ import annotations

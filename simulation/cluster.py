@@ -341,8 +341,9 @@ class LinkEnd(trio.abc.Stream):
 
 @attrs.define(eq=False)
 class SimulatedConsumer:
-    """A consumer that follows seed 03 and DESIGN.md's ownership lease, with an application that
-    finishes ``records_per_ping`` records of each owned partition between two Pings.
+    """A consumer that follows seed 03 and the ownership lease (docs/design.md#ownership-lease),
+    with an application that finishes ``records_per_ping`` records of each owned partition
+    between two Pings.
 
     Its reader takes each coordinator request off the wire as soon as it arrives (that instant
     renews the lease) and hands it to one worker that answers in order; so an answer that is slow
@@ -358,12 +359,12 @@ class SimulatedConsumer:
     auto_offset_reset: str = "smallest"
     records_per_ping: int = 1
     rejoin: bool = True
-    #: Seed 04: "the consumer does not stop fetching data during the co-ordinator failover and
-    #: re-discovery process". With this, a lost connection does not stop the fetchers: they run
-    #: on under the lease while the consumer registers again, claiming what it still holds, which
-    #: a new coordinator adopts. Only for tests without network cuts: a healed cut delivers Pings
-    #: sent long before and then the close, and a lease renewed by them runs past what the
-    #: coordinator counted (the randomized fault test found two owners that way). That is why
+    #: The consumer of seed 04, which keeps fetching through a coordinator failover
+    #: (docs/design.md#adoption-after-a-failover). With this, a lost connection does not stop the
+    #: fetchers: they run on under the lease while the consumer registers again, claiming what it
+    #: still holds, which a new coordinator adopts. Only for tests without network cuts: a healed
+    #: cut delivers Pings sent long before and then the close, and a lease renewed by them runs
+    #: past what the coordinator counted, so the partition has two owners. That is why
     #: ``consumer/`` stops at a lost connection, and this simulator does by default.
     fetch_through_failover: bool = False
     answer_delay: float = 0.0
@@ -550,7 +551,7 @@ class SimulatedConsumer:
         requests: trio.MemorySendChannel[Request],
         session_scope: trio.CancelScope,
     ) -> None:
-        """Read until the connection ends, then end the session (seed 03: lost connection)."""
+        """Read until the connection ends, then end the session (seed 03's onLostConnection)."""
 
         async def on_request(request: Request) -> None:
             now = trio.current_time()
@@ -561,7 +562,9 @@ class SimulatedConsumer:
                 return
             epoch = getattr(request.message, "coordinator_epoch", -1)
             if epoch < self.highest_epoch:
-                return  # a deposed coordinator: ignored (DESIGN.md, "Coordinator epoch")
+                # A deposed coordinator, ignored:
+                # docs/design.md#coordinator-epochs-and-the-election
+                return
             self.highest_epoch = epoch
             self.last_request_at = now
             requests.send_nowait(request)

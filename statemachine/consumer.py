@@ -5,9 +5,9 @@ the coordinator: Ping (report offsets), StopFetcher (stop, report final offsets)
 (start the assigned partitions). Everything here is pure: inputs arrive as values carrying the
 time, effects go back as values, and the trio layer (``consumer/``) performs them **in order**.
 
-Three rules protect invariants of DESIGN.md that the input's type alone cannot decide. Where they
-choose the next state they are guards on the table's entries (``RENEWED``, ``STALE``), drawn on the
-diagram; stop-before-close is a property of the effects:
+Three rules protect invariants (docs/design.md#invariants) that the input's type alone cannot
+decide. Where they choose the next state they are guards on the table's entries (``RENEWED``,
+``STALE``), drawn on the diagram; stop-before-close is a property of the effects:
 
 * **Ownership lease.** The consumer may fetch only while it heard a coordinator request (or its
   registration answer) within the session timeout T. :meth:`ConsumerMachine.lease_deadline` is
@@ -269,7 +269,7 @@ class StartFetchers:
 @attrs.frozen(kw_only=True)
 class RespondPing:
     """Answer the Ping with the consumed offsets of ``partitions`` (only offsets the application
-    has finished with, DESIGN.md "Offsets")."""
+    has finished with: docs/design.md#offsets)."""
 
     correlation_id: int
     partitions: tuple[TopicPartition, ...]

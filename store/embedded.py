@@ -13,12 +13,12 @@ a thread; a store write there would let every timer fire. Writes are small (one 
 fdatasync) and the coordinator batches offset commits, so blocking the loop for one sync is the
 cheaper price. A compaction blocks it for a time proportional to the whole state.
 
-What used to make a write large was a rebalance: the whole assignment, 10,000 partitions, as one
-line. A group's record is now journaled as a diff from the record the store holds (see
-``state.group_entry``): a join to 10 members over 10,000 partitions writes the ~900 partitions that
-moved. Measured on the 2-core VM, an fdatasync of such a line takes ~0.1-0.3 ms while encoding,
-decoding and diffing the records took 20-100 ms of CPU, which a thread would not have taken off the
-loop (the GIL); the diff is what made the write cheap.
+A rebalance of a big group would make a large write if the whole assignment (10,000 partitions)
+went into one line, so a group's record is journaled as a diff from the record the store holds
+(see ``state.group_entry``): a join to 10 members over 10,000 partitions writes the ~900
+partitions that moved. Measured on a 2-core VM, an fdatasync of such a line takes ~0.1-0.3 ms,
+while encoding, decoding and diffing whole records takes 20-100 ms of CPU, which a thread would
+not take off the loop (the GIL): it is the diff that keeps the write cheap.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The metadata store's contract: the records it keeps, the errors it raises, and the one interface
-that the embedded store and the ZooKeeper store both implement (DESIGN.md, "Metadata store").
+that the embedded store and the ZooKeeper store both implement (docs/design.md#metadata-layout).
 
 The coordinator codes against ``MetadataStore`` only, so that a single broker runs with zero set-up
 on the embedded store and a cluster swaps in ZooKeeper without the coordinator noticing. The
@@ -57,7 +57,7 @@ def _frozen_offsets(offsets: Mapping[TopicPartition, int]) -> Mapping[TopicParti
 class TopicPlacement:
     """Where a topic's partitions live: ``brokers[p]`` is the broker holding partition ``p``.
 
-    There is no replication (DESIGN.md, "Placement"), so a partition has exactly one home and the
+    There is no replication (docs/design.md#placement), so a partition has exactly one home and the
     tuple's length is the partition count. On ZooKeeper it is the JSON map ``{"0": 1, ...}`` at
     ``/brokers/topics/<topic>``.
     """
@@ -73,7 +73,7 @@ class TopicPlacement:
 @attrs.frozen(kw_only=True)
 class MemberRecord:
     """What a newly elected coordinator needs to know about a member to adopt it when it
-    re-registers, without asking it again (seed 01 §5, item 2)."""
+    re-registers, without asking it again (docs/design.md#adoption-after-a-failover)."""
 
     member_id: str
     client_id: str
@@ -88,8 +88,9 @@ class GroupRecord:
     """A group's registry: its members, the generation of its latest rebalance *attempt*, and the
     assignment that attempt intends (the seeds' owners).
 
-    It is written before StartFetcher is sent (DESIGN.md, "Generations"), so a coordinator elected
-    mid-rebalance knows both who was meant to own what and which generation to fence against.
+    It is written before StartFetcher is sent (docs/design.md#rebalance, step 6), so a
+    coordinator elected mid-rebalance knows both who was meant to own what and which generation
+    to fence against.
     """
 
     group_id: str
@@ -126,8 +127,8 @@ class StoreUnavailable(StoreError):
 class EpochFenced(StoreError):
     """A write carried an epoch that is no longer the store's current coordinator epoch.
 
-    The writer is a deposed coordinator (DESIGN.md, "Coordinator epoch"); it must stop acting as
-    one. Nothing was changed.
+    The writer is a deposed coordinator (docs/design.md#coordinator-epochs-and-the-election); it
+    must stop acting as one. Nothing was changed.
     """
 
 

@@ -2,7 +2,7 @@
 ZooKeeper ensemble, for a cluster of brokers and coordinator failover. The one module that imports
 kazoo.
 
-Layout (seed 01, "Paths Stored in ZooKeeper"; Kafka 0.8 where the seeds keep its paths)::
+Layout (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds keep them)::
 
     /brokers/ids/<id>                                 ephemeral {"host": h, "port": p}
     /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}

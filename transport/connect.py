@@ -1,8 +1,8 @@
 """What every client of a broker needs: the bootstrap list, a connection to some broker that
 answers, and a channel whose reader runs for as long as the client uses it.
 
-The admin tools, the producer and the consumer all start the same way (seed 03 "onStartup": try
-the known brokers round robin until one answers), so they share this module.
+The admin tools, the producer and the consumer all start the same way (try the known brokers
+round robin until one answers, as seed 03's onStartup does), so they share this module.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A crowd joining together causes one rebalance, not hundreds (DESIGN.md, "Rebalance triggers")."""
+"""A crowd joining together causes one rebalance, not hundreds
+(docs/design.md#rebalance-triggers)."""
 
 import time
 from pathlib import Path

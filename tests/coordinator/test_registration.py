@@ -1,4 +1,4 @@
-"""RegisterConsumer's checks (seed 01 §7) and clear error codes."""
+"""RegisterConsumer's checks (docs/design.md#generations-and-fencing) and clear error codes."""
 
 from pathlib import Path
 

@@ -421,8 +421,9 @@ async def test_a_large_frame_is_decoded_off_the_event_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Decoding costs about 55 ns a byte: a 4 MiB frame decoded on the event loop would stall
-    # every other connection for a quarter of a second (issue 14: an OffsetFetch naming 250,000
-    # partitions blocked the loop for 10 s). Where each of the broker's frames was decoded:
+    # every other connection for a quarter of a second (and an OffsetFetch naming 250,000
+    # partitions, handled on the loop, would block it for 10 s). Where each of the broker's frames
+    # was decoded:
     decoded: list[tuple[int, bool]] = []
     real = Connection.next_event
 

@@ -342,8 +342,8 @@ async def test_a_group_of_5000_members_over_10000_partitions_is_written_committe
 ) -> None:
     """The seeds' biggest group takes more than ZooKeeper's 1 MiB request limit to write (its
     record alone is 1.5 MB, its owner nodes and its offsets about 1 MB each): one transaction
-    each was dropped with ConnectionLoss, so such a group could never finish a rebalance nor keep
-    an offset under ``--zookeeper``."""
+    each would be dropped with ConnectionLoss, so such a group could never finish a rebalance
+    nor keep an offset under ``--zookeeper``."""
     first, second = big_group(5000, 10_000, 1), big_group(5000, 10_000, 2)
     assert len(json.dumps(encode_group(first))) > 1_048_576
     offsets = {tp: tp.partition + 1 for tp in first.assignment}
