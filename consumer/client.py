@@ -32,8 +32,6 @@ import attrs
 import trio
 from trio_util import AsyncValue
 
-from coordinator.channel import Channel, ChannelClosed
-from coordinator.client import Connector, parse_bootstrap
 from protocol import (
     AssignedStream,
     ErrorCode,
@@ -56,6 +54,8 @@ from protocol import (
 )
 from protocol.types import BrokerInfo, PartitionOffset, Subscription, TopicPartition, TopicStreams
 from statemachine import consumer as sm
+from transport.channel import Channel, ChannelClosed
+from transport.connect import Connector, parse_bootstrap
 
 from .discovery import Discovery
 from .fetcher import BrokerConnections, FetchSettings, run_fetcher

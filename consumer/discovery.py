@@ -13,10 +13,10 @@ import logging
 import attrs
 import trio
 
-from coordinator.channel import ChannelClosed
-from coordinator.client import Connector, open_channel
 from protocol import ClusterMetadataRequest, ClusterMetadataResponse, ErrorCode, RemoteProtocolError
 from protocol.types import BrokerInfo
+from transport.channel import ChannelClosed
+from transport.connect import Connector, open_channel
 
 __all__ = ["Discovery", "Found"]
 

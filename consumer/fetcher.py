@@ -2,10 +2,10 @@
 
 A fetcher resolves a start offset of -1 (nothing committed) with ListOffsets per
 ``auto_offset_reset``, then fetches in a loop and hands each batch to its stream. It is bound by
-the ownership lease (DESIGN.md): before each request it checks that the lease still runs, and
-every request is cut off at the lease's deadline, so that a consumer whose coordinator has gone
-silent has stopped fetching by the time its partitions may start elsewhere, even if the task that
-expires the lease has not run yet.
+the ownership lease (docs/design.md#ownership-lease): before each request it checks that the
+lease still runs, and every request is cut off at the lease's deadline, so that a consumer whose
+coordinator has gone silent has stopped fetching by the time its partitions may start elsewhere,
+even if the task that expires the lease has not run yet.
 
 Connections to brokers are shared by every fetcher of a broker (requests are multiplexed by
 correlation id); a broken one is dropped and reopened by the next request.
@@ -19,8 +19,6 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from coordinator.channel import Channel, ChannelClosed
-from coordinator.client import Connector
 from protocol import (
     ErrorCode,
     FetchRequest,
@@ -34,6 +32,8 @@ from protocol import (
     Role,
 )
 from protocol.types import BrokerInfo
+from transport.channel import Channel, ChannelClosed
+from transport.connect import Connector
 
 from .streams import ConsumerRecord, PartitionClaim, RecordStream
 

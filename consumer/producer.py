@@ -25,7 +25,6 @@ import attrs
 import trio
 
 from consumer.fetcher import BrokerConnections, BrokerUnavailable
-from coordinator.client import connect_any, open_channel
 from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
@@ -35,6 +34,7 @@ from protocol import (
 )
 from protocol.records import Record, record_size
 from protocol.types import TopicPartition
+from transport.connect import connect_any, open_channel
 
 __all__ = ["Delivery", "ProduceError", "Producer", "ProducerConfig", "open_producer"]
 

@@ -5,8 +5,8 @@ an async iterator over its own share of t's partitions (the coordinator assigns 
 stream id ``f"{member_id}-{index}"``). A stream outlives rebalances: its partitions change under it
 as StartFetcher requests arrive, and its iteration ends only when the consumer closes.
 
-**When a record counts as consumed.** DESIGN.md's rule is that a consumer reports only offsets of
-records its application has *finished* with. A record is finished when either
+**When a record counts as consumed.** A consumer reports only offsets of records its application
+has *finished* with (docs/design.md#offsets). A record is finished when either
 
 * the application asks its stream for the next record (``async for`` moving on means the loop body
   for the previous record completed), or

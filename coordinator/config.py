@@ -1,4 +1,5 @@
-"""The broker options of seed 01 §4, with the defaults a single-broker user gets."""
+"""The coordinator's options (docs/design.md#failure-detection, docs/design.md#rebalance,
+docs/design.md#offsets), with the defaults a single-broker user gets."""
 
 from __future__ import annotations
 

@@ -17,12 +17,10 @@ import attrs
 import trio
 
 from coordinator import rebalance, validation
-from coordinator.channel import Channel, ChannelClosed
 from coordinator.config import CoordinatorConfig
 from coordinator.heartbeat import Pinger
 from coordinator.membership import Group, Member
 from coordinator.offsets import OffsetKeeper
-from coordinator.store import GroupRecord, MemberRecord, MetadataStore, StoreError, TopicPlacement
 from coordinator.validation import LogEnd
 from protocol import (
     DescribeGroupResponse,
@@ -40,6 +38,8 @@ from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine import group as group_sm
 from statemachine import member as member_sm
 from statemachine import ownership
+from store import GroupRecord, MemberRecord, MetadataStore, StoreError, TopicPlacement
+from transport.channel import Channel, ChannelClosed
 
 log = logging.getLogger(__name__)
 

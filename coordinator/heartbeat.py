@@ -1,4 +1,5 @@
-"""Seed 01 §8's failure detection for every member of a coordinator, from one task.
+"""Failure detection (docs/design.md#failure-detection) for every member of a coordinator, from
+one task.
 
 Each member is sent a Ping every T/3, each due within 2T/3, and none while the previous one is
 outstanding. A task per member costs a timer wake-up, a cancel scope and an Event per Ping, and at
@@ -13,18 +14,16 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 import trio
 
-from coordinator.channel import ChannelClosed
+from coordinator.membership import Member
 from protocol import LocalProtocolError, PingRequest, PingResponse, ResponseMessage
+from protocol.types import PartitionOffset
 from statemachine import member as member_sm
-
-if TYPE_CHECKING:
-    from coordinator.group_coordinator import GroupCoordinator
-    from coordinator.membership import Member
+from transport.channel import ChannelClosed
 
 #: Due Pings sent before the scheduler lets other tasks run: a crowd whose Pings fall due
 #: together must not hold up the connections that carry their answers.
@@ -41,9 +40,31 @@ class _Ping:
     correlation_id: int
 
 
+class PingerHost(Protocol):
+    """What the scheduler needs of the coordinator it serves: the epoch its Pings carry, where
+    a Ping answer's offsets and a missed deadline go, and how a member that cannot be sent a
+    Ping is closed."""
+
+    epoch: int
+    nursery: trio.Nursery
+
+    def member_event(self, member: Member, event: object) -> None: ...
+
+    def accept_reported_offsets_nowait(
+        self,
+        member: Member,
+        generation: int,
+        offsets: tuple[PartitionOffset, ...],
+        *,
+        final: bool = False,
+    ) -> None: ...
+
+    async def close_unsendable(self, member: Member, exc: LocalProtocolError) -> None: ...
+
+
 @attrs.define(eq=False)
 class Pinger:
-    coordinator: GroupCoordinator
+    coordinator: PingerHost
     #: (when, tie-breaker, what): a Member whose next Ping is due then, or a _Ping whose deadline
     #: passes then. Entries that no longer apply (a dead member, an answered Ping) are skipped.
     _due: list[tuple[float, int, Member | _Ping]] = attrs.field(factory=list)

@@ -13,12 +13,12 @@ import attrs
 import trio
 from trio_util import AsyncValue
 
-from coordinator.channel import Channel
-from coordinator.store import MemberRecord
 from protocol.types import ConsumerThread, TopicPartition
 from statemachine.group import GroupMachine, GroupState
 from statemachine.member import MemberMachine
 from statemachine.ownership import Ownership
+from store import MemberRecord
+from transport.channel import Channel
 
 
 @attrs.define(eq=False)

@@ -1,10 +1,10 @@
 """Each group's committed offsets: kept in memory, fenced by the caller, written in batches.
 
-Seed 01 has a committer thread that writes every group's changed offsets to ZooKeeper at an
-interval; DESIGN.md adds that an OffsetCommit is answered only once its batch is durable, and that a
-rebalance forces a commit before StartFetcher. One task writes; everyone else records an update and,
-if they need durability, waits for the version they produced to become durable, which also asks
-the committer to write at once instead of at its next interval.
+One committer task writes every group's changed offsets to the store at an interval; an
+OffsetCommit is answered only once its batch is durable, and a rebalance forces a commit before
+StartFetcher (docs/design.md#offsets, docs/design.md#rebalance). One task writes; everyone else
+records an update and, if they need durability, waits for the version they produced to become
+durable, which also asks the committer to write at once instead of at its next interval.
 
 So each group has two views. *Accepted* offsets (:meth:`OffsetKeeper.committed`) are everything
 fenced and recorded, durable or not: what later reports are compared against and what a rebalance
@@ -22,8 +22,8 @@ import attrs
 import trio
 from trio_util import AsyncValue
 
-from coordinator.store import MetadataStore, OffsetBatch, StoreUnavailable
 from protocol.types import TopicPartition
+from store import MetadataStore, OffsetBatch, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from coordinator.store import GroupRecord, StoreError
 from protocol import (
     AssignedPartition,
     AssignedStream,
@@ -38,6 +37,7 @@ from statemachine import group as group_sm
 from statemachine import member as member_sm
 from statemachine import ownership
 from statemachine.assignment import sticky_assign
+from store import GroupRecord, StoreError
 
 if TYPE_CHECKING:
     from coordinator.group_coordinator import GroupCoordinator

@@ -21,7 +21,7 @@ _SERVING = re.compile(rb"serving on (\S+):(\d+)")
 def local_broker(data_dir: Path, *args: str) -> Iterator[str]:
     """``coordinator serve --port 0`` for the block's span; yields its ``HOST:PORT``."""
     log_path = data_dir.with_name(data_dir.name + ".log")
-    command = [sys.executable, "-m", "coordinator", "serve", "--port", "0"]
+    command = [sys.executable, "-m", "cli", "serve", "--port", "0"]
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
             [*command, "--data-dir", str(data_dir), *args],

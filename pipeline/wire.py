@@ -2,7 +2,7 @@
 
 Spark runs the data source in the driver and in Python worker processes that are forked and
 reused at Spark's pleasure, often with no event loop of their own; a plain socket per broker is
-all they need (``scripts/example_raw_client.py`` is the same idea). Nothing here is shared between
+all they need (``examples/raw_client.py`` is the same idea). Nothing here is shared between
 processes: each process opens its own connections, so the data source itself stays picklable.
 """
 
@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from coordinator.client import parse_bootstrap
 from protocol import (
     NEED_DATA,
     ClusterMetadataRequest,
@@ -40,6 +39,7 @@ from protocol import (
     Role,
     TopicPartition,
 )
+from transport.connect import parse_bootstrap
 
 #: Seconds a broker may take to accept a connection or answer one request.
 REQUEST_TIMEOUT = 30.0

@@ -42,7 +42,7 @@ class TopicPartition:
 
 @attrs.frozen(kw_only=True, order=True)
 class PartitionOffset:
-    """A committed offset is the *next* offset to read (DESIGN.md, "Offsets")."""
+    """A committed offset is the *next* offset to read (docs/design.md#offsets)."""
 
     topic: str
     partition: int
@@ -72,7 +72,7 @@ class TopicStreams:
 class Subscription:
     """What a consumer wants: named topics with their stream counts, and/or a wildcard.
 
-    The wildcard is a regular expression matched in full against topic names (seed 01 §6): a
+    The wildcard is a regular expression matched in full against topic names: a
     whitelist takes the topics it matches, a blacklist takes every topic it does not match. It
     is RE2 syntax (what Python's ``re`` shares with RE2; no backreferences or lookarounds).
     """

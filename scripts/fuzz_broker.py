@@ -42,9 +42,8 @@ import trio
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout
 
-from coordinator.admin import AdminError, open_admin  # noqa: E402
-from coordinator.channel import ChannelClosed  # noqa: E402
-from coordinator.client import parse_bootstrap  # noqa: E402
+from consumer.admin import AdminError, open_admin  # noqa: E402
+from launch.processes import open_serving_process, stop_process  # noqa: E402
 from protocol import ProtocolError  # noqa: E402
 from tests.fuzz.frames import (  # noqa: E402
     SERVED_GROUP,
@@ -55,7 +54,8 @@ from tests.fuzz.frames import (  # noqa: E402
     connection_script,
     converse,
 )
-from tests.support.processes import open_serving_process, stop_process  # noqa: E402
+from transport.channel import ChannelClosed  # noqa: E402
+from transport.connect import parse_bootstrap  # noqa: E402
 
 SERVED_PARTITIONS = 6
 SERVED_CONSUMERS = 3
@@ -67,7 +67,7 @@ _CAPPED = (
     "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit})); "
     "sys.argv[0] = 'coordinator'; runpy.run_module('coordinator', run_name='__main__')"
 )
-"""``python -m coordinator`` with its address space capped."""
+"""``python -m cli`` with its address space capped."""
 HISTORY = 200
 SUSPECTS_SHOWN = 20
 """Connections kept for a replay: what the broker had seen before a finding (a Fetch may need the
@@ -241,7 +241,7 @@ async def open_served_group(
         with contextlib.suppress(AdminError):  # it exists already
             await admin.create_topic(SERVED_TOPIC, SERVED_PARTITIONS)
     command = [
-        sys.executable, "-m", "coordinator", "consume", SERVED_TOPIC, "--group", SERVED_GROUP,
+        sys.executable, "-m", "cli", "consume", SERVED_TOPIC, "--group", SERVED_GROUP,
         "--bootstrap", bootstrap,
     ]  # fmt: skip
     processes = [

@@ -6,7 +6,8 @@ the code unnoticed: ``--check`` (run by the test suite) exits 1 when the file is
 part between the markers is generated; the prose around it is written by hand.
 
 Conventions read from each table: the first member of the state enum is the initial state, and a
-state with no transition to another state is terminal.
+state with no transition to another state is terminal. A guarded outcome is labelled with its
+guard, ``Input [guard]``.
 
     python scripts/render_state_diagrams.py            # rewrite the generated part
     python scripts/render_state_diagrams.py --check    # exit 1 if it is stale
@@ -75,11 +76,27 @@ def render_table(module: str, table: TransitionTable[Any]) -> str:
     first_state: enum.Enum = next(iter(table.transitions))[0]
     states: list[enum.Enum] = list(type(first_state))
     order = {state: i for i, state in enumerate(states)}
-    edges: dict[tuple[enum.Enum, enum.Enum], list[str]] = {}
-    for (source, event_type), target in table.transitions.items():
-        names = edges.setdefault((source, target), [])
-        if event_type.__name__ not in names:
-            names.append(event_type.__name__)
+    # Per edge, each input with the guards of its outcomes that take that edge; an input whose
+    # outcomes all take the same edge is drawn once, without guards.
+    edges: dict[tuple[enum.Enum, enum.Enum], dict[type, list[str]]] = {}
+    outcomes: dict[tuple[enum.Enum, type], int] = {}
+    for entry in table.entries():
+        edge = edges.setdefault((entry.source, entry.target), {})
+        guards = edge.setdefault(entry.event_type, [])
+        if entry.guard is not None:
+            guards.append(entry.guard)
+        key = (entry.source, entry.event_type)
+        outcomes[key] = outcomes.get(key, 0) + 1
+
+    def label(source: enum.Enum, inputs: dict[type, list[str]]) -> str:
+        names: list[str] = []
+        for event_type, guards in inputs.items():
+            if len(guards) == outcomes[(source, event_type)] or not guards:
+                names.append(event_type.__name__)  # an unguarded entry, or every outcome
+            else:
+                names += [f"{event_type.__name__} [{guard}]" for guard in guards]
+        return ", ".join(names)
+
     leaves = {source for source, target in edges if source is not target}
     reached = {target for _, target in edges}
 
@@ -94,7 +111,9 @@ def render_table(module: str, table: TransitionTable[Any]) -> str:
     lines += [f'    state "{_label(state)}" as {state.name}' for state in states]
     lines.append(f"    [*] --> {states[0].name}")
     for source, target in sorted(edges, key=lambda edge: (order[edge[0]], order[edge[1]])):
-        lines.append(f"    {source.name} --> {target.name} : {', '.join(edges[(source, target)])}")
+        lines.append(
+            f"    {source.name} --> {target.name} : {label(source, edges[(source, target)])}"
+        )
     lines += [
         f"    {state.name} --> [*]" for state in states if state in reached and state not in leaves
     ]

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.support.zookeeper import open_ensemble  # noqa: E402
+from launch.zookeeper import open_ensemble  # noqa: E402
 
 
 def main() -> int:

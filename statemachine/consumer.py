@@ -5,8 +5,9 @@ the coordinator: Ping (report offsets), StopFetcher (stop, report final offsets)
 (start the assigned partitions). Everything here is pure: inputs arrive as values carrying the
 time, effects go back as values, and the trio layer (``consumer/``) performs them **in order**.
 
-Three guards run before the table, because each protects an invariant of DESIGN.md that the
-table's ``(state, input type)`` shape cannot express:
+Three rules protect invariants (docs/design.md#invariants) that the input's type alone cannot
+decide. Where they choose the next state they are guards on the table's entries (``RENEWED``,
+``STALE``), drawn on the diagram; stop-before-close is a property of the effects:
 
 * **Ownership lease.** The consumer may fetch only while it heard a coordinator request (or its
   registration answer) within the session timeout T. :meth:`ConsumerMachine.lease_deadline` is
@@ -14,13 +15,15 @@ table's ``(state, input type)`` shape cannot express:
   ``now`` is at or past the deadline first expires the lease (stopping the fetchers), and an input
   that came over the connection the expiry closed is then dropped as :class:`Ignored` (a Ping read
   late from the socket buffer must not revive a lease that already ran out). A
-  :class:`LeaseExpired` from before the deadline is a stale timer and is :class:`Ignored`.
-* **Coordinator epoch.** Ping/StopFetcher/StartFetcher below the highest epoch seen come from a
-  deposed coordinator and are :class:`Ignored`, state untouched. A registration answer or a
-  discovery result below it means we reached a deposed coordinator or stale metadata, so it is
-  handled as a rejection or a failed discovery: back off and look again. A discovery result from
-  a broker that is not the coordinator carries no epoch (:data:`UNKNOWN_EPOCH`): that is not
-  stale metadata, and the registration answer that follows brings the epoch to check.
+  :class:`LeaseExpired` from before the deadline is a stale timer (the guard ``RENEWED``) and is
+  :class:`Ignored`.
+* **Coordinator epoch** (the guard ``STALE``). Ping/StopFetcher/StartFetcher below the highest
+  epoch seen come from a deposed coordinator and are :class:`Ignored`, state untouched. A
+  registration answer or a discovery result below it means we reached a deposed coordinator or
+  stale metadata, so it ends as a rejection or a failed discovery would: back off and look again.
+  A discovery result from a broker that is not the coordinator carries no epoch
+  (:data:`UNKNOWN_EPOCH`): that is not stale metadata, and the registration answer that follows
+  brings the epoch to check.
 * **Stop before close.** Every transition that closes the coordinator connection while fetchers
   run emits :class:`StopFetchers` first, because the coordinator takes a closed connection as
   proof that the member stopped and may restart its partitions elsewhere at once. Two closes
@@ -45,10 +48,12 @@ import attrs
 from protocol.errors import ErrorCode
 from protocol.messages import AssignedStream
 from protocol.types import BrokerInfo, TopicPartition
-from statemachine.table import IllegalTransition, TransitionTable
+from statemachine.table import Guard, Guarded, IllegalTransition, TransitionTable
 
 __all__ = [
     "INITIAL_STATE",
+    "RENEWED",
+    "STALE",
     "TABLE",
     "UNKNOWN_EPOCH",
     "Close",
@@ -264,7 +269,7 @@ class StartFetchers:
 @attrs.frozen(kw_only=True)
 class RespondPing:
     """Answer the Ping with the consumed offsets of ``partitions`` (only offsets the application
-    has finished with, DESIGN.md "Offsets")."""
+    has finished with: docs/design.md#offsets)."""
 
     correlation_id: int
     partitions: tuple[TopicPartition, ...]
@@ -324,35 +329,69 @@ Effect: TypeAlias = (
 # --- the table ----------------------------------------------------------------------------------
 
 
+_WithEpoch: TypeAlias = (
+    PingReceived | StopFetcherReceived | StartFetcherReceived | Registered | CoordinatorFound
+)
+
+
+def _below_epoch(machine: ConsumerMachine, event: _WithEpoch) -> bool:
+    if isinstance(event, CoordinatorFound) and event.epoch == UNKNOWN_EPOCH:
+        return False  # a follower's answer: the registration answer brings the epoch to check
+    return event.epoch < machine.epoch
+
+
+#: The input comes from a deposed coordinator or from stale metadata.
+STALE = Guard("stale epoch", _below_epoch, otherwise="current epoch")
+
+
+def _before_deadline(machine: ConsumerMachine, event: LeaseExpired) -> bool:
+    deadline = machine.lease_deadline()
+    return deadline is not None and event.now < deadline
+
+
+#: The timer fired for a deadline that has moved on since: the coordinator was heard meanwhile.
+RENEWED = Guard("renewed since", _before_deadline, otherwise="ran out")
+
+
+def _epoch_checked(current: ConsumerState, stale: ConsumerState) -> Guarded[ConsumerState]:
+    return Guarded(((~STALE, current), (STALE, stale)))
+
+
+def _lease_checked(state: ConsumerState) -> Guarded[ConsumerState]:
+    return Guarded(((~RENEWED, ConsumerState.DISCOVERING), (RENEWED, state)))
+
+
 def _build_table() -> TransitionTable[ConsumerState]:
     S = ConsumerState
-    t: dict[tuple[ConsumerState, type], ConsumerState] = {
+    t: dict[tuple[ConsumerState, type], ConsumerState | Guarded[ConsumerState]] = {
         (S.IDLE, Start): S.DISCOVERING,
-        (S.DISCOVERING, CoordinatorFound): S.REGISTERING,
+        # Stale metadata is a failed discovery; a deposed coordinator's acceptance, a rejection.
+        (S.DISCOVERING, CoordinatorFound): _epoch_checked(S.REGISTERING, S.DISCOVERING),
         (S.DISCOVERING, DiscoveryFailed): S.DISCOVERING,
-        (S.REGISTERING, Registered): S.STOPPED,
+        (S.REGISTERING, Registered): _epoch_checked(S.STOPPED, S.DISCOVERING),
         (S.REGISTERING, RegistrationRejected): S.DISCOVERING,
         (S.REGISTERING, ConnectionLost): S.DISCOVERING,
-        (S.STOPPED, PingReceived): S.STOPPED,
-        (S.STOPPED, StopFetcherReceived): S.STOPPED,
-        (S.STOPPED, StartFetcherReceived): S.FETCHING,
+        # A deposed coordinator's requests are ignored.
+        (S.STOPPED, PingReceived): _epoch_checked(S.STOPPED, S.STOPPED),
+        (S.STOPPED, StopFetcherReceived): _epoch_checked(S.STOPPED, S.STOPPED),
+        (S.STOPPED, StartFetcherReceived): _epoch_checked(S.FETCHING, S.STOPPED),
         (S.STOPPED, CoordinatorMoved): S.DISCOVERING,
         (S.STOPPED, ConnectionLost): S.DISCOVERING,
-        (S.STOPPED, LeaseExpired): S.DISCOVERING,
-        (S.FETCHING, PingReceived): S.FETCHING,
-        (S.FETCHING, StopFetcherReceived): S.STOPPED,
+        (S.STOPPED, LeaseExpired): _lease_checked(S.STOPPED),
+        (S.FETCHING, PingReceived): _epoch_checked(S.FETCHING, S.FETCHING),
+        (S.FETCHING, StopFetcherReceived): _epoch_checked(S.STOPPED, S.FETCHING),
         # A StartFetcher without a StopFetcher first replaces the assignment: stop, then start.
-        (S.FETCHING, StartFetcherReceived): S.FETCHING,
+        (S.FETCHING, StartFetcherReceived): _epoch_checked(S.FETCHING, S.FETCHING),
         (S.FETCHING, CoordinatorMoved): S.REDISCOVERING,
         (S.FETCHING, ConnectionLost): S.DISCOVERING,
-        (S.FETCHING, LeaseExpired): S.DISCOVERING,
-        (S.REDISCOVERING, CoordinatorFound): S.REREGISTERING,
+        (S.FETCHING, LeaseExpired): _lease_checked(S.FETCHING),
+        (S.REDISCOVERING, CoordinatorFound): _epoch_checked(S.REREGISTERING, S.REDISCOVERING),
         (S.REDISCOVERING, DiscoveryFailed): S.REDISCOVERING,
-        (S.REDISCOVERING, LeaseExpired): S.DISCOVERING,
-        (S.REREGISTERING, Registered): S.FETCHING,
+        (S.REDISCOVERING, LeaseExpired): _lease_checked(S.REDISCOVERING),
+        (S.REREGISTERING, Registered): _epoch_checked(S.FETCHING, S.REDISCOVERING),
         (S.REREGISTERING, RegistrationRejected): S.REDISCOVERING,
         (S.REREGISTERING, ConnectionLost): S.DISCOVERING,
-        (S.REREGISTERING, LeaseExpired): S.DISCOVERING,
+        (S.REREGISTERING, LeaseExpired): _lease_checked(S.REREGISTERING),
     }
     for state in S:
         t[(state, Close)] = S.CLOSED
@@ -423,17 +462,12 @@ class ConsumerMachine:
         """Apply one input; return what the trio layer must do, in order.
 
         Raises IllegalTransition, changing nothing, if the table does not allow the input in the
-        current state. The guards described in the module docstring run before the table.
+        current state. A lease that ran out before the input arrived is expired first, as a step of
+        its own through the table; the table's guards decide everything else.
         """
         if not TABLE.allows(self.state, type(event)):
             raise IllegalTransition(TABLE.name, self.state, event)
-        if isinstance(event, LeaseExpired):
-            deadline = self.lease_deadline()
-            if deadline is not None and event.now < deadline:
-                return [Ignored(event=event, reason="the lease was renewed since")]
-            return self._step(event)
-
-        if isinstance(event, Start | Close):
+        if isinstance(event, Start | Close | LeaseExpired):
             return self._step(event)
         effects: list[Effect] = []
         deadline = self.lease_deadline()
@@ -441,20 +475,6 @@ class ConsumerMachine:
             effects = self._step(LeaseExpired(now=event.now))
             if isinstance(event, _FROM_CONNECTION) or not TABLE.allows(self.state, type(event)):
                 return [*effects, Ignored(event=event, reason="arrived after the lease ran out")]
-
-        if isinstance(event, _COORDINATOR_REQUESTS) and event.epoch < self.epoch:
-            reason = f"coordinator epoch {event.epoch} is below {self.epoch}"
-            return [*effects, Ignored(event=event, reason=reason)]
-        if isinstance(event, Registered) and event.epoch < self.epoch:
-            event = RegistrationRejected(
-                now=event.now, error_code=ErrorCode.STALE_COORDINATOR_EPOCH
-            )
-        elif (
-            isinstance(event, CoordinatorFound)
-            and event.epoch != UNKNOWN_EPOCH
-            and event.epoch < self.epoch
-        ):
-            event = DiscoveryFailed(now=event.now)
         return [*effects, *self._step(event)]
 
     # --- the transitions' effects ---------------------------------------------------------------
@@ -462,10 +482,21 @@ class ConsumerMachine:
     def _step(self, event: Input) -> list[Effect]:
         """Move along the table and compute the effects; ``self.state`` is still the old state
         while the effects are worked out."""
-        next_state = TABLE.next_state(self.state, event)
+        transition = TABLE.lookup(self.state, event, self)
+        next_state = transition.target
+        stale = transition.guard == STALE.name
         S = ConsumerState
         effects: list[Effect] = []
         match event:
+            case PingReceived() | StopFetcherReceived() | StartFetcherReceived() if stale:
+                reason = f"coordinator epoch {event.epoch} is below {self.epoch}"
+                effects.append(Ignored(event=event, reason=reason))
+            case LeaseExpired() if transition.guard == RENEWED.name:
+                effects.append(Ignored(event=event, reason="the lease was renewed since"))
+            case CoordinatorFound() if stale:
+                effects += self._failed_discovery()
+            case Registered() if stale:
+                effects += self._rejected(ErrorCode.STALE_COORDINATOR_EPOCH)
             case Start():
                 self.failures = 0
                 effects.append(Discover(delay=0.0))
@@ -476,18 +507,14 @@ class ConsumerMachine:
                     Register(coordinator=coordinator, generation=self.generation, owned=self.owned)
                 )
             case DiscoveryFailed():
-                self.failures += 1
-                effects.append(Discover(delay=self._backoff()))
+                effects += self._failed_discovery()
             case Registered(now=now, generation=generation, epoch=epoch):
                 self._heard(now, epoch)
                 self.generation = generation
                 self.failures = 0
                 self.last_error = None
             case RegistrationRejected(error_code=code) | CoordinatorMoved(error_code=code):
-                self.failures += 1
-                self.last_error = code
-                self.coordinator = None
-                effects += [CloseConnection(), Discover(delay=self._backoff())]
+                effects += self._rejected(code)
             case PingReceived(now=now, correlation_id=cid, epoch=epoch):
                 self._heard(now, epoch)
                 effects.append(RespondPing(correlation_id=cid, partitions=self.owned))
@@ -535,6 +562,17 @@ class ConsumerMachine:
                 effects += self._stop_and_disconnect()
         self.state = next_state
         return effects
+
+    def _failed_discovery(self) -> list[Effect]:
+        self.failures += 1
+        return [Discover(delay=self._backoff())]
+
+    def _rejected(self, code: ErrorCode) -> list[Effect]:
+        """The broker we registered with is not (or no longer) our coordinator: look again."""
+        self.failures += 1
+        self.last_error = code
+        self.coordinator = None
+        return [CloseConnection(), Discover(delay=self._backoff())]
 
     def _stop_and_disconnect(self) -> list[Effect]:
         """Stop fetching (if still fetching), then close the coordinator connection (if any)."""

@@ -15,7 +15,7 @@ import enum
 
 import attrs
 
-from statemachine.table import TransitionTable
+from statemachine.table import Guard, Guarded, TransitionTable
 
 
 class GroupState(enum.Enum):
@@ -110,27 +110,44 @@ Effect = ScheduleRebalance | CancelAttempt
 _IN_FLIGHT = (GroupState.STOPPING, GroupState.STARTING)
 
 
+def _last_member(machine: GroupMachine, event: MemberDeparted) -> bool:
+    return event.remaining == 0
+
+
+def _rebalance_owed(machine: GroupMachine, event: AttemptCompleted) -> bool:
+    return machine.rebalance_pending
+
+
+#: The departure left no live member: the group is empty, with nothing to rebalance.
+LAST = Guard("last", _last_member, otherwise="others remain")
+#: A join or topic change arrived during the attempt: another one begins at once.
+OWED = Guard("rebalance owed", _rebalance_owed, otherwise="none owed")
+
+
 def _build_table() -> TransitionTable[GroupState]:
-    t: dict[tuple[GroupState, type], GroupState] = {
+    departed: Guarded[GroupState] = Guarded(((LAST, GroupState.EMPTY), (~LAST, GroupState.PENDING)))
+    t: dict[tuple[GroupState, type], GroupState | Guarded[GroupState]] = {
         (GroupState.EMPTY, MemberJoined): GroupState.PENDING,
         (GroupState.EMPTY, TopicsChanged): GroupState.EMPTY,
         (GroupState.EMPTY, Deleted): GroupState.DEAD,
         (GroupState.PENDING, MemberJoined): GroupState.PENDING,
-        (GroupState.PENDING, MemberDeparted): GroupState.PENDING,
+        (GroupState.PENDING, MemberDeparted): departed,
         (GroupState.PENDING, TopicsChanged): GroupState.PENDING,
         (GroupState.PENDING, AttemptBegan): GroupState.STOPPING,
         (GroupState.PENDING, AttemptNotNeeded): GroupState.STABLE,
         (GroupState.PENDING, AttemptFailed): GroupState.PENDING,
         (GroupState.STOPPING, MembersStopped): GroupState.STARTING,
-        (GroupState.STARTING, AttemptCompleted): GroupState.STABLE,
+        (GroupState.STARTING, AttemptCompleted): Guarded(
+            ((OWED, GroupState.PENDING), (~OWED, GroupState.STABLE))
+        ),
         (GroupState.STABLE, MemberJoined): GroupState.PENDING,
-        (GroupState.STABLE, MemberDeparted): GroupState.PENDING,
+        (GroupState.STABLE, MemberDeparted): departed,
         (GroupState.STABLE, TopicsChanged): GroupState.PENDING,
     }
     for state in _IN_FLIGHT:
         t[(state, MemberJoined)] = state
         t[(state, TopicsChanged)] = state
-        t[(state, MemberDeparted)] = GroupState.PENDING
+        t[(state, MemberDeparted)] = departed
         t[(state, AttemptFailed)] = GroupState.PENDING
     return TransitionTable("Group", t)
 
@@ -149,7 +166,7 @@ class GroupMachine:
     forming: bool = False
 
     def handle(self, event: object) -> list[Effect]:
-        next_state = TABLE.next_state(self.state, event)  # raises before any change
+        next_state = TABLE.next_state(self.state, event, self)  # raises before any change
         effects: list[Effect] = []
         match event:
             case MemberJoined() | TopicsChanged():
@@ -162,12 +179,11 @@ class GroupMachine:
                     effects.append(ScheduleRebalance(delay=Delay.INITIAL_AGAIN))
                 elif self.state is GroupState.STABLE:
                     effects.append(ScheduleRebalance(delay=Delay.NONE))
-            case MemberDeparted(remaining=remaining):
+            case MemberDeparted():
                 if self.state in _IN_FLIGHT:
                     effects.append(CancelAttempt())
                 self.rebalance_pending = False
-                if remaining == 0:
-                    next_state = GroupState.EMPTY
+                if next_state is GroupState.EMPTY:
                     self.forming = False
                 elif self.state is not GroupState.PENDING:
                     effects.append(ScheduleRebalance(delay=Delay.NONE))
@@ -181,9 +197,8 @@ class GroupMachine:
                 self.rebalance_pending = False
                 self.forming = False
             case AttemptCompleted():
-                if self.rebalance_pending:
+                if next_state is GroupState.PENDING:
                     self.rebalance_pending = False
-                    next_state = GroupState.PENDING
                     effects.append(ScheduleRebalance(delay=Delay.NONE))
             case AttemptFailed():
                 self.rebalance_pending = False

@@ -14,7 +14,7 @@ import math
 
 import attrs
 
-from statemachine.table import TransitionTable
+from statemachine.table import Guard, Guarded, TransitionTable
 
 
 class MemberState(enum.Enum):
@@ -137,15 +137,28 @@ Effect = DeclaredDead
 _LIVE = (MemberState.REGISTERED, MemberState.STOPPING, MemberState.STARTING, MemberState.STABLE)
 
 
+def _uses_up_misses(machine: MemberMachine, event: DeadlineMissed | HandoverRefused) -> bool:
+    missed, handovers_missed = machine.misses_after(event)
+    if isinstance(event, HandoverRefused):
+        # It answered, so only its handover misses count against it.
+        return handovers_missed >= machine.timeouts.max_missed
+    return max(missed, handovers_missed) >= machine.timeouts.max_missed
+
+
+#: The miss uses up the member's allowance (``MemberTimeouts.max_missed``): it is dead.
+LIMIT = Guard("misses used up", _uses_up_misses, otherwise="misses left")
+
+
 def _build_table() -> TransitionTable[MemberState]:
-    t: dict[tuple[MemberState, type], MemberState] = {}
+    t: dict[tuple[MemberState, type], MemberState | Guarded[MemberState]] = {}
     for state in _LIVE:
         # A new rebalance attempt may begin from any live state: a failed attempt leaves members
         # in Stopping or Starting, and the next attempt stops everyone again.
         t[(state, StopFetcherSent)] = MemberState.STOPPING
-        heartbeat: tuple[type, ...] = (PingSent, PingAnswered, DeadlineMissed, HandoverRefused)
-        for event in heartbeat:
-            t[(state, event)] = state  # a miss may also kill: see MemberMachine.handle
+        t[(state, PingSent)] = state
+        t[(state, PingAnswered)] = state
+        for miss in (DeadlineMissed, HandoverRefused):
+            t[(state, miss)] = Guarded(((LIMIT, MemberState.DEAD), (~LIMIT, state)))
         endings: tuple[type, ...] = (ConnectionClosed, ConnectionBroken, Left, ProtocolViolation)
         for event in endings:
             t[(state, event)] = MemberState.DEAD
@@ -198,7 +211,7 @@ class MemberMachine:
     stop_answered: bool = False
 
     def handle(self, event: object) -> list[Effect]:
-        next_state = TABLE.next_state(self.state, event)  # raises before any change
+        next_state = TABLE.next_state(self.state, event, self)  # raises before any change
         if self.state is MemberState.DEAD:
             return []
         effects: list[Effect] = []
@@ -221,11 +234,9 @@ class MemberMachine:
                 self._heard(now)
             case PingAnswered(now=now):
                 self._heard(now)
-            case DeadlineMissed(now=now, handover=handover):
-                self.missed += 1
-                self.handovers_missed += handover
-                if max(self.missed, self.handovers_missed) >= self.timeouts.max_missed:
-                    next_state = MemberState.DEAD
+            case DeadlineMissed(now=now):
+                self.missed, self.handovers_missed = self.misses_after(event)
+                if next_state is MemberState.DEAD:
                     cause = (
                         DeathCause.REFUSED_HANDOVERS
                         if self.handovers_missed >= self.timeouts.max_missed
@@ -236,9 +247,8 @@ class MemberMachine:
                 # It answered, but whether it stopped (or started) is unknown: its lease holds,
                 # counted from this answer at the latest, and the misses stand.
                 self.last_heard = max(self.last_heard, now)
-                self.handovers_missed += 1
-                if self.handovers_missed >= self.timeouts.max_missed:
-                    next_state = MemberState.DEAD
+                self.missed, self.handovers_missed = self.misses_after(event)
+                if next_state is MemberState.DEAD:
                     effects.append(self._death(DeathCause.REFUSED_HANDOVERS, now, silent=True))
             case ConnectionClosed(now=now):
                 effects.append(self._death(DeathCause.CONNECTION_CLOSED, now, silent=False))
@@ -250,6 +260,13 @@ class MemberMachine:
                 effects.append(self._death(DeathCause.PROTOCOL_ERROR, now, silent=True))
         self.state = next_state
         return effects
+
+    def misses_after(self, event: DeadlineMissed | HandoverRefused) -> tuple[int, int]:
+        """``(missed, handovers_missed)`` as ``event`` leaves them: the table's guard and
+        :meth:`handle` both count from here, so they cannot disagree."""
+        if isinstance(event, HandoverRefused):
+            return self.missed, self.handovers_missed + 1
+        return self.missed + 1, self.handovers_missed + event.handover
 
     @property
     def alive(self) -> bool:

@@ -4,7 +4,7 @@ import argparse
 import re
 from pathlib import Path
 
-from coordinator.cli import _parser
+from cli.main import _parser
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "limits.md"
 #: How the table writes a default of None.

@@ -1,5 +1,5 @@
 """protocol/ and statemachine/ must be usable where there is no event loop, socket or clock, so that
-third-party clients and the deterministic driver can reuse them (DESIGN.md)."""
+third-party clients and the deterministic driver can reuse them."""
 
 import ast
 import json

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.zookeeper import zookeeper_available
+from launch.zookeeper import zookeeper_available
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = {"benchmark", "figure", "value", "unit", "baseline", "ratio"}
@@ -28,7 +28,7 @@ async def run_quick(name: str, tmp_path: Path) -> dict[str, list[dict[str, Any]]
     """Run ``scripts.bench_<name> --quick``; its figures by name. A "skipped" line fails."""
     with trio.fail_after(120):
         result = await trio.run_process(
-            [sys.executable, "-m", f"scripts.bench_{name}", "--quick", "--work-dir", str(tmp_path)],
+            [sys.executable, "-m", f"bench.{name}", "--quick", "--work-dir", str(tmp_path)],
             cwd=REPO,
             capture_stdout=True,
             capture_stderr=True,

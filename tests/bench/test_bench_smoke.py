@@ -21,7 +21,7 @@ pytestmark = pytest.mark.realtime
 async def run_quick(name: str, tmp_path: Path) -> list[dict[str, Any]]:
     with trio.fail_after(240):
         result = await trio.run_process(
-            [sys.executable, "-m", f"scripts.bench_{name}", "--quick", "--work-dir", str(tmp_path)],
+            [sys.executable, "-m", f"bench.{name}", "--quick", "--work-dir", str(tmp_path)],
             cwd=REPO,
             capture_stdout=True,
             capture_stderr=True,

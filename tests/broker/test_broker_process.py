@@ -1,4 +1,4 @@
-"""A real broker process (``python -m coordinator serve``) with real files, driven by the producer
+"""A real broker process (``python -m cli serve``) with real files, driven by the producer
 and by raw protocol requests."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import pytest
 import trio
 
 from consumer import ProduceError, ProducerConfig, open_producer
-from coordinator.channel import Channel
-from coordinator.client import connect_any, open_channel
+from launch.processes import BrokerProcess, run_broker
 from protocol import (
     CreateTopicRequest,
     CreateTopicResponse,
@@ -27,7 +26,8 @@ from protocol import (
     ProduceResponse,
 )
 from protocol.records import Record
-from tests.support.processes import BrokerProcess, run_broker
+from transport.channel import Channel
+from transport.connect import connect_any, open_channel
 
 pytestmark = pytest.mark.realtime
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from coordinator.channel import Channel
-from coordinator.client import open_channel
+from launch.processes import BrokerProcess, run_broker
 from protocol import (
     Connection,
     DescribeGroupRequest,
@@ -24,7 +23,8 @@ from protocol import (
     Response,
     Role,
 )
-from tests.support.processes import BrokerProcess, run_broker
+from transport.channel import Channel
+from transport.connect import open_channel
 
 pytestmark = pytest.mark.realtime
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from coordinator.log import (
+from broker.log import (
     CorruptSegment,
     FsyncPolicy,
     LogConfig,

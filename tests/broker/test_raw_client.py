@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.support.processes import REPO, run_broker
+from launch.processes import REPO, run_broker
 
 pytestmark = pytest.mark.realtime
 
-#: Runs the script, then checks that it never imported trio or the coordinator package.
+#: Runs the script, then checks that it imported neither trio nor any package of the service.
 WRAPPER = """
 import runpy, sys
 sys.argv = sys.argv[1:]
@@ -23,7 +23,8 @@ try:
     code = 0
 except SystemExit as exc:
     code = exc.code
-leaked = sorted({"trio", "coordinator", "consumer"} & {m.split(".")[0] for m in sys.modules})
+service = {"trio", "transport", "store", "coordinator", "consumer", "broker", "cli"}
+leaked = sorted(service & {m.split(".")[0] for m in sys.modules})
 if leaked:
     sys.exit(f"the raw client imported {leaked}")
 sys.exit(code)
@@ -38,7 +39,7 @@ async def test_raw_client_joins_a_group_and_prints_its_assignment(tmp_path: Path
                     sys.executable,
                     "-c",
                     WRAPPER,
-                    str(REPO / "scripts" / "example_raw_client.py"),
+                    str(REPO / "examples" / "raw_client.py"),
                     "--bootstrap",
                     f"{broker.host}:{broker.port}",
                     "--topic",

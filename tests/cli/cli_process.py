@@ -15,10 +15,10 @@ from typing import Any
 
 import trio
 
-from tests.support.processes import REPO, BrokerProcess
+from launch.processes import REPO, BrokerProcess
 
 CLI_TIMEOUT = 60.0
-CLI = (sys.executable, "-m", "coordinator")
+CLI = (sys.executable, "-m", "cli")
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 

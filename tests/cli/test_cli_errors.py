@@ -20,8 +20,8 @@ from pathlib import Path
 import attrs
 import pytest
 
+from launch.processes import REPO, STARTUP_TIMEOUT, STOP_TIMEOUT
 from tests.cli.cli_process import CLI, ENV
-from tests.support.processes import REPO, STARTUP_TIMEOUT, STOP_TIMEOUT
 
 pytestmark = pytest.mark.realtime
 

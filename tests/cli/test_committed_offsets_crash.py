@@ -12,12 +12,12 @@ import pytest
 import trio
 
 from consumer import ConsumerSettings, RecordStream, open_consumer
-from coordinator.admin import open_admin
-from coordinator.client import connect_any, open_channel
+from consumer.admin import open_admin
+from launch.processes import BrokerProcess, run_broker
 from protocol import ErrorCode, ProduceRequest, ProduceResponse
 from protocol.records import Record
 from tests.cli.cli_process import describe_group
-from tests.support.processes import BrokerProcess, run_broker
+from transport.connect import connect_any, open_channel
 
 pytestmark = pytest.mark.realtime
 

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import trio
 
-from coordinator.admin import AdminError, open_admin
+from consumer.admin import AdminError, open_admin
+from launch.processes import BrokerProcess, run_broker
 from tests.cli.cli_process import (
     bootstrap,
     cli_json,
@@ -30,7 +31,6 @@ from tests.cli.cli_process import (
     run_cli,
     stop,
 )
-from tests.support.processes import BrokerProcess, run_broker
 
 pytestmark = pytest.mark.realtime
 

@@ -1,4 +1,4 @@
-"""``scripts/demo.py`` runs from start to end as the README says: a smoke test of the whole CLI."""
+"""``examples/demo.py`` runs from start to end as the README says: a smoke test of the whole CLI."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from launch.processes import REPO
 from tests.cli.cli_process import ENV
-from tests.support.processes import REPO
 
 pytestmark = pytest.mark.realtime
 
-DEMO = REPO / "scripts" / "demo.py"
+DEMO = REPO / "examples" / "demo.py"
 #: The demo takes well under 30 s on a quiet machine; CI has two busy cores.
 DEMO_TIMEOUT = 120.0
 

@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from coordinator.admin import GroupReport, PartitionLag
-from coordinator.cli_admin import _groups_describe
+from cli.admin import _groups_describe
+from consumer.admin import GroupReport, PartitionLag
 from protocol.types import TopicPartition
 
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from coordinator.cli import main
-from coordinator.logformat import EscapingFormatter, configure_logging
+from cli.logformat import EscapingFormatter, configure_logging
+from cli.main import main
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The real coordinator in memory, for deterministic consumer tests on trio's MockClock.
 
 Every connection the consumer opens is served by ``handle_connection`` over an in-memory stream,
-with the real coordinator of :func:`coordinator.testing.open_simulated_cluster`. The data plane is
+with the real coordinator of :func:`simulation.open_simulated_cluster`. The data plane is
 a stand-in (:class:`TickingLog`): the real broker log does its file I/O in worker threads, and
 MockClock's autojump jumps while a thread works, so a test with the real log could not assert exact
 instants. Tests that need the real log run against a real broker process instead.
@@ -18,9 +18,8 @@ import attrs
 import trio
 import trio.testing
 
+from broker.dispatch import handle_connection
 from coordinator.config import CoordinatorConfig
-from coordinator.server import handle_connection
-from coordinator.testing import SimulatedCluster, open_simulated_cluster
 from protocol import (
     ApiKey,
     ErrorCode,
@@ -34,6 +33,7 @@ from protocol import (
 )
 from protocol.records import Record
 from protocol.types import TopicPartition
+from simulation import SimulatedCluster, open_simulated_cluster
 
 
 @attrs.define(eq=False)

@@ -10,9 +10,9 @@ import pytest
 import trio
 import trio.testing
 
+from broker.election import ElectionStore, Elector, handle_elected_connection
 from consumer import ConsumerSettings, RecordStream, open_consumer
 from coordinator.config import CoordinatorConfig
-from coordinator.election import ElectionStore, Elector, handle_elected_connection
 from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine.consumer import ConsumerState
@@ -321,9 +321,9 @@ async def test_after_losing_its_coordinator_a_consumer_believes_the_follower_nam
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """A follower names the coordinator in ClusterMetadata with no epoch (only the coordinator
-    knows its own). A consumer that had registered once took that for stale metadata and backed
-    off, pass after pass, until a pass happened to start at the coordinator itself: the
-    bench_failover runs that took 2 s longer to recover."""
+    knows its own). A consumer that had registered once and took that for stale metadata would
+    back off, pass after pass, until a pass happened to start at the coordinator itself, and
+    recover seconds late."""
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
         # The real follower code on the cluster's store (a mock ElectionStore: the embedded store
         # has no office to lose, and a follower that never stands needs none).

@@ -14,12 +14,12 @@ import pytest
 import trio
 
 from consumer import ConsumerSettings, RecordStream, open_consumer
-from coordinator.admin import open_admin
-from coordinator.client import connect_any, open_channel
+from consumer.admin import open_admin
+from launch.processes import run_broker
 from protocol import ErrorCode, ProduceRequest, ProduceResponse
 from protocol.records import Record
 from protocol.types import TopicPartition
-from tests.support.processes import run_broker
+from transport.connect import connect_any, open_channel
 
 pytestmark = pytest.mark.realtime
 

@@ -8,8 +8,8 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import open_simulated_cluster
 from protocol import Connection, ErrorCode, PeerError, Role
+from simulation import open_simulated_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, max_frame_size=64 * 1024)
 

@@ -14,14 +14,12 @@ import pytest
 import trio
 import trio.testing
 
-from coordinator.broker import BrokerLog, open_broker_log
-from coordinator.channel import Channel
+from broker.data_plane import BrokerLog, open_broker_log
+from broker.dispatch import handle_connection
+from broker.log import FsyncPolicy, LogConfig
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from coordinator.limits import RequestLimits
-from coordinator.log import FsyncPolicy, LogConfig
-from coordinator.server import handle_connection
-from coordinator.store import open_embedded_store
 from coordinator.validation import MAX_REPORTED_GENERATION
 from protocol import (
     ClusterMetadataRequest,
@@ -60,6 +58,8 @@ from protocol.types import (
     TopicPartition,
     TopicStreams,
 )
+from store import open_embedded_store
+from transport.channel import Channel
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -419,8 +419,8 @@ async def _committed(broker: Broker) -> dict[TopicPartition, int]:
 
 
 async def test_a_commit_past_the_log_end_is_refused(tmp_path: Path) -> None:
-    """Members only move an offset forward: before this check, one commit of 10^15 pinned the
-    group's offset above everything later commits said."""
+    """Members only move an offset forward: without this check, one commit of 10^15 would pin
+    the group's offset above everything later commits say."""
     async with open_broker(tmp_path) as broker:
         await _create(broker)
         await _produce(broker, 10)
@@ -555,7 +555,7 @@ async def test_data_requests_at_their_extremes(tmp_path: Path) -> None:
 async def test_metadata_names_each_topic_once_and_bounds_the_count(tmp_path: Path) -> None:
     async with open_broker(tmp_path) as broker:
         await _create(broker, partitions=200)
-        # 100,000 times a topic of 200 partitions was a 160 MB answer
+        # 100,000 times a topic of 200 partitions would be a 160 MB answer
         asked = ClusterMetadataRequest(group_id=None, topics=("t",) * 100_000)
         answer = await broker.request(asked)
         assert isinstance(answer, ClusterMetadataResponse)

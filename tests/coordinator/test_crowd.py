@@ -1,4 +1,5 @@
-"""A crowd joining together causes one rebalance, not hundreds (DESIGN.md, "Rebalance triggers")."""
+"""A crowd joining together causes one rebalance, not hundreds
+(docs/design.md#rebalance-triggers)."""
 
 import time
 from pathlib import Path
@@ -7,7 +8,7 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import SimulatedConsumer, open_simulated_cluster
+from simulation import SimulatedConsumer, open_simulated_cluster
 
 N = 1000  # consumers in the crowd
 

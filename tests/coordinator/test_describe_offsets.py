@@ -13,7 +13,6 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import SimulatedCluster, open_simulated_cluster
 from protocol import (
     DescribeGroupRequest,
     DescribeGroupResponse,
@@ -21,6 +20,7 @@ from protocol import (
     OffsetFetchResponse,
 )
 from protocol.types import TopicPartition
+from simulation import SimulatedCluster, open_simulated_cluster
 
 
 async def _describe(cluster: SimulatedCluster) -> tuple[list[int], list[int]]:

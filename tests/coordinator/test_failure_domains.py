@@ -16,8 +16,6 @@ from coordinator import rebalance
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.membership import Group
-from coordinator.store import EpochFenced, OffsetBatch, StoreUnavailable
-from coordinator.testing import RecordingStore, SimulatedCluster, open_simulated_cluster
 from protocol import (
     DeleteGroupRequest,
     DeleteGroupResponse,
@@ -26,7 +24,9 @@ from protocol import (
     OffsetCommitResponse,
 )
 from protocol.types import PartitionOffset, TopicPartition
+from simulation import RecordingStore, SimulatedCluster, open_simulated_cluster
 from statemachine.group import Effect, GroupMachine, GroupState, MemberDeparted
+from store import EpochFenced, OffsetBatch, StoreUnavailable
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -284,7 +284,7 @@ async def test_a_start_fetcher_too_large_for_a_frame_closes_only_its_member(
         assert generation == 2
         assert y.owned == ALL and not x.fetching
         assert set(cluster.coordinator.groups["g"].members) == {"y"}
-        told = [r.getMessage() for r in caplog.records if r.name == "coordinator.channel"]
+        told = [r.getMessage() for r in caplog.records if r.name == "transport.channel"]
         assert any(
             "reported FRAME_TOO_LARGE" in line and "cannot send you" in line for line in told
         )

@@ -1,4 +1,5 @@
-"""Failure paths of seed 01 §8-§9 on the autojump clock, with exact virtual times.
+"""Failure paths on the autojump clock, with exact virtual times (docs/design.md#failure-detection,
+docs/design.md#rebalance).
 
 Every test uses a session timeout T = 6 s: Pings every 2 s, each due within 4 s, one miss kills,
 and a silent member's partitions wait T + 0.5 s after the last request sent to it.
@@ -10,9 +11,9 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from protocol import ErrorCode
 from protocol.types import TopicPartition
+from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from statemachine.group import GroupState
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)

@@ -6,8 +6,8 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import open_simulated_cluster
 from protocol.types import TopicPartition
+from simulation import open_simulated_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0)
 

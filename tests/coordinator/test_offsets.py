@@ -6,7 +6,6 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import SimulatedCluster, open_simulated_cluster
 from protocol import (
     DescribeGroupRequest,
     DescribeGroupResponse,
@@ -17,6 +16,7 @@ from protocol import (
     OffsetFetchResponse,
 )
 from protocol.types import PartitionOffset, TopicPartition
+from simulation import SimulatedCluster, open_simulated_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
 

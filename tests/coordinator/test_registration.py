@@ -1,4 +1,4 @@
-"""RegisterConsumer's checks (seed 01 §7) and clear error codes."""
+"""RegisterConsumer's checks (docs/design.md#generations-and-fencing) and clear error codes."""
 
 from pathlib import Path
 
@@ -7,9 +7,9 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import open_simulated_cluster
 from protocol import ErrorCode
 from protocol.types import Subscription, TopicStreams
+from simulation import open_simulated_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, min_session_timeout_ms=2000)
 

@@ -29,8 +29,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from coordinator.config import CoordinatorConfig
-from coordinator.limits import ConnectionLimits
-from coordinator.testing import SimulatedCluster, open_simulated_cluster
+from simulation import SimulatedCluster, open_simulated_cluster
 from tests.fuzz.frames import (
     SERVED_GROUP,
     SERVED_TOPIC,
@@ -39,6 +38,7 @@ from tests.fuzz.frames import (
     connection_script,
     converse,
 )
+from transport.limits import ConnectionLimits
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, max_frame_size=1024 * 1024)
 SERVED_MEMBERS = 3
@@ -150,9 +150,9 @@ class _Records(logging.Handler):
 
 @contextmanager
 def _broker_log() -> Iterator[list[logging.LogRecord]]:
-    """Every record the coordinator logs at INFO and above while the block runs."""
+    """Every record the broker logs at INFO and above while the block runs."""
     handler = _Records()
-    logger = logging.getLogger("coordinator")
+    logger = logging.getLogger()
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -20,10 +20,10 @@ import pytest
 import trio
 
 from consumer import open_producer
-from coordinator.admin import open_admin
-from coordinator.client import parse_bootstrap
+from consumer.admin import open_admin
 from pipeline import GroupOffsetCommitter
 from pipeline.local import local_broker, local_spark
+from transport.connect import parse_bootstrap
 
 pytestmark = pytest.mark.realtime
 
@@ -116,7 +116,7 @@ def run_available_now(df: Any, sink: Path, checkpoint: Path, name: str) -> Any:
 
 def describe_group(bootstrap: str, group: str) -> dict[str, Any]:
     """What an operator sees: ``coordinator groups describe G --json``."""
-    command = [sys.executable, "-m", "coordinator", "groups", "describe", group, "--json"]
+    command = [sys.executable, "-m", "cli", "groups", "describe", group, "--json"]
     out = subprocess.run(
         [*command, "--bootstrap", bootstrap],
         capture_output=True,

@@ -4,8 +4,8 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import open_simulated_cluster
 from protocol.types import Subscription, TopicPartition
+from simulation import open_simulated_cluster
 
 
 async def test_a_long_gc_pause_hands_the_partitions_over_safely(

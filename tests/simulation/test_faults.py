@@ -11,8 +11,8 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from protocol.types import TopicPartition
+from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -58,8 +58,9 @@ async def test_a_connection_reset_under_a_consumer_frees_its_partitions_when_it_
 async def test_a_connection_reset_under_a_paused_consumer_waits_until_it_has_stopped(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """Found by the randomized fault test: the coordinator saw the reset at once and moved the
-    partitions, while the paused consumer fetched on until it resumed and noticed."""
+    """A reset proves nothing about a paused consumer, which fetches on until it resumes and
+    notices: a coordinator that moved the partitions at the reset would give them two owners
+    (docs/design.md#ownership-lease)."""
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, _b = await _pair(cluster)
         held = a.owned

@@ -24,8 +24,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import SimulatedCluster, open_simulated_cluster
 from protocol.types import Subscription
+from simulation import SimulatedCluster, open_simulated_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 

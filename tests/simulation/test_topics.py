@@ -1,5 +1,5 @@
-"""Seed 01 §6: a new topic or new partitions rebalance every interested group — including groups
-with wildcard subscriptions — and no group that is not interested.
+"""A new topic or new partitions rebalance every interested group — including groups with
+wildcard subscriptions — and no group that is not interested (docs/design.md#rebalance-triggers).
 
 T = 6 s; a new group's first rebalance waits the initial delay of 3 s.
 """
@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
-from coordinator.testing import open_simulated_cluster
 from protocol.types import Subscription, TopicPartition
+from simulation import open_simulated_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0)
 

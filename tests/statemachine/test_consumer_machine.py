@@ -1,5 +1,6 @@
 """The consumer client's machine: its table cell by cell, its lease, its epoch guard, and a
-random walk that checks the safety rules of DESIGN.md on the effects it emits."""
+random walk that checks the safety rules of the ownership lease (docs/design.md#ownership-lease)
+on the effects it emits."""
 
 from __future__ import annotations
 
@@ -370,8 +371,8 @@ def test_stale_metadata_counts_as_a_failed_discovery() -> None:
 
 def test_a_follower_naming_the_coordinator_without_its_epoch_is_not_stale_metadata() -> None:
     # After a failover a follower names the successor; not being the coordinator, it gives no
-    # epoch (ClusterMetadata coordinator_epoch -1). Counting that as stale metadata sent every
-    # consumer that had registered once back off until a pass happened to ask the coordinator.
+    # epoch (ClusterMetadata coordinator_epoch -1). Counting that as stale metadata would send every
+    # consumer that had registered once into backoff until a pass happened to ask the coordinator.
     m = machine_in(S.FETCHING, now=100.0)
     assert m.handle(ConnectionLost(now=101.0)) == [
         StopFetchers(),

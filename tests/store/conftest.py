@@ -12,8 +12,8 @@ from contextlib import AbstractAsyncContextManager
 
 import pytest
 
-from coordinator.store import MetadataStore, open_embedded_store
-from coordinator.store.zookeeper import open_zookeeper_store
+from store import MetadataStore, open_embedded_store
+from store.zookeeper import open_zookeeper_store
 from tests.support.zookeeper_fixtures import zookeeper, zookeeper_hosts
 
 __all__ = ["zookeeper", "zookeeper_hosts"]  # fixtures the ZooKeeper kind needs

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import trio
 
-from coordinator.store import (
+from protocol.types import BrokerInfo, ConsumerThread, Subscription, TopicPartition, TopicStreams
+from store import (
     EpochFenced,
     GroupRecord,
     InvalidPartitions,
@@ -24,7 +25,6 @@ from coordinator.store import (
     TopicPlacement,
     UnknownTopic,
 )
-from protocol.types import BrokerInfo, ConsumerThread, Subscription, TopicPartition, TopicStreams
 
 StoreOpener = Callable[[], AbstractAsyncContextManager[MetadataStore]]
 

@@ -23,7 +23,8 @@ import pytest
 import trio
 import trio.testing
 
-from coordinator.store import (
+from protocol.types import ConsumerThread, Subscription, TopicPartition, TopicStreams
+from store import (
     EmbeddedStore,
     GroupRecord,
     MemberRecord,
@@ -32,8 +33,7 @@ from coordinator.store import (
     TopicPlacement,
     open_embedded_store,
 )
-from coordinator.store.embedded import JOURNAL_NAME, SNAPSHOT_NAME
-from protocol.types import ConsumerThread, Subscription, TopicPartition, TopicStreams
+from store.embedded import JOURNAL_NAME, SNAPSHOT_NAME
 
 
 def tp(topic: str, partition: int) -> TopicPartition:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.zookeeper import Ensemble, open_ensemble, zookeeper_available
+from launch.zookeeper import Ensemble, open_ensemble, zookeeper_available
 
 __all__ = ["zookeeper", "zookeeper_ensemble", "zookeeper_hosts"]
 

@@ -13,13 +13,13 @@ import attrs
 import pytest
 import trio
 
+from broker.node import NodeSettings, run_node
 from consumer import Consumer, ConsumerSettings, open_consumer
-from coordinator.admin import open_admin
+from consumer.admin import open_admin
 from coordinator.config import CoordinatorConfig
-from coordinator.node import NodeSettings, run_node
+from launch.cluster import agreed_coordinator, eventually
 from protocol import ErrorCode, RegisterConsumerRequest, RegisterConsumerResponse
 from protocol.types import Subscription, TopicPartition, TopicStreams
-from tests.support.cluster import agreed_coordinator, eventually
 
 pytestmark = pytest.mark.realtime
 

@@ -22,13 +22,13 @@ import trio
 from kazoo.client import KazooClient  # type: ignore[import-untyped]
 
 from consumer import Consumer, ConsumerSettings, Producer, open_consumer, open_producer
-from coordinator.admin import AdminError, open_admin
-from coordinator.channel import ChannelClosed
-from coordinator.client import Address
+from consumer.admin import AdminError, open_admin
+from launch.cluster import agreed_coordinator, eventually, group_state
+from launch.processes import BrokerProcess, run_broker
+from launch.zookeeper import Ensemble
 from protocol.types import TopicPartition
-from tests.support.cluster import agreed_coordinator, eventually, group_state
-from tests.support.processes import BrokerProcess, run_broker
-from tests.support.zookeeper import Ensemble
+from transport.channel import ChannelClosed
+from transport.connect import Address
 
 pytestmark = pytest.mark.realtime
 

@@ -15,7 +15,11 @@ import trio.testing
 from kazoo.client import KazooClient  # type: ignore[import-untyped]
 from kazoo.exceptions import NoNodeError  # type: ignore[import-untyped]
 
-from coordinator.store import (
+from launch.cluster import eventually
+from launch.zookeeper import Ensemble
+from protocol import Subscription
+from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
+from store import (
     EpochFenced,
     GroupRecord,
     MemberRecord,
@@ -23,13 +27,9 @@ from coordinator.store import (
     StoreUnavailable,
     TopicPlacement,
 )
-from coordinator.store.codec import encode_group
-from coordinator.store.zookeeper import ZooKeeperStore, open_zookeeper_store
-from protocol import Subscription
-from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
+from store.codec import encode_group
+from store.zookeeper import ZooKeeperStore, open_zookeeper_store
 from tests.store.test_contract import sample_group
-from tests.support.cluster import eventually
-from tests.support.zookeeper import Ensemble
 
 pytestmark = pytest.mark.realtime
 
@@ -342,8 +342,8 @@ async def test_a_group_of_5000_members_over_10000_partitions_is_written_committe
 ) -> None:
     """The seeds' biggest group takes more than ZooKeeper's 1 MiB request limit to write (its
     record alone is 1.5 MB, its owner nodes and its offsets about 1 MB each): one transaction
-    each was dropped with ConnectionLoss, so such a group could never finish a rebalance nor keep
-    an offset under ``--zookeeper``."""
+    each would be dropped with ConnectionLoss, so such a group could never finish a rebalance
+    nor keep an offset under ``--zookeeper``."""
     first, second = big_group(5000, 10_000, 1), big_group(5000, 10_000, 2)
     assert len(json.dumps(encode_group(first))) > 1_048_576
     offsets = {tp: tp.partition + 1 for tp in first.assignment}

@@ -1,0 +1,479 @@
+"""The benchmarks' side of the load: start the coordinator, the bare server and the load
+generator's workers (:mod:`bench.loadgen`) as processes, drive the workers, read the servers'
+CPU and memory from /proc, and print each figure as one JSON line.
+
+Every process is owned by an async context manager and stopped (SIGCONT, SIGTERM, then SIGKILL)
+when its block ends, whatever happened inside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import traceback
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from bench.loadgen import (
+    BROADCAST_SIZES,
+    PER_WORKER,
+    FrameReader,
+    LineReader,
+    bare_frame,
+    rounded,
+)
+from launch.processes import open_serving_process, stop_process
+from protocol import ClusterMetadataRequest, CreateTopicRequest, CreateTopicResponse, ErrorCode
+from transport.connect import open_channel
+
+REPO = Path(__file__).resolve().parents[1]
+STARTUP_TIMEOUT = 60.0
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def figure(
+    benchmark: str,
+    name: str,
+    value: float | int | None,
+    unit: str,
+    baseline: float | int | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One figure as the JSON line every benchmark prints (and flushes, so a pipe sees it now)."""
+    ratio = None
+    if value is not None and baseline and not math.isnan(float(baseline)):
+        ratio = round(float(value) / float(baseline), 3)
+    line: dict[str, Any] = {
+        "benchmark": benchmark,
+        "figure": name,
+        "value": rounded(value),
+        "unit": unit,
+        "baseline": rounded(baseline),
+        "ratio": ratio,
+        **extra,
+        # The machine is shared: its 1-minute load average says how much the figure competed.
+        "load_average": float(Path("/proc/loadavg").read_text().split()[0]),
+    }
+    print(json.dumps(line), flush=True)
+    return line
+
+
+# --- the parent's handles -----------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class ServerProcess:
+    process: trio.Process
+    host: str
+    port: int
+    log_path: Path
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of the server process, from /proc/<pid>/stat."""
+        text = Path(f"/proc/{self.process.pid}/stat").read_text()
+        fields = text[text.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+
+@asynccontextmanager
+async def _open_server(command: Sequence[str], log_path: Path) -> AsyncIterator[ServerProcess]:
+    async with open_serving_process(command, log_path, startup_timeout=STARTUP_TIMEOUT) as (
+        process,
+        host,
+        port,
+    ):
+        yield ServerProcess(process=process, host=host, port=port, log_path=log_path)
+
+
+def open_coordinator(data_dir: Path, *args: str) -> AbstractAsyncContextManager[ServerProcess]:
+    """A real broker + coordinator: ``python -m cli serve --port 0`` with ``args``, on a
+    fresh ``data_dir`` (whatever a previous run left there is removed)."""
+    shutil.rmtree(data_dir, ignore_errors=True)
+    data_dir.mkdir(parents=True)
+    command = [
+        sys.executable,
+        "-m",
+        "cli",
+        "--log-level",
+        os.environ.get("BENCH_SERVER_LOG_LEVEL", "WARNING"),
+        "serve",
+        "--port",
+        "0",
+        "--data-dir",
+        str(data_dir),
+        *args,
+    ]
+    return _open_server(command, data_dir / "server.log")
+
+
+def open_bare_server(
+    work_dir: Path, broadcast: Sequence[tuple[int, int]] = ()
+) -> AbstractAsyncContextManager[ServerProcess]:
+    """The bare baseline server; ``broadcast`` gives its two rounds' (request, reply) sizes."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    sizes = [str(n) for pair in (broadcast or BROADCAST_SIZES) for n in pair]
+    command = [sys.executable, "-m", "bench.loadgen", "bare-serve", "--sizes", *sizes]
+    return _open_server(command, work_dir / "bare.log")
+
+
+@attrs.define(eq=False)
+class Worker:
+    process: trio.Process
+    lines: LineReader
+
+    async def command(self, line: str) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        # One exchange, never cut in half by the caller's deadline: an unread reply would be
+        # taken as the answer to the next command.
+        with trio.CancelScope(shield=True), trio.fail_after(60):
+            await self.process.stdin.send_all(line.encode() + b"\n")
+            reply = await self.lines.next()
+        if reply is None:
+            raise RuntimeError(f"worker {self.process.pid} ended")
+        result: dict[str, Any] = json.loads(reply)
+        return result
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+
+@asynccontextmanager
+async def open_worker(arguments: Sequence[str], log_path: Path) -> AsyncIterator[Worker]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "bench.loadgen", *arguments]
+    with open(log_path, "ab") as log_file:
+        process = await trio.lowlevel.open_process(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            cwd=REPO,
+            env=env,
+        )
+    assert process.stdout is not None
+    try:
+        yield Worker(process=process, lines=LineReader(process.stdout))
+    finally:
+        with trio.CancelScope(shield=True):
+            if process.stdin is not None:
+                await process.stdin.aclose()
+            await stop_process(process)
+
+
+@asynccontextmanager
+async def open_consumers(
+    server: ServerProcess,
+    count: int,
+    work_dir: Path,
+    *,
+    group_size: int,
+    session_timeout_ms: int,
+    topic: str = "bench",
+    group_prefix: str = "g",
+    member_prefix: str = "m",
+    first: int = 0,
+    per_worker: int = PER_WORKER,
+) -> AsyncIterator[list[Worker]]:
+    """``count`` consumers over ceil(count / per_worker) workers; member i is in group
+    i // group_size."""
+    workers: list[Worker] = []
+    async with trio.open_nursery() as nursery:
+        try:
+            index = first
+            for _ in range(math.ceil(count / per_worker)):
+                share = min(per_worker, first + count - index)
+                arguments = [
+                    "consumers",
+                    "--host",
+                    server.host,
+                    "--port",
+                    str(server.port),
+                    "--count",
+                    str(share),
+                    "--first",
+                    str(index),
+                    "--group-size",
+                    str(group_size),
+                    "--group-prefix",
+                    group_prefix,
+                    "--member-prefix",
+                    member_prefix,
+                    "--topic",
+                    topic,
+                    "--session-timeout-ms",
+                    str(session_timeout_ms),
+                ]
+                workers.append(
+                    await _start(nursery, arguments, work_dir / f"{member_prefix}{index}.log")
+                )
+                index += share
+            yield workers
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_bare_clients(
+    server: ServerProcess,
+    count: int,
+    work_dir: Path,
+    *,
+    interval: float,
+    request_size: int = 64,
+    reply_size: int = 64,
+    per_worker: int = PER_WORKER,
+) -> AsyncIterator[list[Worker]]:
+    workers: list[Worker] = []
+    async with trio.open_nursery() as nursery:
+        try:
+            left = count
+            while left > 0:
+                share = min(per_worker, left)
+                arguments = [
+                    "bare",
+                    "--host",
+                    server.host,
+                    "--port",
+                    str(server.port),
+                    "--count",
+                    str(share),
+                    "--interval",
+                    str(interval),
+                    "--request-size",
+                    str(request_size),
+                    "--reply-size",
+                    str(reply_size),
+                ]
+                workers.append(await _start(nursery, arguments, work_dir / f"bare{left}.log"))
+                left -= share
+            yield workers
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def _start(nursery: trio.Nursery, arguments: list[str], log_path: Path) -> Worker:
+    """A worker owned by ``nursery``'s task, which keeps it until the nursery is cancelled."""
+
+    async def hold(task_status: trio.TaskStatus[Worker]) -> None:
+        async with open_worker(arguments, log_path) as worker:
+            task_status.started(worker)
+            await trio.sleep_forever()
+
+    worker: Worker = await nursery.start(hold)
+    return worker
+
+
+async def stats(workers: Sequence[Worker]) -> list[dict[str, Any]]:
+    return [await w.command("stats") for w in workers]
+
+
+async def wait_until(
+    workers: Sequence[Worker], done: Any, *, timeout: float, every: float = 0.2
+) -> list[dict[str, Any]]:
+    """Poll the workers' stats until ``done(stats)``; RuntimeError with the last stats if not."""
+    last: list[dict[str, Any]] = []
+    with trio.move_on_after(timeout):
+        while True:
+            last = await stats(workers)
+            if done(last):
+                return last
+            await trio.sleep(every)
+    raise RuntimeError(f"condition not reached in {timeout} s: {_summary(last)}")
+
+
+def _summary(all_stats: list[dict[str, Any]]) -> str:
+    keys = ("consumers", "registered", "live", "dropped", "error_count", "errors", "generations")
+    return json.dumps([{k: s.get(k) for k in keys} for s in all_stats])[:2000]
+
+
+def registered(expected: int) -> Any:
+    return lambda all_stats: sum(s["registered"] for s in all_stats) >= expected
+
+
+def stable_at(expected: int, above: int = -1) -> Any:
+    """Every one of ``expected`` live consumers holds a StartFetcher of one generation > above."""
+
+    def check(all_stats: list[dict[str, Any]]) -> bool:
+        live = sum(s["live"] for s in all_stats)
+        gens = {g for s in all_stats for g in s["generations"]}
+        return live == expected and len(gens) == 1 and int(next(iter(gens))) > above
+
+    return check
+
+
+def stable_generation(all_stats: list[dict[str, Any]]) -> tuple[int, float]:
+    """The generation every live consumer holds, and when the last of them got its StartFetcher."""
+    (generation,) = {int(g) for s in all_stats for g in s["generations"]}
+    last = max(s["generations"][str(generation)][1] for s in all_stats if s["generations"])
+    return generation, last
+
+
+def all_groups_stable(all_stats: list[dict[str, Any]]) -> bool:
+    """Every live consumer has had a StartFetcher (each group finished its first rebalance)."""
+    return all("-1" not in s["generations"] for s in all_stats)
+
+
+async def create_topic(server: ServerProcess, topic: str, partitions: int) -> None:
+    stream = await trio.open_tcp_stream(server.host, server.port)
+    async with open_channel(stream, client_id="bench") as channel:
+        with trio.fail_after(120):
+            response = await channel.request(CreateTopicRequest(topic=topic, partitions=partitions))
+    assert isinstance(response, CreateTopicResponse), response
+    if response.error_code is not ErrorCode.NONE:
+        raise RuntimeError(f"create topic {topic}: {response.error_code.name}")
+
+
+#: A probe's round trip that takes longer is an error, not a figure: the run must end.
+PROBE_DEADLINE = 30.0
+
+
+async def probe_coordinator(server: ServerProcess, seconds: float, every: float) -> list[float]:
+    """Round trips of a small request (metadata of no topics) through the loaded server."""
+    rtts: list[float] = []
+    stream = await trio.open_tcp_stream(server.host, server.port)
+    async with open_channel(stream, client_id="probe") as channel:
+        deadline = trio.current_time() + seconds
+        while trio.current_time() < deadline:
+            sent = trio.current_time()
+            with trio.fail_after(PROBE_DEADLINE):
+                await channel.request(ClusterMetadataRequest(group_id=None, topics=()))
+            rtts.append(trio.current_time() - sent)
+            await trio.sleep_until(sent + every)
+    return rtts
+
+
+async def probe_bare(
+    server: ServerProcess, seconds: float, every: float, request_size: int, reply_size: int
+) -> list[float]:
+    rtts: list[float] = []
+    stream = await trio.open_tcp_stream(server.host, server.port)
+    async with stream:
+        reader = FrameReader(stream)
+        frame = bare_frame(b"E", request_size, reply_size)
+        deadline = trio.current_time() + seconds
+        while trio.current_time() < deadline:
+            sent = trio.current_time()
+            with trio.fail_after(PROBE_DEADLINE):
+                await stream.send_all(frame)
+                if await reader.next() is None:
+                    raise RuntimeError("the bare server closed the probe's connection")
+            rtts.append(trio.current_time() - sent)
+            await trio.sleep_until(sent + every)
+    return rtts
+
+
+async def bare_broadcast(server: ServerProcess) -> float:
+    """Seconds the bare server takes for two round trips to every hello'd peer."""
+    stream = await trio.open_tcp_stream(server.host, server.port)
+    async with stream:
+        await stream.send_all(bare_frame(b"B", 9))
+        data = b""
+        with trio.fail_after(120):
+            while len(data) < 24:
+                chunk = await stream.receive_some(64)
+                if not chunk:
+                    raise RuntimeError("bare server closed")
+                data += chunk
+    (elapsed,) = struct.unpack_from(">d", data, 16)
+    return float(elapsed)
+
+
+async def profile_server(
+    server: ServerProcess, seconds: float, out: Path
+) -> dict[str, list[tuple[str, float]]]:
+    """Sample the server with py-spy for ``seconds`` (its raw stacks go to ``out``); return the
+    functions with the largest share of samples, by self time and inclusive."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    command = [py_spy, "record", "--pid", str(server.process.pid), "--duration", str(int(seconds))]
+    command += ["--rate", "100", "--nonblocking", "--format", "raw", "-o", str(out)]
+    await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False)
+    return top_frames(out)
+
+
+def top_frames(path: Path, n: int = 12) -> dict[str, list[tuple[str, float]]]:
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines() if path.exists() else ():
+        stack, _, count_text = line.rpartition(" ")
+        count = int(count_text)
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
+        total += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    return {
+        "self": [(f, round(c / total, 3)) for f, c in own.most_common(n)],
+        "inclusive": [(f, round(c / total, 3)) for f, c in inclusive.most_common(n * 2)],
+        "samples": [("all", float(total))],
+    }
+
+
+@contextmanager
+def reporting_errors(benchmark: str, name: str, **extra: Any) -> Iterator[None]:
+    """A size that fails (a server that fell over, a condition never reached) prints a "skipped"
+    line with the reason, and the benchmark goes on with the next size."""
+    try:
+        yield
+    except Exception as exc:  # any failure is reported, and the run goes on
+        reason = repr(exc)
+        if isinstance(exc, BaseExceptionGroup):
+            reason = "; ".join(repr(e) for e in _leaves(exc))
+        traceback.print_exc(file=sys.stderr)
+        line = {"benchmark": benchmark, "figure": name, "skipped": f"error: {reason[:1500]}"}
+        print(json.dumps({**line, **extra}), flush=True)
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
+
+
+def run(main: Callable[[], Awaitable[None]]) -> None:
+    """``trio.run(main)``, cancelled by SIGTERM (a test that times out sends one) so that every
+    server and worker this benchmark started is stopped on the way out, not left behind."""
+
+    async def guarded() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch)
+                await main()
+                nursery.cancel_scope.cancel()
+
+    trio.run(guarded)
+
+
+def bench_arguments(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="CI sizes: seconds, not minutes")
+    parser.add_argument(
+        "--work-dir", type=Path, default=None, help="data dirs and logs (default: a temp dir)"
+    )
+    return parser

@@ -1,0 +1,189 @@
+"""Benchmark 1, the heartbeat path: server CPU per Ping round trip, and request latency through the
+loaded server, next to a bare trio echo server doing the same number of round trips of the same
+frame sizes in the same run.
+
+The coordinator pings each consumer every T/3 (T = 10 s, Kafka's old default session timeout: a
+Ping per consumer every 3.3 s); the bare clients each send one frame of the Ping response's size
+per interval and get one of the Ping request's size back. (At T = 3 s, 10,000 consumers need
+10,000 round trips a second: on 2 shared cores the bare echo server itself cannot carry that next
+to its load generator, and its accept loop starves, so there is no baseline to compare with.)
+CPU is the server process's utime + stime over the window divided by the round trips the load
+generator counted in it. Latency is a probe's round trip, one every 20 ms,
+through each server while it carries the load (the coordinator's own Ping round trips are timed
+inside it and not visible from outside; the probe sees the same queueing). The coordinator figure
+also reports how late Pings arrive against their T/3 period (lateness p99).
+
+    python -m bench.heartbeat [--quick]
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bench.harness import (
+    ServerProcess,
+    Worker,
+    all_groups_stable,
+    bench_arguments,
+    figure,
+    open_bare_clients,
+    open_bare_server,
+    open_consumers,
+    open_coordinator,
+    probe_bare,
+    probe_coordinator,
+    profile_server,
+    registered,
+    reporting_errors,
+    run,
+    stats,
+    wait_until,
+)
+from bench.loadgen import (
+    PER_WORKER,
+    frame_sizes,
+    now,
+    percentile,
+)
+
+BENCH = "heartbeat"
+SESSION_TIMEOUT_MS = 10_000
+INTERVAL = SESSION_TIMEOUT_MS / 3000
+PROBE_EVERY = 0.02
+
+
+async def _window(
+    server: ServerProcess, workers: list[Worker], seconds: float, probe: Any
+) -> tuple[float, float, list[float], list[dict[str, Any]]]:
+    """Reset the counters, then (cpu seconds, wall seconds, probe rtts, stats) over ``seconds``."""
+    for worker in workers:
+        await worker.command("reset")
+    cpu0, t0 = server.cpu_seconds(), now()
+    rtts = await probe(seconds)
+    cpu1, t1 = server.cpu_seconds(), now()
+    return cpu1 - cpu0, t1 - t0, rtts, await stats(workers)
+
+
+async def measure(
+    work: Path, n: int, *, settle: float, window: float, profile: float, per_worker: int
+) -> None:
+    sizes = frame_sizes("m1234", "bench", 0)
+    async with (
+        open_coordinator(work / f"coordinator-{n}", "--initial-rebalance-delay", "2") as server,
+        open_consumers(
+            server,
+            n,
+            work,
+            group_size=100,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            per_worker=per_worker,
+        ) as workers,
+    ):
+        await wait_until(workers, registered(n), timeout=120 + n / 50)
+        await wait_until(workers, all_groups_stable, timeout=60)
+        await trio.sleep(settle)
+        cpu, wall, rtts, coordinator_stats = await _window(
+            server,
+            workers,
+            window,
+            lambda seconds: probe_coordinator(server, seconds, PROBE_EVERY),
+        )
+        pings = sum(s["pings"] for s in coordinator_stats)
+        dropped = sum(s["dropped"] for s in coordinator_stats)
+        lateness = max(s["lateness_p99"] or 0.0 for s in coordinator_stats)
+        rss = server.rss_bytes()
+        if profile:
+            # After the measured window, so that sampling does not weigh on the figures.
+            top = await profile_server(server, profile, work / f"profile-heartbeat-{n}.txt")
+            figure(BENCH, "server_profile", None, "share of samples", None, consumers=n, **top)
+
+    request_size, reply_size = sizes.ping[1], sizes.ping[0]
+    async with (
+        open_bare_server(work / f"bare-{n}") as bare,
+        open_bare_clients(
+            bare,
+            n,
+            work,
+            interval=INTERVAL,
+            request_size=request_size,
+            reply_size=reply_size,
+        ) as bare_workers,
+    ):
+        await wait_until(
+            bare_workers, lambda st: sum(s["connected"] for s in st) >= n, timeout=120 + n / 50
+        )
+        await trio.sleep(settle)
+        bare_cpu, bare_wall, bare_rtts, bare_stats = await _window(
+            bare,
+            bare_workers,
+            window,
+            lambda seconds: probe_bare(bare, seconds, PROBE_EVERY, request_size, reply_size),
+        )
+        round_trips = sum(s["round_trips"] for s in bare_stats)
+        bare_rss = bare.rss_bytes()
+
+    per_ping = cpu / pings * 1e6 if pings else float("nan")
+    per_echo = bare_cpu / round_trips * 1e6 if round_trips else float("nan")
+    common = {"consumers": n, "window_s": round(wall, 2)}
+    figure(
+        BENCH,
+        "cpu_per_round_trip",
+        per_ping,
+        "us",
+        per_echo,
+        **common,
+        round_trips=pings,
+        bare_round_trips=round_trips,
+        false_deaths=dropped,
+    )
+    figure(BENCH, "round_trips_per_s", pings / wall, "1/s", round_trips / bare_wall, **common)
+    figure(BENCH, "server_cpu_share", cpu / wall, "cores", bare_cpu / bare_wall, **common)
+    for q in (50, 99):
+        figure(
+            BENCH,
+            f"probe_latency_p{q}",
+            percentile(rtts, q) * 1e3,
+            "ms",
+            percentile(bare_rtts, q) * 1e3,
+            **common,
+            probes=len(rtts),
+        )
+    figure(BENCH, "ping_lateness_p99", lateness * 1e3, "ms", None, **common)
+    figure(BENCH, "server_rss", rss / 2**20, "MiB", bare_rss / 2**20, **common)
+
+
+async def main() -> None:
+    parser = bench_arguments(__doc__ or BENCH)
+    parser.add_argument(
+        "--profile", type=float, default=None, help="py-spy seconds after each window (0: none)"
+    )
+    parser.add_argument("--consumers", type=int, nargs="+", help="sizes instead of the defaults")
+    parser.add_argument("--per-worker", type=int, default=PER_WORKER, help="consumers per process")
+    args = parser.parse_args()
+    profile = args.profile if args.profile is not None else (0 if args.quick else 10)
+    sizes = args.consumers or ([200] if args.quick else [5000, 10000])
+    # The window is a whole number of Ping periods: consumers registered in the same instant are
+    # pinged in the same instant, so a window shorter than a period can hold no Ping at all (CI
+    # measured none once, in a 3 s window), and a fraction of one counts a burst or not by chance.
+    settle, window = (1.5, 2 * INTERVAL) if args.quick else (5.0, 6 * INTERVAL)
+    with tempfile.TemporaryDirectory(prefix="bench-heartbeat-") as tmp:
+        work = (args.work_dir or Path(tmp)) / BENCH
+        work.mkdir(parents=True, exist_ok=True)
+        for n in sizes:
+            with reporting_errors(BENCH, "cpu_per_round_trip", consumers=n):
+                await measure(
+                    work,
+                    n,
+                    settle=settle,
+                    window=window,
+                    profile=profile,
+                    per_worker=args.per_worker,
+                )
+
+
+if __name__ == "__main__":
+    run(main)

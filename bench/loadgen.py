@@ -1,0 +1,575 @@
+"""Load for the benchmarks: thousands of simulated consumers in worker processes, and a bare
+baseline server (:mod:`bench.harness` starts them and reads their figures).
+
+Three kinds of process, all started by a benchmark (the parent):
+
+* the coordinator: a real ``python -m cli serve --port 0`` subprocess;
+* ``python -m bench.loadgen consumers ...``: a worker holding up to ~5,000 consumers that speak
+  the real protocol (``transport.channel.Channel``): each registers with RegisterConsumer and
+  answers Ping, StopFetcher and StartFetcher, recording when each arrived;
+* ``python -m bench.loadgen bare-serve`` and ``... bare ...``: the bare baseline, a trio server
+  and clients exchanging length-prefixed frames of the protocol's sizes with no decoding, no
+  state machine and no timers on the server (the limit trio itself sets on one core).
+
+Workers take one command per line on stdin and answer each with one JSON line on stdout, so the
+parent can freeze one (SIGSTOP) without losing the others. A process may hold at most 20,000 open
+files, so the parent spreads consumers over several workers, apart from the server's process.
+
+Times that cross processes (a trigger in one worker, a StartFetcher receipt in another) are read
+from ``time.monotonic()``: CLOCK_MONOTONIC is one clock for every process on the machine, which
+trio's per-run clock is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import struct
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from protocol import (
+    AssignedPartition,
+    AssignedStream,
+    Connection,
+    ErrorCode,
+    PingRequest,
+    PingResponse,
+    RegisterConsumerRequest,
+    RegisterConsumerResponse,
+    Request,
+    Response,
+    ResponseMessage,
+    Role,
+    StartFetcherRequest,
+    StartFetcherResponse,
+    StopFetcherRequest,
+    StopFetcherResponse,
+)
+from protocol.types import BrokerInfo, Subscription, TopicStreams
+from transport.channel import Channel, ChannelClosed
+
+MAX_FRAME = 64 * 1024 * 1024
+#: Consumers per worker process: well under the 20,000 open files a process may hold.
+PER_WORKER = 5000
+#: Connections a worker opens at once (the listen backlog caps at 4096).
+CONNECT_CONCURRENCY = 200
+LATENESS_SAMPLES = 20_000
+_SIZE = struct.Struct(">i")
+
+
+def now() -> float:
+    # real-clock: compared across processes (CLOCK_MONOTONIC is shared, trio's clock is not)
+    return time.monotonic()
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile; NaN for no samples."""
+    if not samples:
+        return math.nan
+    ordered = sorted(samples)
+    rank = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[rank]
+
+
+def rounded(value: float | int | None) -> float | int | None:
+    if isinstance(value, float):
+        return None if math.isnan(value) else round(value, 6)
+    return value
+
+
+# --- frame sizes --------------------------------------------------------------------------------
+
+
+def _request_frame(message: Any) -> bytes:
+    return Connection(Role.BROKER, max_frame_size=MAX_FRAME).send(
+        Connection(Role.BROKER, max_frame_size=MAX_FRAME).new_request(message)
+    )
+
+
+def _response_frame(request: Any, response: ResponseMessage) -> int:
+    broker = Connection(Role.BROKER, max_frame_size=MAX_FRAME)
+    consumer = Connection(Role.CONSUMER, max_frame_size=MAX_FRAME)
+    consumer.receive_data(broker.send(broker.new_request(request)))
+    event = consumer.next_event()
+    assert isinstance(event, Request)
+    data = consumer.send(
+        Response(correlation_id=event.correlation_id, message=response, request=event.message)
+    )
+    return len(data)
+
+
+@attrs.frozen(kw_only=True)
+class FrameSizes:
+    """Bytes on the wire (size prefix included) of one coordinator round trip of each kind."""
+
+    ping: tuple[int, int]
+    stop: tuple[int, int]
+    start: tuple[int, int]
+
+
+def frame_sizes(consumer_id: str, topic: str, partitions_per_member: int) -> FrameSizes:
+    ping = PingRequest(coordinator_epoch=1, generation=1, consumer_id=consumer_id, num_retries=0)
+    stop = StopFetcherRequest(coordinator_epoch=1, generation=1, consumer_id=consumer_id)
+    assigned = tuple(
+        AssignedPartition(topic=topic, partition=p, offset=-1, broker_id=1)
+        for p in range(partitions_per_member)
+    )
+    start = StartFetcherRequest(
+        coordinator_epoch=1,
+        generation=1,
+        consumer_id=consumer_id,
+        streams=(AssignedStream(stream_id=f"{consumer_id}-0", partitions=assigned),),
+        brokers=(BrokerInfo(broker_id=1, host="127.0.0.1", port=9092),),
+    )
+    return FrameSizes(
+        ping=(
+            len(_request_frame(ping)),
+            _response_frame(
+                ping, PingResponse(error_code=ErrorCode.NONE, consumer_id=consumer_id, offsets=())
+            ),
+        ),
+        stop=(
+            len(_request_frame(stop)),
+            _response_frame(
+                stop,
+                StopFetcherResponse(error_code=ErrorCode.NONE, consumer_id=consumer_id, offsets=()),
+            ),
+        ),
+        start=(
+            len(_request_frame(start)),
+            _response_frame(
+                start, StartFetcherResponse(error_code=ErrorCode.NONE, consumer_id=consumer_id)
+            ),
+        ),
+    )
+
+
+# --- bare frames: size:int32, kind:1 byte, reply size:int32, padding ----------------------------
+
+_BARE_HEADER = struct.Struct(">icI")
+
+
+def bare_frame(kind: bytes, size: int, reply_size: int = 0) -> bytes:
+    """A frame of exactly ``size`` bytes on the wire (at least 9)."""
+    size = max(size, _BARE_HEADER.size)
+    return _BARE_HEADER.pack(size - 4, kind, reply_size) + bytes(size - _BARE_HEADER.size)
+
+
+class FrameReader:
+    """Length-prefixed frames from a stream: the least a bare peer must do."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+
+    async def next(self) -> tuple[bytes, int] | None:
+        """(kind, reply size) of the next frame; None at end of stream."""
+        while True:
+            if len(self.buffer) >= 4:
+                (length,) = _SIZE.unpack_from(self.buffer)
+                if len(self.buffer) >= 4 + length:
+                    _, kind, reply_size = _BARE_HEADER.unpack_from(self.buffer)
+                    del self.buffer[: 4 + length]
+                    return kind, reply_size
+            data = await self.stream.receive_some(65536)
+            if not data:
+                return None
+            self.buffer += data
+
+
+# --- the bare server ----------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _BarePeer:
+    stream: trio.abc.Stream
+    replied: trio.Event = attrs.field(factory=trio.Event)
+
+
+async def bare_serve(host: str) -> None:
+    """Echo 'E' frames with a frame of the size they ask for; on a 'B' control frame, send every
+    hello'd peer an 'S' frame and await its 'R' reply, twice, and report the seconds it took."""
+    peers: set[_BarePeer] = set()
+
+    async def round_trip_all(request_size: int, reply_size: int) -> None:
+        frame = bare_frame(b"S", request_size, reply_size)
+
+        async def one(peer: _BarePeer) -> None:
+            peer.replied = trio.Event()
+            try:
+                await peer.stream.send_all(frame)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            await peer.replied.wait()
+
+        async with trio.open_nursery() as nursery:
+            for peer in list(peers):
+                nursery.start_soon(one, peer)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        peer = _BarePeer(stream=stream)
+        reader = FrameReader(stream)
+        try:
+            while (frame := await reader.next()) is not None:
+                kind, reply_size = frame
+                if kind == b"E":
+                    await stream.send_all(bare_frame(b"e", reply_size))
+                elif kind == b"R":
+                    peer.replied.set()
+                elif kind == b"H":
+                    peers.add(peer)
+                elif kind == b"B":
+                    # The control frame's reply size packs the two rounds' request sizes.
+                    sizes = BROADCAST_SIZES
+                    started = trio.current_time()
+                    await round_trip_all(*sizes[0])
+                    await round_trip_all(*sizes[1])
+                    elapsed = trio.current_time() - started
+                    await stream.send_all(
+                        bare_frame(b"b", 16, reply_size) + struct.pack(">d", elapsed)
+                    )
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            peers.discard(peer)
+            peer.replied.set()
+
+    listeners = await trio.open_tcp_listeners(0, host=host, backlog=4096)
+    port = listeners[0].socket.getsockname()[1]
+    print(f"serving on {host}:{port}", flush=True)
+    await trio.serve_listeners(handle, listeners)
+
+
+#: Request and reply sizes of the two broadcast rounds (set from the command line).
+BROADCAST_SIZES: list[tuple[int, int]] = [(64, 64), (64, 64)]
+
+
+# --- workers ------------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Consumer:
+    consumer_id: str
+    group_id: str
+    channel: Channel | None = None
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    registered: bool = False
+    closing: bool = False
+    dropped: bool = False
+    last_ping: float | None = None
+    last_answer: float | None = None
+    generation: int = -1
+    started_at: float | None = None
+
+
+@attrs.define(eq=False)
+class ConsumerWorker:
+    """One process's consumers, and the command loop the parent drives them with."""
+
+    host: str
+    port: int
+    topic: str
+    session_timeout_ms: int
+    consumers: list[_Consumer] = attrs.field(factory=list)
+    pings: int = 0
+    stops: int = 0
+    errors: list[str] = attrs.field(factory=list)
+    #: The latest lateness samples only: the parent polls stats often, and each poll sorts them.
+    lateness: deque[float] = attrs.field(factory=lambda: deque(maxlen=LATENESS_SAMPLES))
+    lateness_max: float = -math.inf
+    limiter: trio.CapacityLimiter = attrs.field(
+        factory=lambda: trio.CapacityLimiter(CONNECT_CONCURRENCY)
+    )
+
+    async def run_consumer(self, consumer: _Consumer) -> None:
+        with consumer.scope:
+            async with self.limiter:
+                try:
+                    stream = await trio.open_tcp_stream(self.host, self.port)
+                except OSError as exc:
+                    self.errors.append(f"connect: {exc}")
+                    return
+            channel = Channel.open(
+                stream, Role.CONSUMER, client_id="loadgen", max_frame_size=MAX_FRAME
+            )
+            consumer.channel = channel
+            async with trio.open_nursery() as nursery:
+
+                async def read() -> None:
+                    await channel.run(lambda request: self.answer(consumer, channel, request))
+                    if not consumer.closing:
+                        consumer.dropped = True
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(read)
+                response = await self._register(consumer, channel)
+                if response is not None and response.error_code is ErrorCode.NONE:
+                    consumer.registered = True
+                else:
+                    self.errors.append(f"register {consumer.consumer_id}: {response}")
+                    nursery.cancel_scope.cancel()
+        if consumer.channel is not None:
+            with trio.CancelScope(shield=True):
+                await consumer.channel.aclose()
+
+    async def _register(
+        self, consumer: _Consumer, channel: Channel
+    ) -> RegisterConsumerResponse | None:
+        request = RegisterConsumerRequest(
+            group_id=consumer.group_id,
+            consumer_id=consumer.consumer_id,
+            subscription=Subscription(topics=(TopicStreams(topic=self.topic, streams=1),)),
+            auto_commit=False,
+            auto_offset_reset="smallest",
+            session_timeout_ms=self.session_timeout_ms,
+            generation=-1,
+            owned_partitions=(),
+        )
+        async with self.limiter:
+            try:
+                response = await channel.request(request)
+            except ChannelClosed:
+                return None
+        return response if isinstance(response, RegisterConsumerResponse) else None
+
+    async def answer(self, consumer: _Consumer, channel: Channel, request: Request) -> None:
+        arrived = now()
+        message = request.message
+        answer: ResponseMessage
+        if isinstance(message, PingRequest):
+            self.pings += 1
+            if consumer.last_ping is not None:
+                late = arrived - consumer.last_ping - self.session_timeout_ms / 3000
+                self.lateness.append(late)
+                self.lateness_max = max(self.lateness_max, late)
+            consumer.last_ping = arrived
+            answer = PingResponse(
+                error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id, offsets=()
+            )
+        elif isinstance(message, StopFetcherRequest):
+            self.stops += 1
+            answer = StopFetcherResponse(
+                error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id, offsets=()
+            )
+        elif isinstance(message, StartFetcherRequest):
+            consumer.generation = message.generation
+            consumer.started_at = arrived
+            answer = StartFetcherResponse(
+                error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id
+            )
+        else:
+            return
+        try:
+            await channel.respond(request, answer)
+        except ChannelClosed:
+            return
+        consumer.last_answer = now()
+
+    def stats(self) -> dict[str, Any]:
+        live = [c for c in self.consumers if c.registered and not c.dropped and not c.closing]
+        generations: dict[int, list[float]] = {}
+        for c in live:
+            entry = generations.setdefault(c.generation, [0, 0.0])
+            entry[0] += 1
+            entry[1] = max(entry[1], c.started_at or 0.0)
+        answers = [c.last_answer for c in live if c.last_answer is not None]
+        return {
+            "consumers": len(self.consumers),
+            "registered": sum(c.registered for c in self.consumers),
+            "live": len(live),
+            "dropped": sum(c.dropped for c in self.consumers),
+            "pings": self.pings,
+            "stops": self.stops,
+            "errors": self.errors[:5],
+            "error_count": len(self.errors),
+            "generations": {str(g): v for g, v in generations.items()},
+            "last_answer": max(answers) if answers else None,
+            "lateness_p50": rounded(percentile(self.lateness, 50)),
+            "lateness_p99": rounded(percentile(self.lateness, 99)),
+            "lateness_max": rounded(self.lateness_max if self.lateness else math.nan),
+        }
+
+    def add(self, nursery: trio.Nursery, group_id: str, consumer_id: str) -> _Consumer:
+        consumer = _Consumer(consumer_id=consumer_id, group_id=group_id)
+        self.consumers.append(consumer)
+        nursery.start_soon(self.run_consumer, consumer)
+        return consumer
+
+
+async def run_consumer_worker(args: argparse.Namespace) -> None:
+    worker = ConsumerWorker(
+        host=args.host,
+        port=args.port,
+        topic=args.topic,
+        session_timeout_ms=args.session_timeout_ms,
+    )
+    joined = 0
+
+    def next_id() -> tuple[str, str]:
+        nonlocal joined
+        index = args.first + joined
+        joined += 1
+        return f"{args.group_prefix}{index // args.group_size}", f"{args.member_prefix}{index}"
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(args.count):
+            worker.add(nursery, *next_id())
+        stdin = trio.lowlevel.FdStream(os.dup(0))
+        lines = LineReader(stdin)
+        while (line := await lines.next()) is not None:
+            verb, _, arg = line.partition(" ")
+            reply: dict[str, Any]
+            if verb == "stats":
+                reply = worker.stats()
+            elif verb == "reset":
+                worker.pings = 0
+                worker.lateness.clear()
+                worker.lateness_max = -math.inf
+                reply = {}
+            elif verb == "join":
+                reply = {"t0": now()}
+                for _ in range(int(arg)):
+                    worker.add(nursery, *next_id())
+            elif verb == "close":
+                reply = {"t0": now()}
+                live = [c for c in worker.consumers if c.registered and not c.closing]
+                for consumer in live[: int(arg)]:
+                    consumer.closing = True
+                    consumer.scope.cancel()
+            else:
+                break
+            print(json.dumps(reply), flush=True)
+        nursery.cancel_scope.cancel()
+
+
+async def run_bare_worker(args: argparse.Namespace) -> None:
+    """Bare clients: each sends an 'E' frame every ``interval`` seconds (0: never) and answers the
+    server's 'S' frames; round trips and their times are counted for the parent."""
+    round_trips = 0
+    rtts: list[float] = []
+    connected = 0
+    dropped = 0
+    limiter = trio.CapacityLimiter(CONNECT_CONCURRENCY)
+
+    async def client() -> None:
+        nonlocal round_trips, connected, dropped
+        async with limiter:
+            stream = await trio.open_tcp_stream(args.host, args.port)
+            await stream.send_all(bare_frame(b"H", 9))
+            # One round trip before the next client connects, as a consumer registers before
+            # the next: a connect returns once the handshake is in the server's accept queue,
+            # and a flood overflows that queue into the kernel's SYN-ACK retry backoff.
+            reader = FrameReader(stream)
+            await stream.send_all(bare_frame(b"E", args.request_size, args.reply_size))
+            if await reader.next() is None:
+                dropped += 1
+                return
+        connected += 1
+        try:
+            if args.interval > 0:
+                request = bare_frame(b"E", args.request_size, args.reply_size)
+                next_at = trio.current_time() + random.uniform(0, args.interval)
+                while True:
+                    await trio.sleep_until(next_at)
+                    sent = trio.current_time()
+                    await stream.send_all(request)
+                    frame = await reader.next()
+                    if frame is None:
+                        break
+                    rtts.append(trio.current_time() - sent)
+                    round_trips += 1
+                    next_at = max(sent + args.interval, trio.current_time())
+            else:
+                while (frame := await reader.next()) is not None:
+                    if frame[0] == b"S":
+                        await stream.send_all(bare_frame(b"R", frame[1]))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        dropped += 1
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(args.count):
+            nursery.start_soon(client)
+        lines = LineReader(trio.lowlevel.FdStream(os.dup(0)))
+        while (line := await lines.next()) is not None:
+            if line == "stats":
+                reply = {
+                    "connected": connected,
+                    "dropped": dropped,
+                    "round_trips": round_trips,
+                    "rtt_p50": rounded(percentile(rtts, 50)),
+                    "rtt_p99": rounded(percentile(rtts, 99)),
+                }
+            elif line == "reset":
+                round_trips = 0
+                rtts.clear()
+                reply = {}
+            else:
+                break
+            print(json.dumps(reply), flush=True)
+        nursery.cancel_scope.cancel()
+
+
+class LineReader:
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def next(self) -> str | None:
+        while b"\n" not in self.buffer:
+            data = await self.stream.receive_some(65536)
+            if not data:
+                return None
+            self.buffer += data
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode().strip()
+
+
+# --- command line of the worker processes -------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="loadgen")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("bare-serve")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--sizes", type=int, nargs=4, default=[64, 64, 64, 64])
+    consumers = commands.add_parser("consumers")
+    bare = commands.add_parser("bare")
+    for sub in (consumers, bare):
+        sub.add_argument("--host", default="127.0.0.1")
+        sub.add_argument("--port", type=int, required=True)
+        sub.add_argument("--count", type=int, required=True)
+    consumers.add_argument("--first", type=int, default=0)
+    consumers.add_argument("--group-size", type=int, default=100)
+    consumers.add_argument("--group-prefix", default="g")
+    consumers.add_argument("--member-prefix", default="m")
+    consumers.add_argument("--topic", default="bench")
+    consumers.add_argument("--session-timeout-ms", type=int, default=3000)
+    bare.add_argument("--interval", type=float, default=0.0)
+    bare.add_argument("--request-size", type=int, default=64)
+    bare.add_argument("--reply-size", type=int, default=64)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if args.command == "bare-serve":
+        s = args.sizes
+        BROADCAST_SIZES[:] = [(s[0], s[1]), (s[2], s[3])]
+        trio.run(bare_serve, args.host)
+    elif args.command == "consumers":
+        trio.run(run_consumer_worker, args)
+    else:
+        trio.run(run_bare_worker, args)
+
+
+if __name__ == "__main__":
+    main()

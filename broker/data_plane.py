@@ -1,0 +1,255 @@
+"""The broker's data plane: Produce, Fetch and ListOffsets over the partitions placed on it.
+
+It answers whatever the coordinator's session does not (``handle_connection``'s ``data_plane``).
+Partitions are opened — recovered, a torn tail cut — before the broker serves them: those already
+placed here when it starts are opened before ``open_broker_log`` yields, and new ones as soon as the
+store's topic watch shows them (or on the first request for one, whichever comes first, because a
+client may produce right after its CreateTopic, before the watch has caught up).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing, asynccontextmanager, suppress
+from pathlib import Path
+
+import attrs
+import trio
+
+from broker.log import (
+    CorruptSegment,
+    FsyncPolicy,
+    LogConfig,
+    LogFailed,
+    OffsetOutOfRange,
+    PartitionLog,
+    open_partition_log,
+)
+from coordinator.validation import data_error
+from protocol import (
+    ErrorCode,
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ProduceRequest,
+    ProduceResponse,
+    Request,
+    ResponseMessage,
+    error_response,
+)
+from protocol.records import record_size
+from protocol.types import TopicPartition
+from store import MetadataStore, TopicPlacement
+
+log = logging.getLogger(__name__)
+
+#: Worker threads for file I/O across all partitions: enough to overlap an fsync with reads, few
+#: enough that the disk, not the thread pool, is the queue.
+IO_THREADS = 8
+#: A fetch answers at most this much (beyond one whole record), whatever it asks for, so that the
+#: response fits the default 4 MiB frame limit.
+MAX_FETCH_BYTES = 2 * 1024 * 1024
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)  # real-clock: record timestamps and retention are wall time
+
+
+@attrs.define(eq=False)
+class BrokerLog:
+    broker_id: int
+    store: MetadataStore
+    directory: Path
+    config: LogConfig
+    limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(IO_THREADS))
+    partitions: dict[TopicPartition, PartitionLog] = attrs.field(factory=dict)
+    placement: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
+    _opening: dict[TopicPartition, trio.Lock] = attrs.field(factory=dict)
+
+    async def __call__(self, request: Request) -> ResponseMessage | None:
+        message = request.message
+        if not isinstance(message, ProduceRequest | FetchRequest | ListOffsetsRequest):
+            return error_response(message, ErrorCode.INVALID_REQUEST)
+        error = data_error(message)
+        if error is not ErrorCode.NONE:
+            return error_response(message, error)
+        match message:
+            case ProduceRequest():
+                return await self.produce(message)
+            case FetchRequest():
+                return await self.fetch(message)
+        return await self.list_offsets(message)
+
+    async def produce(self, message: ProduceRequest) -> ProduceResponse:
+        partition = await self.partition(message.topic, message.partition)
+        if partition is None:
+            return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
+        if any(record_size(r) > self.config.max_record_bytes for r in message.records):
+            return ProduceResponse(error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1)
+        if not message.records:
+            return ProduceResponse(error_code=ErrorCode.NONE, base_offset=partition.log_end_offset)
+        try:
+            base = await partition.append(message.records, _now_ms())
+        except (OSError, LogFailed) as exc:
+            # not acknowledged: the producer may retry; the log is unchanged or refuses appends
+            log.error("produce to %s-%d failed: %s", message.topic, message.partition, exc)
+            return ProduceResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR, base_offset=-1)
+        return ProduceResponse(error_code=ErrorCode.NONE, base_offset=base)
+
+    async def fetch(self, message: FetchRequest) -> FetchResponse:
+        partition = await self.partition(message.topic, message.partition)
+        if partition is None:
+            return FetchResponse(
+                error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                high_watermark=-1,
+                log_start_offset=-1,
+                records=(),
+            )
+        try:
+            # At least one whole record is answered whatever max_bytes says (zero or negative
+            # included), so a consumer always moves on; at most MAX_FETCH_BYTES beyond it.
+            max_bytes = max(1, min(message.max_bytes, MAX_FETCH_BYTES))
+            records = await partition.read(message.offset, max_bytes)
+            error = ErrorCode.NONE
+        except OffsetOutOfRange:
+            records, error = (), ErrorCode.OFFSET_OUT_OF_RANGE
+        except CorruptSegment as exc:
+            log.error("fetch %s-%d: %s", message.topic, message.partition, exc)
+            records, error = (), ErrorCode.CORRUPT_MESSAGE
+        return FetchResponse(
+            error_code=error,
+            high_watermark=partition.high_watermark,
+            log_start_offset=partition.log_start_offset,
+            records=records,
+        )
+
+    async def list_offsets(self, message: ListOffsetsRequest) -> ListOffsetsResponse:
+        partition = await self.partition(message.topic, message.partition)
+        if partition is None:
+            return ListOffsetsResponse(
+                error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                log_start_offset=-1,
+                high_watermark=-1,
+            )
+        return ListOffsetsResponse(
+            error_code=ErrorCode.NONE,
+            log_start_offset=partition.log_start_offset,
+            high_watermark=partition.high_watermark,
+        )
+
+    def log_end_offset(self, tp: TopicPartition) -> int | None:
+        """The offset after the last record a consumer may have read (the high watermark), for
+        a partition placed here; None for one placed elsewhere or unknown. A partition placed
+        here but not open yet was placed after this broker started (it opens every other one
+        before serving), so nothing was written to it."""
+        found = self.partitions.get(tp)
+        if found is not None:
+            return found.high_watermark
+        return 0 if self._placed_here(tp) else None
+
+    async def partition(self, topic: str, partition: int) -> PartitionLog | None:
+        """The partition's log if it is placed on this broker, opening it on first use."""
+        tp = TopicPartition(topic=topic, partition=partition)
+        found = self.partitions.get(tp)
+        if found is not None:
+            return found
+        if not self._placed_here(tp):
+            self.placement = await self.store.topics()  # newer than the watch, maybe
+            if not self._placed_here(tp):
+                return None
+        return await self._open(tp)
+
+    def _placed_here(self, tp: TopicPartition) -> bool:
+        placement = self.placement.get(tp.topic)
+        return (
+            placement is not None
+            and 0 <= tp.partition < placement.partition_count
+            and placement.brokers[tp.partition] == self.broker_id
+        )
+
+    async def _open(self, tp: TopicPartition) -> PartitionLog:
+        lock = self._opening.setdefault(tp, trio.Lock())
+        async with lock:
+            found = self.partitions.get(tp)
+            if found is None:
+                path = self.directory / f"{tp.topic}-{tp.partition}"
+                found = await open_partition_log(path, self.config, self.limiter)
+                self.partitions[tp] = found
+                log.info(
+                    "partition %s open: offsets [%d, %d)",
+                    tp,
+                    found.log_start_offset,
+                    found.log_end_offset,
+                )
+            return found
+
+    async def open_placed(self, placement: Mapping[str, TopicPlacement]) -> None:
+        self.placement = placement
+        for topic, where in sorted(placement.items()):
+            for p, broker in enumerate(where.brokers):
+                tp = TopicPartition(topic=topic, partition=p)
+                if broker == self.broker_id and tp not in self.partitions:
+                    await self._open(tp)
+
+    async def enforce_retention(self) -> int:
+        deleted = 0
+        for partition in list(self.partitions.values()):
+            deleted += await partition.enforce_retention(_now_ms())
+        return deleted
+
+    async def flush(self) -> None:
+        failed: LogFailed | None = None
+        for partition in list(self.partitions.values()):
+            try:
+                await partition.flush()
+            except LogFailed as exc:
+                failed = exc
+        if failed is not None:
+            raise failed
+
+    async def _watch_topics(self) -> None:
+        async with aclosing(self.store.topic_updates()) as updates:
+            async for placement in updates:
+                await self.open_placed(placement)
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.retention_check_ms / 1000)
+            try:
+                await self.enforce_retention()
+            except OSError:
+                log.exception("retention failed; next try in %d ms", self.config.retention_check_ms)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.fsync_interval_ms / 1000)
+            with suppress(LogFailed):  # logged; that partition refuses appends from now on
+                await self.flush()
+
+    async def aclose(self) -> None:
+        for partition in list(self.partitions.values()):
+            await partition.aclose()
+
+
+@asynccontextmanager
+async def open_broker_log(
+    store: MetadataStore, broker_id: int, data_dir: Path, config: LogConfig
+) -> AsyncIterator[BrokerLog]:
+    """Recover every partition placed on this broker, then serve (``<data_dir>/log``)."""
+    broker = BrokerLog(broker_id=broker_id, store=store, directory=data_dir / "log", config=config)
+    await trio.to_thread.run_sync(lambda: broker.directory.mkdir(parents=True, exist_ok=True))
+    try:
+        await broker.open_placed(await store.topics())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(broker._watch_topics)
+            if config.retention_ms is not None or config.retention_bytes is not None:
+                nursery.start_soon(broker._retention_loop)
+            if config.fsync is FsyncPolicy.INTERVAL:
+                nursery.start_soon(broker._flush_loop)
+            yield broker
+            nursery.cancel_scope.cancel()
+    finally:
+        await broker.aclose()

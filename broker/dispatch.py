@@ -1,0 +1,364 @@
+"""A broker's connections: one task per connection, in the manner of trio's serve_listeners.
+
+Each connection task owns a nursery with two jobs: the channel (its reader and writer) and a worker
+that answers the peer's requests in order; a registered member's Pings come from the coordinator's
+one scheduler (:mod:`coordinator.heartbeat`) and their answers back through the reader.
+Cancelling the nursery (``Member.connection_scope``) is how the coordinator closes a member's
+connection; a connection that ends for any reason kills its member at once, and a peer that breaks
+the protocol is told why and closed without touching anyone else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+import attrs
+import trio
+
+from coordinator import validation
+from coordinator.group_coordinator import GroupCoordinator
+from coordinator.limits import RequestLimits
+from coordinator.membership import Member
+from protocol import (
+    ClusterMetadataRequest,
+    ClusterMetadataResponse,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
+    DescribeGroupRequest,
+    ErrorCode,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    PartitionMetadata,
+    RegisterConsumerRequest,
+    RegisterConsumerResponse,
+    RemoteProtocolError,
+    Request,
+    ResponseMessage,
+    Role,
+    TopicMetadata,
+    error_response,
+)
+from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
+from statemachine import member as member_sm
+from store import (
+    InvalidPartitions,
+    MetadataStore,
+    StoreError,
+    StoreUnavailable,
+    TopicExists,
+    TopicPlacement,
+    UnknownTopic,
+)
+from transport.channel import Channel, ReadBounds
+
+log = logging.getLogger(__name__)
+
+#: Requests a connection may have queued before its reader waits for the worker.
+REQUEST_QUEUE = 64
+#: Entries of an answer built between two checkpoints (about a millisecond of work).
+ANSWER_CHUNK = 1000
+#: OffsetCommits of one connection waiting for durability at once; the next waits (and with it
+#: the worker, then the reader): a peer that pipelines commits gets no task per commit.
+COMMITS_IN_FLIGHT = 16
+
+DataPlane = Callable[[Request], Awaitable[ResponseMessage | None]]
+
+
+@attrs.define(eq=False)
+class _Session:
+    coordinator: GroupCoordinator
+    channel: Channel
+    nursery: trio.Nursery
+    data_plane: DataPlane | None
+    member: Member | None = None
+    _commits: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(COMMITS_IN_FLIGHT))
+
+    async def work(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
+        async for request in requests:
+            if isinstance(request.message, OffsetCommitRequest):
+                await self._commits.acquire()  # released by _commit
+            response = await self.answer(request)
+            if self.member is not None:
+                self.channel.never_idle()
+            if response is not None:
+                await self.channel.respond(request, response)
+
+    async def answer(self, request: Request) -> ResponseMessage | None:
+        coordinator = self.coordinator
+        if not isinstance(request.message, RegisterConsumerRequest):  # answered with its epoch
+            error = validation.request_error(request.message, request.client_id, self.limits)
+            if error is not ErrorCode.NONE:
+                return error_response(request.message, error)
+        match request.message:
+            case RegisterConsumerRequest() as message:
+                if self.member is not None:
+                    return RegisterConsumerResponse(
+                        error_code=ErrorCode.INVALID_REQUEST,
+                        coordinator_epoch=coordinator.epoch,
+                        generation=-1,
+                    )
+                response, member = coordinator.register(
+                    message, request.client_id, self.channel, self.nursery.cancel_scope
+                )
+                if member is not None:
+                    self.member = member
+                return response
+            case OffsetCommitRequest() as message:
+                # Waits for durability: answered from its own task so later requests go on.
+                self.nursery.start_soon(self._commit, request, message)
+                return None
+            case LeaveGroupRequest() as message:
+                member = self.member
+                if (
+                    member is None
+                    or member.member_id != message.consumer_id
+                    or member.group_id != message.group_id
+                ):
+                    return LeaveGroupResponse(error_code=ErrorCode.UNKNOWN_MEMBER_ID)
+                coordinator.member_event(member, member_sm.Left(now=trio.current_time()))
+                # The connection is closing (its writer with it): the answer leaves from here.
+                await self.channel.respond(request, LeaveGroupResponse(error_code=ErrorCode.NONE))
+                await self.channel.flush()
+                return None
+            case OffsetFetchRequest() as message:
+                return await self._offset_fetch(message)
+            case ClusterMetadataRequest() as message:
+                return await self._metadata(message)
+            case CreateTopicRequest() as message:
+                return CreateTopicResponse(error_code=await self._create_topic(message))
+            case CreatePartitionsRequest() as message:
+                return CreatePartitionsResponse(error_code=await self._add_partitions(message))
+            case ListGroupsRequest():
+                return ListGroupsResponse(
+                    error_code=ErrorCode.NONE, groups=coordinator.list_groups()
+                )
+            case DescribeGroupRequest() as message:
+                return await coordinator.describe(message.group_id)
+            case DeleteGroupRequest() as message:
+                return DeleteGroupResponse(
+                    error_code=await coordinator.delete_group(message.group_id)
+                )
+        if self.data_plane is not None:
+            return await self.data_plane(request)
+        return error_response(request.message, ErrorCode.INVALID_REQUEST)
+
+    @property
+    def limits(self) -> RequestLimits:
+        return self.coordinator.config.limits
+
+    async def _offset_fetch(self, message: OffsetFetchRequest) -> OffsetFetchResponse:
+        """The answer is built a chunk at a time with a checkpoint between chunks, so a
+        request naming its maximum of partitions (or a group holding offsets for as many) does
+        not hold the event loop for other connections; sorting plain tuples, not
+        TopicPartitions (attrs' ordering costs microseconds per comparison)."""
+        committed = (await self.coordinator.offsets.view(message.group_id)).durable
+        wanted = committed.keys() if message.partitions is None else message.partitions
+        keys = sorted({(tp.topic, tp.partition) for tp in wanted})
+        offsets: list[PartitionOffset] = []
+        for start in range(0, len(keys), ANSWER_CHUNK):
+            if start:
+                await trio.lowlevel.checkpoint()
+            for topic, partition in keys[start : start + ANSWER_CHUNK]:
+                offset = committed.get(TopicPartition(topic=topic, partition=partition), -1)
+                offsets.append(PartitionOffset(topic=topic, partition=partition, offset=offset))
+        return OffsetFetchResponse(error_code=ErrorCode.NONE, offsets=tuple(offsets))
+
+    async def _commit(self, request: Request, message: OffsetCommitRequest) -> None:
+        try:
+            error = await self.coordinator.commit(message, self.channel)
+            await self.channel.respond(request, OffsetCommitResponse(error_code=error))
+        finally:
+            self._commits.release()
+
+    async def _metadata(self, message: ClusterMetadataRequest) -> ClusterMetadataResponse:
+        coordinator = self.coordinator
+        # Brokers of a cluster come and go after the coordinator took office; the cached list
+        # serves while the store cannot answer.
+        with contextlib.suppress(StoreUnavailable):
+            coordinator.brokers = await coordinator.store.brokers()
+        return cluster_metadata(
+            message,
+            topics=coordinator.topics,
+            brokers=coordinator.brokers,
+            coordinator_id=coordinator.broker.broker_id,
+            coordinator_epoch=coordinator.epoch,
+            limits=self.limits,
+        )
+
+    async def _create_topic(self, message: CreateTopicRequest) -> ErrorCode:
+        coordinator = self.coordinator
+        return await create_topic(coordinator.store, coordinator.broker, message, self.limits)
+
+    async def _add_partitions(self, message: CreatePartitionsRequest) -> ErrorCode:
+        coordinator = self.coordinator
+        return await add_partitions(
+            coordinator.store, coordinator.broker, message, self.limits, coordinator.topics
+        )
+
+
+def cluster_metadata(
+    message: ClusterMetadataRequest,
+    *,
+    topics: Mapping[str, TopicPlacement],
+    brokers: tuple[BrokerInfo, ...],
+    coordinator_id: int,
+    coordinator_epoch: int,
+    limits: RequestLimits,
+) -> ClusterMetadataResponse:
+    """The answer to ClusterMetadata from a broker that knows these topics and brokers; each
+    topic named once however often it was asked for (the answer repeats its partitions)."""
+    error = validation.request_error(message, "", limits)
+    if error is not ErrorCode.NONE:
+        refusal = error_response(message, error)
+        assert isinstance(refusal, ClusterMetadataResponse)
+        return refusal
+    names = sorted(topics) if message.topics is None else list(dict.fromkeys(message.topics))
+    found = []
+    for name in names:
+        placement = topics.get(name)
+        if placement is None:
+            found.append(
+                TopicMetadata(
+                    topic=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, partitions=()
+                )
+            )
+            continue
+        partitions = tuple(
+            PartitionMetadata(partition=p, broker_id=b) for p, b in enumerate(placement.brokers)
+        )
+        found.append(TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=partitions))
+    return ClusterMetadataResponse(
+        error_code=ErrorCode.NONE,
+        coordinator_id=coordinator_id,
+        coordinator_epoch=coordinator_epoch,
+        brokers=brokers,
+        topics=tuple(found),
+    )
+
+
+async def create_topic(
+    store: MetadataStore, broker: BrokerInfo, message: CreateTopicRequest, limits: RequestLimits
+) -> ErrorCode:
+    """Create the topic with every partition on ``broker``, the one that was asked, within the
+    limits per topic and per broker. Two CreateTopics at once may both pass the per-broker check
+    and overshoot it by one topic's partitions at most; the bound is on resources, not exact."""
+    error = validation.request_error(message, "", limits)
+    if error is ErrorCode.NONE:
+        placed = _placed_on(broker, await store.topics())
+        error = validation.broker_partitions_error(placed, message.partitions, limits)
+    if error is not ErrorCode.NONE:
+        return error
+    try:
+        await store.create_topic(message.topic, (broker.broker_id,) * message.partitions)
+    except TopicExists:
+        return ErrorCode.TOPIC_ALREADY_EXISTS
+    return ErrorCode.NONE
+
+
+async def add_partitions(
+    store: MetadataStore,
+    broker: BrokerInfo,
+    message: CreatePartitionsRequest,
+    limits: RequestLimits,
+    known: Mapping[str, TopicPlacement] | None = None,
+) -> ErrorCode:
+    """Grow the topic to ``total_partitions``, the new ones on ``broker``, within the limits
+    per topic and per broker; ``known`` is a cached view of the topics to try before asking the
+    store."""
+    error = validation.request_error(message, "", limits)
+    if error is not ErrorCode.NONE:
+        return error
+    topics = await store.topics()
+    placement = None if known is None else known.get(message.topic)
+    if placement is None:
+        placement = topics.get(message.topic)
+    if placement is None:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    added = message.total_partitions - placement.partition_count
+    if added < 1:
+        return ErrorCode.INVALID_PARTITIONS
+    error = validation.broker_partitions_error(_placed_on(broker, topics), added, limits)
+    if error is not ErrorCode.NONE:
+        return error
+    try:
+        await store.add_partitions(message.topic, (broker.broker_id,) * added)
+    except UnknownTopic:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    except InvalidPartitions:
+        return ErrorCode.INVALID_PARTITIONS
+    return ErrorCode.NONE
+
+
+def _placed_on(broker: BrokerInfo, topics: Mapping[str, TopicPlacement]) -> int:
+    return sum(placement.brokers.count(broker.broker_id) for placement in topics.values())
+
+
+async def handle_connection(
+    coordinator: GroupCoordinator,
+    stream: trio.abc.Stream,
+    data_plane: DataPlane | None = None,
+    *,
+    bounds: ReadBounds | None = None,
+) -> None:
+    """Serve one peer until it closes, breaks the protocol, or its member is declared dead.
+
+    Nothing raised while serving it leaves this task: whatever went wrong ends this connection
+    (its member dies as if the connection broke) and nothing else. ``bounds``: the broker's
+    limits on reading (none: unbounded, for tests of other things)."""
+    channel = Channel.open(
+        stream, Role.BROKER, max_frame_size=coordinator.config.max_frame_size, bounds=bounds
+    )
+    send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
+    violation = False
+    session: _Session | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            session = _Session(
+                coordinator=coordinator, channel=channel, nursery=nursery, data_plane=data_plane
+            )
+            nursery.start_soon(session.work, receive_requests)
+            try:
+                await channel.run(send_requests.send)
+            except RemoteProtocolError:
+                violation = True
+            nursery.cancel_scope.cancel()
+    except Exception as exc:
+        # Ours, not the peer's: its member may not know, as after a reset. A store that fails
+        # under one request (a lost ZooKeeper connection) is no bug: the client retries.
+        if (cause := _store_failure(exc)) is not None:
+            log.warning("serving %s: %s; closing that connection", channel.peer, cause)
+        else:
+            log.exception("serving %s failed; closing that connection", channel.peer)
+        channel.broken = True
+    finally:
+        member = session.member if session is not None else None
+        if member is not None and member.machine.alive:
+            now = trio.current_time()
+            if violation:
+                event: object = member_sm.ProtocolViolation(now=now)
+            elif channel.broken:
+                event = member_sm.ConnectionBroken(now=now)
+            else:
+                event = member_sm.ConnectionClosed(now=now)
+            coordinator.member_event(member, event)
+        with trio.CancelScope(shield=True):
+            await channel.aclose()
+
+
+def _store_failure(exc: BaseException) -> StoreError | None:
+    """The store's error, if that is all ``exc`` is (trio wraps task errors in groups)."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _store_failure(exc.exceptions[0])
+    return exc if isinstance(exc, StoreError) else None

@@ -1,0 +1,36 @@
+"""How a broker's log behaves: durability, segment size, retention."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+
+class FsyncPolicy(enum.Enum):
+    #: fsync before a produce is acknowledged: an acknowledged record survives a power loss.
+    ALWAYS = "always"
+    #: fsync every ``fsync_interval_ms``: a process crash loses nothing (the kernel has the bytes),
+    #: a power loss loses up to one interval.
+    INTERVAL = "interval"
+    #: leave it to the kernel.
+    NEVER = "never"
+
+
+@attrs.frozen(kw_only=True)
+class LogConfig:
+    #: The default is ALWAYS because the system promises that no acknowledged record is lost and
+    #: group commit (one fsync for every append waiting on it) keeps its cost per batch, not per
+    #: record (numbers in the broker's report: bench/throughput.py).
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    fsync_interval_ms: int = attrs.field(default=1000, validator=attrs.validators.gt(0))
+    segment_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=attrs.validators.gt(0))
+    #: Segments whose newest record is older than this are deleted (None: keep forever).
+    retention_ms: int | None = 7 * 24 * 3600 * 1000
+    #: Oldest segments are deleted while the rest still hold at least this much (None: no limit).
+    retention_bytes: int | None = None
+    retention_check_ms: int = attrs.field(default=60_000, validator=attrs.validators.gt(0))
+    #: One index entry per this many bytes of segment: a lookup reads at most this much extra.
+    index_interval_bytes: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
+    #: A record larger than this (encoded) is refused with MESSAGE_TOO_LARGE.
+    max_record_bytes: int = attrs.field(default=1024 * 1024, validator=attrs.validators.gt(0))

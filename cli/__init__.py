@@ -1,0 +1,1 @@
+"""The ``coordinator`` command: ``serve`` runs a broker; the other verbs are clients of one."""

@@ -1,0 +1,207 @@
+"""The CLI's ``topics`` and ``groups`` verbs: tables for people, ``--json`` for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+from consumer.admin import Admin, open_admin
+from protocol.types import TopicPartition
+from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
+
+
+def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def client(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        parser.add_argument(
+            "--bootstrap",
+            type=_bootstrap,
+            default=parse_bootstrap(DEFAULT_BOOTSTRAP),
+            metavar="HOST:PORT[,HOST:PORT...]",
+            help=f"brokers to ask first (default {DEFAULT_BOOTSTRAP})",
+        )
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        return parser
+
+    topics = commands.add_parser("topics", help="create, list, describe or alter topics")
+    verbs = topics.add_subparsers(dest="verb", required=True, metavar="VERB")
+    create = client(verbs.add_parser("create", help="create a topic"))
+    create.add_argument("topic")
+    create.add_argument("--partitions", type=_positive_int, required=True)
+    client(verbs.add_parser("list", help="list topics"))
+    describe = client(verbs.add_parser("describe", help="partitions, brokers and offsets"))
+    describe.add_argument("topic", nargs="*")
+    alter = client(verbs.add_parser("alter", help="add partitions to a topic"))
+    alter.add_argument("topic")
+    alter.add_argument("--partitions", type=_positive_int, required=True, help="new total")
+
+    groups = commands.add_parser("groups", help="list, describe, delete or reset groups")
+    verbs = groups.add_subparsers(dest="verb", required=True, metavar="VERB")
+    client(verbs.add_parser("list", help="list groups and their states"))
+    describe = client(verbs.add_parser("describe", help="members, assignment, offsets and lag"))
+    describe.add_argument("group")
+    delete = client(verbs.add_parser("delete", help="delete an empty group and its offsets"))
+    delete.add_argument("group")
+    reset = client(
+        verbs.add_parser("reset-offsets", help="move an empty group's committed offsets")
+    )
+    reset.add_argument("group")
+    reset.add_argument("--topic", required=True)
+    where = reset.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to-earliest", action="store_true")
+    where.add_argument("--to-latest", action="store_true")
+    where.add_argument("--to-offset", type=_non_negative_int)
+
+
+def _bootstrap(text: str) -> list[tuple[str, int]]:
+    try:
+        return parse_bootstrap(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {value}")
+    return value
+
+
+async def run_admin(args: argparse.Namespace) -> None:
+    async with open_admin(args.bootstrap) as admin:
+        await _VERBS[(args.command, args.verb)](admin, args)
+
+
+async def _topics_create(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.create_topic(args.topic, args.partitions)
+    _say(
+        args,
+        {"topic": args.topic, "partitions": args.partitions, "created": True},
+        f"created topic {args.topic} with {args.partitions} partitions",
+    )
+
+
+async def _topics_alter(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.add_partitions(args.topic, args.partitions)
+    _say(
+        args,
+        {"topic": args.topic, "partitions": args.partitions},
+        f"topic {args.topic} now has {args.partitions} partitions",
+    )
+
+
+async def _topics_list(admin: Admin, args: argparse.Namespace) -> None:
+    topics = await admin.topics()
+    rows = [(t.topic, len(t.partitions)) for t in topics]
+    if args.json:
+        print(json.dumps([{"topic": name, "partitions": n} for name, n in rows]))
+    else:
+        _table(("TOPIC", "PARTITIONS"), rows)
+
+
+async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
+    topics = await admin.topics(args.topic or None)
+    bounds = await admin.log_bounds([t.topic for t in topics])
+    rows = []
+    for topic in topics:
+        for p in topic.partitions:
+            start, end = bounds.get(
+                TopicPartition(topic=topic.topic, partition=p.partition), (-1, -1)
+            )
+            rows.append((topic.topic, p.partition, p.broker_id, start, end))
+    if args.json:
+        keys = ("topic", "partition", "broker", "start", "end")
+        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows]))
+    else:
+        _table(("TOPIC", "PARTITION", "BROKER", "START", "END"), rows)
+
+
+async def _groups_list(admin: Admin, args: argparse.Namespace) -> None:
+    groups = await admin.groups()
+    if args.json:
+        print(json.dumps([{"group": g.group_id, "state": g.state} for g in groups]))
+    else:
+        _table(("GROUP", "STATE"), [(g.group_id, g.state) for g in groups])
+
+
+async def _groups_describe(admin: Admin, args: argparse.Namespace) -> None:
+    report = await admin.describe_group(args.group)
+    if args.json:
+        print(json.dumps(report.as_json()))
+        return
+    print(
+        f"group {report.group}: {report.state}, generation {report.generation}, "
+        f"{len(report.members)} members"
+    )
+    _table(
+        ("TOPIC", "PARTITION", "OWNER", "COMMITTED", "REPORTED", "END", "LAG"),
+        [
+            (
+                p.topic,
+                p.partition,
+                p.owner or "-",
+                _or_dash(p.committed),
+                "-" if p.reported is None else p.reported,
+                _or_dash(p.end),
+                "-" if p.lag is None else p.lag,
+            )
+            for p in report.partitions
+        ],
+    )
+
+
+async def _groups_delete(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.delete_group(args.group)
+    _say(args, {"group": args.group, "deleted": True}, f"deleted group {args.group}")
+
+
+async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.topics([args.topic])  # an unknown topic has no bounds: nothing would be reset
+    bounds = await admin.log_bounds([args.topic])
+    if args.to_offset is not None:
+        for tp, (start, end) in sorted(bounds.items()):
+            if not start <= args.to_offset <= end:
+                raise ValueError(f"offset {args.to_offset} is outside {tp}'s log [{start}, {end}]")
+        offsets = {tp: args.to_offset for tp in bounds}
+    else:
+        offsets = {tp: start if args.to_earliest else end for tp, (start, end) in bounds.items()}
+    await admin.reset_offsets(args.group, offsets)
+    rows = [(tp.topic, tp.partition, offset) for tp, offset in sorted(offsets.items())]
+    if args.json:
+        print(json.dumps([{"topic": t, "partition": p, "committed": o} for t, p, o in rows]))
+    else:
+        _table(("TOPIC", "PARTITION", "COMMITTED"), rows)
+
+
+_VERBS = {
+    ("topics", "create"): _topics_create,
+    ("topics", "alter"): _topics_alter,
+    ("topics", "list"): _topics_list,
+    ("topics", "describe"): _topics_describe,
+    ("groups", "list"): _groups_list,
+    ("groups", "describe"): _groups_describe,
+    ("groups", "delete"): _groups_delete,
+    ("groups", "reset-offsets"): _groups_reset_offsets,
+}
+
+
+def _or_dash(value: int) -> object:
+    return "-" if value < 0 else value
+
+
+def _say(args: argparse.Namespace, as_json: dict[str, object], text: str) -> None:
+    print(json.dumps(as_json) if args.json else text)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [list(header)] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

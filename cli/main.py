@@ -1,0 +1,319 @@
+"""``coordinator`` / ``python -m cli``: the command line.
+
+Errors a user can cause (a bad argument, a port in use, an unreachable broker) print one line and
+exit non-zero; a traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import gc
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import trio
+
+from broker.log import FsyncPolicy, LogConfig
+from broker.node import NodeSettings, run_node
+from cli.admin import add_admin_commands, run_admin
+from cli.data import add_data_commands, run_consume, run_produce
+from cli.logformat import configure_logging
+from consumer import ProduceError
+from consumer.admin import AdminError
+from coordinator.config import CoordinatorConfig
+from coordinator.limits import RequestLimits
+from store import StoreError
+from transport.limits import ConnectionLimits
+
+log = logging.getLogger("coordinator")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line, like every other error a user can make (not a usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+#: The server allocates a few short-lived objects per Ping, and with thousands of connections the
+#: interpreter's default (a young collection every 700 allocations) promotes them into the old
+#: generations, whose collections then walk every connection's objects: at 5,000 consumers they
+#: take a fifth of the server's CPU (docs/benchmarks.md, Benchmarks I). Young collections every
+#: 50,000 allocations let them die first. Cycles are still collected, just in larger batches.
+SERVER_GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = _Parser(
+        prog="coordinator",
+        description="A Kafka-style broker with a broker-side consumer group coordinator.",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help="DEBUG, INFO, WARNING or ERROR (default: INFO for serve, WARNING otherwise)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run a broker and its coordinator")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=9092, help="port to listen on (0: any)")
+    serve.add_argument("--broker-id", type=int, default=1)
+    serve.add_argument("--data-dir", type=Path, default=Path("data"))
+    serve.add_argument(
+        "--zookeeper",
+        metavar="HOST:PORT[,HOST:PORT...][/CHROOT]",
+        help="keep metadata in this ZooKeeper ensemble, shared with the cluster's other brokers, "
+        "which elect one coordinator (default: the embedded store under --data-dir)",
+    )
+    serve.add_argument(
+        "--zookeeper-session-timeout",
+        type=float,
+        default=NodeSettings().zookeeper_session_timeout,
+        help="seconds ZooKeeper keeps this broker's registration and office after losing it",
+    )
+    defaults = CoordinatorConfig()
+    serve.add_argument(
+        "--min-session-timeout-ms", type=int, default=defaults.min_session_timeout_ms
+    )
+    serve.add_argument(
+        "--max-session-timeout-ms", type=int, default=defaults.max_session_timeout_ms
+    )
+    serve.add_argument(
+        "--ping-misses",
+        type=int,
+        default=defaults.max_missed_pings,
+        help="deadlines a consumer may miss in a row before it is declared dead",
+    )
+    serve.add_argument(
+        "--initial-rebalance-delay",
+        type=float,
+        default=defaults.initial_rebalance_delay,
+        help="seconds a new group waits for more members before its first rebalance; each "
+        "join restarts the wait",
+    )
+    serve.add_argument(
+        "--initial-rebalance-max-delay",
+        type=float,
+        default=defaults.initial_rebalance_max_delay,
+        help="seconds after its first member that a new group rebalances at the latest, "
+        "however many keep joining",
+    )
+    serve.add_argument(
+        "--rebalance-backoff",
+        type=float,
+        default=defaults.rebalance_backoff_fraction,
+        help="after a failed rebalance, wait this fraction of the longest session timeout",
+    )
+    serve.add_argument(
+        "--commit-interval",
+        type=float,
+        default=defaults.commit_interval,
+        help="seconds between writes of offsets reported in Pings",
+    )
+    logs = LogConfig()
+    serve.add_argument(
+        "--fsync",
+        choices=[p.value for p in FsyncPolicy],
+        default=logs.fsync.value,
+        help="always: fsync before acknowledging a produce; interval: every --fsync-interval-ms",
+    )
+    serve.add_argument("--fsync-interval-ms", type=int, default=logs.fsync_interval_ms)
+    serve.add_argument(
+        "--retention-ms", type=int, default=logs.retention_ms, help="-1: keep forever"
+    )
+    serve.add_argument(
+        "--retention-bytes", type=int, default=-1, help="per partition; -1: no limit"
+    )
+    serve.add_argument("--retention-check-ms", type=int, default=logs.retention_check_ms)
+    serve.add_argument("--segment-bytes", type=int, default=logs.segment_bytes)
+    _add_limit_options(serve)
+    add_admin_commands(commands)
+    add_data_commands(commands)
+    return parser
+
+
+def _add_limit_options(serve: argparse.ArgumentParser) -> None:
+    """Bounds on what any one client may make the broker hold or do (docs/limits.md)."""
+    group = serve.add_argument_group("limits (docs/limits.md)")
+    connections = ConnectionLimits()
+    requests = RequestLimits()
+    group.add_argument(
+        "--max-connections",
+        type=int,
+        default=connections.max_connections,
+        help="open client connections at once (default: the file limit less a reserve)",
+    )
+    group.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=connections.max_connections_per_address,
+        help="open connections from one client address (default: no limit)",
+    )
+    group.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=connections.idle_timeout,
+        help="seconds a connection may send nothing before it is closed",
+    )
+    group.add_argument(
+        "--frame-timeout",
+        type=float,
+        default=connections.frame_timeout,
+        help="seconds a frame may take to arrive once its first byte has",
+    )
+    group.add_argument(
+        "--max-buffered-request-bytes",
+        type=int,
+        default=connections.max_buffered_request_bytes,
+        help="bytes of unfinished frames buffered for all connections together",
+    )
+    group.add_argument(
+        "--max-frame-size",
+        type=int,
+        default=CoordinatorConfig().max_frame_size,
+        help="largest frame received or sent, in bytes",
+    )
+    group.add_argument("--max-id-bytes", type=int, default=requests.max_id_bytes)
+    group.add_argument("--max-pattern-bytes", type=int, default=requests.max_pattern_bytes)
+    group.add_argument("--max-streams-per-topic", type=int, default=requests.max_streams_per_topic)
+    group.add_argument(
+        "--max-topics-per-subscription", type=int, default=requests.max_topics_per_subscription
+    )
+    group.add_argument(
+        "--max-partitions-per-topic", type=int, default=requests.max_partitions_per_topic
+    )
+    group.add_argument(
+        "--max-partitions-per-broker", type=int, default=requests.max_partitions_per_broker
+    )
+    group.add_argument(
+        "--max-group-size",
+        type=int,
+        default=requests.max_group_size,
+        help="members of one group (Kafka's group.max.size)",
+    )
+    group.add_argument(
+        "--max-group-streams",
+        type=int,
+        default=requests.max_group_streams,
+        help="streams of one group, each member counting its widest topic",
+    )
+    group.add_argument(
+        "--max-partitions-per-request",
+        type=int,
+        default=requests.max_partitions_per_request,
+        help="partitions one OffsetCommit, OffsetFetch or RegisterConsumer may name",
+    )
+
+
+async def _serve(settings: NodeSettings) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(run_node, settings)
+            print(f"serving on {settings.host}:{port} (broker {settings.broker_id})", flush=True)
+            async for signum in signals:
+                log.info("%s: shutting down", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(
+        (args.log_level or ("INFO" if args.command == "serve" else "WARNING")).upper(), sys.stderr
+    )
+    try:
+        if args.command == "serve":
+            config = CoordinatorConfig(
+                min_session_timeout_ms=args.min_session_timeout_ms,
+                max_session_timeout_ms=args.max_session_timeout_ms,
+                max_missed_pings=args.ping_misses,
+                initial_rebalance_delay=args.initial_rebalance_delay,
+                initial_rebalance_max_delay=args.initial_rebalance_max_delay,
+                rebalance_backoff_fraction=args.rebalance_backoff,
+                commit_interval=args.commit_interval,
+                max_frame_size=args.max_frame_size,
+                limits=RequestLimits(
+                    max_id_bytes=args.max_id_bytes,
+                    max_pattern_bytes=args.max_pattern_bytes,
+                    max_streams_per_topic=args.max_streams_per_topic,
+                    max_topics_per_subscription=args.max_topics_per_subscription,
+                    max_partitions_per_topic=args.max_partitions_per_topic,
+                    max_partitions_per_broker=args.max_partitions_per_broker,
+                    max_group_size=args.max_group_size,
+                    max_group_streams=args.max_group_streams,
+                    max_partitions_per_request=args.max_partitions_per_request,
+                ),
+            )
+            settings = NodeSettings(
+                broker_id=args.broker_id,
+                host=args.host,
+                port=args.port,
+                data_dir=args.data_dir,
+                zookeeper=args.zookeeper,
+                zookeeper_session_timeout=args.zookeeper_session_timeout,
+                coordinator=config,
+                connections=ConnectionLimits(
+                    max_connections=args.max_connections,
+                    max_connections_per_address=args.max_connections_per_address,
+                    idle_timeout=args.idle_timeout,
+                    frame_timeout=args.frame_timeout,
+                    max_buffered_request_bytes=args.max_buffered_request_bytes,
+                ),
+                log=LogConfig(
+                    fsync=FsyncPolicy(args.fsync),
+                    fsync_interval_ms=args.fsync_interval_ms,
+                    retention_ms=None if args.retention_ms < 0 else args.retention_ms,
+                    retention_bytes=None if args.retention_bytes < 0 else args.retention_bytes,
+                    retention_check_ms=args.retention_check_ms,
+                    segment_bytes=args.segment_bytes,
+                ),
+            )
+            gc.set_threshold(*SERVER_GC_THRESHOLDS)
+            trio.run(_serve, settings)
+        elif args.command == "produce":
+            return trio.run(run_produce, args)
+        elif args.command == "consume":
+            return trio.run(run_consume, args)
+        else:
+            trio.run(run_admin, args)
+    except (ValueError, OSError, StoreError, AdminError, ProduceError, ExceptionGroup) as exc:
+        cause = _user_error(exc)
+        if cause is None:
+            raise
+        message = _describe(cause)
+        if args.command == "serve" and getattr(cause, "errno", None) == errno.EADDRINUSE:
+            message = f"cannot listen on {args.host}:{args.port}: {message}"
+        print(f"coordinator: {message}", file=sys.stderr)
+        return 2 if isinstance(cause, ValueError) else 1
+    return 0
+
+
+def _user_error(exc: BaseException) -> BaseException | None:
+    """The error a user caused, if that is what ``exc`` is (trio wraps task errors in groups)."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _user_error(inner)
+            if found is not None:
+                return found
+        return None
+    return (
+        exc
+        if isinstance(exc, ValueError | OSError | StoreError | AdminError | ProduceError)
+        else None
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    return str(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

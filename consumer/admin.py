@@ -1,0 +1,257 @@
+"""The operator's view of a cluster: topics, groups, offsets and lag, over the wire protocol.
+
+Everything here is a client of the brokers like any other (it is what the CLI's ``topics`` and
+``groups`` verbs run), so what it shows is what a consumer would see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import attrs
+
+from protocol import (
+    ClusterMetadataRequest,
+    ClusterMetadataResponse,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    ErrorCode,
+    GroupSummary,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    PartitionOffset,
+    RequestMessage,
+    ResponseMessage,
+    TopicMetadata,
+)
+from protocol.types import BrokerInfo, TopicPartition
+from transport.channel import Channel
+from transport.connect import Address, NoBrokerAvailable, connect_any, open_channel
+
+CLIENT_ID = "coordinator-admin"
+
+
+class AdminError(Exception):
+    """The cluster refused the operation; ``error_code`` says why."""
+
+    def __init__(self, what: str, error_code: ErrorCode) -> None:
+        hint = _HINTS.get(error_code)
+        super().__init__(
+            f"{what}: {hint} ({error_code.name})" if hint else f"{what}: {error_code.name}"
+        )
+        self.error_code = error_code
+
+
+#: What the codes an operator meets most often mean for them.
+_HINTS = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: "no such topic",
+    ErrorCode.TOPIC_ALREADY_EXISTS: "the topic already exists",
+    ErrorCode.INVALID_PARTITIONS: (
+        "a topic's partitions can only be added to, up to the broker's --max-partitions-per-topic"
+    ),
+    ErrorCode.POLICY_VIOLATION: "the broker would hold more than its --max-partitions-per-broker",
+    ErrorCode.INVALID_TOPIC_EXCEPTION: "a topic name is 1-249 characters of [A-Za-z0-9._-]",
+    ErrorCode.INVALID_GROUP_ID: (
+        "a group id is at most the broker's --max-id-bytes, without control characters"
+    ),
+    ErrorCode.OFFSET_OUT_OF_RANGE: "an offset lies past its partition's log end",
+    ErrorCode.GROUP_ID_NOT_FOUND: "no such group",
+    ErrorCode.NON_EMPTY_GROUP: (
+        "the group has live members, or a dead one may still be fetching until its lease "
+        "runs out; stop its consumers first, and retry after their session timeout"
+    ),
+}
+
+
+@attrs.frozen(kw_only=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    owner: str | None
+    committed: int  # -1: nothing committed; only durable offsets count as committed
+    reported: int | None
+    """An offset the coordinator accepted and has not written yet (None: nothing pending): a
+    coordinator crash before its next commit loses it, so it is not shown as committed."""
+    end: int  # -1: the partition's broker did not answer
+    lag: int | None
+
+    def as_json(self) -> dict[str, object]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen(kw_only=True)
+class GroupReport:
+    """One group as ``groups describe --json`` prints it."""
+
+    group: str
+    state: str
+    generation: int
+    members: tuple[tuple[str, tuple[TopicPartition, ...]], ...]
+    partitions: tuple[PartitionLag, ...]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "group": self.group,
+            "state": self.state,
+            "generation": self.generation,
+            "members": [
+                {"id": member_id, "partitions": [str(tp) for tp in partitions]}
+                for member_id, partitions in self.members
+            ],
+            "partitions": [p.as_json() for p in self.partitions],
+        }
+
+
+@attrs.define(eq=False)
+class Admin:
+    #: The connection to the bootstrap broker that answered.
+    channel: Channel
+    address: Address
+    _stack: AsyncExitStack
+    _brokers: dict[int, Channel] = attrs.field(factory=dict)
+
+    async def call(self, request: RequestMessage) -> ResponseMessage:
+        return await self.channel.request(request)
+
+    async def metadata(self, topics: Sequence[str] | None = None) -> ClusterMetadataResponse:
+        response = await self.call(
+            ClusterMetadataRequest(group_id=None, topics=None if topics is None else tuple(topics))
+        )
+        assert isinstance(response, ClusterMetadataResponse)
+        return response
+
+    async def create_topic(self, topic: str, partitions: int) -> None:
+        response = await self.call(CreateTopicRequest(topic=topic, partitions=partitions))
+        assert isinstance(response, CreateTopicResponse)
+        _check(f"create topic {topic}", response.error_code)
+
+    async def add_partitions(self, topic: str, total: int) -> None:
+        response = await self.call(CreatePartitionsRequest(topic=topic, total_partitions=total))
+        assert isinstance(response, CreatePartitionsResponse)
+        _check(f"alter topic {topic}", response.error_code)
+
+    async def topics(self, names: Sequence[str] | None = None) -> tuple[TopicMetadata, ...]:
+        metadata = await self.metadata(names)
+        for topic in metadata.topics:
+            _check(f"topic {topic.topic}", topic.error_code)
+        return metadata.topics
+
+    async def groups(self) -> tuple[GroupSummary, ...]:
+        response = await self.call(ListGroupsRequest())
+        assert isinstance(response, ListGroupsResponse)
+        _check("list groups", response.error_code)
+        return response.groups
+
+    async def delete_group(self, group: str) -> None:
+        response = await self.call(DeleteGroupRequest(group_id=group))
+        assert isinstance(response, DeleteGroupResponse)
+        _check(f"delete group {group}", response.error_code)
+
+    async def describe_group(self, group: str) -> GroupReport:
+        """The lag is counted from the committed (durable) offset, which only moves forward."""
+        response = await self.call(DescribeGroupRequest(group_id=group))
+        assert isinstance(response, DescribeGroupResponse)
+        _check(f"group {group}", response.error_code)
+        owners = {tp: m.member_id for m in response.members for tp in m.partitions}
+        committed = {po.topic_partition: po.offset for po in response.offsets}
+        reported = {po.topic_partition: po.offset for po in response.reported_offsets}
+        known = committed.keys() | reported.keys()
+        subscribed = {tp.topic for tp in owners} | {tp.topic for tp in known}
+        ends = {tp: end for tp, (_, end) in (await self.log_bounds(sorted(subscribed))).items()}
+        rows = []
+        for tp in sorted(set(ends) | known | set(owners)):
+            end, done = ends.get(tp, -1), committed.get(tp, -1)
+            rows.append(
+                PartitionLag(
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    owner=owners.get(tp),
+                    committed=done,
+                    reported=reported.get(tp),
+                    end=end,
+                    lag=None if end < 0 else end - max(done, 0),
+                )
+            )
+        return GroupReport(
+            group=response.group_id or group,
+            state=response.state,
+            generation=response.generation,
+            members=tuple((m.member_id, tuple(sorted(m.partitions))) for m in response.members),
+            partitions=tuple(rows),
+        )
+
+    async def reset_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
+        """A standalone commit: accepted only while the group has no live members."""
+        request = OffsetCommitRequest(
+            group_id=group,
+            consumer_id=None,
+            generation=-1,
+            offsets=tuple(
+                PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset)
+                for tp, offset in sorted(offsets.items())
+            ),
+        )
+        response = await self.call(request)
+        assert isinstance(response, OffsetCommitResponse)
+        _check(f"reset offsets of {group}", response.error_code)
+
+    async def log_bounds(
+        self, topics: Sequence[str] | None = None
+    ) -> dict[TopicPartition, tuple[int, int]]:
+        """(log start, end) of every partition of ``topics`` (all when None), each asked of the
+        broker that holds it; partitions whose broker does not answer are left out."""
+        metadata = await self.metadata(topics)
+        brokers = {b.broker_id: b for b in metadata.brokers}
+        bounds: dict[TopicPartition, tuple[int, int]] = {}
+        for topic in metadata.topics:
+            for p in topic.partitions:
+                broker = brokers.get(p.broker_id)
+                if broker is None:
+                    continue
+                try:
+                    channel = await self._channel_for(broker)
+                except NoBrokerAvailable:
+                    continue
+                response = await channel.request(
+                    ListOffsetsRequest(topic=topic.topic, partition=p.partition)
+                )
+                if isinstance(response, ListOffsetsResponse) and not response.error_code:
+                    tp = TopicPartition(topic=topic.topic, partition=p.partition)
+                    bounds[tp] = (response.log_start_offset, response.high_watermark)
+        return bounds
+
+    async def _channel_for(self, broker: BrokerInfo) -> Channel:
+        if (broker.host, broker.port) == self.address:
+            return self.channel
+        channel = self._brokers.get(broker.broker_id)
+        if channel is None:
+            stream, _ = await connect_any([(broker.host, broker.port)])
+            channel = await self._stack.enter_async_context(
+                open_channel(stream, client_id=CLIENT_ID)
+            )
+            self._brokers[broker.broker_id] = channel
+        return channel
+
+
+def _check(what: str, error_code: ErrorCode) -> None:
+    if error_code is not ErrorCode.NONE:
+        raise AdminError(what, error_code)
+
+
+@asynccontextmanager
+async def open_admin(bootstrap: Sequence[Address]) -> AsyncIterator[Admin]:
+    stream, address = await connect_any(bootstrap)
+    async with AsyncExitStack() as stack:
+        channel = await stack.enter_async_context(open_channel(stream, client_id=CLIENT_ID))
+        yield Admin(channel=channel, address=address, stack=stack)

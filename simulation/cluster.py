@@ -1,0 +1,1048 @@
+"""A deterministic driver: the real coordinator, the embedded store, in-memory connections, and
+simulated consumers that speak the real protocol — all on trio's clock, so under ``MockClock`` a
+test runs minutes of failures in milliseconds and asserts exact instants.
+
+Faults are chosen by the test. On a consumer: :meth:`SimulatedConsumer.kill` (the process dies and
+its connection closes), :meth:`~SimulatedConsumer.freeze` (a GC pause: silent, then it resumes and
+finds its lease expired), :meth:`~SimulatedConsumer.answer_slowly`,
+:meth:`~SimulatedConsumer.drop_connection` (the connection breaks, the process lives on: it stops
+fetching, rediscovers and re-registers) and :meth:`~SimulatedConsumer.cut_network` (neither side
+gets a byte for a while). On the cluster: :meth:`SimulatedCluster.create_topic`,
+:meth:`~SimulatedCluster.add_partitions` and :meth:`~SimulatedCluster.restart_coordinator`.
+
+:meth:`SimulatedCluster.check_invariants` is the invariant checker: no two fetch leases on one
+partition ever overlapped (the :class:`OwnershipLedger`), no committed offset went backwards (in the
+store or in the coordinator's memory), generations only increased, and — after a quiet period,
+``settled=True`` — every subscribed partition has exactly one owner among the live members.
+``docs/testing.md`` has a walk-through; ``tests/simulation/test_example.py`` is its example.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import trio
+from trio_util import AsyncValue
+
+from broker.dispatch import handle_connection
+from coordinator.config import CoordinatorConfig
+from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
+from protocol import (
+    ErrorCode,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    PingRequest,
+    PingResponse,
+    RegisterConsumerRequest,
+    RegisterConsumerResponse,
+    RemoteProtocolError,
+    Request,
+    Role,
+    StartFetcherRequest,
+    StartFetcherResponse,
+    StopFetcherRequest,
+    StopFetcherResponse,
+)
+from protocol.types import BrokerInfo, PartitionOffset, Subscription, TopicPartition, TopicStreams
+from statemachine.group import GroupState
+from store import (
+    GroupRecord,
+    MetadataStore,
+    OffsetBatch,
+    StoreError,
+    open_embedded_store,
+)
+from transport.channel import Channel, ChannelClosed, ReadBounds
+from transport.limits import ConnectionLimits
+
+log = logging.getLogger(__name__)
+
+#: :meth:`SimulatedCluster.wait_settled` looks again at least this often, in (virtual) seconds.
+SETTLE_POLL = 1.0
+
+
+class InvariantViolation(AssertionError):
+    """Two consumers held a fetch lease on one partition at once, an offset or a generation went
+    backwards, or a settled group left a partition with no owner or with two."""
+
+
+# --- the fetch-lease ledger -------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class LeaseInterval:
+    group_id: str
+    consumer_id: str
+    partition: TopicPartition
+    start: float
+    end: float
+
+
+_Holder = tuple[str, str, TopicPartition]  # group, consumer, partition
+
+
+@attrs.define
+class OwnershipLedger:
+    """Every fetch lease each simulated consumer held, as closed intervals of trio time.
+
+    Groups are independent: two groups may read one partition at once, two members of one group
+    may not."""
+
+    _open: dict[_Holder, float] = attrs.field(factory=dict)
+    closed: list[LeaseInterval] = attrs.field(factory=list)
+
+    def began(self, group_id: str, consumer_id: str, partition: TopicPartition, at: float) -> None:
+        self._open.setdefault((group_id, consumer_id, partition), at)
+
+    def ended(self, group_id: str, consumer_id: str, partition: TopicPartition, at: float) -> None:
+        start = self._open.pop((group_id, consumer_id, partition), None)
+        if start is not None:
+            self.closed.append(
+                LeaseInterval(
+                    group_id=group_id,
+                    consumer_id=consumer_id,
+                    partition=partition,
+                    start=start,
+                    end=at,
+                )
+            )
+
+    def intervals(self, now: float) -> list[LeaseInterval]:
+        still_open = [
+            LeaseInterval(group_id=g, consumer_id=c, partition=tp, start=start, end=now)
+            for (g, c, tp), start in self._open.items()
+        ]
+        return self.closed + still_open
+
+    def holders(self, group_id: str, partition: TopicPartition) -> set[str]:
+        return {c for (g, c, tp) in self._open if g == group_id and tp == partition}
+
+    def check(self, now: float | None = None) -> None:
+        """Raise InvariantViolation if two leases of one group on one partition overlapped."""
+        at = trio.current_time() if now is None else now
+        by_partition: dict[tuple[str, TopicPartition], list[LeaseInterval]] = defaultdict(list)
+        for interval in self.intervals(at):
+            by_partition[(interval.group_id, interval.partition)].append(interval)
+        for (group_id, partition), intervals in by_partition.items():
+            intervals.sort(key=lambda i: (i.start, i.end))
+            latest: LeaseInterval | None = None
+            for interval in intervals:
+                overlaps = latest is not None and interval.start < latest.end
+                if overlaps and latest is not None and interval.consumer_id != latest.consumer_id:
+                    raise InvariantViolation(
+                        f"group {group_id} {partition}: {latest.consumer_id} held it until "
+                        f"{latest.end:.3f} but {interval.consumer_id} took it at "
+                        f"{interval.start:.3f}"
+                    )
+                if latest is None or interval.end > latest.end:
+                    latest = interval
+
+
+# --- what the store was asked to make durable ------------------------------------------------
+
+
+@attrs.define
+class StoreHistory:
+    """The coordinator's durable writes, seen as they happen: a regression between two writes is
+    caught even if a later write hides it."""
+
+    durable_offsets: dict[tuple[str, TopicPartition], int] = attrs.field(factory=dict)
+    group_generations: dict[str, int] = attrs.field(factory=dict)
+    #: How often each group was deleted: a group made again after that starts its generations
+    #: anew, as a group that never existed.
+    deletions: dict[str, int] = attrs.field(factory=dict)
+    violations: list[str] = attrs.field(factory=list)
+
+    def offsets_written(self, batches: Sequence[OffsetBatch]) -> None:
+        for batch in batches:
+            if batch.generation == -1:
+                continue  # a standalone committer on an empty group may reset offsets anywhere
+            for tp, offset in batch.offsets.items():
+                key = (batch.group_id, tp)
+                before = self.durable_offsets.get(key, -1)
+                if offset < before:
+                    self.violations.append(
+                        f"group {batch.group_id} {tp}: durable offset went from {before} "
+                        f"to {offset} (generation {batch.generation})"
+                    )
+                self.durable_offsets[key] = max(offset, before)
+
+    def group_written(self, record: GroupRecord) -> None:
+        before = self.group_generations.get(record.group_id, -1)
+        if record.generation <= before:
+            self.violations.append(
+                f"group {record.group_id}: generation {record.generation} persisted after {before}"
+            )
+        self.group_generations[record.group_id] = max(record.generation, before)
+
+    def group_deleted(self, group_id: str) -> None:
+        self.deletions[group_id] = self.deletions.get(group_id, 0) + 1
+        self.group_generations.pop(group_id, None)
+        for key in [k for k in self.durable_offsets if k[0] == group_id]:
+            del self.durable_offsets[key]
+
+
+@attrs.define(eq=False)
+class RecordingStore:
+    """The real store, with every durable offset and group write reported to a StoreHistory.
+
+    Everything else passes straight through, so the wrapper keeps up with the interface; use it
+    through :func:`recording_store`, which says it is a MetadataStore."""
+
+    inner: MetadataStore
+    history: StoreHistory
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def write_group(self, epoch: int, group: GroupRecord) -> None:
+        await self.inner.write_group(epoch, group)
+        self.history.group_written(group)
+
+    async def delete_group(self, epoch: int, group_id: str) -> None:
+        await self.inner.delete_group(epoch, group_id)
+        self.history.group_deleted(group_id)
+
+    async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
+        await self.inner.commit_offsets(epoch, batches)
+        self.history.offsets_written(batches)
+
+
+def recording_store(inner: MetadataStore, history: StoreHistory) -> MetadataStore:
+    return cast(MetadataStore, RecordingStore(inner=inner, history=history))
+
+
+# --- the in-memory network --------------------------------------------------------------------
+
+
+class NetworkUnreachable(OSError):
+    """A connect from a host whose network is cut."""
+
+
+@attrs.define(eq=False)
+class SimulatedHost:
+    """One consumer process's network: while it is cut, none of its connections carry a byte in
+    either direction (TCP keeps what was sent and delivers it, in order, once the cut heals), and
+    new connections fail."""
+
+    down_until: float = -math.inf
+    links: list[Link] = attrs.field(factory=list)
+
+    @property
+    def reachable(self) -> bool:
+        return trio.current_time() >= self.down_until
+
+    async def heal_at(self, at: float) -> None:
+        await trio.sleep_until(at)
+        for link in self.links:
+            link.wake()
+
+
+@attrs.define(eq=False)
+class _Pipe:
+    data: bytearray = attrs.field(factory=bytearray)
+    eof: bool = False
+    reader_closed: bool = False
+
+
+@attrs.define(eq=False)
+class Link:
+    """One in-memory connection between a client host and the broker."""
+
+    host: SimulatedHost | None
+    to_server: _Pipe = attrs.field(factory=_Pipe)
+    to_client: _Pipe = attrs.field(factory=_Pipe)
+    reset: bool = False
+    _lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    @property
+    def delivering(self) -> bool:
+        return self.host is None or self.host.reachable
+
+    def wake(self) -> None:
+        self._lot.unpark_all()
+
+    async def park(self) -> None:
+        await self._lot.park()
+
+    def break_(self) -> None:
+        """The connection is reset: both ends see it fail (once bytes flow on the link)."""
+        self.reset = True
+        self.wake()
+
+
+@attrs.define(eq=False)
+class LinkEnd(trio.abc.Stream):
+    """One end of a :class:`Link` as a trio stream. ``hold`` is awaited before every read and
+    write: a frozen process does neither."""
+
+    link: Link
+    outgoing: _Pipe
+    incoming: _Pipe
+    hold: Callable[[], Awaitable[None]] | None = None
+    _closed: bool = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.hold is not None:
+            await self.hold()
+        if self._closed:
+            raise trio.ClosedResourceError
+        if self.link.delivering and (self.link.reset or self.outgoing.reader_closed):
+            raise trio.BrokenResourceError("connection reset by peer")
+        if not self.outgoing.reader_closed:
+            self.outgoing.data += data
+        self.link.wake()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        while True:
+            if self.hold is not None:
+                await self.hold()
+            if self._closed:
+                raise trio.ClosedResourceError
+            if self.link.delivering:
+                if self.link.reset:
+                    raise trio.BrokenResourceError("connection reset")
+                if self.incoming.data:
+                    size = len(self.incoming.data) if max_bytes is None else max_bytes
+                    chunk = bytes(self.incoming.data[:size])
+                    del self.incoming.data[:size]
+                    return chunk
+                if self.incoming.eof:
+                    return b""
+            await self.link.park()
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.outgoing.eof = True
+            self.incoming.reader_closed = True
+            self.incoming.data.clear()
+            self.link.wake()
+        await trio.lowlevel.checkpoint()
+
+
+# --- consumers --------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class SimulatedConsumer:
+    """A consumer that follows seed 03 and the ownership lease (docs/design.md#ownership-lease),
+    with an application that finishes ``records_per_ping`` records of each owned partition
+    between two Pings.
+
+    Its reader takes each coordinator request off the wire as soon as it arrives (that instant
+    renews the lease) and hands it to one worker that answers in order; so an answer that is slow
+    does not hide a closed connection, which stops the fetchers at once.
+    """
+
+    cluster: SimulatedCluster
+    consumer_id: str
+    group_id: str
+    subscription: Subscription
+    session_timeout_ms: int
+    auto_commit: bool = True
+    auto_offset_reset: str = "smallest"
+    records_per_ping: int = 1
+    rejoin: bool = True
+    #: The consumer of seed 04, which keeps fetching through a coordinator failover
+    #: (docs/design.md#adoption-after-a-failover). With this, a lost connection does not stop the
+    #: fetchers: they run on under the lease while the consumer registers again, claiming what it
+    #: still holds, which a new coordinator adopts. Only for tests without network cuts: a healed
+    #: cut delivers Pings sent long before and then the close, and a lease renewed by them runs
+    #: past what the coordinator counted, so the partition has two owners. That is why
+    #: ``consumer/`` stops at a lost connection, and this simulator does by default.
+    fetch_through_failover: bool = False
+    answer_delay: float = 0.0
+    #: Not NONE: StopFetcher and StartFetcher are answered with this error and not carried out.
+    handover_error: ErrorCode = ErrorCode.NONE
+    channel: Channel | None = None
+    generation: int = -1
+    highest_epoch: int = -1
+    last_request_at: float = -math.inf
+    #: The next offset to read of each partition it fetches (only while fetching).
+    positions: dict[TopicPartition, int] = attrs.field(factory=dict)
+    #: Whether it is fetching now; tests wait on its changes.
+    fetching_state: AsyncValue[bool] = attrs.field(factory=lambda: AsyncValue(False))
+    frozen_until: float = -math.inf
+    registrations: int = 0
+    last_register_error: ErrorCode = ErrorCode.NONE
+    #: Every generation it started fetching under, in order.
+    started_generations: list[int] = attrs.field(factory=list)
+    host: SimulatedHost = attrs.field(factory=SimulatedHost)
+    _link: Link | None = None
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _killed: bool = False
+
+    @property
+    def fetching(self) -> bool:
+        return bool(self.fetching_state.value)
+
+    @property
+    def owned(self) -> frozenset[TopicPartition]:
+        return frozenset(self.positions) if self.fetching else frozenset()
+
+    @property
+    def alive(self) -> bool:
+        return not self._killed
+
+    @property
+    def session_timeout(self) -> float:
+        return self.session_timeout_ms / 1000
+
+    @property
+    def lease_end(self) -> float:
+        return self.last_request_at + self.session_timeout
+
+    # --- faults -------------------------------------------------------------------------------
+
+    async def kill(self) -> None:
+        """The process dies: fetchers stop with it and its connection closes."""
+        self._killed = True
+        self._stop_fetching(trio.current_time())
+        self._scope.cancel()
+        if self.channel is not None:
+            with trio.CancelScope(shield=True):
+                await self.channel.aclose()
+
+    def freeze(self, seconds: float) -> None:
+        """Pause the whole process (a GC pause): nothing is read, answered or fetched."""
+        self.frozen_until = max(self.frozen_until, trio.current_time() + seconds)
+
+    def answer_slowly(self, seconds: float) -> None:
+        """Take ``seconds`` over each answer from now on (0 restores prompt answers)."""
+        self.answer_delay = seconds
+
+    def refuse_handovers(self, error: ErrorCode) -> None:
+        """From now on answer every StopFetcher and StartFetcher with ``error`` and go on as
+        before: fetching what it fetched, starting nothing (a buggy or hostile consumer)."""
+        self.handover_error = error
+
+    def drop_connection(self) -> None:
+        """Reset the coordinator connection: both ends see it fail; the process lives on."""
+        if self._link is not None:
+            self._link.break_()
+
+    def cut_network(self, seconds: float) -> None:
+        """Neither this process nor the broker gets a byte from the other for ``seconds``."""
+        until = trio.current_time() + seconds
+        if until > self.host.down_until:
+            self.host.down_until = until
+            self.cluster.nursery.start_soon(self.host.heal_at, until)
+
+    # --- the application ----------------------------------------------------------------------
+
+    async def commit(self) -> ErrorCode:
+        """An explicit OffsetCommit of the current positions, over a fresh connection if the
+        coordinator connection is gone or its lease ran out (what a process back from a long
+        pause does before it re-registers)."""
+        request = OffsetCommitRequest(
+            group_id=self.group_id,
+            consumer_id=self.consumer_id,
+            generation=self.generation,
+            offsets=self._offsets(),
+        )
+        channel = self.channel
+        if channel is None or channel.closed or trio.current_time() >= self.lease_end:
+            async with self.cluster.open_client() as client:
+                response = await client.request(request)
+        else:
+            response = await channel.request(request)
+        assert isinstance(response, OffsetCommitResponse)
+        return response.error_code
+
+    # --- the consumer's work ------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with self._scope:
+            started = False
+            while not self._killed:
+                await self._unfrozen()
+                error = await self._session(task_status if not started else None)
+                started = started or error is ErrorCode.NONE
+                if not self.rejoin:
+                    break
+                await self._sleep_under_lease(self.session_timeout / 3)  # before rediscovery
+            if not started:
+                task_status.started()
+
+    async def _session(self, task_status: trio.TaskStatus[None] | None) -> ErrorCode:
+        try:
+            stream, link = self.cluster.open_link(self.host, hold=self._unfrozen)
+        except OSError:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        channel = Channel.open(
+            stream,
+            Role.CONSUMER,
+            client_id=self.consumer_id,
+            max_frame_size=self.cluster.config.max_frame_size,
+        )
+        self.channel, self._link = channel, link
+        error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        send_requests, receive_requests = trio.open_memory_channel[Request](math.inf)
+        try:
+            async with trio.open_nursery() as nursery:
+                scope = nursery.cancel_scope
+                watching = self.fetching
+                if watching:
+                    # Still under the previous coordinator's lease, which ends on time whatever
+                    # this registration does.
+                    nursery.start_soon(self._watch_lease, scope)
+                else:
+                    # The coordinator may ask something the instant it has answered: its
+                    # requests on this connection count from the registration on.
+                    self.last_request_at = trio.current_time()
+                nursery.start_soon(self._read, channel, send_requests, scope)
+                try:
+                    response = await channel.request(self._registration())
+                except ChannelClosed:
+                    scope.cancel()
+                    return error
+                assert isinstance(response, RegisterConsumerResponse)
+                error = self.last_register_error = response.error_code
+                if error is not ErrorCode.NONE:
+                    scope.cancel()
+                    return error
+                self.registrations += 1
+                self.highest_epoch = max(self.highest_epoch, response.coordinator_epoch)
+                self.last_request_at = max(self.last_request_at, trio.current_time())
+                if task_status is not None:
+                    task_status.started()
+                nursery.start_soon(self._work, receive_requests, scope)
+                if not watching:
+                    nursery.start_soon(self._watch_lease, scope)
+            return error
+        finally:
+            # Seed 03 onLostConnection: stop fetchers first, then drop the connection.
+            if self._killed or not self.fetch_through_failover:
+                self._stop_fetching(min(trio.current_time(), self.lease_end))
+            with trio.CancelScope(shield=True):
+                await channel.aclose()
+
+    def _registration(self) -> RegisterConsumerRequest:
+        return RegisterConsumerRequest(
+            group_id=self.group_id,
+            consumer_id=self.consumer_id,
+            subscription=self.subscription,
+            auto_commit=self.auto_commit,
+            auto_offset_reset=self.auto_offset_reset,
+            session_timeout_ms=self.session_timeout_ms,
+            generation=self.generation,
+            owned_partitions=tuple(sorted(self.owned)),
+        )
+
+    async def _read(
+        self,
+        channel: Channel,
+        requests: trio.MemorySendChannel[Request],
+        session_scope: trio.CancelScope,
+    ) -> None:
+        """Read until the connection ends, then end the session (seed 03's onLostConnection)."""
+
+        async def on_request(request: Request) -> None:
+            now = trio.current_time()
+            if now >= self.lease_end:
+                # Read after a pause longer than the lease: the session is over.
+                self._stop_fetching(self.lease_end)
+                session_scope.cancel()
+                return
+            epoch = getattr(request.message, "coordinator_epoch", -1)
+            if epoch < self.highest_epoch:
+                # A deposed coordinator, ignored:
+                # docs/design.md#coordinator-epochs-and-the-election
+                return
+            self.highest_epoch = epoch
+            self.last_request_at = now
+            requests.send_nowait(request)
+
+        # A failed send leaves the connection in ERROR, which the next read reports as a
+        # protocol error: either way the connection is lost.
+        with contextlib.suppress(RemoteProtocolError):
+            await channel.run(on_request)
+        session_scope.cancel()
+
+    async def _sleep_under_lease(self, seconds: float) -> None:
+        """Sleep; fetchers that run on between sessions stop at the lease's end."""
+        until = trio.current_time() + seconds
+        if self.fetching and self.lease_end <= until:
+            await trio.sleep_until(max(self.lease_end, trio.current_time()))
+            log.info("%s: no coordinator request for T, stopping", self.consumer_id)
+            self._stop_fetching(self.lease_end)
+        await trio.sleep_until(until)
+
+    async def _watch_lease(self, session_scope: trio.CancelScope) -> None:
+        # A frozen process reads nothing, so nothing renews its lease while it is frozen: its
+        # leases are over at the lease's end even if it only notices when it resumes.
+        while True:
+            await trio.sleep_until(self.lease_end)
+            if trio.current_time() >= self.lease_end:
+                log.info("%s: no coordinator request for T, stopping", self.consumer_id)
+                self._end_leases(self.lease_end)
+                await self._unfrozen()
+                self._stop_fetching(self.lease_end)
+                session_scope.cancel()
+                return
+
+    async def _work(
+        self, requests: trio.MemoryReceiveChannel[Request], session_scope: trio.CancelScope
+    ) -> None:
+        async for request in requests:
+            await self._unfrozen()
+            if self.answer_delay:
+                await trio.sleep(self.answer_delay)
+                await self._unfrozen()
+            if trio.current_time() >= self.lease_end:
+                self._stop_fetching(self.lease_end)
+                session_scope.cancel()
+                return
+            await self._handle(request)
+
+    async def _handle(self, request: Request) -> None:
+        now = trio.current_time()
+        match request.message:
+            case PingRequest():
+                if self.fetching:
+                    for tp in self.positions:
+                        self.positions[tp] += self.records_per_ping
+                await self._respond(
+                    request,
+                    PingResponse(
+                        error_code=ErrorCode.NONE,
+                        consumer_id=self.consumer_id,
+                        offsets=self._offsets() if self.auto_commit else (),
+                    ),
+                )
+            case StopFetcherRequest() if self.handover_error is not ErrorCode.NONE:
+                await self._respond(
+                    request,
+                    StopFetcherResponse(
+                        error_code=self.handover_error, consumer_id=self.consumer_id, offsets=()
+                    ),
+                )
+            case StartFetcherRequest() if self.handover_error is not ErrorCode.NONE:
+                await self._respond(
+                    request,
+                    StartFetcherResponse(
+                        error_code=self.handover_error, consumer_id=self.consumer_id
+                    ),
+                )
+            case StopFetcherRequest():
+                offsets = self._offsets() if self.auto_commit else ()
+                self._stop_fetching(now)
+                await self._respond(
+                    request,
+                    StopFetcherResponse(
+                        error_code=ErrorCode.NONE, consumer_id=self.consumer_id, offsets=offsets
+                    ),
+                )
+            case StartFetcherRequest() as start:
+                self._stop_fetching(now)
+                self.generation = start.generation
+                self.started_generations.append(start.generation)
+                self.cluster.generations[self.group_id].append(start.generation)
+                self.positions = {
+                    TopicPartition(topic=p.topic, partition=p.partition): max(p.offset, 0)
+                    for stream in start.streams
+                    for p in stream.partitions
+                }
+                self.fetching_state.value = True
+                for tp in self.positions:
+                    self.cluster.ledger.began(self.group_id, self.consumer_id, tp, now)
+                await self._respond(
+                    request,
+                    StartFetcherResponse(error_code=ErrorCode.NONE, consumer_id=self.consumer_id),
+                )
+
+    async def _respond(self, request: Request, response: object) -> None:
+        assert self.channel is not None
+        with contextlib.suppress(ChannelClosed):
+            await self.channel.respond(request, response)  # type: ignore[arg-type]
+
+    def _offsets(self) -> tuple[PartitionOffset, ...]:
+        return tuple(
+            PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset)
+            for tp, offset in sorted(self.positions.items())
+        )
+
+    def _stop_fetching(self, at: float) -> None:
+        self._end_leases(at)
+        self.fetching_state.value = False
+
+    def _end_leases(self, at: float) -> None:
+        if self.fetching:
+            for tp in self.positions:
+                self.cluster.ledger.ended(self.group_id, self.consumer_id, tp, at)
+
+    async def _unfrozen(self) -> None:
+        while trio.current_time() < self.frozen_until:
+            await trio.sleep_until(self.frozen_until)
+
+
+# --- the cluster ------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class SimulatedCluster:
+    """One broker on the embedded store, serving in-memory connections, and its consumers.
+
+    ``store`` and ``coordinator`` are replaced by :meth:`restart_coordinator`; read them anew
+    after one.
+    """
+
+    config: CoordinatorConfig
+    data_dir: Path
+    broker: BrokerInfo
+    nursery: trio.Nursery
+    store: MetadataStore = attrs.field(init=False)
+    coordinator: GroupCoordinator = attrs.field(init=False)
+    ledger: OwnershipLedger = attrs.field(factory=OwnershipLedger)
+    history: StoreHistory = attrs.field(factory=StoreHistory)
+    generations: dict[str, list[int]] = attrs.field(factory=lambda: defaultdict(list))
+    consumers: dict[str, SimulatedConsumer] = attrs.field(factory=dict)
+    #: How many times a coordinator took office in this cluster (1 before any restart).
+    incarnation: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
+    #: The limits on reading that connections are served under: a real broker's defaults, so
+    #: what a test sees is what a deployment would (None: none); every frame is decoded on the
+    #: loop, since virtual time would jump ahead while a thread decodes.
+    bounds: ReadBounds | None = attrs.field(
+        factory=lambda: ReadBounds.of(ConnectionLimits(), threads=False)
+    )
+    _connections: trio.Nursery | None = None
+    _stop_requested: trio.Event = attrs.field(factory=trio.Event)
+    _down_for: float = 0.0
+    _accepted: dict[tuple[str, TopicPartition], int] = attrs.field(factory=dict)
+    _generations_seen: dict[tuple[int, str, int], int] = attrs.field(factory=dict)
+
+    # --- topics -------------------------------------------------------------------------------
+
+    async def create_topic(self, name: str, *, partitions: int) -> None:
+        """Create a topic and return once the coordinator's topic watch has seen it."""
+        await self.store.create_topic(name, (self.broker.broker_id,) * partitions)
+        await self._topics_seen(name, partitions)
+
+    async def add_partitions(self, name: str, *, added: int) -> None:
+        placement = await self.store.add_partitions(name, (self.broker.broker_id,) * added)
+        await self._topics_seen(name, placement.partition_count)
+
+    async def _topics_seen(self, name: str, partitions: int) -> None:
+        # The watch normally catches up within the same instant; after that, let virtual time
+        # run, so that a caller's deadline can fire if it never does.
+        for attempt in itertools.count():
+            placement = self.coordinator.topics.get(name)
+            if placement is not None and placement.partition_count >= partitions:
+                return
+            await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
+
+    # --- the broker ---------------------------------------------------------------------------
+
+    async def restart_coordinator(self, *, down_for: float = 0.0) -> None:
+        """Stop the coordinator and all its connections, stay down ``down_for`` seconds (new
+        connections are refused), then reopen the store on the same data dir and take office
+        again. Returns once the new coordinator serves."""
+        before = self.incarnation.value
+        self._down_for = down_for
+        self._stop_requested.set()
+        await self.incarnation.wait_value(lambda n: n > before)
+
+    async def _serve(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        while True:
+            self._stop_requested = trio.Event()
+            async with open_embedded_store(self.data_dir) as embedded:
+                store = recording_store(embedded, self.history)
+                await store.register_broker(self.broker)
+                async with (
+                    open_group_coordinator(store, self.config, self.broker) as coordinator,
+                    trio.open_nursery() as connections,
+                ):
+                    self.store, self.coordinator = store, coordinator
+                    self._connections = connections
+                    self.incarnation.value += 1
+                    if self.incarnation.value == 1:
+                        task_status.started()
+                    await self._stop_requested.wait()
+                    log.info("coordinator stopping for a restart")
+                    self._connections = None
+                    connections.cancel_scope.cancel()
+            await trio.sleep(self._down_for)
+
+    def open_link(
+        self,
+        host: SimulatedHost | None = None,
+        *,
+        hold: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[trio.abc.Stream, Link]:
+        """A new in-memory connection from ``host`` to the broker, served like a TCP one.
+
+        Raises ConnectionRefusedError while the coordinator is down and NetworkUnreachable while
+        the host's network is cut.
+        """
+        if self._connections is None:
+            raise ConnectionRefusedError("the coordinator is down")
+        if host is not None and not host.reachable:
+            raise NetworkUnreachable("the network is cut")
+        link = Link(host=host)
+        if host is not None:
+            host.links = [
+                existing for existing in host.links if not existing.to_client.reader_closed
+            ]
+            host.links.append(link)
+        client = LinkEnd(link=link, outgoing=link.to_server, incoming=link.to_client, hold=hold)
+        server = LinkEnd(link=link, outgoing=link.to_client, incoming=link.to_server)
+        self._connections.start_soon(
+            partial(handle_connection, bounds=self.bounds), self.coordinator, server
+        )
+        return client, link
+
+    async def connect(self) -> trio.abc.Stream:
+        """A new in-memory connection to the broker from a host that no fault touches."""
+        await trio.lowlevel.checkpoint()
+        stream, _ = self.open_link()
+        return stream
+
+    @asynccontextmanager
+    async def open_client(self) -> AsyncIterator[Channel]:
+        """A plain client connection (an admin tool, a standalone committer)."""
+        channel = Channel.open(
+            await self.connect(), Role.CONSUMER, max_frame_size=self.config.max_frame_size
+        )
+        async with trio.open_nursery() as nursery:
+
+            async def refuse(request: Request) -> None:
+                raise AssertionError(f"a plain client got {request}")
+
+            nursery.start_soon(channel.run, refuse)
+            try:
+                yield channel
+            finally:
+                nursery.cancel_scope.cancel()
+                with trio.CancelScope(shield=True):
+                    await channel.aclose()
+
+    # --- consumers ----------------------------------------------------------------------------
+
+    async def start_consumer(
+        self,
+        consumer_id: str,
+        *,
+        group: str,
+        topics: Mapping[str, int] | None = None,
+        subscription: Subscription | None = None,
+        session_timeout_ms: int = 6000,
+        **options: object,
+    ) -> SimulatedConsumer:
+        """Start a consumer process and return once it has registered (or, with
+        ``rejoin=False``, been refused). ``consumers`` maps each id to its latest process: a
+        killed consumer's id may start again as a new process."""
+        if subscription is None:
+            entries = tuple(TopicStreams(topic=t, streams=n) for t, n in (topics or {}).items())
+            subscription = Subscription(topics=entries)
+        consumer = SimulatedConsumer(
+            cluster=self,
+            consumer_id=consumer_id,
+            group_id=group,
+            subscription=subscription,
+            session_timeout_ms=session_timeout_ms,
+            **options,  # type: ignore[arg-type]
+        )
+        self.consumers[consumer_id] = consumer
+        await self.nursery.start(consumer.run)
+        return consumer
+
+    # --- waiting ------------------------------------------------------------------------------
+
+    async def wait_stable(self, group_id: str, *, members: int) -> int:
+        """Wait until the group is Stable with ``members`` live members; returns its generation."""
+        group = self.coordinator.group(group_id)
+
+        def stable(status: tuple[GroupState, int]) -> bool:
+            return status[0] is GroupState.STABLE and len(group.members) == members
+
+        await group.status.wait_value(stable)
+        return group.machine.generation
+
+    async def wait_settled(self) -> None:
+        """Wait until every group with a live consumer is Stable with exactly its live consumers
+        as members, none of them frozen or cut off, each fetching under the group's generation.
+
+        It looks again whenever a group's state or a consumer's fetching changes (so it returns
+        at the exact instant), and every SETTLE_POLL seconds besides. Waits forever if that
+        never happens: put a deadline around it."""
+        while not self._settled():
+            async with trio.open_nursery() as nursery:
+
+                async def woken(transition: Callable[[], Awaitable[object]]) -> None:
+                    await transition()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(woken, self.incarnation.wait_transition)
+                for group in self.coordinator.groups.values():
+                    nursery.start_soon(woken, group.status.wait_transition)
+                for consumer in self.consumers.values():
+                    nursery.start_soon(woken, consumer.fetching_state.wait_transition)
+                nursery.start_soon(woken, partial(trio.sleep, SETTLE_POLL))
+
+    def _settled(self) -> bool:
+        if not self.up:
+            return False
+        now = trio.current_time()
+        by_group: dict[str, dict[str, SimulatedConsumer]] = defaultdict(dict)
+        for consumer in self.consumers.values():
+            if consumer.alive:
+                by_group[consumer.group_id][consumer.consumer_id] = consumer
+        for group_id, live in by_group.items():
+            group = self.coordinator.groups.get(group_id)
+            if (
+                group is None
+                or group.machine.state is not GroupState.STABLE
+                or group.next_attempt_at.value is not None
+                or group.members.keys() != live.keys()
+            ):
+                return False
+            for consumer in live.values():
+                if (
+                    consumer.frozen_until > now
+                    or not consumer.host.reachable
+                    or not consumer.fetching
+                    or consumer.generation != group.machine.generation
+                ):
+                    return False
+        return True
+
+    # --- invariants ---------------------------------------------------------------------------
+
+    async def check_invariants(self, *, settled: bool = False) -> None:
+        """Raise InvariantViolation unless everything the system promises held so far:
+
+        * no two consumers ever held a fetch lease on one partition at the same instant;
+        * no committed offset went backwards: not in any store write (offsets a standalone
+          committer sets on an empty group excepted), and not in the coordinator's memory
+          between two calls of this method;
+        * generations only increased: each persisted group record's, each consumer's sequence of
+          StartFetcher generations, and each coordinator's group generation between two calls;
+        * with ``settled=True`` (call it after :meth:`wait_settled`): every partition of every
+          topic a live consumer subscribes to has exactly one owner among its group's live
+          consumers, and the coordinator agrees on who.
+        """
+        self.ledger.check()
+        if self.history.violations:
+            raise InvariantViolation("; ".join(self.history.violations))
+        for consumer in self.consumers.values():
+            gens = consumer.started_generations
+            if any(b <= a for a, b in itertools.pairwise(gens)):
+                raise InvariantViolation(
+                    f"{consumer.consumer_id} started under generations {gens}: not increasing"
+                )
+        if self.up:
+            await self._check_coordinator_memory()
+        elif settled:
+            raise InvariantViolation("settled=True while the coordinator is down")
+        if settled:
+            self._check_owners()
+
+    @property
+    def up(self) -> bool:
+        """Whether a coordinator serves now (False while :meth:`restart_coordinator` has it
+        down)."""
+        return self._connections is not None
+
+    async def _check_coordinator_memory(self) -> None:
+        coordinator = self.coordinator
+        incarnation = self.incarnation.value
+        for group_id, group in coordinator.groups.items():
+            key = (incarnation, group_id, self.history.deletions.get(group_id, 0))
+            before = self._generations_seen.get(key, -1)
+            if group.machine.generation < before:
+                raise InvariantViolation(
+                    f"group {group_id}: generation went from {before} to {group.machine.generation}"
+                )
+            self._generations_seen[key] = group.machine.generation
+        group_ids = set(coordinator.groups) | {g for g, _ in self.history.durable_offsets}
+        for group_id in sorted(group_ids):
+            try:
+                committed = await coordinator.offsets.committed(group_id)
+            except StoreError:
+                return  # the coordinator stopped meanwhile: its memory is gone
+            for tp, offset in committed.items():
+                before = self._accepted.get((group_id, tp), -1)
+                if offset < before:
+                    raise InvariantViolation(
+                        f"group {group_id} {tp}: accepted offset went from {before} to {offset}"
+                    )
+                self._accepted[(group_id, tp)] = offset
+
+    def _check_owners(self) -> None:
+        topics = self.coordinator.topics
+        by_group: dict[str, list[SimulatedConsumer]] = defaultdict(list)
+        for consumer in self.consumers.values():
+            if consumer.alive:
+                by_group[consumer.group_id].append(consumer)
+        for group_id, live in sorted(by_group.items()):
+            subscribed = {
+                TopicPartition(topic=topic, partition=p)
+                for topic, placement in topics.items()
+                if any(c.subscription.streams_for(topic) > 0 for c in live)
+                for p in range(placement.partition_count)
+            }
+            owners: dict[TopicPartition, list[str]] = defaultdict(list)
+            for consumer in live:
+                for tp in consumer.owned:
+                    owners[tp].append(consumer.consumer_id)
+            for tp in sorted(subscribed | owners.keys()):
+                if tp not in subscribed:
+                    raise InvariantViolation(
+                        f"group {group_id}: {owners[tp]} fetch unsubscribed {tp}"
+                    )
+                if len(owners[tp]) != 1:
+                    raise InvariantViolation(
+                        f"group {group_id}: {tp} has owners {sorted(owners[tp])}, not exactly one"
+                    )
+            group = self.coordinator.groups.get(group_id)
+            members = group.members if group is not None else {}
+            for consumer in live:
+                member = members.get(consumer.consumer_id)
+                owned = (
+                    None
+                    if member is None or group is None
+                    else group.ownership.holding(member.incarnation).partitions
+                )
+                if owned != consumer.owned:
+                    raise InvariantViolation(
+                        f"group {group_id}: the coordinator thinks {consumer.consumer_id} owns "
+                        f"{None if owned is None else sorted(owned)}, "
+                        f"it fetches {sorted(consumer.owned)}"
+                    )
+
+
+@asynccontextmanager
+async def open_simulated_cluster(
+    data_dir: Path, config: CoordinatorConfig | None = None, *, broker_id: int = 1
+) -> AsyncIterator[SimulatedCluster]:
+    """Run a broker with its coordinator on the embedded store under ``data_dir`` for the block.
+
+    Leaving the block stops every consumer and then the coordinator (which flushes its offsets).
+    """
+    config = config or CoordinatorConfig()
+    broker = BrokerInfo(broker_id=broker_id, host="simulated", port=9092)
+    async with trio.open_nursery() as nursery:
+        cluster = SimulatedCluster(config=config, data_dir=data_dir, broker=broker, nursery=nursery)
+        await nursery.start(cluster._serve)
+        try:
+            yield cluster
+        finally:
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,226 @@
+"""The metadata store's contract: the records it keeps, the errors it raises, and the one interface
+that the embedded store and the ZooKeeper store both implement (docs/design.md#metadata-layout).
+
+The coordinator codes against ``MetadataStore`` only, so that a single broker runs with zero set-up
+on the embedded store and a cluster swaps in ZooKeeper without the coordinator noticing. The
+contract suite in ``tests/store`` is the executable form of this module's promises.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from typing import Protocol
+
+import attrs
+
+from protocol.types import BrokerInfo, ConsumerThread, Subscription, TopicPartition
+
+__all__ = [
+    "EpochFenced",
+    "GroupRecord",
+    "InvalidPartitions",
+    "MemberRecord",
+    "MetadataStore",
+    "OffsetBatch",
+    "StoreError",
+    "StoreUnavailable",
+    "TopicExists",
+    "TopicPlacement",
+    "UnknownTopic",
+]
+
+
+# Records are frozen all the way down: a caller that goes on mutating the dict it passed in must not
+# change what the store holds (or what another reader was given) behind the journal's back.
+
+
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _member_tuple(values: Iterable[MemberRecord]) -> tuple[MemberRecord, ...]:
+    return tuple(values)
+
+
+def _frozen_assignment(
+    assignment: Mapping[TopicPartition, ConsumerThread],
+) -> Mapping[TopicPartition, ConsumerThread]:
+    return types.MappingProxyType(dict(assignment))
+
+
+def _frozen_offsets(offsets: Mapping[TopicPartition, int]) -> Mapping[TopicPartition, int]:
+    return types.MappingProxyType(dict(offsets))
+
+
+@attrs.frozen(kw_only=True)
+class TopicPlacement:
+    """Where a topic's partitions live: ``brokers[p]`` is the broker holding partition ``p``.
+
+    There is no replication (docs/design.md#placement), so a partition has exactly one home and the
+    tuple's length is the partition count. On ZooKeeper it is the JSON map ``{"0": 1, ...}`` at
+    ``/brokers/topics/<topic>``.
+    """
+
+    topic: str
+    brokers: tuple[int, ...] = attrs.field(converter=_int_tuple)
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.brokers)
+
+
+@attrs.frozen(kw_only=True)
+class MemberRecord:
+    """What a newly elected coordinator needs to know about a member to adopt it when it
+    re-registers, without asking it again (docs/design.md#adoption-after-a-failover)."""
+
+    member_id: str
+    client_id: str
+    subscription: Subscription
+    session_timeout_ms: int
+    auto_commit: bool
+    auto_offset_reset: str
+
+
+@attrs.frozen(kw_only=True)
+class GroupRecord:
+    """A group's registry: its members, the generation of its latest rebalance *attempt*, and the
+    assignment that attempt intends (the seeds' owners).
+
+    It is written before StartFetcher is sent (docs/design.md#rebalance, step 6), so a
+    coordinator elected mid-rebalance knows both who was meant to own what and which generation
+    to fence against.
+    """
+
+    group_id: str
+    generation: int
+    members: tuple[MemberRecord, ...] = attrs.field(converter=_member_tuple)
+    assignment: Mapping[TopicPartition, ConsumerThread] = attrs.field(converter=_frozen_assignment)
+
+
+@attrs.frozen(kw_only=True)
+class OffsetBatch:
+    """One group's offsets, reported under one generation.
+
+    A committed offset is the *next* offset to read. The generation travels with the offsets into
+    the store, so that whoever recovers them can tell which rebalance they were reported under.
+    """
+
+    group_id: str
+    generation: int
+    offsets: Mapping[TopicPartition, int] = attrs.field(converter=_frozen_offsets)
+
+
+class StoreError(Exception):
+    """Base of everything the store raises on purpose."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached, read or written in bounded time, or its I/O failed.
+
+    Nothing partial is left behind: a write that raises this either happened completely or not at
+    all, and the caller may retry it.
+    """
+
+
+class EpochFenced(StoreError):
+    """A write carried an epoch that is no longer the store's current coordinator epoch.
+
+    The writer is a deposed coordinator (docs/design.md#coordinator-epochs-and-the-election); it
+    must stop acting as one. Nothing was changed.
+    """
+
+
+class TopicExists(StoreError):
+    pass
+
+
+class UnknownTopic(StoreError):
+    pass
+
+
+class InvalidPartitions(StoreError):
+    """An empty placement: a topic has at least one partition and partitions never shrink."""
+
+
+class MetadataStore(Protocol):
+    """Everything the brokers and the coordinator keep outside their own memory.
+
+    Methods are async because the ZooKeeper store waits on the network; a bounded wait ends in
+    ``StoreUnavailable``. Deadlines beyond that bound are the caller's cancel scopes.
+
+    Writes that only a coordinator may make carry its epoch and raise ``EpochFenced``, changing
+    nothing, unless it is the current one. Broker registrations are ephemeral: they last as long as
+    the store handle that made them (a ZooKeeper session), and a reopened store starts without any.
+    Topics, groups, offsets and the epoch counter are persistent.
+    """
+
+    async def register_broker(self, broker: BrokerInfo) -> None:
+        """Announce a live broker; a later registration of the same id replaces it."""
+        ...
+
+    async def brokers(self) -> tuple[BrokerInfo, ...]:
+        """The live brokers, sorted by id."""
+        ...
+
+    async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+        """Raises ``TopicExists``, or ``InvalidPartitions`` when ``brokers`` is empty."""
+        ...
+
+    async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+        """Append partitions placed on ``brokers``; existing ones keep their numbers and homes.
+
+        Raises ``UnknownTopic``, or ``InvalidPartitions`` when ``brokers`` is empty.
+        """
+        ...
+
+    async def topics(self) -> Mapping[str, TopicPlacement]: ...
+
+    def topic_updates(self) -> AsyncGenerator[Mapping[str, TopicPlacement], None]:
+        """A level-triggered watch over ``topics()``.
+
+        Yields the current topics at once, then the latest value whenever it changed; values that
+        were superseded before the reader came back are skipped, as with ZooKeeper's watches, so a
+        slow reader never falls behind a queue of stale changes. A generator rather than a bare
+        iterator so that a reader can close it promptly (``contextlib.aclosing``).
+        """
+        ...
+
+    async def take_office(self, broker_id: int) -> int:
+        """Become the coordinator and return the new epoch.
+
+        The epoch is strictly larger than any this store ever returned, across restarts; every
+        earlier epoch is fenced from then on. On a shared store (ZooKeeper) this waits, for as
+        long as the caller lets it, until no other broker holds the office.
+        """
+        ...
+
+    async def coordinator_id(self) -> int | None:
+        """The broker that holds the coordinator office now; None while nobody does."""
+        ...
+
+    async def groups(self) -> Mapping[str, GroupRecord]: ...
+
+    async def write_group(self, epoch: int, group: GroupRecord) -> None:
+        """Replace the group's whole record: readers see the old record or the new one whole, even
+        if the call fails part-way."""
+        ...
+
+    async def delete_group(self, epoch: int, group_id: str) -> None:
+        """Forget the group and its offsets; a group the store does not know is not an error."""
+        ...
+
+    async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
+        """Make every batch durable before returning. If the call fails, each partition's offset
+        is either its old one or its new one, never anything else (a store may need more than one
+        transaction for a large commit: the ZooKeeper store's are at most 512 KiB each).
+
+        Later batches of the same call win over earlier ones for the same partition. A group needs
+        no record to have offsets: a standalone committer's group may never register members.
+        """
+        ...
+
+    async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
+        """The group's committed offsets; empty for a group the store does not know."""
+        ...

@@ -1,0 +1,1117 @@
+"""The ZooKeeper metadata store: brokers, topics, groups, offsets and the coordinator election in a
+ZooKeeper ensemble, for a cluster of brokers and coordinator failover. The one module that imports
+kazoo.
+
+Layout (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds keep them)::
+
+    /brokers/ids/<id>                                 ephemeral {"host": h, "port": p}
+    /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
+    /consumers/coordinator                            ephemeral {"broker_id": id}; czxid = epoch
+    /coordinator_epoch                                persistent; its version counts terms
+    /consumers/<group>/registry                       {"generation": g, "record": r, "chunks": k}
+    /consumers/<group>/records/<r>-<i>                chunk i of record r: the GroupRecord's JSON
+                                                      (codec.encode_group), cut into k pieces
+    /consumers/<group>/owners                         the record r its owner nodes mirror
+    /consumers/<group>/owners/<topic>/<partition>     "<member_id>-<index>" (intended owner)
+    /consumers/<group>/offsets/<topic>/<partition>    {"offset": next, "generation": g}
+
+Group and topic names are percent-encoded where a znode name needs it (``/``, ``%``, and the name
+``coordinator``, which the election node takes); ordinary names read as themselves.
+
+Fencing. Taking office is one transaction that creates the ephemeral election node and bumps the
+version of ``/coordinator_epoch``; the transaction's zxid (the node's czxid) is the epoch. Every
+coordinator write is a transaction that first checks that ``/coordinator_epoch`` still has the
+version this office gave it (nobody took office since) and that the election node exists (the
+session that holds it has not ended). Both checks are on the server, so a coordinator that wakes up
+from a pause with a new kazoo session cannot write, whatever its memory says.
+
+Size. ZooKeeper refuses a request over its jute.maxbuffer (1 MiB by default), and a group of
+thousands of members over 10,000 partitions takes more than that to write: its record alone can
+approach it, its owner nodes or offsets exceed it. So a write is a list of operations cut into
+fenced transactions of at most 512 KiB, committed in order, each list ordered so that whatever
+prefix has committed is a state readers may see: a group record goes into new chunk nodes, then
+the registry names them (the commit point: a write cut short leaves the previous record whole),
+then the owner nodes follow, and the owners node names the record once all of them are written
+(until then, the next write lists them instead of trusting the record). An offset commit that
+needs more than one transaction leaves, if cut short, each partition at its old or its new
+offset; its call returns only once all are written.
+
+Threads. Kazoo runs its own threads. Requests are sent with kazoo's ``*_async`` calls from the trio
+thread (they only queue), and their completions and watches come back through
+``TrioToken.run_sync_soon``, which never blocks a kazoo thread. Only starting and stopping the
+client block; they run in a worker thread under a limiter of their own, abandoned on cancel. Every
+call is bounded: a lost quorum leaves kazoo requests pending forever, so each wait ends in
+``StoreUnavailable`` after ``call_bound`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import types
+import urllib.parse
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
+from functools import lru_cache, partial
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import trio
+import trio_util
+from kazoo.client import KazooClient, KazooState  # type: ignore[import-untyped]
+from kazoo.exceptions import (  # type: ignore[import-untyped]
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    RolledBackError,
+)
+from kazoo.handlers.threading import KazooTimeoutError  # type: ignore[import-untyped]
+
+from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
+
+from .codec import decode_group, decode_placement, encode_group, encode_placement
+from .interface import (
+    EpochFenced,
+    GroupRecord,
+    InvalidPartitions,
+    MetadataStore,
+    OffsetBatch,
+    StoreUnavailable,
+    TopicExists,
+    TopicPlacement,
+    UnknownTopic,
+)
+
+__all__ = [
+    "BROKER_IDS",
+    "CONSUMERS",
+    "ELECTION",
+    "EPOCH_COUNTER",
+    "TOPICS",
+    "ZooKeeperRebalanceSession",
+    "ZooKeeperStore",
+    "open_zk_rebalance_session",
+    "open_zookeeper_store",
+]
+
+log = logging.getLogger(__name__)
+
+BROKER_IDS = "/brokers/ids"
+TOPICS = "/brokers/topics"
+CONSUMERS = "/consumers"
+ELECTION = "/consumers/coordinator"
+EPOCH_COUNTER = "/coordinator_epoch"
+
+DEFAULT_SESSION_TIMEOUT = 6.0
+DEFAULT_CALL_BOUND = 10.0
+
+#: How often a write that lost a race with another write of the same nodes is tried again.
+_RETRIES = 5
+
+#: ZooKeeper drops the connection of a request over its jute.maxbuffer (1 MiB by default), which
+#: one transaction of a 10,000-partition group's owners or offsets exceeds: transactions are cut
+#: into parts of at most this many bytes, and a group record into chunk nodes of this many.
+_TX_BYTES = 512 * 1024
+_CHUNK_BYTES = 200 * 1024
+#: An operation's bytes in a request besides its path and data (headers, lengths, an ACL).
+_OP_OVERHEAD = 64
+#: The depth of the layout's leaves below /consumers/<group>: owners/<topic>/<partition>.
+_GROUP_DEPTH = 3
+
+TopicsView = Mapping[str, TopicPlacement]
+
+
+@attrs.frozen
+class _Office:
+    epoch: int
+    counter_version: int
+
+
+@attrs.frozen
+class _Op:
+    """One operation of a transaction, as data, so that a long list of them can be cut into
+    transactions that each fit under ZooKeeper's request limit."""
+
+    kind: Literal["create", "set", "delete"]
+    path: str
+    data: bytes = b""
+    version: int = -1
+
+    @property
+    def size(self) -> int:
+        return len(self.path) + len(self.data)  # paths are ASCII: ``_segment`` quotes the rest
+
+    def add_to(self, tx: Any) -> None:
+        if self.kind == "create":
+            tx.create(self.path, self.data)
+        elif self.kind == "set":
+            tx.set_data(self.path, self.data, self.version)
+        else:
+            tx.delete(self.path, self.version)
+
+
+@attrs.frozen
+class _Registry:
+    """A group's registry node: its generation (for people and tools) and the record it names."""
+
+    generation: int
+    record: str
+    chunks: int
+
+
+@attrs.frozen
+class _GroupNodes:
+    """What a write of a group finds in place before it writes."""
+
+    group_id: str
+    missing_dirs: tuple[str, ...]
+    registry: _Registry | None
+    registry_version: int | None
+    stale_records: tuple[str, ...]
+    #: The record the owner nodes were last completely written for (None: no owners node).
+    mirror: str | None
+    owner_topics: set[str]
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+#: Names that cannot be znode names, or that this layout uses for itself.
+_RESERVED = frozenset({".", "..", "coordinator"})
+
+
+@lru_cache(maxsize=4096)  # offset commits build every path anew, quoting each name
+def _segment(name: str) -> str:
+    """A group or topic name as one znode name: percent-encoded where it must be (``/``, ``%``,
+    anything outside ``[A-Za-z0-9_.~-]``), and a reserved name spelled out in full, so that the
+    encoding is reversible and ordinary names read as themselves in other tools."""
+    quoted = urllib.parse.quote(name, safe="")
+    if quoted in _RESERVED:
+        return "".join(f"%{byte:02X}" for byte in name.encode())
+    return quoted or "%"
+
+
+def _name(segment: str) -> str:
+    return "" if segment == "%" else urllib.parse.unquote(segment)
+
+
+def _group_path(group_id: str, *parts: object) -> str:
+    return "/".join((CONSUMERS, _segment(group_id), *(_segment(str(part)) for part in parts)))
+
+
+def _record_path(group_id: str, record: str, index: int) -> str:
+    return _group_path(group_id, "records", f"{record}-{index}")
+
+
+def _topic_path(topic: str) -> str:
+    return f"{TOPICS}/{_segment(topic)}"
+
+
+@attrs.define(eq=False, repr=False)
+class ZooKeeperStore:
+    """A ``MetadataStore`` on a ZooKeeper ensemble; obtain one from ``open_zookeeper_store``.
+
+    One handle is one ZooKeeper session: its broker registrations and its office end with it. If
+    the session expires, kazoo opens a new one; the handle registers its brokers again, but its
+    office is over for good (``wait_office_lost`` returns, and its writes are fenced).
+    """
+
+    _client: Any  # KazooClient: untyped
+    _token: trio.lowlevel.TrioToken
+    _call_bound: float
+    _session_timeout: float
+    _topic_watch: trio_util.AsyncValue[TopicsView | None]
+    _topics_wake: trio.Event = attrs.Factory(trio.Event)
+    _topics_lock: trio.Lock = attrs.Factory(trio.Lock)
+    #: Counts election watch events and session state changes: a waiter notes the count before
+    #: it looks, then waits for the count to move, so no event between the two is lost.
+    _election_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
+    _session_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
+    _office: _Office | None = None
+    _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
+    _offset_nodes: set[tuple[str, str, int]] = attrs.Factory(set)
+    #: Per group, the record this handle last wrote every owner node for, and their assignment.
+    _owners_written: dict[str, tuple[str, Mapping[TopicPartition, ConsumerThread]]] = attrs.Factory(
+        dict
+    )
+    _record_ids: Iterator[int] = attrs.Factory(itertools.count)
+    _closed: bool = False
+    #: ZooKeeper requests awaited (a transaction is one), for the benchmarks' operation counts.
+    operations: int = 0
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeperStore {self._client.hosts!r}>"
+
+    # Brokers
+
+    async def register_broker(self, broker: BrokerInfo) -> None:
+        self._brokers[broker.broker_id] = broker
+        await self._register(broker)
+
+    async def _register(self, broker: BrokerInfo) -> None:
+        path = f"{BROKER_IDS}/{broker.broker_id}"
+        data = _json({"host": broker.host, "port": broker.port})
+        for _ in range(_RETRIES):
+            try:
+                await self._wait(self._client.create_async(path, data, ephemeral=True))
+                return
+            except NodeExistsError:
+                pass
+            # Someone (perhaps this broker's previous session) holds the id: replace it.
+            tx = self._client.transaction()
+            tx.delete(path)
+            tx.create(path, data, ephemeral=True)
+            if _failure(await self._wait(tx.commit_async())) is None:
+                return
+        raise StoreUnavailable(f"cannot register broker {broker.broker_id}: {path} keeps changing")
+
+    async def brokers(self) -> tuple[BrokerInfo, ...]:
+        ids = await self._children(BROKER_IDS)
+        pending = [(int(i), self._client.get_async(f"{BROKER_IDS}/{i}")) for i in ids]
+        found = []
+        for broker_id, result in pending:
+            try:
+                data, _stat = await self._wait(result)
+            except NoNodeError:
+                continue
+            value = self._decode(data)
+            found.append(BrokerInfo(broker_id=broker_id, host=value["host"], port=value["port"]))
+        return tuple(sorted(found, key=lambda broker: broker.broker_id))
+
+    # Topics
+
+    async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+        if not brokers:
+            raise InvalidPartitions(f"topic {topic!r} needs at least one partition")
+        placement = TopicPlacement(topic=topic, brokers=brokers)
+        try:
+            await self._wait(
+                self._client.create_async(_topic_path(topic), _json(encode_placement(placement)))
+            )
+        except NodeExistsError:
+            raise TopicExists(topic) from None
+        await self._refresh_topics()
+        return placement
+
+    async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+        path = _topic_path(topic)
+        for _ in range(_RETRIES):
+            try:
+                data, stat = await self._wait(self._client.get_async(path))
+            except NoNodeError:
+                raise UnknownTopic(topic) from None
+            if not brokers:
+                raise InvalidPartitions(f"no partitions to add to topic {topic!r}")
+            current = self._decode_placement(topic, data)
+            placement = TopicPlacement(topic=topic, brokers=current.brokers + tuple(brokers))
+            value = _json(encode_placement(placement))
+            try:
+                await self._wait(self._client.set_async(path, value, stat.version))
+            except BadVersionError:
+                continue  # another broker added partitions meanwhile: add ours after theirs
+            await self._refresh_topics()
+            return placement
+        raise StoreUnavailable(f"cannot add partitions to {topic!r}: it keeps changing")
+
+    async def topics(self) -> Mapping[str, TopicPlacement]:
+        return await self._read_topics(watch=None)
+
+    async def _read_topics(self, watch: Callable[[Any], None] | None) -> TopicsView:
+        names = [_name(segment) for segment in await self._children(TOPICS, watch=watch)]
+        pending = [(name, self._client.get_async(_topic_path(name), watch=watch)) for name in names]
+        topics = {}
+        for name, result in pending:
+            try:
+                data, _stat = await self._wait(result)
+            except NoNodeError:
+                continue  # topics are never deleted by us; someone else's business
+            topics[name] = self._decode_placement(name, data)
+        return types.MappingProxyType(topics)
+
+    async def topic_updates(self) -> AsyncGenerator[Mapping[str, TopicPlacement], None]:
+        self._check_open()
+        async with contextlib.aclosing(self._topic_watch.eventual_values()) as values:
+            async for topics in values:
+                if topics is None:
+                    raise StoreUnavailable("the store was closed")
+                yield topics
+
+    async def _watch_topics(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Keep ``_topic_watch`` equal to the topics, re-reading whenever a watch fires.
+
+        A watch only says "something changed"; the value published is always a fresh read, so
+        changes that pile up while a read is in flight collapse into the next one.
+        """
+        started = False
+        while True:
+            wake = self._topics_wake = trio.Event()
+            try:
+                await self._refresh_topics()
+            except StoreUnavailable as exc:
+                if not started:
+                    raise
+                log.warning("cannot read the topics (%s); retrying", exc)
+                with trio.move_on_after(1.0):
+                    await wake.wait()
+                continue
+            if not started:
+                task_status.started()
+                started = True
+            await wake.wait()
+
+    async def _refresh_topics(self) -> None:
+        """Read the topics, re-arm the watches and publish what was read.
+
+        Reads and publications take turns, and one session's requests are answered in order, so
+        a later publication never holds an older value than an earlier one. Writers refresh
+        after their own writes, so their readers see them without waiting for the watch.
+        """
+        async with self._topics_lock:
+            self._topic_watch.value = await self._read_topics(watch=self._on_topics_watch)
+
+    def _on_topics_watch(self, _event: object) -> None:
+        self._soon(lambda: self._topics_wake.set())
+
+    # The coordinator's office
+
+    async def take_office(self, broker_id: int) -> int:
+        data = _json({"broker_id": broker_id})
+        while True:
+            seen = self._election_events.value
+            stat = await self._wait(self._client.exists_async(ELECTION, watch=self._on_election))
+            tx = self._client.transaction()
+            if stat is not None:
+                if stat.ephemeralOwner != self._session_id():
+                    # Someone else's office: stand again once it is gone.
+                    await self._election_event_after(seen)
+                    continue
+                tx.delete(ELECTION)  # ours already: a new term, with a new epoch
+            tx.create(ELECTION, data, ephemeral=True)
+            tx.set_data(EPOCH_COUNTER, data)
+            results = await self._wait(tx.commit_async())
+            if _failure(results) is not None:
+                continue  # lost the race to another broker
+            counter = results[-1]
+            # One transaction, one zxid: the election node's czxid is the counter's mzxid.
+            self._office = _Office(epoch=counter.mzxid, counter_version=counter.version)
+            log.info("broker %d took office, epoch %d", broker_id, counter.mzxid)
+            return int(counter.mzxid)
+
+    def _on_election(self, _event: object) -> None:
+        self._soon(self._count_election_event)
+
+    def _count_election_event(self) -> None:
+        self._election_events.value += 1
+
+    async def _election_event_after(self, seen: int) -> None:
+        await self._election_events.wait_value(lambda count: count != seen)
+
+    async def coordinator_id(self) -> int | None:
+        try:
+            data, _stat = await self._wait(self._client.get_async(ELECTION))
+        except NoNodeError:
+            return None
+        return int(self._decode(data)["broker_id"])
+
+    async def wait_office_lost(self, *, suspended_grace: float | None = None) -> None:
+        """Return once this handle's office may be over: someone else holds the election node,
+        the session ended, or the connection has been lost for ``suspended_grace`` seconds.
+
+        The session outlives a lost connection by about a third of its timeout, and consumers
+        keep fetching until they have not heard from their coordinator for their own session
+        timeout; a coordinator that steps down within the grace has long stopped pinging when
+        its successor starts moving partitions.
+        """
+        if suspended_grace is None:
+            suspended_grace = self._session_timeout / 3
+        while self._office is not None:
+            seen = self._election_events.value
+            if self._client.state == KazooState.LOST:
+                break
+            if self._client.state == KazooState.SUSPENDED:
+                with trio.move_on_after(suspended_grace) as grace:
+                    await self._election_event_after(seen)
+                if grace.cancelled_caught:
+                    break
+                continue
+            with contextlib.suppress(StoreUnavailable):
+                stat = await self._wait(
+                    self._client.exists_async(ELECTION, watch=self._on_election)
+                )
+                if stat is None or stat.ephemeralOwner != self._session_id():
+                    break
+            await self._election_event_after(seen)
+        self._office = None
+
+    # Groups
+
+    async def groups(self) -> Mapping[str, GroupRecord]:
+        children = await self._children(CONSUMERS)
+        names = [_name(child) for child in children if child != "coordinator"]
+        pending = [(n, self._client.get_async(_group_path(n, "registry"))) for n in names]
+        registries = []
+        for name, result in pending:
+            try:
+                data, _stat = await self._wait(result)
+            except NoNodeError:
+                continue  # a group with offsets only (a standalone committer's)
+            registries.append((name, self._decode_registry(name, data)))
+        # Every group's chunks are asked for before any answer is awaited: one round trip in all.
+        reads = [(name, self._read_chunks(name, registry)) for name, registry in registries]
+        groups = {}
+        for name, chunks in reads:
+            try:
+                groups[name] = await self._record(name, chunks)
+            except NoNodeError:
+                # Written again (or deleted) between the two reads: read the registry anew.
+                record = await self._read_group(name)
+                if record is not None:
+                    groups[name] = record
+        return types.MappingProxyType(groups)
+
+    async def _read_group(self, group_id: str) -> GroupRecord | None:
+        for _ in range(_RETRIES):
+            try:
+                data, _stat = await self._wait(
+                    self._client.get_async(_group_path(group_id, "registry"))
+                )
+            except NoNodeError:
+                return None
+            registry = self._decode_registry(group_id, data)
+            try:
+                return await self._record(group_id, self._read_chunks(group_id, registry))
+            except NoNodeError:
+                continue
+        raise StoreUnavailable(f"cannot read group {group_id!r}: it keeps changing")
+
+    def _read_chunks(self, group_id: str, registry: _Registry) -> list[Any]:
+        return [
+            self._client.get_async(_record_path(group_id, registry.record, index))
+            for index in range(registry.chunks)
+        ]
+
+    async def write_group(self, epoch: int, group: GroupRecord) -> None:
+        """The record goes into new chunk nodes first; then the registry is pointed at them, which
+        is the commit point readers trust, so a write cut short (a crash, a lost connection, the
+        office lost between two transactions) leaves the previous record whole. The owner nodes
+        follow, and the owners node names the record they mirror once every one is written."""
+        office = self._check_epoch(epoch)
+        group_id = group.group_id
+        data = _json(encode_group(group))
+        chunks = [data[i : i + _CHUNK_BYTES] for i in range(0, len(data), _CHUNK_BYTES)]
+        registry_path = _group_path(group_id, "registry")
+        for _ in range(_RETRIES):
+            # A new record each attempt: chunks an attempt left behind are stale, not in the way.
+            record_id = f"{office.epoch}-{next(self._record_ids)}"
+            registry = _json(
+                {"generation": group.generation, "record": record_id, "chunks": len(chunks)}
+            )
+            nodes = await self._group_nodes(group_id)
+            ops = [_Op("create", path) for path in nodes.missing_dirs]
+            ops += [
+                _Op("create", _record_path(group_id, record_id, index), chunk)
+                for index, chunk in enumerate(chunks)
+            ]
+            if nodes.registry_version is None:
+                ops.append(_Op("create", registry_path, registry))
+            else:
+                ops.append(_Op("set", registry_path, registry, nodes.registry_version))
+            committed_at = len(ops)
+            ops += self._mirror_ops(group_id, record_id, nodes, await self._owners(nodes), group)
+            done = await self._commit_in_parts(office, ops)
+            if done == len(ops):
+                self._owners_written[group_id] = (record_id, group.assignment)
+                return
+            if done >= committed_at:
+                break
+        else:
+            raise StoreUnavailable(f"cannot write group {group_id!r}: it keeps changing")
+        # The registry holds the new record, but the owner nodes were not as remembered: list them.
+        for _ in range(_RETRIES):
+            nodes = await self._group_nodes(group_id, keep=record_id)
+            owners = await self._listed_owners(nodes)
+            ops = self._mirror_ops(group_id, record_id, nodes, owners, group)
+            if await self._commit_in_parts(office, ops) == len(ops):
+                self._owners_written[group_id] = (record_id, group.assignment)
+                return
+        raise StoreUnavailable(f"cannot write the owners of group {group_id!r}: they keep changing")
+
+    async def _group_nodes(self, group_id: str, *, keep: str | None = None) -> _GroupNodes:
+        """The nodes a write of the group replaces, read in one round trip."""
+        registry = self._client.get_async(_group_path(group_id, "registry"))
+        records = self._client.get_children_async(_group_path(group_id, "records"))
+        owners = self._client.get_async(_group_path(group_id, "owners"))
+        owner_topics = self._client.get_children_async(_group_path(group_id, "owners"))
+        missing = []
+        try:
+            data, stat = await self._wait(registry)
+            current, version = self._decode_registry(group_id, data), stat.version
+        except NoNodeError:
+            current, version = None, None
+            # A new group, or one with offsets only (a standalone committer's).
+            if await self._wait(self._client.exists_async(_group_path(group_id))) is None:
+                missing.append(_group_path(group_id))
+        try:
+            stale = [
+                name
+                for name in await self._wait(records)
+                if keep is None or not name.startswith(f"{keep}-")
+            ]
+        except NoNodeError:
+            missing.append(_group_path(group_id, "records"))
+            stale = []
+        try:
+            mirror, _stat = await self._wait(owners)
+            topics = set(await self._wait(owner_topics))
+        except NoNodeError:
+            missing.append(_group_path(group_id, "owners"))
+            mirror, topics = None, set()
+        return _GroupNodes(
+            group_id=group_id,
+            missing_dirs=tuple(missing),
+            registry=current,
+            registry_version=version,
+            stale_records=tuple(stale),
+            mirror=None if mirror is None else mirror.decode(errors="replace"),
+            owner_topics=topics,
+        )
+
+    async def _owners(self, nodes: _GroupNodes) -> Mapping[TopicPartition, ConsumerThread | None]:
+        """What the owner nodes hold. The owners node names a record only after all of them were
+        written for it, and every write commits a new record before it touches them, so they
+        match the registry's record exactly when the owners node names that record. Otherwise (a
+        write was cut short after its commit point) they are listed, values unknown."""
+        registry = nodes.registry
+        if registry is None or nodes.mirror != registry.record:
+            return await self._listed_owners(nodes)
+        remembered = self._owners_written.get(nodes.group_id)
+        if remembered is not None and remembered[0] == registry.record:
+            return remembered[1]
+        try:
+            record = await self._record(nodes.group_id, self._read_chunks(nodes.group_id, registry))
+        except NoNodeError:
+            return await self._listed_owners(nodes)  # written meanwhile: the commit will fail
+        return record.assignment
+
+    async def _listed_owners(
+        self, nodes: _GroupNodes
+    ) -> Mapping[TopicPartition, ConsumerThread | None]:
+        listings = [
+            (
+                _name(topic),
+                self._client.get_children_async(
+                    _group_path(nodes.group_id, "owners", _name(topic))
+                ),
+            )
+            for topic in nodes.owner_topics
+        ]
+        owners: dict[TopicPartition, ConsumerThread | None] = {}
+        for topic, result in listings:
+            with contextlib.suppress(NoNodeError):
+                for partition in await self._wait(result):
+                    owners[TopicPartition(topic=topic, partition=int(partition))] = None
+        return owners
+
+    def _mirror_ops(
+        self,
+        group_id: str,
+        record_id: str,
+        nodes: _GroupNodes,
+        owners: Mapping[TopicPartition, ConsumerThread | None],
+        group: GroupRecord,
+    ) -> list[_Op]:
+        """After the registry: drop the records it no longer names, bring the owner nodes from
+        ``owners`` to the group's assignment, and last name the record they now mirror."""
+        ops = [
+            _Op("delete", _group_path(group_id, "records", name)) for name in nodes.stale_records
+        ]
+        for tp in owners.keys() - group.assignment.keys():
+            ops.append(_Op("delete", _group_path(group_id, "owners", tp.topic, tp.partition)))
+        topics = set(nodes.owner_topics)
+        for tp, thread in group.assignment.items():
+            if _segment(tp.topic) not in topics:
+                ops.append(_Op("create", _group_path(group_id, "owners", tp.topic)))
+                topics.add(_segment(tp.topic))
+            path = _group_path(group_id, "owners", tp.topic, tp.partition)
+            if tp not in owners:
+                ops.append(_Op("create", path, f"{thread.member_id}-{thread.index}".encode()))
+            elif owners[tp] != thread:
+                ops.append(_Op("set", path, f"{thread.member_id}-{thread.index}".encode()))
+        ops.append(_Op("set", _group_path(group_id, "owners"), record_id.encode()))
+        return ops
+
+    async def delete_group(self, epoch: int, group_id: str) -> None:
+        office = self._check_epoch(epoch)
+        root = _group_path(group_id)
+        registry = _group_path(group_id, "registry")
+        records = _group_path(group_id, "records")
+        for _ in range(_RETRIES):
+            nodes = await self._group_subtree(group_id)
+            if not nodes:
+                # Nothing to delete, but still only from office.
+                await self._commit_fenced(self._fenced_transaction(office))
+                return
+            # Offsets and owners first, then the registry before the chunks it names: cut short,
+            # a delete leaves a group with fewer offsets (deleting it again finishes the job) or
+            # none at all, never a registry whose record is gone.
+            last = [registry, *(n for n in reversed(nodes) if n.startswith(f"{records}/")), records]
+            last = [n for n in last if n in nodes]
+            first = [n for n in reversed(nodes) if n not in last and n != root]
+            ops = [_Op("delete", path) for path in [*first, *last, root]]
+            if await self._commit_in_parts(office, ops) == len(ops):
+                self._offset_nodes = {n for n in self._offset_nodes if n[0] != group_id}
+                self._owners_written.pop(group_id, None)
+                return
+        raise StoreUnavailable(f"cannot delete group {group_id!r}: it keeps changing")
+
+    # Offsets
+
+    async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
+        office = self._check_epoch(epoch)
+        latest: dict[tuple[str, str, int], tuple[int, int]] = {}
+        for batch in batches:
+            for tp, offset in batch.offsets.items():
+                latest[batch.group_id, tp.topic, tp.partition] = (offset, batch.generation)
+        if not latest:
+            return
+        for _ in range(_RETRIES):
+            await self._learn_offset_nodes(latest.keys() - self._offset_nodes)
+            keys = list(latest)
+            ops = []
+            for key in keys:
+                offset, generation = latest[key]
+                path = _group_path(key[0], "offsets", key[1], key[2])
+                value = _json({"offset": offset, "generation": generation})
+                ops.append(_Op("set" if key in self._offset_nodes else "create", path, value))
+            done = await self._commit_in_parts(office, ops)
+            self._offset_nodes.update(keys[:done])
+            if done == len(keys):
+                return
+            for key in keys[:done]:
+                del latest[key]
+            # A node we thought was there was gone, or the other way round: learn again.
+            self._offset_nodes.difference_update(latest)
+        raise StoreUnavailable("cannot commit offsets: their nodes keep changing")
+
+    async def _learn_offset_nodes(self, keys: set[tuple[str, str, int]]) -> None:
+        """Learn which offset nodes exist in the directories of ``keys``, creating the directories
+        that are missing. One listing per topic, not a request per partition; empty directories
+        change nothing a reader sees, so creating them needs no office."""
+        dirs = sorted({(group, topic) for group, topic, _partition in keys})
+        created = [self._client.ensure_path_async(_group_path(g, "offsets", t)) for g, t in dirs]
+        for result in created:
+            await self._wait(result)
+        listings = [
+            (g, t, self._client.get_children_async(_group_path(g, "offsets", t))) for g, t in dirs
+        ]
+        for group, topic, result in listings:
+            with contextlib.suppress(NoNodeError):  # deleted meanwhile: its nodes are gone too
+                for partition in await self._wait(result):
+                    self._offset_nodes.add((group, topic, int(partition)))
+
+    async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
+        base = _group_path(group_id, "offsets")
+        topics = await self._children(base, missing_ok=True)
+        listings = [(t, self._client.get_children_async(f"{base}/{t}")) for t in topics]
+        pending = []
+        for topic, result in listings:
+            try:
+                partitions = await self._wait(result)
+            except NoNodeError:
+                continue
+            for p in partitions:
+                path = f"{base}/{topic}/{p}"
+                tp = TopicPartition(topic=_name(topic), partition=int(p))
+                pending.append((tp, self._client.get_async(path)))
+        offsets = {}
+        for tp, result in pending:
+            try:
+                data, _stat = await self._wait(result)
+            except NoNodeError:
+                continue
+            offsets[tp] = int(self._decode(data)["offset"])
+        return types.MappingProxyType(offsets)
+
+    # Plumbing
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable("the store is closed")
+
+    def _check_epoch(self, epoch: int) -> _Office:
+        office = self._office
+        if office is None or office.epoch != epoch:
+            current = None if office is None else office.epoch
+            raise EpochFenced(f"epoch {epoch} is not this store's coordinator epoch {current}")
+        return office
+
+    def _fenced_transaction(self, office: _Office) -> Any:
+        tx = self._client.transaction()
+        tx.check(EPOCH_COUNTER, office.counter_version)
+        tx.check(ELECTION, 0)  # exists: the election node is never written after its creation
+        return tx
+
+    async def _commit_fenced(self, tx: Any) -> bool:
+        """Commit a transaction from ``_fenced_transaction``: True if it happened, False if it
+        lost a race with another write (retry), ``EpochFenced`` if the office is over."""
+        failed = _failure(await self._wait(tx.commit_async()))
+        if failed is None:
+            return True
+        index, exc = failed
+        if index < 2:
+            self._office = None
+            raise EpochFenced(f"the coordinator office of this store is over ({exc!r})")
+        if isinstance(exc, NoNodeError | NodeExistsError | BadVersionError | NotEmptyError):
+            return False
+        raise StoreUnavailable(f"transaction failed: {exc!r}")
+
+    async def _commit_in_parts(self, office: _Office, ops: Sequence[_Op]) -> int:
+        """Commit ``ops`` in order, as fenced transactions that each fit well under ZooKeeper's
+        request limit; how many of them (a prefix) are committed: all, or fewer when a part lost a
+        race with another write. A part committed stays committed, so callers order ``ops`` such
+        that every prefix leaves a state readers may see. Raises as ``_commit_fenced``."""
+        overhead = _OP_OVERHEAD + len(self._client.chroot)
+        done = 0
+        while done < len(ops):
+            tx = self._fenced_transaction(office)
+            end, size = done, 0
+            while end < len(ops) and (end == done or size + ops[end].size + overhead <= _TX_BYTES):
+                ops[end].add_to(tx)
+                size += ops[end].size + overhead
+                end += 1
+            if not await self._commit_fenced(tx):
+                return done
+            done = end
+        return done
+
+    async def _children(
+        self, path: str, *, watch: Callable[[Any], None] | None = None, missing_ok: bool = False
+    ) -> list[str]:
+        try:
+            return list(await self._wait(self._client.get_children_async(path, watch=watch)))
+        except NoNodeError:
+            if missing_ok:
+                return []
+            raise StoreUnavailable(f"{path} is missing") from None
+
+    async def _group_subtree(self, group_id: str) -> list[str]:
+        """The group's nodes, parents first; empty if it has none. Its partitions' owner and
+        offset nodes are the layout's leaves, so they are not asked for children: a big group
+        has tens of thousands of them."""
+        nodes = []
+        frontier = [_group_path(group_id)]
+        for depth in range(_GROUP_DEPTH + 1):
+            if depth == _GROUP_DEPTH:
+                nodes.extend(frontier)
+                break
+            pending = [(p, self._client.get_children_async(p)) for p in frontier]
+            frontier = []
+            for path, result in pending:
+                try:
+                    children = await self._wait(result)
+                except NoNodeError:
+                    continue
+                nodes.append(path)
+                frontier.extend(f"{path}/{child}" for child in children)
+        return nodes
+
+    async def _wait(self, result: Any) -> Any:
+        """A request's answer (``_answer``), counted in ``operations``."""
+        self._check_open()
+        self.operations += 1
+        return await _answer(result, self._soon, self._call_bound)
+
+    def _soon(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` on the trio thread; from any thread, never blocking, never raising."""
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(callback)
+
+    def _session_id(self) -> int | None:
+        client_id = self._client.client_id
+        return None if client_id is None else int(client_id[0])
+
+    def _on_state(self, state: str) -> None:
+        """Kazoo's state listener, on a kazoo thread."""
+        self._soon(partial(self._state_changed, state))
+
+    def _state_changed(self, state: str) -> None:
+        log.info("ZooKeeper session %s", state)
+        self._topics_wake.set()
+        self._count_election_event()
+        self._session_events.value += 1
+
+    async def _keep_registrations(self) -> None:
+        """Register this handle's brokers again whenever kazoo had to open a new session."""
+        session = self._session_id()
+        async for _ in self._session_events.eventual_values():
+            if self._client.state != KazooState.CONNECTED or self._session_id() == session:
+                continue
+            session = self._session_id()
+            for broker in list(self._brokers.values()):
+                try:
+                    await self._register(broker)
+                except StoreUnavailable as exc:
+                    log.warning("cannot register broker %d again: %s", broker.broker_id, exc)
+
+    def _decode(self, data: bytes) -> Any:
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise StoreUnavailable(f"unreadable node: {data[:200]!r}") from exc
+
+    def _decode_registry(self, group_id: str, data: bytes) -> _Registry:
+        try:
+            value = json.loads(data)
+            return _Registry(
+                generation=int(value["generation"]),
+                record=str(value["record"]),
+                chunks=int(value["chunks"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreUnavailable(f"unreadable registry of group {group_id!r}: {exc}") from exc
+
+    async def _record(self, group_id: str, chunks: list[Any]) -> GroupRecord:
+        """A group record from the reads of its chunk nodes (``_read_chunks``), in order;
+        NoNodeError if one is gone (the group was written again or deleted meanwhile)."""
+        answers = [await self._wait(result) for result in chunks]
+        try:
+            return decode_group(json.loads(b"".join(data for data, _stat in answers)))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreUnavailable(f"unreadable record of group {group_id!r}: {exc}") from exc
+
+    def _decode_placement(self, topic: str, data: bytes) -> TopicPlacement:
+        try:
+            return decode_placement(topic, self._decode(data))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreUnavailable(f"unreadable placement of topic {topic!r}: {exc}") from exc
+
+
+async def _answer(
+    result: Any, soon: Callable[[Callable[[], object]], None], call_bound: float
+) -> Any:
+    """The value of a kazoo async result, waiting at most ``call_bound`` seconds for it, woken
+    through ``soon`` (``TrioToken.run_sync_soon``) from kazoo's thread.
+
+    Kazoo's own errors (no node, node exists, bad version, not empty) pass through for the caller
+    to interpret; connection trouble becomes ``StoreUnavailable``.
+    """
+    if not result.ready():  # of thousands of requests sent at once, most are answered by now
+        done = trio.Event()
+        result.rawlink(lambda _result: soon(done.set))
+        with trio.move_on_after(call_bound):
+            await done.wait()
+        if not result.ready():
+            raise StoreUnavailable(f"ZooKeeper did not answer within {call_bound} s")
+    try:
+        return result.get_nowait()
+    except (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError):
+        raise
+    except KazooException as exc:
+        raise StoreUnavailable(f"ZooKeeper: {exc!r}") from exc
+
+
+def _failure(results: Sequence[Any]) -> tuple[int, Exception] | None:
+    """The operation that made a transaction fail (the others say RolledBackError), if any."""
+    for index, result in enumerate(results):
+        if isinstance(result, Exception) and not isinstance(result, RolledBackError):
+            return index, result
+    return None
+
+
+if TYPE_CHECKING:  # mypy proves here that the class meets the interface
+    _conforms: type[MetadataStore] = ZooKeeperStore
+
+
+@contextlib.asynccontextmanager
+async def open_zookeeper_store(
+    hosts: str,
+    *,
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT,
+    call_bound: float = DEFAULT_CALL_BOUND,
+) -> AsyncIterator[ZooKeeperStore]:
+    """Connect to ``hosts`` (``host:port,...`` with an optional ``/chroot``, created if missing)
+    and open a store on it for the duration of the block; one ZooKeeper session.
+
+    ``session_timeout`` is how long the ensemble keeps this session's ephemeral nodes (broker
+    registrations, the office) after it last heard from us; ``call_bound`` is the longest any one
+    call waits before ``StoreUnavailable``.
+    """
+    servers, slash, chroot = hosts.partition("/")
+    chroot = "/" + chroot.strip("/") if slash and chroot.strip("/") else ""
+    limiter = trio.CapacityLimiter(1)
+    client = KazooClient(
+        hosts=servers,
+        timeout=session_timeout,
+        connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0},
+    )
+    store = ZooKeeperStore(
+        client=client,
+        token=trio.lowlevel.current_trio_token(),
+        call_bound=call_bound,
+        session_timeout=session_timeout,
+        topic_watch=trio_util.AsyncValue(None),
+    )
+    client.add_listener(store._on_state)
+    try:
+        try:
+            await trio.to_thread.run_sync(
+                partial(client.start, timeout=call_bound), abandon_on_cancel=True, limiter=limiter
+            )
+        except KazooTimeoutError:
+            raise StoreUnavailable(f"cannot reach ZooKeeper at {servers}") from None
+        if chroot:
+            # Kazoo expects the chroot to exist before it connects through it.
+            await store._wait(client.ensure_path_async(chroot))
+            client.chroot = chroot
+        for path in (BROKER_IDS, TOPICS, CONSUMERS, EPOCH_COUNTER):
+            await store._wait(client.ensure_path_async(path))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store._watch_topics)
+            nursery.start_soon(store._keep_registrations)
+            try:
+                yield store
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        store._closed = True
+        store._topic_watch.value = None
+        with trio.CancelScope(shield=True), trio.move_on_after(call_bound):
+            await trio.to_thread.run_sync(_stop, client, abandon_on_cancel=True, limiter=limiter)
+
+
+def _stop(client: Any) -> None:
+    """Close the session (its ephemeral nodes go at once) and the client's threads."""
+    try:
+        client.stop()
+    finally:
+        client.close()
+
+
+# --- seed 02's client-side rebalancing, the benchmarks' baseline --------------------------------
+
+
+@attrs.define(eq=False, repr=False)
+class ZooKeeperRebalanceSession:
+    """One consumer's own ZooKeeper session for seed 02's client-side rebalancing (Kafka 0.8's
+    ``ZookeeperConsumerConnector``): the predecessor the coordinator replaces, kept here only as
+    a benchmark baseline. Obtain one from ``open_zk_rebalance_session``.
+
+    It offers the primitives that design is built from, each one ZooKeeper request, counted in
+    ``operations``: register the consumer (ephemeral), list the group's consumers and read a
+    topic's partitions (both arming a watch; every watch that fires bumps ``changes``), claim a
+    partition (an ephemeral owner node: a NodeExists is a failed claim) and release it. The
+    consumer logic itself lives with the benchmark. Bridging is the store's: requests are queued
+    with kazoo's ``*_async`` calls and their completions and watches come back through
+    ``TrioToken.run_sync_soon``; every wait is bounded by ``call_bound``.
+    """
+
+    _client: Any  # KazooClient: untyped
+    _token: trio.lowlevel.TrioToken
+    _call_bound: float
+    #: Bumped on the trio thread by every watch that fires and every session state change.
+    changes: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
+    #: ZooKeeper requests made (create, delete, get, get_children; ensure_path counts once).
+    operations: int = 0
+    _closed: bool = False
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeperRebalanceSession {self._client.hosts!r}>"
+
+    async def register(self, group_id: str, consumer_id: str, topics: Sequence[str]) -> None:
+        """Create ``/consumers/<group>/ids/<consumer_id>`` (ephemeral) and the owner dirs."""
+        owner_dirs = [_group_path(group_id, "owners", topic) for topic in topics]
+        for parent in [_group_path(group_id, "ids"), *owner_dirs]:
+            await self._wait(self._client.ensure_path_async(parent))
+        path = _group_path(group_id, "ids", consumer_id)
+        await self._wait(self._client.create_async(path, b"{}", ephemeral=True))
+
+    async def consumer_ids(self, group_id: str) -> list[str]:
+        """The group's registered consumers, arming a watch on the list."""
+        path = _group_path(group_id, "ids")
+        children = await self._wait(self._client.get_children_async(path, watch=self._on_watch))
+        return sorted(_name(child) for child in children)
+
+    async def partition_count(self, topic: str) -> int:
+        """How many partitions ``topic`` has (0 if it does not exist), arming a watch on it."""
+        try:
+            data, _stat = await self._wait(
+                self._client.get_async(_topic_path(topic), watch=self._on_watch)
+            )
+        except NoNodeError:
+            await self._wait(self._client.exists_async(_topic_path(topic), watch=self._on_watch))
+            return 0
+        return len(json.loads(data))
+
+    async def claim(self, group_id: str, topic: str, partition: int, owner: str) -> bool:
+        """Create the partition's ephemeral owner node: False if someone else still holds it."""
+        path = _group_path(group_id, "owners", topic, partition)
+        try:
+            await self._wait(self._client.create_async(path, owner.encode(), ephemeral=True))
+        except NodeExistsError:
+            return False
+        return True
+
+    async def release(self, group_id: str, topic: str, partition: int) -> None:
+        """Delete the partition's owner node (gone already is fine)."""
+        path = _group_path(group_id, "owners", topic, partition)
+        with contextlib.suppress(NoNodeError):
+            await self._wait(self._client.delete_async(path))
+
+    def _on_watch(self, _event: object) -> None:
+        """Kazoo's watch callback, on a kazoo thread."""
+        self._soon(self._bump)
+
+    def _bump(self) -> None:
+        self.changes.value += 1
+
+    async def _wait(self, result: Any) -> Any:
+        if self._closed:
+            raise StoreUnavailable("the session is closed")
+        self.operations += 1
+        return await _answer(result, self._soon, self._call_bound)
+
+    def _soon(self, callback: Callable[[], object]) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(callback)
+
+
+@contextlib.asynccontextmanager
+async def open_zk_rebalance_session(
+    hosts: str,
+    *,
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT,
+    call_bound: float = DEFAULT_CALL_BOUND,
+) -> AsyncIterator[ZooKeeperRebalanceSession]:
+    """One seed-02 consumer's ZooKeeper session (``hosts`` as for ``open_zookeeper_store``) for
+    the block; leaving it closes the session, so its ephemeral nodes go at once."""
+    servers, slash, chroot = hosts.partition("/")
+    chroot = "/" + chroot.strip("/") if slash and chroot.strip("/") else ""
+    limiter = trio.CapacityLimiter(1)
+    client = KazooClient(
+        hosts=servers,
+        timeout=session_timeout,
+        connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0},
+    )
+    session = ZooKeeperRebalanceSession(
+        client=client, token=trio.lowlevel.current_trio_token(), call_bound=call_bound
+    )
+    client.add_listener(lambda _state: session._soon(session._bump))
+    try:
+        try:
+            await trio.to_thread.run_sync(
+                partial(client.start, timeout=call_bound), abandon_on_cancel=True, limiter=limiter
+            )
+        except KazooTimeoutError:
+            raise StoreUnavailable(f"cannot reach ZooKeeper at {servers}") from None
+        if chroot:
+            await session._wait(client.ensure_path_async(chroot))
+            client.chroot = chroot
+        yield session
+    finally:
+        session._closed = True
+        with trio.CancelScope(shield=True), trio.move_on_after(call_bound):
+            await trio.to_thread.run_sync(_stop, client, abandon_on_cancel=True, limiter=limiter)

@@ -1,0 +1,76 @@
+"""The packages form layers, each importing only from the layers below it (README, "How the
+pieces fit"): a newcomer can read the code bottom up, and the sans-IO core can be reused
+without the service. Every import counts, including those under ``TYPE_CHECKING`` and inside
+functions, since a cycle hidden from the interpreter is still one for the reader."""
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Lowest first. A package may import its own modules and those of any lower layer; packages of
+#: one layer are peers and import nothing from each other.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"protocol"}),
+    frozenset({"statemachine"}),
+    frozenset({"transport"}),
+    frozenset({"store"}),
+    frozenset({"coordinator", "consumer"}),
+    frozenset({"broker", "pipeline"}),
+    frozenset({"simulation"}),
+    frozenset({"cli"}),
+    frozenset({"launch"}),
+    frozenset({"bench", "examples"}),
+    frozenset({"tests"}),
+    frozenset({"scripts"}),
+)
+LAYER = {package: index for index, layer in enumerate(LAYERS) for package in layer}
+#: The only packages that may import kazoo: the store, which keeps ZooKeeper behind its interface.
+KAZOO = frozenset({"store", "bench"})
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for package in LAYER:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield package, path
+
+
+def _imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, top-level name) of every absolute import in the module."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module.split(".")[0]
+
+
+def test_every_package_is_in_a_layer() -> None:
+    packages = {
+        path.name
+        for path in ROOT.iterdir()
+        if path.is_dir() and any(path.glob("*.py")) and not path.name.startswith(".")
+    }
+    assert packages == set(LAYER)
+
+
+def test_packages_import_only_from_lower_layers() -> None:
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for package, path in _modules()
+        for line, name in _imports(path)
+        if name in LAYER and name != package and LAYER[name] >= LAYER[package]
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_store_imports_kazoo() -> None:
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for package, path in _modules()
+        if package not in KAZOO and package != "tests"
+        for line, name in _imports(path)
+        if name == "kazoo"
+    ]
+    assert not wrong, "\n".join(wrong)

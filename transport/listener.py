@@ -1,0 +1,138 @@
+"""The broker's accept loop, in the manner of trio's ``serve_listeners``, with a production
+broker's limits on connections (``ConnectionLimits``: Kafka's ``max.connections`` and
+``max.connections.per.ip``).
+
+A connection over a limit is accepted and closed at once, before anything is allocated for it, so
+a flood costs one accept and one close per connection. When accepting fails for want of resources
+(EMFILE: the process's file limit) the loop waits briefly and tries again; trio's loop logs a
+traceback every 0.1 s meanwhile, this one a line per 10 s. Both kinds of line say how many
+were left unsaid.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket as stdlib_socket
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+
+import attrs
+import trio
+
+from transport.channel import RateLimitedLog
+from transport.limits import ConnectionLimits
+
+__all__ = ["ConnectionGate", "serve_listeners"]
+
+log = logging.getLogger(__name__)
+
+#: After an accept failed for want of resources, wait this long before the next one: the
+#: connections that hold them must get a chance to close.
+ACCEPT_BACKOFF = 0.1
+_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+ConnectionHandler = Callable[[trio.SocketStream], Awaitable[None]]
+
+
+@attrs.define(eq=False)
+class ConnectionGate:
+    """Counts open connections, in total and by client address, and refuses those over a limit."""
+
+    limit: int
+    per_address: int | None
+    open: int = 0
+    by_address: Counter[str] = attrs.field(factory=Counter)
+    refusals: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
+
+    @classmethod
+    def of(cls, limits: ConnectionLimits) -> ConnectionGate:
+        return cls(limit=limits.connection_limit(), per_address=limits.max_connections_per_address)
+
+    def admit(self, address: str) -> bool:
+        if self.open >= self.limit:
+            self.refusals.log(
+                "refused a connection from %s: %d connections are open, the limit",
+                address,
+                self.open,
+            )
+            return False
+        if self.per_address is not None and self.by_address[address] >= self.per_address:
+            self.refusals.log(
+                "refused a connection from %s: %d connections from that address are open, "
+                "the limit",
+                address,
+                self.by_address[address],
+            )
+            return False
+        self.open += 1
+        self.by_address[address] += 1
+        return True
+
+    def leave(self, address: str) -> None:
+        self.open -= 1
+        self.by_address[address] -= 1
+        if not self.by_address[address]:
+            del self.by_address[address]
+
+
+async def serve_listeners(
+    handler: ConnectionHandler,
+    listeners: Sequence[trio.SocketListener],
+    gate: ConnectionGate,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept connections on every listener until cancelled, each served by ``handler`` in its
+    own task, the ones ``gate`` admits."""
+    out_of_resources = RateLimitedLog(log)
+    async with trio.open_nursery() as nursery:
+        for listener in listeners:
+            nursery.start_soon(_accept_loop, listener, handler, gate, out_of_resources, nursery)
+        task_status.started()
+
+
+async def _accept_loop(
+    listener: trio.SocketListener,
+    handler: ConnectionHandler,
+    gate: ConnectionGate,
+    out_of_resources: RateLimitedLog,
+    connections: trio.Nursery,
+) -> None:
+    while True:
+        try:
+            sock, _ = await listener.socket.accept()
+        except OSError as exc:
+            if exc.errno not in _OUT_OF_RESOURCES:
+                raise
+            out_of_resources.log(
+                "cannot accept connections: %s; trying again every %g s", exc, ACCEPT_BACKOFF
+            )
+            await trio.sleep(ACCEPT_BACKOFF)
+            continue
+        address = _address(sock)
+        if not gate.admit(address):
+            sock.close()
+            continue
+        connections.start_soon(_serve, handler, sock, gate, address)
+
+
+async def _serve(
+    handler: ConnectionHandler, sock: trio.socket.SocketType, gate: ConnectionGate, address: str
+) -> None:
+    try:
+        await handler(trio.SocketStream(sock))
+    except Exception:
+        # The handlers contain their own failures; this is the last guard of the listener.
+        log.exception("serving a connection from %s failed", address)
+    finally:
+        gate.leave(address)
+
+
+def _address(sock: trio.socket.SocketType) -> str:
+    if sock.family not in (stdlib_socket.AF_INET, stdlib_socket.AF_INET6):
+        return ""
+    try:
+        return str(sock.getpeername()[0])
+    except OSError:
+        return ""
