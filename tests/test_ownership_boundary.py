@@ -37,7 +37,7 @@ def _writes(source: str) -> list[str]:
             while isinstance(target, ast.Subscript):
                 target = target.value
             if isinstance(target, ast.Attribute) and target.attr in OWNERSHIP_STATE:
-                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+                found.append(f"line {target.lineno}: {ast.unparse(node)}")
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
