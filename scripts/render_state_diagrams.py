@@ -28,7 +28,12 @@ if str(ROOT) not in sys.path:
 
 from statemachine.table import TransitionTable  # noqa: E402
 
-MACHINES = ["statemachine.member", "statemachine.group", "statemachine.consumer"]
+MACHINES = [
+    "statemachine.member",
+    "statemachine.group",
+    "statemachine.consumer",
+    "statemachine.ownership",
+]
 """Every module that defines a machine, as ``TABLE``: a machine missing here is an error, not a
 diagram quietly left out."""
 
