@@ -207,22 +207,14 @@ async def _start_all(
     streams = _streams_by_member(coordinator, assignment, committed)
     failures: list[str] = []
     requests: dict[Member, RequestMessage] = {}
+    starts: dict[int, tuple[str, frozenset[TopicPartition]]] = {}
     now = _now()
     for member in members:
         if not member.machine.alive:
             continue
         member_streams, owned = streams.get(member.member_id, ((), frozenset()))
         member.machine.handle(member_sm.StartFetcherSent(generation=generation, now=now))
-        # A start the machine refuses (a partition someone else may fetch) raises here, before
-        # any StartFetcher is sent: the group fails and is rebuilt.
-        start = ownership.Started(
-            owner=member.member_id,
-            incarnation=member.incarnation,
-            generation=generation,
-            partitions=owned,
-            now=now,
-        )
-        coordinator.own(group, start)
+        starts[member.incarnation] = (member.member_id, owned)
         requests[member] = StartFetcherRequest(
             coordinator_epoch=coordinator.epoch,
             generation=generation,
@@ -230,6 +222,10 @@ async def _start_all(
             streams=member_streams,
             brokers=coordinator.brokers,
         )
+
+    # A start the machine refuses (a partition someone else may fetch) raises here, before any
+    # StartFetcher is sent: the group fails and is rebuilt.
+    coordinator.own(group, ownership.Started(generation=generation, starts=starts, now=now))
 
     def started(member: Member, response: ResponseMessage) -> None:
         if attempt.cancel_called:

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -131,12 +132,13 @@ class Claim:
 
 @attrs.frozen(kw_only=True)
 class Started:
-    """An attempt sent ``incarnation`` a StartFetcher for ``partitions`` under ``generation``."""
+    """An attempt is about to send its StartFetchers under ``generation``: to each incarnation
+    in ``starts``, for its partitions (one input for the attempt: a rebalance of a thousand
+    members pays for one, not a thousand)."""
 
-    owner: str
-    incarnation: int
     generation: int
-    partitions: frozenset[TopicPartition]
+    #: incarnation -> (member id, partitions)
+    starts: Mapping[int, tuple[str, frozenset[TopicPartition]]]
     now: float
 
 
@@ -272,6 +274,23 @@ def _build_table() -> TransitionTable[PartitionState]:
 TABLE = _build_table()
 
 
+_TRANSITIONS = TABLE.transitions
+
+
+def _next(kind: PartitionState, event: object) -> PartitionState:
+    """``TABLE``'s next state, read straight from its entries (none is guarded): every start and
+    stop of a rebalance looks one up."""
+    target = _TRANSITIONS.get((kind, type(event)))
+    if target is None:
+        raise IllegalTransition(TABLE.name, kind, event)
+    assert isinstance(target, PartitionState)
+    return target
+
+
+#: Read once from the table for the common case of a stop, a live member's Held partitions.
+_STOP_FREES_HELD = _TRANSITIONS.get((P.HELD, StopAnswered)) is P.FREE
+
+
 def _untimed_kind(value: _Timed) -> PartitionState:
     return P.ADOPTED if type(value) is Adopted else P.LEASED
 
@@ -279,14 +298,14 @@ def _untimed_kind(value: _Timed) -> PartitionState:
 def _kind(value: _Timed, now: float) -> PartitionState:
     """The partition's state at ``now``: past its instant, its lease has run out."""
     if value.until <= now:
-        return TABLE.next_state(_untimed_kind(value), LeaseRanOut())
+        return _next(_untimed_kind(value), LeaseRanOut())
     return _untimed_kind(value)
 
 
 def _check(kinds: Iterable[PartitionState], event: object) -> None:
     """Look every kind the input meets up before anything changes."""
     for kind in set(kinds):
-        TABLE.next_state(kind, event)
+        _next(kind, event)
 
 
 @attrs.define
@@ -360,42 +379,38 @@ class Ownership:
     # --- inputs -------------------------------------------------------------------------
 
     def handle(self, event: Event) -> list[Effect]:
-        match event:
-            case Started():
-                return self._started(event)
-            case StartUnsent():
-                return self._start_unsent(event)
-            case StopAnswered():
-                return self._stop_answered(event)
-            case OwnerDied():
-                return self._owner_died(event)
-            case OwnerRegistered():
-                return self._owner_registered(event)
-            case Recovered():
-                return self._recovered(event)
-            case AttemptCompleted():
-                return self._attempt_completed(event)
-        raise TypeError(f"not an ownership input: {event!r}")
+        try:
+            handler = _HANDLERS[type(event)]
+        except KeyError:
+            raise TypeError(f"not an ownership input: {event!r}") from None
+        return handler(self, event)
 
     def _started(self, event: Started) -> list[Effect]:
-        partitions = event.partitions
-        if self.holding(event.incarnation).partitions:
-            # An incarnation is started only after it answered StopFetcher, or when new.
-            raise ValueError(f"incarnation {event.incarnation} is started while holding partitions")
-        if not partitions.isdisjoint(self._held):
-            raise IllegalTransition(TABLE.name, P.HELD, event)
+        holdings = self._holdings
+        previous = [holdings.get(incarnation, NOTHING) for incarnation in event.starts]
+        for incarnation, holding in zip(event.starts, previous, strict=True):
+            if holding.partitions:
+                # An incarnation is started only after it answered StopFetcher, or when new.
+                raise ValueError(f"incarnation {incarnation} is started while holding partitions")
+        sets = [partitions for _, partitions in event.starts.values()]
+        partitions: set[TopicPartition] = set().union(*sets)
+        if len(partitions) != sum(map(len, sets)) or not partitions.isdisjoint(self._held):
+            _next(P.HELD, event)  # started twice in one attempt, or held by someone else
         timed = self._timed_among(partitions)
         if timed:
             _check((_kind(value, event.now) for value in timed.values()), event)
             self._forget(timed)  # leases that ran out
-        previous = self.holding(event.incarnation)
         self._held |= partitions
-        self._holdings[event.incarnation] = Holding(
-            owner=event.owner,
-            generation=event.generation,
-            partitions=partitions,
-            reverts_to=previous.generation,
-        )
+        generation = event.generation
+        for (incarnation, (owner, started)), holding in zip(
+            event.starts.items(), previous, strict=True
+        ):
+            holdings[incarnation] = Holding(
+                owner=owner,
+                generation=generation,
+                partitions=started,
+                reverts_to=holding.generation,
+            )
         return []
 
     def _start_unsent(self, event: StartUnsent) -> list[Effect]:
@@ -406,8 +421,8 @@ class Ownership:
         # Adopted or leased partitions were not given by a start: reverting one is a bug.
         _check([P.HELD, *(_untimed_kind(value) for value in timed.values())], event)
         self._held -= holding.partitions
-        self._holdings[event.incarnation] = attrs.evolve(
-            holding, generation=holding.reverts_to, partitions=frozenset()
+        self._holdings[event.incarnation] = Holding(
+            owner=holding.owner, generation=holding.reverts_to, partitions=frozenset()
         )
         return []
 
@@ -416,6 +431,12 @@ class Ownership:
         if holding is None:
             return []
         timed = self._timed_among(holding.partitions)
+        if not timed and _STOP_FREES_HELD:  # the common case: a live member's Held partitions
+            self._held -= holding.partitions
+            self._holdings[event.incarnation] = Holding(
+                owner=holding.owner, generation=holding.generation, partitions=frozenset()
+            )
+            return []
         kinds = {tp: _kind(value, event.now) for tp, value in timed.items()}
         _check([P.HELD, *kinds.values()], event)
         self._held -= holding.partitions
@@ -424,7 +445,9 @@ class Ownership:
         if holding.dead:
             self._holdings.pop(event.incarnation, None)
         else:
-            self._holdings[event.incarnation] = attrs.evolve(holding, partitions=frozenset())
+            self._holdings[event.incarnation] = Holding(
+                owner=holding.owner, generation=holding.generation, partitions=frozenset()
+            )
         return [LeaseEnded(partitions=ended)] if ended else []
 
     def _owner_died(self, event: OwnerDied) -> list[Effect]:
@@ -468,9 +491,9 @@ class Ownership:
         adopted = frozenset(still)
         freed = frozenset(in_force.keys() - still)
         if adopted:
-            TABLE.next_state(P.LEASED, StillFetching())
+            _next(P.LEASED, StillFetching())
         if freed:
-            TABLE.next_state(P.LEASED, NoLongerFetching())
+            _next(P.LEASED, NoLongerFetching())
         self._forget(in_force)
         for tp in adopted:
             self._timed[tp] = Adopted(
@@ -495,7 +518,7 @@ class Ownership:
         claims = [claim for claim in event.claims if claim.partitions]
         for claim in claims:
             if not claim.partitions.isdisjoint(self._held):
-                raise IllegalTransition(TABLE.name, P.HELD, event)
+                _next(P.HELD, event)
             timed = self._timed_among(claim.partitions)
             _check((_kind(value, event.since) for value in timed.values()), event)
         for claim in claims:
@@ -571,3 +594,14 @@ class Ownership:
                 del self._holdings[incarnation]
             else:
                 self._holdings[incarnation] = attrs.evolve(holding, partitions=rest)
+
+
+_HANDLERS: dict[type, Callable[[Ownership, Any], list[Effect]]] = {
+    Started: Ownership._started,
+    StartUnsent: Ownership._start_unsent,
+    StopAnswered: Ownership._stop_answered,
+    OwnerDied: Ownership._owner_died,
+    OwnerRegistered: Ownership._owner_registered,
+    Recovered: Ownership._recovered,
+    AttemptCompleted: Ownership._attempt_completed,
+}

@@ -23,6 +23,17 @@ P = TopicPartition(topic="t", partition=0)
 Q = TopicPartition(topic="t", partition=1)
 
 
+def _start(
+    *,
+    owner: str,
+    incarnation: int,
+    generation: int,
+    partitions: frozenset[TopicPartition],
+    now: float,
+) -> o.Started:
+    return o.Started(generation=generation, starts={incarnation: (owner, partitions)}, now=now)
+
+
 # --- the table itself -----------------------------------------------------------------------
 
 INPUTS: dict[str, type] = {
@@ -76,7 +87,7 @@ def _free() -> tuple[o.Ownership, int]:
 
 def _held() -> tuple[o.Ownership, int]:
     m = o.Ownership()
-    m.handle(o.Started(owner="a", incarnation=1, generation=1, partitions=frozenset({P}), now=0))
+    m.handle(_start(owner="a", incarnation=1, generation=1, partitions=frozenset({P}), now=0))
     return m, 1
 
 
@@ -113,7 +124,7 @@ SETUPS: dict[str, Callable[[], tuple[o.Ownership, int]]] = {
 }
 
 EVENTS: dict[str, Callable[[int], o.Event]] = {
-    "Start": lambda _: o.Started(
+    "Start": lambda _: _start(
         owner="b", incarnation=9, generation=5, partitions=frozenset({P}), now=5
     ),
     "Unsent": lambda inc: o.StartUnsent(incarnation=inc),
@@ -197,9 +208,7 @@ def test_a_member_that_closes_leaves_its_partitions_free_at_once() -> None:
     machine.handle(o.OwnerDied(incarnation=incarnation, until=5, now=5))
     assert machine.state(P, now=5) == o.FREE
     assert not machine.under_lease(5)
-    machine.handle(
-        o.Started(owner="b", incarnation=3, generation=2, partitions=frozenset({P}), now=5)
-    )
+    machine.handle(_start(owner="b", incarnation=3, generation=2, partitions=frozenset({P}), now=5))
     assert machine.state(P, now=5) == o.Held(owner="b", incarnation=3, generation=2)
     assert machine.holding(incarnation) == o.NOTHING  # the dead process's holding is gone
 
@@ -208,13 +217,13 @@ def test_holding_is_what_offsets_are_fenced_by() -> None:
     machine = o.Ownership()
     assert machine.holding(1) == o.NOTHING
     both = frozenset({P, Q})
-    machine.handle(o.Started(owner="a", incarnation=1, generation=4, partitions=both, now=0))
+    machine.handle(_start(owner="a", incarnation=1, generation=4, partitions=both, now=0))
     assert machine.holding(1) == o.Holding(owner="a", generation=4, partitions=both, reverts_to=-1)
     machine.handle(o.StopAnswered(incarnation=1, now=1))
     # It holds nothing, last under generation 4.
     assert machine.holding(1).partitions == frozenset()
     assert machine.holding(1).generation == 4
-    machine.handle(o.Started(owner="a", incarnation=1, generation=5, partitions=both, now=2))
+    machine.handle(_start(owner="a", incarnation=1, generation=5, partitions=both, now=2))
     machine.handle(o.StartUnsent(incarnation=1))
     assert machine.holding(1).generation == 4
     assert machine.holding(1).partitions == frozenset()
@@ -223,14 +232,24 @@ def test_holding_is_what_offsets_are_fenced_by() -> None:
 
 def test_a_member_started_with_nothing_is_started_under_the_generation() -> None:
     machine = o.Ownership()
-    machine.handle(o.Started(owner="a", incarnation=1, generation=3, partitions=frozenset(), now=0))
+    machine.handle(_start(owner="a", incarnation=1, generation=3, partitions=frozenset(), now=0))
     assert machine.holding(1).generation == 3
+
+
+def test_one_attempt_starts_a_partition_once() -> None:
+    machine = o.Ownership()
+    twice = o.Started(
+        generation=1, starts={1: ("a", frozenset({P})), 2: ("b", frozenset({P, Q}))}, now=0
+    )
+    with pytest.raises(IllegalTransition):
+        machine.handle(twice)
+    assert machine == o.Ownership()
 
 
 def test_an_incarnation_is_started_only_once_it_holds_nothing() -> None:
     machine, incarnation = _held()
     before = copy.deepcopy(machine)
-    again = o.Started(
+    again = _start(
         owner="a", incarnation=incarnation, generation=2, partitions=frozenset({Q}), now=1
     )
     with pytest.raises(ValueError):
@@ -278,12 +297,8 @@ def test_two_claims_on_one_partition_end_only_with_time() -> None:
 
 def test_a_rebuild_carries_over_holdings_and_leases_in_force() -> None:
     machine = o.Ownership()
-    machine.handle(
-        o.Started(owner="a", incarnation=1, generation=2, partitions=frozenset({P}), now=0)
-    )
-    machine.handle(
-        o.Started(owner="b", incarnation=2, generation=2, partitions=frozenset({Q}), now=0)
-    )
+    machine.handle(_start(owner="a", incarnation=1, generation=2, partitions=frozenset({P}), now=0))
+    machine.handle(_start(owner="b", incarnation=2, generation=2, partitions=frozenset({Q}), now=0))
     machine.handle(o.OwnerDied(incarnation=2, until=9, now=1))
     assert set(machine.carryover(now=5)) == {
         o.Claim(owner="a", generation=2, partitions=frozenset({P})),
@@ -307,11 +322,13 @@ OWNERS = ["a", "b", "c"]
 partition_sets = st.frozensets(st.sampled_from(PARTITIONS))
 STEPS = st.one_of(
     st.tuples(st.just("register"), st.sampled_from(OWNERS), st.integers(0, 3), partition_sets),
-    st.tuples(
-        st.just("start"),
-        st.integers(0, 3),
-        st.frozensets(st.sampled_from(PARTITIONS), min_size=1, max_size=2),
-    ),
+    st.lists(
+        st.tuples(
+            st.integers(0, 3), st.frozensets(st.sampled_from(PARTITIONS), min_size=1, max_size=2)
+        ),
+        min_size=1,
+        max_size=3,
+    ).map(lambda starts: ("start", *starts)),
     st.tuples(st.just("unsent"), st.integers(0, 3)),
     st.tuples(st.just("stop"), st.integers(0, 3)),
     st.tuples(st.just("died"), st.integers(0, 3), st.floats(0, 30)),
@@ -334,17 +351,16 @@ STEPS = st.one_of(
     steps=[
         ("register", "a", 0, frozenset()),
         ("register", "b", 0, frozenset()),
-        ("start", 0, frozenset(PARTITIONS[:1])),
-        ("start", 1, frozenset(PARTITIONS[1:2])),
+        ("start", (0, frozenset(PARTITIONS[:1])), (1, frozenset(PARTITIONS[1:2]))),
         ("died", 1, 5.0),
         ("register", "c", 0, frozenset()),
-        ("start", 2, frozenset(PARTITIONS[:1])),
+        ("start", (2, frozenset(PARTITIONS[:1]))),
     ]
 )
 @example(  # a dead process's word must not end a lease another claim shares
     steps=[
         ("register", "a", 0, frozenset()),
-        ("start", 0, frozenset(PARTITIONS[:1])),
+        ("start", (0, frozenset(PARTITIONS[:1]))),
         ("died", 0, 1.0),
         ("recovered", [("a", 0, frozenset(PARTITIONS[:1]))], 0.0),
         ("stop", 0),
@@ -377,15 +393,13 @@ def test_no_partition_has_two_holders_and_a_lease_ends_early_only_by_its_owners_
                 now=now,
             )
         elif kind == "start" and registered:
-            owner, incarnation = registered[int(step[1]) % len(registered)]
+            # One attempt starts one or more members: ``step[1:]`` holds (which, partitions).
+            starts = {}
+            for which, partitions in step[1:]:
+                owner, incarnation = registered[int(which) % len(registered)]
+                starts[incarnation] = (owner, partitions)
             generation += 1
-            event = o.Started(
-                owner=owner,
-                incarnation=incarnation,
-                generation=generation,
-                partitions=step[2],
-                now=now,
-            )
+            event = o.Started(generation=generation, starts=starts, now=now)
         elif kind in ("unsent", "stop", "died") and (registered or dead):
             known = [inc for _, inc in registered] + sorted(dead)
             incarnation = known[int(step[1]) % len(known)]
