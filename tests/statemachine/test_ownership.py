@@ -263,13 +263,18 @@ def test_a_dead_owners_final_report_is_fenced_by_what_it_held() -> None:
     assert (holding.generation, holding.partitions) == (1, frozenset({P}))
 
 
-def test_recovery_leases_every_claim_until_since_plus_longest_session_plus_margin() -> None:
+def _recovered_at_10(*claims: o.Claim) -> o.Ownership:
+    """A machine recovered at t=10 with a longest session of 6 and a margin of 0.5."""
     machine = o.Ownership()
-    claims = (
+    machine.handle(o.Recovered(claims=claims, since=10, longest_session=6, margin=0.5))
+    return machine
+
+
+def test_recovery_leases_every_claim_until_since_plus_longest_session_plus_margin() -> None:
+    machine = _recovered_at_10(
         o.Claim(owner="a", generation=3, partitions=frozenset({P})),
         o.Claim(owner="b", generation=2, partitions=frozenset({Q}), until=40),
     )
-    machine.handle(o.Recovered(claims=claims, since=10, longest_session=6, margin=0.5))
     assert machine.free_at({P}) == 16.5
     assert machine.free_at({Q}) == 40
     assert machine.free_at({P, Q}) == 40
@@ -281,12 +286,10 @@ def test_recovery_leases_every_claim_until_since_plus_longest_session_plus_margi
 
 
 def test_two_claims_on_one_partition_end_only_with_time() -> None:
-    machine = o.Ownership()
-    claims = (
+    machine = _recovered_at_10(
         o.Claim(owner="a", generation=3, partitions=frozenset({P})),
         o.Claim(owner="b", generation=3, partitions=frozenset({P}), until=20),
     )
-    machine.handle(o.Recovered(claims=claims, since=10, longest_session=6, margin=0.5))
     for owner in "ab":
         registered = o.OwnerRegistered(
             owner=owner, incarnation=ord(owner), generation=3, holding=(), now=11
