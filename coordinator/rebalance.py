@@ -206,6 +206,13 @@ async def _start_all(
     committed = await coordinator.offsets.committed(group.group_id)
     streams = _streams_by_member(coordinator, assignment, committed)
     failures: list[str] = []
+    # A member that re-registered after this attempt began (so was not stopped by it) may have
+    # adopted some of the assignment, which it fetches on under its lease from this coordinator:
+    # the next attempt stops it first.
+    if adopted := group.ownership.held_among(assignment.keys()):
+        raise AttemptFailed(
+            f"{len(adopted)} assigned partitions are held by a member that came back since"
+        )
     requests: dict[Member, RequestMessage] = {}
     starts: dict[int, tuple[str, frozenset[TopicPartition]]] = {}
     now = _now()

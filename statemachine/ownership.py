@@ -334,6 +334,20 @@ class Ownership:
             (value.until for value in self._timed_among(partitions).values()), default=-math.inf
         )
 
+    def held_among(self, partitions: Collection[TopicPartition]) -> frozenset[TopicPartition]:
+        """Those of ``partitions`` some process holds (Held or Adopted): an attempt that stopped
+        its members holds none of them, unless a member that re-registered since adopted some."""
+        held = self._held
+        found = (
+            {tp for tp in partitions if tp in held}
+            if len(partitions) <= len(held)
+            else {tp for tp in held if tp in partitions}
+        )
+        found.update(
+            tp for tp, value in self._timed_among(partitions).items() if type(value) is Adopted
+        )
+        return frozenset(found)
+
     def under_lease(self, now: float) -> bool:
         """Whether some process may still be fetching a partition at ``now``."""
         return any(value.until > now for value in self._timed.values())

@@ -252,3 +252,40 @@ async def test_a_new_process_under_an_old_member_id_proves_nothing_and_the_lease
             await cluster.wait_settled()
         assert trio.current_time() == 18.0  # 11.5 + T + margin
         await cluster.check_invariants(settled=True)
+
+
+async def test_a_member_back_still_fetching_after_an_attempt_began_keeps_its_partitions(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A member that fetches through a failover and re-registers after the recovered group's
+    first attempt began without it adopts its partitions, and fetches on under the new
+    coordinator's Pings: that attempt must not start them elsewhere when the recovered lease runs
+    out. It fails; the next one stops the member first."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=6)
+        a, b = [
+            await cluster.start_consumer(
+                name, group="g", topics={"events": 1}, fetch_through_failover=True
+            )
+            for name in "ab"
+        ]
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        held = {"a": a.owned, "b": b.owned}
+        await trio.sleep_until(10.4)
+        b.freeze(3.4)  # paused through the restart: back after a's attempt began, still fetching
+        await trio.sleep_until(10.5)
+        with trio.fail_after(5):
+            await cluster.restart_coordinator(down_for=1.0)
+        await trio.sleep_until(17.0)
+        b.answer_slowly(1.0)  # long enough a StopFetcher answer for two owners to show
+        with trio.fail_after(30):
+            await cluster.wait_settled()
+        cluster.ledger.check()  # b's partitions never had two owners
+        # a re-registered at 12.5 and its attempt began at 15.5, waiting for the record's lease
+        # (18.0); b re-registered at 15.8 adopting its own partitions. At 18.0 that attempt
+        # failed instead of starting them on a; after the backoff (T/3) the next one began at
+        # 20.0 with both and stopped b first.
+        assert trio.current_time() == 23.8
+        assert {"a": a.owned, "b": b.owned} == held
+        await cluster.check_invariants(settled=True)

@@ -470,3 +470,13 @@ def test_no_partition_has_two_holders_and_a_lease_ends_early_only_by_its_owners_
                 assert tp in machine.holding(state.incarnation).partitions
             if isinstance(state, o.Free):
                 assert holders == [], (tp, holders)
+
+
+def test_held_among_names_the_partitions_some_process_holds() -> None:
+    machine, _ = _adopted(until_margin=8.5)()
+    assert machine.held_among({P, Q}) == {P}
+    machine.handle(_start(owner="b", incarnation=5, generation=2, partitions=frozenset({Q}), now=5))
+    assert machine.held_among({P, Q}) == {P, Q}
+    assert machine.held_among({Q}) == {Q}
+    machine.handle(o.StopAnswered(incarnation=2, now=6))
+    assert machine.held_among({P, Q}) == {Q}
