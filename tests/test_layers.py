@@ -74,3 +74,58 @@ def test_only_the_store_imports_kazoo() -> None:
         if name == "kazoo"
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports, ``from package import module`` too."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module in modules:
+                found.add(node.module)
+            found.update(
+                f"{node.module}.{alias.name}"
+                for alias in node.names
+                if f"{node.module}.{alias.name}" in modules
+            )
+    return found
+
+
+def test_no_module_cycles_within_a_package() -> None:
+    """A package's modules form a DAG too, so each can be read after those it uses. A package's
+    ``__init__`` re-exports its modules and is left out: importing a sibling through it is still
+    an edge to that sibling, which is what a cycle is made of."""
+    paths = {_module_name(path): path for _, path in _modules()}
+    modules = set(paths)
+    graph = {
+        name: {
+            other
+            for other in _module_imports(paths[name], modules)
+            if other != name and paths[other].name != "__init__.py"
+        }
+        for name in modules
+        if paths[name].name != "__init__.py"
+    }
+    cycles: list[str] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for other in sorted(graph.get(name, ())):
+            if state.get(other) == 1:
+                cycles.append(" -> ".join([*path[path.index(other) :], other]))
+            elif other not in state:
+                visit(other, [*path, other])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "\n".join(cycles)
