@@ -27,7 +27,9 @@ LAYERS: tuple[frozenset[str], ...] = (
 )
 LAYER = {package: index for index, layer in enumerate(LAYERS) for package in layer}
 #: The only packages that may import kazoo: the store, which keeps ZooKeeper behind its interface.
-KAZOO = frozenset({"store", "bench"})
+KAZOO = frozenset({"store"})
+#: Within them, the one module that does: the bridge between kazoo's threads and trio.
+KAZOO_MODULES = frozenset({"store/kazoo_bridge.py"})
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
@@ -65,6 +67,16 @@ def test_packages_import_only_from_lower_layers() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def _private_imports(path: Path) -> Iterator[tuple[int, str, str]]:
+    """(line, top-level package, name) of every name starting with ``_`` that the module takes
+    from an absolute ``from X import _y``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                if alias.name.startswith("_"):
+                    yield node.lineno, node.module.split(".")[0], alias.name
+
+
 def test_only_the_store_imports_kazoo() -> None:
     wrong = [
         f"{path.relative_to(ROOT)}:{line}"
@@ -72,6 +84,32 @@ def test_only_the_store_imports_kazoo() -> None:
         if package not in KAZOO and package != "tests"
         for line, name in _imports(path)
         if name == "kazoo"
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_kazoo_bridge_imports_kazoo() -> None:
+    """The store's other modules and the benchmarks reach kazoo through the bridge, so that one
+    module decides how kazoo's threads meet trio."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for package, path in _modules()
+        if package != "tests" and path.relative_to(ROOT).as_posix() not in KAZOO_MODULES
+        for line, name in _imports(path)
+        if name == "kazoo"
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_package_imports_private_names_of_another() -> None:
+    """A name starting with ``_`` is its package's own business; another package (a benchmark,
+    an example) that needs it asks for a public name. Tests may look inside what they test."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {name} from {source}"
+        for package, path in _modules()
+        if package != "tests"
+        for line, source, name in _private_imports(path)
+        if source in LAYER and source != package
     ]
     assert not wrong, "\n".join(wrong)
 
