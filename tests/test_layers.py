@@ -26,10 +26,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"scripts"}),
 )
 LAYER = {package: index for index, layer in enumerate(LAYERS) for package in layer}
-#: The only packages that may import kazoo: the store, which keeps ZooKeeper behind its interface.
-KAZOO = frozenset({"store"})
-#: Within them, the one module that does: the bridge between kazoo's threads and trio.
-KAZOO_MODULES = frozenset({"store/kazoo_bridge.py"})
+#: The one module that may import kazoo: the store's bridge between kazoo's threads and trio.
+KAZOO_BRIDGE = "store/kazoo_bridge.py"
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
@@ -77,24 +75,13 @@ def _private_imports(path: Path) -> Iterator[tuple[int, str, str]]:
                     yield node.lineno, node.module.split(".")[0], alias.name
 
 
-def test_only_the_store_imports_kazoo() -> None:
-    wrong = [
-        f"{path.relative_to(ROOT)}:{line}"
-        for package, path in _modules()
-        if package not in KAZOO and package != "tests"
-        for line, name in _imports(path)
-        if name == "kazoo"
-    ]
-    assert not wrong, "\n".join(wrong)
-
-
 def test_only_the_kazoo_bridge_imports_kazoo() -> None:
     """The store's other modules and the benchmarks reach kazoo through the bridge, so that one
     module decides how kazoo's threads meet trio."""
     wrong = [
         f"{path.relative_to(ROOT)}:{line}"
         for package, path in _modules()
-        if package != "tests" and path.relative_to(ROOT).as_posix() not in KAZOO_MODULES
+        if package != "tests" and path.relative_to(ROOT).as_posix() != KAZOO_BRIDGE
         for line, name in _imports(path)
         if name == "kazoo"
     ]
