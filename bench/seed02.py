@@ -47,18 +47,14 @@ import trio
 from bench.harness import bench_arguments, figure, reporting_errors, run
 from bench.loadgen import LineReader
 from bench.seed02_consumer import Seed02Consumer
+from bench.seed02_session import ZooKeeperRebalanceSession, open_zk_rebalance_session
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import open_group_coordinator
 from launch.zookeeper import open_ensemble
 from protocol.types import BrokerInfo, Subscription, TopicPartition, TopicStreams
 from simulation import LeaseInterval, OwnershipLedger, SimulatedCluster
 from statemachine.assignment import range_assign
-from store.zookeeper import (
-    ZooKeeperRebalanceSession,
-    ZooKeeperStore,
-    open_zk_rebalance_session,
-    open_zookeeper_store,
-)
+from store.zookeeper import ZooKeeperStore, open_zookeeper_store
 
 BENCHMARK = "seed02"
 GROUP = "billing"

@@ -11,8 +11,8 @@ releases what it did claim, backs off and tries the whole rebalance again. It fe
 model: holds a fetch lease in an ``OwnershipLedger``) only between a complete claim and the next
 rebalance.
 
-Every ZooKeeper request goes through the project's one kazoo module
-(``store.zookeeper.open_zk_rebalance_session``), which counts them.
+Every ZooKeeper request goes through the session of ``bench/seed02_session.py`` (on the store's
+kazoo bridge), which counts them.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import time
 import attrs
 import trio
 
+from bench.seed02_session import ZooKeeperRebalanceSession, open_zk_rebalance_session
 from protocol.types import Subscription, TopicPartition, TopicStreams
 from simulation import OwnershipLedger
 from statemachine.assignment import range_assign
 from store import StoreUnavailable
-from store.zookeeper import ZooKeeperRebalanceSession, open_zk_rebalance_session
 
 __all__ = ["PrintingLedger", "Seed02Consumer"]
 

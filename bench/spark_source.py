@@ -25,7 +25,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from pipeline.local import local_broker, local_spark
-from pipeline.source import FETCH_BYTES, SCHEMA, _arrow
+from pipeline.source import FETCH_BYTES, SCHEMA, arrow_batch
 from pipeline.wire import Cluster
 from protocol import CreateTopicRequest, Record
 
@@ -93,7 +93,7 @@ def fill(bootstrap: str, topic: str, partitions: int, records: int) -> list[Memo
                     break
                 batches.append(response.records)
                 offset = response.records[-1].offset + 1
-            result.append(MemoryPartition(batches=tuple(_arrow(p, b) for b in batches)))
+            result.append(MemoryPartition(batches=tuple(arrow_batch(p, b) for b in batches)))
         return result
 
 

@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 
 import trio
-from kazoo.client import KazooClient  # type: ignore[import-untyped]
 
 from bench.harness import bench_arguments, figure, run
 from coordinator.offsets import OffsetKeeper
 from launch.zookeeper import open_ensemble
 from protocol.types import TopicPartition
+from store.kazoo_bridge import blocking_client
 from store.zookeeper import open_zookeeper_store
 
 BENCHMARK = "zk_commits"
@@ -59,9 +59,7 @@ async def committer_rate(hosts: str, commits: int) -> float:
 def raw_rate(hosts: str, commits: int) -> float:
     """Offsets per second as raw kazoo transactions of BATCH ``set_data`` (blocking; a thread)."""
     servers, _, chroot = hosts.partition("/")
-    client = KazooClient(hosts=servers)
-    client.start(timeout=30)
-    try:
+    with blocking_client(servers, start_timeout=30) as client:
         base = f"/{chroot}/raw" if chroot else "/raw"
         paths = [f"{base}/{p}" for p in range(BATCH)]
         for path in paths:
@@ -75,9 +73,6 @@ def raw_rate(hosts: str, commits: int) -> float:
             results = tx.commit()
             assert not any(isinstance(r, Exception) for r in results), results
         return commits * BATCH / (time.perf_counter() - start)  # real-clock: as above
-    finally:
-        client.stop()
-        client.close()
 
 
 async def bench(commits: int, rounds: int, work_dir: Path) -> None:

@@ -251,10 +251,12 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
                     )
                 continue
             offset = records[-1].offset + 1
-            yield _arrow(p, records)
+            yield arrow_batch(p, records)
 
 
-def _arrow(p: Placement, records: Sequence[Any]) -> pa.RecordBatch:
+def arrow_batch(p: Placement, records: Sequence[Any]) -> pa.RecordBatch:
+    """Fetched records of partition ``p`` as one Arrow batch in the source's schema: what a read
+    task yields per Fetch response."""
     n = len(records)
     return pa.RecordBatch.from_arrays(
         [

@@ -1,12 +1,12 @@
 """A consumer group on the coordinator: when it rebalances, and which triggers coalesce.
 
 The seeds keep a ``rebalanceInitiated`` bit so a burst of joins causes one rebalance, and let only a
-member's failure cut an attempt short (seed 01 §8-§9). Here that policy is a table: joins and topic
-changes during an attempt only mark another one pending; a departure cancels the attempt in flight.
-A group that leaves Empty is *forming* until its first attempt begins: each join restarts its wait
-(within a cap the trio layer keeps), so a crowd that connects over many seconds still forms in one
-attempt rather than in one per attempt's worth of late joiners.
-The trio layer performs the effects: it owns the timer and the cancel scope of the attempt.
+member's failure cut an attempt short (docs/design.md#rebalance-triggers). Here that policy is a
+table: joins and topic changes during an attempt only mark another one pending; a departure
+cancels the attempt in flight. A group that leaves Empty is *forming* until its first attempt
+begins: each join restarts its wait (within a cap the trio layer keeps), so a crowd that connects
+over many seconds still forms in one attempt rather than in one per attempt's worth of late
+joiners. The trio layer performs the effects: it owns the timer and the cancel scope of the attempt.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class MemberDeparted:
 
 @attrs.frozen(kw_only=True)
 class TopicsChanged:
-    """A subscribed topic appeared or gained partitions (seed 01 §6)."""
+    """A subscribed topic appeared or gained partitions (docs/design.md#rebalance-triggers)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -57,7 +57,7 @@ class AttemptBegan:
 
 @attrs.frozen(kw_only=True)
 class AttemptNotNeeded:
-    """The computed assignment equals the one in force (seed 01 §9 step 3)."""
+    """The computed assignment equals the one in force (docs/design.md#rebalance, step 1)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -102,7 +102,7 @@ class ScheduleRebalance:
 
 @attrs.frozen(kw_only=True)
 class CancelAttempt:
-    """Cancel the attempt in flight at once (seed 01 §8, handleConsumerFailure step 4)."""
+    """Cancel the attempt in flight at once (docs/design.md#rebalance)."""
 
 
 Effect = ScheduleRebalance | CancelAttempt

@@ -1,10 +1,10 @@
 """A group member as the coordinator sees it: ``Registered -> Stopping -> Starting -> Stable``.
 
 The machine owns the two facts that keep the invariants on the coordinator side: how many of the
-member's deadlines it has missed (seed 01 §8: declared dead after a configured number), and when
-the member was last heard from, which bounds how long it may still be fetching under its ownership
-lease after it falls silent (DESIGN.md, "Ownership lease"). Time is passed in; nothing here reads
-a clock.
+member's deadlines it has missed (declared dead after a configured number:
+docs/design.md#failure-detection), and when the member was last heard from, which bounds how long
+it may still be fetching under its ownership lease after it falls silent
+(docs/design.md#ownership-lease). Time is passed in; nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class HandoverRefused:
 @attrs.frozen(kw_only=True)
 class ConnectionClosed:
     """The member closed its connection (the peer's end of stream): it stops fetching before it
-    closes (DESIGN.md), so its partitions are free at once."""
+    closes (docs/design.md#ownership-lease), so its partitions are free at once."""
 
     now: float
 
@@ -178,7 +178,8 @@ TABLE = _build_table()
 
 @attrs.frozen(kw_only=True)
 class MemberTimeouts:
-    """The seeds' failure-detection numbers, derived from the member's session timeout T."""
+    """The failure-detection numbers (docs/design.md#failure-detection), derived from the
+    member's session timeout T."""
 
     session_timeout: float
     max_missed: int = 1

@@ -1,5 +1,6 @@
 """The metadata store: one interface (``interface``), the embedded implementation (``embedded``),
-and the ZooKeeper one to come. The coordinator imports from here and nowhere deeper."""
+and the ZooKeeper one (``zookeeper``, on ``kazoo_bridge``, the one module that imports kazoo). The
+coordinator imports from here and nowhere deeper."""
 
 from .embedded import EmbeddedStore, open_embedded_store
 from .interface import (

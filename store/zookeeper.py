@@ -1,6 +1,6 @@
 """The ZooKeeper metadata store: brokers, topics, groups, offsets and the coordinator election in a
-ZooKeeper ensemble, for a cluster of brokers and coordinator failover. The one module that imports
-kazoo.
+ZooKeeper ensemble, for a cluster of brokers and coordinator failover. Its client is driven
+through ``kazoo_bridge``, the one module that imports kazoo.
 
 Layout (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds keep them)::
 
@@ -36,12 +36,14 @@ then the owner nodes follow, and the owners node names the record once all of th
 needs more than one transaction leaves, if cut short, each partition at its old or its new
 offset; its call returns only once all are written.
 
-Threads. Kazoo runs its own threads. Requests are sent with kazoo's ``*_async`` calls from the trio
-thread (they only queue), and their completions and watches come back through
-``TrioToken.run_sync_soon``, which never blocks a kazoo thread. Only starting and stopping the
-client block; they run in a worker thread under a limiter of their own, abandoned on cancel. Every
-call is bounded: a lost quorum leaves kazoo requests pending forever, so each wait ends in
-``StoreUnavailable`` after ``call_bound`` seconds.
+Threads. Requests are sent with kazoo's ``*_async`` calls from the trio thread and awaited, and
+watches and session changes reach the trio thread, through the ``KazooBridge``: no kazoo thread
+ever blocks on trio, and every call is bounded, ending in ``StoreUnavailable`` after
+``call_bound`` seconds (a lost quorum leaves kazoo requests pending forever).
+
+The path helpers (``group_path``, ``topic_path``, ``segment_name``) are public because seed 02's
+client-side rebalancing (``bench/seed02_session.py``, the benchmarks' baseline) keeps its nodes in
+the same layout.
 """
 
 from __future__ import annotations
@@ -53,22 +55,12 @@ import logging
 import types
 import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import trio
 import trio_util
-from kazoo.client import KazooClient, KazooState  # type: ignore[import-untyped]
-from kazoo.exceptions import (  # type: ignore[import-untyped]
-    BadVersionError,
-    KazooException,
-    NodeExistsError,
-    NoNodeError,
-    NotEmptyError,
-    RolledBackError,
-)
-from kazoo.handlers.threading import KazooTimeoutError  # type: ignore[import-untyped]
 
 from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
 
@@ -84,6 +76,16 @@ from .interface import (
     TopicPlacement,
     UnknownTopic,
 )
+from .kazoo_bridge import (
+    BadVersionError,
+    KazooBridge,
+    KazooState,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    RolledBackError,
+    kazoo_bridge,
+)
 
 __all__ = [
     "BROKER_IDS",
@@ -91,10 +93,11 @@ __all__ = [
     "ELECTION",
     "EPOCH_COUNTER",
     "TOPICS",
-    "ZooKeeperRebalanceSession",
     "ZooKeeperStore",
-    "open_zk_rebalance_session",
+    "group_path",
     "open_zookeeper_store",
+    "segment_name",
+    "topic_path",
 ]
 
 log = logging.getLogger(__name__)
@@ -195,19 +198,22 @@ def _segment(name: str) -> str:
     return quoted or "%"
 
 
-def _name(segment: str) -> str:
+def segment_name(segment: str) -> str:
+    """The group or topic name a znode name (``_segment``) spells."""
     return "" if segment == "%" else urllib.parse.unquote(segment)
 
 
-def _group_path(group_id: str, *parts: object) -> str:
+def group_path(group_id: str, *parts: object) -> str:
+    """``/consumers/<group>/<part>/...``, each name one znode name."""
     return "/".join((CONSUMERS, _segment(group_id), *(_segment(str(part)) for part in parts)))
 
 
 def _record_path(group_id: str, record: str, index: int) -> str:
-    return _group_path(group_id, "records", f"{record}-{index}")
+    return group_path(group_id, "records", f"{record}-{index}")
 
 
-def _topic_path(topic: str) -> str:
+def topic_path(topic: str) -> str:
+    """``/brokers/topics/<topic>``: the topic's placement."""
     return f"{TOPICS}/{_segment(topic)}"
 
 
@@ -220,11 +226,13 @@ class ZooKeeperStore:
     office is over for good (``wait_office_lost`` returns, and its writes are fenced).
     """
 
-    _client: Any  # KazooClient: untyped
-    _token: trio.lowlevel.TrioToken
-    _call_bound: float
+    _bridge: KazooBridge
     _session_timeout: float
     _topic_watch: trio_util.AsyncValue[TopicsView | None]
+    #: The bridge's KazooClient (untyped), named for brevity on every request.
+    _client: Any = attrs.field(
+        init=False, default=attrs.Factory(lambda self: self._bridge.client, takes_self=True)
+    )
     _topics_wake: trio.Event = attrs.Factory(trio.Event)
     _topics_lock: trio.Lock = attrs.Factory(trio.Lock)
     #: Counts election watch events and session state changes: a waiter notes the count before
@@ -240,11 +248,14 @@ class ZooKeeperStore:
     )
     _record_ids: Iterator[int] = attrs.Factory(itertools.count)
     _closed: bool = False
-    #: ZooKeeper requests awaited (a transaction is one), for the benchmarks' operation counts.
-    operations: int = 0
 
     def __repr__(self) -> str:
         return f"<ZooKeeperStore {self._client.hosts!r}>"
+
+    @property
+    def operations(self) -> int:
+        """ZooKeeper requests awaited (a transaction is one), for the benchmarks' counts."""
+        return self._bridge.requests
 
     # Brokers
 
@@ -290,7 +301,7 @@ class ZooKeeperStore:
         placement = TopicPlacement(topic=topic, brokers=brokers)
         try:
             await self._wait(
-                self._client.create_async(_topic_path(topic), _json(encode_placement(placement)))
+                self._client.create_async(topic_path(topic), _json(encode_placement(placement)))
             )
         except NodeExistsError:
             raise TopicExists(topic) from None
@@ -298,7 +309,7 @@ class ZooKeeperStore:
         return placement
 
     async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
-        path = _topic_path(topic)
+        path = topic_path(topic)
         for _ in range(_RETRIES):
             try:
                 data, stat = await self._wait(self._client.get_async(path))
@@ -321,8 +332,8 @@ class ZooKeeperStore:
         return await self._read_topics(watch=None)
 
     async def _read_topics(self, watch: Callable[[Any], None] | None) -> TopicsView:
-        names = [_name(segment) for segment in await self._children(TOPICS, watch=watch)]
-        pending = [(name, self._client.get_async(_topic_path(name), watch=watch)) for name in names]
+        names = [segment_name(segment) for segment in await self._children(TOPICS, watch=watch)]
+        pending = [(name, self._client.get_async(topic_path(name), watch=watch)) for name in names]
         topics = {}
         for name, result in pending:
             try:
@@ -374,7 +385,7 @@ class ZooKeeperStore:
             self._topic_watch.value = await self._read_topics(watch=self._on_topics_watch)
 
     def _on_topics_watch(self, _event: object) -> None:
-        self._soon(lambda: self._topics_wake.set())
+        self._bridge.soon(lambda: self._topics_wake.set())
 
     # The coordinator's office
 
@@ -402,7 +413,7 @@ class ZooKeeperStore:
             return int(counter.mzxid)
 
     def _on_election(self, _event: object) -> None:
-        self._soon(self._count_election_event)
+        self._bridge.soon(self._count_election_event)
 
     def _count_election_event(self) -> None:
         self._election_events.value += 1
@@ -451,8 +462,8 @@ class ZooKeeperStore:
 
     async def groups(self) -> Mapping[str, GroupRecord]:
         children = await self._children(CONSUMERS)
-        names = [_name(child) for child in children if child != "coordinator"]
-        pending = [(n, self._client.get_async(_group_path(n, "registry"))) for n in names]
+        names = [segment_name(child) for child in children if child != "coordinator"]
+        pending = [(n, self._client.get_async(group_path(n, "registry"))) for n in names]
         registries = []
         for name, result in pending:
             try:
@@ -477,7 +488,7 @@ class ZooKeeperStore:
         for _ in range(_RETRIES):
             try:
                 data, _stat = await self._wait(
-                    self._client.get_async(_group_path(group_id, "registry"))
+                    self._client.get_async(group_path(group_id, "registry"))
                 )
             except NoNodeError:
                 return None
@@ -503,7 +514,7 @@ class ZooKeeperStore:
         group_id = group.group_id
         data = _json(encode_group(group))
         chunks = [data[i : i + _CHUNK_BYTES] for i in range(0, len(data), _CHUNK_BYTES)]
-        registry_path = _group_path(group_id, "registry")
+        registry_path = group_path(group_id, "registry")
         for _ in range(_RETRIES):
             # A new record each attempt: chunks an attempt left behind are stale, not in the way.
             record_id = f"{office.epoch}-{next(self._record_ids)}"
@@ -542,10 +553,10 @@ class ZooKeeperStore:
 
     async def _group_nodes(self, group_id: str, *, keep: str | None = None) -> _GroupNodes:
         """The nodes a write of the group replaces, read in one round trip."""
-        registry = self._client.get_async(_group_path(group_id, "registry"))
-        records = self._client.get_children_async(_group_path(group_id, "records"))
-        owners = self._client.get_async(_group_path(group_id, "owners"))
-        owner_topics = self._client.get_children_async(_group_path(group_id, "owners"))
+        registry = self._client.get_async(group_path(group_id, "registry"))
+        records = self._client.get_children_async(group_path(group_id, "records"))
+        owners = self._client.get_async(group_path(group_id, "owners"))
+        owner_topics = self._client.get_children_async(group_path(group_id, "owners"))
         missing = []
         try:
             data, stat = await self._wait(registry)
@@ -553,8 +564,8 @@ class ZooKeeperStore:
         except NoNodeError:
             current, version = None, None
             # A new group, or one with offsets only (a standalone committer's).
-            if await self._wait(self._client.exists_async(_group_path(group_id))) is None:
-                missing.append(_group_path(group_id))
+            if await self._wait(self._client.exists_async(group_path(group_id))) is None:
+                missing.append(group_path(group_id))
         try:
             stale = [
                 name
@@ -562,13 +573,13 @@ class ZooKeeperStore:
                 if keep is None or not name.startswith(f"{keep}-")
             ]
         except NoNodeError:
-            missing.append(_group_path(group_id, "records"))
+            missing.append(group_path(group_id, "records"))
             stale = []
         try:
             mirror, _stat = await self._wait(owners)
             topics = set(await self._wait(owner_topics))
         except NoNodeError:
-            missing.append(_group_path(group_id, "owners"))
+            missing.append(group_path(group_id, "owners"))
             mirror, topics = None, set()
         return _GroupNodes(
             group_id=group_id,
@@ -602,9 +613,9 @@ class ZooKeeperStore:
     ) -> Mapping[TopicPartition, ConsumerThread | None]:
         listings = [
             (
-                _name(topic),
+                segment_name(topic),
                 self._client.get_children_async(
-                    _group_path(nodes.group_id, "owners", _name(topic))
+                    group_path(nodes.group_id, "owners", segment_name(topic))
                 ),
             )
             for topic in nodes.owner_topics
@@ -626,29 +637,27 @@ class ZooKeeperStore:
     ) -> list[_Op]:
         """After the registry: drop the records it no longer names, bring the owner nodes from
         ``owners`` to the group's assignment, and last name the record they now mirror."""
-        ops = [
-            _Op("delete", _group_path(group_id, "records", name)) for name in nodes.stale_records
-        ]
+        ops = [_Op("delete", group_path(group_id, "records", name)) for name in nodes.stale_records]
         for tp in owners.keys() - group.assignment.keys():
-            ops.append(_Op("delete", _group_path(group_id, "owners", tp.topic, tp.partition)))
+            ops.append(_Op("delete", group_path(group_id, "owners", tp.topic, tp.partition)))
         topics = set(nodes.owner_topics)
         for tp, thread in group.assignment.items():
             if _segment(tp.topic) not in topics:
-                ops.append(_Op("create", _group_path(group_id, "owners", tp.topic)))
+                ops.append(_Op("create", group_path(group_id, "owners", tp.topic)))
                 topics.add(_segment(tp.topic))
-            path = _group_path(group_id, "owners", tp.topic, tp.partition)
+            path = group_path(group_id, "owners", tp.topic, tp.partition)
             if tp not in owners:
                 ops.append(_Op("create", path, f"{thread.member_id}-{thread.index}".encode()))
             elif owners[tp] != thread:
                 ops.append(_Op("set", path, f"{thread.member_id}-{thread.index}".encode()))
-        ops.append(_Op("set", _group_path(group_id, "owners"), record_id.encode()))
+        ops.append(_Op("set", group_path(group_id, "owners"), record_id.encode()))
         return ops
 
     async def delete_group(self, epoch: int, group_id: str) -> None:
         office = self._check_epoch(epoch)
-        root = _group_path(group_id)
-        registry = _group_path(group_id, "registry")
-        records = _group_path(group_id, "records")
+        root = group_path(group_id)
+        registry = group_path(group_id, "registry")
+        records = group_path(group_id, "records")
         for _ in range(_RETRIES):
             nodes = await self._group_subtree(group_id)
             if not nodes:
@@ -684,7 +693,7 @@ class ZooKeeperStore:
             ops = []
             for key in keys:
                 offset, generation = latest[key]
-                path = _group_path(key[0], "offsets", key[1], key[2])
+                path = group_path(key[0], "offsets", key[1], key[2])
                 value = _json({"offset": offset, "generation": generation})
                 ops.append(_Op("set" if key in self._offset_nodes else "create", path, value))
             done = await self._commit_in_parts(office, ops)
@@ -702,11 +711,11 @@ class ZooKeeperStore:
         that are missing. One listing per topic, not a request per partition; empty directories
         change nothing a reader sees, so creating them needs no office."""
         dirs = sorted({(group, topic) for group, topic, _partition in keys})
-        created = [self._client.ensure_path_async(_group_path(g, "offsets", t)) for g, t in dirs]
+        created = [self._client.ensure_path_async(group_path(g, "offsets", t)) for g, t in dirs]
         for result in created:
             await self._wait(result)
         listings = [
-            (g, t, self._client.get_children_async(_group_path(g, "offsets", t))) for g, t in dirs
+            (g, t, self._client.get_children_async(group_path(g, "offsets", t))) for g, t in dirs
         ]
         for group, topic, result in listings:
             with contextlib.suppress(NoNodeError):  # deleted meanwhile: its nodes are gone too
@@ -714,7 +723,7 @@ class ZooKeeperStore:
                     self._offset_nodes.add((group, topic, int(partition)))
 
     async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
-        base = _group_path(group_id, "offsets")
+        base = group_path(group_id, "offsets")
         topics = await self._children(base, missing_ok=True)
         listings = [(t, self._client.get_children_async(f"{base}/{t}")) for t in topics]
         pending = []
@@ -725,7 +734,7 @@ class ZooKeeperStore:
                 continue
             for p in partitions:
                 path = f"{base}/{topic}/{p}"
-                tp = TopicPartition(topic=_name(topic), partition=int(p))
+                tp = TopicPartition(topic=segment_name(topic), partition=int(p))
                 pending.append((tp, self._client.get_async(path)))
         offsets = {}
         for tp, result in pending:
@@ -803,7 +812,7 @@ class ZooKeeperStore:
         offset nodes are the layout's leaves, so they are not asked for children: a big group
         has tens of thousands of them."""
         nodes = []
-        frontier = [_group_path(group_id)]
+        frontier = [group_path(group_id)]
         for depth in range(_GROUP_DEPTH + 1):
             if depth == _GROUP_DEPTH:
                 nodes.extend(frontier)
@@ -820,25 +829,16 @@ class ZooKeeperStore:
         return nodes
 
     async def _wait(self, result: Any) -> Any:
-        """A request's answer (``_answer``), counted in ``operations``."""
+        """A request's answer (``KazooBridge.answer``), counted in ``operations``."""
         self._check_open()
-        self.operations += 1
-        return await _answer(result, self._soon, self._call_bound)
-
-    def _soon(self, callback: Callable[[], object]) -> None:
-        """Run ``callback`` on the trio thread; from any thread, never blocking, never raising."""
-        with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(callback)
+        return await self._bridge.answer(result)
 
     def _session_id(self) -> int | None:
         client_id = self._client.client_id
         return None if client_id is None else int(client_id[0])
 
-    def _on_state(self, state: str) -> None:
-        """Kazoo's state listener, on a kazoo thread."""
-        self._soon(partial(self._state_changed, state))
-
     def _state_changed(self, state: str) -> None:
+        """The session's state listener (``KazooBridge.listen``), on the trio thread."""
         log.info("ZooKeeper session %s", state)
         self._topics_wake.set()
         self._count_election_event()
@@ -890,30 +890,6 @@ class ZooKeeperStore:
             raise StoreUnavailable(f"unreadable placement of topic {topic!r}: {exc}") from exc
 
 
-async def _answer(
-    result: Any, soon: Callable[[Callable[[], object]], None], call_bound: float
-) -> Any:
-    """The value of a kazoo async result, waiting at most ``call_bound`` seconds for it, woken
-    through ``soon`` (``TrioToken.run_sync_soon``) from kazoo's thread.
-
-    Kazoo's own errors (no node, node exists, bad version, not empty) pass through for the caller
-    to interpret; connection trouble becomes ``StoreUnavailable``.
-    """
-    if not result.ready():  # of thousands of requests sent at once, most are answered by now
-        done = trio.Event()
-        result.rawlink(lambda _result: soon(done.set))
-        with trio.move_on_after(call_bound):
-            await done.wait()
-        if not result.ready():
-            raise StoreUnavailable(f"ZooKeeper did not answer within {call_bound} s")
-    try:
-        return result.get_nowait()
-    except (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError):
-        raise
-    except KazooException as exc:
-        raise StoreUnavailable(f"ZooKeeper: {exc!r}") from exc
-
-
 def _failure(results: Sequence[Any]) -> tuple[int, Exception] | None:
     """The operation that made a transaction fail (the others say RolledBackError), if any."""
     for index, result in enumerate(results):
@@ -940,178 +916,22 @@ async def open_zookeeper_store(
     registrations, the office) after it last heard from us; ``call_bound`` is the longest any one
     call waits before ``StoreUnavailable``.
     """
-    servers, slash, chroot = hosts.partition("/")
-    chroot = "/" + chroot.strip("/") if slash and chroot.strip("/") else ""
-    limiter = trio.CapacityLimiter(1)
-    client = KazooClient(
-        hosts=servers,
-        timeout=session_timeout,
-        connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0},
-    )
+    bridge = kazoo_bridge(hosts, session_timeout=session_timeout, call_bound=call_bound)
     store = ZooKeeperStore(
-        client=client,
-        token=trio.lowlevel.current_trio_token(),
-        call_bound=call_bound,
-        session_timeout=session_timeout,
-        topic_watch=trio_util.AsyncValue(None),
+        bridge=bridge, session_timeout=session_timeout, topic_watch=trio_util.AsyncValue(None)
     )
-    client.add_listener(store._on_state)
-    try:
+    bridge.listen(store._state_changed)
+    async with bridge.running():
         try:
-            await trio.to_thread.run_sync(
-                partial(client.start, timeout=call_bound), abandon_on_cancel=True, limiter=limiter
-            )
-        except KazooTimeoutError:
-            raise StoreUnavailable(f"cannot reach ZooKeeper at {servers}") from None
-        if chroot:
-            # Kazoo expects the chroot to exist before it connects through it.
-            await store._wait(client.ensure_path_async(chroot))
-            client.chroot = chroot
-        for path in (BROKER_IDS, TOPICS, CONSUMERS, EPOCH_COUNTER):
-            await store._wait(client.ensure_path_async(path))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(store._watch_topics)
-            nursery.start_soon(store._keep_registrations)
-            try:
-                yield store
-            finally:
-                nursery.cancel_scope.cancel()
-    finally:
-        store._closed = True
-        store._topic_watch.value = None
-        with trio.CancelScope(shield=True), trio.move_on_after(call_bound):
-            await trio.to_thread.run_sync(_stop, client, abandon_on_cancel=True, limiter=limiter)
-
-
-def _stop(client: Any) -> None:
-    """Close the session (its ephemeral nodes go at once) and the client's threads."""
-    try:
-        client.stop()
-    finally:
-        client.close()
-
-
-# --- seed 02's client-side rebalancing, the benchmarks' baseline --------------------------------
-
-
-@attrs.define(eq=False, repr=False)
-class ZooKeeperRebalanceSession:
-    """One consumer's own ZooKeeper session for seed 02's client-side rebalancing (Kafka 0.8's
-    ``ZookeeperConsumerConnector``): the predecessor the coordinator replaces, kept here only as
-    a benchmark baseline. Obtain one from ``open_zk_rebalance_session``.
-
-    It offers the primitives that design is built from, each one ZooKeeper request, counted in
-    ``operations``: register the consumer (ephemeral), list the group's consumers and read a
-    topic's partitions (both arming a watch; every watch that fires bumps ``changes``), claim a
-    partition (an ephemeral owner node: a NodeExists is a failed claim) and release it. The
-    consumer logic itself lives with the benchmark. Bridging is the store's: requests are queued
-    with kazoo's ``*_async`` calls and their completions and watches come back through
-    ``TrioToken.run_sync_soon``; every wait is bounded by ``call_bound``.
-    """
-
-    _client: Any  # KazooClient: untyped
-    _token: trio.lowlevel.TrioToken
-    _call_bound: float
-    #: Bumped on the trio thread by every watch that fires and every session state change.
-    changes: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
-    #: ZooKeeper requests made (create, delete, get, get_children; ensure_path counts once).
-    operations: int = 0
-    _closed: bool = False
-
-    def __repr__(self) -> str:
-        return f"<ZooKeeperRebalanceSession {self._client.hosts!r}>"
-
-    async def register(self, group_id: str, consumer_id: str, topics: Sequence[str]) -> None:
-        """Create ``/consumers/<group>/ids/<consumer_id>`` (ephemeral) and the owner dirs."""
-        owner_dirs = [_group_path(group_id, "owners", topic) for topic in topics]
-        for parent in [_group_path(group_id, "ids"), *owner_dirs]:
-            await self._wait(self._client.ensure_path_async(parent))
-        path = _group_path(group_id, "ids", consumer_id)
-        await self._wait(self._client.create_async(path, b"{}", ephemeral=True))
-
-    async def consumer_ids(self, group_id: str) -> list[str]:
-        """The group's registered consumers, arming a watch on the list."""
-        path = _group_path(group_id, "ids")
-        children = await self._wait(self._client.get_children_async(path, watch=self._on_watch))
-        return sorted(_name(child) for child in children)
-
-    async def partition_count(self, topic: str) -> int:
-        """How many partitions ``topic`` has (0 if it does not exist), arming a watch on it."""
-        try:
-            data, _stat = await self._wait(
-                self._client.get_async(_topic_path(topic), watch=self._on_watch)
-            )
-        except NoNodeError:
-            await self._wait(self._client.exists_async(_topic_path(topic), watch=self._on_watch))
-            return 0
-        return len(json.loads(data))
-
-    async def claim(self, group_id: str, topic: str, partition: int, owner: str) -> bool:
-        """Create the partition's ephemeral owner node: False if someone else still holds it."""
-        path = _group_path(group_id, "owners", topic, partition)
-        try:
-            await self._wait(self._client.create_async(path, owner.encode(), ephemeral=True))
-        except NodeExistsError:
-            return False
-        return True
-
-    async def release(self, group_id: str, topic: str, partition: int) -> None:
-        """Delete the partition's owner node (gone already is fine)."""
-        path = _group_path(group_id, "owners", topic, partition)
-        with contextlib.suppress(NoNodeError):
-            await self._wait(self._client.delete_async(path))
-
-    def _on_watch(self, _event: object) -> None:
-        """Kazoo's watch callback, on a kazoo thread."""
-        self._soon(self._bump)
-
-    def _bump(self) -> None:
-        self.changes.value += 1
-
-    async def _wait(self, result: Any) -> Any:
-        if self._closed:
-            raise StoreUnavailable("the session is closed")
-        self.operations += 1
-        return await _answer(result, self._soon, self._call_bound)
-
-    def _soon(self, callback: Callable[[], object]) -> None:
-        with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(callback)
-
-
-@contextlib.asynccontextmanager
-async def open_zk_rebalance_session(
-    hosts: str,
-    *,
-    session_timeout: float = DEFAULT_SESSION_TIMEOUT,
-    call_bound: float = DEFAULT_CALL_BOUND,
-) -> AsyncIterator[ZooKeeperRebalanceSession]:
-    """One seed-02 consumer's ZooKeeper session (``hosts`` as for ``open_zookeeper_store``) for
-    the block; leaving it closes the session, so its ephemeral nodes go at once."""
-    servers, slash, chroot = hosts.partition("/")
-    chroot = "/" + chroot.strip("/") if slash and chroot.strip("/") else ""
-    limiter = trio.CapacityLimiter(1)
-    client = KazooClient(
-        hosts=servers,
-        timeout=session_timeout,
-        connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0},
-    )
-    session = ZooKeeperRebalanceSession(
-        client=client, token=trio.lowlevel.current_trio_token(), call_bound=call_bound
-    )
-    client.add_listener(lambda _state: session._soon(session._bump))
-    try:
-        try:
-            await trio.to_thread.run_sync(
-                partial(client.start, timeout=call_bound), abandon_on_cancel=True, limiter=limiter
-            )
-        except KazooTimeoutError:
-            raise StoreUnavailable(f"cannot reach ZooKeeper at {servers}") from None
-        if chroot:
-            await session._wait(client.ensure_path_async(chroot))
-            client.chroot = chroot
-        yield session
-    finally:
-        session._closed = True
-        with trio.CancelScope(shield=True), trio.move_on_after(call_bound):
-            await trio.to_thread.run_sync(_stop, client, abandon_on_cancel=True, limiter=limiter)
+            for path in (BROKER_IDS, TOPICS, CONSUMERS, EPOCH_COUNTER):
+                await store._wait(store._client.ensure_path_async(path))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(store._watch_topics)
+                nursery.start_soon(store._keep_registrations)
+                try:
+                    yield store
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            store._closed = True
+            store._topic_watch.value = None
