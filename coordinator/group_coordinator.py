@@ -1,4 +1,4 @@
-"""The group coordinator of seed 01: membership, failure detection, offsets and topic watches.
+"""The group coordinator: membership, failure detection, offsets and topic watches.
 
 Everything that changes a group goes through its machines (``statemachine.member`` and
 ``statemachine.group``); this module performs the effects they return. The rebalance attempt itself
@@ -77,7 +77,8 @@ class GroupCoordinator:
         channel: Channel,
         connection_scope: trio.CancelScope,
     ) -> tuple[RegisterConsumerResponse, Member | None]:
-        """Seed 01 §7: check the registration, add the member, and let the group rebalance."""
+        """Check the registration, add the member, and let the group rebalance
+        (docs/design.md#generations-and-fencing)."""
         error = self._registration_error(request, client_id)
         if error is not ErrorCode.NONE:
             return self._register_response(error, request.group_id), None
@@ -118,15 +119,15 @@ class GroupCoordinator:
         return self._register_response(ErrorCode.NONE, request.group_id), member
 
     def _adopt(self, group: Group, member: Member, request: RegisterConsumerRequest) -> None:
-        """A partition under a lease waits until its owner surely stopped (DESIGN.md, "Ownership
-        lease"); the owner itself can say so sooner. A member that registers under the
-        generation of its lease is the process that held it (a coordinator has one member per id
-        in a generation): partitions it no longer fetches are free now, and those it still
-        fetches are its own (their offsets count) until its StopFetcher answer frees them, or
-        its death starts a lease again. So after a failover a new coordinator waits only for
-        owners that have not re-registered, and a member whose connection broke under it frees
-        its partitions when it comes back. Any other generation (a new process under an old id,
-        an attempt that was never persisted) proves nothing, and the lease stands."""
+        """A partition under a lease waits until its owner surely stopped
+        (docs/design.md#adoption-after-a-failover); the owner itself can say so sooner. A member
+        that registers under the generation of its lease is the process that held it (a coordinator
+        has one member per id in a generation): partitions it no longer fetches are free now, and
+        those it still fetches are its own (their offsets count) until its StopFetcher answer frees
+        them, or its death starts a lease again. So after a failover a new coordinator waits only
+        for owners that have not re-registered, and a member whose connection broke under it frees
+        its partitions when it comes back. Any other generation (a new process under an old id, an
+        attempt that was never persisted) proves nothing, and the lease stands."""
         registered = ownership.OwnerRegistered(
             owner=member.member_id,
             incarnation=member.incarnation,
@@ -196,9 +197,9 @@ class GroupCoordinator:
 
     def member_event(self, member: Member, event: object) -> None:
         """Feed a failure-path input (a missed deadline, a closed connection, a leave) to the
-        member's machine; if it declares the member dead, do seed 01 §8's handleConsumerFailure:
-        remove it, cancel an attempt in flight, close its connection, rebalance what is left.
-        Safe to call more than once."""
+        member's machine; if it declares the member dead, handle its failure
+        (docs/design.md#failure-detection): remove it, cancel an attempt in flight, close its
+        connection, rebalance what is left. Safe to call more than once."""
         effects = member.machine.handle(event)
         if not member.machine.alive:
             member.connection_scope.cancel()
@@ -231,7 +232,8 @@ class GroupCoordinator:
         on_unsent: Callable[[Member], None] | None = None,
     ) -> list[Member]:
         """Send each member its coordinator request at once, each due within 2/3 of that member's
-        session timeout (seed 01 §8), and return once every one has answered or missed.
+        session timeout (docs/design.md#failure-detection), and return once every one has
+        answered or missed.
 
         ``on_answer`` runs in the reader that got the answer, when it arrives: even if the
         member died meanwhile, since its answer may still count. A member whose deadline passes
@@ -318,10 +320,11 @@ class GroupCoordinator:
         *,
         final: bool = False,
     ) -> None:
-        """Offsets in a Ping response count only for partitions the member owns under the
-        generation the Ping carried, and only while it is a member; a StopFetcher answer is its
-        ``final`` report for what it owned, accepted even if it left right after (DESIGN.md,
-        "Generations"). Called by the reader that got the answer, as it arrives."""
+        """Offsets in a Ping response count only for partitions the member owns under the generation
+        the Ping carried, and only while it is a member; a StopFetcher answer is its ``final``
+        report for what it owned, accepted even if it left right after
+        (docs/design.md#generations-and-fencing). Called by the reader that got the answer, as it
+        arrives."""
         accepted = self._fenced(member, generation, offsets, final=final)
         if not accepted:
             return
@@ -438,12 +441,12 @@ class GroupCoordinator:
             await self._rebuild(group, group.failure)
 
     async def _rebuild(self, failed: Group, exc: Exception) -> None:
-        """Seed 04's failover, for one group: nothing the failed group kept in memory can be
-        trusted, so it is rebuilt from its last durable record as a new coordinator would, with
-        every lease counted from the failure. Its members are disconnected and register again;
-        each partition of that record, and each one a member owned or a lease held in memory,
-        waits until T plus the lease margin after the failure, unless its owner re-registers
-        under that generation holding nothing (``_adopt``)."""
+        """A failover for one group (docs/design.md#adoption-after-a-failover): nothing the
+        failed group kept in memory can be trusted, so it is rebuilt from its last durable record
+        as a new coordinator would, with every lease counted from the failure. Its members are
+        disconnected and register again; each partition of that record, and each one a member
+        owned or a lease held in memory, waits until T plus the lease margin after the failure,
+        unless its owner re-registers under that generation holding nothing (``_adopt``)."""
         failed_at = trio.current_time()
         log.error(
             "group %s failed; disconnecting its %d members and rebuilding it from its last "
@@ -647,7 +650,8 @@ class GroupCoordinator:
     async def watch_topics(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Seed 01 §6: a new topic or new partitions rebalance every interested group."""
+        """A new topic or new partitions rebalance every interested group
+        (docs/design.md#rebalance-triggers)."""
         started = False
         async for topics in self.store.topic_updates():
             changed = {

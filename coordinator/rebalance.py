@@ -1,26 +1,28 @@
-"""Seed 01 §9: one group's rebalance, an attempt at a time, each in its own cancel scope.
+"""One group's rebalance, an attempt at a time, each in its own cancel scope.
 
 A group's driver task owns its attempts, so one group's rebalances never overlap while different
 groups rebalance concurrently. A member's failure cancels the attempt in flight through
-``group.attempt_scope`` (seed 01 §8, handleConsumerFailure step 4); the group machine has by then
+``group.attempt_scope`` (docs/design.md#failure-detection); the group machine has by then
 scheduled the next attempt.
 
-An attempt follows DESIGN.md's order, which is what keeps a partition from having two owners and an
-offset from going backwards: take generation N+1; StopFetcher to every member and wait; wait until
-every partition that moves away from a silent member is past that member's lease; force the offset
-commit; persist N+1 and the intended assignment; StartFetcher with the committed offsets; wait;
-complete.
+An attempt follows the order of docs/design.md#rebalance, which is what keeps a partition from
+having two owners and an offset from going backwards: take generation N+1; StopFetcher to every
+member and wait; wait until every partition that moves away from a silent member is past that
+member's lease; force the offset commit; persist N+1 and the intended assignment; StartFetcher with
+the committed offsets; wait; complete.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import trio
 
+from coordinator.membership import Group, Member
+from coordinator.offsets import OffsetKeeper
 from protocol import (
     AssignedPartition,
     AssignedStream,
@@ -32,20 +34,52 @@ from protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from protocol.types import ConsumerThread, TopicPartition
+from protocol.types import BrokerInfo, ConsumerThread, PartitionOffset, TopicPartition
 from statemachine import group as group_sm
 from statemachine import member as member_sm
 from statemachine import ownership
 from statemachine.assignment import sticky_assign
-from store import GroupRecord, StoreError
-
-if TYPE_CHECKING:
-    from coordinator.group_coordinator import GroupCoordinator
-    from coordinator.membership import Group, Member
+from store import GroupRecord, MetadataStore, StoreError, TopicPlacement
 
 log = logging.getLogger(__name__)
 
 Assignment = dict[TopicPartition, ConsumerThread]
+
+
+class RebalanceHost(Protocol):
+    """What an attempt needs of the coordinator it runs in: its epoch, store, offsets and view
+    of the cluster; the group's machines, fed through it so that their effects are performed;
+    and its way of asking every member at once."""
+
+    epoch: int
+    store: MetadataStore
+    offsets: OffsetKeeper
+    topics: Mapping[str, TopicPlacement]
+    brokers: tuple[BrokerInfo, ...]
+
+    def apply(self, group: Group, event: object) -> None: ...
+
+    def own(self, group: Group, event: ownership.Event) -> list[ownership.Effect]: ...
+
+    def own_or_fail(self, group: Group, event: ownership.Event) -> list[ownership.Effect]: ...
+
+    def member_event(self, member: Member, event: object) -> None: ...
+
+    def accept_reported_offsets_nowait(
+        self,
+        member: Member,
+        generation: int,
+        offsets: tuple[PartitionOffset, ...],
+        *,
+        final: bool = False,
+    ) -> None: ...
+
+    async def call_all(
+        self,
+        requests: Mapping[Member, RequestMessage],
+        on_answer: Callable[[Member, ResponseMessage], None],
+        on_unsent: Callable[[Member], None] | None = None,
+    ) -> list[Member]: ...
 
 
 class AttemptFailed(Exception):
@@ -53,7 +87,7 @@ class AttemptFailed(Exception):
     the store failed: the attempt is abandoned and retried after a backoff."""
 
 
-async def drive(coordinator: GroupCoordinator, group: Group) -> None:
+async def drive(coordinator: RebalanceHost, group: Group) -> None:
     """The group's driver: wait until an attempt is due, then run it."""
     while True:
         due = await group.next_attempt_at.wait_value(lambda at: at is not None)
@@ -68,7 +102,7 @@ async def drive(coordinator: GroupCoordinator, group: Group) -> None:
             return
 
 
-def compute_assignment(coordinator: GroupCoordinator, group: Group) -> Assignment:
+def compute_assignment(coordinator: RebalanceHost, group: Group) -> Assignment:
     subscriptions = {m.member_id: m.record.subscription for m in group.members.values()}
     counts = {
         topic: placement.partition_count
@@ -78,7 +112,7 @@ def compute_assignment(coordinator: GroupCoordinator, group: Group) -> Assignmen
     return sticky_assign(subscriptions, counts, group.assignment)
 
 
-async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
+async def _attempt(coordinator: RebalanceHost, group: Group) -> None:
     members = list(group.members.values())
     assignment = compute_assignment(coordinator, group)
     settled = all(
@@ -132,7 +166,7 @@ async def _attempt(coordinator: GroupCoordinator, group: Group) -> None:
 
 
 async def _stop_all(
-    coordinator: GroupCoordinator,
+    coordinator: RebalanceHost,
     group: Group,
     members: list[Member],
     generation: int,
@@ -176,7 +210,7 @@ async def _stop_all(
 
 
 async def _start_all(
-    coordinator: GroupCoordinator,
+    coordinator: RebalanceHost,
     group: Group,
     members: list[Member],
     assignment: Assignment,
@@ -258,7 +292,7 @@ async def _start_all(
 
 
 def _refused(
-    coordinator: GroupCoordinator, member: Member, request: str, response: ResponseMessage
+    coordinator: RebalanceHost, member: Member, request: str, response: ResponseMessage
 ) -> str:
     """A StopFetcher or StartFetcher answered with an error, or with something else, counts as
     a miss: a member that refuses every time is dead after its allowed misses (its lease
@@ -273,7 +307,7 @@ def _refused(
 
 
 def _streams_by_member(
-    coordinator: GroupCoordinator,
+    coordinator: RebalanceHost,
     assignment: Assignment,
     committed: Mapping[TopicPartition, int],
 ) -> dict[str, tuple[tuple[AssignedStream, ...], frozenset[TopicPartition]]]:

@@ -1,7 +1,7 @@
 """Who may fetch each partition of a group, and from when a partition is free: one machine per
 group, one state per partition.
 
-This is the rule that keeps a partition from having two owners (DESIGN.md, "Ownership lease"). A
+This is the rule that keeps a partition from having two owners (docs/design.md#ownership-lease). A
 partition is
 
 * **Free**: nobody fetches it; an attempt may start it.
