@@ -1,4 +1,4 @@
-"""Real broker processes against hostile connections (issue 14 cases 1 and 7): one connection's
+"""Real broker processes against hostile connections (docs/failure-domains.md): one connection's
 bad input ends that connection only, and connections over the limit are refused cheaply while
 the others are served."""
 

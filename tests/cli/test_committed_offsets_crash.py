@@ -1,6 +1,7 @@
 """A broker killed with SIGKILL loses the offsets it accepted and had not written yet; what
-``groups describe`` showed as committed before the crash must still be there after it (issue 14,
-case 8: it showed reported offsets as committed, and they went backwards after a kill -9)."""
+``groups describe`` showed as committed before the crash must still be there after it: shown as
+committed, a reported offset not yet written would go backwards after a kill -9
+(docs/design.md#offsets)."""
 
 from __future__ import annotations
 

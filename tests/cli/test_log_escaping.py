@@ -1,5 +1,5 @@
-"""Ids and names in log lines are escaped: a newline in a member id cannot forge a record (issue
-14, case 9). The CLI's logging setup, in-process, with the coordinator's own registration line."""
+"""Ids and names in log lines are escaped: a newline in a member id cannot forge a record. The CLI's
+logging setup, in-process, with the coordinator's own registration line."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Validation at the boundary, through a real broker (store, partition logs, coordinator, the
 connection handler) on in-memory streams: every refused request gets its error code, and the
-broker goes on serving everyone else (issue 14, cases 2-6 and the numeric extremes)."""
+broker goes on serving everyone else (docs/limits.md; the numeric extremes too)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Offsets reported in Ping answers are accepted at once but written by the committer at its
 interval; a coordinator that dies in between loses them. Shown as committed before they are
-written, they would seem to go backwards after a crash (issue 14, case 8).
+written, they would seem to go backwards after a crash (docs/design.md#offsets).
 """
 
 from __future__ import annotations

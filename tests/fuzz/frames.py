@@ -106,7 +106,7 @@ class Kind(enum.Enum):
     NUMBERS = "numbers"
     """One integer field at an extreme (offsets near 2**63, generations near 2**31, -1, 0)."""
     COUNTS = "counts"
-    """One count (streams, partitions) huge: issue 14 cases 4 and 6."""
+    """One count (streams, partitions) huge, past its limit in docs/limits.md."""
     STRINGS = "strings"
     """One string field long, up to the 32,767 bytes the codec allows: case 3."""
     CONTROL = "control"

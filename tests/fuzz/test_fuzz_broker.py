@@ -7,9 +7,8 @@ embedded store over in-memory connections on an autojump MockClock (so the deadl
 virtual seconds), driven by ``trio.run`` because hypothesis runs the body once per example.
 ``scripts/fuzz_broker.py`` throws the same frames at a real broker process for as long as asked.
 
-``KNOWN_FAILURES`` and ``NOT_RUN`` name the classes the broker is known to fail on, with the issue
-14 case each hits; once a class's fix is merged its entry goes, and the test holds the broker to
-it.
+``KNOWN_FAILURES`` and ``NOT_RUN`` name the classes the broker is known to fail on, with the
+reason; both are empty, so the test holds the broker to every class.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Whatever one connection sends, it can close that connection and nothing else, and what it makes
 the broker hold is bounded: the idle and frame deadlines, the read budget shared by all
-connections, a pipelining peer that never reads (ConnectionLimits, issue 14 cases 1 and 7)."""
+connections, a pipelining peer that never reads (ConnectionLimits, docs/limits.md)."""
 
 from __future__ import annotations
 
