@@ -467,7 +467,17 @@ def run(main: Callable[[], Awaitable[None]]) -> None:
                 await main()
                 nursery.cancel_scope.cancel()
 
-    trio.run(guarded)
+    try:
+        trio.run(guarded)
+    except BaseExceptionGroup as group:
+        # argparse's --help and usage errors exit from inside main: exit as they meant to.
+        exits, rest = group.split(SystemExit)
+        if exits is None or rest is not None:
+            raise
+        leaf: BaseException = exits
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        raise leaf from None
 
 
 def bench_arguments(description: str) -> argparse.ArgumentParser:
