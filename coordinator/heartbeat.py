@@ -30,6 +30,10 @@ from transport.channel import ChannelClosed
 #: together must not hold up the connections that carry their answers.
 BATCH = 64
 
+#: A Ping held back while the coordinator is out of contact with its store is tried again after
+#: this fraction of the Ping interval.
+OUT_OF_CONTACT_RETRY = 1 / 4
+
 
 @attrs.define(eq=False)
 class _Ping:
@@ -107,8 +111,9 @@ class Pinger:
         now = trio.current_time()
         if now >= self.coordinator.store.in_contact_until():
             # Perhaps deposed: renew no lease (docs/design.md#coordinator-epochs-and-the-election).
-            # The round is skipped, and no deadline runs, since nothing was sent.
-            self._schedule(now + machine.timeouts.ping_interval, member)
+            # No deadline runs, since nothing was sent; the Ping is tried again soon, so that it
+            # reaches the member within its lease once contact comes back.
+            self._schedule(now + machine.timeouts.ping_interval * OUT_OF_CONTACT_RETRY, member)
             return False
         # A member whose lease ran out stopped by its own rule; a Ping would restart it, so the
         # machine declares it dead instead (docs/design.md#ownership-lease).
