@@ -83,11 +83,11 @@ async def test_out_of_contact_it_stops_starts_and_registers_nobody(
         await trio.sleep_until(8.5 - 0.001)
         # Attempts at 5.5 and 7.5 (a failed attempt waits T/3) failed before sending anything:
         # a and b fetch on, untouched, under generation 1.
-        failed = [r.message for r in caplog.records if "out of contact with the store" in r.message]
-        assert len(failed) == 2
         assert a.fetching and b.fetching
         assert _intervals(cluster) == leases
         assert a.started_generations == b.started_generations == [1]
+        failed = [r.message for r in caplog.records if "out of contact with the store" in r.message]
+        assert len(failed) == 2
         with trio.fail_after(10):
             await cluster.wait_settled()
         # The next attempt, at 9.5, is in contact again and moves the new partitions.
@@ -117,9 +117,7 @@ async def test_after_a_pause_past_the_leases_a_due_ping_is_a_death_not_a_renewal
         assert trio.current_time() == 15.0
         with trio.fail_after(30):
             await cluster.wait_settled()
-        deaths = sorted(
-            r.getMessage() for r in caplog.records if "is dead" in r.getMessage()
-        )
+        deaths = sorted(r.getMessage() for r in caplog.records if "is dead" in r.getMessage())
         # The coordinator counts their leases to 4.0 + 6 + 0.5 = 10.5, long past at 15.0.
         assert deaths == [
             f"group g: {c} is dead (lease ran out before its next Ping); its partitions are free "
