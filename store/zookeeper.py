@@ -25,6 +25,11 @@ version this office gave it (nobody took office since) and that the election nod
 session that holds it has not ended). Both checks are on the server, so a coordinator that wakes up
 from a pause with a new kazoo session cannot write, whatever its memory says.
 
+Contact. ``in_contact_until`` tells the coordinator until when it may renew consumers' leases: a
+session timeout, less a margin, after it asked something that its office's session answered
+(docs/design.md#coordinator-epochs-and-the-election). A task reads the election node every third
+of the session to keep that fresh, since kazoo's own session pings are not seen from here.
+
 Size. ZooKeeper refuses a request over its jute.maxbuffer (1 MiB by default), and a group of
 thousands of members over 10,000 partitions takes more than that to write: its record alone can
 approach it, its owner nodes or offsets exceed it. So a write is a list of operations cut into

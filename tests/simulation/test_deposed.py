@@ -1,5 +1,6 @@
-"""A coordinator that may have been deposed renews no lease (docs/design.md#coordinator-epochs-and-
-the-election, docs/design.md#ownership-lease), on the autojump clock with exact virtual times.
+"""A coordinator that may have been deposed renews no lease
+(docs/design.md#coordinator-epochs-and-the-election, docs/design.md#ownership-lease), on the
+autojump clock with exact virtual times.
 
 T = 6 s throughout: Pings every 2 s, each due within 4 s, one miss kills, a lease runs T plus the
 0.5 s margin after the coordinator's last contact with the member, a failed attempt waits T/3 =
