@@ -154,18 +154,18 @@ async def test_a_coordinator_stays_in_contact_while_its_session_lives(
 ) -> None:
     """Its own reads keep the contact ahead for sessions on end, and never further ahead than
     the session could outlive the latest of them (less the margin)."""
-    session = 2.0
+    session = 3.0  # contact is renewed every 1 s and lasts 2.5 s: CI's busy cores have slack
     ahead = session * (1 - CONTACT_MARGIN_FRACTION)
     async with open_zookeeper_store(zookeeper_hosts, session_timeout=session) as store:
         await store.take_office(1)
-        end = trio.current_time() + 3 * session
+        end = trio.current_time() + 2 * session
         lowest = math.inf
         while (now := trio.current_time()) < end:
             until = store.in_contact_until()
             assert until <= now + ahead
             lowest = min(lowest, until - now)
             await trio.sleep(0.05)
-        print(f"contact reached at least {lowest:.3f}s ahead over {3 * session}s")
+        print(f"contact reached at least {lowest:.3f}s ahead over {2 * session}s")
         assert lowest > 0
 
 
