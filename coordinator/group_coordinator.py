@@ -176,6 +176,9 @@ class GroupCoordinator:
         error = validation.request_error(request, client_id, self.config.limits)
         if error is not ErrorCode.NONE:
             return error
+        if trio.current_time() >= self.store.in_contact_until():
+            # Accepting renews the lease of what it holds: docs/design.md#ownership-lease.
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         group = self.groups.get(request.group_id)
         if group is not None and request.consumer_id in group.members:
             return ErrorCode.DUPLICATE_MEMBER_ID

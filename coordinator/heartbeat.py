@@ -23,11 +23,16 @@ from coordinator.membership import Member
 from protocol import LocalProtocolError, PingRequest, PingResponse, ResponseMessage
 from protocol.types import PartitionOffset
 from statemachine import member as member_sm
+from store import MetadataStore
 from transport.channel import ChannelClosed
 
 #: Due Pings sent before the scheduler lets other tasks run: a crowd whose Pings fall due
 #: together must not hold up the connections that carry their answers.
 BATCH = 64
+
+#: A Ping held back while the coordinator is out of contact with its store is tried again after
+#: this fraction of the Ping interval.
+OUT_OF_CONTACT_RETRY = 1 / 4
 
 
 @attrs.define(eq=False)
@@ -41,11 +46,12 @@ class _Ping:
 
 
 class PingerHost(Protocol):
-    """What the scheduler needs of the coordinator it serves: the epoch its Pings carry, where
-    a Ping answer's offsets and a missed deadline go, and how a member that cannot be sent a
-    Ping is closed."""
+    """What the scheduler needs of the coordinator it serves: the epoch its Pings carry, the
+    store that says whether it may still renew leases, where a Ping answer's offsets and a
+    member's inputs go, and how a member that cannot be sent a Ping is closed."""
 
     epoch: int
+    store: MetadataStore
     nursery: trio.Nursery
 
     def member_event(self, member: Member, event: object) -> None: ...
@@ -103,7 +109,17 @@ class Pinger:
         if not machine.alive or member in self._outstanding:
             return False
         now = trio.current_time()
-        machine.handle(member_sm.PingSent(now=now))
+        if now >= self.coordinator.store.in_contact_until():
+            # Perhaps deposed: renew no lease (docs/design.md#coordinator-epochs-and-the-election).
+            # No deadline runs, since nothing was sent; the Ping is tried again soon, so that it
+            # reaches the member within its lease once contact comes back.
+            self._schedule(now + machine.timeouts.ping_interval * OUT_OF_CONTACT_RETRY, member)
+            return False
+        # A member whose lease ran out stopped by its own rule; a Ping would restart it, so the
+        # machine declares it dead instead (docs/design.md#ownership-lease).
+        self.coordinator.member_event(member, member_sm.PingSent(now=now))
+        if not machine.alive:
+            return False
         request = PingRequest(
             coordinator_epoch=self.coordinator.epoch,
             generation=machine.generation,

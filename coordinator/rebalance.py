@@ -174,6 +174,7 @@ async def _stop_all(
 ) -> None:
     failures: list[str] = []
     requests: dict[Member, RequestMessage] = {}
+    _check_contact(coordinator)
     now = _now()
     for member in members:
         if member.machine.alive:
@@ -249,6 +250,7 @@ async def _start_all(
         )
     requests: dict[Member, RequestMessage] = {}
     starts: dict[int, tuple[str, frozenset[TopicPartition]]] = {}
+    _check_contact(coordinator)
     now = _now()
     for member in members:
         if not member.machine.alive:
@@ -289,6 +291,14 @@ async def _start_all(
     failures.extend(f"{member.member_id} did not answer StartFetcher" for member in silent)
     if failures:
         raise AttemptFailed("; ".join(failures))
+
+
+def _check_contact(coordinator: RebalanceHost) -> None:
+    """StopFetcher and StartFetcher renew leases, which a coordinator that may have been deposed
+    must not do (docs/design.md#coordinator-epochs-and-the-election): the attempt fails before
+    it sends any, and is retried after its backoff."""
+    if _now() >= coordinator.store.in_contact_until():
+        raise AttemptFailed("out of contact with the store")
 
 
 def _refused(

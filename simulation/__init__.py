@@ -3,23 +3,27 @@ consumers that speak the real protocol over in-memory streams, on trio's clock, 
 faults and an invariant checker (docs/testing.md)."""
 
 from simulation.cluster import (
+    ContactStore,
     InvariantViolation,
     LeaseInterval,
     OwnershipLedger,
     RecordingStore,
     SimulatedCluster,
     SimulatedConsumer,
+    StoreContact,
     StoreHistory,
     open_simulated_cluster,
 )
 
 __all__ = [
+    "ContactStore",
     "InvariantViolation",
     "LeaseInterval",
     "OwnershipLedger",
     "RecordingStore",
     "SimulatedCluster",
     "SimulatedConsumer",
+    "StoreContact",
     "StoreHistory",
     "open_simulated_cluster",
 ]

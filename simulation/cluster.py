@@ -8,7 +8,10 @@ finds its lease expired), :meth:`~SimulatedConsumer.answer_slowly`,
 :meth:`~SimulatedConsumer.drop_connection` (the connection breaks, the process lives on: it stops
 fetching, rediscovers and re-registers) and :meth:`~SimulatedConsumer.cut_network` (neither side
 gets a byte for a while). On the cluster: :meth:`SimulatedCluster.create_topic`,
-:meth:`~SimulatedCluster.add_partitions` and :meth:`~SimulatedCluster.restart_coordinator`.
+:meth:`~SimulatedCluster.add_partitions`, :meth:`~SimulatedCluster.restart_coordinator`,
+:meth:`~SimulatedCluster.lose_store_contact` (the coordinator stops hearing from its store, as a
+deposed ZooKeeper coordinator would) and :meth:`~SimulatedCluster.pause_coordinator` (a GC pause
+or SIGSTOP of the broker).
 
 :meth:`SimulatedCluster.check_invariants` is the invariant checker: no two fetch leases on one
 partition ever overlapped (the :class:`OwnershipLedger`), no committed offset went backwards (in the
@@ -32,6 +35,7 @@ from typing import Any, cast
 
 import attrs
 import trio
+import trio.testing
 from trio_util import AsyncValue
 
 from broker.dispatch import handle_connection
@@ -220,6 +224,48 @@ class RecordingStore:
 
 def recording_store(inner: MetadataStore, history: StoreHistory) -> MetadataStore:
     return cast(MetadataStore, RecordingStore(inner=inner, history=history))
+
+
+@attrs.define
+class StoreContact:
+    """Whether the coordinator hears from its store, cut for a while by :meth:`lose_contact`.
+    The cluster keeps it, so a cut outlives a coordinator restart."""
+
+    lost_at: float = -math.inf
+    back_at: float = -math.inf
+
+    def lose_contact(self, seconds: float) -> None:
+        now = trio.current_time()
+        if now >= self.back_at:
+            self.lost_at = now
+        self.back_at = max(self.back_at, now + seconds)
+
+    def until(self, inner: MetadataStore) -> float:
+        if self.lost_at <= trio.current_time() < self.back_at:
+            return self.lost_at
+        return inner.in_contact_until()
+
+
+@attrs.define(eq=False)
+class ContactStore:
+    """A store whose contact with its coordinator can be cut: while it is, ``in_contact_until``
+    is the instant contact was lost, as for a ZooKeeper store whose session stopped answering
+    then (docs/design.md#coordinator-epochs-and-the-election). Its writes still go through, so a
+    test sees what the coordinator does with the answer alone. Use it through
+    :func:`contact_store`, which says it is a MetadataStore."""
+
+    inner: MetadataStore
+    contact: StoreContact
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def in_contact_until(self) -> float:
+        return self.contact.until(self.inner)
+
+
+def contact_store(inner: MetadataStore, contact: StoreContact) -> MetadataStore:
+    return cast(MetadataStore, ContactStore(inner=inner, contact=contact))
 
 
 # --- the in-memory network --------------------------------------------------------------------
@@ -711,6 +757,7 @@ class SimulatedCluster:
     coordinator: GroupCoordinator = attrs.field(init=False)
     ledger: OwnershipLedger = attrs.field(factory=OwnershipLedger)
     history: StoreHistory = attrs.field(factory=StoreHistory)
+    contact: StoreContact = attrs.field(factory=StoreContact)
     generations: dict[str, list[int]] = attrs.field(factory=lambda: defaultdict(list))
     consumers: dict[str, SimulatedConsumer] = attrs.field(factory=dict)
     #: How many times a coordinator took office in this cluster (1 before any restart).
@@ -758,13 +805,32 @@ class SimulatedCluster:
         self._stop_requested.set()
         await self.incarnation.wait_value(lambda n: n > before)
 
+    def lose_store_contact(self, seconds: float) -> None:
+        """The coordinator hears nothing from its store for ``seconds`` from now, and must act
+        as one that may have been deposed: renew no lease."""
+        self.contact.lose_contact(seconds)
+
+    def pause_coordinator(self, seconds: float) -> None:
+        """Pause the broker process for ``seconds`` (a GC pause, SIGSTOP), under trio's
+        ``MockClock``: the clock jumps at once, so every timer of the broker fires late, at the
+        instant it resumes, and nothing it would have done meanwhile happens.
+
+        The consumers are other processes, but share the clock: their timers fire late too, at
+        the same instant. They record what they did at the instant they should have (a lease's
+        end), but the broker may see it (a close) before or after it acts on its own timers, as
+        a real broker may; cut their network across the pause for one order."""
+        clock = trio.lowlevel.current_clock()
+        if not isinstance(clock, trio.testing.MockClock):
+            raise TypeError("pause_coordinator needs trio.testing.MockClock")
+        clock.jump(seconds)
+
     async def _serve(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         while True:
             self._stop_requested = trio.Event()
             async with open_embedded_store(self.data_dir) as embedded:
-                store = recording_store(embedded, self.history)
+                store = contact_store(recording_store(embedded, self.history), self.contact)
                 await store.register_broker(self.broker)
                 async with (
                     open_group_coordinator(store, self.config, self.broker) as coordinator,

@@ -32,6 +32,7 @@ class DeathCause(enum.Enum):
     REFUSED_HANDOVERS = "refused or missed StopFetcher/StartFetcher"
     LEFT = "left the group"
     PROTOCOL_ERROR = "protocol error"
+    LEASE_LAPSED = "lease ran out before its next Ping"
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -63,6 +64,10 @@ class StartFetcherAnswered:
 
 @attrs.frozen(kw_only=True)
 class PingSent:
+    """A Ping is about to be sent. If the member's lease has run out by now (the coordinator
+    itself was paused, or out of contact with its store), the member stopped by its own rule and
+    the Ping would restart its lease: the member is dead instead, its partitions free at once."""
+
     now: float
 
 
@@ -149,13 +154,22 @@ def _uses_up_misses(machine: MemberMachine, event: DeadlineMissed | HandoverRefu
 LIMIT = Guard("misses used up", _uses_up_misses, otherwise="misses left")
 
 
+def _lease_lapsed(machine: MemberMachine, event: PingSent) -> bool:
+    return event.now >= machine.lease_end()
+
+
+#: The member's lease has run out: only a StartFetcher or an adoption may start it again
+#: (docs/design.md#ownership-lease), never a Ping.
+LAPSED = Guard("lease ran out", _lease_lapsed, otherwise="lease in force")
+
+
 def _build_table() -> TransitionTable[MemberState]:
     t: dict[tuple[MemberState, type], MemberState | Guarded[MemberState]] = {}
     for state in _LIVE:
         # A new rebalance attempt may begin from any live state: a failed attempt leaves members
         # in Stopping or Starting, and the next attempt stops everyone again.
         t[(state, StopFetcherSent)] = MemberState.STOPPING
-        t[(state, PingSent)] = state
+        t[(state, PingSent)] = Guarded(((LAPSED, MemberState.DEAD), (~LAPSED, state)))
         t[(state, PingAnswered)] = state
         for miss in (DeadlineMissed, HandoverRefused):
             t[(state, miss)] = Guarded(((LIMIT, MemberState.DEAD), (~LIMIT, state)))
@@ -225,7 +239,10 @@ class MemberMachine:
                 self.generation = generation
                 self._sent(now)
             case PingSent(now=now):
-                self._sent(now)
+                if next_state is MemberState.DEAD:
+                    effects.append(self._death(DeathCause.LEASE_LAPSED, now, silent=True))
+                else:
+                    self._sent(now)
             case StopFetcherAnswered(now=now):
                 self.stop_answered = True
                 self.handovers_missed = 0

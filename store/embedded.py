@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import pathlib
 import types
@@ -157,6 +158,10 @@ class EmbeddedStore:
     async def coordinator_id(self) -> int | None:
         await self._enter()
         return self._office_broker
+
+    def in_contact_until(self) -> float:
+        # Local: only this handle can hold the office, until it closes.
+        return math.inf if self._office_epoch is not None and not self._closed else -math.inf
 
     async def groups(self) -> Mapping[str, GroupRecord]:
         await self._enter()

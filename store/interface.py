@@ -200,6 +200,21 @@ class MetadataStore(Protocol):
         """The broker that holds the coordinator office now; None while nobody does."""
         ...
 
+    def in_contact_until(self) -> float:
+        """The trio-clock instant until which this handle may still act as the coordinator: send
+        a consumer a request that renews its ownership lease (docs/design.md#ownership-lease).
+        A pure query, asked before every such request; ``-inf`` while it holds no office.
+
+        A shared store can depose its coordinator without the coordinator hearing of it (a pause
+        past its ZooKeeper session), and a successor counts the leases it must wait out from
+        when it took office: so a coordinator renews none after the instant its office may have
+        ended, some margin before its session could have expired on the server since the
+        latest request the server answered (docs/design.md#coordinator-epochs-and-the-election).
+        The embedded store is local: nobody else can take its office, so it is ``inf`` while in
+        office.
+        """
+        ...
+
     async def groups(self) -> Mapping[str, GroupRecord]: ...
 
     async def write_group(self, epoch: int, group: GroupRecord) -> None:

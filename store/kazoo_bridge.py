@@ -78,14 +78,14 @@ class KazooBridge:
         the session's state changes, from the start of ``running`` on."""
         self.client.add_listener(lambda state: self.soon(partial(callback, state)))
 
-    async def answer(self, result: Any) -> Any:
-        """The value of a kazoo async result, counted in ``requests``, waiting at most
-        ``call_bound`` seconds for it, woken from kazoo's thread through ``soon``.
+    async def answer(self, result: Any, *, counted: bool = True) -> Any:
+        """The value of a kazoo async result, counted in ``requests`` unless not ``counted``,
+        waiting at most ``call_bound`` seconds for it, woken from kazoo's thread through ``soon``.
 
         Kazoo's own errors (no node, node exists, bad version, not empty) pass through for the
         caller to interpret; connection trouble becomes ``StoreUnavailable``.
         """
-        self.requests += 1
+        self.requests += counted
         if not result.ready():  # of thousands of requests sent at once, most are answered by now
             done = trio.Event()
             result.rawlink(lambda _result: self.soon(done.set))
@@ -99,6 +99,30 @@ class KazooBridge:
             raise
         except KazooException as exc:
             raise StoreUnavailable(f"ZooKeeper: {exc!r}") from exc
+
+    def session_id(self) -> int | None:
+        """The id of the session kazoo is connected under; None while it has no connection."""
+        client_id = self.client.client_id
+        return None if client_id is None else int(client_id[0])
+
+    async def heard_in_session(self, ask: Callable[[], Any]) -> tuple[int, float] | None:
+        """Send the request that ``ask`` queues (a kazoo ``*_async`` call) and await its answer,
+        uncounted: ``(session, asked_at)`` if it was answered within one session, None if kazoo
+        had no connection when asked or holds another session by the time the answer arrives.
+        Raises as ``answer``.
+
+        ``asked_at`` is the trio time before the request was queued, so the server heard from the
+        session after it, and cannot have expired the session before ``asked_at`` plus the
+        session timeout. The time the answer arrives would not do: the server heard the request
+        earlier. Kazoo's own session pings are answered inside its connection thread, unseen
+        here, so a caller that must know it is in contact asks something itself.
+        """
+        session = self.session_id()
+        asked_at = trio.current_time()
+        if session is None:
+            return None
+        await self.answer(ask(), counted=False)
+        return (session, asked_at) if self.session_id() == session else None
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -25,6 +25,11 @@ version this office gave it (nobody took office since) and that the election nod
 session that holds it has not ended). Both checks are on the server, so a coordinator that wakes up
 from a pause with a new kazoo session cannot write, whatever its memory says.
 
+Contact. ``in_contact_until`` tells the coordinator until when it may renew consumers' leases: a
+session timeout, less a margin, after it asked something that its office's session answered
+(docs/design.md#coordinator-epochs-and-the-election). A task reads the election node every third
+of the session to keep that fresh, since kazoo's own session pings are not seen from here.
+
 Size. ZooKeeper refuses a request over its jute.maxbuffer (1 MiB by default), and a group of
 thousands of members over 10,000 partitions takes more than that to write: its record alone can
 approach it, its owner nodes or offsets exceed it. So a write is a list of operations cut into
@@ -52,6 +57,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import types
 import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -111,6 +117,12 @@ EPOCH_COUNTER = "/coordinator_epoch"
 DEFAULT_SESSION_TIMEOUT = 6.0
 DEFAULT_CALL_BOUND = 10.0
 
+#: ``in_contact_until`` ends this fraction of the session timeout before the session could expire
+#: on the server: it covers the time between the coordinator's check and its request leaving, and
+#: the difference between the two clocks' rates. With a read every third of the session (its
+#: own, ``_keep_in_contact``), contact normally reaches at least half a session ahead.
+CONTACT_MARGIN_FRACTION = 1 / 6
+
 #: How often a write that lost a race with another write of the same nodes is tried again.
 _RETRIES = 5
 
@@ -131,6 +143,8 @@ TopicsView = Mapping[str, TopicPlacement]
 class _Office:
     epoch: int
     counter_version: int
+    #: The session that holds the election node: contact under any other proves nothing.
+    session: int | None
 
 
 @attrs.frozen
@@ -240,6 +254,9 @@ class ZooKeeperStore:
     _election_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
     _session_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
     _office: _Office | None = None
+    #: (session, instant) of the latest request the server answered within one session, asked
+    #: at that instant: the session lives at least a session timeout past it.
+    _contact: tuple[int, float] | None = None
     _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
     _offset_nodes: set[tuple[str, str, int]] = attrs.Factory(set)
     #: Per group, the record this handle last wrote every owner node for, and their assignment.
@@ -403,12 +420,18 @@ class ZooKeeperStore:
                 tx.delete(ELECTION)  # ours already: a new term, with a new epoch
             tx.create(ELECTION, data, ephemeral=True)
             tx.set_data(EPOCH_COUNTER, data)
+            session, asked_at = self._session_id(), trio.current_time()
             results = await self._wait(tx.commit_async())
             if _failure(results) is not None:
                 continue  # lost the race to another broker
             counter = results[-1]
             # One transaction, one zxid: the election node's czxid is the counter's mzxid.
-            self._office = _Office(epoch=counter.mzxid, counter_version=counter.version)
+            owner = self._session_id()
+            self._office = _Office(
+                epoch=counter.mzxid, counter_version=counter.version, session=owner
+            )
+            if owner is not None and owner == session:
+                self._heard(owner, asked_at)
             log.info("broker %d took office, epoch %d", broker_id, counter.mzxid)
             return int(counter.mzxid)
 
@@ -420,6 +443,36 @@ class ZooKeeperStore:
 
     async def _election_event_after(self, seen: int) -> None:
         await self._election_events.wait_value(lambda count: count != seen)
+
+    def in_contact_until(self) -> float:
+        office, contact = self._office, self._contact
+        if self._closed or office is None or contact is None or contact[0] != office.session:
+            return -math.inf
+        return contact[1] + self._session_timeout * (1 - CONTACT_MARGIN_FRACTION)
+
+    def _heard(self, session: int, asked_at: float) -> None:
+        if self._contact is None or self._contact[0] != session or self._contact[1] < asked_at:
+            self._contact = (session, asked_at)
+
+    async def _keep_in_contact(self) -> None:
+        """Ask ZooKeeper something cheap every third of the session, so that
+        ``in_contact_until`` stays ahead while the session lives: kazoo's own session pings are
+        not seen from here (``KazooBridge.heard_in_session``). Each answer within one session
+        moves the contact forward; a failure or a new session leaves it to run out."""
+        interval = self._session_timeout / 3
+        while True:
+            asked_at = trio.current_time()
+            with trio.move_on_at(asked_at + self._session_timeout):
+                try:
+                    heard = await self._bridge.heard_in_session(
+                        lambda: self._client.exists_async(ELECTION)
+                    )
+                except StoreUnavailable as exc:
+                    log.debug("no contact with ZooKeeper: %s", exc)
+                else:
+                    if heard is not None:
+                        self._heard(*heard)
+            await trio.sleep_until(asked_at + interval)
 
     async def coordinator_id(self) -> int | None:
         try:
@@ -834,8 +887,7 @@ class ZooKeeperStore:
         return await self._bridge.answer(result)
 
     def _session_id(self) -> int | None:
-        client_id = self._client.client_id
-        return None if client_id is None else int(client_id[0])
+        return self._bridge.session_id()
 
     def _state_changed(self, state: str) -> None:
         """The session's state listener (``KazooBridge.listen``), on the trio thread."""
@@ -928,6 +980,7 @@ async def open_zookeeper_store(
             async with trio.open_nursery() as nursery:
                 await nursery.start(store._watch_topics)
                 nursery.start_soon(store._keep_registrations)
+                nursery.start_soon(store._keep_in_contact)
                 try:
                     yield store
                 finally:

@@ -87,6 +87,7 @@ def test_a_closed_connection_frees_at_once_but_a_broken_one_waits_for_the_lease(
     # it (or under a paused process) is no such proof.
     closed, broken = _machine(S.STABLE), _machine(S.STABLE)
     for machine in (closed, broken):
+        machine.handle(m.PingAnswered(now=10.0))
         machine.handle(m.PingSent(now=12.0))
     assert closed.handle(m.ConnectionClosed(now=13.0)) == [
         m.DeclaredDead(cause=m.DeathCause.CONNECTION_CLOSED, partitions_free_at=13.0)
@@ -94,6 +95,26 @@ def test_a_closed_connection_frees_at_once_but_a_broken_one_waits_for_the_lease(
     assert broken.handle(m.ConnectionBroken(now=13.0)) == [
         m.DeclaredDead(cause=m.DeathCause.CONNECTION_BROKEN, partitions_free_at=18.5)
     ]
+
+
+def test_a_ping_due_after_the_lease_ran_out_is_a_death_not_a_renewal() -> None:
+    """The coordinator was paused (or out of contact with its store) past the member's lease:
+    the member stopped by its own rule, and a Ping would restart its lease, which only a
+    StartFetcher or an adoption may do. So the member is dead, its partitions free at once."""
+    timeouts = m.MemberTimeouts(session_timeout=6.0, max_missed=3, lease_margin=0.5)
+    on_time = m.MemberMachine(member_id="c1", timeouts=timeouts, last_heard=0.0)
+    on_time.handle(m.PingAnswered(now=10.0))
+    assert on_time.handle(m.PingSent(now=16.4)) == []
+    assert (on_time.state, on_time.last_sent) == (S.REGISTERED, 16.4)
+
+    late = m.MemberMachine(member_id="c1", timeouts=timeouts, last_heard=5.0, state=S.STABLE)
+    late.handle(m.PingSent(now=8.0))
+    late.handle(m.PingAnswered(now=10.0))
+    # Heard at 10.0: its lease, as the coordinator counts it, ends at 10.0 + 6 + 0.5 = 16.5.
+    assert late.handle(m.PingSent(now=16.5)) == [
+        m.DeclaredDead(cause=m.DeathCause.LEASE_LAPSED, partitions_free_at=16.5)
+    ]
+    assert (late.state, late.last_sent) == (S.DEAD, 8.0)
 
 
 def test_misses_are_counted_and_an_answer_resets_them() -> None:

@@ -115,6 +115,7 @@ def member_cases() -> Iterable[tuple[Any, object]]:
         m.StartFetcherSent(generation=7, now=1.0),
         m.StartFetcherAnswered(now=1.0),
         m.PingSent(now=1.0),
+        m.PingSent(now=T + 1.0),  # past the lease (heard at 0.0: T plus the 0.5 margin)
         m.PingAnswered(now=1.0),
         m.DeadlineMissed(now=1.0),
         m.DeadlineMissed(now=1.0, handover=True),
@@ -233,6 +234,7 @@ def test_the_guarded_outcomes_are_the_ones_the_diagrams_promise() -> None:
     assert ("STARTING", "AttemptCompleted", "rebalance owed", "PENDING") in guarded["group"]
     assert ("STABLE", "DeadlineMissed", "misses used up", "DEAD") in guarded["member"]
     assert ("STOPPING", "HandoverRefused", "misses left", "STOPPING") in guarded["member"]
+    assert ("STABLE", "PingSent", "lease ran out", "DEAD") in guarded["member"]
     assert ("REGISTERING", "Registered", "stale epoch", "DISCOVERING") in guarded["consumer"]
     assert ("FETCHING", "LeaseExpired", "renewed since", "FETCHING") in guarded["consumer"]
 

@@ -240,6 +240,17 @@ async def test_the_coordinator_is_whoever_took_office(store: MetadataStore) -> N
     assert await store.coordinator_id() == 3
 
 
+async def test_only_a_handle_in_office_is_in_contact(store_factory: StoreOpener) -> None:
+    """A coordinator asks ``in_contact_until`` before every lease-renewing request: a handle that
+    holds no office, or is closed, must never say yes."""
+    async with store_factory() as store:
+        assert store.in_contact_until() <= trio.current_time()
+        await store.take_office(1)
+        assert store.in_contact_until() > trio.current_time()
+        assert store.in_contact_until() == store.in_contact_until()  # a query: nothing moves
+    assert store.in_contact_until() <= trio.current_time()
+
+
 async def test_writes_before_taking_office_are_fenced(store: MetadataStore) -> None:
     for epoch in (0, 1, -1):
         with pytest.raises(EpochFenced):

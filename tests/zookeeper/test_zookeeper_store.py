@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ from store import (
     TopicPlacement,
 )
 from store.codec import encode_group
-from store.zookeeper import ZooKeeperStore, open_zookeeper_store
+from store.zookeeper import CONTACT_MARGIN_FRACTION, ZooKeeperStore, open_zookeeper_store
 from tests.store.test_contract import sample_group
 
 pytestmark = pytest.mark.realtime
@@ -146,6 +147,47 @@ async def test_a_coordinator_whose_session_expired_cannot_write(zookeeper_hosts:
             return [b.broker_id for b in await second.brokers()] == [1]
 
         await eventually(registered_again, deadline=DEADLINE)
+
+
+async def test_a_coordinator_stays_in_contact_while_its_session_lives(
+    zookeeper_hosts: str,
+) -> None:
+    """Its own reads keep the contact ahead for sessions on end, and never further ahead than
+    the session could outlive the latest of them (less the margin)."""
+    session = 3.0  # contact is renewed every 1 s and lasts 2.5 s: CI's busy cores have slack
+    ahead = session * (1 - CONTACT_MARGIN_FRACTION)
+    async with open_zookeeper_store(zookeeper_hosts, session_timeout=session) as store:
+        await store.take_office(1)
+        end = trio.current_time() + 2 * session
+        lowest = math.inf
+        while (now := trio.current_time()) < end:
+            until = store.in_contact_until()
+            assert until <= now + ahead
+            lowest = min(lowest, until - now)
+            await trio.sleep(0.05)
+        print(f"contact reached at least {lowest:.3f}s ahead over {2 * session}s")
+        assert lowest > 0
+
+
+async def test_a_coordinator_whose_session_ended_falls_out_of_contact(
+    zookeeper_hosts: str,
+) -> None:
+    """The server ends the session (as it would after a pause): whatever the store's memory
+    says of its office, contact runs out at most the session less the margin after the last
+    answer the old session could have had."""
+    session = 2.0
+    async with open_zookeeper_store(zookeeper_hosts, session_timeout=session) as store:
+        await store.take_office(1)
+        await expire_session(zookeeper_hosts, store)
+        ended_at = trio.current_time()
+        assert store.in_contact_until() <= ended_at + session * (1 - CONTACT_MARGIN_FRACTION)
+
+        async def out_of_contact() -> bool:
+            return trio.current_time() >= store.in_contact_until()
+
+        await eventually(out_of_contact, deadline=DEADLINE)
+        # A new session answers the store's reads; it holds no office, so proves nothing.
+        assert store.in_contact_until() <= ended_at + session * (1 - CONTACT_MARGIN_FRACTION)
 
 
 async def test_a_topic_created_by_another_broker_reaches_the_watch(zookeeper_hosts: str) -> None:
