@@ -464,7 +464,9 @@ async def test_a_store_that_fails_under_one_request_closes_only_that_connection(
             raise StoreUnavailable("injected: the store is out of reach")
 
         # An injected store failure, for OffsetFetch's read of a group not in memory only.
-        inner = cluster.coordinator.offsets.store.inner  # type: ignore[attr-defined]
+        inner: object = cluster.coordinator.offsets.store
+        while hasattr(inner, "inner"):  # the simulation's wrappers, down to the real store
+            inner = inner.inner
         monkeypatch.setattr(type(inner), "fetch_offsets", unavailable)
         stream = await cluster.connect()
         await stream.send_all(frames(OffsetFetchRequest(group_id="g", partitions=None)))
