@@ -7,6 +7,7 @@ before it rediscovers it.
 
 from pathlib import Path
 
+import attrs
 import trio
 import trio.testing
 
@@ -94,10 +95,12 @@ async def test_a_cut_network_silences_both_sides_until_it_heals(
         # The Ping of 12.0 never arrives: a is dead at its deadline, 16.0; its partitions wait
         # until the last request sent to it (12.0) + T + margin.
         assert trio.current_time() == 18.5
-        assert {i.end for i in cluster.ledger.closed if i.consumer_id == "a"} == {16.0}
+        # a's lease ran from 8.0, when it queued its answer to the Ping of 8.0, the frame the
+        # Ping of 10.0 named (docs/design.md#ownership-lease): it stopped by itself at 14.0.
+        assert {i.end for i in cluster.ledger.closed if i.consumer_id == "a"} == {14.0}
         assert _starts(cluster, "b") == {3.0, 18.5}
-        # a stopped by itself at 16.0, found the network down at 18.0 and 20.0, and connects
-        # again at 22.0, after the network came back at 20.5.
+        # a found the network down at 16.0, 18.0 and 20.0, and connects again at 22.0, after the
+        # network came back at 20.5.
         with trio.fail_after(20):
             await cluster.wait_settled()
         assert trio.current_time() == 22.0
@@ -109,7 +112,8 @@ async def test_a_request_that_arrives_when_its_answer_cannot_still_renews_the_le
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """The Ping of 12.0 reaches a, which takes a second over its answer; the network is cut in
-    that second. a's lease runs from 12.0, though the coordinator last heard from it at 10.0."""
+    that second. That Ping still renews a's lease, from 14.0 to 16.0: it names a's answer to the
+    Ping of 10.0, queued at 10.0, though the coordinator never hears a's answer to it."""
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, _b = await _pair(cluster)
         await trio.sleep_until(11.0)
@@ -120,7 +124,7 @@ async def test_a_request_that_arrives_when_its_answer_cannot_still_renews_the_le
             await cluster.wait_stable("g", members=1)
         assert trio.current_time() == 18.5  # the last request sent to a (12.0) + T + margin
         await trio.sleep_until(19.0)
-        assert {i.end for i in cluster.ledger.closed if i.consumer_id == "a"} == {18.0}
+        assert {i.end for i in cluster.ledger.closed if i.consumer_id == "a"} == {16.0}
         cluster.ledger.check()
 
 
@@ -260,8 +264,13 @@ async def test_a_member_back_still_fetching_after_an_attempt_began_keeps_its_par
     """A member that fetches through a failover and re-registers after the recovered group's
     first attempt began without it adopts its partitions, and fetches on under the new
     coordinator's Pings: that attempt must not start them elsewhere when the recovered lease runs
-    out. It fails; the next one stops the member first."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    out. It fails; the next one stops the member first.
+
+    A lease runs T from the frame the last Ping named, the answer to the Ping before it, so it
+    ends at most 2T/3 after the last Ping: here the first attempt begins 1 s after a's return, so
+    that b comes back after it began and within its lease."""
+    config = attrs.evolve(CONFIG, initial_rebalance_delay=1.0)
+    async with open_simulated_cluster(tmp_path, config) as cluster:
         await cluster.create_topic("events", partitions=6)
         a, b = [
             await cluster.start_consumer(
@@ -273,7 +282,7 @@ async def test_a_member_back_still_fetching_after_an_attempt_began_keeps_its_par
             await cluster.wait_settled()
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(10.4)
-        b.freeze(3.4)  # paused through the restart: back after a's attempt began, still fetching
+        b.freeze(1.4)  # paused through the restart: back after a's attempt began, still fetching
         await trio.sleep_until(10.5)
         with trio.fail_after(5):
             await cluster.restart_coordinator(down_for=1.0)
@@ -282,10 +291,10 @@ async def test_a_member_back_still_fetching_after_an_attempt_began_keeps_its_par
         with trio.fail_after(30):
             await cluster.wait_settled()
         cluster.ledger.check()  # b's partitions never had two owners
-        # a re-registered at 12.5 and its attempt began at 15.5, waiting for the record's lease
-        # (18.0); b re-registered at 15.8 adopting its own partitions. At 18.0 that attempt
-        # failed instead of starting them on a; after the backoff (T/3) the next one began at
-        # 20.0 with both and stopped b first.
+        # a re-registered at 12.5 and its attempt began at 13.5, waiting for the record's lease
+        # (18.0); b re-registered at 13.8, its lease running to 14.0, adopting its own
+        # partitions. At 18.0 that attempt failed instead of starting them on a; after the
+        # backoff (T/3) the next one began at 20.0 with both and stopped b first.
         assert trio.current_time() == 23.8
         assert {"a": a.owned, "b": b.owned} == held
         await cluster.check_invariants(settled=True)
