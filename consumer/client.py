@@ -77,7 +77,8 @@ OFFSET_RESETS = ("smallest", "largest")
 class ConsumerSettings:
     session_timeout: float = attrs.field(default=6.0, validator=attrs.validators.gt(0))
     """T, in seconds: the coordinator declares us dead after missed pings, and we stop fetching
-    once we have not heard from it for T (the ownership lease)."""
+    T after we queued the frame its latest request names as received (the ownership lease,
+    docs/design.md#ownership-lease)."""
     auto_commit: bool = True
     """Report consumed offsets in Ping and StopFetcher responses, and commit on close."""
     auto_offset_reset: str = attrs.field(
