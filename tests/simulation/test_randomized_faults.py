@@ -214,6 +214,9 @@ async def _scenario(data_dir: Path, phases: list[list[Fault]]) -> None:
         ],
     ]
 )
+# Pings delivered 2.5 s late, the answer to the first one lost to a cut: a lease counted from
+# their arrival outlasted the coordinator's count by 0.25 s (found with 64 random examples).
+@example(phases=[[Fault(kind="delay_then_cut", at=0.0, duration=5.0, target=0)]])
 def test_random_faults_keep_every_invariant(phases: list[list[Fault]]) -> None:
     with tempfile.TemporaryDirectory() as data_dir:
         trio.run(
