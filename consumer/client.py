@@ -54,7 +54,7 @@ from protocol import (
 )
 from protocol.types import BrokerInfo, PartitionOffset, Subscription, TopicPartition, TopicStreams
 from statemachine import consumer as sm
-from transport.channel import Channel, ChannelClosed
+from transport.channel import Channel, ChannelClosed, acknowledged_frames
 from transport.connect import Connector, parse_bootstrap
 
 from .discovery import Discovery
@@ -77,7 +77,8 @@ OFFSET_RESETS = ("smallest", "largest")
 class ConsumerSettings:
     session_timeout: float = attrs.field(default=6.0, validator=attrs.validators.gt(0))
     """T, in seconds: the coordinator declares us dead after missed pings, and we stop fetching
-    once we have not heard from it for T (the ownership lease)."""
+    T after we queued the frame its latest request names as received (the ownership lease,
+    docs/design.md#ownership-lease)."""
     auto_commit: bool = True
     """Report consumed offsets in Ping and StopFetcher responses, and commit on close."""
     auto_offset_reset: str = attrs.field(
@@ -180,7 +181,8 @@ class Consumer:
 
     @property
     def last_heard(self) -> float | None:
-        """When the coordinator was last heard from (trio time): the lease runs T from here."""
+        """Where the lease runs T from (trio time): when this consumer queued the latest frame a
+        coordinator request said had arrived (docs/design.md#ownership-lease)."""
         return self.machine.last_heard
 
     @property
@@ -384,6 +386,8 @@ class Consumer:
                 generation=register.generation,
                 owned_partitions=register.owned,
             )
+            # The request is queued before request() first yields: this is its queue time.
+            queued = trio.current_time()
             try:
                 response = await channel.request(request)
             except ChannelClosed:
@@ -393,7 +397,10 @@ class Consumer:
             if response.error_code is ErrorCode.NONE:
                 log.info("%s: registered with broker %d", self.member_id, coordinator.broker_id)
                 return sm.Registered(
-                    now=now, generation=response.generation, epoch=response.coordinator_epoch
+                    now=now,
+                    anchor=queued,
+                    generation=response.generation,
+                    epoch=response.coordinator_epoch,
                 )
             log.info("%s: registration refused: %s", self.member_id, response.error_code.name)
             return sm.RegistrationRejected(now=now, error_code=response.error_code)
@@ -403,9 +410,11 @@ class Consumer:
     async def _read(self, session: _Session, channel: Channel) -> None:
         async def on_request(request: Request) -> None:
             now = trio.current_time()
+            # Looked up as the request is read: a later one forgets the frames before its own.
+            anchor = channel.sent_at(acknowledged_frames(request.message))
             await session.registered.wait()
             session.requests[request.correlation_id] = request
-            await self._send.send((session, self._coordinator_input(request, now)))
+            await self._send.send((session, self._coordinator_input(request, now, anchor)))
 
         try:
             await channel.run(on_request)
@@ -413,12 +422,13 @@ class Consumer:
             log.warning("%s: the coordinator broke the protocol: %s", self.member_id, exc)
         await self._send.send((session, sm.ConnectionLost(now=trio.current_time())))
 
-    def _coordinator_input(self, request: Request, now: float) -> sm.Input:
+    def _coordinator_input(self, request: Request, now: float, anchor: float | None) -> sm.Input:
         cid = request.correlation_id
         match request.message:
             case PingRequest() as ping:
                 return sm.PingReceived(
                     now=now,
+                    anchor=anchor,
                     correlation_id=cid,
                     epoch=ping.coordinator_epoch,
                     generation=ping.generation,
@@ -426,6 +436,7 @@ class Consumer:
             case StopFetcherRequest() as stop:
                 return sm.StopFetcherReceived(
                     now=now,
+                    anchor=anchor,
                     correlation_id=cid,
                     epoch=stop.coordinator_epoch,
                     generation=stop.generation,
@@ -434,6 +445,7 @@ class Consumer:
                 self._brokers.update(start.brokers)
                 return sm.StartFetcherReceived(
                     now=now,
+                    anchor=anchor,
                     correlation_id=cid,
                     epoch=start.coordinator_epoch,
                     generation=start.generation,

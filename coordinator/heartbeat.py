@@ -125,6 +125,7 @@ class Pinger:
             generation=machine.generation,
             consumer_id=member.member_id,
             num_retries=machine.missed,
+            acknowledged_frames=member.channel.frames_received,
         )
         ping = _Ping(member=member, sent_at=now, generation=request.generation, correlation_id=-1)
 

@@ -183,6 +183,7 @@ async def _stop_all(
                 coordinator_epoch=coordinator.epoch,
                 generation=generation,
                 consumer_id=member.member_id,
+                acknowledged_frames=member.channel.frames_received,
             )
 
     def stopped(member: Member, response: ResponseMessage) -> None:
@@ -264,6 +265,7 @@ async def _start_all(
             consumer_id=member.member_id,
             streams=member_streams,
             brokers=coordinator.brokers,
+            acknowledged_frames=member.channel.frames_received,
         )
 
     # A start the machine refuses (a partition someone else may fetch) raises here, before any

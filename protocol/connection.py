@@ -96,6 +96,8 @@ class Connection:
         # correlation id -> the request and the version it went in (its answer's version)
         self._outstanding: dict[int, tuple[RequestMessage, int]] = {}
         self._pending: dict[int, tuple[RequestMessage, int]] = {}
+        self._frames_sent = 0
+        self._frames_received = 0
 
     # --- properties ------------------------------------------------------------------------------
 
@@ -116,6 +118,19 @@ class Connection:
     def pending_requests(self) -> frozenset[int]:
         """Correlation ids of requests we received and have not answered yet."""
         return frozenset(self._pending)
+
+    @property
+    def frames_sent(self) -> int:
+        """Frames :meth:`send` and :meth:`send_error` have returned on this connection: frame n
+        (1-based) is the n-th the caller writes. A frame returned and then not written (its
+        write failed) still counts, which can only make a peer's count name an earlier frame."""
+        return self._frames_sent
+
+    @property
+    def frames_received(self) -> int:
+        """Complete frames decoded on this connection (requests, responses, error frames): what
+        a coordinator request's ``acknowledged_frames`` reports (SPEC.md §1)."""
+        return self._frames_received
 
     @property
     def max_frame_size(self) -> int:
@@ -188,6 +203,7 @@ class Connection:
                     raise self._fail(exc) from None
                 self._consumed(end)
                 self._last_frame_bytes = end - pos
+                self._frames_received += 1
                 return event
         if self._eof:
             if available:
@@ -428,6 +444,7 @@ class Connection:
                 correlation_id=correlation_id,
                 api_key=api_key,
             )
+        self._frames_sent += 1
         return bytes(frame)
 
     def _check_open(self) -> None:
@@ -469,6 +486,7 @@ class Connection:
         correlation_id = -1 if correlation_id is None else correlation_id
         api_key = -1 if api_key is None else api_key
         frame = bytes(encode_error_frame(error_code, text, correlation_id, api_key))
+        self._frames_sent += 1
         if self._state is ConnectionState.OPEN:
             self._fail(
                 RemoteProtocolError(

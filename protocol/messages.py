@@ -215,6 +215,11 @@ class PingRequest:
     generation: Int32
     consumer_id: str
     num_retries: Int32
+    acknowledged_frames: Int64 = attrs.field(default=-1, metadata=since(1))
+    """How many frames the coordinator had received from this consumer on this connection when it
+    built the request; the consumer's lease runs from its own queue time of that frame
+    (SPEC.md §1, docs/design.md#ownership-lease). -1: not given (version 0), renews nothing.
+    int64: a long-lived connection may carry more than 2**31 frames."""
 
 
 @attrs.frozen(kw_only=True)
@@ -234,6 +239,8 @@ class StopFetcherRequest:
     coordinator_epoch: Int64
     generation: Int32
     consumer_id: str
+    acknowledged_frames: Int64 = attrs.field(default=-1, metadata=since(1))
+    """As in :class:`PingRequest`."""
 
 
 @attrs.frozen(kw_only=True)
@@ -255,6 +262,8 @@ class StartFetcherRequest:
     consumer_id: str
     streams: tuple[AssignedStream, ...]
     brokers: tuple[BrokerInfo, ...]
+    acknowledged_frames: Int64 = attrs.field(default=-1, metadata=since(1))
+    """As in :class:`PingRequest`."""
 
 
 @attrs.frozen(kw_only=True)
@@ -480,7 +489,13 @@ RESPONSE_TYPES: Mapping[ApiKey, type[ResponseMessage]] = MappingProxyType(
 )
 
 NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
-    {key: 0 for key in ApiKey} | {ApiKey.DESCRIBE_GROUP: 1}
+    {key: 0 for key in ApiKey}
+    | {
+        ApiKey.PING: 1,
+        ApiKey.STOP_FETCHER: 1,
+        ApiKey.START_FETCHER: 1,
+        ApiKey.DESCRIBE_GROUP: 1,
+    }
 )
 """Every api is served in versions 0 .. its newest; clients here send the newest. SPEC.md §3 has
 the version table (what each version changed)."""

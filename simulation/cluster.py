@@ -6,8 +6,9 @@ Faults are chosen by the test. On a consumer: :meth:`SimulatedConsumer.kill` (th
 its connection closes), :meth:`~SimulatedConsumer.freeze` (a GC pause: silent, then it resumes and
 finds its lease expired), :meth:`~SimulatedConsumer.answer_slowly`,
 :meth:`~SimulatedConsumer.drop_connection` (the connection breaks, the process lives on: it stops
-fetching, rediscovers and re-registers) and :meth:`~SimulatedConsumer.cut_network` (neither side
-gets a byte for a while). On the cluster: :meth:`SimulatedCluster.create_topic`,
+fetching, rediscovers and re-registers), :meth:`~SimulatedConsumer.cut_network` (neither side
+gets a byte for a while) and :meth:`~SimulatedConsumer.delay_delivery` (bytes one way or both stay
+in flight for a while, then arrive in order). On the cluster: :meth:`SimulatedCluster.create_topic`,
 :meth:`~SimulatedCluster.add_partitions`, :meth:`~SimulatedCluster.restart_coordinator`,
 :meth:`~SimulatedCluster.lose_store_contact` (the coordinator stops hearing from its store, as a
 deposed ZooKeeper coordinator would) and :meth:`~SimulatedCluster.pause_coordinator` (a GC pause
@@ -66,7 +67,7 @@ from store import (
     StoreError,
     open_embedded_store,
 )
-from transport.channel import Channel, ChannelClosed, ReadBounds
+from transport.channel import Channel, ChannelClosed, ReadBounds, acknowledged_frames
 from transport.limits import ConnectionLimits
 
 log = logging.getLogger(__name__)
@@ -279,14 +280,24 @@ class NetworkUnreachable(OSError):
 class SimulatedHost:
     """One consumer process's network: while it is cut, none of its connections carry a byte in
     either direction (TCP keeps what was sent and delivers it, in order, once the cut heals), and
-    new connections fail."""
+    new connections fail. While delivery is delayed in one direction, the bytes sent that way on
+    any of its connections (new ones too: they still open) stay in flight, and arrive in order
+    when the delay ends: TCP retransmitting over a path that lost every packet for a while."""
 
     down_until: float = -math.inf
+    #: Until when bytes towards the consumer, and towards the broker, stay in flight.
+    to_client_held_until: float = -math.inf
+    to_server_held_until: float = -math.inf
     links: list[Link] = attrs.field(factory=list)
 
     @property
     def reachable(self) -> bool:
         return trio.current_time() >= self.down_until
+
+    @property
+    def delayed(self) -> bool:
+        now = trio.current_time()
+        return now < self.to_client_held_until or now < self.to_server_held_until
 
     async def heal_at(self, at: float) -> None:
         await trio.sleep_until(at)
@@ -314,6 +325,16 @@ class Link:
     @property
     def delivering(self) -> bool:
         return self.host is None or self.host.reachable
+
+    def delivering_to(self, pipe: _Pipe) -> bool:
+        """Whether bytes (and a reset) reach the reader of ``pipe`` now."""
+        host = self.host
+        if host is None:
+            return True
+        held_until = (
+            host.to_client_held_until if pipe is self.to_client else host.to_server_held_until
+        )
+        return host.reachable and trio.current_time() >= held_until
 
     def wake(self) -> None:
         self._lot.unpark_all()
@@ -344,7 +365,9 @@ class LinkEnd(trio.abc.Stream):
             await self.hold()
         if self._closed:
             raise trio.ClosedResourceError
-        if self.link.delivering and (self.link.reset or self.outgoing.reader_closed):
+        # The peer's reset comes back the way its bytes do.
+        delivering = self.link.delivering_to(self.incoming)
+        if delivering and (self.link.reset or self.outgoing.reader_closed):
             raise trio.BrokenResourceError("connection reset by peer")
         if not self.outgoing.reader_closed:
             self.outgoing.data += data
@@ -360,7 +383,7 @@ class LinkEnd(trio.abc.Stream):
                 await self.hold()
             if self._closed:
                 raise trio.ClosedResourceError
-            if self.link.delivering:
+            if self.link.delivering_to(self.incoming):
                 if self.link.reset:
                     raise trio.BrokenResourceError("connection reset")
                 if self.incoming.data:
@@ -391,9 +414,11 @@ class SimulatedConsumer:
     with an application that finishes ``records_per_ping`` records of each owned partition
     between two Pings.
 
-    Its reader takes each coordinator request off the wire as soon as it arrives (that instant
-    renews the lease) and hands it to one worker that answers in order; so an answer that is slow
-    does not hide a closed connection, which stops the fetchers at once.
+    Its reader takes each coordinator request off the wire as soon as it arrives and hands it to
+    one worker that answers in order; so an answer that is slow does not hide a closed
+    connection, which stops the fetchers at once. The request renews the lease from when this
+    process queued the frame it names (``acknowledged_frames``), not from its arrival, so a
+    request delayed in the network cannot stretch the lease.
     """
 
     cluster: SimulatedCluster
@@ -408,10 +433,10 @@ class SimulatedConsumer:
     #: The consumer of seed 04, which keeps fetching through a coordinator failover
     #: (docs/design.md#adoption-after-a-failover). With this, a lost connection does not stop the
     #: fetchers: they run on under the lease while the consumer registers again, claiming what it
-    #: still holds, which a new coordinator adopts. Only for tests without network cuts: a healed
-    #: cut delivers Pings sent long before and then the close, and a lease renewed by them runs
-    #: past what the coordinator counted, so the partition has two owners. That is why
-    #: ``consumer/`` stops at a lost connection, and this simulator does by default.
+    #: still holds, which a new coordinator adopts. A healed cut or a late delivery may hand it
+    #: Pings sent long before, then the close; those renew its lease only from frames the
+    #: coordinator had received before sending them, so the lease still ends before the
+    #: coordinator's count (docs/design.md#ownership-lease).
     fetch_through_failover: bool = False
     answer_delay: float = 0.0
     #: Not NONE: StopFetcher and StartFetcher are answered with this error and not carried out.
@@ -490,6 +515,23 @@ class SimulatedConsumer:
             self.host.down_until = until
             self.cluster.nursery.start_soon(self.host.heal_at, until)
 
+    def delay_delivery(
+        self, seconds: float, *, to_consumer: bool = True, to_broker: bool = False
+    ) -> None:
+        """Every byte the broker sends this process for ``seconds`` from now (``to_consumer``)
+        and every byte it sends the broker (``to_broker``) stays in flight until then and arrives
+        in order afterwards, with whatever else was sent that way meanwhile, a close or a reset
+        last. Unlike :meth:`cut_network`, connections still open and each direction is held on its
+        own: TCP retransmitting over a path that lost everything for a while. A request held past
+        the lease margin must not stretch the lease (docs/design.md#ownership-lease)."""
+        until = trio.current_time() + seconds
+        host = self.host
+        if to_consumer:
+            host.to_client_held_until = max(host.to_client_held_until, until)
+        if to_broker:
+            host.to_server_held_until = max(host.to_server_held_until, until)
+        self.cluster.nursery.start_soon(host.heal_at, until)
+
     # --- the application ----------------------------------------------------------------------
 
     async def commit(self) -> ErrorCode:
@@ -553,6 +595,8 @@ class SimulatedConsumer:
                     # requests on this connection count from the registration on.
                     self.last_request_at = trio.current_time()
                 nursery.start_soon(self._read, channel, send_requests, scope)
+                # queued before request() first yields: the registration frame's queue time
+                registered_from = trio.current_time()
                 try:
                     response = await channel.request(self._registration())
                 except ChannelClosed:
@@ -565,7 +609,7 @@ class SimulatedConsumer:
                     return error
                 self.registrations += 1
                 self.highest_epoch = max(self.highest_epoch, response.coordinator_epoch)
-                self.last_request_at = max(self.last_request_at, trio.current_time())
+                self.last_request_at = max(self.last_request_at, registered_from)
                 if task_status is not None:
                     task_status.started()
                 nursery.start_soon(self._work, receive_requests, scope)
@@ -612,7 +656,12 @@ class SimulatedConsumer:
                 # docs/design.md#coordinator-epochs-and-the-election
                 return
             self.highest_epoch = epoch
-            self.last_request_at = now
+            # The lease runs from when this process queued the frame the request names, which the
+            # coordinator had received before it sent the request; a frame it does not know (or
+            # -1, 0) renews nothing, and the request is answered all the same.
+            anchor = channel.sent_at(acknowledged_frames(request.message))
+            if anchor is not None:
+                self.last_request_at = max(self.last_request_at, anchor)
             requests.send_nowait(request)
 
         # A failed send leaves the connection in ERROR, which the next read reports as a
@@ -944,7 +993,8 @@ class SimulatedCluster:
 
     async def wait_settled(self) -> None:
         """Wait until every group with a live consumer is Stable with exactly its live consumers
-        as members, none of them frozen or cut off, each fetching under the group's generation.
+        as members, none of them frozen, cut off or delayed, each fetching under the group's
+        generation.
 
         It looks again whenever a group's state or a consumer's fetching changes (so it returns
         at the exact instant), and every SETTLE_POLL seconds besides. Waits forever if that
@@ -984,6 +1034,7 @@ class SimulatedCluster:
                 if (
                     consumer.frozen_until > now
                     or not consumer.host.reachable
+                    or consumer.host.delayed
                     or not consumer.fetching
                     or consumer.generation != group.machine.generation
                 ):

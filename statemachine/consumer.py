@@ -9,12 +9,14 @@ Three rules protect invariants (docs/design.md#invariants) that the input's type
 decide. Where they choose the next state they are guards on the table's entries (``RENEWED``,
 ``STALE``), drawn on the diagram; stop-before-close is a property of the effects:
 
-* **Ownership lease.** The consumer may fetch only while it heard a coordinator request (or its
-  registration answer) within the session timeout T. :meth:`ConsumerMachine.lease_deadline` is
-  when that runs out and :meth:`ConsumerMachine.check_lease` applies it; besides, any input whose
-  ``now`` is at or past the deadline first expires the lease (stopping the fetchers), and an input
-  that came over the connection the expiry closed is then dropped as :class:`Ignored` (a Ping read
-  late from the socket buffer must not revive a lease that already ran out). A
+* **Ownership lease.** The consumer may fetch only until T after the anchor of the latest
+  coordinator request (or registration answer) it got: when it queued the frame the request
+  says the coordinator had received, which came before the coordinator sent the request however
+  long that took to arrive (docs/design.md#ownership-lease). :meth:`ConsumerMachine.lease_deadline`
+  is when that runs out and :meth:`ConsumerMachine.check_lease` applies it; besides, any input
+  whose ``now`` is at or past the deadline first expires the lease (stopping the fetchers), and an
+  input that came over the connection the expiry closed is then dropped as :class:`Ignored` (a
+  Ping read late from the socket buffer must not revive a lease that already ran out). A
   :class:`LeaseExpired` from before the deadline is a stale timer (the guard ``RENEWED``) and is
   :class:`Ignored`.
 * **Coordinator epoch** (the guard ``STALE``). Ping/StopFetcher/StartFetcher below the highest
@@ -141,6 +143,9 @@ class Registered:
     """RegisterConsumer was accepted: this is the first word heard from the coordinator."""
 
     now: float
+    anchor: float
+    """When this consumer queued its RegisterConsumer frame: the coordinator received it before
+    it answered, so the lease runs from here (docs/design.md#ownership-lease)."""
     generation: int
     epoch: int
 
@@ -156,7 +161,14 @@ class RegistrationRejected:
 
 @attrs.frozen(kw_only=True)
 class PingReceived:
+    """A coordinator request (so are the two below). ``now`` is when it was read; ``anchor`` is
+    when this consumer queued the frame the request names in ``acknowledged_frames``, which the
+    coordinator had received before it sent the request: the lease runs from there
+    (docs/design.md#ownership-lease). None: the request named no frame this consumer still knows
+    (-1, 0, or one forgotten), and renews nothing; it is answered all the same."""
+
     now: float
+    anchor: float | None
     correlation_id: int
     epoch: int
     generation: int
@@ -165,6 +177,7 @@ class PingReceived:
 @attrs.frozen(kw_only=True)
 class StopFetcherReceived:
     now: float
+    anchor: float | None
     correlation_id: int
     epoch: int
     generation: int
@@ -173,6 +186,7 @@ class StopFetcherReceived:
 @attrs.frozen(kw_only=True)
 class StartFetcherReceived:
     now: float
+    anchor: float | None
     correlation_id: int
     epoch: int
     generation: int
@@ -435,7 +449,9 @@ class ConsumerMachine:
     owned: tuple[TopicPartition, ...] = ()
     """The partitions the fetchers are running for: empty whenever they are stopped."""
     last_heard: float | None = None
-    """When the coordinator was last heard from: a request received or a registration accepted."""
+    """Where the lease runs from: the latest instant known to come before the coordinator sent
+    a request or registration answer this consumer got (docs/design.md#ownership-lease), which
+    is when this consumer queued the frame that request named, not when the request arrived."""
     failures: int = 0
     """Discovery or registration failures in a row; drives the backoff."""
     last_error: ErrorCode | None = None
@@ -508,26 +524,30 @@ class ConsumerMachine:
                 )
             case DiscoveryFailed():
                 effects += self._failed_discovery()
-            case Registered(now=now, generation=generation, epoch=epoch):
-                self._heard(now, epoch)
+            case Registered(anchor=anchor, generation=generation, epoch=epoch):
+                self._heard(anchor, epoch)
                 self.generation = generation
                 self.failures = 0
                 self.last_error = None
             case RegistrationRejected(error_code=code) | CoordinatorMoved(error_code=code):
                 effects += self._rejected(code)
-            case PingReceived(now=now, correlation_id=cid, epoch=epoch):
-                self._heard(now, epoch)
+            case PingReceived(anchor=anchor, correlation_id=cid, epoch=epoch):
+                self._heard(anchor, epoch)
                 effects.append(RespondPing(correlation_id=cid, partitions=self.owned))
-            case StopFetcherReceived(now=now, correlation_id=cid, epoch=epoch):
-                self._heard(now, epoch)
+            case StopFetcherReceived(anchor=anchor, correlation_id=cid, epoch=epoch):
+                self._heard(anchor, epoch)
                 if self.state is S.FETCHING:
                     effects.append(StopFetchers())
                 effects.append(RespondStop(correlation_id=cid, partitions=self.owned))
                 self.owned = ()
             case StartFetcherReceived(
-                now=now, correlation_id=cid, epoch=epoch, generation=generation, streams=streams
+                anchor=anchor,
+                correlation_id=cid,
+                epoch=epoch,
+                generation=generation,
+                streams=streams,
             ):
-                self._heard(now, epoch)
+                self._heard(anchor, epoch)
                 if self.state is S.FETCHING:
                     effects.append(StopFetchers())
                 self.generation = generation
@@ -586,8 +606,11 @@ class ConsumerMachine:
             self.coordinator = None
         return effects
 
-    def _heard(self, now: float, epoch: int) -> None:
-        self.last_heard = now if self.last_heard is None else max(self.last_heard, now)
+    def _heard(self, anchor: float | None, epoch: int) -> None:
+        """The coordinator was heard: the lease runs from ``anchor`` (None: renews nothing), and
+        never moves back, since an earlier request already proved a later instant."""
+        if anchor is not None:
+            self.last_heard = anchor if self.last_heard is None else max(self.last_heard, anchor)
         self.epoch = max(self.epoch, epoch)
 
     def _backoff(self) -> float:

@@ -293,9 +293,10 @@ class MemberMachine:
     def lease_end(self) -> float:
         """The latest instant the member may still be fetching if it has heard nothing since.
 
-        Its lease runs from the last request it received, which may be later than its last
-        answer that arrived (a request got through, its answer did not): so count from the
-        last request sent, or the last answer if that came later."""
+        Its lease runs from a moment before the last request it received was sent
+        (docs/design.md#ownership-lease), which may be later than its last answer that arrived
+        (a request got through, its answer did not): so count from the last request sent, or
+        the last answer if that came later."""
         last_contact = max(self.last_heard, self.last_sent)
         return last_contact + self.timeouts.session_timeout + self.timeouts.lease_margin
 

@@ -36,12 +36,15 @@ from protocol import (
     ErrorCode,
     LocalProtocolError,
     PeerError,
+    PingRequest,
     RemoteProtocolError,
     Request,
     RequestMessage,
     Response,
     ResponseMessage,
     Role,
+    StartFetcherRequest,
+    StopFetcherRequest,
     error_response,
 )
 from transport.limits import ConnectionLimits
@@ -65,6 +68,22 @@ class ChannelClosed(Exception):
 HIGH_WATER = 1 << 20
 #: How long a last frame before closing may take to leave: a peer that does not read gets none.
 CLOSING_WRITE_DEADLINE = 1.0
+#: Queue times a consumer-side channel keeps of its frames no coordinator request has named yet.
+#: Past it the oldest are dropped: a request naming a dropped frame renews no lease, which is
+#: safe, and a connection that no coordinator request ever comes over (a fetch connection)
+#: holds no more than this. A coordinator request names a frame the coordinator had received
+#: when it built the request, so a recent one: only a consumer queueing this many frames within
+#: a round trip would lose the one named.
+SENT_TIMES_KEPT = 1024
+
+
+def acknowledged_frames(message: RequestMessage) -> int:
+    """The frame count a coordinator request names (docs/design.md#ownership-lease); -1 for any
+    other request, which names none."""
+    if isinstance(message, PingRequest | StopFetcherRequest | StartFetcherRequest):
+        return message.acknowledged_frames
+    return -1
+
 
 ResponseHandler = Callable[[ResponseMessage | None], None]
 """Called by the reader with the response, or with None when the connection ends first."""
@@ -187,6 +206,9 @@ class Channel:
     _unanswered: dict[int, int] = attrs.field(factory=dict)
     _unanswered_bytes: int = 0
     _answered: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    #: Frame number (1-based, this connection's) -> the trio time it was queued, oldest first,
+    #: for the frames no coordinator request has named yet (consumer role only).
+    _sent_times: dict[int, float] = attrs.field(factory=dict)
 
     @classmethod
     def open(
@@ -207,6 +229,40 @@ class Channel:
             return
         self._never_idle = True
         self._set_deadline()
+
+    @property
+    def frames_received(self) -> int:
+        """Complete frames received from the peer on this connection: what a coordinator request
+        built now carries as ``acknowledged_frames`` (docs/design.md#ownership-lease)."""
+        return self.connection.frames_received
+
+    @property
+    def frames_sent(self) -> int:
+        return self.connection.frames_sent
+
+    def sent_at(self, frame: int) -> float | None:
+        """The trio time this side queued its ``frame``-th frame (1-based) on this connection, or
+        None: not a frame number (0, -1), not sent yet, or forgotten (named by an earlier
+        coordinator request than a later one, or dropped past :data:`SENT_TIMES_KEPT`).
+        Kept on the consumer side only, the side coordinator requests come to."""
+        return self._sent_times.get(frame)
+
+    def _acknowledged(self, frame: int) -> None:
+        """A coordinator request named ``frame``: the queue times of earlier frames are no longer
+        needed (requests come in the order they were built, with counts that only grow; one that
+        does not finds its frame gone and renews nothing). ``frame`` itself is kept: the next
+        request names it again if nothing newer has arrived meanwhile."""
+        times = self._sent_times
+        while times and (oldest := next(iter(times))) < frame:
+            del times[oldest]
+
+    def _record_sent(self) -> None:
+        if self.connection.our_role is not Role.CONSUMER:
+            return  # the broker side receives no coordinator requests, so needs no times
+        times = self._sent_times
+        times[self.connection.frames_sent] = trio.current_time()
+        if len(times) > SENT_TIMES_KEPT:
+            del times[next(iter(times))]
 
     async def request(self, message: RequestMessage) -> ResponseMessage:
         """Send a request and wait for its response (the caller's cancel scope is the deadline)."""
@@ -368,6 +424,7 @@ class Channel:
                 if handler is not None:
                     handler(event.message)
             elif isinstance(event, Request):
+                self._acknowledged(acknowledged_frames(event.message))
                 if self.bounds is not None:
                     await self._await_room_for_request(event)
                 await on_request(event)
@@ -441,6 +498,8 @@ class Channel:
         self._watchdog.deadline = min(idle, frame)
 
     def _queue(self, data: bytes) -> None:
+        """Send one frame the connection has just encoded (so counted), in order."""
+        self._record_sent()
         if not self._outgoing and not self._send_lock.locked():
             data = self._write_now(data)
             if not data:

@@ -120,7 +120,8 @@ async def test_a_paused_consumer_stops_itself_its_commit_is_refused_and_it_rejoi
         await a.fetching_state.wait_value(False)
         assert trio.current_time() == 30.5  # it stops as soon as it resumes
         a_leases = [i for i in cluster.ledger.closed if i.consumer_id == "a"]
-        assert {i.end for i in a_leases} == {16.0}  # last request at 10.0 + T
+        # The Ping of 10.0 named a's answer to the Ping of 8.0: its lease ran to 8.0 + T.
+        assert {i.end for i in a_leases} == {14.0}
         committed_before = dict(await cluster.coordinator.offsets.committed("g"))
         assert await a.commit() == ErrorCode.UNKNOWN_MEMBER_ID
         assert await cluster.coordinator.offsets.committed("g") == committed_before
@@ -157,14 +158,17 @@ async def test_a_failed_attempt_backs_off_and_retries_until_it_succeeds(
     config = CoordinatorConfig(initial_rebalance_delay=3.0, max_missed_pings=2)
     async with open_simulated_cluster(tmp_path, config) as cluster:
         a, b = await _pair(cluster)
-        await trio.sleep_until(10.5)  # b last heard a request at 10.0: its lease runs to 16.0
-        b.freeze(4.5)
+        await trio.sleep_until(10.5)
+        # Slow, not frozen: a member frozen past a StopFetcher's deadline has no lease left when
+        # it resumes (it runs T from b's answer to the Ping of 8.0, to 14.0), and starts over.
+        b.answer_slowly(4.5)
         c = await cluster.start_consumer("c", group="g", topics={"events": 1})
         group = cluster.coordinator.groups["g"]
         # StopFetcher of attempt 2 goes unanswered until 14.5: one miss of two allowed, so the
         # attempt fails and the next waits a third of the session timeout (2 s)
         await group.status.wait_value(lambda s: s == (GroupState.PENDING, 2))
         assert trio.current_time() == 14.5
+        b.answer_slowly(0.0)  # b answers that StopFetcher at 15.0, the Ping of 12.0 right after
         assert set(group.members) == {"a", "b", "c"}
         assert await cluster.wait_stable("g", members=3) == 3
         assert trio.current_time() == 16.5

@@ -144,9 +144,14 @@ REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
         generation=int32,
         consumer_id=texts,
         num_retries=int32,
+        acknowledged_frames=int64,
     ),
     ApiKey.STOP_FETCHER: st.builds(
-        StopFetcherRequest, coordinator_epoch=int64, generation=int32, consumer_id=texts
+        StopFetcherRequest,
+        coordinator_epoch=int64,
+        generation=int32,
+        consumer_id=texts,
+        acknowledged_frames=int64,
     ),
     ApiKey.START_FETCHER: st.builds(
         StartFetcherRequest,
@@ -155,6 +160,7 @@ REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
         consumer_id=texts,
         streams=tuples_of(assigned_streams),
         brokers=tuples_of(broker_infos),
+        acknowledged_frames=int64,
     ),
     ApiKey.OFFSET_COMMIT: st.builds(
         OffsetCommitRequest,

@@ -145,7 +145,7 @@ def test_unknown_api_key() -> None:
     assert (error.correlation_id, error.api_key) == (4, 77)
 
 
-@pytest.mark.parametrize("version", [1, -1, 32767])
+@pytest.mark.parametrize("version", [2, -1, 32767])
 def test_unsupported_version(version: int) -> None:
     conn = _consumer_fed(raw_frame(version=version, correlation_id=3, body=ping_body()))
     error = _expect_error(conn, ErrorCode.UNSUPPORTED_VERSION)

@@ -46,12 +46,14 @@ CONTRACT = {
     " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
     " owned_partitions:array[TopicPartition]",
     "RegisterConsumerResponse": "error_code:int16 coordinator_epoch:int64 generation:int32",
-    "PingRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string num_retries:int32",
+    "PingRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string num_retries:int32"
+    " acknowledged_frames:int64",
     "PingResponse": "error_code:int16 consumer_id:string offsets:array[PartitionOffset]",
-    "StopFetcherRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string",
+    "StopFetcherRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string"
+    " acknowledged_frames:int64",
     "StopFetcherResponse": "error_code:int16 consumer_id:string offsets:array[PartitionOffset]",
     "StartFetcherRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string"
-    " streams:array[AssignedStream] brokers:array[BrokerInfo]",
+    " streams:array[AssignedStream] brokers:array[BrokerInfo] acknowledged_frames:int64",
     "StartFetcherResponse": "error_code:int16 consumer_id:string",
     "OffsetCommitRequest": "group_id:string consumer_id:string? generation:int32"
     " offsets:array[PartitionOffset]",
@@ -75,6 +77,11 @@ CONTRACT = {
 }
 # The layouts of older versions, where they differ from the newest (the class's whole field list).
 OLDER_VERSIONS = {
+    ("PingRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string"
+    " num_retries:int32",
+    ("StopFetcherRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string",
+    ("StartFetcherRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string"
+    " streams:array[AssignedStream] brokers:array[BrokerInfo]",
     ("DescribeGroupResponse", 0): "error_code:int16 group_id:string state:string generation:int32"
     " members:array[MemberDescription] offsets:array[PartitionOffset]",
 }

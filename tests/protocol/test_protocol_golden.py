@@ -5,6 +5,8 @@ from __future__ import annotations
 import pathlib
 import re
 
+import attrs
+
 from protocol import (
     Connection,
     DescribeGroupRequest,
@@ -22,31 +24,45 @@ from protocol import (
 
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "protocol" / "SPEC.md"
 
-PING = PingRequest(coordinator_epoch=5, generation=2, consumer_id="c1", num_retries=1)
-PING_FRAME = bytes.fromhex(
-    "00 00 00 21"  # size = 33
-    "00"  # kind = request
-    "00 05"  # api_key = PING
-    "00 00"  # api_version = 0
-    "00 00 00 2a"  # correlation_id = 42
-    "00 02 62 31"  # client_id = "b1"
+PING = PingRequest(
+    coordinator_epoch=5, generation=2, consumer_id="c1", num_retries=1, acknowledged_frames=86
+)
+PING_V0_BODY = (
     "00 00 00 00 00 00 00 05"  # coordinator_epoch = 5
     "00 00 00 02"  # generation = 2
     "00 02 63 31"  # consumer_id = "c1"
     "00 00 00 01"  # num_retries = 1
+)
+PING_FRAME = bytes.fromhex(
+    "00 00 00 29"  # size = 41
+    "00"  # kind = request
+    "00 05"  # api_key = PING
+    "00 01"  # api_version = 1
+    "00 00 00 2a"  # correlation_id = 42
+    "00 02 62 31"  # client_id = "b1"
+    + PING_V0_BODY
+    + "00 00 00 00 00 00 00 56"  # acknowledged_frames = 86
+)
+PING_V0_FRAME = bytes.fromhex(
+    "00 00 00 21 00 00 05 00 00 00 00 00 2a 00 02 62 31"  # size 33, request, PING, v0, corr. 42
+    + PING_V0_BODY
 )
 PONG = PingResponse(
     error_code=ErrorCode.NONE,
     consumer_id="c1",
     offsets=(PartitionOffset(topic="t", partition=0, offset=17),),
 )
-PONG_FRAME = bytes.fromhex(
-    "00 00 00 22 01 00 05 00 00 00 00 00 2a"  # size 34, response, PING, v0, correlation 42
+PONG_BODY = (
     "00 00"  # error_code = NONE
     "00 02 63 31"  # consumer_id = "c1"
     "00 00 00 01"  # one offset:
     "00 01 74 00 00 00 00 00 00 00 00 00 00 00 11"  # "t", 0, 17
 )
+PONG_FRAME = bytes.fromhex(
+    "00 00 00 22 01 00 05 00 01 00 00 00 2a"  # size 34, response, PING, v1, correlation 42
+    + PONG_BODY
+)
+PONG_V0_FRAME = bytes.fromhex("00 00 00 22 01 00 05 00 00 00 00 00 2a" + PONG_BODY)
 DESCRIBE = DescribeGroupRequest(group_id="g")
 DESCRIBED = DescribeGroupResponse(
     error_code=ErrorCode.NONE,
@@ -111,6 +127,27 @@ def test_ping_response_bytes() -> None:
     broker.send(Request(correlation_id=42, message=PING, client_id="b1"))
     broker.receive_data(PONG_FRAME)
     assert broker.next_event() == Response(correlation_id=42, message=PONG, request=PING)
+
+
+def test_a_version_0_ping_names_no_frame_and_is_answered_in_version_0() -> None:
+    """An older coordinator's Ping lacks ``acknowledged_frames``: it decodes as -1, which renews
+    no lease (SPEC.md §1), and its answer goes back in version 0."""
+    consumer = Connection(Role.CONSUMER)
+    consumer.receive_data(PING_V0_FRAME)
+    request = consumer.next_event()
+    assert request == Request(
+        correlation_id=42,
+        message=attrs.evolve(PING, acknowledged_frames=-1),
+        client_id="b1",
+        api_version=0,
+    )
+    assert isinstance(request, Request)
+    assert consumer.send(request.response(PONG)) == PONG_V0_FRAME
+    old_coordinator = Connection(Role.BROKER, client_id="b1")
+    sent = old_coordinator.send(
+        Request(correlation_id=42, message=PING, client_id="b1", api_version=0)
+    )
+    assert sent == PING_V0_FRAME
 
 
 def _describe_request_frame(version: int) -> bytes:

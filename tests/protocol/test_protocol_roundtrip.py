@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Any
 
 import attrs
 from hypothesis import given
@@ -80,15 +81,22 @@ def test_every_version_round_trips(
     received = receiver.next_event()
     assert isinstance(received, Request)
     assert received.api_version == version
+    assert received.message == _as_in(request, version)
     sender.receive_data(receiver.send(received.response(response)))
     answered = sender.next_event()
     assert isinstance(answered, Response)
+    assert answered.message == _as_in(response, version)
+
+
+def _as_in(message: Any, version: int) -> Any:
+    """``message`` as a peer reads it in ``version``: the fields later versions added at their
+    defaults."""
     absent = {
         field.name: field.default
-        for field in attrs.fields(type(response))
+        for field in attrs.fields(type(message))
         if field.metadata.get(SINCE, 0) > version
     }
-    assert answered.message == attrs.evolve(response, **absent)
+    return attrs.evolve(message, **absent)
 
 
 def _stream(role: Role, messages: list[RequestMessage]) -> tuple[bytes, list[Event]]:

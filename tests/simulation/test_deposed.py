@@ -34,16 +34,17 @@ async def test_out_of_contact_it_pings_nobody_and_counts_no_miss(
         owned = (a.owned, b.owned)
         leases = _intervals(cluster)
         await trio.sleep_until(5.5)
-        # Registered at 0.0, Pinged every 2 s since: last at 4.0.
-        assert (a.last_request_at, b.last_request_at) == (4.0, 4.0)
+        # Registered at 0.0, Pinged every 2 s since: the last Ping, at 4.0, named the answer each
+        # consumer queued at 3.0 (to StartFetcher), where their leases run from.
+        assert (a.last_request_at, b.last_request_at) == (3.0, 3.0)
         cluster.lose_store_contact(3.0)
         await trio.sleep_until(8.5 - 0.001)
         # The Pings due at 6.0 were not sent: nothing reached the consumers while out of contact.
-        assert (a.last_request_at, b.last_request_at) == (4.0, 4.0)
+        assert (a.last_request_at, b.last_request_at) == (3.0, 3.0)
         # Held back Pings are tried again every 0.5 s: the one at 8.5 goes, within the leases
-        # the consumers count from 4.0 (to 10.0).
+        # the consumers count from 3.0 (to 9.0), and names their answers of 4.0.
         await trio.sleep_until(8.5 + 0.001)
-        assert (a.last_request_at, b.last_request_at) == (8.5, 8.5)
+        assert (a.last_request_at, b.last_request_at) == (4.0, 4.0)
         # No Ping was sent, so none was missed: both still members, nothing counted against them,
         # fetching what they fetched since 3.0 under the same generation.
         group = cluster.coordinator.groups["g"]
@@ -98,7 +99,8 @@ async def test_after_a_pause_past_the_leases_a_due_ping_is_a_death_not_a_renewal
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(5.0)
-        assert (a.last_request_at, b.last_request_at) == (4.0, 4.0)  # next Pings due at 6.0
+        # The Pings of 4.0 named the answers of 3.0; the next Pings are due at 6.0.
+        assert (a.last_request_at, b.last_request_at) == (3.0, 3.0)
         a.cut_network(12.0)
         b.cut_network(12.0)
         cluster.pause_coordinator(10.0)
@@ -113,9 +115,10 @@ async def test_after_a_pause_past_the_leases_a_due_ping_is_a_death_not_a_renewal
             "at 15.000"
             for c in ("a", "b")
         ]
-        # The consumers stopped by their own rule at 10.0 (T after the Pings of 4.0).
+        # The consumers stopped by their own rule at 9.0 (T after the answers the Pings of 4.0
+        # named).
         ended = sorted((i.consumer_id, i.start, i.end) for i in cluster.ledger.closed)
-        assert ended == [("a", 3.0, 10.0)] * 3 + [("b", 3.0, 10.0)] * 3
+        assert ended == [("a", 3.0, 9.0)] * 3 + [("b", 3.0, 9.0)] * 3
         # The cut heals at 17.0, when both come back (T/3 after they found their sessions over
         # as they resumed) to a group emptied at 15.0, which forms again 3 s later.
         assert trio.current_time() == 20.0

@@ -7,6 +7,8 @@ before it rediscovers it.
 
 from pathlib import Path
 
+import attrs
+import pytest
 import trio
 import trio.testing
 
@@ -18,10 +20,16 @@ CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
 
 
-async def _pair(cluster: SimulatedCluster) -> tuple[SimulatedConsumer, SimulatedConsumer]:
+async def _pair(
+    cluster: SimulatedCluster, *, fetch_through_failover: bool = False
+) -> tuple[SimulatedConsumer, SimulatedConsumer]:
     await cluster.create_topic("events", partitions=6)
-    a = await cluster.start_consumer("a", group="g", topics={"events": 1})
-    b = await cluster.start_consumer("b", group="g", topics={"events": 1})
+    a, b = [
+        await cluster.start_consumer(
+            name, group="g", topics={"events": 1}, fetch_through_failover=fetch_through_failover
+        )
+        for name in "ab"
+    ]
     with trio.fail_after(10):
         await cluster.wait_settled()
     assert trio.current_time() == 3.0
@@ -94,10 +102,12 @@ async def test_a_cut_network_silences_both_sides_until_it_heals(
         # The Ping of 12.0 never arrives: a is dead at its deadline, 16.0; its partitions wait
         # until the last request sent to it (12.0) + T + margin.
         assert trio.current_time() == 18.5
-        assert {i.end for i in cluster.ledger.closed if i.consumer_id == "a"} == {16.0}
+        # a's lease ran from 8.0, when it queued its answer to the Ping of 8.0, the frame the
+        # Ping of 10.0 named (docs/design.md#ownership-lease): it stopped by itself at 14.0.
+        assert {i.end for i in cluster.ledger.closed if i.consumer_id == "a"} == {14.0}
         assert _starts(cluster, "b") == {3.0, 18.5}
-        # a stopped by itself at 16.0, found the network down at 18.0 and 20.0, and connects
-        # again at 22.0, after the network came back at 20.5.
+        # a found the network down at 16.0, 18.0 and 20.0, and connects again at 22.0, after the
+        # network came back at 20.5.
         with trio.fail_after(20):
             await cluster.wait_settled()
         assert trio.current_time() == 22.0
@@ -109,7 +119,8 @@ async def test_a_request_that_arrives_when_its_answer_cannot_still_renews_the_le
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """The Ping of 12.0 reaches a, which takes a second over its answer; the network is cut in
-    that second. a's lease runs from 12.0, though the coordinator last heard from it at 10.0."""
+    that second. That Ping still renews a's lease, from 14.0 to 16.0: it names a's answer to the
+    Ping of 10.0, queued at 10.0, though the coordinator never hears a's answer to it."""
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, _b = await _pair(cluster)
         await trio.sleep_until(11.0)
@@ -120,7 +131,7 @@ async def test_a_request_that_arrives_when_its_answer_cannot_still_renews_the_le
             await cluster.wait_stable("g", members=1)
         assert trio.current_time() == 18.5  # the last request sent to a (12.0) + T + margin
         await trio.sleep_until(19.0)
-        assert {i.end for i in cluster.ledger.closed if i.consumer_id == "a"} == {18.0}
+        assert {i.end for i in cluster.ledger.closed if i.consumer_id == "a"} == {16.0}
         cluster.ledger.check()
 
 
@@ -260,8 +271,13 @@ async def test_a_member_back_still_fetching_after_an_attempt_began_keeps_its_par
     """A member that fetches through a failover and re-registers after the recovered group's
     first attempt began without it adopts its partitions, and fetches on under the new
     coordinator's Pings: that attempt must not start them elsewhere when the recovered lease runs
-    out. It fails; the next one stops the member first."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    out. It fails; the next one stops the member first.
+
+    A lease runs T from the frame the last Ping named, the answer to the Ping before it, so it
+    ends at most 2T/3 after the last Ping: here the first attempt begins 1 s after a's return, so
+    that b comes back after it began and within its lease."""
+    config = attrs.evolve(CONFIG, initial_rebalance_delay=1.0)
+    async with open_simulated_cluster(tmp_path, config) as cluster:
         await cluster.create_topic("events", partitions=6)
         a, b = [
             await cluster.start_consumer(
@@ -273,7 +289,7 @@ async def test_a_member_back_still_fetching_after_an_attempt_began_keeps_its_par
             await cluster.wait_settled()
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(10.4)
-        b.freeze(3.4)  # paused through the restart: back after a's attempt began, still fetching
+        b.freeze(1.4)  # paused through the restart: back after a's attempt began, still fetching
         await trio.sleep_until(10.5)
         with trio.fail_after(5):
             await cluster.restart_coordinator(down_for=1.0)
@@ -282,10 +298,86 @@ async def test_a_member_back_still_fetching_after_an_attempt_began_keeps_its_par
         with trio.fail_after(30):
             await cluster.wait_settled()
         cluster.ledger.check()  # b's partitions never had two owners
-        # a re-registered at 12.5 and its attempt began at 15.5, waiting for the record's lease
-        # (18.0); b re-registered at 15.8 adopting its own partitions. At 18.0 that attempt
-        # failed instead of starting them on a; after the backoff (T/3) the next one began at
-        # 20.0 with both and stopped b first.
+        # a re-registered at 12.5 and its attempt began at 13.5, waiting for the record's lease
+        # (18.0); b re-registered at 13.8, its lease running to 14.0, adopting its own
+        # partitions. At 18.0 that attempt failed instead of starting them on a; after the
+        # backoff (T/3) the next one began at 20.0 with both and stopped b first.
         assert trio.current_time() == 23.8
         assert {"a": a.owned, "b": b.owned} == held
+        await cluster.check_invariants(settled=True)
+
+
+# --- delayed delivery: a request late past the lease margin cannot stretch a lease ---------------
+#
+# Every Ping names the frame of the consumer's answer to the Ping before it, so after the Ping of
+# 10.0 a's lease runs from 8.0 to 14.0 (docs/design.md#ownership-lease).
+
+
+def _spans(cluster: SimulatedCluster, consumer_id: str) -> set[tuple[float, float]]:
+    now = trio.current_time()
+    return {(i.start, i.end) for i in cluster.ledger.intervals(now) if i.consumer_id == consumer_id}
+
+
+@pytest.mark.parametrize("fetch_through_failover", [False, True])
+async def test_a_ping_delayed_past_the_margin_then_cut_off_does_not_outlast_the_coordinators_count(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, fetch_through_failover: bool
+) -> None:
+    """The Ping of 12.0 reaches a 1.5 s late, at 13.4, three times the lease margin; a takes
+    0.5 s over its answer and the network is cut before it leaves. The coordinator counts a's
+    lease from that Ping's send: a is dead at its deadline (16.0) and its partitions start on b
+    at 12.0 + T + 0.5 = 18.5. A lease counted from the Ping's arrival would run to 19.4, and both
+    would fetch from 18.5 to 19.4; counted from the frame the Ping names (a's answer to the Ping
+    of 10.0, queued at 10.0), it ends at 16.0."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster, fetch_through_failover=fetch_through_failover)
+        await trio.sleep_until(11.9)
+        a.answer_slowly(0.5)
+        a.delay_delivery(1.5)
+        await trio.sleep_until(13.5)
+        a.cut_network(6.0)
+        with trio.fail_after(20):
+            await cluster.wait_stable("g", members=1)
+        assert trio.current_time() == 18.5
+        assert b.owned == ALL
+        await trio.sleep_until(19.5)  # the cut heals: a reads the close that followed the Ping
+        await cluster.check_invariants()
+        assert _spans(cluster, "a") == {(3.0, 16.0)}
+        assert _spans(cluster, "b") == {(3.0, 16.0), (18.5, 19.5)}
+        with trio.fail_after(30):
+            await cluster.wait_settled()
+        await cluster.check_invariants(settled=True)
+
+
+async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_lease(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """c joins at 13.0 and the rebalance stops a, b and c; a takes a second over its answer, so
+    StartFetcher goes out at 14.0, after a's StopFetcher answer. a's is held in the network until
+    15.5, and a's own bytes are held from 15.0 on, so its answer never comes: a is dead at the
+    StartFetcher's deadline (18.0) and its partitions start elsewhere at 14.0 + T + 0.5 = 20.5.
+    a, which fetches through a lost connection, registers again at 20.0, but the coordinator
+    hears it only at 25.0. Counted from its arrival, a's lease would run to 21.5; the
+    StartFetcher names a's StopFetcher answer, queued at 14.0, so it runs to 20.0."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster, fetch_through_failover=True)
+        await trio.sleep_until(12.9)
+        a.answer_slowly(1.0)
+        await trio.sleep_until(13.0)
+        c = await cluster.start_consumer("c", group="g", topics={"events": 1})
+        await trio.sleep_until(13.5)
+        a.delay_delivery(2.0)
+        await trio.sleep_until(14.5)
+        assert not a.fetching  # it answered StopFetcher at 14.0
+        a.answer_slowly(0.0)
+        await trio.sleep_until(15.0)
+        a.delay_delivery(10.0, to_consumer=False, to_broker=True)
+        with trio.fail_after(20):
+            await cluster.wait_stable("g", members=2)
+        assert trio.current_time() == 20.5
+        assert b.owned | c.owned == ALL
+        await trio.sleep_until(24.9)
+        await cluster.check_invariants()
+        assert _spans(cluster, "a") == {(3.0, 14.0), (15.5, 20.0)}
+        with trio.fail_after(30):
+            await cluster.wait_settled()
         await cluster.check_invariants(settled=True)

@@ -71,7 +71,9 @@ OWNED = (TopicPartition(topic="t", partition=0), TopicPartition(topic="t", parti
 
 
 def _started(now: float) -> StartFetcherReceived:
-    return StartFetcherReceived(now=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED)
+    return StartFetcherReceived(
+        now=now, anchor=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED
+    )
 
 
 def machine_in(state: ConsumerState, now: float = 100.0) -> ConsumerMachine:
@@ -85,31 +87,31 @@ def machine_in(state: ConsumerState, now: float = 100.0) -> ConsumerMachine:
         S.STOPPED: [
             Start(),
             CoordinatorFound(now=now, coordinator=OLD, epoch=5),
-            Registered(now=now, generation=2, epoch=5),
+            Registered(now=now, anchor=now, generation=2, epoch=5),
         ],
         S.FETCHING: [
             Start(),
             CoordinatorFound(now=now, coordinator=OLD, epoch=5),
-            Registered(now=now, generation=2, epoch=5),
+            Registered(now=now, anchor=now, generation=2, epoch=5),
             StartFetcherReceived(
-                now=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED
+                now=now, anchor=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED
             ),
         ],
         S.REDISCOVERING: [
             Start(),
             CoordinatorFound(now=now, coordinator=OLD, epoch=5),
-            Registered(now=now, generation=2, epoch=5),
+            Registered(now=now, anchor=now, generation=2, epoch=5),
             StartFetcherReceived(
-                now=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED
+                now=now, anchor=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED
             ),
             CoordinatorMoved(now=now, error_code=ErrorCode.NOT_COORDINATOR),
         ],
         S.REREGISTERING: [
             Start(),
             CoordinatorFound(now=now, coordinator=OLD, epoch=5),
-            Registered(now=now, generation=2, epoch=5),
+            Registered(now=now, anchor=now, generation=2, epoch=5),
             StartFetcherReceived(
-                now=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED
+                now=now, anchor=now, correlation_id=1, epoch=5, generation=3, streams=ASSIGNED
             ),
             CoordinatorMoved(now=now, error_code=ErrorCode.NOT_COORDINATOR),
             CoordinatorFound(now=now, coordinator=NEW, epoch=5),
@@ -128,16 +130,23 @@ def sample(kind: type, now: float, epoch: int = 5) -> Input:
         Start: Start(),
         CoordinatorFound: CoordinatorFound(now=now, coordinator=NEW, epoch=epoch),
         DiscoveryFailed: DiscoveryFailed(now=now),
-        Registered: Registered(now=now, generation=3, epoch=epoch),
+        Registered: Registered(now=now, anchor=now, generation=3, epoch=epoch),
         RegistrationRejected: RegistrationRejected(
             now=now, error_code=ErrorCode.DUPLICATE_MEMBER_ID
         ),
-        PingReceived: PingReceived(now=now, correlation_id=7, epoch=epoch, generation=3),
+        PingReceived: PingReceived(
+            now=now, anchor=now, correlation_id=7, epoch=epoch, generation=3
+        ),
         StopFetcherReceived: StopFetcherReceived(
-            now=now, correlation_id=8, epoch=epoch, generation=4
+            now=now, anchor=now, correlation_id=8, epoch=epoch, generation=4
         ),
         StartFetcherReceived: StartFetcherReceived(
-            now=now, correlation_id=9, epoch=epoch, generation=4, streams=streams(("u", 0))
+            now=now,
+            anchor=now,
+            correlation_id=9,
+            epoch=epoch,
+            generation=4,
+            streams=streams(("u", 0)),
         ),
         CoordinatorMoved: CoordinatorMoved(now=now, error_code=ErrorCode.NOT_COORDINATOR),
         ConnectionLost: ConnectionLost(now=now),
@@ -244,9 +253,9 @@ def test_lease_runs_out_exactly_session_timeout_after_the_last_request() -> None
     assert m.lease_deadline() == 106.0
     assert m.check_lease(math.nextafter(106.0, 0.0)) == []
     assert state_of(m) is S.FETCHING
-    assert m.handle(PingReceived(now=104.0, correlation_id=2, epoch=5, generation=3)) == [
-        RespondPing(correlation_id=2, partitions=OWNED)
-    ]
+    assert m.handle(
+        PingReceived(now=104.0, anchor=104.0, correlation_id=2, epoch=5, generation=3)
+    ) == [RespondPing(correlation_id=2, partitions=OWNED)]
     assert m.lease_deadline() == 110.0
     assert m.check_lease(109.5) == []
     assert m.check_lease(110.0) == [StopFetchers(), CloseConnection(), Discover(delay=0.0)]
@@ -267,16 +276,18 @@ def test_lease_expiry_stops_fetching_at_last_heard_plus_t(
     m = ConsumerMachine(config=ConsumerConfig(session_timeout=timeout))
     m.handle(Start())
     m.handle(CoordinatorFound(now=start, coordinator=OLD, epoch=1))
-    m.handle(Registered(now=start, generation=0, epoch=1))
+    m.handle(Registered(now=start, anchor=start, generation=0, epoch=1))
     m.handle(
-        StartFetcherReceived(now=start, correlation_id=0, epoch=1, generation=1, streams=ASSIGNED)
+        StartFetcherReceived(
+            now=start, anchor=start, correlation_id=0, epoch=1, generation=1, streams=ASSIGNED
+        )
     )
     heard = start
     for i, gap in enumerate(gaps):
         at = heard + min(gap, timeout) * 0.999
         if at >= heard + timeout:
             continue
-        m.handle(PingReceived(now=at, correlation_id=i, epoch=1, generation=1))
+        m.handle(PingReceived(now=at, anchor=at, correlation_id=i, epoch=1, generation=1))
         heard = at
     deadline = heard + timeout
     assert m.lease_deadline() == deadline
@@ -294,7 +305,7 @@ def test_stopped_consumer_presumes_a_silent_coordinator_dead() -> None:
 
 def test_a_stale_lease_timer_is_ignored() -> None:
     m = machine_in(S.FETCHING, now=100.0)
-    m.handle(PingReceived(now=105.0, correlation_id=2, epoch=5, generation=3))
+    m.handle(PingReceived(now=105.0, anchor=105.0, correlation_id=2, epoch=5, generation=3))
     before = snapshot(m)
     timer = LeaseExpired(now=106.0)  # armed for the old deadline
     assert m.handle(timer) == [Ignored(event=timer, reason="the lease was renewed since")]
@@ -303,12 +314,73 @@ def test_a_stale_lease_timer_is_ignored() -> None:
 
 def test_a_request_read_after_the_deadline_does_not_revive_the_lease() -> None:
     m = machine_in(S.FETCHING, now=100.0)
-    late = PingReceived(now=107.0, correlation_id=2, epoch=5, generation=3)
+    late = PingReceived(now=107.0, anchor=107.0, correlation_id=2, epoch=5, generation=3)
     effects = m.handle(late)
     assert effects[:3] == [StopFetchers(), CloseConnection(), Discover(delay=0.0)]
     assert isinstance(effects[3], Ignored) and effects[3].event == late
     assert len(effects) == 4
     assert state_of(m) is S.DISCOVERING
+
+
+def test_the_lease_runs_from_the_frame_a_request_names_not_from_its_arrival() -> None:
+    """A Ping that spent 4.5 s in the network names a frame this consumer queued at 101.0: the
+    coordinator sent it after receiving that frame, and counts from its send, so the lease runs
+    T from 101.0, not from when the Ping arrived (docs/design.md#ownership-lease)."""
+    m = machine_in(S.FETCHING, now=100.0)
+    delayed = PingReceived(now=105.5, anchor=101.0, correlation_id=2, epoch=5, generation=3)
+    assert m.handle(delayed) == [RespondPing(correlation_id=2, partitions=OWNED)]
+    assert m.lease_deadline() == 107.0
+    assert StopFetchers() in m.check_lease(107.0)
+    assert state_of(m) is S.DISCOVERING
+
+
+def test_requests_in_flight_together_never_move_the_deadline_back() -> None:
+    """Requests read in a row name frames queued at different times: each renews from its own
+    frame, the latest anchor wins, and one naming an earlier frame changes nothing."""
+    m = machine_in(S.FETCHING, now=100.0)
+    m.handle(PingReceived(now=102.5, anchor=102.0, correlation_id=2, epoch=5, generation=3))
+    assert m.lease_deadline() == 108.0
+    stop = StopFetcherReceived(now=102.6, anchor=101.0, correlation_id=3, epoch=5, generation=4)
+    assert m.handle(stop) == [StopFetchers(), RespondStop(correlation_id=3, partitions=OWNED)]
+    assert m.lease_deadline() == 108.0  # not 107.0
+    start = StartFetcherReceived(
+        now=102.7, anchor=102.5, correlation_id=4, epoch=5, generation=4, streams=ASSIGNED
+    )
+    m.handle(start)
+    assert state_of(m) is S.FETCHING
+    assert m.lease_deadline() == 108.5
+
+
+@pytest.mark.parametrize("state", [S.STOPPED, S.FETCHING])
+def test_a_request_naming_no_known_frame_is_answered_and_renews_nothing(
+    state: ConsumerState,
+) -> None:
+    """-1 (a version-0 request), 0, or a frame forgotten: the trio layer finds no queue time and
+    passes None. The request is carried out; the lease is not renewed."""
+    m = machine_in(state, now=100.0)
+    ping = PingReceived(now=105.0, anchor=None, correlation_id=2, epoch=5, generation=3)
+    owned = OWNED if state is S.FETCHING else ()
+    assert m.handle(ping) == [RespondPing(correlation_id=2, partitions=owned)]
+    assert m.lease_deadline() == 106.0
+    assert m.check_lease(106.0)[-1] == Discover(delay=0.0)
+
+
+def test_a_start_naming_no_known_frame_starts_fetching_under_the_lease_it_had() -> None:
+    m = machine_in(S.STOPPED, now=100.0)
+    start = StartFetcherReceived(
+        now=105.0, anchor=None, correlation_id=2, epoch=5, generation=4, streams=ASSIGNED
+    )
+    assert m.handle(start)[-1] == RespondStart(correlation_id=2)
+    assert state_of(m) is S.FETCHING
+    assert m.lease_deadline() == 106.0
+
+
+def test_registration_renews_from_when_the_register_request_was_queued() -> None:
+    m = ConsumerMachine(config=ConsumerConfig(session_timeout=T))
+    m.handle(Start())
+    m.handle(CoordinatorFound(now=100.0, coordinator=OLD, epoch=5))
+    m.handle(Registered(now=103.0, anchor=100.5, generation=2, epoch=5))
+    assert m.lease_deadline() == 106.5
 
 
 def test_lease_runs_on_while_rediscovering_and_stops_the_fetchers() -> None:
@@ -322,7 +394,7 @@ def test_lease_runs_on_while_rediscovering_and_stops_the_fetchers() -> None:
 
 def test_reregistration_answer_after_the_deadline_is_dropped() -> None:
     m = machine_in(S.REREGISTERING, now=100.0)
-    effects = m.handle(Registered(now=106.0, generation=3, epoch=6))
+    effects = m.handle(Registered(now=106.0, anchor=106.0, generation=3, epoch=6))
     # One failure so far (the coordinator moved), hence the backoff.
     assert effects[:3] == [StopFetchers(), CloseConnection(), Discover(delay=0.1)]
     assert isinstance(effects[-1], Ignored)
@@ -345,9 +417,11 @@ def test_requests_from_an_older_epoch_are_ignored(kind: type, state: ConsumerSta
 
 def test_a_newer_epoch_raises_the_bar() -> None:
     m = machine_in(S.FETCHING, now=100.0)
-    m.handle(PingReceived(now=101.0, correlation_id=2, epoch=9, generation=3))
+    m.handle(PingReceived(now=101.0, anchor=101.0, correlation_id=2, epoch=9, generation=3))
     assert m.epoch == 9
-    effects = m.handle(StopFetcherReceived(now=102.0, correlation_id=3, epoch=5, generation=4))
+    effects = m.handle(
+        StopFetcherReceived(now=102.0, anchor=102.0, correlation_id=3, epoch=5, generation=4)
+    )
     assert isinstance(effects[0], Ignored)
     assert state_of(m) is S.FETCHING
 
@@ -355,7 +429,7 @@ def test_a_newer_epoch_raises_the_bar() -> None:
 def test_registration_with_a_deposed_coordinator_counts_as_a_rejection() -> None:
     m = machine_in(S.REREGISTERING, now=100.0)
     m.epoch = 8  # seen meanwhile; a newer coordinator exists
-    effects = m.handle(Registered(now=101.0, generation=3, epoch=7))
+    effects = m.handle(Registered(now=101.0, anchor=101.0, generation=3, epoch=7))
     assert effects == [CloseConnection(), Discover(delay=0.2)]  # the second failure in a row
     assert state_of(m) is S.REDISCOVERING
     assert m.last_error is ErrorCode.STALE_COORDINATOR_EPOCH
@@ -384,7 +458,7 @@ def test_a_follower_naming_the_coordinator_without_its_epoch_is_not_stale_metada
     assert state_of(m) is S.REGISTERING
     assert m.epoch == 5
     # The registration answer brings the coordinator's epoch, and the guard checks that one.
-    assert m.handle(Registered(now=101.3, generation=3, epoch=4)) == [
+    assert m.handle(Registered(now=101.3, anchor=101.3, generation=3, epoch=4)) == [
         CloseConnection(),
         Discover(delay=0.1),
     ]
@@ -396,7 +470,7 @@ def test_a_follower_naming_the_coordinator_while_fetching_leads_to_reregistratio
     found = CoordinatorFound(now=101.0, coordinator=NEW, epoch=UNKNOWN_EPOCH)
     assert m.handle(found) == [Register(coordinator=NEW, generation=3, owned=OWNED)]
     assert state_of(m) is S.REREGISTERING
-    assert m.handle(Registered(now=101.1, generation=3, epoch=6)) == []
+    assert m.handle(Registered(now=101.1, anchor=101.1, generation=3, epoch=6)) == []
     assert state_of(m) is S.FETCHING and m.epoch == 6
 
 
@@ -408,21 +482,23 @@ def test_registration_carries_generation_and_partitions_still_fetched() -> None:
     assert m.handle(CoordinatorFound(now=101.0, coordinator=NEW, epoch=6)) == [
         Register(coordinator=NEW, generation=3, owned=OWNED)
     ]
-    assert m.handle(Registered(now=102.0, generation=3, epoch=6)) == []
+    assert m.handle(Registered(now=102.0, anchor=102.0, generation=3, epoch=6)) == []
     assert state_of(m) is S.FETCHING
     assert m.lease_deadline() == 108.0
 
 
 def test_stop_reports_final_offsets_of_what_it_owned_then_forgets_it() -> None:
     m = machine_in(S.FETCHING)
-    assert m.handle(StopFetcherReceived(now=101.0, correlation_id=4, epoch=5, generation=4)) == [
+    assert m.handle(
+        StopFetcherReceived(now=101.0, anchor=101.0, correlation_id=4, epoch=5, generation=4)
+    ) == [
         StopFetchers(),
         RespondStop(correlation_id=4, partitions=OWNED),
     ]
     assert m.owned == ()
-    assert m.handle(StopFetcherReceived(now=101.5, correlation_id=5, epoch=5, generation=4)) == [
-        RespondStop(correlation_id=5, partitions=())
-    ]
+    assert m.handle(
+        StopFetcherReceived(now=101.5, anchor=101.5, correlation_id=5, epoch=5, generation=4)
+    ) == [RespondStop(correlation_id=5, partitions=())]
     m.handle(ConnectionLost(now=102.0))
     assert m.handle(CoordinatorFound(now=102.0, coordinator=NEW, epoch=5)) == [
         Register(coordinator=NEW, generation=3, owned=())
@@ -433,7 +509,9 @@ def test_start_while_fetching_stops_before_starting() -> None:
     m = machine_in(S.FETCHING)
     new = streams(("u", 3))
     effects = m.handle(
-        StartFetcherReceived(now=101.0, correlation_id=6, epoch=5, generation=5, streams=new)
+        StartFetcherReceived(
+            now=101.0, anchor=101.0, correlation_id=6, epoch=5, generation=5, streams=new
+        )
     )
     assert effects == [
         StopFetchers(),
@@ -482,13 +560,14 @@ def test_backoff_doubles_up_to_its_cap_and_resets_on_registration() -> None:
     delays = [m.handle(DiscoveryFailed(now=float(i))) for i in range(5)]
     assert delays == [[Discover(delay=d)] for d in (0.5, 1.0, 2.0, 3.0, 3.0)]
     m.handle(CoordinatorFound(now=10.0, coordinator=OLD, epoch=1))
-    m.handle(Registered(now=10.0, generation=0, epoch=1))
+    m.handle(Registered(now=10.0, anchor=10.0, generation=0, epoch=1))
     assert m.handle(ConnectionLost(now=11.0)) == [CloseConnection(), Discover(delay=0.0)]
 
 
 # --- a random walk checking the safety rules on the effects -------------------------------------
 
 KINDS = list(COLUMNS.values())
+_RENEWING = (Registered, PingReceived, StopFetcherReceived, StartFetcherReceived)
 
 
 @st.composite
@@ -499,7 +578,12 @@ def walks(draw: st.DrawFn) -> list[Input]:
         now += draw(st.sampled_from([0.0, 0.5, 2.0, 5.9, 6.0, 7.0]))
         kind = draw(st.sampled_from(KINDS))
         epoch = draw(st.sampled_from([4, 5, 5, 5, 6]))
-        events.append(sample(kind, now, epoch))
+        event = sample(kind, now, epoch)
+        if isinstance(event, PingReceived | StopFetcherReceived | StartFetcherReceived):
+            # the frame the request names was queued a while before it was read, or is unknown
+            anchor = draw(st.sampled_from([0.0, 0.5, 2.0, 4.0, None]))
+            event = attrs.evolve(event, anchor=None if anchor is None else now - anchor)
+        events.append(event)
     return events
 
 
@@ -509,13 +593,20 @@ def test_random_walk_keeps_the_safety_rules(events: list[Input]) -> None:
     fetching = False
     connected = False
     discoveries = 0
+    anchors: set[float] = set()
     for event in events:
         before = snapshot(m)
+        heard = m.last_heard
+        if isinstance(event, _RENEWING) and event.anchor is not None:
+            anchors.add(event.anchor)
         try:
             effects: list[Effect] = m.handle(event)
         except IllegalTransition:
             assert snapshot(m) == before
             continue
+        # The lease runs from an anchor it was given, never from an arrival, and never moves back.
+        assert m.last_heard is None or m.last_heard in anchors
+        assert heard is None or (m.last_heard is not None and m.last_heard >= heard)
         if isinstance(event, CoordinatorFound | DiscoveryFailed) and not (
             effects and isinstance(effects[-1], Ignored)
         ):

@@ -145,12 +145,12 @@ def consumer_events(now: float, epoch: int) -> list[c.Input]:
         c.Start(),
         c.CoordinatorFound(now=now, coordinator=COORDINATOR, epoch=epoch),
         c.DiscoveryFailed(now=now),
-        c.Registered(now=now, generation=3, epoch=epoch),
+        c.Registered(now=now, anchor=now, generation=3, epoch=epoch),
         c.RegistrationRejected(now=now, error_code=ErrorCode.DUPLICATE_MEMBER_ID),
-        c.PingReceived(now=now, correlation_id=7, epoch=epoch, generation=3),
-        c.StopFetcherReceived(now=now, correlation_id=8, epoch=epoch, generation=4),
+        c.PingReceived(now=now, anchor=now, correlation_id=7, epoch=epoch, generation=3),
+        c.StopFetcherReceived(now=now, anchor=now, correlation_id=8, epoch=epoch, generation=4),
         c.StartFetcherReceived(
-            now=now, correlation_id=9, epoch=epoch, generation=4, streams=ASSIGNED
+            now=now, anchor=now, correlation_id=9, epoch=epoch, generation=4, streams=ASSIGNED
         ),
         c.CoordinatorMoved(now=now, error_code=ErrorCode.NOT_COORDINATOR),
         c.ConnectionLost(now=now),
