@@ -1,17 +1,39 @@
-"""Coordinator failover time with real processes: three brokers (``coordinator serve
---zookeeper``) on a three-node ZooKeeper ensemble, a group of consumers (the ``consumer``
-library's ``open_consumer``, in this process), and ``kill -9`` of the broker that coordinates.
+"""Coordinator failover with records flowing, with real processes: three brokers (``coordinator
+serve --zookeeper``) on a three-node ZooKeeper ensemble, one producer per broker, six consumer
+processes in one group, and a fault of the broker that coordinates.
 
-Measured from the kill until a successor is named by every surviving broker (``elected``), and
-until every consumer fetches again under a newer generation, every partition has an owner and the
-successor calls the group Stable (``stable``), both polled every 50 ms. Each run has fresh
-brokers under a chroot of its own on the same ensemble; the figures are the p50 and max over the
-runs, next to the bound the design gives: the dead broker's ZooKeeper session must expire before
-anyone may take office, and then its consumers' partitions may move once their ownership lease
-(the consumer session timeout) has run out, so ZooKeeper session timeout + consumer session
-timeout. On top of that bound come the ensemble's session-expiry tick (up to 0.5 s here) and the
-coordinator's lease margin (``CoordinatorConfig.lease_margin``), which ``elected_to_stable``
-(bound: consumer session timeout + lease margin) shows apart.
+Placement: a topic's partitions all live on the broker that created it, so there is one topic per
+broker (``orders-<broker id>``, each created by asking that broker), of PARTITIONS_PER_BROKER
+partitions each; the group subscribes to all three. One ``consumer`` library producer per topic
+(in this process) sends RATE records/s round robin over its partitions, each record's value
+stamped with the producer's sequence number and CLOCK_MONOTONIC send time. The six consumers are
+processes of their own (``python -m bench.failover_consumer``, the library consumer) that print
+every record with the CLOCK_MONOTONIC time it reached the application and the generation they
+held then.
+
+Two scenarios, each on fresh brokers under a chroot of their own on one ensemble: ``kill_9``
+(SIGKILL of the coordinator's broker: its connections break at once) and ``sigstop`` (SIGSTOP of
+it until both survivors name a successor, which they do only once its ZooKeeper session has
+expired; then SIGCONT: nothing breaks, consumers notice only overdue Pings). Per scenario:
+
+* ``<s>_longest_gap``: the longest time between two consecutive records of one partition on a
+  surviving broker reaching the application (a record's first delivery; a redelivery is no
+  progress), from the fault until the producers stop, against the p99 of the same partitions'
+  gaps in the steady window before the fault (the baseline). The issue's target is
+  ``target_ms`` = max(2 x p99, p99 + 100 ms).
+* ``<s>_to_elected``: the fault to both survivors naming the same survivor as coordinator.
+* ``<s>_to_stable``: the fault to the new coordinator describing the group Stable with all six
+  members and every partition held, against the issue's target: ZooKeeper session + 1.5 s after
+  a kill -9, max(ZooKeeper session, 2T/3) + 1.5 s after a SIGSTOP (T: consumer session).
+* ``<s>_generation``: the generation at the new coordinator once Stable, against the one before
+  the fault (no member is lost by the fault, so the target is the same generation).
+* Correctness, on the surviving brokers' partitions: ``<s>_duplicates`` (records delivered more
+  than once), ``<s>_missing`` (records the brokers acknowledged that no consumer was given, after
+  the producers stopped and the consumers drained), and ``<s>_two_consumers_at_once``
+  (partitions that one consumer was given a record of between two records another consumer was
+  given under one unchanged generation: the second could not have stopped in between).
+
+The brokers run with their default initial rebalance delay: what a user gets out of the box.
 
     python -m bench.failover [--quick] [--work-dir DIR]
 """
@@ -19,16 +41,26 @@ coordinator's lease margin (``CoordinatorConfig.lease_margin``), which ``elected
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
+import os
 import shutil
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
+import time
+from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import attrs
 import trio
 
 from bench.harness import (
+    REPO,
     ServerProcess,
     bench_arguments,
     figure,
@@ -36,26 +68,37 @@ from bench.harness import (
     reporting_errors,
     run,
 )
-from consumer import Consumer, ConsumerSettings, open_consumer
-from consumer.admin import open_admin
-from coordinator.config import CoordinatorConfig
-from launch.cluster import agreed_coordinator, eventually, group_state
+from consumer import Delivery, open_producer
+from consumer.admin import GroupReport, open_admin
+from launch.cluster import agreed_coordinator, eventually
+from launch.processes import stop_process
 from launch.zookeeper import open_ensemble
 from protocol.types import TopicPartition
 
 BENCHMARK = "failover"
 DEADLINE = 90.0
-#: The brokers' ZooKeeper session timeout and the consumers' session timeout, in seconds.
+#: The brokers' ZooKeeper session timeout and the consumers' session timeout (T), in seconds.
 ZK_SESSION = 2.0
-CONSUMER_SESSION = 2.0
+CONSUMER_SESSION = 6.0
 BROKERS = 3
 CONSUMERS = 6
-PARTITIONS = 12
-GROUP = "billing"
-TOPIC = "orders"
-EVERYTHING = {TopicPartition(topic=TOPIC, partition=p) for p in range(PARTITIONS)}
+PARTITIONS_PER_BROKER = 4
+#: Records per second each producer sends (round robin over its topic's partitions).
+RATE = 200.0
+GROUP = "g"
+#: After the fault, how long the group has to be Stable at the new coordinator before the run
+#: goes on without it (the figure then says it was not reached).
+STABLE_DEADLINE = 40.0
+#: After the producers stop, how long the consumers have to be given every acknowledged record.
+DRAIN_DEADLINE = 20.0
+SCENARIOS = ("kill_9", "sigstop")
 
 Broker = tuple[int, ServerProcess]
+Key = tuple[str, int]  # (topic, partition)
+
+
+def topic_of(broker_id: int) -> str:
+    return f"orders-{broker_id}"
 
 
 def address(broker: Broker) -> tuple[str, int]:
@@ -64,6 +107,110 @@ def address(broker: Broker) -> tuple[str, int]:
 
 def ids(brokers: list[Broker]) -> list[tuple[int, tuple[str, int]]]:
     return [(broker_id, address((broker_id, server))) for broker_id, server in brokers]
+
+
+def stable_target(scenario: str) -> float:
+    """The issue's target for the fault to Stable at the new coordinator, in seconds."""
+    if scenario == "kill_9":
+        return ZK_SESSION + 1.5
+    return max(ZK_SESSION, 2 * CONSUMER_SESSION / 3) + 1.5
+
+
+@attrs.frozen(kw_only=True)
+class Consumed:
+    received: float
+    consumer: int
+    generation: int
+    seq: int
+
+
+@attrs.define
+class Observed:
+    """What the consumer processes printed, by partition, and what the producers had
+    acknowledged."""
+
+    consumed: dict[Key, list[Consumed]] = attrs.field(factory=lambda: defaultdict(list))
+    acknowledged: dict[Key, set[int]] = attrs.field(factory=lambda: defaultdict(set))
+    deliveries: list[tuple[int, Delivery]] = attrs.field(factory=list)
+
+    def take(self, consumer: int, line: str) -> None:
+        received, generation, topic, partition, _offset, seq, _sent = line.split()
+        self.consumed[(topic, int(partition))].append(
+            Consumed(
+                received=float(received),
+                consumer=consumer,
+                generation=int(generation),
+                seq=int(seq),
+            )
+        )
+
+    def note_acknowledged(self) -> None:
+        for seq, delivery in self.deliveries:
+            if delivery.done and delivery.error is None:
+                self.acknowledged[(delivery.topic, delivery.partition)].add(seq)
+
+    def drained(self, keys: list[Key]) -> bool:
+        return all(self.acknowledged[k] <= {c.seq for c in self.consumed[k]} for k in keys)
+
+
+def firsts(events: list[Consumed]) -> list[float]:
+    """When each record first reached the application, in time order."""
+    first: dict[int, float] = {}
+    for event in events:
+        first[event.seq] = min(first.get(event.seq, math.inf), event.received)
+    return sorted(first.values())
+
+
+def gaps_within(times: list[float], start: float, end: float) -> list[float]:
+    """Gaps between consecutive times that both fall in [start, end]."""
+    inside = [t for t in times if start <= t <= end]
+    return [b - a for a, b in itertools.pairwise(inside)]
+
+
+def longest_gap_after(times: list[float], fault: float, end: float) -> float:
+    """The longest stretch without a new record that overlaps [fault, end], counting the stretch
+    from the last record to ``end`` when nothing came after it."""
+    before = [t for t in times if t <= fault]
+    after = [t for t in times if fault < t <= end]
+    points = before[-1:] + after + [end]
+    return max((b - a for a, b in itertools.pairwise(points)), default=end - fault)
+
+
+def two_consumers_at_once(events: list[Consumed]) -> bool:
+    """A consumer was given a record between two records another consumer was given under one
+    generation: that one held the partition all along, so both did."""
+    ordered = sorted(events, key=lambda e: e.received)
+    last_index: dict[int, int] = {}
+    previous: dict[int, Consumed] = {}
+    for index, event in enumerate(ordered):
+        before = previous.get(event.consumer)
+        if before is not None and before.generation == event.generation:
+            since = last_index[event.consumer]
+            if any(i > since for c, i in last_index.items() if c != event.consumer):
+                return True
+        last_index[event.consumer] = index
+        previous[event.consumer] = event
+    return False
+
+
+def p99(samples: list[float]) -> float:
+    if len(samples) < 2:
+        return math.nan
+    return statistics.quantiles(samples, n=100, method="inclusive")[98]
+
+
+@attrs.define
+class Outcome:
+    scenario: str
+    observed: Observed
+    surviving: list[Key]
+    steady: tuple[float, float]
+    fault: float
+    end: float
+    elected: float
+    stable: float | None
+    generation_before: int
+    generation_after: int | None
 
 
 @contextlib.asynccontextmanager
@@ -77,7 +224,6 @@ async def open_brokers(hosts: str, work_dir: Path) -> AsyncIterator[list[Broker]
                     f"--broker-id={broker_id}",
                     f"--zookeeper={hosts}",
                     f"--zookeeper-session-timeout={ZK_SESSION}",
-                    "--initial-rebalance-delay=0.2",
                     "--commit-interval=0.2",
                 )
             )
@@ -85,104 +231,265 @@ async def open_brokers(hosts: str, work_dir: Path) -> AsyncIterator[list[Broker]
         yield brokers
 
 
-@contextlib.asynccontextmanager
-async def open_group(brokers: list[Broker]) -> AsyncIterator[list[Consumer]]:
-    # Consumers look for the new coordinator at least every second, so the time is the cluster's.
-    settings = ConsumerSettings(
-        session_timeout=CONSUMER_SESSION, client_id="bench", max_retry_backoff=1.0
-    )
-    bootstrap = [address(b) for b in brokers]
-    async with contextlib.AsyncExitStack() as stack:
-        yield [
-            await stack.enter_async_context(
-                open_consumer(bootstrap, GROUP, topics={TOPIC: 1}, settings=settings)
-            )
-            for _ in range(CONSUMERS)
-        ]
+async def run_consumer(
+    index: int, brokers: list[Broker], observed: Observed, log_path: Path
+) -> None:
+    """One consumer process for as long as the caller's scope lasts; its lines go to
+    ``observed``."""
+    bootstrap = ",".join(f"{h}:{p}" for h, p in (address(b) for b in brokers))
+    command = [
+        sys.executable,
+        "-m",
+        "bench.failover_consumer",
+        f"--bootstrap={bootstrap}",
+        f"--group={GROUP}",
+        f"--session-timeout={CONSUMER_SESSION}",
+        f"--client-id=bench-{index}",
+        *(topic_of(broker_id) for broker_id, _ in brokers),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log_path, "ab") as log_file:
+        process = await trio.lowlevel.open_process(
+            command, stdout=subprocess.PIPE, stderr=log_file, cwd=REPO, env=env
+        )
+    try:
+        assert process.stdout is not None
+        pending = b""
+        while chunk := await process.stdout.receive_some(65536):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                observed.take(index, line.decode())
+    finally:
+        with trio.CancelScope(shield=True):
+            await stop_process(process)
 
 
-async def whole_and_stable(
-    consumers: list[Consumer], coordinator: Broker, *, after_generation: int
-) -> bool:
-    owned = [c.assignment.value for c in consumers]
-    return (
-        set().union(*owned) == EVERYTHING
-        and all(owned)
-        and all(c.generation > after_generation for c in consumers)
-        and await group_state(address(coordinator), GROUP) == "Stable"
-    )
+async def produce(topic: str, brokers: list[Broker], observed: Observed, stop: trio.Event) -> None:
+    """RATE records/s to ``topic`` until ``stop``; then wait (bounded) for their acknowledgements.
+    A producer whose broker is gone is cancelled by the caller's scope instead."""
+    async with open_producer([address(b) for b in brokers]) as producer:
+        due = trio.current_time()
+        seq = 0
+        while not stop.is_set():
+            value = f"{seq} {time.monotonic():.6f}".encode()
+            observed.deliveries.append((seq, await producer.enqueue(topic, value)))
+            seq += 1
+            due += 1 / RATE
+            await trio.sleep_until(due)
+        with trio.move_on_after(DRAIN_DEADLINE):
+            await producer.flush()
+        producer.nursery.cancel_scope.cancel()
 
 
-async def one_failover(hosts: str, work_dir: Path) -> tuple[float, float]:
-    """Seconds from kill -9 of the coordinator's broker to the successor's election, and to the
-    group Stable again."""
+async def describe(broker: Broker) -> GroupReport | None:
+    with contextlib.suppress(Exception), trio.fail_after(5):
+        async with open_admin([address(broker)]) as admin:
+            return await admin.describe_group(GROUP)
+    return None
+
+
+def whole_and_stable(report: GroupReport | None, everything: set[TopicPartition]) -> bool:
+    if report is None or report.state != "Stable" or len(report.members) != CONSUMERS:
+        return False
+    held = {tp for _member, partitions in report.members for tp in partitions}
+    return held == everything
+
+
+async def stable_report(broker: Broker, everything: set[TopicPartition]) -> GroupReport:
+    found: list[GroupReport] = []
+
+    async def check() -> bool:
+        report = await describe(broker)
+        if report is not None and whole_and_stable(report, everything):
+            found.append(report)
+            return True
+        return False
+
+    await eventually(check, deadline=DEADLINE)
+    return found[0]
+
+
+async def one_scenario(
+    scenario: str, hosts: str, work_dir: Path, steady: float, settle: float
+) -> Outcome:
+    observed = Observed()
     async with open_brokers(hosts, work_dir) as brokers:
         first_id = await agreed_coordinator(ids(brokers), deadline=DEADLINE)
         first = next(b for b in brokers if b[0] == first_id)
         survivors = [b for b in brokers if b is not first]
-        # The partitions live on a survivor, so the group still fetches after the kill.
-        async with open_admin([address(survivors[0])]) as admin:
-            await admin.create_topic(TOPIC, PARTITIONS)
-        async with open_group(brokers) as consumers:
-            await eventually(
-                lambda: whole_and_stable(consumers, first, after_generation=0), deadline=DEADLINE
-            )
-            generation = max(c.generation for c in consumers)
-            killed_at = trio.current_time()
-            first[1].process.send_signal(signal.SIGKILL)
+        for broker in brokers:  # each topic lives on the broker asked to create it
+            async with open_admin([address(broker)]) as admin:
+                await admin.create_topic(topic_of(broker[0]), PARTITIONS_PER_BROKER)
+        everything = {
+            TopicPartition(topic=topic_of(b), partition=p)
+            for b, _ in brokers
+            for p in range(PARTITIONS_PER_BROKER)
+        }
+        surviving = sorted(
+            (topic_of(b), p) for b, _ in survivors for p in range(PARTITIONS_PER_BROKER)
+        )
+        stop = trio.Event()
+        async with trio.open_nursery() as consumers, trio.open_nursery() as producers:
+            for index in range(CONSUMERS):
+                consumers.start_soon(
+                    run_consumer, index, brokers, observed, work_dir / f"consumer{index}.log"
+                )
+            for broker_id, _ in brokers:
+                producers.start_soon(produce, topic_of(broker_id), brokers, observed, stop)
+            before = await stable_report(first, everything)
+            steady_start = time.monotonic()
+            await trio.sleep(steady)
+            before = await stable_report(first, everything)  # no rebalance meanwhile
+            fault = time.monotonic()
+            first[1].process.send_signal(signal.SIGKILL if scenario == "kill_9" else signal.SIGSTOP)
             second_id = await agreed_coordinator(ids(survivors), deadline=DEADLINE)
-            elected = trio.current_time() - killed_at
+            elected = time.monotonic() - fault
+            if scenario == "sigstop":
+                first[1].process.send_signal(signal.SIGCONT)
             second = next(b for b in survivors if b[0] == second_id)
-            await eventually(
-                lambda: whole_and_stable(consumers, second, after_generation=generation),
-                deadline=DEADLINE,
-            )
-            return elected, trio.current_time() - killed_at
+            stable: float | None = None
+            after: GroupReport | None = None
+            with trio.move_on_after(STABLE_DEADLINE - elected):
+                after = await stable_report(second, everything)
+                stable = time.monotonic() - fault
+            await trio.sleep(settle)
+            end = time.monotonic()
+            stop.set()
+            with trio.move_on_after(DRAIN_DEADLINE):
+                await wait_drained(observed, surviving)
+            producers.cancel_scope.cancel()  # the dead broker's producer would retry on and on
+            consumers.cancel_scope.cancel()
+        return Outcome(
+            scenario=scenario,
+            observed=observed,
+            surviving=surviving,
+            steady=(steady_start, fault),
+            fault=fault,
+            end=end,
+            elected=elected,
+            stable=stable,
+            generation_before=before.generation,
+            generation_after=None if after is None else after.generation,
+        )
 
 
-async def bench(runs: int, work_dir: Path) -> None:
-    bound_ms = (ZK_SESSION + CONSUMER_SESSION) * 1000
-    elected: list[float] = []
-    stable: list[float] = []
-    shutil.rmtree(work_dir / "ensemble", ignore_errors=True)  # a fresh ensemble, fresh chroots
-    with open_ensemble(3, base_dir=work_dir / "ensemble") as ensemble:
-        for run_ in range(runs):
-            with reporting_errors(BENCHMARK, "kill_9_to_stable", run=run_):
-                e, s = await one_failover(f"{ensemble.hosts}/failover-{run_}", work_dir / f"{run_}")
-                elected.append(e * 1000)
-                stable.append(s * 1000)
-    if not stable:
-        return
-    extra = {
-        "runs": len(stable),
+async def wait_drained(observed: Observed, keys: list[Key]) -> None:
+    """Until every record the surviving brokers acknowledged has reached a consumer (the
+    producers flush first: until then, acknowledgements still come in)."""
+    while True:
+        observed.note_acknowledged()
+        flushed = all(d.done for _, d in observed.deliveries if (d.topic, d.partition) in set(keys))
+        if flushed and observed.drained(keys):
+            return
+        await trio.sleep(0.1)
+
+
+def report(outcome: Outcome, run_: int) -> None:
+    s = outcome.scenario
+    observed = outcome.observed
+    observed.note_acknowledged()
+    steady_gaps: list[float] = []
+    longest: dict[str, float] = {}
+    for key in outcome.surviving:
+        times = firsts(observed.consumed[key])
+        steady_gaps += gaps_within(times, *outcome.steady)
+        longest[f"{key[0]}/{key[1]}"] = longest_gap_after(times, outcome.fault, outcome.end) * 1000
+    baseline = p99(steady_gaps) * 1000
+    events = {k: observed.consumed[k] for k in outcome.surviving}
+    extra: dict[str, Any] = {
+        "run": run_,
         "brokers": BROKERS,
         "zookeeper_servers": 3,
         "consumers": CONSUMERS,
-        "partitions": PARTITIONS,
+        "partitions": BROKERS * PARTITIONS_PER_BROKER,
+        "surviving_partitions": len(outcome.surviving),
+        "records_per_s_per_producer": RATE,
         "zookeeper_session_timeout_ms": ZK_SESSION * 1000,
         "consumer_session_timeout_ms": CONSUMER_SESSION * 1000,
+        "steady_s": round(outcome.steady[1] - outcome.steady[0], 1),
     }
-    # After its election the successor starts no partition before the previous owners' leases
-    # have run out: the consumer session timeout plus the lease margin after it took office.
-    after_election_ms = (CONSUMER_SESSION + CoordinatorConfig().lease_margin) * 1000
-    after_election = [s - e for e, s in zip(elected, stable, strict=True)]
-    phases = (
-        ("kill_9_to_elected", elected, ZK_SESSION * 1000),
-        ("kill_9_to_stable", stable, bound_ms),
-        ("elected_to_stable", after_election, after_election_ms),
+    figure(
+        BENCHMARK,
+        f"{s}_longest_gap",
+        max(longest.values()),
+        "ms",
+        baseline,
+        target_ms=round(max(2 * baseline, baseline + 100), 1),
+        longest_gap_ms={k: round(v, 1) for k, v in longest.items()},
+        steady_gaps=len(steady_gaps),
+        **extra,
     )
-    for name, samples, bound in phases:
-        rounded = [round(sample, 1) for sample in samples]
-        for stat, value in (("p50", statistics.median(samples)), ("max", max(samples))):
-            figure(BENCHMARK, f"{name}_{stat}", value, "ms", bound, samples_ms=rounded, **extra)
+    figure(BENCHMARK, f"{s}_to_elected", outcome.elected * 1000, "ms", ZK_SESSION * 1000, **extra)
+    figure(
+        BENCHMARK,
+        f"{s}_to_stable",
+        None if outcome.stable is None else outcome.stable * 1000,
+        "ms",
+        stable_target(s) * 1000,
+        reached=outcome.stable is not None,
+        **extra,
+    )
+    # The generations the consumers held as records reached them, as they saw it themselves.
+    held = [e for k in outcome.surviving for e in observed.consumed[k]]
+    stable_at = outcome.end if outcome.stable is None else outcome.fault + outcome.stable
+    figure(
+        BENCHMARK,
+        f"{s}_generation",
+        outcome.generation_after,
+        "generation",
+        outcome.generation_before,
+        consumers_before=sorted({e.generation for e in held if e.received <= outcome.fault}),
+        consumers_after=sorted(
+            {e.generation for e in held if stable_at < e.received <= outcome.end}
+        ),
+        **extra,
+    )
+    duplicates = {f"{k[0]}/{k[1]}": len(e) - len({c.seq for c in e}) for k, e in events.items()}
+    missing = {
+        f"{k[0]}/{k[1]}": len(observed.acknowledged[k] - {c.seq for c in e})
+        for k, e in events.items()
+    }
+    overlapping = [f"{k[0]}/{k[1]}" for k, e in events.items() if two_consumers_at_once(e)]
+    acknowledged = sum(len(observed.acknowledged[k]) for k in outcome.surviving)
+    for name, value, per_partition, unit in (
+        ("duplicates", sum(duplicates.values()), duplicates, "records"),
+        ("missing", sum(missing.values()), missing, "records"),
+        ("two_consumers_at_once", len(overlapping), overlapping, "partitions"),
+    ):
+        figure(
+            BENCHMARK,
+            f"{s}_{name}",
+            value,
+            unit,
+            None,
+            per_partition=per_partition,
+            acknowledged=acknowledged,
+            **extra,
+        )
+
+
+async def bench(runs: int, steady: float, settle: float, work_dir: Path) -> None:
+    shutil.rmtree(work_dir / "ensemble", ignore_errors=True)  # a fresh ensemble, fresh chroots
+    with open_ensemble(3, base_dir=work_dir / "ensemble") as ensemble:
+        for run_ in range(runs):
+            for scenario in SCENARIOS:
+                with reporting_errors(BENCHMARK, f"{scenario}_to_stable", run=run_):
+                    outcome = await one_scenario(
+                        scenario,
+                        f"{ensemble.hosts}/failover-{scenario}-{run_}",
+                        work_dir / f"{scenario}-{run_}",
+                        steady,
+                        settle,
+                    )
+                    report(outcome, run_)
 
 
 def main() -> None:
     args = bench_arguments(__doc__.splitlines()[0]).parse_args()
-    runs = 1 if args.quick else 5
+    runs, steady, settle = (1, 4.0, 2.0) if args.quick else (2, 15.0, 5.0)
     with contextlib.ExitStack() as stack:
         work_dir = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        run(lambda: bench(runs, work_dir))
+        run(lambda: bench(runs, steady, settle, work_dir))
 
 
 if __name__ == "__main__":
