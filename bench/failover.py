@@ -69,7 +69,7 @@ from bench.harness import (
     run,
 )
 from consumer import Delivery, open_producer
-from consumer.admin import GroupReport, open_admin
+from consumer.admin import AdminError, GroupReport, open_admin
 from launch.cluster import agreed_coordinator, eventually
 from launch.processes import stop_process
 from launch.zookeeper import open_ensemble
@@ -91,6 +91,8 @@ GROUP = "g"
 STABLE_DEADLINE = 40.0
 #: After the producers stop, how long the consumers have to be given every acknowledged record.
 DRAIN_DEADLINE = 20.0
+#: The steady window begins once every partition's latest record is at most this old.
+CAUGHT_UP = 0.5
 SCENARIOS = ("kill_9", "sigstop")
 
 Broker = tuple[int, ServerProcess]
@@ -122,6 +124,8 @@ class Consumed:
     consumer: int
     generation: int
     seq: int
+    #: When the producer handed it over (CLOCK_MONOTONIC, like ``received``).
+    sent: float
 
 
 @attrs.define
@@ -134,13 +138,14 @@ class Observed:
     deliveries: list[tuple[int, Delivery]] = attrs.field(factory=list)
 
     def take(self, consumer: int, line: str) -> None:
-        received, generation, topic, partition, _offset, seq, _sent = line.split()
+        received, generation, topic, partition, _offset, seq, sent = line.split()
         self.consumed[(topic, int(partition))].append(
             Consumed(
                 received=float(received),
                 consumer=consumer,
                 generation=int(generation),
                 seq=int(seq),
+                sent=float(sent),
             )
         )
 
@@ -148,6 +153,13 @@ class Observed:
         for seq, delivery in self.deliveries:
             if delivery.done and delivery.error is None:
                 self.acknowledged[(delivery.topic, delivery.partition)].add(seq)
+
+    def caught_up(self, keys: list[Key], within: float) -> bool:
+        """Every partition's latest record reached a consumer at most ``within`` seconds after it
+        was sent, and was sent that recently: the backlog of the group's start is read."""
+        now = time.monotonic()
+        latest = [max(self.consumed[k], key=lambda c: c.sent, default=None) for k in keys]
+        return all(c is not None and c.sent > now - within for c in latest)
 
     def drained(self, keys: list[Key]) -> bool:
         return all(self.acknowledged[k] <= {c.seq for c in self.consumed[k]} for k in keys)
@@ -209,6 +221,7 @@ class Outcome:
     end: float
     elected: float
     stable: float | None
+    generation_formed: int
     generation_before: int
     generation_after: int | None
 
@@ -309,6 +322,37 @@ async def stable_report(broker: Broker, everything: set[TopicPartition]) -> Grou
     return found[0]
 
 
+async def placement_at(broker: Broker, names: list[str]) -> dict[Key, int] | None:
+    """Each partition's broker as ``broker`` describes the topics; None while it does not know
+    them all."""
+    found: list[dict[Key, int]] = []
+    try:
+        with trio.fail_after(5):
+            async with open_admin([address(broker)]) as admin:
+                topics = await admin.topics(names)
+        found.append({(t.topic, p.partition): p.broker_id for t in topics for p in t.partitions})
+    except* (AdminError, OSError, trio.TooSlowError):
+        pass
+    return found[0] if found else None
+
+
+async def agreed_placement(brokers: list[Broker]) -> dict[Key, int]:
+    """Each partition's broker, once every broker describes every topic the same (brokers learn
+    of each other's topics through ZooKeeper)."""
+    names = [topic_of(b) for b, _ in brokers]
+    seen: list[dict[Key, int]] = []
+
+    async def agree() -> bool:
+        views = [await placement_at(broker, names) for broker in brokers]
+        if views[0] is not None and all(v == views[0] for v in views):
+            seen.append(views[0])
+            return True
+        return False
+
+    await eventually(agree, deadline=DEADLINE)
+    return seen[0]
+
+
 async def one_scenario(
     scenario: str, hosts: str, work_dir: Path, steady: float, settle: float
 ) -> Outcome:
@@ -320,14 +364,14 @@ async def one_scenario(
         for broker in brokers:  # each topic lives on the broker asked to create it
             async with open_admin([address(broker)]) as admin:
                 await admin.create_topic(topic_of(broker[0]), PARTITIONS_PER_BROKER)
-        everything = {
-            TopicPartition(topic=topic_of(b), partition=p)
-            for b, _ in brokers
-            for p in range(PARTITIONS_PER_BROKER)
-        }
-        surviving = sorted(
-            (topic_of(b), p) for b, _ in survivors for p in range(PARTITIONS_PER_BROKER)
-        )
+        # Where the partitions are, as a client learns it: a partition survives the fault when
+        # its broker is not the coordinator's.
+        placement = await agreed_placement(brokers)
+        if set(placement.values()) != {b for b, _ in brokers}:
+            raise RuntimeError(f"partitions not on every broker: {placement}")
+        everything = {TopicPartition(topic=t, partition=p) for t, p in placement}
+        all_keys = sorted(placement)
+        surviving = sorted(k for k, broker_id in placement.items() if broker_id != first_id)
         stop = trio.Event()
         async with trio.open_nursery() as consumers, trio.open_nursery() as producers:
             for index in range(CONSUMERS):
@@ -336,10 +380,15 @@ async def one_scenario(
                 )
             for broker_id, _ in brokers:
                 producers.start_soon(produce, topic_of(broker_id), brokers, observed, stop)
-            before = await stable_report(first, everything)
+            formed = await stable_report(first, everything)
+
+            async def caught_up() -> bool:
+                return observed.caught_up(all_keys, CAUGHT_UP)
+
+            await eventually(caught_up, deadline=DEADLINE)
             steady_start = time.monotonic()
             await trio.sleep(steady)
-            before = await stable_report(first, everything)  # no rebalance meanwhile
+            before = await stable_report(first, everything)  # the generation at the fault
             fault = time.monotonic()
             first[1].process.send_signal(signal.SIGKILL if scenario == "kill_9" else signal.SIGSTOP)
             second_id = await agreed_coordinator(ids(survivors), deadline=DEADLINE)
@@ -368,6 +417,7 @@ async def one_scenario(
             end=end,
             elected=elected,
             stable=stable,
+            generation_formed=formed.generation,
             generation_before=before.generation,
             generation_after=None if after is None else after.generation,
         )
@@ -395,6 +445,12 @@ def report(outcome: Outcome, run_: int) -> None:
         steady_gaps += gaps_within(times, *outcome.steady)
         longest[f"{key[0]}/{key[1]}"] = longest_gap_after(times, outcome.fault, outcome.end) * 1000
     baseline = p99(steady_gaps) * 1000
+    latencies = [
+        e.received - e.sent
+        for k in outcome.surviving
+        for e in observed.consumed[k]
+        if outcome.steady[0] <= e.received <= outcome.steady[1]
+    ]
     events = {k: observed.consumed[k] for k in outcome.surviving}
     extra: dict[str, Any] = {
         "run": run_,
@@ -417,6 +473,9 @@ def report(outcome: Outcome, run_: int) -> None:
         target_ms=round(max(2 * baseline, baseline + 100), 1),
         longest_gap_ms={k: round(v, 1) for k, v in longest.items()},
         steady_gaps=len(steady_gaps),
+        # How long records took from the producer to the application in the steady window.
+        steady_latency_p50_ms=round(statistics.median(latencies) * 1000, 1),
+        steady_latency_p99_ms=round(p99(latencies) * 1000, 1),
         **extra,
     )
     figure(BENCHMARK, f"{s}_to_elected", outcome.elected * 1000, "ms", ZK_SESSION * 1000, **extra)
@@ -438,6 +497,8 @@ def report(outcome: Outcome, run_: int) -> None:
         outcome.generation_after,
         "generation",
         outcome.generation_before,
+        # A generation before the fault newer than the first: a rebalance in the steady window.
+        formed=outcome.generation_formed,
         consumers_before=sorted({e.generation for e in held if e.received <= outcome.fault}),
         consumers_after=sorted(
             {e.generation for e in held if stable_at < e.received <= outcome.end}

@@ -20,7 +20,7 @@ from bench.failover import (
 
 
 def consumed(received: float, consumer: int, generation: int, seq: int) -> Consumed:
-    return Consumed(received=received, consumer=consumer, generation=generation, seq=seq)
+    return Consumed(received=received, consumer=consumer, generation=generation, seq=seq, sent=0.0)
 
 
 def test_a_redelivered_record_is_no_progress() -> None:
@@ -61,6 +61,7 @@ def test_duplicates_and_missing_come_from_the_stamps() -> None:
     observed.take(1, "2.5 4 orders-2 0 17 4 1.25")
     (event, again) = observed.consumed[("orders-2", 0)]
     assert (event.received, event.consumer, event.generation, event.seq) == (1.5, 0, 3, 4)
+    assert event.sent == 1.25
     assert again.consumer == 1 and again.seq == 4
     observed.acknowledged[("orders-2", 0)] = {4}
     assert observed.drained([("orders-2", 0)])
