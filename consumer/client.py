@@ -88,6 +88,10 @@ class ConsumerSettings:
     client_id: str = "consumer"
     retry_backoff: float = 0.1
     max_retry_backoff: float = 5.0
+    failover_retry: float = 0.05
+    """Delay before looking for the coordinator again after NOT_COORDINATOR or
+    COORDINATOR_LOAD_IN_PROGRESS: a failover is under way and the new coordinator is about to
+    answer (docs/design.md#loading). The backoff applies after 100 of them in a row."""
     request_timeout: float = 5.0
     """Bound on each discovery, registration, commit and LeaveGroup round trip."""
     fetch_max_bytes: int = 1024 * 1024
@@ -672,6 +676,7 @@ async def open_consumer(
             session_timeout=settings.session_timeout,
             retry_backoff=settings.retry_backoff,
             max_retry_backoff=settings.max_retry_backoff,
+            failover_retry=settings.failover_retry,
         )
     )
     send, receive = trio.open_memory_channel[tuple[_Source, sm.Input]](64)
