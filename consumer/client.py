@@ -75,10 +75,12 @@ OFFSET_RESETS = ("smallest", "largest")
 
 @attrs.frozen(kw_only=True)
 class ConsumerSettings:
-    session_timeout: float = attrs.field(default=6.0, validator=attrs.validators.gt(0))
+    session_timeout: float = attrs.field(default=45.0, validator=attrs.validators.gt(0))
     """T, in seconds: the coordinator declares us dead after missed pings, and we stop fetching
     T after we queued the frame its latest request names as received (the ownership lease,
-    docs/design.md#ownership-lease)."""
+    docs/design.md#ownership-lease). Kafka's default; with the brokers' default ZooKeeper session
+    a coordinator failover fits in the T/3 of lease a consumer is sure to have left
+    (docs/design.md#defaults-that-fit-a-failover). A larger T detects a frozen member later."""
     auto_commit: bool = True
     """Report consumed offsets in Ping and StopFetcher responses, and commit on close."""
     auto_offset_reset: str = attrs.field(
