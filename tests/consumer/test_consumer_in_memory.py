@@ -373,6 +373,18 @@ async def test_after_losing_its_coordinator_a_consumer_believes_the_follower_nam
         assert back == lost + CONFIG.initial_rebalance_delay
 
 
+async def restart_slowly_with_a_group(net: InMemoryCluster, settings: ConsumerSettings) -> float:
+    """Group g gets a record (a consumer joins, is assigned, leaves), then the coordinator
+    restarts and reads the groups' records for 1.99 s; returns when it took office."""
+    async with open_consumer(
+        "b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect
+    ) as first:
+        await first.assignment.wait_value(lambda owned: len(owned) == 2)
+    net.cluster.slow_group_reads(1.99)
+    await net.cluster.restart_coordinator(loaded=False)
+    return trio.current_time()
+
+
 async def test_a_consumer_registering_while_the_coordinator_loads_is_in_right_after_the_load(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -383,13 +395,7 @@ async def test_a_consumer_registering_while_the_coordinator_loads_is_in_right_af
     settings = ConsumerSettings(session_timeout=6.0)
     assert settings.failover_retry == 0.05
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
-        async with open_consumer(
-            "b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect
-        ) as first:
-            await first.assignment.wait_value(lambda owned: len(owned) == 2)
-        net.cluster.slow_group_reads(1.99)
-        await net.cluster.restart_coordinator(loaded=False)
-        took_office = trio.current_time()
+        took_office = await restart_slowly_with_a_group(net, settings)
         async with open_consumer(
             "b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect
         ):
@@ -414,13 +420,7 @@ async def test_an_admin_asks_again_while_the_coordinator_loads(
 ) -> None:
     settings = ConsumerSettings(session_timeout=6.0)
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
-        async with open_consumer(
-            "b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect
-        ) as first:
-            await first.assignment.wait_value(lambda owned: len(owned) == 2)
-        net.cluster.slow_group_reads(1.99)
-        await net.cluster.restart_coordinator(loaded=False)
-        took_office = trio.current_time()
+        took_office = await restart_slowly_with_a_group(net, settings)
         async with (
             AsyncExitStack() as stack,
             open_channel(await net.connect("b", 1), client_id="admin") as channel,
