@@ -99,6 +99,8 @@ class _Session:
         coordinator = self.coordinator
         if not isinstance(request.message, RegisterConsumerRequest):  # answered with its epoch
             error = validation.request_error(request.message, request.client_id, self.limits)
+            if error is ErrorCode.NONE and _loading(coordinator, request.message):
+                error = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
             if error is not ErrorCode.NONE:
                 return error_response(request.message, error)
         match request.message:
@@ -206,6 +208,23 @@ class _Session:
         return await add_partitions(
             coordinator.store, coordinator.broker, message, self.limits, coordinator.topics
         )
+
+
+def _loading(coordinator: GroupCoordinator, message: object) -> bool:
+    """Whether ``message`` is about a group whose record the coordinator is still reading
+    (docs/design.md#loading); RegisterConsumer is checked with the registration itself."""
+    match message:
+        case (
+            OffsetCommitRequest(group_id=group_id)
+            | OffsetFetchRequest(group_id=group_id)
+            | DescribeGroupRequest(group_id=group_id)
+            | LeaveGroupRequest(group_id=group_id)
+            | DeleteGroupRequest(group_id=group_id)
+        ):
+            return coordinator.loading(group_id)
+        case ListGroupsRequest():
+            return coordinator.loading(None)
+    return False
 
 
 def cluster_metadata(

@@ -49,7 +49,10 @@ class NodeSettings:
     #: broker is the coordinator.
     zookeeper: str | None = None
     #: How long ZooKeeper keeps this broker's registration and office after losing touch with it.
-    zookeeper_session_timeout: float = 6.0
+    #: A successor takes office that long (plus up to a ZooKeeper tick) after the coordinator
+    #: died, which must fit in a third of the consumers' session timeout for their leases to
+    #: outlast the failover (docs/design.md#defaults-that-fit-a-failover).
+    zookeeper_session_timeout: float = 8.0
 
 
 async def run_node(

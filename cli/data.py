@@ -46,7 +46,13 @@ def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         help="with no committed offset, start at the oldest record (default: only new ones)",
     )
     consume.add_argument("--max-messages", type=int, default=None, metavar="N")
-    consume.add_argument("--session-timeout", type=float, default=6.0, metavar="SECONDS")
+    consume.add_argument(
+        "--session-timeout",
+        type=float,
+        default=ConsumerSettings().session_timeout,
+        metavar="SECONDS",
+        help="T: a coordinator failover must fit in T/3 (docs/design.md)",
+    )
     consume.add_argument("--print-key", action="store_true", help="print KEY<TAB>VALUE")
     for parser in (produce, consume):
         parser.add_argument(

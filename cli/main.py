@@ -74,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
         "--zookeeper-session-timeout",
         type=float,
         default=NodeSettings().zookeeper_session_timeout,
-        help="seconds ZooKeeper keeps this broker's registration and office after losing it",
+        help="seconds ZooKeeper keeps this broker's registration and office after losing it; "
+        "keep it below a third of the consumers' session timeout less 4 s (docs/design.md)",
     )
     defaults = CoordinatorConfig()
     serve.add_argument(

@@ -75,10 +75,12 @@ OFFSET_RESETS = ("smallest", "largest")
 
 @attrs.frozen(kw_only=True)
 class ConsumerSettings:
-    session_timeout: float = attrs.field(default=6.0, validator=attrs.validators.gt(0))
+    session_timeout: float = attrs.field(default=45.0, validator=attrs.validators.gt(0))
     """T, in seconds: the coordinator declares us dead after missed pings, and we stop fetching
     T after we queued the frame its latest request names as received (the ownership lease,
-    docs/design.md#ownership-lease)."""
+    docs/design.md#ownership-lease). Kafka's default; with the brokers' default ZooKeeper session
+    a coordinator failover fits in the T/3 of lease a consumer is sure to have left
+    (docs/design.md#defaults-that-fit-a-failover). A larger T detects a frozen member later."""
     auto_commit: bool = True
     """Report consumed offsets in Ping and StopFetcher responses, and commit on close."""
     auto_offset_reset: str = attrs.field(
@@ -88,6 +90,10 @@ class ConsumerSettings:
     client_id: str = "consumer"
     retry_backoff: float = 0.1
     max_retry_backoff: float = 5.0
+    failover_retry: float = 0.05
+    """Delay before looking for the coordinator again after NOT_COORDINATOR or
+    COORDINATOR_LOAD_IN_PROGRESS: a failover is under way and the new coordinator is about to
+    answer (docs/design.md#loading). The backoff applies after 100 of them in a row."""
     request_timeout: float = 5.0
     """Bound on each discovery, registration, commit and LeaveGroup round trip."""
     fetch_max_bytes: int = 1024 * 1024
@@ -672,6 +678,7 @@ async def open_consumer(
             session_timeout=settings.session_timeout,
             retry_backoff=settings.retry_backoff,
             max_retry_backoff=settings.max_retry_backoff,
+            failover_retry=settings.failover_retry,
         )
     )
     send, receive = trio.open_memory_channel[tuple[_Source, sm.Input]](64)

@@ -64,9 +64,21 @@ class GroupCoordinator:
     #: Hands out member incarnations: unique across the coordinator's groups, so that a member
     #: of a group rebuilt since owns nothing in the new group's machine.
     _incarnations: itertools.count[int] = attrs.field(factory=itertools.count)
+    #: Set once every group's record has been read after taking office (:func:`_recover_groups`).
+    loaded: trio.Event = attrs.field(factory=trio.Event)
+    #: Groups whose record is being read again for a rebuild (:meth:`_rebuild`).
+    _reloading: set[str] = attrs.field(factory=set)
 
     def __attrs_post_init__(self) -> None:
         self.pinger = Pinger(coordinator=self)
+
+    def loading(self, group_id: str | None) -> bool:
+        """Whether a request about ``group_id`` (None: about every group, as ListGroups) must be
+        answered COORDINATOR_LOAD_IN_PROGRESS: this coordinator is still reading that group's
+        record, so it would answer from a group it does not know yet (docs/design.md#loading)."""
+        if not self.loaded.is_set():
+            return True
+        return group_id is not None and group_id in self._reloading
 
     # --- membership -----------------------------------------------------------------------
 
@@ -176,6 +188,8 @@ class GroupCoordinator:
         error = validation.request_error(request, client_id, self.config.limits)
         if error is not ErrorCode.NONE:
             return error
+        if self.loading(request.group_id):
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         if trio.current_time() >= self.store.in_contact_until():
             # Accepting renews the lease of what it holds: docs/design.md#ownership-lease.
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -458,7 +472,11 @@ class GroupCoordinator:
             len(failed.members),
             exc_info=exc,
         )
-        record = (await self.store.groups()).get(failed.group_id)
+        self._reloading.add(failed.group_id)
+        try:
+            record = (await self.store.groups()).get(failed.group_id)
+        finally:
+            self._reloading.discard(failed.group_id)
         members = list(failed.members.values())
         failed.members.clear()
         failed.streams = 0
@@ -691,7 +709,8 @@ def _is_shared_failure(exc: BaseException) -> bool:
 async def _recover_groups(coordinator: GroupCoordinator) -> None:
     """A new coordinator knows each group's last intended assignment but none of its members; a
     previous owner may still fetch until its lease runs out after this coordinator took office,
-    unless it re-registers first (``GroupCoordinator._adopt``)."""
+    unless it re-registers first (``GroupCoordinator._adopt``). Until every record is read, group
+    requests are answered COORDINATOR_LOAD_IN_PROGRESS (docs/design.md#loading)."""
     records = await coordinator.store.groups()
     for record in records.values():
         coordinator._restore(
@@ -700,6 +719,8 @@ async def _recover_groups(coordinator: GroupCoordinator) -> None:
             since=coordinator.took_office_at,
             generation=record.generation,
         )
+    coordinator.loaded.set()
+    log.info("broker %d loaded %d groups", coordinator.broker.broker_id, len(records))
 
 
 @asynccontextmanager
@@ -711,7 +732,10 @@ async def open_group_coordinator(
     log_end: LogEnd | None = None,
 ) -> AsyncIterator[GroupCoordinator]:
     """Take office, recover the groups, and run the committer and the topic watch; offsets
-    past ``log_end`` (this broker's partition logs) are refused."""
+    past ``log_end`` (this broker's partition logs) are refused. The coordinator is handed out
+    while it still reads the groups' records, so that clients are told the load is under way
+    (COORDINATOR_LOAD_IN_PROGRESS) rather than that this broker is not the coordinator;
+    ``loaded`` is set once it is done. A store failure while loading ends the block."""
     epoch = await store.take_office(broker.broker_id)
     took_office_at = trio.current_time()
     offsets = OffsetKeeper(
@@ -732,10 +756,11 @@ async def open_group_coordinator(
             log_end=log_end,
         )
         coordinator.brokers = await store.brokers()
-        await _recover_groups(coordinator)
         await nursery.start(coordinator.watch_topics)
         await nursery.start(offsets.run)
         await nursery.start(coordinator.pinger.run)
+        # No group exists before its record is read: requests that would make one wait.
+        nursery.start_soon(_recover_groups, coordinator)
         log.info("broker %d is coordinator, epoch %d", broker.broker_id, epoch)
         try:
             yield coordinator

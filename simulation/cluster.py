@@ -269,6 +269,35 @@ def contact_store(inner: MetadataStore, contact: StoreContact) -> MetadataStore:
     return cast(MetadataStore, ContactStore(inner=inner, contact=contact))
 
 
+@attrs.define
+class StoreLatency:
+    """How long the store takes to read the groups' records, set by
+    :meth:`SimulatedCluster.slow_group_reads`. The cluster keeps it, so it outlives a restart."""
+
+    group_reads: float = 0.0
+
+
+@attrs.define(eq=False)
+class SlowStore:
+    """A store whose reads of the groups' records take ``latency.group_reads`` seconds, as a big
+    group's do on ZooKeeper, so that a coordinator's load is long enough to be seen. Use it
+    through :func:`slow_store`, which says it is a MetadataStore."""
+
+    inner: MetadataStore
+    latency: StoreLatency
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def groups(self) -> Mapping[str, GroupRecord]:
+        await trio.sleep(self.latency.group_reads)
+        return await self.inner.groups()
+
+
+def slow_store(inner: MetadataStore, latency: StoreLatency) -> MetadataStore:
+    return cast(MetadataStore, SlowStore(inner=inner, latency=latency))
+
+
 # --- the in-memory network --------------------------------------------------------------------
 
 
@@ -807,10 +836,14 @@ class SimulatedCluster:
     ledger: OwnershipLedger = attrs.field(factory=OwnershipLedger)
     history: StoreHistory = attrs.field(factory=StoreHistory)
     contact: StoreContact = attrs.field(factory=StoreContact)
+    latency: StoreLatency = attrs.field(factory=StoreLatency)
     generations: dict[str, list[int]] = attrs.field(factory=lambda: defaultdict(list))
     consumers: dict[str, SimulatedConsumer] = attrs.field(factory=dict)
-    #: How many times a coordinator took office in this cluster (1 before any restart).
+    #: How many times a coordinator took office in this cluster (1 before any restart) and
+    #: loaded its groups.
     incarnation: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
+    #: How many times a coordinator took office and accepted connections, loaded or not.
+    accepting: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
     #: The limits on reading that connections are served under: a real broker's defaults, so
     #: what a test sees is what a deployment would (None: none); every frame is decoded on the
     #: loop, since virtual time would jump ahead while a thread decodes.
@@ -845,14 +878,20 @@ class SimulatedCluster:
 
     # --- the broker ---------------------------------------------------------------------------
 
-    async def restart_coordinator(self, *, down_for: float = 0.0) -> None:
+    async def restart_coordinator(self, *, down_for: float = 0.0, loaded: bool = True) -> None:
         """Stop the coordinator and all its connections, stay down ``down_for`` seconds (new
         connections are refused), then reopen the store on the same data dir and take office
-        again. Returns once the new coordinator serves."""
-        before = self.incarnation.value
+        again. Returns once the new coordinator has loaded its groups and serves, or with
+        ``loaded=False`` once it accepts connections, while it may still be loading."""
+        before = (self.incarnation if loaded else self.accepting).value
         self._down_for = down_for
         self._stop_requested.set()
-        await self.incarnation.wait_value(lambda n: n > before)
+        await (self.incarnation if loaded else self.accepting).wait_value(lambda n: n > before)
+
+    def slow_group_reads(self, seconds: float) -> None:
+        """From now on every read of the groups' records takes ``seconds``: a coordinator taking
+        office, or rebuilding a group, loads for that long."""
+        self.latency.group_reads = seconds
 
     def lose_store_contact(self, seconds: float) -> None:
         """The coordinator hears nothing from its store for ``seconds`` from now, and must act
@@ -879,7 +918,9 @@ class SimulatedCluster:
         while True:
             self._stop_requested = trio.Event()
             async with open_embedded_store(self.data_dir) as embedded:
-                store = contact_store(recording_store(embedded, self.history), self.contact)
+                store = contact_store(
+                    recording_store(slow_store(embedded, self.latency), self.history), self.contact
+                )
                 await store.register_broker(self.broker)
                 async with (
                     open_group_coordinator(store, self.config, self.broker) as coordinator,
@@ -887,6 +928,8 @@ class SimulatedCluster:
                 ):
                     self.store, self.coordinator = store, coordinator
                     self._connections = connections
+                    self.accepting.value += 1
+                    await coordinator.loaded.wait()
                     self.incarnation.value += 1
                     if self.incarnation.value == 1:
                         task_status.started()

@@ -35,6 +35,12 @@ decide. Where they choose the next state they are guards on the table's entries 
   fetching under its lease while it looks for the coordinator (seed 04: "the consumer does not
   stop fetching data during the co-ordinator failover and re-discovery process").
 
+NOT_COORDINATOR and COORDINATOR_LOAD_IN_PROGRESS (a registration refused, or a commit or leave
+answered so) mean a coordinator failover is under way: the next discovery goes after the short
+``failover_retry``, not the backoff, for at most ``max_failover_retries`` in a row (the guard
+``FAILOVER``; the state is the same either way), so the consumer reaches a new coordinator within
+milliseconds of its load ending (docs/design.md#loading).
+
 While in DISCOVERING or REDISCOVERING exactly one discovery is in flight (one round-robin pass over
 the known brokers, reported as :class:`CoordinatorFound` or :class:`DiscoveryFailed`); every
 transition into those states either emits one :class:`Discover` or inherits the one in flight.
@@ -53,6 +59,8 @@ from protocol.types import BrokerInfo, TopicPartition
 from statemachine.table import Guard, Guarded, IllegalTransition, TransitionTable
 
 __all__ = [
+    "FAILOVER",
+    "FAILOVER_CODES",
     "INITIAL_STATE",
     "RENEWED",
     "STALE",
@@ -152,8 +160,9 @@ class Registered:
 
 @attrs.frozen(kw_only=True)
 class RegistrationRejected:
-    """RegisterConsumer was answered with an error; every code is retried after a backoff (seed 03:
-    the consumer keeps trying until shut down), and ``last_error`` keeps it for the application."""
+    """RegisterConsumer was answered with an error; every code is retried (seed 03: the consumer
+    keeps trying until shut down), after ``failover_retry`` for :data:`FAILOVER_CODES` (the guard
+    ``FAILOVER``) and otherwise after a backoff; ``last_error`` keeps it for the application."""
 
     now: float
     error_code: ErrorCode
@@ -366,6 +375,25 @@ def _before_deadline(machine: ConsumerMachine, event: LeaseExpired) -> bool:
 #: The timer fired for a deadline that has moved on since: the coordinator was heard meanwhile.
 RENEWED = Guard("renewed since", _before_deadline, otherwise="ran out")
 
+FAILOVER_CODES = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS})
+"""The answers of a cluster in the middle of a coordinator failover: a successor that is still
+reading the group's record, or a broker that is not (or not yet) the coordinator. The new
+coordinator is about to answer, so they are retried after ``failover_retry`` rather than after
+the backoff (docs/design.md#loading)."""
+
+
+def _failover_retry(
+    machine: ConsumerMachine, event: RegistrationRejected | CoordinatorMoved
+) -> bool:
+    return (
+        event.error_code in FAILOVER_CODES
+        and machine.failover_retries < machine.config.max_failover_retries
+    )
+
+
+#: The answer says a failover is under way, and the quick retries in a row are not used up.
+FAILOVER = Guard("failover under way", _failover_retry, otherwise="refused")
+
 
 def _epoch_checked(current: ConsumerState, stale: ConsumerState) -> Guarded[ConsumerState]:
     return Guarded(((~STALE, current), (STALE, stale)))
@@ -373,6 +401,11 @@ def _epoch_checked(current: ConsumerState, stale: ConsumerState) -> Guarded[Cons
 
 def _lease_checked(state: ConsumerState) -> Guarded[ConsumerState]:
     return Guarded(((~RENEWED, ConsumerState.DISCOVERING), (RENEWED, state)))
+
+
+def _retried(state: ConsumerState) -> Guarded[ConsumerState]:
+    """The same state either way: the guard chooses the delay of the next discovery."""
+    return Guarded(((FAILOVER, state), (~FAILOVER, state)))
 
 
 def _build_table() -> TransitionTable[ConsumerState]:
@@ -383,27 +416,27 @@ def _build_table() -> TransitionTable[ConsumerState]:
         (S.DISCOVERING, CoordinatorFound): _epoch_checked(S.REGISTERING, S.DISCOVERING),
         (S.DISCOVERING, DiscoveryFailed): S.DISCOVERING,
         (S.REGISTERING, Registered): _epoch_checked(S.STOPPED, S.DISCOVERING),
-        (S.REGISTERING, RegistrationRejected): S.DISCOVERING,
+        (S.REGISTERING, RegistrationRejected): _retried(S.DISCOVERING),
         (S.REGISTERING, ConnectionLost): S.DISCOVERING,
         # A deposed coordinator's requests are ignored.
         (S.STOPPED, PingReceived): _epoch_checked(S.STOPPED, S.STOPPED),
         (S.STOPPED, StopFetcherReceived): _epoch_checked(S.STOPPED, S.STOPPED),
         (S.STOPPED, StartFetcherReceived): _epoch_checked(S.FETCHING, S.STOPPED),
-        (S.STOPPED, CoordinatorMoved): S.DISCOVERING,
+        (S.STOPPED, CoordinatorMoved): _retried(S.DISCOVERING),
         (S.STOPPED, ConnectionLost): S.DISCOVERING,
         (S.STOPPED, LeaseExpired): _lease_checked(S.STOPPED),
         (S.FETCHING, PingReceived): _epoch_checked(S.FETCHING, S.FETCHING),
         (S.FETCHING, StopFetcherReceived): _epoch_checked(S.STOPPED, S.FETCHING),
         # A StartFetcher without a StopFetcher first replaces the assignment: stop, then start.
         (S.FETCHING, StartFetcherReceived): _epoch_checked(S.FETCHING, S.FETCHING),
-        (S.FETCHING, CoordinatorMoved): S.REDISCOVERING,
+        (S.FETCHING, CoordinatorMoved): _retried(S.REDISCOVERING),
         (S.FETCHING, ConnectionLost): S.DISCOVERING,
         (S.FETCHING, LeaseExpired): _lease_checked(S.FETCHING),
         (S.REDISCOVERING, CoordinatorFound): _epoch_checked(S.REREGISTERING, S.REDISCOVERING),
         (S.REDISCOVERING, DiscoveryFailed): S.REDISCOVERING,
         (S.REDISCOVERING, LeaseExpired): _lease_checked(S.REDISCOVERING),
         (S.REREGISTERING, Registered): _epoch_checked(S.FETCHING, S.REDISCOVERING),
-        (S.REREGISTERING, RegistrationRejected): S.REDISCOVERING,
+        (S.REREGISTERING, RegistrationRejected): _retried(S.REDISCOVERING),
         (S.REREGISTERING, ConnectionLost): S.DISCOVERING,
         (S.REREGISTERING, LeaseExpired): _lease_checked(S.REREGISTERING),
     }
@@ -433,6 +466,12 @@ class ConsumerConfig:
     retry_backoff: float = attrs.field(default=0.1, validator=attrs.validators.ge(0))
     """First delay after a failed discovery or registration; doubles per failure in a row."""
     max_retry_backoff: float = attrs.field(default=5.0, validator=attrs.validators.ge(0))
+    failover_retry: float = attrs.field(default=0.05, validator=attrs.validators.ge(0))
+    """Delay before looking for the coordinator again after NOT_COORDINATOR or
+    COORDINATOR_LOAD_IN_PROGRESS (:data:`FAILOVER_CODES`), instead of the backoff."""
+    max_failover_retries: int = attrs.field(default=100, validator=attrs.validators.ge(0))
+    """How many such quick retries in a row before the backoff applies again: a broker that keeps
+    saying so is misconfigured, not in a failover."""
 
 
 @attrs.define
@@ -454,6 +493,8 @@ class ConsumerMachine:
     is when this consumer queued the frame that request named, not when the request arrived."""
     failures: int = 0
     """Discovery or registration failures in a row; drives the backoff."""
+    failover_retries: int = 0
+    """Quick retries after :data:`FAILOVER_CODES` since the last registration."""
     last_error: ErrorCode | None = None
 
     # --- time -----------------------------------------------------------------------------------
@@ -514,7 +555,7 @@ class ConsumerMachine:
             case Registered() if stale:
                 effects += self._rejected(ErrorCode.STALE_COORDINATOR_EPOCH)
             case Start():
-                self.failures = 0
+                self.failures = self.failover_retries = 0
                 effects.append(Discover(delay=0.0))
             case CoordinatorFound(coordinator=coordinator, epoch=epoch):
                 self.coordinator = coordinator
@@ -527,10 +568,10 @@ class ConsumerMachine:
             case Registered(anchor=anchor, generation=generation, epoch=epoch):
                 self._heard(anchor, epoch)
                 self.generation = generation
-                self.failures = 0
+                self.failures = self.failover_retries = 0
                 self.last_error = None
             case RegistrationRejected(error_code=code) | CoordinatorMoved(error_code=code):
-                effects += self._rejected(code)
+                effects += self._rejected(code, failover=transition.guard == FAILOVER.name)
             case PingReceived(anchor=anchor, correlation_id=cid, epoch=epoch):
                 self._heard(anchor, epoch)
                 effects.append(RespondPing(correlation_id=cid, partitions=self.owned))
@@ -587,12 +628,18 @@ class ConsumerMachine:
         self.failures += 1
         return [Discover(delay=self._backoff())]
 
-    def _rejected(self, code: ErrorCode) -> list[Effect]:
-        """The broker we registered with is not (or no longer) our coordinator: look again."""
-        self.failures += 1
+    def _rejected(self, code: ErrorCode, *, failover: bool = False) -> list[Effect]:
+        """The broker we registered with is not (or no longer) our coordinator: look again, soon
+        if it said a failover is under way (``failover``), else after the backoff."""
+        if failover:
+            self.failover_retries += 1
+            delay = self.config.failover_retry
+        else:
+            self.failures += 1
+            delay = self._backoff()
         self.last_error = code
         self.coordinator = None
-        return [CloseConnection(), Discover(delay=self._backoff())]
+        return [CloseConnection(), Discover(delay=delay)]
 
     def _stop_and_disconnect(self) -> list[Effect]:
         """Stop fetching (if still fetching), then close the coordinator connection (if any)."""

@@ -146,6 +146,9 @@ async def test_consumer_crash_broker_crash_and_garbage(tmp_path: Path) -> None:
                 "--group",
                 GROUP,
                 "--from-beginning",
+                # the victim's partitions move after its lease: T, not the 45 s default
+                "--session-timeout",
+                "6",
                 "--bootstrap",
                 bootstrap(broker),
                 stdout=out,

@@ -138,6 +138,8 @@ class InMemoryCluster:
         await trio.lowlevel.checkpoint()
         if self.refusing:
             raise ConnectionRefusedError(f"{host}:{port} refused (the test cut the network)")
+        if not self.cluster.up:
+            raise ConnectionRefusedError(f"{host}:{port} refused (the broker is restarting)")
         client, server = trio.testing.memory_stream_pair()
         self.nursery.start_soon(handle_connection, self.cluster.coordinator, server, self.log)
         line = Line(client)

@@ -3,6 +3,8 @@ instants for group formation, growth, graceful hand-over and the ownership lease
 
 from __future__ import annotations
 
+import logging
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import cast
 
@@ -12,11 +14,13 @@ import trio.testing
 
 from broker.election import ElectionStore, Elector, handle_elected_connection
 from consumer import ConsumerSettings, RecordStream, open_consumer
+from consumer.admin import Admin
 from coordinator.config import CoordinatorConfig
 from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine.consumer import ConsumerState
 from tests.consumer.inmemory import InMemoryCluster, Line, open_in_memory_cluster
+from transport.connect import open_channel
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
 ALL_12 = frozenset(TopicPartition(topic="t", partition=p) for p in range(12))
@@ -367,3 +371,62 @@ async def test_after_losing_its_coordinator_a_consumer_believes_the_follower_nam
         assert [at - lost for at in registered[1:]] == [0.0]
         # It was the group's only member, so the group forms afresh, after the initial delay.
         assert back == lost + CONFIG.initial_rebalance_delay
+
+
+async def restart_slowly_with_a_group(net: InMemoryCluster, settings: ConsumerSettings) -> float:
+    """Group g gets a record (a consumer joins, is assigned, leaves), then the coordinator
+    restarts and reads the groups' records for 1.99 s; returns when it took office."""
+    async with open_consumer(
+        "b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect
+    ) as first:
+        await first.assignment.wait_value(lambda owned: len(owned) == 2)
+    net.cluster.slow_group_reads(1.99)
+    await net.cluster.restart_coordinator(loaded=False)
+    return trio.current_time()
+
+
+async def test_a_consumer_registering_while_the_coordinator_loads_is_in_right_after_the_load(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Reading the groups' records takes 1.99 s (a big group on ZooKeeper): meanwhile the new
+    # coordinator answers COORDINATOR_LOAD_IN_PROGRESS, and the consumer asks again every 50 ms
+    # (failover_retry), not after a growing backoff.
+    caplog.set_level(logging.INFO, logger="consumer.client")
+    settings = ConsumerSettings(session_timeout=6.0)
+    assert settings.failover_retry == 0.05
+    async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
+        took_office = await restart_slowly_with_a_group(net, settings)
+        async with open_consumer(
+            "b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect
+        ):
+            await net.cluster.incarnation.wait_value(lambda n: n == 2)
+            assert trio.current_time() == took_office + 1.99  # the load is over
+            group = net.cluster.coordinator.groups["g"]
+            assert not group.members
+            await group.status.wait_transition()  # the consumer joined
+            # the first retry after the load; 40 refusals before, at took_office + 0.05 k
+            assert trio.current_time() == pytest.approx(took_office + 2.0, abs=1e-9)
+            assert len(group.members) == 1
+            refusals = [
+                r
+                for r in caplog.records
+                if "registration refused: COORDINATOR_LOAD_IN_PROGRESS" in r.getMessage()
+            ]
+            assert len(refusals) == 40
+
+
+async def test_an_admin_asks_again_while_the_coordinator_loads(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    settings = ConsumerSettings(session_timeout=6.0)
+    async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
+        took_office = await restart_slowly_with_a_group(net, settings)
+        async with (
+            AsyncExitStack() as stack,
+            open_channel(await net.connect("b", 1), client_id="admin") as channel,
+        ):
+            admin = Admin(channel=channel, address=("b", 1), stack=stack)
+            groups = await admin.groups()
+        # asked every LOAD_RETRY (50 ms): the first time after the load ended, at 1.99 s
+        assert trio.current_time() == pytest.approx(took_office + 2.0, abs=1e-9)
+        assert [g.group_id for g in groups] == ["g"]

@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
+from protocol import ErrorCode
 from protocol.types import TopicPartition
 from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 
@@ -381,3 +382,21 @@ async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_leas
         with trio.fail_after(30):
             await cluster.wait_settled()
         await cluster.check_invariants(settled=True)
+
+
+async def test_a_group_being_rebuilt_answers_load_in_progress_until_its_record_is_read(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await _pair(cluster)
+        cluster.slow_group_reads(1.5)
+        group = cluster.coordinator.groups["g"]
+        cluster.coordinator.fail_group(group, RuntimeError("injected"))
+        await trio.sleep(0.5)  # the rebuild reads the group's record until 4.5
+        late = await cluster.start_consumer("c", group="g", topics={"events": 1}, rejoin=False)
+        assert trio.current_time() == 3.5
+        assert late.last_register_error is ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        await trio.sleep_until(4.5)
+        again = await cluster.start_consumer("d", group="g", topics={"events": 1}, rejoin=False)
+        assert again.last_register_error is ErrorCode.NONE
+        assert "d" in cluster.coordinator.groups["g"].members

@@ -395,8 +395,8 @@ def test_lease_runs_on_while_rediscovering_and_stops_the_fetchers() -> None:
 def test_reregistration_answer_after_the_deadline_is_dropped() -> None:
     m = machine_in(S.REREGISTERING, now=100.0)
     effects = m.handle(Registered(now=106.0, anchor=106.0, generation=3, epoch=6))
-    # One failure so far (the coordinator moved), hence the backoff.
-    assert effects[:3] == [StopFetchers(), CloseConnection(), Discover(delay=0.1)]
+    # No failure so far (NOT_COORDINATOR was a failover's quick retry), hence no backoff.
+    assert effects[:3] == [StopFetchers(), CloseConnection(), Discover(delay=0.0)]
     assert isinstance(effects[-1], Ignored)
     assert state_of(m) is S.DISCOVERING
 
@@ -430,7 +430,7 @@ def test_registration_with_a_deposed_coordinator_counts_as_a_rejection() -> None
     m = machine_in(S.REREGISTERING, now=100.0)
     m.epoch = 8  # seen meanwhile; a newer coordinator exists
     effects = m.handle(Registered(now=101.0, anchor=101.0, generation=3, epoch=7))
-    assert effects == [CloseConnection(), Discover(delay=0.2)]  # the second failure in a row
+    assert effects == [CloseConnection(), Discover(delay=0.1)]  # the first failure in a row
     assert state_of(m) is S.REDISCOVERING
     assert m.last_error is ErrorCode.STALE_COORDINATOR_EPOCH
     assert m.owned == OWNED  # still fetching under the lease
@@ -439,7 +439,7 @@ def test_registration_with_a_deposed_coordinator_counts_as_a_rejection() -> None
 def test_stale_metadata_counts_as_a_failed_discovery() -> None:
     m = machine_in(S.REDISCOVERING, now=100.0)
     effects = m.handle(CoordinatorFound(now=101.0, coordinator=OLD, epoch=4))
-    assert effects == [Discover(delay=0.2)]  # the second failure in a row
+    assert effects == [Discover(delay=0.1)]  # the first failure in a row
     assert state_of(m) is S.REDISCOVERING
 
 
@@ -546,10 +546,57 @@ def test_coordinator_moved_keeps_fetching_while_rediscovering() -> None:
     m = machine_in(S.FETCHING)
     assert m.handle(CoordinatorMoved(now=101.0, error_code=ErrorCode.NOT_COORDINATOR)) == [
         CloseConnection(),
-        Discover(delay=0.1),
+        Discover(delay=0.05),  # a failover: the new coordinator is about to answer
     ]
     assert state_of(m) is S.REDISCOVERING
     assert m.owned == OWNED
+
+
+@pytest.mark.parametrize(
+    "code", [ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.NOT_COORDINATOR]
+)
+def test_a_failover_answer_is_retried_at_once_a_bounded_number_of_times(code: ErrorCode) -> None:
+    config = ConsumerConfig(session_timeout=T, failover_retry=0.02, max_failover_retries=3)
+    m = ConsumerMachine(config=config)
+    m.handle(Start())
+    delays = []
+    for i in range(5):
+        m.handle(CoordinatorFound(now=100.0 + i, coordinator=NEW, epoch=5))
+        effects = m.handle(RegistrationRejected(now=100.0 + i, error_code=code))
+        assert effects[0] == CloseConnection()
+        (discover,) = effects[1:]
+        assert isinstance(discover, Discover)
+        delays.append(discover.delay)
+        assert state_of(m) is S.DISCOVERING
+        assert m.last_error is code
+    # Three quick retries, then the ordinary backoff from its first step.
+    assert delays == [0.02, 0.02, 0.02, 0.1, 0.2]
+    # A registration ends the failover: the quick retries are available again.
+    m.handle(CoordinatorFound(now=110.0, coordinator=NEW, epoch=5))
+    m.handle(Registered(now=110.0, anchor=110.0, generation=1, epoch=5))
+    m.handle(ConnectionLost(now=111.0))
+    m.handle(CoordinatorFound(now=111.0, coordinator=NEW, epoch=5))
+    assert m.handle(RegistrationRejected(now=111.0, error_code=code)) == [
+        CloseConnection(),
+        Discover(delay=0.02),
+    ]
+
+
+def test_other_refusals_back_off_as_before() -> None:
+    m = machine_in(S.REGISTERING)
+    effects = m.handle(RegistrationRejected(now=101.0, error_code=ErrorCode.REBALANCE_IN_PROGRESS))
+    assert effects == [CloseConnection(), Discover(delay=0.1)]
+    assert state_of(m) is S.DISCOVERING
+
+
+def test_a_fetching_consumer_told_of_a_failover_keeps_fetching_and_retries_at_once() -> None:
+    m = machine_in(S.REREGISTERING)
+    effects = m.handle(
+        RegistrationRejected(now=101.0, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+    )
+    assert effects == [CloseConnection(), Discover(delay=0.05)]
+    assert state_of(m) is S.REDISCOVERING
+    assert m.owned == OWNED  # still fetching under the lease
 
 
 def test_backoff_doubles_up_to_its_cap_and_resets_on_registration() -> None:

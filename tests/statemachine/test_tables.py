@@ -147,12 +147,14 @@ def consumer_events(now: float, epoch: int) -> list[c.Input]:
         c.DiscoveryFailed(now=now),
         c.Registered(now=now, anchor=now, generation=3, epoch=epoch),
         c.RegistrationRejected(now=now, error_code=ErrorCode.DUPLICATE_MEMBER_ID),
+        c.RegistrationRejected(now=now, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS),
         c.PingReceived(now=now, anchor=now, correlation_id=7, epoch=epoch, generation=3),
         c.StopFetcherReceived(now=now, anchor=now, correlation_id=8, epoch=epoch, generation=4),
         c.StartFetcherReceived(
             now=now, anchor=now, correlation_id=9, epoch=epoch, generation=4, streams=ASSIGNED
         ),
         c.CoordinatorMoved(now=now, error_code=ErrorCode.NOT_COORDINATOR),
+        c.CoordinatorMoved(now=now, error_code=ErrorCode.REBALANCE_IN_PROGRESS),
         c.ConnectionLost(now=now),
         c.LeaseExpired(now=now),
         c.Close(),
@@ -237,6 +239,9 @@ def test_the_guarded_outcomes_are_the_ones_the_diagrams_promise() -> None:
     assert ("STABLE", "PingSent", "lease ran out", "DEAD") in guarded["member"]
     assert ("REGISTERING", "Registered", "stale epoch", "DISCOVERING") in guarded["consumer"]
     assert ("FETCHING", "LeaseExpired", "renewed since", "FETCHING") in guarded["consumer"]
+    assert ("REGISTERING", "RegistrationRejected", "failover under way", "DISCOVERING") in (
+        guarded["consumer"]
+    )
 
 
 # --- random sequences -----------------------------------------------------------------------
