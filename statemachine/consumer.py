@@ -482,7 +482,7 @@ class ConsumerMachine:
     state: ConsumerState = INITIAL_STATE
     coordinator: BrokerInfo | None = None
     generation: int = -1
-    """The generation of the last StartFetcher (or registration); -1 before any."""
+    """The generation of the last StartFetcher; -1 before any. Re-registrations report it."""
     epoch: int = -1
     """The highest coordinator epoch seen."""
     owned: tuple[TopicPartition, ...] = ()
@@ -565,9 +565,11 @@ class ConsumerMachine:
                 )
             case DiscoveryFailed():
                 effects += self._failed_discovery()
-            case Registered(anchor=anchor, generation=generation, epoch=epoch):
+            case Registered(anchor=anchor, epoch=epoch):
+                # The answer's generation is the group's, not one this process was started
+                # under: taking it would let a re-registration claim what another process under
+                # this id holds under that generation (docs/design.md#adoption-after-a-failover).
                 self._heard(anchor, epoch)
-                self.generation = generation
                 self.failures = self.failover_retries = 0
                 self.last_error = None
             case RegistrationRejected(error_code=code) | CoordinatorMoved(error_code=code):

@@ -487,6 +487,20 @@ def test_registration_carries_generation_and_partitions_still_fetched() -> None:
     assert m.lease_deadline() == 108.0
 
 
+def test_a_reregistration_reports_only_a_generation_it_was_started_under() -> None:
+    """The registration answer names the group's generation, under which another process with
+    this consumer id may hold partitions: reporting it after a lost connection would claim them
+    and end that process's lease while it may still fetch."""
+    m = ConsumerMachine(config=ConsumerConfig(session_timeout=T))
+    m.handle(Start())
+    m.handle(CoordinatorFound(now=100.0, coordinator=OLD, epoch=5))
+    m.handle(Registered(now=100.0, anchor=100.0, generation=5, epoch=5))
+    m.handle(ConnectionLost(now=101.0))
+    assert m.handle(CoordinatorFound(now=101.5, coordinator=OLD, epoch=5)) == [
+        Register(coordinator=OLD, generation=-1, owned=())
+    ]
+
+
 def test_stop_reports_final_offsets_of_what_it_owned_then_forgets_it() -> None:
     m = machine_in(S.FETCHING)
     assert m.handle(
