@@ -184,7 +184,8 @@ class StoreHistory:
 
     def group_written(self, record: GroupRecord) -> None:
         before = self.group_generations.get(record.group_id, -1)
-        if record.generation <= before:
+        # The record of a completed attempt is written again under its generation, marked so.
+        if record.generation < before or (record.generation == before and not record.complete):
             self.violations.append(
                 f"group {record.group_id}: generation {record.generation} persisted after {before}"
             )
@@ -395,6 +396,11 @@ class LinkEnd(trio.abc.Stream):
                     return b""
             await self.link.park()
 
+    def abort(self) -> None:
+        """Close with a reset (TCP's SO_LINGER zero): the peer reads a broken connection, not an
+        end of stream (``Channel.abort``)."""
+        self.link.break_()
+
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
@@ -457,6 +463,7 @@ class SimulatedConsumer:
     host: SimulatedHost = attrs.field(factory=SimulatedHost)
     _link: Link | None = None
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _session_scope: trio.CancelScope | None = None
     _killed: bool = False
 
     @property
@@ -507,6 +514,13 @@ class SimulatedConsumer:
         """Reset the coordinator connection: both ends see it fail; the process lives on."""
         if self._link is not None:
             self._link.break_()
+
+    def abandon_connection(self) -> None:
+        """Give up the coordinator connection as a consumer that judged it silent does, though
+        the coordinator lives, and register again after T/3. Fetching through failovers, it
+        fetches on under its lease meanwhile, so it closes with a reset."""
+        if self._session_scope is not None:
+            self._session_scope.cancel()
 
     def cut_network(self, seconds: float) -> None:
         """Neither this process nor the broker gets a byte from the other for ``seconds``."""
@@ -584,7 +598,7 @@ class SimulatedConsumer:
         send_requests, receive_requests = trio.open_memory_channel[Request](math.inf)
         try:
             async with trio.open_nursery() as nursery:
-                scope = nursery.cancel_scope
+                scope = self._session_scope = nursery.cancel_scope
                 watching = self.fetching
                 if watching:
                     # Still under the previous coordinator's lease, which ends on time whatever
@@ -621,7 +635,12 @@ class SimulatedConsumer:
             if self._killed or not self.fetch_through_failover:
                 self._stop_fetching(min(trio.current_time(), self.lease_end))
             with trio.CancelScope(shield=True):
-                await channel.aclose()
+                if self.fetching:
+                    # Abandoned while still fetching: a reset, never an end of stream, which the
+                    # coordinator takes as proof that it stopped (docs/design.md#ownership-lease).
+                    await channel.abort()
+                else:
+                    await channel.aclose()
 
     def _registration(self) -> RegisterConsumerRequest:
         return RegisterConsumerRequest(

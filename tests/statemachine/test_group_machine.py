@@ -17,23 +17,27 @@ INPUTS = {
     "Completed": g.AttemptCompleted(),
     "Failed": g.AttemptFailed(),
     "Deleted": g.Deleted(),
+    "Recovered": g.Recovered(awaiting=frozenset({"c1"})),
+    "Adopted": g.RecordAdopted(),
 }
 X = None
 # fmt: off
 EXPECTED: dict[S, dict[str, S | None]] = {
     S.EMPTY: {"Joined": S.PENDING, "Departed": X, "Topics": S.EMPTY, "Began": X, "NotNeeded": X,
-              "Stopped": X, "Completed": X, "Failed": X, "Deleted": S.DEAD},
+              "Stopped": X, "Completed": X, "Failed": X, "Deleted": S.DEAD, "Recovered": S.EMPTY,
+              "Adopted": X},
     S.PENDING: {"Joined": S.PENDING, "Departed": S.PENDING, "Topics": S.PENDING,
                 "Began": S.STOPPING, "NotNeeded": S.STABLE, "Stopped": X, "Completed": X,
-                "Failed": S.PENDING, "Deleted": X},
+                "Failed": S.PENDING, "Deleted": X, "Recovered": X, "Adopted": S.STABLE},
     S.STOPPING: {"Joined": S.STOPPING, "Departed": S.PENDING, "Topics": S.STOPPING, "Began": X,
                  "NotNeeded": X, "Stopped": S.STARTING, "Completed": X, "Failed": S.PENDING,
-                 "Deleted": X},
+                 "Deleted": X, "Recovered": X, "Adopted": X},
     S.STARTING: {"Joined": S.STARTING, "Departed": S.PENDING, "Topics": S.STARTING, "Began": X,
                  "NotNeeded": X, "Stopped": X, "Completed": S.STABLE, "Failed": S.PENDING,
-                 "Deleted": X},
+                 "Deleted": X, "Recovered": X, "Adopted": X},
     S.STABLE: {"Joined": S.PENDING, "Departed": S.PENDING, "Topics": S.PENDING, "Began": X,
-               "NotNeeded": X, "Stopped": X, "Completed": X, "Failed": X, "Deleted": X},
+               "NotNeeded": X, "Stopped": X, "Completed": X, "Failed": X, "Deleted": X,
+               "Recovered": X, "Adopted": X},
     S.DEAD: {name: X for name in INPUTS},
 }
 # fmt: on
