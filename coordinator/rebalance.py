@@ -330,7 +330,8 @@ def _adoptable(
     record is complete (every start under it was answered), its members are exactly the live
     ones (with the same subscriptions and session timeouts, which a successor's lease count
     reads from it), the assignment computed now is the record's, and each member came back
-    under the record's generation holding, adopted, exactly its partitions of the record."""
+    under the record's generation holding, adopted, exactly its partitions of the record (so a
+    record that gave a member nothing is never adopted)."""
     if not record.complete or group.machine.generation != record.generation:
         return False
     if len(members) != len(record.members) or {m.record for m in members} != set(record.members):
@@ -342,11 +343,13 @@ def _adoptable(
         given[thread.member_id].add(tp)
     for member in members:
         holding = group.ownership.holding(member.incarnation)
-        mine = given.get(member.member_id, set())
         if member.machine.state is not member_sm.MemberState.REGISTERED:
             return False
-        # One given nothing holds nothing, whichever process it is.
-        if holding.partitions != mine or (mine and holding.generation != record.generation):
+        # A member given nothing holds nothing whether it still runs under that start or has
+        # stopped (its lease ran out) and waits for one: only a start tells it which, so such a
+        # group rebalances.
+        mine = given.get(member.member_id)
+        if not mine or holding.partitions != mine or holding.generation != record.generation:
             return False
     return True
 
