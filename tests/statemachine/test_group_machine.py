@@ -144,3 +144,22 @@ def test_generations_only_increase() -> None:
     with pytest.raises(ValueError):
         machine.handle(g.AttemptBegan(generation=4))
     assert (machine.state, machine.generation) == (S.PENDING, 4)
+
+
+def test_a_recovered_group_waits_for_the_members_its_record_names_and_no_initial_delay() -> None:
+    machine = g.GroupMachine(group_id="g", generation=4)
+    assert machine.handle(g.Recovered(awaiting=frozenset({"a", "b"}))) == []
+    recovery = [g.ScheduleRebalance(delay=g.Delay.RECOVERY)]
+    assert machine.handle(g.MemberJoined(member_id="a")) == recovery
+    assert machine.handle(g.MemberJoined(member_id="c")) == recovery  # not in the record
+    # The last member the record names is back: decide at once.
+    assert machine.handle(g.MemberJoined(member_id="b")) == [
+        g.ScheduleRebalance(delay=g.Delay.NONE)
+    ]
+    assert not machine.forming
+    assert machine.handle(g.RecordAdopted()) == []
+    assert (machine.state, machine.generation, machine.awaiting) == (S.STABLE, 4, None)
+    # Recovery is over: a join rebalances a Stable group at once, as ever.
+    assert machine.handle(g.MemberJoined(member_id="d")) == [
+        g.ScheduleRebalance(delay=g.Delay.NONE)
+    ]
