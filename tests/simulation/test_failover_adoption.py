@@ -12,31 +12,13 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from coordinator.config import CoordinatorConfig
-from protocol.types import TopicPartition
 from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
-
-CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
-ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
+from tests.simulation.test_faults import ALL, CONFIG, _spans
+from tests.simulation.test_faults import _pair as _any_pair
 
 
 async def _pair(cluster: SimulatedCluster) -> tuple[SimulatedConsumer, SimulatedConsumer]:
-    await cluster.create_topic("events", partitions=6)
-    a, b = [
-        await cluster.start_consumer(
-            name, group="g", topics={"events": 1}, fetch_through_failover=True
-        )
-        for name in "ab"
-    ]
-    with trio.fail_after(10):
-        await cluster.wait_settled()
-    assert trio.current_time() == 3.0
-    return a, b
-
-
-def _spans(cluster: SimulatedCluster, consumer_id: str) -> set[tuple[float, float]]:
-    now = trio.current_time()
-    return {(i.start, i.end) for i in cluster.ledger.intervals(now) if i.consumer_id == consumer_id}
+    return await _any_pair(cluster, fetch_through_failover=True)
 
 
 async def _restart(cluster: SimulatedCluster) -> None:

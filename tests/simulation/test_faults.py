@@ -178,9 +178,9 @@ async def test_a_restarted_coordinator_waits_out_the_lease_of_a_member_that_does
         assert trio.current_time() == 11.5
         with trio.fail_after(20):
             await cluster.wait_stable("g", members=1)
-        # a came back at 12.5 and the group's first attempt began at 15.5, but b may fetch
-        # until its lease runs out: nothing of the old assignment starts before the new
-        # coordinator took office (11.5) + T + margin.
+        # a came back at 12.5 and the recovered group waited for b, whom its record names, until
+        # b's lease ran out: nothing of the old assignment starts before the new coordinator
+        # took office (11.5) + T + margin, when its one attempt began.
         assert trio.current_time() == 18.0
         assert a.owned == ALL
         assert max(i.end for i in cluster.ledger.closed if i.consumer_id == "b") <= 18.0
