@@ -573,7 +573,7 @@ class SimulatedConsumer:
         with self._scope:
             started = False
             while not self._killed:
-                await self._unfrozen()
+                await self._unfrozen_under_lease()
                 error = await self._session(task_status if not started else None)
                 started = started or error is ErrorCode.NONE
                 if not self.rejoin:
@@ -697,6 +697,17 @@ class SimulatedConsumer:
             log.info("%s: no coordinator request for T, stopping", self.consumer_id)
             self._stop_fetching(self.lease_end)
         await trio.sleep_until(until)
+
+    async def _unfrozen_under_lease(self) -> None:
+        """Wait out a freeze between two sessions. Fetching through a failover, its fetchers
+        stop at the lease's end all the same, frozen or not (as ``_watch_lease`` does within a
+        session)."""
+        while trio.current_time() < self.frozen_until:
+            if self.fetching and self.lease_end < self.frozen_until:
+                await trio.sleep_until(max(self.lease_end, trio.current_time()))
+                log.info("%s: no coordinator request for T, stopping", self.consumer_id)
+                self._stop_fetching(self.lease_end)
+            await trio.sleep_until(self.frozen_until)
 
     async def _watch_lease(self, session_scope: trio.CancelScope) -> None:
         # A frozen process reads nothing, so nothing renews its lease while it is frozen: its
