@@ -339,8 +339,8 @@ class Consumer:
                     )
                 case sm.CommitAndLeave(generation=generation, partitions=partitions):
                     await self._commit_and_leave(generation, partitions)
-                case sm.CloseConnection():
-                    await self._close_session()
+                case sm.CloseConnection(reset=reset):
+                    await self._close_session(reset=reset)
                 case sm.Ignored(event=event, reason=reason):
                     log.debug("%s: ignored %s: %s", self.member_id, type(event).__name__, reason)
 
@@ -466,14 +466,19 @@ class Consumer:
         with contextlib.suppress(ChannelClosed):  # the reader reports the lost connection
             await session.channel.respond(request, message)
 
-    async def _close_session(self) -> None:
+    async def _close_session(self, *, reset: bool = False) -> None:
+        """``reset``: the fetchers run on, so the coordinator must not read an end of stream,
+        its proof that the member stopped (docs/design.md#ownership-lease)."""
         session, self._session = self._session, None
         if session is None:
             return
         session.scope.cancel()
         if session.channel is not None:
             with trio.CancelScope(shield=True):
-                await session.channel.aclose()
+                if reset:
+                    await session.channel.abort()
+                else:
+                    await session.channel.aclose()
 
     async def _commit_and_leave(
         self, generation: int, partitions: tuple[TopicPartition, ...]

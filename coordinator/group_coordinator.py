@@ -163,9 +163,9 @@ class GroupCoordinator:
 
     def own(self, group: Group, event: ownership.Event) -> list[ownership.Effect]:
         """Feed the group's ownership machine and perform its effects: a lease its owner ended
-        wakes an attempt waiting on leases. An input the machine refuses raises."""
+        or adopted wakes an attempt waiting on leases. An input the machine refuses raises."""
         effects = group.ownership.handle(event)
-        if any(isinstance(effect, ownership.LeaseEnded) for effect in effects):
+        if effects:  # a lease ended, or was adopted: an attempt waiting on leases looks again
             group.leases_freed.value += 1
         return effects
 
@@ -551,6 +551,8 @@ class GroupCoordinator:
                     group.next_attempt_at.value = due if current is None else max(current, due)
                 else:
                     due = now + self._delay(group, effect.delay)
+                    if effect.delay is group_sm.Delay.RECOVERY:
+                        due = max(now, group.recovered_until)
                     group.next_attempt_at.value = due if current is None else min(current, due)
         if group.machine.state is group_sm.GroupState.EMPTY:
             group.next_attempt_at.value = None
@@ -713,12 +715,22 @@ async def _recover_groups(coordinator: GroupCoordinator) -> None:
     requests are answered COORDINATOR_LOAD_IN_PROGRESS (docs/design.md#loading)."""
     records = await coordinator.store.groups()
     for record in records.values():
-        coordinator._restore(
+        group = coordinator._restore(
             record.group_id,
             record,
             since=coordinator.took_office_at,
             generation=record.generation,
         )
+        # It waits for the members the record names, at most until their lease counted from
+        # now is over, and then decides once: docs/design.md#adoption-after-a-failover.
+        group.recovered = record
+        group.recovered_until = (
+            coordinator.took_office_at
+            + coordinator.config.lease_margin
+            + max((m.session_timeout_ms / 1000 for m in record.members), default=0.0)
+        )
+        awaiting = frozenset(m.member_id for m in record.members)
+        coordinator.apply(group, group_sm.Recovered(awaiting=awaiting))
     coordinator.loaded.set()
     log.info("broker %d loaded %d groups", coordinator.broker.broker_id, len(records))
 

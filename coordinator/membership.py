@@ -17,7 +17,7 @@ from protocol.types import ConsumerThread, TopicPartition
 from statemachine.group import GroupMachine, GroupState
 from statemachine.member import MemberMachine
 from statemachine.ownership import Ownership
-from store import MemberRecord
+from store import GroupRecord, MemberRecord
 from transport.channel import Channel
 
 
@@ -58,6 +58,11 @@ class Group:
     #: While the group forms (statemachine.group's ``forming``): joins postpone its first attempt
     #: up to this instant, set by the join that ended Empty.
     forming_until: float = math.inf
+    #: The store record a new coordinator recovered the group from, until the group's first
+    #: attempt decides whether its members came back as it says (statemachine.group's
+    #: ``awaiting``), and the instant its lease, counted from the recovery, is over.
+    recovered: GroupRecord | None = None
+    recovered_until: float = -math.inf
     attempt_scope: trio.CancelScope | None = None
     #: The driver task's scope while it runs: cancelling it ends the driver, which rebuilds the
     #: group if ``failure`` is set.

@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+import attrs
 import trio
 
 from coordinator.membership import Group, Member
@@ -115,6 +116,17 @@ def compute_assignment(coordinator: RebalanceHost, group: Group) -> Assignment:
 async def _attempt(coordinator: RebalanceHost, group: Group) -> None:
     members = list(group.members.values())
     assignment = compute_assignment(coordinator, group)
+    recovered, group.recovered = group.recovered, None
+    if recovered is not None and _adoptable(group, recovered, members, assignment):
+        for member in members:
+            member.machine.handle(member_sm.Adopted(generation=recovered.generation))
+        coordinator.apply(group, group_sm.RecordAdopted())
+        log.info(
+            "group %s: every member came back as its record says; stable at generation %d",
+            group.group_id,
+            recovered.generation,
+        )
+        return
     settled = all(
         m.machine.state is member_sm.MemberState.STABLE
         and group.ownership.holding(m.incarnation).generation == group.machine.generation
@@ -135,6 +147,7 @@ async def _attempt(coordinator: RebalanceHost, group: Group) -> None:
     # Once a member failure cancels the attempt, the attempt feeds no machine another input: the
     # group machine has already moved on (Pending or Empty) and the dead member's machine is Dead,
     # and the code below may run on until its next checkpoint delivers the cancellation.
+    completed: GroupRecord | None = None
     with trio.CancelScope() as attempt:
         group.attempt_scope = attempt
         try:
@@ -147,7 +160,7 @@ async def _attempt(coordinator: RebalanceHost, group: Group) -> None:
             if attempt.cancel_called:
                 return
             coordinator.apply(group, group_sm.MembersStopped())
-            await _start_all(coordinator, group, members, assignment, generation, attempt)
+            record = await _start_all(coordinator, group, members, assignment, generation, attempt)
         except AttemptFailed as exc:
             if not attempt.cancel_called:
                 log.warning("group %s: attempt %d failed: %s", group.group_id, generation, exc)
@@ -161,8 +174,12 @@ async def _attempt(coordinator: RebalanceHost, group: Group) -> None:
         coordinator.own(group, ownership.AttemptCompleted(now=_now()))
         coordinator.apply(group, group_sm.AttemptCompleted())
         log.info("group %s: stable at generation %d", group.group_id, generation)
+        completed = record
     if attempt.cancelled_caught:
         log.info("group %s: attempt %d cancelled by a member failure", group.group_id, generation)
+    elif completed is not None:
+        # Outside the attempt's scope: a member failure from now on does not undo the starts.
+        await _record_completed(coordinator, completed)
 
 
 async def _stop_all(
@@ -218,15 +235,20 @@ async def _start_all(
     assignment: Assignment,
     generation: int,
     attempt: trio.CancelScope,
-) -> None:
+) -> GroupRecord | None:
+    """Start every member; returns the record persisted before the starts (None: cancelled
+    before it was written)."""
     # A partition leaving a member that fell silent waits until that member's lease ran out, or,
     # after a failover, until its owner came back and said it no longer fetches it.
+    # A member that comes back meanwhile still fetching what it adopted fails the wait at once:
+    # the next attempt stops it first, rather than this one waiting out a lease for nothing.
     while (free_at := group.ownership.free_at(assignment.keys())) > _now():
+        _fail_if_adopted(group, assignment)
         log.info("group %s: waiting until %.3f for leases to run out", group.group_id, free_at)
         with trio.move_on_at(free_at):
             await group.leases_freed.wait_transition()
     if attempt.cancel_called:
-        return
+        return None
     try:
         await coordinator.offsets.flush()
         record = GroupRecord(
@@ -242,13 +264,7 @@ async def _start_all(
     committed = await coordinator.offsets.committed(group.group_id)
     streams = _streams_by_member(coordinator, assignment, committed)
     failures: list[str] = []
-    # A member that re-registered after this attempt began (so was not stopped by it) may have
-    # adopted some of the assignment, which it fetches on under its lease from this coordinator:
-    # the next attempt stops it first.
-    if adopted := group.ownership.held_among(assignment.keys()):
-        raise AttemptFailed(
-            f"{len(adopted)} assigned partitions are held by a member that came back since"
-        )
+    _fail_if_adopted(group, assignment)
     requests: dict[Member, RequestMessage] = {}
     starts: dict[int, tuple[str, frozenset[TopicPartition]]] = {}
     _check_contact(coordinator)
@@ -293,6 +309,59 @@ async def _start_all(
     failures.extend(f"{member.member_id} did not answer StartFetcher" for member in silent)
     if failures:
         raise AttemptFailed("; ".join(failures))
+    return record
+
+
+async def _record_completed(coordinator: RebalanceHost, record: GroupRecord) -> None:
+    """Write the record once more, marked complete: every start under it was answered, so a
+    successor may adopt members that come back holding what it says
+    (docs/design.md#adoption-after-a-failover). One more store write per rebalance; if it
+    fails, a successor only rebalances once more, so the group goes on."""
+    try:
+        await coordinator.store.write_group(coordinator.epoch, attrs.evolve(record, complete=True))
+    except StoreError as exc:
+        log.warning("group %s: cannot mark its record complete: %s", record.group_id, exc)
+
+
+def _adoptable(
+    group: Group, record: GroupRecord, members: list[Member], assignment: Assignment
+) -> bool:
+    """Whether the recovered group may go on as its record says, with no new generation: the
+    record is complete (every start under it was answered), its members are exactly the live
+    ones (with the same subscriptions and session timeouts, which a successor's lease count
+    reads from it), the assignment computed now is the record's, and each member came back
+    under the record's generation holding, adopted, exactly its partitions of the record (so a
+    record that gave a member nothing is never adopted)."""
+    if not record.complete or group.machine.generation != record.generation:
+        return False
+    if len(members) != len(record.members) or {m.record for m in members} != set(record.members):
+        return False
+    if assignment != dict(record.assignment):
+        return False
+    given: dict[str, set[TopicPartition]] = defaultdict(set)
+    for tp, thread in record.assignment.items():
+        given[thread.member_id].add(tp)
+    for member in members:
+        holding = group.ownership.holding(member.incarnation)
+        if member.machine.state is not member_sm.MemberState.REGISTERED:
+            return False
+        # A member given nothing holds nothing whether it still runs under that start or has
+        # stopped (its lease ran out) and waits for one: only a start tells it which, so such a
+        # group rebalances.
+        mine = given.get(member.member_id)
+        if not mine or holding.partitions != mine or holding.generation != record.generation:
+            return False
+    return True
+
+
+def _fail_if_adopted(group: Group, assignment: Assignment) -> None:
+    """A member that re-registered after this attempt began (so was not stopped by it) may have
+    adopted some of the assignment, which it fetches on under its lease from this coordinator:
+    the attempt fails, and the next one stops it first."""
+    if adopted := group.ownership.held_among(assignment.keys()):
+        raise AttemptFailed(
+            f"{len(adopted)} assigned partitions are held by a member that came back since"
+        )
 
 
 def _check_contact(coordinator: RebalanceHost) -> None:

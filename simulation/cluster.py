@@ -184,7 +184,8 @@ class StoreHistory:
 
     def group_written(self, record: GroupRecord) -> None:
         before = self.group_generations.get(record.group_id, -1)
-        if record.generation <= before:
+        # The record of a completed attempt is written again under its generation, marked so.
+        if record.generation < before or (record.generation == before and not record.complete):
             self.violations.append(
                 f"group {record.group_id}: generation {record.generation} persisted after {before}"
             )
@@ -424,6 +425,11 @@ class LinkEnd(trio.abc.Stream):
                     return b""
             await self.link.park()
 
+    def abort(self) -> None:
+        """Close with a reset (TCP's SO_LINGER zero): the peer reads a broken connection, not an
+        end of stream (``Channel.abort``)."""
+        self.link.break_()
+
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
@@ -486,6 +492,7 @@ class SimulatedConsumer:
     host: SimulatedHost = attrs.field(factory=SimulatedHost)
     _link: Link | None = None
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _session_scope: trio.CancelScope | None = None
     _killed: bool = False
 
     @property
@@ -536,6 +543,13 @@ class SimulatedConsumer:
         """Reset the coordinator connection: both ends see it fail; the process lives on."""
         if self._link is not None:
             self._link.break_()
+
+    def abandon_connection(self) -> None:
+        """Give up the coordinator connection as a consumer that judged it silent does, though
+        the coordinator lives, and register again after T/3. Fetching through failovers, it
+        fetches on under its lease meanwhile, so it closes with a reset."""
+        if self._session_scope is not None:
+            self._session_scope.cancel()
 
     def cut_network(self, seconds: float) -> None:
         """Neither this process nor the broker gets a byte from the other for ``seconds``."""
@@ -588,7 +602,7 @@ class SimulatedConsumer:
         with self._scope:
             started = False
             while not self._killed:
-                await self._unfrozen()
+                await self._unfrozen_under_lease()
                 error = await self._session(task_status if not started else None)
                 started = started or error is ErrorCode.NONE
                 if not self.rejoin:
@@ -613,7 +627,7 @@ class SimulatedConsumer:
         send_requests, receive_requests = trio.open_memory_channel[Request](math.inf)
         try:
             async with trio.open_nursery() as nursery:
-                scope = nursery.cancel_scope
+                scope = self._session_scope = nursery.cancel_scope
                 watching = self.fetching
                 if watching:
                     # Still under the previous coordinator's lease, which ends on time whatever
@@ -650,7 +664,12 @@ class SimulatedConsumer:
             if self._killed or not self.fetch_through_failover:
                 self._stop_fetching(min(trio.current_time(), self.lease_end))
             with trio.CancelScope(shield=True):
-                await channel.aclose()
+                if self.fetching:
+                    # Abandoned while still fetching: a reset, never an end of stream, which the
+                    # coordinator takes as proof that it stopped (docs/design.md#ownership-lease).
+                    await channel.abort()
+                else:
+                    await channel.aclose()
 
     def _registration(self) -> RegisterConsumerRequest:
         return RegisterConsumerRequest(
@@ -707,6 +726,17 @@ class SimulatedConsumer:
             log.info("%s: no coordinator request for T, stopping", self.consumer_id)
             self._stop_fetching(self.lease_end)
         await trio.sleep_until(until)
+
+    async def _unfrozen_under_lease(self) -> None:
+        """Wait out a freeze between two sessions. Fetching through a failover, its fetchers
+        stop at the lease's end all the same, frozen or not (as ``_watch_lease`` does within a
+        session)."""
+        while trio.current_time() < self.frozen_until:
+            if self.fetching and self.lease_end < self.frozen_until:
+                await trio.sleep_until(max(self.lease_end, trio.current_time()))
+                log.info("%s: no coordinator request for T, stopping", self.consumer_id)
+                self._stop_fetching(self.lease_end)
+            await trio.sleep_until(self.frozen_until)
 
     async def _watch_lease(self, session_scope: trio.CancelScope) -> None:
         # A frozen process reads nothing, so nothing renews its lease while it is frozen: its

@@ -26,14 +26,15 @@ decide. Where they choose the next state they are guards on the table's entries 
   A discovery result from a broker that is not the coordinator carries no epoch
   (:data:`UNKNOWN_EPOCH`): that is not stale metadata, and the registration answer that follows
   brings the epoch to check.
-* **Stop before close.** Every transition that closes the coordinator connection while fetchers
-  run emits :class:`StopFetchers` first, because the coordinator takes a closed connection as
-  proof that the member stopped and may restart its partitions elsewhere at once. Two closes
-  happen while fetching, both to a broker for which we are not a member: after
-  :class:`CoordinatorMoved` (the broker just said it is *not* our coordinator) and after a new
-  coordinator rejected our re-registration. Neither can move a partition, so the consumer keeps
-  fetching under its lease while it looks for the coordinator (seed 04: "the consumer does not
-  stop fetching data during the co-ordinator failover and re-discovery process").
+* **Stop before close, or reset.** The coordinator takes a closed connection (end of stream) as
+  proof that the member stopped and may restart its partitions elsewhere at once. So a close
+  while fetchers run is a *reset* (:class:`CloseConnection` with ``reset``), which proves
+  nothing and leaves the partitions leased; a clean close comes only after
+  :class:`StopFetchers`. The consumer keeps fetching under its lease while it looks for the
+  coordinator after a lost connection, a :class:`CoordinatorMoved`, or a rejected or unanswered
+  re-registration, and re-registers holding its partitions under its generation, which a new
+  coordinator adopts (seed 04: "the consumer does not stop fetching data during the
+  co-ordinator failover and re-discovery process"); only its lease running out stops it.
 
 NOT_COORDINATOR and COORDINATOR_LOAD_IN_PROGRESS (a registration refused, or a commit or leave
 answered so) mean a coordinator failover is under way: the next discovery goes after the short
@@ -323,7 +324,11 @@ class CommitAndLeave:
 
 @attrs.frozen(kw_only=True)
 class CloseConnection:
-    """Close the coordinator connection (also a half-open registration)."""
+    """Close the coordinator connection (also a half-open registration). ``reset``: the fetchers
+    run on after it, so close with a reset, never an end of stream, which the coordinator takes
+    as proof that the member stopped (docs/design.md#ownership-lease)."""
+
+    reset: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -430,14 +435,15 @@ def _build_table() -> TransitionTable[ConsumerState]:
         # A StartFetcher without a StopFetcher first replaces the assignment: stop, then start.
         (S.FETCHING, StartFetcherReceived): _epoch_checked(S.FETCHING, S.FETCHING),
         (S.FETCHING, CoordinatorMoved): _retried(S.REDISCOVERING),
-        (S.FETCHING, ConnectionLost): S.DISCOVERING,
+        # The lease, not the connection, bounds fetching: fetch on while looking again.
+        (S.FETCHING, ConnectionLost): S.REDISCOVERING,
         (S.FETCHING, LeaseExpired): _lease_checked(S.FETCHING),
         (S.REDISCOVERING, CoordinatorFound): _epoch_checked(S.REREGISTERING, S.REDISCOVERING),
         (S.REDISCOVERING, DiscoveryFailed): S.REDISCOVERING,
         (S.REDISCOVERING, LeaseExpired): _lease_checked(S.REDISCOVERING),
         (S.REREGISTERING, Registered): _epoch_checked(S.FETCHING, S.REDISCOVERING),
         (S.REREGISTERING, RegistrationRejected): _retried(S.REDISCOVERING),
-        (S.REREGISTERING, ConnectionLost): S.DISCOVERING,
+        (S.REREGISTERING, ConnectionLost): S.REDISCOVERING,
         (S.REREGISTERING, LeaseExpired): _lease_checked(S.REREGISTERING),
     }
     for state in S:
@@ -605,6 +611,13 @@ class ConsumerMachine:
                     StartFetchers(generation=generation, streams=streams),
                     RespondStart(correlation_id=cid),
                 ]
+            case ConnectionLost() if self.state in (S.FETCHING, S.REREGISTERING):
+                # Fetch on under the lease while finding the coordinator again; the connection
+                # is abandoned with a reset, since fetching goes on.
+                if self.state is S.REREGISTERING:
+                    self.failures += 1
+                self.coordinator = None
+                effects += [CloseConnection(reset=True), Discover(delay=self._backoff())]
             case ConnectionLost() | LeaseExpired():
                 if self.state is S.REGISTERING:
                     self.failures += 1
@@ -641,7 +654,8 @@ class ConsumerMachine:
             delay = self._backoff()
         self.last_error = code
         self.coordinator = None
-        return [CloseConnection(), Discover(delay=delay)]
+        fetching = self.state in (ConsumerState.FETCHING, ConsumerState.REREGISTERING)
+        return [CloseConnection(reset=fetching), Discover(delay=delay)]
 
     def _stop_and_disconnect(self) -> list[Effect]:
         """Stop fetching (if still fetching), then close the coordinator connection (if any)."""

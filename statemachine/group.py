@@ -6,7 +6,12 @@ table: joins and topic changes during an attempt only mark another one pending; 
 cancels the attempt in flight. A group that leaves Empty is *forming* until its first attempt
 begins: each join restarts its wait (within a cap the trio layer keeps), so a crowd that connects
 over many seconds still forms in one attempt rather than in one per attempt's worth of late
-joiners. The trio layer performs the effects: it owns the timer and the cancel scope of the attempt.
+joiners. A group a new coordinator *recovered* from its store record does not form: it waits for
+the members its record names, and decides at once when the last of them is back (or when their
+lease is over, the trio layer's instant), so one member coming back late causes no second
+rebalance; an attempt may then find the record adopted whole, with no new generation
+(docs/design.md#adoption-after-a-failover). The trio layer performs the effects: it owns the timer
+and the cancel scope of the attempt.
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ class MemberJoined:
 
 
 @attrs.frozen(kw_only=True)
+class Recovered:
+    """A coordinator that knows none of the group's members recovered it from its store record,
+    which names ``awaiting``: the group waits for them before it decides anything."""
+
+    awaiting: frozenset[str]
+
+
+@attrs.frozen(kw_only=True)
 class MemberDeparted:
     """A member left or was declared dead; ``remaining`` is how many live members are left."""
 
@@ -58,6 +71,13 @@ class AttemptBegan:
 @attrs.frozen(kw_only=True)
 class AttemptNotNeeded:
     """The computed assignment equals the one in force (docs/design.md#rebalance, step 1)."""
+
+
+@attrs.frozen(kw_only=True)
+class RecordAdopted:
+    """Every member came back holding what the recovered group's completed record gave it,
+    under its generation: the group is Stable under that generation, with no Stop or Start
+    (docs/design.md#adoption-after-a-failover)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -93,6 +113,9 @@ class Delay(enum.Enum):
     #: rebalance; the attempt is postponed, never brought forward
     INITIAL_AGAIN = "initial_again"
     BACKOFF = "backoff"  # after a failed attempt, scaled to the session timeouts
+    #: a recovered group still waits for members its record names: at the latest when their
+    #: lease, counted from the recovery, is over
+    RECOVERY = "recovery"
 
 
 @attrs.frozen(kw_only=True)
@@ -130,11 +153,13 @@ def _build_table() -> TransitionTable[GroupState]:
         (GroupState.EMPTY, MemberJoined): GroupState.PENDING,
         (GroupState.EMPTY, TopicsChanged): GroupState.EMPTY,
         (GroupState.EMPTY, Deleted): GroupState.DEAD,
+        (GroupState.EMPTY, Recovered): GroupState.EMPTY,
         (GroupState.PENDING, MemberJoined): GroupState.PENDING,
         (GroupState.PENDING, MemberDeparted): departed,
         (GroupState.PENDING, TopicsChanged): GroupState.PENDING,
         (GroupState.PENDING, AttemptBegan): GroupState.STOPPING,
         (GroupState.PENDING, AttemptNotNeeded): GroupState.STABLE,
+        (GroupState.PENDING, RecordAdopted): GroupState.STABLE,
         (GroupState.PENDING, AttemptFailed): GroupState.PENDING,
         (GroupState.STOPPING, MembersStopped): GroupState.STARTING,
         (GroupState.STARTING, AttemptCompleted): Guarded(
@@ -164,11 +189,23 @@ class GroupMachine:
     rebalance_pending: bool = False
     #: The group left Empty and has not begun an attempt since: joins postpone the first one.
     forming: bool = False
+    #: Recovered from a record and no attempt since: the members it names not yet back (a set
+    #: of its own, emptied one join at a time: a record of thousands of members costs no copy
+    #: per join).
+    awaiting: set[str] | None = None
 
     def handle(self, event: object) -> list[Effect]:
         next_state = TABLE.next_state(self.state, event, self)  # raises before any change
         effects: list[Effect] = []
         match event:
+            case Recovered(awaiting=awaiting):
+                self.awaiting = set(awaiting) if awaiting else None
+            case MemberJoined(member_id=member_id) if self.awaiting is not None and (
+                self.state in (GroupState.EMPTY, GroupState.PENDING)
+            ):
+                self.awaiting.discard(member_id)
+                delay = Delay.RECOVERY if self.awaiting else Delay.NONE
+                effects.append(ScheduleRebalance(delay=delay))
             case MemberJoined() | TopicsChanged():
                 if self.state in _IN_FLIGHT:
                     self.rebalance_pending = True
@@ -193,9 +230,11 @@ class GroupMachine:
                 self.generation = generation
                 self.rebalance_pending = False
                 self.forming = False
-            case AttemptNotNeeded():
+                self.awaiting = None
+            case AttemptNotNeeded() | RecordAdopted():
                 self.rebalance_pending = False
                 self.forming = False
+                self.awaiting = None
             case AttemptCompleted():
                 if next_state is GroupState.PENDING:
                     self.rebalance_pending = False

@@ -63,6 +63,15 @@ class StartFetcherAnswered:
 
 
 @attrs.frozen(kw_only=True)
+class Adopted:
+    """The member came back after a failover holding what its group's completed record gave it
+    under ``generation``, and the group took it as it is: Stable, with no Stop or Start
+    (docs/design.md#adoption-after-a-failover)."""
+
+    generation: int
+
+
+@attrs.frozen(kw_only=True)
 class PingSent:
     """A Ping is about to be sent. If the member's lease has run out by now (the coordinator
     itself was paused, or out of contact with its store), the member stopped by its own rule and
@@ -179,6 +188,7 @@ def _build_table() -> TransitionTable[MemberState]:
     t[(MemberState.STOPPING, StopFetcherAnswered)] = MemberState.STOPPING
     t[(MemberState.STOPPING, StartFetcherSent)] = MemberState.STARTING
     t[(MemberState.STARTING, StartFetcherAnswered)] = MemberState.STABLE
+    t[(MemberState.REGISTERED, Adopted)] = MemberState.STABLE
     # A dead member's connection may still close, or a stale deadline fire, after death: absorbed.
     t[(MemberState.DEAD, ConnectionClosed)] = MemberState.DEAD
     t[(MemberState.DEAD, ConnectionBroken)] = MemberState.DEAD
@@ -238,6 +248,8 @@ class MemberMachine:
             case StartFetcherSent(generation=generation, now=now):
                 self.generation = generation
                 self._sent(now)
+            case Adopted(generation=generation):
+                self.generation = generation
             case PingSent(now=now):
                 if next_state is MemberState.DEAD:
                     effects.append(self._death(DeathCause.LEASE_LAPSED, now, silent=True))

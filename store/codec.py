@@ -82,12 +82,15 @@ def decode_member(value: Mapping[str, Any]) -> MemberRecord:
 def encode_group(group: GroupRecord) -> dict[str, Any]:
     """The group's registry, its assignment as topic -> [[partition, member_id, index], ...]: a
     large group's owners cost a few bytes each, sorted so that equal records encode equally."""
-    return {
+    encoded: dict[str, Any] = {
         "group_id": group.group_id,
         "generation": group.generation,
         "members": [encode_member(member) for member in group.members],
         "assignment": encode_owners(group.assignment),
     }
+    if group.complete:  # absent when false: a record without it reads as one never completed
+        encoded["complete"] = True
+    return encoded
 
 
 def encode_owners(
@@ -127,4 +130,5 @@ def decode_group(value: Mapping[str, Any]) -> GroupRecord:
         generation=int(value["generation"]),
         members=tuple(decode_member(member) for member in value["members"]),
         assignment=decode_owners(value["assignment"]),
+        complete=bool(value.get("complete", False)),
     )

@@ -91,12 +91,18 @@ class GroupRecord:
     It is written before StartFetcher is sent (docs/design.md#rebalance, step 6), so a
     coordinator elected mid-rebalance knows both who was meant to own what and which generation
     to fence against.
+
+    ``complete`` says that every member named answered its StartFetcher under ``generation``:
+    the coordinator writes the record once more after the attempt completed. Only such a record
+    says who fetches what; one written before the starts says only who was meant to
+    (docs/design.md#adoption-after-a-failover).
     """
 
     group_id: str
     generation: int
     members: tuple[MemberRecord, ...] = attrs.field(converter=_member_tuple)
     assignment: Mapping[TopicPartition, ConsumerThread] = attrs.field(converter=_frozen_assignment)
+    complete: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -107,6 +107,7 @@ def group_entry(group: GroupRecord, previous: GroupRecord | None = None) -> Json
         "joined": [encode_member(member) for member in joined],
         "owners": encode_owners(changed),
         "released": {topic: sorted(partitions) for topic, partitions in released.items()},
+        "complete": group.complete,
     }
 
 
@@ -183,6 +184,7 @@ class StoreState:
             generation=int(entry["generation"]),
             members=tuple(members),
             assignment=assignment,
+            complete=bool(entry.get("complete", False)),
         )
 
     def _apply_offsets(self, batches: Sequence[Sequence[Any]]) -> None:

@@ -20,9 +20,12 @@ bound costs a deadline update per read, not a task per connection.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 
 import attrs
@@ -369,6 +372,25 @@ class Channel:
     async def aclose(self) -> None:
         self._close_handlers()
         await self.stream.aclose()
+
+    async def abort(self) -> None:
+        """Close with a reset, not an end of stream: the peer reads a failed connection. A
+        consumer that gives up its coordinator connection while it still fetches closes this way,
+        since the coordinator takes an end of stream as proof that the member stopped
+        (docs/design.md#ownership-lease). A TCP stream resets with SO_LINGER zero; another stream
+        resets if it offers ``abort()`` (the simulation's), and closes plainly otherwise (TLS
+        over TCP resets through the socket beneath)."""
+        stream: object = self.stream
+        while isinstance(stream, trio.SSLStream):
+            stream = stream.transport_stream
+        if isinstance(stream, trio.SocketStream):
+            with contextlib.suppress(OSError):
+                stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            abort = getattr(stream, "abort", None)
+            if callable(abort):
+                abort()
+        await self.aclose()
 
     async def _read(self, on_request: Callable[[Request], Awaitable[None]]) -> None:
         try:

@@ -96,6 +96,7 @@ class Line(trio.abc.Stream):
         self.inner = inner
         self.cut = False
         self.carries_registration = False
+        self.aborted = False
         self._first = True
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -124,6 +125,10 @@ class Line(trio.abc.Stream):
     async def aclose(self) -> None:
         await self.inner.aclose()
 
+    def abort(self) -> None:
+        """A reset (``Channel.abort``): in memory there is none, so the close is all there is."""
+        self.aborted = True
+
 
 @attrs.define(eq=False)
 class InMemoryCluster:
@@ -132,6 +137,8 @@ class InMemoryCluster:
     nursery: trio.Nursery
     lines: list[Line] = attrs.field(factory=list)
     refusing: bool = False
+    #: The connections the broker serves: a restart ends them.
+    _serving: set[trio.CancelScope] = attrs.field(factory=set)
 
     async def connect(self, host: str, port: int) -> trio.abc.Stream:
         """The consumer's ``connect``: every address reaches the one simulated broker."""
@@ -141,10 +148,27 @@ class InMemoryCluster:
         if not self.cluster.up:
             raise ConnectionRefusedError(f"{host}:{port} refused (the broker is restarting)")
         client, server = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(handle_connection, self.cluster.coordinator, server, self.log)
+        self.nursery.start_soon(self._serve, server)
         line = Line(client)
         self.lines.append(line)
         return line
+
+    async def _serve(self, server: trio.abc.Stream) -> None:
+        with trio.CancelScope() as scope:
+            self._serving.add(scope)
+            try:
+                await handle_connection(self.cluster.coordinator, server, self.log)
+            finally:
+                self._serving.discard(scope)
+
+    async def restart_broker(self, *, down_for: float) -> None:
+        """The broker restarts on its data dir: every connection it served closes, it refuses
+        connections for ``down_for``, then serves again with a new coordinator."""
+        self.refusing = True
+        for scope in self._serving:
+            scope.cancel()
+        await self.cluster.restart_coordinator(down_for=down_for)
+        self.refusing = False
 
     def silence_coordinator(self) -> None:
         """The coordinator goes silent for every registered consumer, and nobody can connect."""

@@ -13,12 +13,13 @@ import trio
 import trio.testing
 
 from broker.election import ElectionStore, Elector, handle_elected_connection
-from consumer import ConsumerSettings, RecordStream, open_consumer
+from consumer import Consumer, ConsumerSettings, RecordStream, open_consumer
 from consumer.admin import Admin
 from coordinator.config import CoordinatorConfig
 from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine.consumer import ConsumerState
+from statemachine.group import GroupState
 from tests.consumer.inmemory import InMemoryCluster, Line, open_in_memory_cluster
 from transport.connect import open_channel
 
@@ -430,3 +431,51 @@ async def test_an_admin_asks_again_while_the_coordinator_loads(
         # asked every LOAD_RETRY (50 ms): the first time after the load ended, at 1.99 s
         assert trio.current_time() == pytest.approx(took_office + 2.0, abs=1e-9)
         assert [g.group_id for g in groups] == ["g"]
+
+
+async def test_consumers_fetch_through_a_coordinator_restart_and_are_adopted(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A lost coordinator connection does not stop the fetchers: the consumers fetch on under
+    their lease, find the coordinator again and re-register holding their partitions under their
+    generation, which the restarted coordinator adopts as its completed record says: no new
+    generation, no StopFetcher or StartFetcher (docs/design.md#adoption-after-a-failover)."""
+    settings = ConsumerSettings(session_timeout=6.0)
+    async with (
+        open_in_memory_cluster(tmp_path, CONFIG, {"t": 12}) as net,
+        open_consumer("b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect) as a,
+        open_consumer("b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect) as b,
+        trio.open_nursery() as watchers,
+    ):
+        for consumer in (a, b):
+            await consumer.assignment.wait_value(lambda owned: len(owned) == 6)
+        await net.cluster.wait_stable("g", members=2)
+        held = {a.member_id: a.assignment.value, b.member_id: b.assignment.value}
+        assignments: list[frozenset[TopicPartition]] = []
+
+        async def watch(consumer: Consumer) -> None:
+            async for value in consumer.assignment.transitions():
+                assignments.append(value)
+
+        for consumer in (a, b):
+            watchers.start_soon(watch, consumer)
+        await trio.sleep_until(10.0)
+        sessions = [line for line in net.lines if line.carries_registration]
+        await net.restart_broker(down_for=1.0)
+        assert trio.current_time() == 11.0
+        assert {a.state, b.state} == {ConsumerState.REDISCOVERING}  # fetching on, looking
+        # Each gave up its closed connection with a reset, not an end of stream.
+        assert all(line.aborted for line in sessions)
+        group = net.cluster.coordinator.groups["g"]
+        await group.status.wait_value(lambda status: status[0] is GroupState.STABLE)
+        # Discovery was refused at 10.0, 10.1, 10.3 and 10.7 (the backoff doubling from 0.1 s)
+        # and found the coordinator at 11.5: both re-registered then, and were adopted at once.
+        assert trio.current_time() == 11.5
+        assert group.machine.generation == a.generation == b.generation == 1
+        assert group.attempts == 0
+        await trio.sleep(3.0)
+        assert {a.state, b.state} == {ConsumerState.FETCHING}
+        assert {a.member_id: a.assignment.value, b.member_id: b.assignment.value} == held
+        assert not assignments  # never revoked, never assigned anew
+        assert {tp for at, tp, _ in net.log.fetches if at > 11.5} == ALL_12
+        watchers.cancel_scope.cancel()

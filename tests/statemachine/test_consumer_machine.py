@@ -197,9 +197,9 @@ IDLE           DISC   -      -      -      -      -      -      -      -      - 
 DISCOVERING    -      REG    DISC   -      -      -      -      -      -      -      -      CLOSED
 REGISTERING    -      -      -      STOP   DISC   -      -      -      -      DISC   -      CLOSED
 STOPPED        -      -      -      -      -      STOP   STOP   FETCH  DISC   DISC   DISC   CLOSED
-FETCHING       -      -      -      -      -      FETCH  STOP   FETCH  REDISC DISC   DISC   CLOSED
+FETCHING       -      -      -      -      -      FETCH  STOP   FETCH  REDISC REDISC DISC   CLOSED
 REDISCOVERING  -      REREG  REDISC -      -      -      -      -      -      -      DISC   CLOSED
-REREGISTERING  -      -      -      FETCH  REDISC -      -      -      -      DISC   DISC   CLOSED
+REREGISTERING  -      -      -      FETCH  REDISC -      -      -      -      REDISC DISC   CLOSED
 CLOSED         -      -      -      -      -      -      -      -      -      -      -      CLOSED
 """
 
@@ -430,7 +430,8 @@ def test_registration_with_a_deposed_coordinator_counts_as_a_rejection() -> None
     m = machine_in(S.REREGISTERING, now=100.0)
     m.epoch = 8  # seen meanwhile; a newer coordinator exists
     effects = m.handle(Registered(now=101.0, anchor=101.0, generation=3, epoch=7))
-    assert effects == [CloseConnection(), Discover(delay=0.1)]  # the first failure in a row
+    # The first failure in a row; fetching on, it resets the connection.
+    assert effects == [CloseConnection(reset=True), Discover(delay=0.1)]
     assert state_of(m) is S.REDISCOVERING
     assert m.last_error is ErrorCode.STALE_COORDINATOR_EPOCH
     assert m.owned == OWNED  # still fetching under the lease
@@ -447,14 +448,10 @@ def test_a_follower_naming_the_coordinator_without_its_epoch_is_not_stale_metada
     # After a failover a follower names the successor; not being the coordinator, it gives no
     # epoch (ClusterMetadata coordinator_epoch -1). Counting that as stale metadata would send every
     # consumer that had registered once into backoff until a pass happened to ask the coordinator.
-    m = machine_in(S.FETCHING, now=100.0)
-    assert m.handle(ConnectionLost(now=101.0)) == [
-        StopFetchers(),
-        CloseConnection(),
-        Discover(delay=0.0),
-    ]
+    m = machine_in(S.STOPPED, now=100.0)
+    assert m.handle(ConnectionLost(now=101.0)) == [CloseConnection(), Discover(delay=0.0)]
     found = CoordinatorFound(now=101.2, coordinator=NEW, epoch=UNKNOWN_EPOCH)
-    assert m.handle(found) == [Register(coordinator=NEW, generation=3, owned=())]
+    assert m.handle(found) == [Register(coordinator=NEW, generation=m.generation, owned=())]
     assert state_of(m) is S.REGISTERING
     assert m.epoch == 5
     # The registration answer brings the coordinator's epoch, and the guard checks that one.
@@ -547,19 +544,41 @@ def test_close_stops_fetchers_commits_and_leaves_before_closing() -> None:
     assert m.handle(Close()) == []
 
 
-def test_connection_lost_stops_fetchers_before_closing() -> None:
-    m = machine_in(S.FETCHING)
+def test_a_lost_connection_does_not_stop_the_fetchers_and_is_reset() -> None:
+    """The lease, not the connection, bounds fetching (docs/design.md#ownership-lease): the
+    consumer fetches on while it finds the coordinator again, and re-registers holding its
+    partitions under its generation. The connection is closed with a reset: an end of stream
+    would tell the coordinator that it stopped."""
+    m = machine_in(S.FETCHING, now=100.0)
     assert m.handle(ConnectionLost(now=101.0)) == [
-        StopFetchers(),
-        CloseConnection(),
+        CloseConnection(reset=True),
         Discover(delay=0.0),
     ]
+    assert state_of(m) is S.REDISCOVERING
+    assert m.owned == OWNED
+    assert m.handle(CoordinatorFound(now=101.5, coordinator=NEW, epoch=6)) == [
+        Register(coordinator=NEW, generation=3, owned=OWNED)
+    ]
+    # The group's generation in the answer does not replace the one it holds its partitions
+    # under.
+    assert m.handle(Registered(now=102.0, anchor=101.5, generation=7, epoch=6)) == []
+    assert (state_of(m), m.generation, m.lease_deadline()) == (S.FETCHING, 3, 107.5)
+
+
+def test_an_unanswered_reregistration_is_reset_and_fetching_goes_on() -> None:
+    m = machine_in(S.REREGISTERING, now=100.0)
+    assert m.handle(ConnectionLost(now=101.0)) == [
+        CloseConnection(reset=True),
+        Discover(delay=0.1),  # the first failure in a row
+    ]
+    assert state_of(m) is S.REDISCOVERING
+    assert m.owned == OWNED
 
 
 def test_coordinator_moved_keeps_fetching_while_rediscovering() -> None:
     m = machine_in(S.FETCHING)
     assert m.handle(CoordinatorMoved(now=101.0, error_code=ErrorCode.NOT_COORDINATOR)) == [
-        CloseConnection(),
+        CloseConnection(reset=True),  # fetching on, it resets the connection
         Discover(delay=0.05),  # a failover: the new coordinator is about to answer
     ]
     assert state_of(m) is S.REDISCOVERING
@@ -608,7 +627,7 @@ def test_a_fetching_consumer_told_of_a_failover_keeps_fetching_and_retries_at_on
     effects = m.handle(
         RegistrationRejected(now=101.0, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
     )
-    assert effects == [CloseConnection(), Discover(delay=0.05)]
+    assert effects == [CloseConnection(reset=True), Discover(delay=0.05)]
     assert state_of(m) is S.REDISCOVERING
     assert m.owned == OWNED  # still fetching under the lease
 
@@ -681,11 +700,9 @@ def test_random_walk_keeps_the_safety_rules(events: list[Input]) -> None:
                 case Register():
                     assert not connected
                     connected = True
-                case CloseConnection():
-                    # Closing while fetching only towards a broker that is not our coordinator.
-                    assert not fetching or isinstance(
-                        event, CoordinatorMoved | RegistrationRejected | Registered
-                    )
+                case CloseConnection(reset=reset):
+                    # A clean close (end of stream) only once the fetchers stopped.
+                    assert reset == fetching
                     connected = False
                 case CommitAndLeave():
                     assert not fetching and connected

@@ -17,23 +17,27 @@ INPUTS = {
     "Completed": g.AttemptCompleted(),
     "Failed": g.AttemptFailed(),
     "Deleted": g.Deleted(),
+    "Recovered": g.Recovered(awaiting=frozenset({"c1"})),
+    "Adopted": g.RecordAdopted(),
 }
 X = None
 # fmt: off
 EXPECTED: dict[S, dict[str, S | None]] = {
     S.EMPTY: {"Joined": S.PENDING, "Departed": X, "Topics": S.EMPTY, "Began": X, "NotNeeded": X,
-              "Stopped": X, "Completed": X, "Failed": X, "Deleted": S.DEAD},
+              "Stopped": X, "Completed": X, "Failed": X, "Deleted": S.DEAD, "Recovered": S.EMPTY,
+              "Adopted": X},
     S.PENDING: {"Joined": S.PENDING, "Departed": S.PENDING, "Topics": S.PENDING,
                 "Began": S.STOPPING, "NotNeeded": S.STABLE, "Stopped": X, "Completed": X,
-                "Failed": S.PENDING, "Deleted": X},
+                "Failed": S.PENDING, "Deleted": X, "Recovered": X, "Adopted": S.STABLE},
     S.STOPPING: {"Joined": S.STOPPING, "Departed": S.PENDING, "Topics": S.STOPPING, "Began": X,
                  "NotNeeded": X, "Stopped": S.STARTING, "Completed": X, "Failed": S.PENDING,
-                 "Deleted": X},
+                 "Deleted": X, "Recovered": X, "Adopted": X},
     S.STARTING: {"Joined": S.STARTING, "Departed": S.PENDING, "Topics": S.STARTING, "Began": X,
                  "NotNeeded": X, "Stopped": X, "Completed": S.STABLE, "Failed": S.PENDING,
-                 "Deleted": X},
+                 "Deleted": X, "Recovered": X, "Adopted": X},
     S.STABLE: {"Joined": S.PENDING, "Departed": S.PENDING, "Topics": S.PENDING, "Began": X,
-               "NotNeeded": X, "Stopped": X, "Completed": X, "Failed": X, "Deleted": X},
+               "NotNeeded": X, "Stopped": X, "Completed": X, "Failed": X, "Deleted": X,
+               "Recovered": X, "Adopted": X},
     S.DEAD: {name: X for name in INPUTS},
 }
 # fmt: on
@@ -140,3 +144,22 @@ def test_generations_only_increase() -> None:
     with pytest.raises(ValueError):
         machine.handle(g.AttemptBegan(generation=4))
     assert (machine.state, machine.generation) == (S.PENDING, 4)
+
+
+def test_a_recovered_group_waits_for_the_members_its_record_names_and_no_initial_delay() -> None:
+    machine = g.GroupMachine(group_id="g", generation=4)
+    assert machine.handle(g.Recovered(awaiting=frozenset({"a", "b"}))) == []
+    recovery = [g.ScheduleRebalance(delay=g.Delay.RECOVERY)]
+    assert machine.handle(g.MemberJoined(member_id="a")) == recovery
+    assert machine.handle(g.MemberJoined(member_id="c")) == recovery  # not in the record
+    # The last member the record names is back: decide at once.
+    assert machine.handle(g.MemberJoined(member_id="b")) == [
+        g.ScheduleRebalance(delay=g.Delay.NONE)
+    ]
+    assert not machine.forming
+    assert machine.handle(g.RecordAdopted()) == []
+    assert (machine.state, machine.generation, machine.awaiting) == (S.STABLE, 4, None)
+    # Recovery is over: a join rebalances a Stable group at once, as ever.
+    assert machine.handle(g.MemberJoined(member_id="d")) == [
+        g.ScheduleRebalance(delay=g.Delay.NONE)
+    ]

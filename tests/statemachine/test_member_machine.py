@@ -20,6 +20,7 @@ INPUTS = {
     "Left": m.Left(now=1.0),
     "Violation": m.ProtocolViolation(now=1.0),
     "Refused": m.HandoverRefused(now=1.0),
+    "Adopted": m.Adopted(generation=7),
 }
 X = None  # illegal
 # fmt: off
@@ -27,22 +28,23 @@ EXPECTED: dict[S, dict[str, S | None]] = {
     S.REGISTERED: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
                    "PingSent": S.REGISTERED, "PingAnswered": S.REGISTERED, "Missed": S.DEAD,
                    "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD,
-                   "Refused": S.DEAD},
+                   "Refused": S.DEAD, "Adopted": S.STABLE},
     S.STOPPING: {"StopSent": S.STOPPING, "StopAnswered": S.STOPPING, "StartSent": S.STARTING,
                  "StartAnswered": X, "PingSent": S.STOPPING, "PingAnswered": S.STOPPING,
                  "Missed": S.DEAD, "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD,
-                 "Violation": S.DEAD, "Refused": S.DEAD},
+                 "Violation": S.DEAD, "Refused": S.DEAD, "Adopted": X},
     S.STARTING: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X,
                  "StartAnswered": S.STABLE, "PingSent": S.STARTING, "PingAnswered": S.STARTING,
                  "Missed": S.DEAD, "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD,
-                 "Violation": S.DEAD, "Refused": S.DEAD},
+                 "Violation": S.DEAD, "Refused": S.DEAD, "Adopted": X},
     S.STABLE: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
                "PingSent": S.STABLE, "PingAnswered": S.STABLE, "Missed": S.DEAD,
                "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD,
-               "Refused": S.DEAD},
+               "Refused": S.DEAD, "Adopted": X},
     S.DEAD: {"StopSent": X, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
              "PingSent": X, "PingAnswered": X, "Missed": S.DEAD, "Closed": S.DEAD,
-             "Broken": S.DEAD, "Left": X, "Violation": X, "Refused": S.DEAD},
+             "Broken": S.DEAD, "Left": X, "Violation": X, "Refused": S.DEAD,
+             "Adopted": X},
 }
 # fmt: on
 

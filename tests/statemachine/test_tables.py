@@ -98,6 +98,8 @@ def group_cases() -> Iterable[tuple[Any, object]]:
         g.AttemptCompleted(),
         g.AttemptFailed(),
         g.Deleted(),
+        g.Recovered(awaiting=frozenset({"c1"})),
+        g.RecordAdopted(),
     ]
     for state, pending, forming, event in itertools.product(
         g.GroupState, (False, True), (False, True), events
@@ -124,6 +126,7 @@ def member_cases() -> Iterable[tuple[Any, object]]:
         m.ConnectionBroken(now=1.0),
         m.Left(now=1.0),
         m.ProtocolViolation(now=1.0),
+        m.Adopted(generation=7),
     ]
     for state, max_missed, missed, handovers, event in itertools.product(
         m.MemberState, (1, 3), (0, 1, 2), (0, 1, 2), events

@@ -113,3 +113,20 @@ async def test_unanswered_requests_get_none_once_when_the_peer_closes() -> None:
 
 async def _refuse(request: Request) -> None:
     raise AssertionError(f"unexpected {request}")
+
+
+@pytest.mark.parametrize("abort", [False, True])
+async def test_abort_resets_the_connection_where_a_close_ends_the_stream(abort: bool) -> None:
+    """The coordinator takes an end of stream as proof that a member stopped fetching; a
+    consumer that gives up its connection while still fetching resets it instead
+    (docs/design.md#ownership-lease)."""
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            broker, consumer = await open_pair(nursery)
+            await (consumer.abort() if abort else consumer.aclose())
+            if abort:
+                with pytest.raises(trio.BrokenResourceError):
+                    await broker.stream.receive_some()
+            else:
+                assert await broker.stream.receive_some() == b""
+            nursery.cancel_scope.cancel()
