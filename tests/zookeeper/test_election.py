@@ -20,6 +20,7 @@ from coordinator.config import CoordinatorConfig
 from launch.cluster import agreed_coordinator, eventually
 from protocol import ErrorCode, RegisterConsumerRequest, RegisterConsumerResponse
 from protocol.types import Subscription, TopicPartition, TopicStreams
+from statemachine.consumer import ConsumerState
 
 pytestmark = pytest.mark.realtime
 
@@ -140,9 +141,17 @@ async def test_the_group_is_whole_again_after_the_coordinator_goes(
             elected_at = trio.current_time()
 
             async def whole_again() -> bool:
-                return await whole() and all(c.generation > max(before) for c in consumers)
+                # Registered with the successor, which either adopted what they fetched on
+                # through the failover (the same generation) or rebalanced (a newer one).
+                return await whole() and all(
+                    c.machine.coordinator is not None
+                    and c.machine.coordinator.broker_id == survivor.broker_id
+                    and c.state is ConsumerState.FETCHING
+                    for c in consumers
+                )
 
             await eventually(whole_again, deadline=DEADLINE)
+            assert all(c.generation >= max(before) for c in consumers)
             print(
                 f"coordinator shut down -> successor elected {elected_at - gone_at:.3f}s, "
                 f"group whole again {trio.current_time() - gone_at:.3f}s"
