@@ -34,6 +34,7 @@ from protocol import (
 )
 from protocol.records import Record, record_size
 from protocol.types import TopicPartition
+from transport.channel import ChannelClosed
 from transport.connect import connect_any, open_channel
 
 __all__ = ["Delivery", "ProduceError", "Producer", "ProducerConfig", "open_producer"]
@@ -201,19 +202,33 @@ class Producer:
         return found
 
     async def refresh_metadata(self, topic: str) -> None:
-        """Ask a bootstrap broker where ``topic``'s partitions live (one pass over the list)."""
+        """Ask a bootstrap broker where ``topic``'s partitions live (one pass over the list): a
+        broker that dies before it answers (its connection closes under the request) is like
+        one that refuses the connection, and the next one is asked."""
         async with self._metadata_lock:
-            stream, _ = await connect_any(
-                self.bootstrap, connect=self.connect, start=self._bootstrap_start
-            )
-            self._bootstrap_start += 1
-            async with open_channel(
-                stream, client_id=self.config.client_id, max_frame_size=self.config.max_frame_size
-            ) as channel:
-                with trio.fail_after(self.config.request_timeout):
-                    response = await channel.request(
-                        ClusterMetadataRequest(group_id=None, topics=(topic,))
-                    )
+            response = None
+            for _ in self.bootstrap:
+                stream, _address = await connect_any(
+                    self.bootstrap, connect=self.connect, start=self._bootstrap_start
+                )
+                self._bootstrap_start += 1
+                try:
+                    async with open_channel(
+                        stream,
+                        client_id=self.config.client_id,
+                        max_frame_size=self.config.max_frame_size,
+                    ) as channel:
+                        with trio.fail_after(self.config.request_timeout):
+                            response = await channel.request(
+                                ClusterMetadataRequest(group_id=None, topics=(topic,))
+                            )
+                    break
+                except BaseExceptionGroup as group:
+                    closed, rest = group.split(ChannelClosed)
+                    if closed is None or rest is not None:
+                        raise
+            if response is None:
+                raise BrokerUnavailable("every bootstrap broker closed the connection unanswered")
             assert isinstance(response, ClusterMetadataResponse)
             self.connections.update(response.brokers)
             for metadata in response.topics:

@@ -13,7 +13,13 @@ import trio
 import trio.testing
 
 from broker.election import ElectionStore, Elector, handle_elected_connection
-from consumer import Consumer, ConsumerSettings, RecordStream, open_consumer
+from consumer import (
+    Consumer,
+    ConsumerSettings,
+    RecordStream,
+    open_consumer,
+    open_producer,
+)
 from consumer.admin import Admin
 from coordinator.config import CoordinatorConfig
 from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
@@ -479,3 +485,35 @@ async def test_consumers_fetch_through_a_coordinator_restart_and_are_adopted(
         assert not assignments  # never revoked, never assigned anew
         assert {tp for at, tp, _ in net.log.fetches if at > 11.5} == ALL_12
         watchers.cancel_scope.cancel()
+
+
+async def test_a_producer_whose_metadata_broker_dies_mid_request_retries_elsewhere(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The first bootstrap broker the producer asks for metadata reads the request and dies
+    before answering (a kill -9): the producer asks the next one at once, as it would after a
+    refused connection."""
+    async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
+        dying: list[trio.abc.Stream] = []
+
+        async def connect(host: str, port: int) -> trio.abc.Stream:
+            if dying:
+                return await net.connect(host, port)
+            client, server = trio.testing.memory_stream_pair()
+
+            async def die() -> None:
+                await server.receive_some()
+                await server.aclose()
+
+            net.nursery.start_soon(die)
+            dying.append(client)
+            return client
+
+        # The simulated broker serves metadata but keeps no partition log: what is checked is
+        # where the producer learns the topic's placement, the step a dying broker broke.
+        async with open_producer([("b", 1), ("b", 2)], connect=connect) as producer:
+            asked_at = trio.current_time()
+            await producer.refresh_metadata("t")
+            assert len(dying) == 1
+            assert len(producer.placement["t"]) == 2
+            assert trio.current_time() == asked_at
