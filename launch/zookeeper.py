@@ -174,7 +174,7 @@ class Ensemble:
                 why = "exited" if dead else f"did not serve within {deadline:.0f} s"
                 logs = "\n".join(f"--- server {n.myid}:\n{n.log_tail()}" for n in pending)
                 raise RuntimeError(f"ZooKeeper {why}:\n{logs}")
-            time.sleep(0.05)
+            time.sleep(0.05)  # real-clock: a blocking wait on real processes starting up
 
     def leader(self) -> ZooKeeperNode | None:
         for node in self.nodes:
