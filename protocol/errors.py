@@ -43,6 +43,8 @@ class ErrorCode(enum.IntEnum):
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
     GROUP_MAX_SIZE_REACHED = 81
+    FENCED_INSTANCE_ID = 82
+    """A newer process registered under this member's instance id (static membership)."""
     INVALID_REGULAR_EXPRESSION = 128
     """A subscription pattern RE2 cannot compile, or longer than ``max_pattern_bytes``."""
 

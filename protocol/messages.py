@@ -195,6 +195,9 @@ class RegisterConsumerRequest:
     """The last generation this consumer took part in; -1: none."""
     owned_partitions: tuple[TopicPartition, ...]
     """What it still holds, so that a newly elected coordinator can adopt it."""
+    instance_id: str | None = attrs.field(default=None, metadata=since(1))
+    """Static membership: the name of this member that outlives its processes (SPEC.md §11.11).
+    None: a dynamic member, which is only ever one process."""
 
 
 @attrs.frozen(kw_only=True)
@@ -241,6 +244,12 @@ class StopFetcherRequest:
     consumer_id: str
     acknowledged_frames: Int64 = attrs.field(default=-1, metadata=since(1))
     """As in :class:`PingRequest`."""
+    partitions: tuple[TopicPartition, ...] | None = attrs.field(default=None, metadata=since(2))
+    """The partitions to stop (an incremental rebalance revokes only what moves, SPEC.md §11.5);
+    None: every partition, as in versions 0 and 1."""
+    reason: ErrorCode = attrs.field(default=ErrorCode.NONE, metadata=since(2))
+    """NONE: a rebalance. FENCED_INSTANCE_ID: a newer process registered under this member's
+    instance id; stop everything, answer, close, and do not register again (SPEC.md §11.11)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -264,6 +273,10 @@ class StartFetcherRequest:
     brokers: tuple[BrokerInfo, ...]
     acknowledged_frames: Int64 = attrs.field(default=-1, metadata=since(1))
     """As in :class:`PingRequest`."""
+    incremental: bool = attrs.field(default=False, metadata=since(2))
+    """True: ``streams`` is still the whole assignment, but a partition the consumer already
+    fetches goes on without a stop (SPEC.md §11.6). False, and in versions 0 and 1: the
+    assignment is replaced, every fetcher stopped and started again."""
 
 
 @attrs.frozen(kw_only=True)
@@ -491,9 +504,10 @@ RESPONSE_TYPES: Mapping[ApiKey, type[ResponseMessage]] = MappingProxyType(
 NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
     {key: 0 for key in ApiKey}
     | {
+        ApiKey.REGISTER_CONSUMER: 1,
         ApiKey.PING: 1,
-        ApiKey.STOP_FETCHER: 1,
-        ApiKey.START_FETCHER: 1,
+        ApiKey.STOP_FETCHER: 2,
+        ApiKey.START_FETCHER: 2,
         ApiKey.DESCRIBE_GROUP: 1,
     }
 )

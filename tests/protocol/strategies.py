@@ -137,6 +137,7 @@ REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
         session_timeout_ms=int32,
         generation=int32,
         owned_partitions=tuples_of(topic_partitions),
+        instance_id=nullable_texts,
     ),
     ApiKey.PING: st.builds(
         PingRequest,
@@ -152,6 +153,8 @@ REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
         generation=int32,
         consumer_id=texts,
         acknowledged_frames=int64,
+        partitions=st.none() | tuples_of(topic_partitions),
+        reason=error_codes,
     ),
     ApiKey.START_FETCHER: st.builds(
         StartFetcherRequest,
@@ -161,6 +164,7 @@ REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
         streams=tuples_of(assigned_streams),
         brokers=tuples_of(broker_infos),
         acknowledged_frames=int64,
+        incremental=st.booleans(),
     ),
     ApiKey.OFFSET_COMMIT: st.builds(
         OffsetCommitRequest,

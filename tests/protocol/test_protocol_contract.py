@@ -44,16 +44,17 @@ CONTRACT = {
     " brokers:array[BrokerInfo] topics:array[TopicMetadata]",
     "RegisterConsumerRequest": "group_id:string consumer_id:string subscription:Subscription"
     " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
-    " owned_partitions:array[TopicPartition]",
+    " owned_partitions:array[TopicPartition] instance_id:string?",
     "RegisterConsumerResponse": "error_code:int16 coordinator_epoch:int64 generation:int32",
     "PingRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string num_retries:int32"
     " acknowledged_frames:int64",
     "PingResponse": "error_code:int16 consumer_id:string offsets:array[PartitionOffset]",
     "StopFetcherRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string"
-    " acknowledged_frames:int64",
+    " acknowledged_frames:int64 partitions:array[TopicPartition]? reason:int16",
     "StopFetcherResponse": "error_code:int16 consumer_id:string offsets:array[PartitionOffset]",
     "StartFetcherRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string"
-    " streams:array[AssignedStream] brokers:array[BrokerInfo] acknowledged_frames:int64",
+    " streams:array[AssignedStream] brokers:array[BrokerInfo] acknowledged_frames:int64"
+    " incremental:bool",
     "StartFetcherResponse": "error_code:int16 consumer_id:string",
     "OffsetCommitRequest": "group_id:string consumer_id:string? generation:int32"
     " offsets:array[PartitionOffset]",
@@ -79,9 +80,16 @@ CONTRACT = {
 OLDER_VERSIONS = {
     ("PingRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string"
     " num_retries:int32",
+    ("RegisterConsumerRequest", 0): "group_id:string consumer_id:string subscription:Subscription"
+    " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
+    " owned_partitions:array[TopicPartition]",
     ("StopFetcherRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string",
+    ("StopFetcherRequest", 1): "coordinator_epoch:int64 generation:int32 consumer_id:string"
+    " acknowledged_frames:int64",
     ("StartFetcherRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string"
     " streams:array[AssignedStream] brokers:array[BrokerInfo]",
+    ("StartFetcherRequest", 1): "coordinator_epoch:int64 generation:int32 consumer_id:string"
+    " streams:array[AssignedStream] brokers:array[BrokerInfo] acknowledged_frames:int64",
     ("DescribeGroupResponse", 0): "error_code:int16 group_id:string state:string generation:int32"
     " members:array[MemberDescription] offsets:array[PartitionOffset]",
 }
@@ -202,6 +210,7 @@ def test_error_codes() -> None:
         "NON_EMPTY_GROUP": 68,
         "GROUP_ID_NOT_FOUND": 69,
         "GROUP_MAX_SIZE_REACHED": 81,
+        "FENCED_INSTANCE_ID": 82,
         "INVALID_REGULAR_EXPRESSION": 128,
         "FRAME_TOO_LARGE": 1001,
         "MALFORMED_FRAME": 1002,
