@@ -331,6 +331,8 @@ class CreateTopicRequest:
     API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
     topic: str
     partitions: Int32
+    broker_ids: tuple[Int32, ...] | None = attrs.field(default=None, metadata=since(1))
+    """The brokers to place the partitions on, round robin; None: every live broker."""
 
 
 @attrs.frozen(kw_only=True)
@@ -344,6 +346,8 @@ class CreatePartitionsRequest:
     API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_PARTITIONS
     topic: str
     total_partitions: Int32
+    broker_ids: tuple[Int32, ...] | None = attrs.field(default=None, metadata=since(1))
+    """As in :class:`CreateTopicRequest`, for the partitions added."""
 
 
 @attrs.frozen(kw_only=True)
@@ -505,6 +509,8 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
     {key: 0 for key in ApiKey}
     | {
         ApiKey.REGISTER_CONSUMER: 1,
+        ApiKey.CREATE_TOPIC: 1,
+        ApiKey.CREATE_PARTITIONS: 1,
         ApiKey.PING: 1,
         ApiKey.STOP_FETCHER: 2,
         ApiKey.START_FETCHER: 2,
