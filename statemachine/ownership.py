@@ -468,7 +468,7 @@ class Ownership:
         for (incarnation, (owner, target)), holding, added in zip(
             event.starts.items(), previous, gained, strict=True
         ):
-            layers = holding.layers + ((generation, added),) if added else holding.layers
+            layers = (*holding.layers, (generation, added)) if added else holding.layers
             holdings[incarnation] = Holding(
                 owner=owner,
                 generation=generation,
