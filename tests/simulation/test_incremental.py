@@ -34,10 +34,14 @@ def _parts(*partitions: int) -> frozenset[TopicPartition]:
     return frozenset(_tp(p) for p in partitions)
 
 
-async def _three(cluster: SimulatedCluster, **options: object) -> dict[str, SimulatedConsumer]:
+async def _three(
+    cluster: SimulatedCluster, *, report_stopped: bool = False
+) -> dict[str, SimulatedConsumer]:
     await cluster.create_topic("events", partitions=6)
     consumers = {
-        name: await cluster.start_consumer(name, group="g", topics={"events": 1}, **options)
+        name: await cluster.start_consumer(
+            name, group="g", topics={"events": 1}, report_stopped=report_stopped
+        )
         for name in "abc"
     }
     with trio.fail_after(10):
