@@ -20,6 +20,8 @@ from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode
 from protocol.types import TopicPartition
 from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from statemachine import group as group_sm
+from statemachine.group import GroupState
 from tests.support.protocols import under
 
 INCREMENTAL, EAGER = RebalanceProtocol.INCREMENTAL, RebalanceProtocol.EAGER
@@ -318,4 +320,25 @@ async def test_a_death_between_revoke_and_start_cancels_the_attempt_and_nothing_
                 4: [(3.0, 11.5), (14.5, 20.0)],
                 5: [(3.0, 11.5), (14.5, 20.0)],
             }
+        await cluster.check_invariants(settled=True)
+
+
+@pytest.mark.parametrize("protocol", [INCREMENTAL, EAGER])
+async def test_a_trigger_that_moves_nothing_costs_no_attempt(
+    protocol: RebalanceProtocol, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A trigger after which the assignment computed is the one in force, every member Stable
+    (the group machine's TopicsChanged, which the topic watch feeds, fed here directly): neither
+    protocol takes a new generation or asks anyone anything."""
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+        c = await _three(cluster)
+        group = cluster.coordinator.groups["g"]
+        await trio.sleep_until(10.5)
+        cluster.coordinator.apply(group, group_sm.TopicsChanged())
+        await trio.sleep_until(12.0)
+        assert (group.attempts, group.machine.generation) == (1, 1)
+        assert group.machine.state is GroupState.STABLE
+        before = [_handovers(c[n]) for n in "abc"]
+        # Only the first attempt's requests (eager: it stopped the new members too).
+        assert before == ([(0, 1)] * 3 if protocol is INCREMENTAL else [(1, 1)] * 3)
         await cluster.check_invariants(settled=True)
