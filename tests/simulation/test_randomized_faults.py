@@ -2,8 +2,8 @@
 checker during the faults and after every quiet period.
 
 Each example draws the rebalance protocol, incremental (the default) or eager
-(docs/design.md#rebalance), and runs a few phases. In a phase, faults start at random instants of a 10 s window and
-last up to 12 s: consumers are killed, frozen, slowed, dropped or cut off from the network, or
+(docs/design.md#rebalance), and runs a few phases. In a phase, faults start at random instants of
+a 10 s window and last up to 12 s: consumers are killed, frozen, slowed, dropped or cut off from the network, or
 slowed and then silenced while an answer is on its way (a request got through, its answer does
 not), or what is sent to them (or by them) arrives up to 6 s late, well past the lease margin,
 alone or before a cut that loses their answer, or they give up a connection that lives; topics gain
