@@ -109,6 +109,29 @@ async def test_one_member_joining(
         await cluster.check_invariants(settled=True)
 
 
+def _survivors_took_over(
+    cluster: SimulatedCluster,
+    c: dict[str, SimulatedConsumer],
+    protocol: RebalanceProtocol,
+    *,
+    stopped: float,
+    started: float,
+) -> None:
+    """c's 4 went to a and its 5 to b at ``started``. Incremental: a and b only gained, one
+    start each, and their own partitions went on. Eager: they stopped everything at ``stopped``
+    and started again at ``started``."""
+    now = trio.current_time()
+    assert (c["a"].owned, c["b"].owned) == (_parts(0, 1, 4), _parts(2, 3, 5))
+    for name, (first, second, gained) in {"a": (0, 1, 4), "b": (2, 3, 5)}.items():
+        if protocol is INCREMENTAL:
+            assert _handovers(c[name]) == (0, 2)
+            own = [(3.0, now)]
+        else:
+            assert _handovers(c[name]) == (2, 2)
+            own = [(3.0, stopped), (started, now)]
+        assert _spans(cluster, name) == {first: own, second: own, gained: [(started, now)]}
+
+
 @pytest.mark.parametrize("protocol", [INCREMENTAL, EAGER])
 @pytest.mark.parametrize("departure", ["leave", "kill"])
 async def test_one_member_leaving_cleanly_or_killed(
@@ -126,23 +149,8 @@ async def test_one_member_leaving_cleanly_or_killed(
         # It stopped before it closed: its partitions are free at once.
         assert trio.current_time() == 10.5
         await trio.sleep_until(12.0)
-        assert (c["a"].owned, c["b"].owned) == (_parts(0, 1, 4), _parts(2, 3, 5))
         assert _spans(cluster, "c") == {4: [(3.0, 10.5)], 5: [(3.0, 10.5)]}
-        if protocol is INCREMENTAL:
-            # a and b only gain: one incremental start each, and their partitions go on.
-            assert [_handovers(c[n]) for n in "ab"] == [(0, 2), (0, 2)]
-            assert _spans(cluster, "a") == {
-                0: [(3.0, 12.0)],
-                1: [(3.0, 12.0)],
-                4: [(10.5, 12.0)],
-            }
-        else:
-            assert [_handovers(c[n]) for n in "ab"] == [(2, 2), (2, 2)]
-            assert _spans(cluster, "a") == {
-                0: [(3.0, 10.5), (10.5, 12.0)],
-                1: [(3.0, 10.5), (10.5, 12.0)],
-                4: [(10.5, 12.0)],
-            }
+        _survivors_took_over(cluster, c, protocol, stopped=10.5, started=10.5)
         assert c["a"].started_generations == c["b"].started_generations == [1, 2]
         await cluster.check_invariants(settled=True)
 
@@ -164,22 +172,8 @@ async def test_one_member_frozen_past_its_session(
             await cluster.wait_stable("g", members=2)
         assert trio.current_time() == 18.5
         await trio.sleep_until(20.0)
-        assert (c["a"].owned, c["b"].owned) == (_parts(0, 1, 4), _parts(2, 3, 5))
         assert _spans(cluster, "c") == {4: [(3.0, 14.0)], 5: [(3.0, 14.0)]}
-        if protocol is INCREMENTAL:
-            assert [_handovers(c[n]) for n in "ab"] == [(0, 2), (0, 2)]
-            assert _spans(cluster, "a") == {
-                0: [(3.0, 20.0)],
-                1: [(3.0, 20.0)],
-                4: [(18.5, 20.0)],
-            }
-        else:
-            assert [_handovers(c[n]) for n in "ab"] == [(2, 2), (2, 2)]
-            assert _spans(cluster, "a") == {
-                0: [(3.0, 16.0), (18.5, 20.0)],
-                1: [(3.0, 16.0), (18.5, 20.0)],
-                4: [(18.5, 20.0)],
-            }
+        _survivors_took_over(cluster, c, protocol, stopped=16.0, started=18.5)
         await cluster.check_invariants()
 
 
