@@ -455,6 +455,12 @@ class Ownership:
                 raise ValueError(
                     f"incarnation {incarnation} is started while holding partitions outside it"
                 )
+            if holding.partitions and event.generation <= holding.generation:
+                # What it keeps was given under its generation: a start's is always newer.
+                raise ValueError(
+                    f"incarnation {incarnation} is started under generation "
+                    f"{event.generation}, not after the {holding.generation} it holds under"
+                )
             gained.append(target.difference(holding.partitions) if holding.partitions else target)
         partitions: set[TopicPartition] = set().union(*gained)
         if len(partitions) != sum(map(len, gained)) or not partitions.isdisjoint(self._held):

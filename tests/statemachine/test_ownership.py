@@ -591,3 +591,13 @@ def test_held_among_names_the_partitions_some_process_holds() -> None:
     assert machine.held_among({Q}) == {Q}
     machine.handle(o.StopAnswered(incarnation=2, now=6))
     assert machine.held_among({P, Q}) == {Q}
+
+
+def test_a_start_is_never_older_than_what_it_keeps() -> None:
+    machine = _started_with_p_and_q_under_4()
+    before = copy.deepcopy(machine)
+    with pytest.raises(ValueError):
+        machine.handle(
+            _start(owner="a", incarnation=1, generation=4, partitions=frozenset({P, Q, R}), now=1)
+        )
+    assert machine == before
