@@ -15,6 +15,7 @@ import trio.testing
 from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from tests.simulation.test_faults import ALL, CONFIG, _spans
 from tests.simulation.test_faults import _pair as _any_pair
+from tests.support.protocols import eager
 
 
 async def _pair(cluster: SimulatedCluster) -> tuple[SimulatedConsumer, SimulatedConsumer]:
@@ -59,7 +60,7 @@ async def test_members_back_as_the_record_says_are_adopted_without_a_rebalance(
 async def test_a_member_that_does_not_come_back_costs_one_rebalance_after_its_lease(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         held_by_a = a.owned
         await trio.sleep_until(10.4)
@@ -107,7 +108,7 @@ async def test_a_member_back_late_within_its_lease_causes_no_rebalance(
 async def test_a_record_written_before_its_starts_were_answered_is_not_adopted(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         for consumer in (a, b):
             consumer.answer_slowly(1.0)
@@ -145,7 +146,7 @@ async def test_a_record_written_before_its_starts_were_answered_is_not_adopted(
 async def test_a_consumer_abandoning_a_live_connection_while_fetching_is_not_taken_as_stopped(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(4.0)
@@ -164,4 +165,36 @@ async def test_a_consumer_abandoning_a_live_connection_while_fetching_is_not_tak
         assert _spans(cluster, "a") == {(3.0, 9.0), (9.0, 9.0)}
         assert cluster.coordinator.groups["g"].machine.generation == 3
         assert {"a": a.owned, "b": b.owned} == held
+        await cluster.check_invariants(settled=True)
+
+
+async def test_members_of_different_generations_are_adopted_each_under_its_own(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Under the incremental protocol a member the latest rebalance left alone keeps an older
+    generation; the record names each member's own, so a successor adopts them all as they are
+    (docs/design.md#adoption-after-a-failover): no Stop, no Start, no new generation."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster)
+        await trio.sleep_until(6.0)
+        c = await cluster.start_consumer(
+            "c", group="g", topics={"events": 1}, fetch_through_failover=True
+        )
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        # c gained; a and b each gave up a partition and were not started.
+        assert (a.generation, b.generation, c.generation) == (1, 1, 2)
+        held = {"a": a.owned, "b": b.owned, "c": c.owned}
+        handovers = [(x.stops_received, x.starts_received) for x in (a, b, c)]
+        await trio.sleep_until(9.0)  # the record is marked complete
+        records = await cluster.store.groups()
+        assert [m.generation for m in records["g"].members] == [1, 1, 2]
+        await _restart(cluster)
+        with trio.fail_after(20):
+            await cluster.wait_settled()
+        assert trio.current_time() == 12.5
+        group = cluster.coordinator.groups["g"]
+        assert (group.machine.generation, group.attempts) == (2, 0)
+        assert {"a": a.owned, "b": b.owned, "c": c.owned} == held
+        assert [(x.stops_received, x.starts_received) for x in (a, b, c)] == handovers
         await cluster.check_invariants(settled=True)
