@@ -199,18 +199,19 @@ CELLS = {
     "CLOSED": S.CLOSED,
     "FENCED": S.FENCED,
 }
-# "-": the input is illegal in that state (IllegalTransition, nothing changes).
+# Rows and cells name states as CELLS does; "-": the input is illegal in that state
+# (IllegalTransition, nothing changes).
 GRID = """
-               Start  Found  DFail  Regd   Rejd   Ping   Stop   StartF Moved  Fenced Lost   Lease  Close
-IDLE           DISC   -      -      -      -      -      -      -      -      -      -      -      CLOSED
-DISCOVERING    -      REG    DISC   -      -      -      -      -      -      -      -      -      CLOSED
-REGISTERING    -      -      -      STOP   DISC   -      -      -      -      -      DISC   -      CLOSED
-STOPPED        -      -      -      -      -      STOP   STOP   FETCH  DISC   FENCED DISC   DISC   CLOSED
-FETCHING       -      -      -      -      -      FETCH  STOP   FETCH  REDISC FENCED REDISC DISC   CLOSED
-REDISCOVERING  -      REREG  REDISC -      -      -      -      -      -      -      -      DISC   CLOSED
-REREGISTERING  -      -      -      FETCH  REDISC -      -      -      -      -      REDISC DISC   CLOSED
-CLOSED         -      -      -      -      -      -      -      -      -      -      -      -      CLOSED
-FENCED         -      -      -      -      -      -      -      -      -      -      -      -      FENCED
+       Start  Found  DFail  Regd   Rejd   Ping   Stop   StartF Moved  Fenced Lost   Lease  Close
+IDLE   DISC   -      -      -      -      -      -      -      -      -      -      -      CLOSED
+DISC   -      REG    DISC   -      -      -      -      -      -      -      -      -      CLOSED
+REG    -      -      -      STOP   DISC   -      -      -      -      -      DISC   -      CLOSED
+STOP   -      -      -      -      -      STOP   STOP   FETCH  DISC   FENCED DISC   DISC   CLOSED
+FETCH  -      -      -      -      -      FETCH  STOP   FETCH  REDISC FENCED REDISC DISC   CLOSED
+REDISC -      REREG  REDISC -      -      -      -      -      -      -      -      DISC   CLOSED
+REREG  -      -      -      FETCH  REDISC -      -      -      -      -      REDISC DISC   CLOSED
+CLOSED -      -      -      -      -      -      -      -      -      -      -      -      CLOSED
+FENCED -      -      -      -      -      -      -      -      -      -      -      -      FENCED
 """
 
 
@@ -222,7 +223,7 @@ def expected_table() -> dict[tuple[ConsumerState, type], ConsumerState | None]:
         state_name, *cells = row.split()
         assert len(cells) == len(kinds)
         for kind, cell in zip(kinds, cells, strict=True):
-            table[(ConsumerState[state_name], kind)] = None if cell == "-" else CELLS[cell]
+            table[(CELLS[state_name], kind)] = None if cell == "-" else CELLS[cell]
     return table
 
 
