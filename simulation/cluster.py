@@ -44,6 +44,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from protocol import (
     ErrorCode,
+    LeaveGroupRequest,
     OffsetCommitRequest,
     OffsetCommitResponse,
     PingRequest,
@@ -476,6 +477,9 @@ class SimulatedConsumer:
     answer_delay: float = 0.0
     #: Not NONE: StopFetcher and StartFetcher are answered with this error and not carried out.
     handover_error: ErrorCode = ErrorCode.NONE
+    #: A buggy consumer: its Ping answers still carry each partition a StopFetcher revoked, at
+    #: the offset it stopped at plus 1000 (which would skip records if it counted).
+    report_stopped: bool = False
     channel: Channel | None = None
     generation: int = -1
     highest_epoch: int = -1
@@ -489,6 +493,13 @@ class SimulatedConsumer:
     last_register_error: ErrorCode = ErrorCode.NONE
     #: Every generation it started fetching under, in order.
     started_generations: list[int] = attrs.field(factory=list)
+    #: How many StopFetcher and StartFetcher requests it carried out: a member whose assignment
+    #: an incremental rebalance does not change gets none.
+    stops_received: int = 0
+    starts_received: int = 0
+    #: The partitions each StopFetcher named, in order (None: every one).
+    stopped_partitions: list[frozenset[TopicPartition] | None] = attrs.field(factory=list)
+    _revoked_positions: dict[TopicPartition, int] = attrs.field(factory=dict)
     host: SimulatedHost = attrs.field(factory=SimulatedHost)
     _link: Link | None = None
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
@@ -525,6 +536,36 @@ class SimulatedConsumer:
         if self.channel is not None:
             with trio.CancelScope(shield=True):
                 await self.channel.aclose()
+
+    async def leave(self) -> None:
+        """A clean close: stop fetching, commit the final offsets, send LeaveGroup, close the
+        connection, and do not register again (the consumer library's close)."""
+        self.rejoin = False
+        channel = self.channel
+        if channel is not None and not channel.closed:
+            offsets = self._offsets()
+            self._stop_fetching(trio.current_time())
+            if self.auto_commit and offsets:
+                await channel.request(
+                    OffsetCommitRequest(
+                        group_id=self.group_id,
+                        consumer_id=self.consumer_id,
+                        generation=self.generation,
+                        offsets=offsets,
+                    )
+                )
+            await channel.request(
+                LeaveGroupRequest(
+                    group_id=self.group_id,
+                    consumer_id=self.consumer_id,
+                    generation=self.generation,
+                )
+            )
+        self._killed = True
+        self._scope.cancel()
+        if channel is not None:
+            with trio.CancelScope(shield=True):
+                await channel.aclose()
 
     def freeze(self, seconds: float) -> None:
         """Pause the whole process (a GC pause): nothing is read, answered or fetched."""
@@ -577,15 +618,21 @@ class SimulatedConsumer:
 
     # --- the application ----------------------------------------------------------------------
 
-    async def commit(self) -> ErrorCode:
+    async def commit(
+        self,
+        *,
+        generation: int | None = None,
+        positions: Mapping[TopicPartition, int] | None = None,
+    ) -> ErrorCode:
         """An explicit OffsetCommit of the current positions, over a fresh connection if the
         coordinator connection is gone or its lease ran out (what a process back from a long
-        pause does before it re-registers)."""
+        pause does before it re-registers). ``generation`` and ``positions`` replace its own:
+        a commit sent long ago and read only now."""
         request = OffsetCommitRequest(
             group_id=self.group_id,
             consumer_id=self.consumer_id,
-            generation=self.generation,
-            offsets=self._offsets(),
+            generation=self.generation if generation is None else generation,
+            offsets=self._offsets(positions),
         )
         channel = self.channel
         if channel is None or channel.closed or trio.current_time() >= self.lease_end:
@@ -772,12 +819,16 @@ class SimulatedConsumer:
                 if self.fetching:
                     for tp in self.positions:
                         self.positions[tp] += self.records_per_ping
+                reported = self.positions
+                if self.report_stopped:
+                    stale = {tp: o + 1000 for tp, o in self._revoked_positions.items()}
+                    reported = stale | self.positions
                 await self._respond(
                     request,
                     PingResponse(
                         error_code=ErrorCode.NONE,
                         consumer_id=self.consumer_id,
-                        offsets=self._offsets() if self.auto_commit else (),
+                        offsets=self._offsets(reported) if self.auto_commit else (),
                     ),
                 )
             case StopFetcherRequest() if self.handover_error is not ErrorCode.NONE:
@@ -794,7 +845,9 @@ class SimulatedConsumer:
                         error_code=self.handover_error, consumer_id=self.consumer_id
                     ),
                 )
-            case StopFetcherRequest():
+            case StopFetcherRequest(partitions=None):
+                self.stops_received += 1
+                self.stopped_partitions.append(None)
                 offsets = self._offsets() if self.auto_commit else ()
                 self._stop_fetching(now)
                 await self._respond(
@@ -803,18 +856,48 @@ class SimulatedConsumer:
                         error_code=ErrorCode.NONE, consumer_id=self.consumer_id, offsets=offsets
                     ),
                 )
+            case StopFetcherRequest(partitions=listed) if listed is not None:
+                # A revocation (SPEC.md §11.5): stop those, answer their final offsets, keep
+                # fetching the rest without a pause.
+                self.stops_received += 1
+                revoked = frozenset(listed)
+                self.stopped_partitions.append(revoked)
+                stopped = {tp: o for tp, o in self.positions.items() if tp in revoked}
+                offsets = self._offsets(stopped) if self.auto_commit and self.fetching else ()
+                if self.fetching:
+                    for tp in stopped:
+                        self.cluster.ledger.ended(self.group_id, self.consumer_id, tp, now)
+                for tp in stopped:
+                    del self.positions[tp]
+                self._revoked_positions.update(stopped)
+                await self._respond(
+                    request,
+                    StopFetcherResponse(
+                        error_code=ErrorCode.NONE, consumer_id=self.consumer_id, offsets=offsets
+                    ),
+                )
             case StartFetcherRequest() as start:
-                self._stop_fetching(now)
-                self.generation = start.generation
-                self.started_generations.append(start.generation)
-                self.cluster.generations[self.group_id].append(start.generation)
-                self.positions = {
+                self.starts_received += 1
+                assigned = {
                     TopicPartition(topic=p.topic, partition=p.partition): max(p.offset, 0)
                     for stream in start.streams
                     for p in stream.partitions
                 }
+                if start.incremental and self.fetching:
+                    # What it fetches already goes on from where it is (SPEC.md §11.6).
+                    for tp in self.positions.keys() - assigned.keys():
+                        self.cluster.ledger.ended(self.group_id, self.consumer_id, tp, now)
+                    kept = {tp: o for tp, o in self.positions.items() if tp in assigned}
+                    added = {tp: o for tp, o in assigned.items() if tp not in kept}
+                else:
+                    self._stop_fetching(now)
+                    kept, added = {}, assigned
+                self.generation = start.generation
+                self.started_generations.append(start.generation)
+                self.cluster.generations[self.group_id].append(start.generation)
+                self.positions = kept | added
                 self.fetching_state.value = True
-                for tp in self.positions:
+                for tp in added:
                     self.cluster.ledger.began(self.group_id, self.consumer_id, tp, now)
                 await self._respond(
                     request,
@@ -826,10 +909,13 @@ class SimulatedConsumer:
         with contextlib.suppress(ChannelClosed):
             await self.channel.respond(request, response)  # type: ignore[arg-type]
 
-    def _offsets(self) -> tuple[PartitionOffset, ...]:
+    def _offsets(
+        self, positions: Mapping[TopicPartition, int] | None = None
+    ) -> tuple[PartitionOffset, ...]:
+        positions = self.positions if positions is None else positions
         return tuple(
             PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset)
-            for tp, offset in sorted(self.positions.items())
+            for tp, offset in sorted(positions.items())
         )
 
     def _stop_fetching(self, at: float) -> None:
@@ -1104,12 +1190,15 @@ class SimulatedCluster:
             ):
                 return False
             for consumer in live.values():
+                # Under the incremental protocol each member has its own generation, that of the
+                # last start it was given (SPEC.md §11.4).
+                member = group.members[consumer.consumer_id]
                 if (
                     consumer.frozen_until > now
                     or not consumer.host.reachable
                     or consumer.host.delayed
                     or not consumer.fetching
-                    or consumer.generation != group.machine.generation
+                    or consumer.generation != group.ownership.holding(member.incarnation).generation
                 ):
                     return False
         return True
