@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import cast
 
@@ -758,11 +759,12 @@ async def read_until_fenced(stream: RecordStream, errors: list[BaseException]) -
         errors.append(exc)
 
 
-async def test_a_fenced_stop_stops_answers_closes_and_ends_for_good(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+@asynccontextmanager
+async def a_static_consumer_reading(
+    errors: list[BaseException],
+) -> AsyncIterator[tuple[ScriptedCoordinator, Consumer]]:
+    """Static member billing-1 on a coordinator played by hand, its stream read until fenced."""
     settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
-    errors: list[BaseException] = []
     async with (
         open_scripted_coordinator() as coordinator,
         open_consumer(
@@ -771,6 +773,14 @@ async def test_a_fenced_stop_stops_answers_closes_and_ends_for_good(
         trio.open_nursery() as app,
     ):
         app.start_soon(read_until_fenced, consumer.streams[0], errors)
+        yield coordinator, consumer
+
+
+async def test_a_fenced_stop_stops_answers_closes_and_ends_for_good(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    errors: list[BaseException] = []
+    async with a_static_consumer_reading(errors) as (coordinator, consumer):
         member = await coordinator.member()
         await member.start(1, member.streams(("t", 0, 0), ("t", 1, 0)))
         await trio.sleep_until(1.0)
@@ -789,16 +799,8 @@ async def test_a_fenced_stop_stops_answers_closes_and_ends_for_good(
 async def test_a_commit_answered_fenced_ends_the_consumer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
     errors: list[BaseException] = []
-    async with (
-        open_scripted_coordinator() as coordinator,
-        open_consumer(
-            "broker:9092", "g", topics={"t": 1}, settings=settings, connect=coordinator.connect
-        ) as consumer,
-        trio.open_nursery() as app,
-    ):
-        app.start_soon(read_until_fenced, consumer.streams[0], errors)
+    async with a_static_consumer_reading(errors) as (coordinator, consumer):
         member = await coordinator.member()
         await member.start(1, member.streams(("t", 0, 0)))
         await trio.sleep_until(1.0)
@@ -814,17 +816,9 @@ async def test_a_commit_answered_fenced_ends_the_consumer(
 async def test_a_registration_answered_fenced_ends_the_consumer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
     errors: list[BaseException] = []
-    async with (
-        open_scripted_coordinator() as coordinator,
-        open_consumer(
-            "broker:9092", "g", topics={"t": 1}, settings=settings, connect=coordinator.connect
-        ) as consumer,
-        trio.open_nursery() as app,
-    ):
+    async with a_static_consumer_reading(errors) as (coordinator, consumer):
         coordinator.register_answer = ErrorCode.FENCED_INSTANCE_ID
-        app.start_soon(read_until_fenced, consumer.streams[0], errors)
         await fenced_consumer_ends(coordinator, consumer, errors)
         assert coordinator.log.fetches == []
 

@@ -704,10 +704,8 @@ def test_revoking_everything_fetched_keeps_fetching_state_with_nothing() -> None
     assert (state_of(m), m.owned, m.generation) == (S.FETCHING, (), 3)
 
 
-def test_an_incremental_start_goes_on_with_what_it_keeps_and_stops_what_it_drops() -> None:
-    m = machine_in(S.FETCHING, now=100.0)  # fetching t-0 and t-1 under generation 3
-    new = streams(("t", 1), ("t", 2))
-    start = StartFetcherReceived(
+def incremental_start(new: tuple[AssignedStream, ...]) -> StartFetcherReceived:
+    return StartFetcherReceived(
         now=101.0,
         anchor=101.0,
         correlation_id=6,
@@ -716,7 +714,12 @@ def test_an_incremental_start_goes_on_with_what_it_keeps_and_stops_what_it_drops
         streams=new,
         incremental=True,
     )
-    assert m.handle(start) == [
+
+
+def test_an_incremental_start_goes_on_with_what_it_keeps_and_stops_what_it_drops() -> None:
+    m = machine_in(S.FETCHING, now=100.0)  # fetching t-0 and t-1 under generation 3
+    new = streams(("t", 1), ("t", 2))
+    assert m.handle(incremental_start(new)) == [
         StopFetchers(partitions=(T0,)),  # the coordinator revokes first; if not, stop it here
         StartFetchers(generation=7, streams=new, kept=(T1,)),
         RespondStart(correlation_id=6),
@@ -727,16 +730,7 @@ def test_an_incremental_start_goes_on_with_what_it_keeps_and_stops_what_it_drops
 def test_an_incremental_start_that_drops_nothing_stops_nothing() -> None:
     m = machine_in(S.FETCHING, now=100.0)
     new = streams(("t", 0), ("t", 1), ("t", 2))
-    start = StartFetcherReceived(
-        now=101.0,
-        anchor=101.0,
-        correlation_id=6,
-        epoch=5,
-        generation=7,
-        streams=new,
-        incremental=True,
-    )
-    assert m.handle(start) == [
+    assert m.handle(incremental_start(new)) == [
         StartFetchers(generation=7, streams=new, kept=OWNED),
         RespondStart(correlation_id=6),
     ]

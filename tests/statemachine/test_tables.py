@@ -146,6 +146,10 @@ def member_cases() -> Iterable[tuple[Any, object]]:
 
 
 def consumer_events(now: float, epoch: int) -> list[c.Input]:
+    stop = c.StopFetcherReceived(now=now, anchor=now, correlation_id=8, epoch=epoch, generation=4)
+    start = c.StartFetcherReceived(
+        now=now, anchor=now, correlation_id=9, epoch=epoch, generation=4, streams=ASSIGNED
+    )
     return [
         c.Start(),
         c.CoordinatorFound(now=now, coordinator=COORDINATOR, epoch=epoch),
@@ -154,41 +158,17 @@ def consumer_events(now: float, epoch: int) -> list[c.Input]:
         c.RegistrationRejected(now=now, error_code=ErrorCode.DUPLICATE_MEMBER_ID),
         c.RegistrationRejected(now=now, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS),
         c.PingReceived(now=now, anchor=now, correlation_id=7, epoch=epoch, generation=3),
-        c.StopFetcherReceived(now=now, anchor=now, correlation_id=8, epoch=epoch, generation=4),
-        c.StartFetcherReceived(
-            now=now, anchor=now, correlation_id=9, epoch=epoch, generation=4, streams=ASSIGNED
-        ),
+        stop,
+        start,
         c.CoordinatorMoved(now=now, error_code=ErrorCode.NOT_COORDINATOR),
         c.CoordinatorMoved(now=now, error_code=ErrorCode.REBALANCE_IN_PROGRESS),
         c.ConnectionLost(now=now),
         c.LeaseExpired(now=now),
         c.Close(),
         # incremental rebalancing and static members (SPEC.md §11.5, §11.6, §11.11)
-        c.StopFetcherReceived(
-            now=now,
-            anchor=now,
-            correlation_id=10,
-            epoch=epoch,
-            generation=4,
-            partitions=(TopicPartition(topic="t", partition=0),),
-        ),
-        c.StopFetcherReceived(
-            now=now,
-            anchor=now,
-            correlation_id=11,
-            epoch=epoch,
-            generation=4,
-            reason=ErrorCode.FENCED_INSTANCE_ID,
-        ),
-        c.StartFetcherReceived(
-            now=now,
-            anchor=now,
-            correlation_id=12,
-            epoch=epoch,
-            generation=4,
-            streams=ASSIGNED,
-            incremental=True,
-        ),
+        attrs.evolve(stop, partitions=(TopicPartition(topic="t", partition=0),)),
+        attrs.evolve(stop, reason=ErrorCode.FENCED_INSTANCE_ID),
+        attrs.evolve(start, incremental=True),
         c.RegistrationRejected(now=now, error_code=ErrorCode.FENCED_INSTANCE_ID),
         c.Fenced(now=now),
     ]
