@@ -20,6 +20,7 @@ from consumer import (
     Consumer,
     ConsumerSettings,
     InstanceFenced,
+    RebalanceCallback,
     RecordStream,
     open_consumer,
     open_producer,
@@ -554,6 +555,20 @@ def delivered(seen: list[tuple[float, TopicPartition, int]], tp: TopicPartition)
     return [offset for _, p, offset in seen if p == tp]
 
 
+def recorders(
+    events: list[tuple[float, str, frozenset[TopicPartition]]],
+) -> tuple[RebalanceCallback, RebalanceCallback]:
+    """on_revoked and on_assigned callbacks noting when they heard what."""
+
+    async def revoked(partitions: frozenset[TopicPartition]) -> None:
+        events.append((trio.current_time(), "revoked", partitions))
+
+    async def assigned(partitions: frozenset[TopicPartition]) -> None:
+        events.append((trio.current_time(), "assigned", partitions))
+
+    return revoked, assigned
+
+
 async def drain_timed(stream: RecordStream, seen: list[tuple[float, TopicPartition, int]]) -> None:
     async for record in stream:
         seen.append((trio.current_time(), record.topic_partition, record.offset))
@@ -563,13 +578,7 @@ async def test_a_revocation_stops_only_its_partitions_and_the_rest_flow_on_witho
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     events: list[tuple[float, str, frozenset[TopicPartition]]] = []
-
-    async def revoked(partitions: frozenset[TopicPartition]) -> None:
-        events.append((trio.current_time(), "revoked", partitions))
-
-    async def assigned(partitions: frozenset[TopicPartition]) -> None:
-        events.append((trio.current_time(), "assigned", partitions))
-
+    revoked, assigned = recorders(events)
     settings = ConsumerSettings(session_timeout=6.0)
     seen: list[tuple[float, TopicPartition, int]] = []
     async with (
@@ -830,13 +839,7 @@ async def test_a_rebalance_that_does_not_touch_a_consumer_leaves_it_fetching_and
     joins on b. Only b and c hear of it; a gets no request, delivers on without a pause, keeps
     its generation, and its commits under that generation still count."""
     events: list[tuple[float, str, frozenset[TopicPartition]]] = []
-
-    async def revoked(partitions: frozenset[TopicPartition]) -> None:
-        events.append((trio.current_time(), "revoked", partitions))
-
-    async def assigned(partitions: frozenset[TopicPartition]) -> None:
-        events.append((trio.current_time(), "assigned", partitions))
-
+    revoked, assigned = recorders(events)
     settings = ConsumerSettings(session_timeout=6.0)
     seen: list[tuple[float, TopicPartition, int]] = []
     async with (

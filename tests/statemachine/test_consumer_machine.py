@@ -762,6 +762,17 @@ def static_machine_fetching(now: float = 100.0) -> ConsumerMachine:
     return m
 
 
+def fenced_stop(epoch: int) -> StopFetcherReceived:
+    return StopFetcherReceived(
+        now=101.0,
+        anchor=101.0,
+        correlation_id=3,
+        epoch=epoch,
+        generation=3,
+        reason=ErrorCode.FENCED_INSTANCE_ID,
+    )
+
+
 def test_a_static_member_closes_after_stopping_and_committing_without_leaving() -> None:
     m = static_machine_fetching()
     assert m.handle(Close()) == [
@@ -779,14 +790,7 @@ def test_a_fenced_stop_stops_answers_closes_and_ends(state: ConsumerState) -> No
         m.handle(
             StopFetcherReceived(now=100.5, anchor=100.5, correlation_id=2, epoch=5, generation=3)
         )
-    fenced = StopFetcherReceived(
-        now=101.0,
-        anchor=101.0,
-        correlation_id=3,
-        epoch=5,
-        generation=3,
-        reason=ErrorCode.FENCED_INSTANCE_ID,
-    )
+    fenced = fenced_stop(epoch=5)
     stopped = [StopFetchers()] if state is S.FETCHING else []
     owned = OWNED if state is S.FETCHING else ()
     assert m.handle(fenced) == [
@@ -804,14 +808,7 @@ def test_a_fenced_stop_stops_answers_closes_and_ends(state: ConsumerState) -> No
 def test_a_fenced_stop_from_a_deposed_coordinator_is_ignored() -> None:
     m = static_machine_fetching()
     before = snapshot(m)
-    stale = StopFetcherReceived(
-        now=101.0,
-        anchor=101.0,
-        correlation_id=3,
-        epoch=4,
-        generation=3,
-        reason=ErrorCode.FENCED_INSTANCE_ID,
-    )
+    stale = fenced_stop(epoch=4)
     (ignored,) = m.handle(stale)
     assert isinstance(ignored, Ignored)
     assert snapshot(m) == before
