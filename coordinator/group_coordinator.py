@@ -527,8 +527,14 @@ class GroupCoordinator:
             owners: dict[str, set[TopicPartition]] = {}
             for tp, thread in record.assignment.items():
                 owners.setdefault(thread.member_id, set()).add(tp)
+            # Each under the member's own generation: under the incremental protocol, one the
+            # record's rebalance did not start kept its older one (-1: a record from before
+            # members had their own names only the group's).
+            own = {m.member_id: m.generation for m in record.members if m.generation >= 0}
             claims += [
-                ownership.Claim(owner=m, generation=record.generation, partitions=frozenset(tps))
+                ownership.Claim(
+                    owner=m, generation=own.get(m, record.generation), partitions=frozenset(tps)
+                )
                 for m, tps in owners.items()
             ]
             longest = max([longest, *(m.session_timeout_ms / 1000 for m in record.members)])
