@@ -251,8 +251,9 @@ def report(
         "doubly_held": sorted(outcome.doubly_held),
     }
     if scenario in ("kill", "freeze"):
-        outside = outcome.unowned_outside(departed_partitions)
-        unowned_extra["unowned_outside_departed"] = sorted(outside)
+        outside = sorted(outcome.unowned_outside(departed_partitions))
+        unowned_extra["unowned_outside_departed"] = len(outside)
+        unowned_extra["unowned_outside_departed_first"] = outside[:10]
         unowned_extra["target"] = DEPARTED_TARGET
     elif scenario == "rolling_restart":
         unowned_extra["target"] = ROLLING_TARGET
@@ -286,7 +287,7 @@ def report(
         f"{name}_contacted",
         len(outcome.contacted),
         "members",
-        len(outcome.changed - set(departed)),
+        0 if scenario == "rolling_restart" else len(outcome.changed - set(departed)),
         uninvolved=len(outcome.contacted - outcome.changed),
         stops=outcome.stops,
         starts=outcome.starts,
@@ -536,66 +537,80 @@ async def assign_and_store_seconds(work: Path, before: Holdings, after_members: 
     return assigned + stored
 
 
-async def loadgen_part(work: Path, protocols: list[str], supported: set[str], args: Any) -> None:
-    members, partitions = args.members, args.partitions
-    results: dict[str, dict[str, Measured]] = {}
-    for protocol in protocols:
-        if protocol not in supported:
-            print(
-                json.dumps(
-                    {
-                        "benchmark": BENCH,
-                        "figure": "loadgen",
-                        "protocol": protocol,
-                        "skipped": "the broker has no --rebalance-protocol",
-                    }
-                ),
-                flush=True,
-            )
-            continue
-        with reporting_errors(BENCH, "loadgen", protocol=protocol):
-            results[protocol] = await loadgen_protocol(
-                work,
-                protocol,
-                supported,
-                members,
-                partitions,
-                args.profile if protocol == protocols[-1] else 0,
-            )
+Results = dict[str, dict[str, tuple[Measured, dict[str, Any]]]]
+#: Scenarios whose time has a bare baseline: a kill's rebalance starts at the death (a clean
+#: close), a freeze's only when the lease ends, a rolling restart is many rebalances.
+TIMED = ("join", "leave", "kill")
+
+
+def skipped(part: str, protocol: str) -> None:
+    line = {
+        "benchmark": BENCH,
+        "figure": part,
+        "protocol": protocol,
+        "skipped": "the broker has no --rebalance-protocol",
+    }
+    print(json.dumps(line), flush=True)
+
+
+async def report_all(part: str, results: Results, work: Path, total: int, members: int) -> None:
+    """Every scenario's figures, the incremental protocol's next to the eager one's, with the
+    bare baseline of the timed scenarios measured now (nothing else running)."""
     for protocol, scenarios in results.items():
-        for scenario, measured in scenarios.items():
+        for scenario, (measured, extra) in scenarios.items():
             outcome = measured.outcome
-            involved = len(outcome.contacted | outcome.changed)
+            involved = len(outcome.contacted | (outcome.changed - set(measured.departed)))
             baseline = None
-            with reporting_errors(BENCH, f"loadgen_{scenario}_baseline", protocol=protocol):
-                after_members = sorted(measured.after)
-                own = await assign_and_store_seconds(work, measured.before, after_members)
-                bare = await bare_seconds(work, involved, partitions // members)
-                baseline = bare + own
+            timing: dict[str, Any] = {"involved": involved}
+            if scenario in TIMED:
+                with reporting_errors(BENCH, f"{part}_{scenario}_baseline", protocol=protocol):
+                    own = await assign_and_store_seconds(
+                        work, measured.before, sorted(measured.after)
+                    )
+                    bare = await bare_seconds(work, max(involved, 1), total // members)
+                    baseline = bare + own
+                    timing |= {
+                        "bare_ms": round(bare * 1e3, 3),
+                        "assign_store_ms": round(own * 1e3, 3),
+                    }
             eager = results.get("eager", {}).get(scenario) if protocol != "eager" else None
-            least = partitions // (members + 1) if scenario == "join" else partitions // members
+            departed = departed_partitions(measured)
+            least = len(departed) if departed else total // max(1, len(measured.after))
+            if scenario == "rolling_restart":
+                least = 0
             report(
-                "loadgen",
+                part,
                 scenario,
                 protocol,
                 outcome,
-                total_partitions=partitions,
+                total_partitions=total,
                 least_moved=least,
                 departed=measured.departed,
-                departed_partitions=departed_partitions(measured),
+                departed_partitions=departed,
                 settle_baseline=baseline,
-                eager=None if eager is None else eager.outcome,
-                extra={
-                    "members": members,
-                    "partitions": partitions,
-                    "involved": involved,
-                    **(
-                        {"bare_ms": round(bare * 1e3, 3), "assign_store_ms": round(own * 1e3, 3)}
-                        if baseline is not None
-                        else {}
-                    ),
-                },
+                eager=None if eager is None else eager[0].outcome,
+                extra={**extra, **timing},
             )
+
+
+async def loadgen_part(work: Path, protocols: list[str], supported: set[str], args: Any) -> None:
+    results: Results = {}
+    for protocol in protocols:
+        if protocol not in supported:
+            skipped("loadgen", protocol)
+            continue
+        with reporting_errors(BENCH, "loadgen", protocol=protocol):
+            measured = await loadgen_protocol(
+                work,
+                protocol,
+                supported,
+                args.members,
+                args.partitions,
+                args.profile if protocol == protocols[-1] else 0,
+            )
+            extra = {"members": args.members, "partitions": args.partitions}
+            results[protocol] = {name: (m, extra) for name, m in measured.items()}
+    await report_all("loadgen", results, work, args.partitions, args.members)
 
 
 # --- part 2: real consumer processes ------------------------------------------------------------
@@ -618,6 +633,8 @@ class Cluster:
     fetch_idle_interval: float
     nursery: trio.Nursery
     processes: dict[str, ConsumerProcess] = attrs.field(factory=dict)
+    #: When each slot's latest process said it was up.
+    opened: dict[str, float] = attrs.field(factory=dict)
     held: Holdings = attrs.field(factory=lambda: defaultdict(set))
     handoffs: list[Handoff] = attrs.field(factory=list)
     last_event: float = 0.0
@@ -629,6 +646,9 @@ class Cluster:
         at, kind = float(event["t"]), event["event"]
         if kind == "records":
             self.records += int(event["count"])
+            return
+        if kind == "opening":
+            self.opened[slot] = at
             return
         if kind == "revoked":
             stopped = set(event["partitions"]) & self.held[slot]
@@ -670,7 +690,15 @@ class Cluster:
             )
         entry = ConsumerProcess(slot=slot, process=process)
         self.processes[slot] = entry
+        self.opened.pop(slot, None)
         self.nursery.start_soon(self._read, entry)
+
+    async def opening(self, slot: str, timeout: float) -> float:
+        """When ``slot``'s new process said it was up."""
+        with trio.fail_after(timeout):
+            while slot not in self.opened:
+                await trio.sleep(0.01)
+        return self.opened[slot]
 
     async def _read(self, entry: ConsumerProcess) -> None:
         process = entry.process
@@ -703,13 +731,15 @@ class Cluster:
         *,
         quiet: float,
         timeout: float,
-        also: Callable[[], bool] = lambda: True,
+        holder: str | None = None,
     ) -> None:
-        """Until the ``live`` slots hold every partition between them, ``also`` holds, and no
-        consumer has said anything for ``quiet`` seconds."""
+        """Until the ``live`` slots hold every partition between them, ``holder`` (a member that
+        just joined) holds some, and no consumer has said anything for ``quiet`` seconds."""
         with trio.fail_after(timeout):
             while True:
-                done = self.coverage(live) == partitions and also()
+                done = self.coverage(live) == partitions
+                if holder is not None:
+                    done = done and bool(self.held.get(holder))
                 idle = time.monotonic() - self.last_event
                 if done and idle >= quiet:
                     return
@@ -806,16 +836,17 @@ async def consumers_protocol(
             await cluster.wait_whole(live, partitions, quiet=2.0, timeout=timeout)
 
             with reporting_errors(BENCH, "consumers_join", protocol=protocol):
-                before, t0, records = cluster.snapshot(live), time.monotonic(), cluster.records
+                before, records = cluster.snapshot(live), cluster.records
                 joiner = f"c{n}"
                 await cluster.start(joiner, f"dynamic-{protocol}")
+                t0 = await cluster.opening(joiner, timeout)
                 live.append(joiner)
                 await cluster.wait_whole(
                     live,
                     partitions,
                     quiet=quiet,
                     timeout=timeout,
-                    also=lambda: bool(cluster.held.get(joiner)),
+                    holder=joiner,
                 )
                 measure("join", before, live, t0, {}, records)
 
@@ -861,6 +892,7 @@ async def consumers_protocol(
                 t0 = time.monotonic()
                 departures: dict[str, float] = {}
                 outsiders: set[str] = set()
+                rejoined: list[float] = []
                 for slot in live:
                     handoffs_before = len(cluster.handoffs)
                     step = time.monotonic()
@@ -868,13 +900,18 @@ async def consumers_protocol(
                     with trio.fail_after(timeout):
                         await cluster.processes[slot].exited.wait()
                     await cluster.start(slot, group, slot if static else None)
+                    opened = await cluster.opening(slot, timeout)
                     await cluster.wait_whole(
                         live,
                         partitions,
                         quiet=quiet,
                         timeout=timeout,
-                        also=lambda s=slot: bool(cluster.held.get(s)),
+                        holder=slot,
                     )
+                    # Its process up to its partitions back: what a restart costs besides the
+                    # interpreter's start.
+                    back = [h.at for h in cluster.handoffs[handoffs_before:] if h.member == slot]
+                    rejoined.append(max(back, default=opened) - opened)
                     outsiders |= {
                         h.member
                         for h in cluster.handoffs[handoffs_before:]
@@ -890,6 +927,7 @@ async def consumers_protocol(
                     static_ids=static,
                     contacted_while_others_restarted=sorted(outsiders),
                     roll_ms=round((time.monotonic() - t0) * 1e3, 1),
+                    rejoin_ms=[round(r * 1e3, 1) for r in rejoined],
                 )
                 # Every member restarts, so each is contacted once (its own Start): what counts
                 # is who was contacted while another restarted.
@@ -906,46 +944,14 @@ async def consumers_protocol(
 
 
 async def consumers_part(work: Path, protocols: list[str], supported: set[str], args: Any) -> None:
-    results: dict[str, dict[str, tuple[Measured, dict[str, Any]]]] = {}
+    results: Results = {}
     for protocol in protocols:
         if protocol not in supported:
-            print(
-                json.dumps(
-                    {
-                        "benchmark": BENCH,
-                        "figure": "consumers",
-                        "protocol": protocol,
-                        "skipped": "the broker has no --rebalance-protocol",
-                    }
-                ),
-                flush=True,
-            )
+            skipped("consumers", protocol)
             continue
         with reporting_errors(BENCH, "consumers", protocol=protocol):
             results[protocol] = await consumers_protocol(work, protocol, supported, args)
-    for protocol, scenarios in results.items():
-        for scenario, (measured, extra) in scenarios.items():
-            eager = results.get("eager", {}).get(scenario) if protocol != "eager" else None
-            share = args.consumer_partitions // args.consumers
-            least = {
-                "join": args.consumer_partitions // (args.consumers + 1),
-                "leave": share,
-                "kill": share,
-                "freeze": share,
-                "rolling_restart": 0,
-            }[scenario]
-            report(
-                "consumers",
-                scenario,
-                protocol,
-                measured.outcome,
-                total_partitions=args.consumer_partitions,
-                least_moved=least,
-                departed=measured.departed,
-                departed_partitions=departed_partitions(measured),
-                eager=None if eager is None else eager[0].outcome,
-                extra=extra,
-            )
+    await report_all("consumers", results, work, args.consumer_partitions, args.consumers)
 
 
 async def main() -> None:
@@ -954,9 +960,9 @@ async def main() -> None:
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
     parser.add_argument("--members", type=int, default=None, help="default 1,000 (quick 20)")
     parser.add_argument("--partitions", type=int, default=None, help="default 10,000 (quick 200)")
-    parser.add_argument("--consumers", type=int, default=None, help="default 10 (quick 3)")
+    parser.add_argument("--consumers", type=int, default=None, help="default 10 (quick 4)")
     parser.add_argument(
-        "--consumer-partitions", type=int, default=None, help="default 900 (quick 30)"
+        "--consumer-partitions", type=int, default=None, help="default 900 (quick 40)"
     )
     parser.add_argument("--session", type=float, default=None, help="consumers' T (default 6 s)")
     parser.add_argument("--rate", type=float, default=None, help="records/s (default 300)")
@@ -968,8 +974,8 @@ async def main() -> None:
     quick = args.quick
     args.members = args.members or (20 if quick else 1000)
     args.partitions = args.partitions or (200 if quick else 10_000)
-    args.consumers = args.consumers or (3 if quick else 10)
-    args.consumer_partitions = args.consumer_partitions or (30 if quick else 900)
+    args.consumers = args.consumers or (4 if quick else 10)
+    args.consumer_partitions = args.consumer_partitions or (40 if quick else 900)
     args.session = args.session or (3.0 if quick else 6.0)
     args.rate = args.rate or (30.0 if quick else 300.0)
     protocols = [p for p in args.protocols.split(",") if p]

@@ -11,6 +11,8 @@ on the machine, so the parent can set it against its own trigger and the other c
   StartFetcher is carried out;
 * ``records``: ``count`` records handed to the application since the previous such line (one a
   second), to show that records flow;
+* ``opening``: the process has started and is about to join (a join's trigger, without the
+  interpreter's start-up);
 * ``closed``: the consumer left its group cleanly (SIGTERM or SIGINT asks it to).
 
     python -m bench.incremental_consumer --bootstrap H:P --group G --session-timeout T \\
@@ -81,6 +83,8 @@ async def consume(args: argparse.Namespace) -> None:
             received = 0
 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        # The process is up (interpreter and imports): from here on a join is the library's.
+        emit("opening")
         consumer: Consumer
         async with (
             open_consumer(
