@@ -105,6 +105,8 @@ async def drive(coordinator: RebalanceHost, group: Group) -> None:
 
 def compute_assignment(coordinator: RebalanceHost, group: Group) -> Assignment:
     subscriptions = {m.member_id: m.record.subscription for m in group.members.values()}
+    # A static member away keeps its partitions, unowned: docs/design.md#static-members.
+    subscriptions.update((member_id, a.record.subscription) for member_id, a in group.away.items())
     counts = {
         topic: placement.partition_count
         for topic, placement in coordinator.topics.items()
@@ -254,7 +256,7 @@ async def _start_all(
         record = GroupRecord(
             group_id=group.group_id,
             generation=generation,
-            members=tuple(m.record for m in members),
+            members=(*(m.record for m in members), *(a.record for a in group.away.values())),
             assignment=assignment,
         )
         await coordinator.store.write_group(coordinator.epoch, record)

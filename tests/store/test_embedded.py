@@ -31,9 +31,9 @@ from store import (
     OffsetBatch,
     StoreUnavailable,
     TopicPlacement,
+    codec,
     open_embedded_store,
 )
-from store import codec
 from store.embedded import JOURNAL_NAME, SNAPSHOT_NAME
 
 
