@@ -483,9 +483,10 @@ class GroupCoordinator:
         *,
         final: bool = False,
     ) -> None:
-        """Offsets in a Ping response count only for partitions the member owns under the generation
-        the Ping carried, and only while it is a member; a StopFetcher answer is its ``final``
-        report for what it owned, accepted even if it left right after
+        """Offsets in a Ping response count only for partitions the member holds, given to it at
+        or before the generation the Ping carried (its own), and only while it is a member; a
+        StopFetcher answer is its ``final`` report for what it stopped, accepted even if it left
+        right after
         (docs/design.md#generations-and-fencing). Called by the reader that got the answer, as it
         arrives."""
         accepted = self._fenced(member, generation, offsets, final=final)
@@ -509,12 +510,13 @@ class GroupCoordinator:
         group = self.groups.get(member.group_id)
         if group is None:
             return {}
-        holding = group.ownership.holding(member.incarnation)
-        if generation != holding.generation:
-            return {}
         if not final and not member.machine.alive:
             return {}
-        owned = holding.partitions
+        # Partitions the member holds, given to it at or before the report's generation, which
+        # is not past its own (SPEC.md §11.8): a partition it stopped is no longer held.
+        owned = group.ownership.holding(member.incarnation).counted_under(generation)
+        if not owned:
+            return {}
         fenced = {po.topic_partition: po.offset for po in offsets if po.topic_partition in owned}
         if self.log_end is not None and (beyond := validation.beyond_log_end(fenced, self.log_end)):
             # A report cannot be refused as a commit is: the offending partitions are dropped.
@@ -555,7 +557,11 @@ class GroupCoordinator:
                 return ErrorCode.UNKNOWN_MEMBER_ID
             assert group is not None
             holding = group.ownership.holding(member.incarnation)
-            if request.generation != holding.generation or not offsets.keys() <= holding.partitions:
+            # Each partition held, given at or before the commit's generation, which is not past
+            # the member's own (SPEC.md §11.8; docs/design.md#generations-and-fencing).
+            if request.generation > holding.generation or not offsets.keys() <= (
+                holding.counted_under(request.generation)
+            ):
                 return ErrorCode.ILLEGAL_GENERATION
             version = await self.offsets.accept(
                 request.group_id, request.generation, offsets, monotonic=True

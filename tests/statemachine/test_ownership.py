@@ -233,7 +233,9 @@ def test_holding_is_what_offsets_are_fenced_by() -> None:
     assert machine.holding(1) == o.NOTHING
     both = frozenset({P, Q})
     machine.handle(_start(owner="a", incarnation=1, generation=4, partitions=both, now=0))
-    assert machine.holding(1) == o.Holding(owner="a", generation=4, partitions=both, reverts_to=-1)
+    holding = machine.holding(1)
+    assert (holding.owner, holding.generation, holding.partitions) == ("a", 4, both)
+    assert holding.counted_under(4) == both
     machine.handle(o.StopAnswered(incarnation=1, now=1))
     # It holds nothing, last under generation 4.
     assert machine.holding(1).partitions == frozenset()
@@ -261,7 +263,7 @@ def test_one_attempt_starts_a_partition_once() -> None:
     assert machine == o.Ownership()
 
 
-def test_an_incarnation_is_started_only_once_it_holds_nothing() -> None:
+def test_an_incarnation_is_started_only_while_holding_nothing_outside_its_start() -> None:
     machine, incarnation = _held()
     before = copy.deepcopy(machine)
     again = _start(
@@ -270,6 +272,107 @@ def test_an_incarnation_is_started_only_once_it_holds_nothing() -> None:
     with pytest.raises(ValueError):
         machine.handle(again)
     assert machine == before
+
+
+# --- incremental starts and partial stops (SPEC.md §11.5, §11.6, §11.8) ----------------------
+
+R = TopicPartition(topic="t", partition=2)
+
+
+def _started_with_p_and_q_under_4() -> o.Ownership:
+    machine = o.Ownership()
+    machine.handle(
+        _start(owner="a", incarnation=1, generation=4, partitions=frozenset({P, Q}), now=0)
+    )
+    return machine
+
+
+def test_a_partial_stop_frees_only_the_partitions_named() -> None:
+    machine = _started_with_p_and_q_under_4()
+    machine.handle(o.StopAnswered(incarnation=1, now=1, partitions=frozenset({Q, R})))
+    holding = machine.holding(1)
+    assert (holding.generation, holding.partitions) == (4, frozenset({P}))
+    assert machine.state(Q, now=1) == o.FREE
+    assert machine.state(P, now=1) == o.Held(owner="a", incarnation=1, generation=4)
+    # Its later reports for Q count no more, though it is still a member (hazard b).
+    assert holding.counted_under(4) == frozenset({P})
+
+
+def test_an_incremental_start_keeps_what_the_member_holds_under_its_assignment_generation() -> None:
+    machine = _started_with_p_and_q_under_4()
+    machine.handle(
+        _start(owner="a", incarnation=1, generation=6, partitions=frozenset({P, Q, R}), now=1)
+    )
+    holding = machine.holding(1)
+    assert holding.generation == 6
+    assert holding.partitions == frozenset({P, Q, R})
+    assert [holding.assignment_generation(tp) for tp in (P, Q, R)] == [4, 4, 6]
+    # A commit sent under 4 before the start and read after it counts for what it held then;
+    # under 5 (never its generation, but between the two) the same; under 7, nothing.
+    assert holding.counted_under(4) == frozenset({P, Q})
+    assert holding.counted_under(5) == frozenset({P, Q})
+    assert holding.counted_under(6) == frozenset({P, Q, R})
+    assert holding.counted_under(3) == frozenset()
+    assert holding.counted_under(7) == frozenset()
+
+
+def test_a_partition_revoked_and_given_back_counts_only_from_its_new_start() -> None:
+    machine = _started_with_p_and_q_under_4()
+    machine.handle(o.StopAnswered(incarnation=1, now=1, partitions=frozenset({Q})))
+    machine.handle(
+        _start(owner="a", incarnation=1, generation=6, partitions=frozenset({P, Q}), now=1)
+    )
+    holding = machine.holding(1)
+    assert holding.counted_under(4) == frozenset({P})
+    assert holding.counted_under(6) == frozenset({P, Q})
+
+
+def test_an_incremental_start_may_gain_only_free_partitions() -> None:
+    machine = _started_with_p_and_q_under_4()
+    before = copy.deepcopy(machine)
+    taking = o.Started(
+        generation=6,
+        starts={1: ("a", frozenset({P, Q})), 2: ("b", frozenset({Q, R}))},
+        now=1,
+    )
+    with pytest.raises(IllegalTransition):
+        machine.handle(taking)
+    assert machine == before
+
+
+def test_a_start_that_leaves_out_a_held_partition_is_refused() -> None:
+    machine = _started_with_p_and_q_under_4()
+    before = copy.deepcopy(machine)
+    with pytest.raises(ValueError):
+        machine.handle(
+            _start(owner="a", incarnation=1, generation=6, partitions=frozenset({P, R}), now=1)
+        )
+    assert machine == before
+
+
+def test_an_unsent_incremental_start_reverts_to_the_holding_before_it() -> None:
+    machine = _started_with_p_and_q_under_4()
+    machine.handle(o.StopAnswered(incarnation=1, now=1, partitions=frozenset({Q})))
+    machine.handle(
+        _start(owner="a", incarnation=1, generation=6, partitions=frozenset({P, R}), now=1)
+    )
+    machine.handle(o.StartUnsent(incarnation=1))
+    holding = machine.holding(1)
+    assert (holding.generation, holding.partitions) == (4, frozenset({P}))
+    assert holding.assignment_generation(P) == 4
+    assert machine.state(R, now=1) == o.FREE
+    with pytest.raises(ValueError):  # once: there is nothing left to revert
+        machine.handle(o.StartUnsent(incarnation=1))
+
+
+def test_a_partial_stop_of_a_dead_member_ends_the_lease_of_those_partitions_only() -> None:
+    machine = _started_with_p_and_q_under_4()
+    machine.handle(o.OwnerDied(incarnation=1, until=20, now=1))
+    effects = machine.handle(o.StopAnswered(incarnation=1, now=2, partitions=frozenset({P})))
+    assert effects == [o.LeaseEnded(partitions=frozenset({P}))]
+    assert machine.free_at({P}) == -math.inf
+    assert machine.free_at({Q}) == 20
+    assert machine.holding(1).partitions == frozenset({Q})
 
 
 def test_a_dead_owners_final_report_is_fenced_by_what_it_held() -> None:

@@ -115,6 +115,7 @@ def group_cases() -> Iterable[tuple[Any, object]]:
 def member_cases() -> Iterable[tuple[Any, object]]:
     events = [
         m.StopFetcherSent(generation=7, now=1.0),
+        m.StopFetcherSent(generation=7, now=1.0, start_follows=False),
         m.StopFetcherAnswered(now=1.0),
         m.StartFetcherSent(generation=7, now=1.0),
         m.StartFetcherAnswered(now=1.0),
@@ -131,8 +132,8 @@ def member_cases() -> Iterable[tuple[Any, object]]:
         m.Adopted(generation=7),
         m.Fenced(now=1.0),
     ]
-    for state, max_missed, missed, handovers, event in itertools.product(
-        m.MemberState, (1, 3), (0, 1, 2), (0, 1, 2), events
+    for state, max_missed, missed, handovers, start_follows, event in itertools.product(
+        m.MemberState, (1, 3), (0, 1, 2), (0, 1, 2), (True, False), events
     ):
         timeouts = m.MemberTimeouts(session_timeout=T, max_missed=max_missed)
         machine = m.MemberMachine(
@@ -142,6 +143,7 @@ def member_cases() -> Iterable[tuple[Any, object]]:
             state=state,
             missed=missed,
             handovers_missed=handovers,
+            start_follows=start_follows,
         )
         yield machine, event
 
