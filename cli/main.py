@@ -25,7 +25,7 @@ from cli.data import add_data_commands, run_consume, run_produce
 from cli.logformat import configure_logging
 from consumer import ProduceError
 from consumer.admin import AdminError
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from coordinator.limits import RequestLimits
 from store import StoreError
 from transport.limits import ConnectionLimits
@@ -109,6 +109,13 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=defaults.rebalance_backoff_fraction,
         help="after a failed rebalance, wait this fraction of the longest session timeout",
+    )
+    serve.add_argument(
+        "--rebalance-protocol",
+        choices=[protocol.value for protocol in RebalanceProtocol],
+        default=defaults.rebalance_protocol.value,
+        help="incremental: a rebalance stops only the partitions that move and asks only the "
+        "members that lose or gain some; eager: every member stops everything, then starts",
     )
     serve.add_argument(
         "--commit-interval",
@@ -236,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 initial_rebalance_delay=args.initial_rebalance_delay,
                 initial_rebalance_max_delay=args.initial_rebalance_max_delay,
                 rebalance_backoff_fraction=args.rebalance_backoff,
+                rebalance_protocol=RebalanceProtocol(args.rebalance_protocol),
                 commit_interval=args.commit_interval,
                 max_frame_size=args.max_frame_size,
                 limits=RequestLimits(

@@ -3,6 +3,7 @@ docs/design.md#offsets), with the defaults a single-broker user gets."""
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import attrs
@@ -13,6 +14,16 @@ from coordinator.limits import RequestLimits
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if value <= 0:
         raise ValueError(f"{attribute.name} must be positive, not {value}")
+
+
+class RebalanceProtocol(enum.Enum):
+    """How a rebalance moves partitions (docs/design.md#rebalance)."""
+
+    #: Stop only what moves, start only who gains: members whose assignment does not change
+    #: get no request and never stop fetching.
+    INCREMENTAL = "incremental"
+    #: The seeds' rebalance: stop every member, then start every member.
+    EAGER = "eager"
 
 
 @attrs.frozen(kw_only=True)
@@ -35,6 +46,9 @@ class CoordinatorConfig:
     initial_rebalance_max_delay: float = attrs.field(default=30.0, validator=attrs.validators.ge(0))
     #: A failed rebalance attempt waits this fraction of the group's longest session timeout.
     rebalance_backoff_fraction: float = attrs.field(default=1 / 3, validator=_positive)
+    rebalance_protocol: RebalanceProtocol = attrs.field(
+        default=RebalanceProtocol.INCREMENTAL, converter=RebalanceProtocol
+    )
     #: How often offsets reported in Ping responses are written to the store.
     commit_interval: float = attrs.field(default=1.0, validator=_positive)
     max_frame_size: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)

@@ -6,22 +6,25 @@ groups rebalance concurrently. A member's failure cancels the attempt in flight 
 scheduled the next attempt.
 
 An attempt follows the order of docs/design.md#rebalance, which is what keeps a partition from
-having two owners and an offset from going backwards: take generation N+1; StopFetcher to every
-member and wait; wait until every partition that moves away from a silent member is past that
+having two owners and an offset from going backwards: take generation N+1; StopFetcher and wait;
+wait until every partition to be started that moves away from a silent member is past that
 member's lease; force the offset commit; persist N+1 and the intended assignment; StartFetcher with
-the committed offsets; wait; complete.
+the committed offsets; wait; complete. The eager protocol (the seeds') stops and starts every
+member; the incremental one (the default) stops at each member only what it loses, and starts
+only the members that gain, so a member whose assignment does not change hears nothing.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 import attrs
 import trio
 
+from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from coordinator.membership import Group, Member
 from coordinator.offsets import OffsetKeeper
 from protocol import (
@@ -53,6 +56,7 @@ class RebalanceHost(Protocol):
     and its way of asking every member at once."""
 
     epoch: int
+    config: CoordinatorConfig
     store: MetadataStore
     offsets: OffsetKeeper
     topics: Mapping[str, TopicPlacement]
@@ -83,6 +87,16 @@ class RebalanceHost(Protocol):
     ) -> list[Member]: ...
 
 
+@attrs.frozen(kw_only=True)
+class _Change:
+    """What an attempt asks of one member: stop ``revoked`` (None: everything, the eager
+    protocol; empty: no StopFetcher), then, if ``start``, a StartFetcher for ``target``."""
+
+    target: frozenset[TopicPartition]
+    revoked: frozenset[TopicPartition] | None
+    start: bool
+
+
 class AttemptFailed(Exception):
     """A member answered with an error, or missed a deadline without being declared dead, or
     the store failed: the attempt is abandoned and retried after a backoff."""
@@ -105,6 +119,8 @@ async def drive(coordinator: RebalanceHost, group: Group) -> None:
 
 def compute_assignment(coordinator: RebalanceHost, group: Group) -> Assignment:
     subscriptions = {m.member_id: m.record.subscription for m in group.members.values()}
+    # A static member away keeps its partitions, unowned: docs/design.md#static-members.
+    subscriptions.update((member_id, a.record.subscription) for member_id, a in group.away.items())
     counts = {
         topic: placement.partition_count
         for topic, placement in coordinator.topics.items()
@@ -127,12 +143,11 @@ async def _attempt(coordinator: RebalanceHost, group: Group) -> None:
             recovered.generation,
         )
         return
-    settled = all(
-        m.machine.state is member_sm.MemberState.STABLE
-        and group.ownership.holding(m.incarnation).generation == group.machine.generation
-        for m in members
-    )
-    if settled and assignment == group.assignment:
+    incremental = coordinator.config.rebalance_protocol is RebalanceProtocol.INCREMENTAL
+    changes = _changes(group, members, assignment, incremental=incremental)
+    if not any(
+        change.start or change.revoked is None or change.revoked for change in changes.values()
+    ):
         coordinator.apply(group, group_sm.AttemptNotNeeded())
         return
     generation = max(group.machine.generation, group.highest_reported_generation) + 1
@@ -156,11 +171,13 @@ async def _attempt(coordinator: RebalanceHost, group: Group) -> None:
                 await coordinator.offsets.committed(group.group_id)
             except StoreError as exc:
                 raise AttemptFailed(f"store: {exc}") from exc
-            await _stop_all(coordinator, group, members, generation, attempt)
+            await _stop_all(coordinator, group, changes, generation, attempt)
             if attempt.cancel_called:
                 return
             coordinator.apply(group, group_sm.MembersStopped())
-            record = await _start_all(coordinator, group, members, assignment, generation, attempt)
+            record = await _start_all(
+                coordinator, group, members, changes, assignment, generation, attempt
+            )
         except AttemptFailed as exc:
             if not attempt.cancel_called:
                 log.warning("group %s: attempt %d failed: %s", group.group_id, generation, exc)
@@ -182,26 +199,65 @@ async def _attempt(coordinator: RebalanceHost, group: Group) -> None:
         await _record_completed(coordinator, completed)
 
 
+def _changes(
+    group: Group, members: list[Member], assignment: Assignment, *, incremental: bool
+) -> dict[Member, _Change]:
+    """What the attempt asks of each member. Eager: stop everyone, start everyone. Incremental:
+    a live member stops what it holds outside its target, and is started if it gains a partition,
+    if a partition it keeps moves to another of its streams, or if it is not Stable (new, or left
+    Stopping or Starting by a failed attempt, so it may not fetch what it is meant to); the
+    others are left alone: no request, no new generation (docs/design.md#rebalance)."""
+    targets: dict[str, set[TopicPartition]] = defaultdict(set)
+    for tp, thread in assignment.items():
+        targets[thread.member_id].add(tp)
+    previous = group.assignment
+    changes: dict[Member, _Change] = {}
+    for member in members:
+        if not member.machine.alive:
+            continue
+        target = frozenset(targets.get(member.member_id, ()))
+        if not incremental:
+            changes[member] = _Change(target=target, revoked=None, start=True)
+            continue
+        held = group.ownership.holding(member.incarnation).partitions
+        kept = held & target
+        start = (
+            member.machine.state is not member_sm.MemberState.STABLE
+            or len(kept) != len(target)
+            or any(previous.get(tp) != assignment[tp] for tp in kept)
+        )
+        changes[member] = _Change(target=target, revoked=held - target, start=start)
+    return changes
+
+
 async def _stop_all(
     coordinator: RebalanceHost,
     group: Group,
-    members: list[Member],
+    changes: Mapping[Member, _Change],
     generation: int,
     attempt: trio.CancelScope,
 ) -> None:
+    """StopFetcher to each member with something to stop (every member, eager), all at once;
+    each answer frees what it stopped."""
     failures: list[str] = []
     requests: dict[Member, RequestMessage] = {}
     _check_contact(coordinator)
     now = _now()
-    for member in members:
-        if member.machine.alive:
-            member.machine.handle(member_sm.StopFetcherSent(generation=generation, now=now))
-            requests[member] = StopFetcherRequest(
-                coordinator_epoch=coordinator.epoch,
-                generation=generation,
-                consumer_id=member.member_id,
-                acknowledged_frames=member.channel.frames_received,
-            )
+    for member, change in changes.items():
+        if not member.machine.alive or (change.revoked is not None and not change.revoked):
+            continue
+        member.machine.handle(
+            member_sm.StopFetcherSent(generation=generation, now=now, start_follows=change.start)
+        )
+        requests[member] = StopFetcherRequest(
+            coordinator_epoch=coordinator.epoch,
+            generation=generation,
+            consumer_id=member.member_id,
+            acknowledged_frames=member.channel.frames_received,
+            partitions=None
+            if change.revoked is None
+            else tuple(sorted(change.revoked, key=_topic_partition_key)),
+        )
 
     def stopped(member: Member, response: ResponseMessage) -> None:
         if (
@@ -212,14 +268,16 @@ async def _stop_all(
             return
         if member.machine.alive and not attempt.cancel_called:
             member.machine.handle(member_sm.StopFetcherAnswered(now=_now()))
-        # The member's final report for the partitions it owned: accepted even if it left or
-        # the attempt was cancelled since it answered; then it owns nothing, and fetches nothing,
-        # so no lease need hold its partitions any longer (one adopted after a failover).
+        # The member's final report for the partitions it stopped: accepted even if it left or
+        # the attempt was cancelled since it answered; then it fetches none of them, so no lease
+        # need hold them any longer (one adopted after a failover).
         holding = group.ownership.holding(member.incarnation)
         coordinator.accept_reported_offsets_nowait(
             member, holding.generation, response.offsets, final=True
         )
-        answered = ownership.StopAnswered(incarnation=member.incarnation, now=_now())
+        answered = ownership.StopAnswered(
+            incarnation=member.incarnation, now=_now(), partitions=changes[member].revoked
+        )
         coordinator.own_or_fail(group, answered)
 
     silent = await coordinator.call_all(requests, stopped)
@@ -232,18 +290,28 @@ async def _start_all(
     coordinator: RebalanceHost,
     group: Group,
     members: list[Member],
+    changes: Mapping[Member, _Change],
     assignment: Assignment,
     generation: int,
     attempt: trio.CancelScope,
 ) -> GroupRecord | None:
-    """Start every member; returns the record persisted before the starts (None: cancelled
-    before it was written)."""
+    """Start every member the attempt starts; returns the record persisted before the starts
+    (None: cancelled before it was written)."""
+    starting = {
+        member: change.target
+        for member, change in changes.items()
+        if change.start and member.machine.alive
+    }
+    # Only what a start gains waits: a member keeps what it holds.
+    gained: set[TopicPartition] = set()
+    for member, target in starting.items():
+        gained.update(target - group.ownership.holding(member.incarnation).partitions)
     # A partition leaving a member that fell silent waits until that member's lease ran out, or,
     # after a failover, until its owner came back and said it no longer fetches it.
     # A member that comes back meanwhile still fetching what it adopted fails the wait at once:
     # the next attempt stops it first, rather than this one waiting out a lease for nothing.
-    while (free_at := group.ownership.free_at(assignment.keys())) > _now():
-        _fail_if_adopted(group, assignment)
+    while (free_at := group.ownership.free_at(gained)) > _now():
+        _fail_if_adopted(group, gained)
         log.info("group %s: waiting until %.3f for leases to run out", group.group_id, free_at)
         with trio.move_on_at(free_at):
             await group.leases_freed.wait_transition()
@@ -254,7 +322,7 @@ async def _start_all(
         record = GroupRecord(
             group_id=group.group_id,
             generation=generation,
-            members=tuple(m.record for m in members),
+            members=(*(m.record for m in members), *(a.record for a in group.away.values())),
             assignment=assignment,
         )
         await coordinator.store.write_group(coordinator.epoch, record)
@@ -262,19 +330,22 @@ async def _start_all(
         raise AttemptFailed(f"store: {exc}") from exc
     group.assignment = dict(assignment)
     committed = await coordinator.offsets.committed(group.group_id)
-    streams = _streams_by_member(coordinator, assignment, committed)
+    streams = _streams_by_member(
+        coordinator, assignment, committed, only={m.member_id for m in starting}
+    )
     failures: list[str] = []
-    _fail_if_adopted(group, assignment)
+    _fail_if_adopted(group, gained)
     requests: dict[Member, RequestMessage] = {}
     starts: dict[int, tuple[str, frozenset[TopicPartition]]] = {}
     _check_contact(coordinator)
     now = _now()
-    for member in members:
+    incremental = coordinator.config.rebalance_protocol is RebalanceProtocol.INCREMENTAL
+    for member, target in starting.items():
         if not member.machine.alive:
             continue
-        member_streams, owned = streams.get(member.member_id, ((), frozenset()))
+        member_streams = streams.get(member.member_id, ())
         member.machine.handle(member_sm.StartFetcherSent(generation=generation, now=now))
-        starts[member.incarnation] = (member.member_id, owned)
+        starts[member.incarnation] = (member.member_id, target)
         requests[member] = StartFetcherRequest(
             coordinator_epoch=coordinator.epoch,
             generation=generation,
@@ -282,6 +353,7 @@ async def _start_all(
             streams=member_streams,
             brokers=coordinator.brokers,
             acknowledged_frames=member.channel.frames_received,
+            incremental=incremental,
         )
 
     # A start the machine refuses (a partition someone else may fetch) raises here, before any
@@ -354,11 +426,11 @@ def _adoptable(
     return True
 
 
-def _fail_if_adopted(group: Group, assignment: Assignment) -> None:
+def _fail_if_adopted(group: Group, gained: Collection[TopicPartition]) -> None:
     """A member that re-registered after this attempt began (so was not stopped by it) may have
-    adopted some of the assignment, which it fetches on under its lease from this coordinator:
-    the attempt fails, and the next one stops it first."""
-    if adopted := group.ownership.held_among(assignment.keys()):
+    adopted some of the partitions to be started, which it fetches on under its lease from this
+    coordinator: the attempt fails, and the next one stops it first."""
+    if adopted := group.ownership.held_among(gained):
         raise AttemptFailed(
             f"{len(adopted)} assigned partitions are held by a member that came back since"
         )
@@ -391,17 +463,19 @@ def _streams_by_member(
     coordinator: RebalanceHost,
     assignment: Assignment,
     committed: Mapping[TopicPartition, int],
-) -> dict[str, tuple[tuple[AssignedStream, ...], frozenset[TopicPartition]]]:
-    """Each member's StartFetcher streams and the partitions they hold, built from the
-    assignment's own ``TopicPartition`` objects: over 10,000 partitions every object created or
-    attrs comparison made here is a visible part of the rebalance."""
+    *,
+    only: Collection[str],
+) -> dict[str, tuple[AssignedStream, ...]]:
+    """The StartFetcher streams of each member in ``only``, built from the assignment's own
+    ``TopicPartition`` objects: over 10,000 partitions every object created or attrs comparison
+    made here is a visible part of the rebalance."""
     # Sorted by plain tuples: attrs' generated ordering costs microseconds per comparison.
     by_thread: dict[tuple[str, int], list[TopicPartition]] = defaultdict(list)
     for tp, thread in assignment.items():
-        by_thread[thread.member_id, thread.index].append(tp)
+        if thread.member_id in only:
+            by_thread[thread.member_id, thread.index].append(tp)
     brokers = {topic: placement.brokers for topic, placement in coordinator.topics.items()}
     streams: dict[str, list[AssignedStream]] = defaultdict(list)
-    owned: dict[str, list[TopicPartition]] = defaultdict(list)
     for (member_id, index), tps in sorted(by_thread.items(), key=_first):
         tps.sort(key=_topic_partition_key)
         partitions = tuple(
@@ -415,11 +489,7 @@ def _streams_by_member(
         )
         stream_id = ConsumerThread(member_id=member_id, index=index).stream_id
         streams[member_id].append(AssignedStream(stream_id=stream_id, partitions=partitions))
-        owned[member_id].extend(tps)
-    return {
-        member_id: (tuple(member_streams), frozenset(owned[member_id]))
-        for member_id, member_streams in streams.items()
-    }
+    return {member_id: tuple(member_streams) for member_id, member_streams in streams.items()}
 
 
 def _first(item: tuple[tuple[str, int], object]) -> tuple[str, int]:

@@ -489,6 +489,12 @@ class SimulatedConsumer:
     last_register_error: ErrorCode = ErrorCode.NONE
     #: Every generation it started fetching under, in order.
     started_generations: list[int] = attrs.field(factory=list)
+    #: How many StopFetcher and StartFetcher requests it carried out: a member whose assignment
+    #: an incremental rebalance does not change gets none.
+    stops_received: int = 0
+    starts_received: int = 0
+    #: The partitions each StopFetcher named, in order (None: every one).
+    stopped_partitions: list[frozenset[TopicPartition] | None] = attrs.field(factory=list)
     host: SimulatedHost = attrs.field(factory=SimulatedHost)
     _link: Link | None = None
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
@@ -794,7 +800,9 @@ class SimulatedConsumer:
                         error_code=self.handover_error, consumer_id=self.consumer_id
                     ),
                 )
-            case StopFetcherRequest():
+            case StopFetcherRequest(partitions=None):
+                self.stops_received += 1
+                self.stopped_partitions.append(None)
                 offsets = self._offsets() if self.auto_commit else ()
                 self._stop_fetching(now)
                 await self._respond(
@@ -803,18 +811,47 @@ class SimulatedConsumer:
                         error_code=ErrorCode.NONE, consumer_id=self.consumer_id, offsets=offsets
                     ),
                 )
+            case StopFetcherRequest(partitions=listed) if listed is not None:
+                # A revocation (SPEC.md §11.5): stop those, answer their final offsets, keep
+                # fetching the rest without a pause.
+                self.stops_received += 1
+                revoked = frozenset(listed)
+                self.stopped_partitions.append(revoked)
+                stopped = {tp: o for tp, o in self.positions.items() if tp in revoked}
+                offsets = self._offsets(stopped) if self.auto_commit and self.fetching else ()
+                if self.fetching:
+                    for tp in stopped:
+                        self.cluster.ledger.ended(self.group_id, self.consumer_id, tp, now)
+                for tp in stopped:
+                    del self.positions[tp]
+                await self._respond(
+                    request,
+                    StopFetcherResponse(
+                        error_code=ErrorCode.NONE, consumer_id=self.consumer_id, offsets=offsets
+                    ),
+                )
             case StartFetcherRequest() as start:
-                self._stop_fetching(now)
-                self.generation = start.generation
-                self.started_generations.append(start.generation)
-                self.cluster.generations[self.group_id].append(start.generation)
-                self.positions = {
+                self.starts_received += 1
+                assigned = {
                     TopicPartition(topic=p.topic, partition=p.partition): max(p.offset, 0)
                     for stream in start.streams
                     for p in stream.partitions
                 }
+                if start.incremental and self.fetching:
+                    # What it fetches already goes on from where it is (SPEC.md §11.6).
+                    for tp in self.positions.keys() - assigned.keys():
+                        self.cluster.ledger.ended(self.group_id, self.consumer_id, tp, now)
+                    kept = {tp: o for tp, o in self.positions.items() if tp in assigned}
+                    added = {tp: o for tp, o in assigned.items() if tp not in kept}
+                else:
+                    self._stop_fetching(now)
+                    kept, added = {}, assigned
+                self.generation = start.generation
+                self.started_generations.append(start.generation)
+                self.cluster.generations[self.group_id].append(start.generation)
+                self.positions = kept | added
                 self.fetching_state.value = True
-                for tp in self.positions:
+                for tp in added:
                     self.cluster.ledger.began(self.group_id, self.consumer_id, tp, now)
                 await self._respond(
                     request,
@@ -826,10 +863,13 @@ class SimulatedConsumer:
         with contextlib.suppress(ChannelClosed):
             await self.channel.respond(request, response)  # type: ignore[arg-type]
 
-    def _offsets(self) -> tuple[PartitionOffset, ...]:
+    def _offsets(
+        self, positions: Mapping[TopicPartition, int] | None = None
+    ) -> tuple[PartitionOffset, ...]:
+        positions = self.positions if positions is None else positions
         return tuple(
             PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset)
-            for tp, offset in sorted(self.positions.items())
+            for tp, offset in sorted(positions.items())
         )
 
     def _stop_fetching(self, at: float) -> None:
@@ -1104,12 +1144,15 @@ class SimulatedCluster:
             ):
                 return False
             for consumer in live.values():
+                # Under the incremental protocol each member has its own generation, that of the
+                # last start it was given (SPEC.md §11.4).
+                member = group.members[consumer.consumer_id]
                 if (
                     consumer.frozen_until > now
                     or not consumer.host.reachable
                     or consumer.host.delayed
                     or not consumer.fetching
-                    or consumer.generation != group.machine.generation
+                    or consumer.generation != group.ownership.holding(member.incarnation).generation
                 ):
                     return False
         return True

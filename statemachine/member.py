@@ -1,5 +1,10 @@
 """A group member as the coordinator sees it: ``Registered -> Stopping -> Starting -> Stable``.
 
+An incremental rebalance (docs/design.md#rebalance) asks a member only what its assignment
+needs: a member that only loses partitions goes ``Stable -> Stopping -> Stable`` (no start
+follows its stop), one that only gains goes ``Registered/Stable -> Starting -> Stable`` (no stop
+before its start), and one whose assignment does not change gets no input at all.
+
 The machine owns the two facts that keep the invariants on the coordinator side: how many of the
 member's deadlines it has missed (declared dead after a configured number:
 docs/design.md#failure-detection), and when the member was last heard from, which bounds how long
@@ -33,6 +38,7 @@ class DeathCause(enum.Enum):
     LEFT = "left the group"
     PROTOCOL_ERROR = "protocol error"
     LEASE_LAPSED = "lease ran out before its next Ping"
+    FENCED = "fenced by a newer process under its instance id"
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -40,10 +46,14 @@ class DeathCause(enum.Enum):
 
 @attrs.frozen(kw_only=True)
 class StopFetcherSent:
-    """A rebalance attempt asked the member to stop fetching, under ``generation``."""
+    """A rebalance attempt asked the member to stop fetching (everything, or what it revokes),
+    under ``generation``. ``start_follows`` False: the attempt only revokes, and the member is
+    Stable again once it answered, under its own generation (the eager protocol always starts
+    everyone it stopped)."""
 
     generation: int
     now: float
+    start_follows: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -128,6 +138,17 @@ class Left:
 
 
 @attrs.frozen(kw_only=True)
+class Fenced:
+    """A newer process registered under this static member's instance id, and a StopFetcher
+    telling this one so (reason FENCED_INSTANCE_ID) is about to be sent: it is no longer the
+    member. Being told proves nothing (it may be paused), so what it holds stays its own until
+    its answer, its clean close or its lease end, counted from that StopFetcher
+    (docs/design.md#static-members)."""
+
+    now: float
+
+
+@attrs.frozen(kw_only=True)
 class ProtocolViolation:
     """The member's connection broke the protocol and is being closed."""
 
@@ -167,6 +188,15 @@ def _lease_lapsed(machine: MemberMachine, event: PingSent) -> bool:
     return event.now >= machine.lease_end()
 
 
+def _start_follows(machine: MemberMachine, event: StopFetcherAnswered) -> bool:
+    return machine.start_follows
+
+
+#: The attempt that stopped the member will start it: it waits in Stopping. Otherwise it was
+#: only revoked, and is Stable again.
+START_FOLLOWS = Guard("start follows", _start_follows, otherwise="revoked only")
+
+
 #: The member's lease has run out: only a StartFetcher or an adoption may start it again
 #: (docs/design.md#ownership-lease), never a Ping.
 LAPSED = Guard("lease ran out", _lease_lapsed, otherwise="lease in force")
@@ -182,11 +212,22 @@ def _build_table() -> TransitionTable[MemberState]:
         t[(state, PingAnswered)] = state
         for miss in (DeadlineMissed, HandoverRefused):
             t[(state, miss)] = Guarded(((LIMIT, MemberState.DEAD), (~LIMIT, state)))
-        endings: tuple[type, ...] = (ConnectionClosed, ConnectionBroken, Left, ProtocolViolation)
+        endings: tuple[type, ...] = (
+            ConnectionClosed,
+            ConnectionBroken,
+            Left,
+            ProtocolViolation,
+            Fenced,
+        )
         for event in endings:
             t[(state, event)] = MemberState.DEAD
-    t[(MemberState.STOPPING, StopFetcherAnswered)] = MemberState.STOPPING
-    t[(MemberState.STOPPING, StartFetcherSent)] = MemberState.STARTING
+    t[(MemberState.STOPPING, StopFetcherAnswered)] = Guarded(
+        ((START_FOLLOWS, MemberState.STOPPING), (~START_FOLLOWS, MemberState.STABLE))
+    )
+    # An incremental attempt starts a member that gains partitions without stopping it first,
+    # and one a failed attempt left Starting with no more than a new start.
+    for state in _LIVE:
+        t[(state, StartFetcherSent)] = MemberState.STARTING
     t[(MemberState.STARTING, StartFetcherAnswered)] = MemberState.STABLE
     t[(MemberState.REGISTERED, Adopted)] = MemberState.STABLE
     # A dead member's connection may still close, or a stale deadline fire, after death: absorbed.
@@ -234,6 +275,8 @@ class MemberMachine:
     #: every Ping but refuses every StopFetcher would otherwise never use up its misses.
     handovers_missed: int = 0
     stop_answered: bool = False
+    #: Whether the attempt that stopped the member will start it (``StopFetcherSent``).
+    start_follows: bool = True
 
     def handle(self, event: object) -> list[Effect]:
         next_state = TABLE.next_state(self.state, event, self)  # raises before any change
@@ -241,9 +284,11 @@ class MemberMachine:
             return []
         effects: list[Effect] = []
         match event:
-            case StopFetcherSent(generation=generation, now=now):
-                self.generation = generation
+            case StopFetcherSent(now=now, start_follows=start_follows):
+                # Its generation is that of the last start it was sent: Pings carry it, and a
+                # member only revoked keeps its own (docs/design.md#generations-and-fencing).
                 self.stop_answered = False
+                self.start_follows = start_follows
                 self._sent(now)
             case StartFetcherSent(generation=generation, now=now):
                 self.generation = generation
@@ -288,6 +333,9 @@ class MemberMachine:
                 effects.append(self._death(DeathCause.LEFT, now, silent=False))
             case ProtocolViolation(now=now):
                 effects.append(self._death(DeathCause.PROTOCOL_ERROR, now, silent=True))
+            case Fenced(now=now):
+                self._sent(now)  # the StopFetcher that tells it renews its lease
+                effects.append(self._death(DeathCause.FENCED, now, silent=True))
         self.state = next_state
         return effects
 

@@ -29,9 +29,12 @@ illegal for any partition it touches raises :class:`~statemachine.table.IllegalT
 changes nothing. The only effects, ``LeaseEnded`` and ``LeaseAdopted``, tell the trio layer that an
 attempt waiting on leases may go on, and what to log.
 
-Cost: a rebalance of 10,000 partitions starts and stops every one of them, so Held partitions are
-kept per incarnation as the frozensets the attempt built, in one set of every held partition, and
-never as an object per partition; set operations between sets reuse the hashes stored in them.
+Cost: an eager rebalance of 10,000 partitions starts and stops every one of them, so Held
+partitions are kept per incarnation as the frozensets the attempt built, in one set of every held
+partition, and never as an object per partition; set operations between sets reuse the hashes
+stored in them. An incremental one touches only what moves: a holding keeps its partitions in
+layers by assignment generation, so a start adds one layer of what it gains and a partial stop
+rebuilds only the layers it takes from; members it does not start or stop are never looked at.
 Only leased and adopted partitions, which carry an instant each, are kept per partition.
 """
 
@@ -101,16 +104,54 @@ _Timed = Adopted | Leased
 @attrs.frozen(kw_only=True)
 class Holding:
     """What a member incarnation owns, for offset fencing: the partitions it holds (Held or
-    Adopted, or Leased after its death) under ``generation``. It holds nothing under the generation
-    of its last StopFetcher answer once it answered."""
+    Adopted, or Leased after its death), its *member generation* (that of the last start it was
+    given) and each partition's *assignment generation* (that of the start that gave it: an
+    incremental start keeps what the member held and adds to it,
+    docs/design.md#generations-and-fencing). It holds nothing under the generation of its last
+    StopFetcher answer once it answered one for everything."""
 
     owner: str
     generation: int
     partitions: frozenset[TopicPartition]
-    #: The generation it held before the start that gave it this holding: a start that never
-    #: reached it reverts to holding nothing under that one.
-    reverts_to: int = -1
+    #: ``partitions`` by assignment generation, oldest first, each partition in exactly one
+    #: layer: a start adds one layer, so a start or a stop costs what moves, not what stays.
+    layers: tuple[tuple[int, frozenset[TopicPartition]], ...] = ()
+    #: The holding before the start that gave this one: a start that never reached the member
+    #: reverts to it (None: no start to revert).
+    before: Holding | None = None
     dead: bool = False
+
+    def counted_under(self, generation: int) -> frozenset[TopicPartition]:
+        """The partitions whose offsets count in a report or commit under ``generation``: those
+        whose assignment generation <= ``generation`` <= the member generation (SPEC.md §11.8).
+        """
+        if generation == self.generation:
+            return self.partitions
+        if generation > self.generation:
+            return frozenset()
+        counted = [tps for given, tps in self.layers if given <= generation]
+        return frozenset().union(*counted) if counted else frozenset()
+
+    def assignment_generation(self, tp: TopicPartition) -> int | None:
+        """The generation of the start that gave ``tp`` (None: not held)."""
+        for given, tps in self.layers:
+            if tp in tps:
+                return given
+        return None
+
+    def without(self, partitions: Collection[TopicPartition]) -> Holding:
+        """This holding less ``partitions``: each layer that loses none is kept as it is."""
+        if not partitions:
+            return self
+        layers = tuple(
+            (given, tps if tps.isdisjoint(partitions) else tps.difference(partitions))
+            for given, tps in self.layers
+        )
+        return attrs.evolve(
+            self,
+            partitions=self.partitions.difference(partitions),
+            layers=tuple((given, tps) for given, tps in layers if tps),
+        )
 
 
 NOTHING = Holding(owner="", generation=-1, partitions=frozenset())
@@ -133,29 +174,34 @@ class Claim:
 @attrs.frozen(kw_only=True)
 class Started:
     """An attempt is about to send its StartFetchers under ``generation``: to each incarnation
-    in ``starts``, for its partitions (one input for the attempt: a rebalance of a thousand
-    members pays for one, not a thousand)."""
+    in ``starts``, for its whole new assignment (one input for the attempt: a rebalance of a
+    thousand members pays for one, not a thousand). What the incarnation holds already it keeps,
+    under its assignment generation; it must hold nothing outside its start (the attempt revoked
+    that first), and every partition it gains must be free."""
 
     generation: int
-    #: incarnation -> (member id, partitions)
+    #: incarnation -> (member id, every partition it is to hold)
     starts: Mapping[int, tuple[str, frozenset[TopicPartition]]]
     now: float
 
 
 @attrs.frozen(kw_only=True)
 class StartUnsent:
-    """The last StartFetcher of ``incarnation`` could not be sent: it holds what it held before,
-    which its StopFetcher answer emptied."""
+    """The last StartFetcher of ``incarnation`` could not be sent: it holds what it held before
+    that start (nothing after an answer that stopped everything; what it kept after a partial
+    one), each partition under its assignment generation."""
 
     incarnation: int
 
 
 @attrs.frozen(kw_only=True)
 class StopAnswered:
-    """``incarnation`` answered StopFetcher: it fetches nothing any more, even if it died since."""
+    """``incarnation`` answered StopFetcher: it fetches none of ``partitions`` any more (None:
+    nothing at all), even if it died since. The rest it holds as before."""
 
     incarnation: int
     now: float
+    partitions: frozenset[TopicPartition] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -165,6 +211,16 @@ class OwnerDied:
 
     incarnation: int
     until: float
+    now: float
+
+
+@attrs.frozen(kw_only=True)
+class OwnerClosed:
+    """``incarnation``, declared dead while it may still have been fetching (a static member's
+    process fenced by a newer one), closed its connection cleanly: like its StopFetcher answer,
+    that proves it stopped (docs/design.md#static-members), so its lease ends now."""
+
+    incarnation: int
     now: float
 
 
@@ -207,6 +263,7 @@ Event = (
     | OwnerRegistered
     | Recovered
     | AttemptCompleted
+    | OwnerClosed
 )
 
 
@@ -267,6 +324,8 @@ def _build_table() -> TransitionTable[PartitionState]:
         (P.LEASED, Recovered): P.LEASED,
         (P.LEASED, LeaseRanOut): P.FREE,
         (P.ADOPTED, LeaseRanOut): P.HELD,
+        (P.LEASED, OwnerClosed): P.FREE,
+        (P.FREE, OwnerClosed): P.FREE,
     }
     return TransitionTable("Partition ownership", t)
 
@@ -402,13 +461,16 @@ class Ownership:
     def _started(self, event: Started) -> list[Effect]:
         holdings = self._holdings
         previous = [holdings.get(incarnation, NOTHING) for incarnation in event.starts]
-        for incarnation, holding in zip(event.starts, previous, strict=True):
-            if holding.partitions:
-                # An incarnation is started only after it answered StopFetcher, or when new.
-                raise ValueError(f"incarnation {incarnation} is started while holding partitions")
-        sets = [partitions for _, partitions in event.starts.values()]
-        partitions: set[TopicPartition] = set().union(*sets)
-        if len(partitions) != sum(map(len, sets)) or not partitions.isdisjoint(self._held):
+        gained: list[frozenset[TopicPartition]] = []
+        for (incarnation, (_, target)), holding in zip(event.starts.items(), previous, strict=True):
+            if holding.dead or not holding.partitions <= target:
+                # Revoked first, or new: an incarnation never holds what its start leaves out.
+                raise ValueError(
+                    f"incarnation {incarnation} is started while holding partitions outside it"
+                )
+            gained.append(target.difference(holding.partitions) if holding.partitions else target)
+        partitions: set[TopicPartition] = set().union(*gained)
+        if len(partitions) != sum(map(len, gained)) or not partitions.isdisjoint(self._held):
             _next(P.HELD, event)  # started twice in one attempt, or held by someone else
         timed = self._timed_among(partitions)
         if timed:
@@ -416,27 +478,31 @@ class Ownership:
             self._forget(timed)  # leases that ran out
         self._held |= partitions
         generation = event.generation
-        for (incarnation, (owner, started)), holding in zip(
-            event.starts.items(), previous, strict=True
+        for (incarnation, (owner, target)), holding, added in zip(
+            event.starts.items(), previous, gained, strict=True
         ):
+            layers = (*holding.layers, (generation, added)) if added else holding.layers
             holdings[incarnation] = Holding(
                 owner=owner,
                 generation=generation,
-                partitions=started,
-                reverts_to=holding.generation,
+                partitions=holding.partitions | added if holding.partitions else target,
+                layers=layers,
+                before=attrs.evolve(holding, before=None),
             )
         return []
 
     def _start_unsent(self, event: StartUnsent) -> list[Effect]:
         holding = self._holdings.get(event.incarnation)
-        if holding is None:
+        if holding is None or holding.before is None:
             raise ValueError(f"incarnation {event.incarnation} was never started")
-        timed = self._timed_among(holding.partitions)
+        before = holding.before
+        added = holding.partitions.difference(before.partitions)
+        timed = self._timed_among(added)
         # Adopted or leased partitions were not given by a start: reverting one is a bug.
         _check([P.HELD, *(_untimed_kind(value) for value in timed.values())], event)
-        self._held -= holding.partitions
-        self._holdings[event.incarnation] = Holding(
-            owner=holding.owner, generation=holding.reverts_to, partitions=frozenset()
+        self._held -= added
+        self._holdings[event.incarnation] = attrs.evolve(
+            holding.without(added), generation=before.generation, before=None
         )
         return []
 
@@ -444,24 +510,28 @@ class Ownership:
         holding = self._holdings.get(event.incarnation)
         if holding is None:
             return []
-        timed = self._timed_among(holding.partitions)
+        stopped = (
+            holding.partitions
+            if event.partitions is None
+            else holding.partitions.intersection(event.partitions)
+        )
+        # Everything stopped: it holds nothing, last under its member generation.
+        left = holding.without(stopped) if event.partitions is not None else NOTHING
+        left = attrs.evolve(left, owner=holding.owner, generation=holding.generation, before=None)
+        timed = self._timed_among(stopped)
         if not timed and _STOP_FREES_HELD:  # the common case: a live member's Held partitions
-            self._held -= holding.partitions
-            self._holdings[event.incarnation] = Holding(
-                owner=holding.owner, generation=holding.generation, partitions=frozenset()
-            )
+            self._held -= stopped
+            self._holdings[event.incarnation] = left
             return []
         kinds = {tp: _kind(value, event.now) for tp, value in timed.items()}
         _check([P.HELD, *kinds.values()], event)
-        self._held -= holding.partitions
+        self._held -= stopped
         self._forget(timed)
         ended = frozenset(tp for tp, kind in kinds.items() if kind is P.LEASED)
-        if holding.dead:
+        if holding.dead and not left.partitions:
             self._holdings.pop(event.incarnation, None)
         else:
-            self._holdings[event.incarnation] = Holding(
-                owner=holding.owner, generation=holding.generation, partitions=frozenset()
-            )
+            self._holdings[event.incarnation] = attrs.evolve(left, dead=holding.dead)
         return [LeaseEnded(partitions=ended)] if ended else []
 
     def _owner_died(self, event: OwnerDied) -> list[Effect]:
@@ -489,6 +559,18 @@ class Ownership:
         )
         self._holdings[event.incarnation] = attrs.evolve(holding, dead=True)
         return []
+
+    def _owner_closed(self, event: OwnerClosed) -> list[Effect]:
+        """A dead incarnation's clean close ends its leases as its StopFetcher answer would."""
+        holding = self._holdings.get(event.incarnation)
+        if holding is None:
+            return []
+        timed = self._timed_among(holding.partitions)
+        kinds = [_kind(value, event.now) for value in timed.values()]
+        if len(timed) < len(holding.partitions):
+            kinds.append(P.HELD)  # a live holding: its close is a death, not this input
+        _check(kinds, event)
+        return self._stop_answered(StopAnswered(incarnation=event.incarnation, now=event.now))
 
     def _owner_registered(self, event: OwnerRegistered) -> list[Effect]:
         if event.incarnation in self._holdings:
@@ -518,7 +600,10 @@ class Ownership:
             )
         if adopted:
             self._holdings[event.incarnation] = Holding(
-                owner=event.owner, generation=event.generation, partitions=adopted
+                owner=event.owner,
+                generation=event.generation,
+                partitions=adopted,
+                layers=((event.generation, adopted),),
             )
         effects: list[Effect] = []
         if freed:
@@ -603,11 +688,11 @@ class Ownership:
             holding = self._holdings.get(incarnation)
             if holding is None:
                 continue
-            rest = holding.partitions - tps
-            if holding.dead and not rest:
+            rest = holding.without(tps)
+            if holding.dead and not rest.partitions:
                 del self._holdings[incarnation]
             else:
-                self._holdings[incarnation] = attrs.evolve(holding, partitions=rest)
+                self._holdings[incarnation] = rest
 
 
 _HANDLERS: dict[type, Callable[[Ownership, Any], list[Effect]]] = {
@@ -618,4 +703,5 @@ _HANDLERS: dict[type, Callable[[Ownership, Any], list[Effect]]] = {
     OwnerRegistered: Ownership._owner_registered,
     Recovered: Ownership._recovered,
     AttemptCompleted: Ownership._attempt_completed,
+    OwnerClosed: Ownership._owner_closed,
 }

@@ -58,7 +58,7 @@ def _decode_subscription(value: Mapping[str, Any]) -> Subscription:
 
 
 def encode_member(member: MemberRecord) -> dict[str, Any]:
-    return {
+    encoded: dict[str, Any] = {
         "member_id": member.member_id,
         "client_id": member.client_id,
         "subscription": _encode_subscription(member.subscription),
@@ -66,6 +66,9 @@ def encode_member(member: MemberRecord) -> dict[str, Any]:
         "auto_commit": member.auto_commit,
         "auto_offset_reset": member.auto_offset_reset,
     }
+    if member.instance_id is not None:  # absent for a dynamic member, as in older records
+        encoded["instance_id"] = member.instance_id
+    return encoded
 
 
 def decode_member(value: Mapping[str, Any]) -> MemberRecord:
@@ -76,6 +79,7 @@ def decode_member(value: Mapping[str, Any]) -> MemberRecord:
         session_timeout_ms=int(value["session_timeout_ms"]),
         auto_commit=bool(value["auto_commit"]),
         auto_offset_reset=str(value["auto_offset_reset"]),
+        instance_id=None if value.get("instance_id") is None else str(value["instance_id"]),
     )
 
 

@@ -81,6 +81,10 @@ class MemberRecord:
     session_timeout_ms: int
     auto_commit: bool
     auto_offset_reset: str
+    #: A static member's instance id (equal to ``member_id``, which names the member rather than
+    #: one of its processes); None for a dynamic member. A successor coordinator reads it to know
+    #: that the member outlives its processes (docs/design.md#static-members).
+    instance_id: str | None = None
 
 
 @attrs.frozen(kw_only=True)

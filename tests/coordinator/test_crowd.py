@@ -9,6 +9,7 @@ import trio.testing
 
 from coordinator.config import CoordinatorConfig
 from simulation import SimulatedConsumer, open_simulated_cluster
+from tests.support.protocols import eager
 
 N = 1000  # consumers in the crowd
 
@@ -88,7 +89,7 @@ async def test_joins_during_a_slow_rebalance_cause_one_more_not_one_each(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     config = CoordinatorConfig(initial_rebalance_delay=3.0)
-    async with open_simulated_cluster(tmp_path, config) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(config)) as cluster:
         await cluster.create_topic("events", partitions=24)
 
         async def join(consumer_id: str) -> SimulatedConsumer:

@@ -15,6 +15,7 @@ from protocol import ErrorCode
 from protocol.types import TopicPartition
 from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from statemachine.group import GroupState
+from tests.support.protocols import eager
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -78,7 +79,7 @@ async def test_a_killed_consumers_partitions_move_at_once(
 async def test_a_death_during_a_rebalance_cancels_it_and_the_next_one_succeeds(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         c = await cluster.start_consumer("c", group="g", topics={"events": 1})
         assert await cluster.wait_stable("g", members=3) == 2

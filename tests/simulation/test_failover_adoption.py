@@ -15,6 +15,7 @@ import trio.testing
 from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from tests.simulation.test_faults import ALL, CONFIG, _spans
 from tests.simulation.test_faults import _pair as _any_pair
+from tests.support.protocols import eager
 
 
 async def _pair(cluster: SimulatedCluster) -> tuple[SimulatedConsumer, SimulatedConsumer]:
@@ -59,7 +60,7 @@ async def test_members_back_as_the_record_says_are_adopted_without_a_rebalance(
 async def test_a_member_that_does_not_come_back_costs_one_rebalance_after_its_lease(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         held_by_a = a.owned
         await trio.sleep_until(10.4)
@@ -107,7 +108,7 @@ async def test_a_member_back_late_within_its_lease_causes_no_rebalance(
 async def test_a_record_written_before_its_starts_were_answered_is_not_adopted(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         for consumer in (a, b):
             consumer.answer_slowly(1.0)
@@ -145,7 +146,7 @@ async def test_a_record_written_before_its_starts_were_answered_is_not_adopted(
 async def test_a_consumer_abandoning_a_live_connection_while_fetching_is_not_taken_as_stopped(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(4.0)

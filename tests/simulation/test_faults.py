@@ -15,6 +15,7 @@ from coordinator.config import CoordinatorConfig
 from protocol import ErrorCode
 from protocol.types import TopicPartition
 from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from tests.support.protocols import eager
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -252,7 +253,7 @@ async def test_a_ping_delayed_past_the_margin_then_cut_off_does_not_outlast_the_
     at 12.0 + T + 0.5 = 18.5. A lease counted from the Ping's arrival would run to 19.4, and both
     would fetch from 18.5 to 19.4; counted from the frame the Ping names (a's answer to the Ping
     of 10.0, queued at 10.0), it ends at 16.0."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=fetch_through_failover)
         await trio.sleep_until(11.9)
         a.answer_slowly(0.5)
@@ -282,7 +283,7 @@ async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_leas
     a, which fetches through a lost connection, registers again at 20.0, but the coordinator
     hears it only at 25.0. Counted from its arrival, a's lease would run to 21.5; the
     StartFetcher names a's StopFetcher answer, queued at 14.0, so it runs to 20.0."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=True)
         await trio.sleep_until(12.9)
         a.answer_slowly(1.0)

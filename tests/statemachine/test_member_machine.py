@@ -10,6 +10,7 @@ S = m.MemberState
 INPUTS = {
     "StopSent": m.StopFetcherSent(generation=7, now=1.0),
     "StopAnswered": m.StopFetcherAnswered(now=1.0),
+    "RevokeSent": m.StopFetcherSent(generation=7, now=1.0, start_follows=False),
     "StartSent": m.StartFetcherSent(generation=7, now=1.0),
     "StartAnswered": m.StartFetcherAnswered(now=1.0),
     "PingSent": m.PingSent(now=1.0),
@@ -21,30 +22,35 @@ INPUTS = {
     "Violation": m.ProtocolViolation(now=1.0),
     "Refused": m.HandoverRefused(now=1.0),
     "Adopted": m.Adopted(generation=7),
+    "Fenced": m.Fenced(now=1.0),
 }
 X = None  # illegal
 # fmt: off
 EXPECTED: dict[S, dict[str, S | None]] = {
-    S.REGISTERED: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
-                   "PingSent": S.REGISTERED, "PingAnswered": S.REGISTERED, "Missed": S.DEAD,
+    S.REGISTERED: {"RevokeSent": S.STOPPING, "StopSent": S.STOPPING, "StopAnswered": X,
+                   "StartSent": S.STARTING, "StartAnswered": X, "PingSent": S.REGISTERED,
+                   "PingAnswered": S.REGISTERED, "Missed": S.DEAD,
                    "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD,
-                   "Refused": S.DEAD, "Adopted": S.STABLE},
-    S.STOPPING: {"StopSent": S.STOPPING, "StopAnswered": S.STOPPING, "StartSent": S.STARTING,
+                   "Refused": S.DEAD, "Adopted": S.STABLE, "Fenced": S.DEAD},
+    S.STOPPING: {"RevokeSent": S.STOPPING, "StopSent": S.STOPPING, "StopAnswered": S.STOPPING,
+                 "StartSent": S.STARTING,
                  "StartAnswered": X, "PingSent": S.STOPPING, "PingAnswered": S.STOPPING,
                  "Missed": S.DEAD, "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD,
-                 "Violation": S.DEAD, "Refused": S.DEAD, "Adopted": X},
-    S.STARTING: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X,
+                 "Violation": S.DEAD, "Refused": S.DEAD, "Adopted": X, "Fenced": S.DEAD},
+    S.STARTING: {"RevokeSent": S.STOPPING, "StopSent": S.STOPPING, "StopAnswered": X,
+                 "StartSent": S.STARTING,
                  "StartAnswered": S.STABLE, "PingSent": S.STARTING, "PingAnswered": S.STARTING,
                  "Missed": S.DEAD, "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD,
-                 "Violation": S.DEAD, "Refused": S.DEAD, "Adopted": X},
-    S.STABLE: {"StopSent": S.STOPPING, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
-               "PingSent": S.STABLE, "PingAnswered": S.STABLE, "Missed": S.DEAD,
+                 "Violation": S.DEAD, "Refused": S.DEAD, "Adopted": X, "Fenced": S.DEAD},
+    S.STABLE: {"RevokeSent": S.STOPPING, "StopSent": S.STOPPING, "StopAnswered": X,
+               "StartSent": S.STARTING, "StartAnswered": X, "PingSent": S.STABLE,
+               "PingAnswered": S.STABLE, "Missed": S.DEAD,
                "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD,
-               "Refused": S.DEAD, "Adopted": X},
-    S.DEAD: {"StopSent": X, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
+               "Refused": S.DEAD, "Adopted": X, "Fenced": S.DEAD},
+    S.DEAD: {"RevokeSent": X, "StopSent": X, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
              "PingSent": X, "PingAnswered": X, "Missed": S.DEAD, "Closed": S.DEAD,
              "Broken": S.DEAD, "Left": X, "Violation": X, "Refused": S.DEAD,
-             "Adopted": X},
+             "Adopted": X, "Fenced": X},
 }
 # fmt: on
 
@@ -148,11 +154,30 @@ def test_timings_follow_the_seeds() -> None:
 def test_generation_follows_the_requests_sent() -> None:
     machine = _machine(S.STABLE)
     machine.handle(m.StopFetcherSent(generation=3, now=0.0))
-    assert (machine.generation, machine.stop_answered) == (3, False)
+    # A stop changes no generation: Pings carry that of the last start (SPEC.md §11.4).
+    assert (machine.generation, machine.stop_answered) == (-1, False)
     machine.handle(m.StopFetcherAnswered(now=0.5))
     machine.handle(m.StartFetcherSent(generation=3, now=0.6))
     machine.handle(m.StartFetcherAnswered(now=0.7))
     assert (machine.state, machine.generation, machine.last_heard) == (S.STABLE, 3, 0.7)
+
+
+def test_a_member_only_revoked_is_stable_again_under_its_own_generation() -> None:
+    machine = _machine(S.STABLE)
+    machine.handle(m.StartFetcherSent(generation=2, now=0.0))
+    machine.handle(m.StartFetcherAnswered(now=0.1))
+    machine.handle(m.StopFetcherSent(generation=3, now=1.0, start_follows=False))
+    assert machine.state is S.STOPPING
+    machine.handle(m.StopFetcherAnswered(now=1.2))
+    assert (machine.state, machine.generation, machine.last_heard) == (S.STABLE, 2, 1.2)
+
+
+def test_a_member_only_started_goes_from_stable_to_starting() -> None:
+    machine = _machine(S.STABLE)
+    machine.handle(m.StartFetcherSent(generation=4, now=1.0))
+    assert (machine.state, machine.generation) == (S.STARTING, 4)
+    machine.handle(m.StartFetcherAnswered(now=1.1))
+    assert machine.state is S.STABLE
 
 
 def test_refused_handovers_count_as_misses_that_ping_answers_do_not_clear() -> None:
@@ -183,3 +208,12 @@ def test_a_missed_handover_deadline_is_not_cleared_by_ping_answers_either() -> N
     other.handle(m.StopFetcherSent(generation=2, now=2.0))
     other.handle(m.StopFetcherAnswered(now=2.0))  # carried one out: the count starts over
     assert other.handle(m.HandoverRefused(now=3.0)) == []
+
+
+def test_a_fenced_member_is_gone_and_its_partitions_wait_for_the_lease_its_stop_renewed() -> None:
+    """docs/design.md#static-members: telling a paused process it is fenced proves nothing, and
+    the StopFetcher that tells it renews its lease."""
+    machine = _machine(S.STABLE)
+    (death,) = machine.handle(m.Fenced(now=4.0))
+    assert death == m.DeclaredDead(cause=m.DeathCause.FENCED, partitions_free_at=4.0 + 6.0 + 0.5)
+    assert not machine.alive

@@ -45,19 +45,22 @@ INPUTS: dict[str, type] = {
     "NoLongerFetching": o.NoLongerFetching,
     "Recovered": o.Recovered,
     "LeaseRanOut": o.LeaseRanOut,
+    "OwnerClosed": o.OwnerClosed,
 }
 # fmt: off
 TABLE_EXPECTED: dict[S, dict[str, S | None]] = {
     S.FREE: {"Started": S.HELD, "StartUnsent": X, "StopAnswered": S.FREE, "OwnerDied": X,
-             "StillFetching": X, "NoLongerFetching": X, "Recovered": S.LEASED, "LeaseRanOut": X},
+             "StillFetching": X, "NoLongerFetching": X, "Recovered": S.LEASED, "LeaseRanOut": X,
+             "OwnerClosed": S.FREE},
     S.HELD: {"Started": X, "StartUnsent": S.FREE, "StopAnswered": S.FREE, "OwnerDied": S.LEASED,
-             "StillFetching": X, "NoLongerFetching": X, "Recovered": X, "LeaseRanOut": X},
+             "StillFetching": X, "NoLongerFetching": X, "Recovered": X, "LeaseRanOut": X,
+             "OwnerClosed": X},
     S.ADOPTED: {"Started": X, "StartUnsent": X, "StopAnswered": S.FREE, "OwnerDied": S.LEASED,
                 "StillFetching": X, "NoLongerFetching": X, "Recovered": X,
-                "LeaseRanOut": S.HELD},
+                "LeaseRanOut": S.HELD, "OwnerClosed": X},
     S.LEASED: {"Started": X, "StartUnsent": X, "StopAnswered": S.FREE, "OwnerDied": X,
                "StillFetching": S.ADOPTED, "NoLongerFetching": S.FREE, "Recovered": S.LEASED,
-               "LeaseRanOut": S.FREE},
+               "LeaseRanOut": S.FREE, "OwnerClosed": S.FREE},
 }
 # fmt: on
 
@@ -149,28 +152,31 @@ EVENTS: dict[str, Callable[[int], o.Event]] = {
         margin=0.5,
     ),
     "Completed": lambda _: o.AttemptCompleted(now=5),
+    "Closed": lambda inc: o.OwnerClosed(incarnation=inc, now=5),
 }
 # What P is at t=5 after the input; X: the input raises and changes nothing.
 # fmt: off
 MACHINE_EXPECTED: dict[str, dict[str, S | None]] = {
     "free": {"Start": S.HELD, "Unsent": X, "Stop": S.FREE, "Died": S.FREE, "Kept": S.FREE,
              "Released": S.FREE, "OtherGeneration": S.FREE, "OtherOwner": S.FREE,
-             "Recovered": S.LEASED, "Completed": S.FREE},
+             "Recovered": S.LEASED, "Completed": S.FREE, "Closed": S.FREE},
     "held": {"Start": X, "Unsent": S.FREE, "Stop": S.FREE, "Died": S.LEASED, "Kept": S.HELD,
              "Released": S.HELD, "OtherGeneration": S.HELD, "OtherOwner": S.HELD,
-             "Recovered": X, "Completed": S.HELD},
+             "Recovered": X, "Completed": S.HELD, "Closed": X},
     "adopted": {"Start": X, "Unsent": X, "Stop": S.FREE, "Died": S.LEASED, "Kept": S.ADOPTED,
                 "Released": S.ADOPTED, "OtherGeneration": S.ADOPTED, "OtherOwner": S.ADOPTED,
-                "Recovered": X, "Completed": S.ADOPTED},
+                "Recovered": X, "Completed": S.ADOPTED, "Closed": X},
     "adopted, lease ran out": {"Start": X, "Unsent": X, "Stop": S.FREE, "Died": S.LEASED,
                                "Kept": S.HELD, "Released": S.HELD, "OtherGeneration": S.HELD,
-                               "OtherOwner": S.HELD, "Recovered": X, "Completed": S.HELD},
+                               "OtherOwner": S.HELD, "Recovered": X, "Completed": S.HELD,
+                               "Closed": X},
     "leased": {"Start": X, "Unsent": X, "Stop": S.FREE, "Died": X, "Kept": S.ADOPTED,
                "Released": S.FREE, "OtherGeneration": S.LEASED, "OtherOwner": S.LEASED,
-               "Recovered": S.LEASED, "Completed": S.LEASED},
+               "Recovered": S.LEASED, "Completed": S.LEASED, "Closed": S.FREE},
     "leased, lease ran out": {"Start": S.HELD, "Unsent": X, "Stop": S.FREE, "Died": X,
                               "Kept": S.FREE, "Released": S.FREE, "OtherGeneration": S.FREE,
-                              "OtherOwner": S.FREE, "Recovered": S.LEASED, "Completed": S.FREE},
+                              "OtherOwner": S.FREE, "Recovered": S.LEASED, "Completed": S.FREE,
+                              "Closed": S.FREE},
 }
 # fmt: on
 KIND = {o.Free: S.FREE, o.Held: S.HELD, o.Adopted: S.ADOPTED, o.Leased: S.LEASED}
@@ -203,6 +209,15 @@ def test_a_lease_ends_early_only_by_its_owners_word_and_says_so() -> None:
     assert machine.free_at({P}) == -math.inf
 
 
+def test_a_fenced_process_that_closes_cleanly_ends_its_lease_and_says_so() -> None:
+    """docs/design.md#static-members: its clean close is its word, like its StopFetcher answer."""
+    machine, incarnation = _leased(until=20)()
+    closed = o.OwnerClosed(incarnation=incarnation, now=5)
+    assert machine.handle(closed) == [o.LeaseEnded(partitions=frozenset({P}))]
+    assert machine.free_at({P}) == -math.inf
+    assert machine.holding(incarnation) == o.NOTHING
+
+
 def test_a_member_that_closes_leaves_its_partitions_free_at_once() -> None:
     machine, incarnation = _held()
     machine.handle(o.OwnerDied(incarnation=incarnation, until=5, now=5))
@@ -218,7 +233,9 @@ def test_holding_is_what_offsets_are_fenced_by() -> None:
     assert machine.holding(1) == o.NOTHING
     both = frozenset({P, Q})
     machine.handle(_start(owner="a", incarnation=1, generation=4, partitions=both, now=0))
-    assert machine.holding(1) == o.Holding(owner="a", generation=4, partitions=both, reverts_to=-1)
+    holding = machine.holding(1)
+    assert (holding.owner, holding.generation, holding.partitions) == ("a", 4, both)
+    assert holding.counted_under(4) == both
     machine.handle(o.StopAnswered(incarnation=1, now=1))
     # It holds nothing, last under generation 4.
     assert machine.holding(1).partitions == frozenset()
@@ -246,7 +263,7 @@ def test_one_attempt_starts_a_partition_once() -> None:
     assert machine == o.Ownership()
 
 
-def test_an_incarnation_is_started_only_once_it_holds_nothing() -> None:
+def test_an_incarnation_is_started_only_while_holding_nothing_outside_its_start() -> None:
     machine, incarnation = _held()
     before = copy.deepcopy(machine)
     again = _start(
@@ -255,6 +272,107 @@ def test_an_incarnation_is_started_only_once_it_holds_nothing() -> None:
     with pytest.raises(ValueError):
         machine.handle(again)
     assert machine == before
+
+
+# --- incremental starts and partial stops (SPEC.md §11.5, §11.6, §11.8) ----------------------
+
+R = TopicPartition(topic="t", partition=2)
+
+
+def _started_with_p_and_q_under_4() -> o.Ownership:
+    machine = o.Ownership()
+    machine.handle(
+        _start(owner="a", incarnation=1, generation=4, partitions=frozenset({P, Q}), now=0)
+    )
+    return machine
+
+
+def test_a_partial_stop_frees_only_the_partitions_named() -> None:
+    machine = _started_with_p_and_q_under_4()
+    machine.handle(o.StopAnswered(incarnation=1, now=1, partitions=frozenset({Q, R})))
+    holding = machine.holding(1)
+    assert (holding.generation, holding.partitions) == (4, frozenset({P}))
+    assert machine.state(Q, now=1) == o.FREE
+    assert machine.state(P, now=1) == o.Held(owner="a", incarnation=1, generation=4)
+    # Its later reports for Q count no more, though it is still a member (hazard b).
+    assert holding.counted_under(4) == frozenset({P})
+
+
+def test_an_incremental_start_keeps_what_the_member_holds_under_its_assignment_generation() -> None:
+    machine = _started_with_p_and_q_under_4()
+    machine.handle(
+        _start(owner="a", incarnation=1, generation=6, partitions=frozenset({P, Q, R}), now=1)
+    )
+    holding = machine.holding(1)
+    assert holding.generation == 6
+    assert holding.partitions == frozenset({P, Q, R})
+    assert [holding.assignment_generation(tp) for tp in (P, Q, R)] == [4, 4, 6]
+    # A commit sent under 4 before the start and read after it counts for what it held then;
+    # under 5 (never its generation, but between the two) the same; under 7, nothing.
+    assert holding.counted_under(4) == frozenset({P, Q})
+    assert holding.counted_under(5) == frozenset({P, Q})
+    assert holding.counted_under(6) == frozenset({P, Q, R})
+    assert holding.counted_under(3) == frozenset()
+    assert holding.counted_under(7) == frozenset()
+
+
+def test_a_partition_revoked_and_given_back_counts_only_from_its_new_start() -> None:
+    machine = _started_with_p_and_q_under_4()
+    machine.handle(o.StopAnswered(incarnation=1, now=1, partitions=frozenset({Q})))
+    machine.handle(
+        _start(owner="a", incarnation=1, generation=6, partitions=frozenset({P, Q}), now=1)
+    )
+    holding = machine.holding(1)
+    assert holding.counted_under(4) == frozenset({P})
+    assert holding.counted_under(6) == frozenset({P, Q})
+
+
+def test_an_incremental_start_may_gain_only_free_partitions() -> None:
+    machine = _started_with_p_and_q_under_4()
+    before = copy.deepcopy(machine)
+    taking = o.Started(
+        generation=6,
+        starts={1: ("a", frozenset({P, Q})), 2: ("b", frozenset({Q, R}))},
+        now=1,
+    )
+    with pytest.raises(IllegalTransition):
+        machine.handle(taking)
+    assert machine == before
+
+
+def test_a_start_that_leaves_out_a_held_partition_is_refused() -> None:
+    machine = _started_with_p_and_q_under_4()
+    before = copy.deepcopy(machine)
+    with pytest.raises(ValueError):
+        machine.handle(
+            _start(owner="a", incarnation=1, generation=6, partitions=frozenset({P, R}), now=1)
+        )
+    assert machine == before
+
+
+def test_an_unsent_incremental_start_reverts_to_the_holding_before_it() -> None:
+    machine = _started_with_p_and_q_under_4()
+    machine.handle(o.StopAnswered(incarnation=1, now=1, partitions=frozenset({Q})))
+    machine.handle(
+        _start(owner="a", incarnation=1, generation=6, partitions=frozenset({P, R}), now=1)
+    )
+    machine.handle(o.StartUnsent(incarnation=1))
+    holding = machine.holding(1)
+    assert (holding.generation, holding.partitions) == (4, frozenset({P}))
+    assert holding.assignment_generation(P) == 4
+    assert machine.state(R, now=1) == o.FREE
+    with pytest.raises(ValueError):  # once: there is nothing left to revert
+        machine.handle(o.StartUnsent(incarnation=1))
+
+
+def test_a_partial_stop_of_a_dead_member_ends_the_lease_of_those_partitions_only() -> None:
+    machine = _started_with_p_and_q_under_4()
+    machine.handle(o.OwnerDied(incarnation=1, until=20, now=1))
+    effects = machine.handle(o.StopAnswered(incarnation=1, now=2, partitions=frozenset({P})))
+    assert effects == [o.LeaseEnded(partitions=frozenset({P}))]
+    assert machine.free_at({P}) == -math.inf
+    assert machine.free_at({Q}) == 20
+    assert machine.holding(1).partitions == frozenset({Q})
 
 
 def test_a_dead_owners_final_report_is_fenced_by_what_it_held() -> None:

@@ -100,6 +100,8 @@ def group_cases() -> Iterable[tuple[Any, object]]:
         g.Deleted(),
         g.Recovered(awaiting=frozenset({"c1"})),
         g.RecordAdopted(),
+        g.MemberAway(member_id="c1"),
+        g.MemberReplaced(member_id="c1"),
     ]
     for state, pending, forming, event in itertools.product(
         g.GroupState, (False, True), (False, True), events
@@ -113,6 +115,7 @@ def group_cases() -> Iterable[tuple[Any, object]]:
 def member_cases() -> Iterable[tuple[Any, object]]:
     events = [
         m.StopFetcherSent(generation=7, now=1.0),
+        m.StopFetcherSent(generation=7, now=1.0, start_follows=False),
         m.StopFetcherAnswered(now=1.0),
         m.StartFetcherSent(generation=7, now=1.0),
         m.StartFetcherAnswered(now=1.0),
@@ -127,9 +130,10 @@ def member_cases() -> Iterable[tuple[Any, object]]:
         m.Left(now=1.0),
         m.ProtocolViolation(now=1.0),
         m.Adopted(generation=7),
+        m.Fenced(now=1.0),
     ]
-    for state, max_missed, missed, handovers, event in itertools.product(
-        m.MemberState, (1, 3), (0, 1, 2), (0, 1, 2), events
+    for state, max_missed, missed, handovers, start_follows, event in itertools.product(
+        m.MemberState, (1, 3), (0, 1, 2), (0, 1, 2), (True, False), events
     ):
         timeouts = m.MemberTimeouts(session_timeout=T, max_missed=max_missed)
         machine = m.MemberMachine(
@@ -139,6 +143,7 @@ def member_cases() -> Iterable[tuple[Any, object]]:
             state=state,
             missed=missed,
             handovers_missed=handovers,
+            start_follows=start_follows,
         )
         yield machine, event
 
