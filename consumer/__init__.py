@@ -1,6 +1,13 @@
 """The trio client library: the producer and the group consumer (seed 03)."""
 
-from .client import CommitFailed, Consumer, ConsumerSettings, RebalanceCallback, open_consumer
+from .client import (
+    CommitFailed,
+    Consumer,
+    ConsumerSettings,
+    InstanceFenced,
+    RebalanceCallback,
+    open_consumer,
+)
 from .producer import Delivery, ProduceError, Producer, ProducerConfig, open_producer
 from .streams import ConsumerRecord, RecordStream
 
@@ -10,6 +17,7 @@ __all__ = [
     "ConsumerRecord",
     "ConsumerSettings",
     "Delivery",
+    "InstanceFenced",
     "ProduceError",
     "Producer",
     "ProducerConfig",

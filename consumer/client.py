@@ -13,8 +13,11 @@ that do it, in the manner of a trio driver around a sans-IO core:
   its reader and the registration. Every input carries the session or discovery it came from, and
   inputs from one that the machine has since closed are dropped, so a late answer from an old
   connection can never reach the machine;
-* the **fetchers** (:mod:`consumer.fetcher`), one per assigned partition, feeding the streams
-  (:mod:`consumer.streams`, which also defines when a record counts as consumed).
+* the **fetchers** (:mod:`consumer.fetcher`), one task per assigned partition with a cancel scope
+  of its own, feeding the streams (:mod:`consumer.streams`, which also defines when a record
+  counts as consumed). A revocation stops only the fetchers it names and an incremental start
+  only adds fetchers (SPEC.md §11.5, §11.6), so the partitions a rebalance does not move are
+  fetched and delivered on without a gap.
 """
 
 from __future__ import annotations
@@ -59,16 +62,24 @@ from transport.connect import Connector, parse_bootstrap
 
 from .discovery import Discovery
 from .fetcher import BrokerConnections, FetchSettings, run_fetcher
-from .streams import ConsumerRecord, PartitionClaim, RecordStream
+from .streams import ConsumerRecord, InstanceFenced, PartitionClaim, RecordStream
 
-__all__ = ["CommitFailed", "Consumer", "ConsumerSettings", "RebalanceCallback", "open_consumer"]
+__all__ = [
+    "CommitFailed",
+    "Consumer",
+    "ConsumerSettings",
+    "InstanceFenced",
+    "RebalanceCallback",
+    "open_consumer",
+]
 
 log = logging.getLogger(__name__)
 
 RebalanceCallback = Callable[[frozenset[TopicPartition]], Awaitable[None]]
-"""Called with the partitions revoked (fetchers already stopped, before the coordinator is told)
-or assigned (fetchers started). Awaited by the driver: the coordinator expects the answer within
-2/3 of the session timeout, so keep it short."""
+"""Called with the partitions revoked (their fetchers already stopped, before the coordinator is
+told, so a commit from it still counts for them) or added (their fetchers started); partitions a
+rebalance leaves where they are appear in neither. Awaited by the driver: the coordinator expects
+the answer within 2/3 of the session timeout, so keep it short."""
 
 OFFSET_RESETS = ("smallest", "largest")
 
@@ -101,6 +112,11 @@ class ConsumerSettings:
     max_buffered_records: int = 1000
     """Per stream: fetchers wait while this many records wait for the application."""
     max_frame_size: int = 4 * 1024 * 1024
+    instance_id: str | None = None
+    """Static membership (SPEC.md §11.11): the name of this member, which outlives its processes.
+    A process that starts again under it within ``session_timeout`` gets its partitions back with
+    nobody else disturbed; closing sends no LeaveGroup. A newer process under the same instance id
+    fences this one (:class:`InstanceFenced`). The consumer id stays fresh per process."""
 
 
 class CommitFailed(Exception):
@@ -129,7 +145,11 @@ class _DiscoveryRun:
 
 
 @attrs.define(eq=False)
-class _FetchRun:
+class _Fetcher:
+    """One partition's fetcher task, stopped on its own."""
+
+    claim: PartitionClaim
+    stream: RecordStream
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     done: trio.Event = attrs.field(factory=trio.Event)
 
@@ -161,8 +181,13 @@ class Consumer:
     _receive: trio.MemoryReceiveChannel[tuple[_Source, sm.Input]]
     _session: _Session | None = None
     _discovery_run: _DiscoveryRun | None = None
-    _fetch_run: _FetchRun | None = None
+    _fetchers: dict[TopicPartition, _Fetcher] = attrs.field(factory=dict)
     _claims: dict[TopicPartition, PartitionClaim] = attrs.field(factory=dict)
+    """Every claim since the last start: running ones, and stopped ones whose final offsets a
+    StopFetcher answer or the final commit still reports."""
+    _revoking: dict[TopicPartition, PartitionClaim] = attrs.field(factory=dict)
+    """Stopped by the effects being performed, not yet answered: the coordinator still counts
+    their offsets, so ``commit()`` from ``on_revoked`` includes them."""
     accepted_by_epoch: collections.Counter[int] = attrs.field(factory=collections.Counter)
     """Coordinator requests (Ping, StopFetcher, StartFetcher) that passed the machine's epoch
     guard and were acted on, by coordinator epoch: what a failover test checks fencing with."""
@@ -193,8 +218,13 @@ class Consumer:
 
     @property
     def last_error(self) -> ErrorCode | None:
-        """The latest registration or coordinator error, kept across retries."""
+        """The latest registration or coordinator error, kept across retries (FENCED_INSTANCE_ID
+        once fenced, in state FENCED)."""
         return self.machine.last_error
+
+    @property
+    def instance_id(self) -> str | None:
+        return self.settings.instance_id
 
     def streams_for(self, topic: str) -> tuple[RecordStream, ...]:
         return tuple(s for s in self.streams if s.topic == topic)
@@ -217,8 +247,12 @@ class Consumer:
 
         A no-op when nothing is assigned. Raises CommitFailed when not registered, or when the
         coordinator refuses (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID after a rebalance moved on;
-        NOT_COORDINATOR, which also sends the consumer looking for the coordinator)."""
-        offsets = self._offsets(tuple(self._claims))
+        NOT_COORDINATOR, which also sends the consumer looking for the coordinator), and
+        InstanceFenced when a newer process took this consumer's instance id (which ends it)."""
+        if self.machine.state is sm.ConsumerState.FENCED:
+            raise InstanceFenced(self.instance_id)
+        held = [tp for tp, claim in self._claims.items() if claim.active]
+        offsets = self._offsets([*held, *self._revoking])
         if not offsets:
             return
         session = self._session
@@ -243,6 +277,9 @@ class Consumer:
         if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS):
             moved = sm.CoordinatorMoved(now=trio.current_time(), error_code=code)
             await self._send.send((session, moved))
+        if code is ErrorCode.FENCED_INSTANCE_ID:
+            await self._send.send((session, sm.Fenced(now=trio.current_time())))
+            raise InstanceFenced(self.instance_id)
         if code is not ErrorCode.NONE:
             raise CommitFailed(code)
 
@@ -258,7 +295,7 @@ class Consumer:
     async def _drive(self) -> None:
         try:
             await self._perform(self.machine.handle(sm.Start()))
-            while self.machine.state is not sm.ConsumerState.CLOSED:
+            while self.machine.state not in (sm.ConsumerState.CLOSED, sm.ConsumerState.FENCED):
                 deadline = self.machine.lease_deadline()
                 item: tuple[_Source, sm.Input] | None = None
                 with trio.move_on_at(math.inf if deadline is None else deadline):
@@ -271,17 +308,23 @@ class Consumer:
                     continue
                 if source is self._discovery_run:
                     self._discovery_run = None  # its one result is in
-                if isinstance(event, sm.CoordinatorMoved) and not sm.TABLE.allows(
-                    self.machine.state, sm.CoordinatorMoved
+                if isinstance(event, sm.CoordinatorMoved | sm.Fenced) and not sm.TABLE.allows(
+                    self.machine.state, type(event)
                 ):
                     continue  # a commit answered after the machine had moved on
                 effects = self.machine.handle(event)
                 self._count_accepted(event, effects)
                 await self._perform(effects)
         finally:
+            fenced = self.machine.state is sm.ConsumerState.FENCED
+            if fenced:
+                log.warning("%s: fenced: a newer process has its instance id", self.member_id)
             for stream in self.streams:
-                stream.close()
+                stream.close(self._fenced_error if fenced else None)
             self._stopped.set()
+
+    def _fenced_error(self) -> Exception:
+        return InstanceFenced(self.instance_id)
 
     def _count_accepted(self, event: sm.Input, effects: list[sm.Effect]) -> None:
         requests = (sm.PingReceived, sm.StopFetcherReceived, sm.StartFetcherReceived)
@@ -302,6 +345,12 @@ class Consumer:
         return source is self._discovery_run
 
     async def _perform(self, effects: list[sm.Effect]) -> None:
+        try:
+            await self._perform_each(effects)
+        finally:
+            self._revoking.clear()  # their stop is answered, or was no StopFetcher's
+
+    async def _perform_each(self, effects: list[sm.Effect]) -> None:
         for effect in effects:
             match effect:
                 case sm.Discover(delay=delay):
@@ -310,10 +359,10 @@ class Consumer:
                 case sm.Register() as register:
                     session = self._session = _Session(coordinator=register.coordinator)
                     self._nursery.start_soon(self._run_session, session, register)
-                case sm.StopFetchers():
-                    await self._stop_fetchers()
-                case sm.StartFetchers(generation=generation, streams=streams):
-                    await self._start_fetchers(generation, streams)
+                case sm.StopFetchers(partitions=partitions):
+                    await self._stop_fetchers(partitions)
+                case sm.StartFetchers(generation=generation, streams=streams, kept=kept):
+                    await self._start_fetchers(generation, streams, kept)
                 case sm.RespondPing(correlation_id=cid, partitions=partitions):
                     await self._respond(
                         cid,
@@ -332,13 +381,14 @@ class Consumer:
                             offsets=self._reported(partitions),
                         ),
                     )
+                    self._revoking.clear()  # answered: commits no longer count for them
                 case sm.RespondStart(correlation_id=cid):
                     await self._respond(
                         cid,
                         StartFetcherResponse(error_code=ErrorCode.NONE, consumer_id=self.member_id),
                     )
-                case sm.CommitAndLeave(generation=generation, partitions=partitions):
-                    await self._commit_and_leave(generation, partitions)
+                case sm.CommitAndLeave(generation=generation, partitions=partitions, leave=leave):
+                    await self._commit_and_leave(generation, partitions, leave=leave)
                 case sm.CloseConnection(reset=reset):
                     await self._close_session(reset=reset)
                 case sm.Ignored(event=event, reason=reason):
@@ -391,6 +441,7 @@ class Consumer:
                 session_timeout_ms=round(self.settings.session_timeout * 1000),
                 generation=register.generation,
                 owned_partitions=register.owned,
+                instance_id=register.instance_id,
             )
             # The request is queued before request() first yields: this is its queue time.
             queued = trio.current_time()
@@ -446,6 +497,8 @@ class Consumer:
                     correlation_id=cid,
                     epoch=stop.coordinator_epoch,
                     generation=stop.generation,
+                    partitions=stop.partitions,
+                    reason=stop.reason,
                 )
             case StartFetcherRequest() as start:
                 self._brokers.update(start.brokers)
@@ -456,6 +509,7 @@ class Consumer:
                     epoch=start.coordinator_epoch,
                     generation=start.generation,
                     streams=start.streams,
+                    incremental=start.incremental,
                 )
         raise AssertionError(f"the protocol let {request.message!r} through to a consumer")
 
@@ -481,8 +535,10 @@ class Consumer:
                     await session.channel.aclose()
 
     async def _commit_and_leave(
-        self, generation: int, partitions: tuple[TopicPartition, ...]
+        self, generation: int, partitions: tuple[TopicPartition, ...], *, leave: bool
     ) -> None:
+        """The final commit, then LeaveGroup unless a static member's (``leave`` False), whose
+        clean close after stopping frees its partitions just as well (SPEC.md §11.9)."""
         session = self._session
         if session is None or session.channel is None:
             return
@@ -505,20 +561,33 @@ class Consumer:
                             self.member_id,
                             response.error_code.name,
                         )
-                leave = LeaveGroupRequest(
+                if not leave:
+                    return
+                request = LeaveGroupRequest(
                     group_id=self.group_id, consumer_id=self.member_id, generation=generation
                 )
-                answer = await channel.request(leave)
+                answer = await channel.request(request)
                 assert isinstance(answer, LeaveGroupResponse)
+                if answer.error_code is not ErrorCode.NONE:
+                    log.warning("%s: LeaveGroup: %s", self.member_id, answer.error_code.name)
             except ChannelClosed:
                 log.info("%s: the coordinator connection closed while leaving", self.member_id)
 
     # --- fetchers -------------------------------------------------------------------------------
 
-    async def _start_fetchers(self, generation: int, assigned: tuple[AssignedStream, ...]) -> None:
+    async def _start_fetchers(
+        self,
+        generation: int,
+        assigned: tuple[AssignedStream, ...],
+        kept: tuple[TopicPartition, ...],
+    ) -> None:
+        """Fetch exactly ``assigned``: the fetchers of ``kept`` go on where they are (moved with
+        their buffered records if their stream changed), every other partition starts at its
+        offset, and ``on_assigned`` hears only those others."""
+        going_on = {tp: self._fetchers[tp] for tp in kept if tp in self._fetchers}
         claims: dict[TopicPartition, PartitionClaim] = {}
-        work: list[tuple[PartitionClaim, RecordStream]] = []
         by_stream: dict[int, list[PartitionClaim]] = {id(s): [] for s in self.streams}
+        added: list[_Fetcher] = []
         for assigned_stream in assigned:
             for p in assigned_stream.partitions:
                 tp = TopicPartition(topic=p.topic, partition=p.partition)
@@ -528,42 +597,50 @@ class Consumer:
                         "%s: no stream %s for %s", self.member_id, assigned_stream.stream_id, tp
                     )
                     continue
-                claim = PartitionClaim(
-                    partition=tp,
-                    generation=generation,
-                    broker_id=p.broker_id,
-                    position=p.offset,
-                    consumed=p.offset if p.offset >= 0 else None,
-                )
-                claims[tp] = claim
-                by_stream[id(stream)].append(claim)
-                work.append((claim, stream))
+                fetcher = going_on.pop(tp, None)
+                if fetcher is None:
+                    claim = PartitionClaim(
+                        partition=tp,
+                        generation=generation,
+                        broker_id=p.broker_id,
+                        position=p.offset,
+                        consumed=p.offset if p.offset >= 0 else None,
+                    )
+                    fetcher = _Fetcher(claim=claim, stream=stream)
+                    added.append(fetcher)
+                elif fetcher.stream is not stream:
+                    fetcher = await self._move(fetcher, stream)
+                claims[tp] = fetcher.claim
+                by_stream[id(stream)].append(fetcher.claim)
+        for tp, orphan in going_on.items():  # kept, but in no stream of ours: not ours to fetch
+            del self._fetchers[tp]
+            await self._halt([orphan])
         for stream in self.streams:
             stream.assign(by_stream[id(stream)])
         self._claims = claims
-        run = self._fetch_run = _FetchRun()
-        self._nursery.start_soon(self._run_fetchers, run, work)
-        assigned_partitions = frozenset(claims)
-        self.assignment.value = assigned_partitions
+        for fetcher in added:
+            self._fetchers[fetcher.claim.partition] = fetcher
+            self._nursery.start_soon(self._fetch, fetcher)
+        self.assignment.value = frozenset(self._fetchers)
         log.info(
-            "%s: generation %d, fetching %d partitions",
+            "%s: generation %d, fetching %d partitions (%d new)",
             self.member_id,
             generation,
-            len(assigned_partitions),
+            len(self._fetchers),
+            len(added),
         )
         if self._on_assigned is not None:
-            await self._on_assigned(assigned_partitions)
+            await self._on_assigned(frozenset(f.claim.partition for f in added))
 
     def _route(self, stream_id: str, topic: str) -> RecordStream | None:
         prefix, _, index = stream_id.rpartition("-")
-        if prefix != self.member_id or not index.isdigit():
+        # A static member's streams are named after its instance id, its member id (§11.11).
+        if prefix not in (self.member_id, self.instance_id) or not index.isdigit():
             return None
         wanted = None if self.subscription.is_wildcard else topic
         return next((s for s in self.streams if s.index == int(index) and s.topic == wanted), None)
 
-    async def _run_fetchers(
-        self, run: _FetchRun, work: list[tuple[PartitionClaim, RecordStream]]
-    ) -> None:
+    async def _fetch(self, fetcher: _Fetcher) -> None:
         settings = FetchSettings(
             auto_offset_reset=self.settings.auto_offset_reset,
             max_bytes=self.settings.fetch_max_bytes,
@@ -572,35 +649,66 @@ class Consumer:
             request_timeout=self.settings.request_timeout,
         )
         try:
-            with run.scope:
-                async with trio.open_nursery() as nursery:
-                    for claim, stream in work:
-                        nursery.start_soon(
-                            run_fetcher,
-                            claim,
-                            stream,
-                            self._brokers,
-                            settings,
-                            self.machine.lease_deadline,
-                        )
+            with fetcher.scope:
+                await run_fetcher(
+                    fetcher.claim,
+                    fetcher.stream,
+                    self._brokers,
+                    settings,
+                    self.machine.lease_deadline,
+                )
         finally:
-            run.done.set()
+            fetcher.done.set()
 
-    async def _stop_fetchers(self) -> None:
-        run, self._fetch_run = self._fetch_run, None
-        for claim in self._claims.values():
-            claim.active = False
-        for stream in self.streams:
-            stream.drop_inactive()
-        if run is not None:
-            run.scope.cancel()
-            with trio.CancelScope(shield=True):
-                await run.done.wait()
-        revoked = frozenset(self._claims)
-        self.assignment.value = frozenset()
-        log.info("%s: stopped fetching %d partitions", self.member_id, len(revoked))
+    async def _move(self, fetcher: _Fetcher, stream: RecordStream) -> _Fetcher:
+        """A partition that goes on in another of our streams: its fetcher stops between two
+        batches, its buffered records move with it, and it fetches on from where it was, so the
+        application misses nothing and sees nothing twice."""
+        fetcher.scope.cancel()
+        with trio.CancelScope(shield=True):
+            await fetcher.done.wait()
+        stream.give(fetcher.stream.take(fetcher.claim))
+        moved = self._fetchers[fetcher.claim.partition] = _Fetcher(
+            claim=fetcher.claim, stream=stream
+        )
+        self._nursery.start_soon(self._fetch, moved)
+        return moved
+
+    async def _stop_fetchers(self, partitions: tuple[TopicPartition, ...] | None) -> None:
+        """Stop the fetchers of ``partitions`` (None: all) and only those, then tell
+        ``on_revoked``, before the StopFetcher answer leaves."""
+        if partitions is None:
+            names = list(self._fetchers)
+            for claim in self._claims.values():
+                claim.active = False
+        else:
+            names = [tp for tp in partitions if tp in self._fetchers]
+        stopped = [self._fetchers.pop(tp) for tp in names]
+        await self._halt(stopped)
+        self._revoking.update((f.claim.partition, f.claim) for f in stopped)
+        revoked = frozenset(f.claim.partition for f in stopped)
+        self.assignment.value = frozenset(self._fetchers)
+        log.info(
+            "%s: stopped fetching %d partitions, %d go on",
+            self.member_id,
+            len(revoked),
+            len(self._fetchers),
+        )
         if revoked and self._on_revoked is not None:
             await self._on_revoked(revoked)
+
+    async def _halt(self, fetchers: list[_Fetcher]) -> None:
+        """Stop these fetchers and drop what they buffered: once this returns nothing of theirs is
+        fetched or handed to the application (their claims are inactive, so a batch in flight is
+        refused by its stream)."""
+        for fetcher in fetchers:
+            fetcher.claim.active = False
+            fetcher.scope.cancel()
+        for stream in {id(f.stream): f.stream for f in fetchers}.values():
+            stream.drop_inactive()
+        with trio.CancelScope(shield=True):
+            for fetcher in fetchers:
+                await fetcher.done.wait()
 
     # --- offsets --------------------------------------------------------------------------------
 
@@ -659,11 +767,15 @@ async def open_consumer(
     ``topics={"t": 2}`` gives two streams over t's partitions (``consumer.streams_for("t")``);
     ``pattern=`` subscribes to every topic whose whole name matches the regular expression (or,
     with ``pattern_is_blacklist``, does not), with ``pattern_streams`` streams shared by all of
-    them. The consumer id is ``f"{client_id}-{12 hex digits}"`` unless given. Leaving the block
-    closes gracefully: fetchers stop, offsets are committed (with auto_commit), and LeaveGroup
-    lets the group rebalance at once instead of after a failure detection.
+    them. The consumer id is ``f"{client_id}-{12 hex digits}"`` unless given; with
+    ``settings.instance_id`` (a static member) a given one must still be new for every process.
+    Leaving the block closes gracefully: fetchers stop, offsets are committed (with auto_commit),
+    and LeaveGroup lets the group rebalance at once instead of after a failure detection (a static
+    member sends none: it closes cleanly, which frees its partitions, and may come back).
     """
     settings = settings or ConsumerSettings()
+    if settings.instance_id is not None and consumer_id == settings.instance_id:
+        raise ValueError("the consumer id names the process and must differ from the instance id")
     subscription = _subscription(topics, pattern, pattern_streams, pattern_is_blacklist)
     member_id = consumer_id or f"{settings.client_id}-{uuid.uuid4().hex[:12]}"
     connect = connect or _open_tcp
@@ -684,6 +796,7 @@ async def open_consumer(
             retry_backoff=settings.retry_backoff,
             max_retry_backoff=settings.max_retry_backoff,
             failover_retry=settings.failover_retry,
+            instance_id=settings.instance_id,
         )
     )
     send, receive = trio.open_memory_channel[tuple[_Source, sm.Input]](64)

@@ -20,22 +20,39 @@ application holds when a rebalance revokes its partition is therefore *not* repo
 owner reads it again: delivery is at least once, and exactly once while nobody fails or rebalances
 in the middle of a record.
 
-A partition's :class:`PartitionClaim` lives for one StartFetcher. Once its fetchers are stopped it
-is inactive: buffered records of it are dropped, and finishing a record of it changes nothing (the
-offsets for it went out with the StopFetcher response; the partition may already be elsewhere).
+A partition's :class:`PartitionClaim` lives from the StartFetcher that gives the partition to this
+consumer until its fetcher is stopped (an incremental StartFetcher that keeps the partition keeps
+its claim, and so its position and consumed offset). Once stopped it is inactive: buffered records
+of it are dropped, and finishing a record of it changes nothing (the offsets for it went out with
+the StopFetcher response; the partition may already be elsewhere).
+
+A consumer fenced out of its group (a newer process took its instance id, SPEC.md §11.11) closes
+its streams with :class:`InstanceFenced`, which iterating them then raises.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 import trio
 
+from protocol.errors import ErrorCode
 from protocol.types import TopicPartition
 
-__all__ = ["ConsumerRecord", "PartitionClaim", "RecordStream"]
+__all__ = ["ConsumerRecord", "InstanceFenced", "PartitionClaim", "RecordStream"]
+
+
+class InstanceFenced(Exception):
+    """A newer process registered under this consumer's instance id (FENCED_INSTANCE_ID,
+    SPEC.md §11.11): this one stopped, closed and will not register again."""
+
+    error_code = ErrorCode.FENCED_INSTANCE_ID
+
+    def __init__(self, instance_id: str | None) -> None:
+        self.instance_id = instance_id
+        super().__init__(f"instance id {instance_id!r} was taken over by a newer process")
 
 
 @attrs.define(eq=False)
@@ -94,6 +111,8 @@ class RecordStream:
     _changed: trio.Event = attrs.field(factory=trio.Event)
     _held: ConsumerRecord | None = None
     _closed: bool = False
+    _error: Callable[[], Exception] | None = None
+    """Set when closed by a failure (being fenced): iteration raises what it makes."""
 
     @property
     def partitions(self) -> frozenset[TopicPartition]:
@@ -115,6 +134,8 @@ class RecordStream:
                     self._held = record
                     return record
             if self._closed:
+                if self._error is not None:
+                    raise self._error()
                 raise StopAsyncIteration
             await self._changed.wait()
 
@@ -134,12 +155,28 @@ class RecordStream:
     def assign(self, claims: Iterable[PartitionClaim]) -> None:
         self.claims = {claim.partition: claim for claim in claims}
 
+    def take(self, claim: PartitionClaim) -> list[ConsumerRecord]:
+        """Remove and return the buffered records of ``claim``, which moves to another stream of
+        this consumer with them, so nothing is skipped or delivered twice."""
+        taken = [r for r in self._buffer if r._claim is claim]
+        self._buffer = collections.deque(r for r in self._buffer if r._claim is not claim)
+        self._notify()
+        return taken
+
+    def give(self, records: Iterable[ConsumerRecord]) -> None:
+        """Append records taken from another stream (before any fetched for them here)."""
+        self._buffer.extend(records)
+        self._notify()
+
     def drop_inactive(self) -> None:
         """Clear the queue of stopped partitions (seed 03: stop fetchers, clean their queues)."""
         self._buffer = collections.deque(r for r in self._buffer if r._claim.active)
         self._notify()
 
-    def close(self) -> None:
+    def close(self, error: Callable[[], Exception] | None = None) -> None:
+        """End the iteration: with StopAsyncIteration, or with ``error()`` (a fresh exception
+        for every task that asks)."""
+        self._error = error
         self._closed = True
         self._buffer.clear()
         self._notify()

@@ -36,6 +36,15 @@ decide. Where they choose the next state they are guards on the table's entries 
   coordinator adopts (seed 04: "the consumer does not stop fetching data during the
   co-ordinator failover and re-discovery process"); only its lease running out stops it.
 
+Under the incremental protocol (SPEC.md §11.5, §11.6) a StopFetcher may name partitions (the
+guard ``REVOCATION``): only those stop, the rest are fetched on without a pause, and the generation
+stays; a StartFetcher marked ``incremental`` goes on with the partitions already fetched
+(:attr:`StartFetchers.kept`) and starts only the others. A static member (``instance_id``,
+SPEC.md §11.11) is *fenced* when a newer process registers under its instance id: a StopFetcher
+with reason FENCED_INSTANCE_ID, or that code answering its registration or a commit (the guard
+``FENCED``), stops everything, answers, closes cleanly and ends in FENCED, which never registers
+again; a static member closing sends no LeaveGroup, since a restart is expected.
+
 NOT_COORDINATOR and COORDINATOR_LOAD_IN_PROGRESS (a registration refused, or a commit or leave
 answered so) mean a coordinator failover is under way: the next discovery goes after the short
 ``failover_retry``, not the backoff, for at most ``max_failover_retries`` in a row (the guard
@@ -62,9 +71,12 @@ from statemachine.table import Guard, Guarded, IllegalTransition, TransitionTabl
 __all__ = [
     "FAILOVER",
     "FAILOVER_CODES",
+    "FENCED",
     "INITIAL_STATE",
     "RENEWED",
+    "REVOCATION",
     "STALE",
+    "STOP_ALL",
     "TABLE",
     "UNKNOWN_EPOCH",
     "Close",
@@ -79,6 +91,7 @@ __all__ = [
     "Discover",
     "DiscoveryFailed",
     "Effect",
+    "Fenced",
     "Ignored",
     "Input",
     "LeaseExpired",
@@ -113,6 +126,9 @@ class ConsumerState(enum.Enum):
     REREGISTERING = "Reregistering"
     """Registering with the new coordinator, offering the partitions still fetched."""
     CLOSED = "Closed"
+    FENCED = "Fenced"
+    """A newer process took this member's instance id: stopped, closed, and never registering
+    again (SPEC.md §11.11). The application hears FENCED_INSTANCE_ID."""
 
 
 INITIAL_STATE = ConsumerState.IDLE
@@ -191,6 +207,10 @@ class StopFetcherReceived:
     correlation_id: int
     epoch: int
     generation: int
+    partitions: tuple[TopicPartition, ...] | None = None
+    """The partitions to stop, the rest going on (a revocation, SPEC.md §11.5); None: all."""
+    reason: ErrorCode = ErrorCode.NONE
+    """FENCED_INSTANCE_ID: a newer process took this member's instance id (SPEC.md §11.11)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -201,6 +221,8 @@ class StartFetcherReceived:
     epoch: int
     generation: int
     streams: tuple[AssignedStream, ...]
+    incremental: bool = False
+    """Partitions of ``streams`` already fetched go on without a stop (SPEC.md §11.6)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -210,6 +232,14 @@ class CoordinatorMoved:
 
     now: float
     error_code: ErrorCode
+
+
+@attrs.frozen(kw_only=True)
+class Fenced:
+    """An OffsetCommit was answered FENCED_INSTANCE_ID: a newer process registered under this
+    member's instance id (SPEC.md §11.11)."""
+
+    now: float
 
 
 @attrs.frozen(kw_only=True)
@@ -242,6 +272,7 @@ Input: TypeAlias = (
     | StopFetcherReceived
     | StartFetcherReceived
     | CoordinatorMoved
+    | Fenced
     | ConnectionLost
     | LeaseExpired
     | Close
@@ -253,6 +284,7 @@ _FROM_CONNECTION = (
     Registered,
     RegistrationRejected,
     CoordinatorMoved,
+    Fenced,
     ConnectionLost,
 )
 """Inputs that arrive over the coordinator connection, so are void once it has been closed."""
@@ -277,17 +309,27 @@ class Register:
     coordinator: BrokerInfo
     generation: int
     owned: tuple[TopicPartition, ...]
+    instance_id: str | None = None
+    """The static member this process is (SPEC.md §11.11); None: a dynamic member."""
 
 
 @attrs.frozen(kw_only=True)
 class StopFetchers:
-    """Stop every fetcher and clear its queue; nothing may be fetched once this has been done."""
+    """Stop the fetchers of ``partitions`` (None: every one) and clear their queues; nothing may
+    be fetched for them once this has been done. The others fetch on."""
+
+    partitions: tuple[TopicPartition, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)
 class StartFetchers:
+    """Fetch exactly the partitions of ``streams``: those in ``kept`` are being fetched already
+    and go on from where they are (an incremental start; possibly into another stream), the
+    others start at their offsets."""
+
     generation: int
     streams: tuple[AssignedStream, ...]
+    kept: tuple[TopicPartition, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -315,11 +357,14 @@ class RespondStart:
 
 @attrs.frozen(kw_only=True)
 class CommitAndLeave:
-    """Commit the final offsets of ``partitions`` under ``generation``, then send LeaveGroup, so the
-    group rebalances without waiting for a failure to be detected."""
+    """Commit the final offsets of ``partitions`` under ``generation``, then, with ``leave``, send
+    LeaveGroup, so the group rebalances without waiting for a failure to be detected. A static
+    member does not leave (SPEC.md §11.11): its restart is expected, and its clean close after
+    stopping frees its partitions all the same."""
 
     generation: int
     partitions: tuple[TopicPartition, ...]
+    leave: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -400,6 +445,36 @@ def _failover_retry(
 FAILOVER = Guard("failover under way", _failover_retry, otherwise="refused")
 
 
+def _fenced(machine: ConsumerMachine, event: StopFetcherReceived | RegistrationRejected) -> bool:
+    if isinstance(event, StopFetcherReceived):
+        fenced = event.reason is ErrorCode.FENCED_INSTANCE_ID
+        return fenced and not _below_epoch(machine, event)
+    return event.error_code is ErrorCode.FENCED_INSTANCE_ID
+
+
+#: A newer process registered under this member's instance id (SPEC.md §11.11).
+FENCED = Guard("fenced", _fenced)
+
+#: Refused for another reason than fencing; a failover's quick retry is another outcome.
+_REFUSED = Guard(
+    "refused",
+    lambda machine, event: not _failover_retry(machine, event) and not _fenced(machine, event),
+)
+
+
+def _stop_of(machine: ConsumerMachine, event: StopFetcherReceived, *, listed: bool) -> bool:
+    """A rebalance's StopFetcher at the current epoch, naming partitions (``listed``) or not."""
+    if _below_epoch(machine, event) or _fenced(machine, event):
+        return False
+    return (event.partitions is not None) == listed
+
+
+#: The StopFetcher names the partitions to stop: the rest go on (SPEC.md §11.5).
+REVOCATION = Guard("revocation", lambda m, e: _stop_of(m, e, listed=True))
+#: The StopFetcher names no partitions: stop everything.
+STOP_ALL = Guard("stop all", lambda m, e: _stop_of(m, e, listed=False))
+
+
 def _epoch_checked(current: ConsumerState, stale: ConsumerState) -> Guarded[ConsumerState]:
     return Guarded(((~STALE, current), (STALE, stale)))
 
@@ -413,6 +488,24 @@ def _retried(state: ConsumerState) -> Guarded[ConsumerState]:
     return Guarded(((FAILOVER, state), (~FAILOVER, state)))
 
 
+def _registration_refused(state: ConsumerState) -> Guarded[ConsumerState]:
+    """Retried in ``state`` (after a delay the guard chooses), unless the refusal is a fence."""
+    return Guarded(((FAILOVER, state), (_REFUSED, state), (FENCED, ConsumerState.FENCED)))
+
+
+def _stop_checked(
+    current: ConsumerState, *, revoked: ConsumerState, stopped: ConsumerState
+) -> Guarded[ConsumerState]:
+    return Guarded(
+        (
+            (STALE, current),
+            (REVOCATION, revoked),
+            (STOP_ALL, stopped),
+            (FENCED, ConsumerState.FENCED),
+        )
+    )
+
+
 def _build_table() -> TransitionTable[ConsumerState]:
     S = ConsumerState
     t: dict[tuple[ConsumerState, type], ConsumerState | Guarded[ConsumerState]] = {
@@ -421,20 +514,28 @@ def _build_table() -> TransitionTable[ConsumerState]:
         (S.DISCOVERING, CoordinatorFound): _epoch_checked(S.REGISTERING, S.DISCOVERING),
         (S.DISCOVERING, DiscoveryFailed): S.DISCOVERING,
         (S.REGISTERING, Registered): _epoch_checked(S.STOPPED, S.DISCOVERING),
-        (S.REGISTERING, RegistrationRejected): _retried(S.DISCOVERING),
+        (S.REGISTERING, RegistrationRejected): _registration_refused(S.DISCOVERING),
         (S.REGISTERING, ConnectionLost): S.DISCOVERING,
         # A deposed coordinator's requests are ignored.
         (S.STOPPED, PingReceived): _epoch_checked(S.STOPPED, S.STOPPED),
-        (S.STOPPED, StopFetcherReceived): _epoch_checked(S.STOPPED, S.STOPPED),
+        (S.STOPPED, StopFetcherReceived): _stop_checked(
+            S.STOPPED, revoked=S.STOPPED, stopped=S.STOPPED
+        ),
         (S.STOPPED, StartFetcherReceived): _epoch_checked(S.FETCHING, S.STOPPED),
         (S.STOPPED, CoordinatorMoved): _retried(S.DISCOVERING),
+        (S.STOPPED, Fenced): S.FENCED,
         (S.STOPPED, ConnectionLost): S.DISCOVERING,
         (S.STOPPED, LeaseExpired): _lease_checked(S.STOPPED),
         (S.FETCHING, PingReceived): _epoch_checked(S.FETCHING, S.FETCHING),
-        (S.FETCHING, StopFetcherReceived): _epoch_checked(S.STOPPED, S.FETCHING),
-        # A StartFetcher without a StopFetcher first replaces the assignment: stop, then start.
+        # A revocation stops some partitions and fetches on with the rest.
+        (S.FETCHING, StopFetcherReceived): _stop_checked(
+            S.FETCHING, revoked=S.FETCHING, stopped=S.STOPPED
+        ),
+        # A StartFetcher without a StopFetcher first replaces the assignment: stop, then start
+        # (an incremental one stops only what it no longer names).
         (S.FETCHING, StartFetcherReceived): _epoch_checked(S.FETCHING, S.FETCHING),
         (S.FETCHING, CoordinatorMoved): _retried(S.REDISCOVERING),
+        (S.FETCHING, Fenced): S.FENCED,
         # The lease, not the connection, bounds fetching: fetch on while looking again.
         (S.FETCHING, ConnectionLost): S.REDISCOVERING,
         (S.FETCHING, LeaseExpired): _lease_checked(S.FETCHING),
@@ -442,12 +543,13 @@ def _build_table() -> TransitionTable[ConsumerState]:
         (S.REDISCOVERING, DiscoveryFailed): S.REDISCOVERING,
         (S.REDISCOVERING, LeaseExpired): _lease_checked(S.REDISCOVERING),
         (S.REREGISTERING, Registered): _epoch_checked(S.FETCHING, S.REDISCOVERING),
-        (S.REREGISTERING, RegistrationRejected): _retried(S.REDISCOVERING),
+        (S.REREGISTERING, RegistrationRejected): _registration_refused(S.REDISCOVERING),
         (S.REREGISTERING, ConnectionLost): S.REDISCOVERING,
         (S.REREGISTERING, LeaseExpired): _lease_checked(S.REREGISTERING),
     }
     for state in S:
         t[(state, Close)] = S.CLOSED
+    t[(S.FENCED, Close)] = S.FENCED  # it has ended already; closing keeps why
     return TransitionTable("Consumer client", t)
 
 
@@ -478,6 +580,9 @@ class ConsumerConfig:
     max_failover_retries: int = attrs.field(default=100, validator=attrs.validators.ge(0))
     """How many such quick retries in a row before the backoff applies again: a broker that keeps
     saying so is misconfigured, not in a failover."""
+    instance_id: str | None = None
+    """A static member's name, which outlives its processes (SPEC.md §11.11): registrations carry
+    it, and closing sends no LeaveGroup. None: a dynamic member."""
 
 
 @attrs.define
@@ -567,7 +672,12 @@ class ConsumerMachine:
                 self.coordinator = coordinator
                 self.epoch = max(self.epoch, epoch)
                 effects.append(
-                    Register(coordinator=coordinator, generation=self.generation, owned=self.owned)
+                    Register(
+                        coordinator=coordinator,
+                        generation=self.generation,
+                        owned=self.owned,
+                        instance_id=self.config.instance_id,
+                    )
                 )
             case DiscoveryFailed():
                 effects += self._failed_discovery()
@@ -578,37 +688,62 @@ class ConsumerMachine:
                 self._heard(anchor, epoch)
                 self.failures = self.failover_retries = 0
                 self.last_error = None
+            case RegistrationRejected() | Fenced() if next_state is S.FENCED:
+                effects += self._fenced()
             case RegistrationRejected(error_code=code) | CoordinatorMoved(error_code=code):
                 effects += self._rejected(code, failover=transition.guard == FAILOVER.name)
             case PingReceived(anchor=anchor, correlation_id=cid, epoch=epoch):
                 self._heard(anchor, epoch)
                 effects.append(RespondPing(correlation_id=cid, partitions=self.owned))
+            case StopFetcherReceived(
+                anchor=anchor, correlation_id=cid, epoch=epoch, partitions=listed
+            ) if transition.guard == REVOCATION.name:
+                # Only the listed partitions stop; the generation stays (SPEC.md §11.5).
+                self._heard(anchor, epoch)
+                revoked = frozenset(listed or ())
+                stopping = tuple(p for p in self.owned if p in revoked)
+                if stopping:
+                    effects.append(StopFetchers(partitions=stopping))
+                effects.append(RespondStop(correlation_id=cid, partitions=stopping))
+                self.owned = tuple(p for p in self.owned if p not in revoked)
             case StopFetcherReceived(anchor=anchor, correlation_id=cid, epoch=epoch):
                 self._heard(anchor, epoch)
                 if self.state is S.FETCHING:
                     effects.append(StopFetchers())
                 effects.append(RespondStop(correlation_id=cid, partitions=self.owned))
                 self.owned = ()
+                if next_state is S.FENCED:  # answered: now close, and never register again
+                    effects += self._fenced(stopped=True)
             case StartFetcherReceived(
                 anchor=anchor,
                 correlation_id=cid,
                 epoch=epoch,
                 generation=generation,
                 streams=streams,
+                incremental=incremental,
             ):
                 self._heard(anchor, epoch)
-                if self.state is S.FETCHING:
-                    effects.append(StopFetchers())
-                self.generation = generation
-                self.owned = tuple(
+                assigned = tuple(
                     sorted(
                         TopicPartition(topic=p.topic, partition=p.partition)
                         for stream in streams
                         for p in stream.partitions
                     )
                 )
+                kept: tuple[TopicPartition, ...] = ()
+                if self.state is S.FETCHING and incremental:
+                    # What goes on is never stopped; what it no longer names is (SPEC.md §11.6).
+                    wanted = frozenset(assigned)
+                    kept = tuple(p for p in self.owned if p in wanted)
+                    dropped = tuple(p for p in self.owned if p not in wanted)
+                    if dropped:
+                        effects.append(StopFetchers(partitions=dropped))
+                elif self.state is S.FETCHING:
+                    effects.append(StopFetchers())
+                self.generation = generation
+                self.owned = assigned
                 effects += [
-                    StartFetchers(generation=generation, streams=streams),
+                    StartFetchers(generation=generation, streams=streams, kept=kept),
                     RespondStart(correlation_id=cid),
                 ]
             case ConnectionLost() if self.state in (S.FETCHING, S.REREGISTERING):
@@ -629,7 +764,11 @@ class ConsumerMachine:
                 if self.state is S.FETCHING:
                     effects.append(StopFetchers())
                 effects += [
-                    CommitAndLeave(generation=self.generation, partitions=self.owned),
+                    CommitAndLeave(
+                        generation=self.generation,
+                        partitions=self.owned,
+                        leave=self.config.instance_id is None,
+                    ),
                     CloseConnection(),
                 ]
                 self.owned = ()
@@ -637,6 +776,19 @@ class ConsumerMachine:
             case Close():
                 effects += self._stop_and_disconnect()
         self.state = next_state
+        return effects
+
+    def _fenced(self, *, stopped: bool = False) -> list[Effect]:
+        """A newer process has this member's instance id: stop (unless ``stopped`` already),
+        close cleanly, and look for no coordinator again (SPEC.md §11.11)."""
+        S = ConsumerState
+        effects: list[Effect] = []
+        if self.state in (S.FETCHING, S.REREGISTERING) and not stopped:
+            effects.append(StopFetchers())
+        self.owned = ()
+        self.coordinator = None
+        self.last_error = ErrorCode.FENCED_INSTANCE_ID
+        effects.append(CloseConnection())
         return effects
 
     def _failed_discovery(self) -> list[Effect]:

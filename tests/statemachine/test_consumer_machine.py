@@ -30,6 +30,7 @@ from statemachine.consumer import (
     Discover,
     DiscoveryFailed,
     Effect,
+    Fenced,
     Ignored,
     Input,
     LeaseExpired,
@@ -117,6 +118,11 @@ def machine_in(state: ConsumerState, now: float = 100.0) -> ConsumerMachine:
             CoordinatorFound(now=now, coordinator=NEW, epoch=5),
         ],
         S.CLOSED: [Close()],
+        S.FENCED: [
+            Start(),
+            CoordinatorFound(now=now, coordinator=OLD, epoch=5),
+            RegistrationRejected(now=now, error_code=ErrorCode.FENCED_INSTANCE_ID),
+        ],
     }
     for event in paths[state]:
         m.handle(event)
@@ -149,6 +155,7 @@ def sample(kind: type, now: float, epoch: int = 5) -> Input:
             streams=streams(("u", 0)),
         ),
         CoordinatorMoved: CoordinatorMoved(now=now, error_code=ErrorCode.NOT_COORDINATOR),
+        Fenced: Fenced(now=now),
         ConnectionLost: ConnectionLost(now=now),
         LeaseExpired: LeaseExpired(now=now),
         Close: Close(),
@@ -176,6 +183,7 @@ COLUMNS: dict[str, type] = {
     "Stop": StopFetcherReceived,
     "StartF": StartFetcherReceived,
     "Moved": CoordinatorMoved,
+    "Fenced": Fenced,
     "Lost": ConnectionLost,
     "Lease": LeaseExpired,
     "Close": Close,
@@ -189,18 +197,21 @@ CELLS = {
     "REDISC": S.REDISCOVERING,
     "REREG": S.REREGISTERING,
     "CLOSED": S.CLOSED,
+    "FENCED": S.FENCED,
 }
-# "-": the input is illegal in that state (IllegalTransition, nothing changes).
+# Rows and cells name states as CELLS does; "-": the input is illegal in that state
+# (IllegalTransition, nothing changes).
 GRID = """
-               Start  Found  DFail  Regd   Rejd   Ping   Stop   StartF Moved  Lost   Lease  Close
-IDLE           DISC   -      -      -      -      -      -      -      -      -      -      CLOSED
-DISCOVERING    -      REG    DISC   -      -      -      -      -      -      -      -      CLOSED
-REGISTERING    -      -      -      STOP   DISC   -      -      -      -      DISC   -      CLOSED
-STOPPED        -      -      -      -      -      STOP   STOP   FETCH  DISC   DISC   DISC   CLOSED
-FETCHING       -      -      -      -      -      FETCH  STOP   FETCH  REDISC REDISC DISC   CLOSED
-REDISCOVERING  -      REREG  REDISC -      -      -      -      -      -      -      DISC   CLOSED
-REREGISTERING  -      -      -      FETCH  REDISC -      -      -      -      REDISC DISC   CLOSED
-CLOSED         -      -      -      -      -      -      -      -      -      -      -      CLOSED
+       Start  Found  DFail  Regd   Rejd   Ping   Stop   StartF Moved  Fenced Lost   Lease  Close
+IDLE   DISC   -      -      -      -      -      -      -      -      -      -      -      CLOSED
+DISC   -      REG    DISC   -      -      -      -      -      -      -      -      -      CLOSED
+REG    -      -      -      STOP   DISC   -      -      -      -      -      DISC   -      CLOSED
+STOP   -      -      -      -      -      STOP   STOP   FETCH  DISC   FENCED DISC   DISC   CLOSED
+FETCH  -      -      -      -      -      FETCH  STOP   FETCH  REDISC FENCED REDISC DISC   CLOSED
+REDISC -      REREG  REDISC -      -      -      -      -      -      -      -      DISC   CLOSED
+REREG  -      -      -      FETCH  REDISC -      -      -      -      -      REDISC DISC   CLOSED
+CLOSED -      -      -      -      -      -      -      -      -      -      -      -      CLOSED
+FENCED -      -      -      -      -      -      -      -      -      -      -      -      FENCED
 """
 
 
@@ -212,7 +223,7 @@ def expected_table() -> dict[tuple[ConsumerState, type], ConsumerState | None]:
         state_name, *cells = row.split()
         assert len(cells) == len(kinds)
         for kind, cell in zip(kinds, cells, strict=True):
-            table[(ConsumerState[state_name], kind)] = None if cell == "-" else CELLS[cell]
+            table[(CELLS[state_name], kind)] = None if cell == "-" else CELLS[cell]
     return table
 
 
@@ -644,6 +655,196 @@ def test_backoff_doubles_up_to_its_cap_and_resets_on_registration() -> None:
     assert m.handle(ConnectionLost(now=11.0)) == [CloseConnection(), Discover(delay=0.0)]
 
 
+# --- incremental rebalancing (SPEC.md §11.5, §11.6) --------------------------------------------
+
+T0, T1, T2 = (TopicPartition(topic="t", partition=p) for p in (0, 1, 2))
+
+
+def test_a_revocation_stops_only_the_listed_partitions_and_keeps_the_generation() -> None:
+    m = machine_in(S.FETCHING, now=100.0)
+    revoke = StopFetcherReceived(
+        now=101.0, anchor=101.0, correlation_id=4, epoch=5, generation=4, partitions=(T1, T2)
+    )
+    # t-2 is not fetched: ignored; t-1 stops and its final offset is answered; t-0 goes on.
+    assert m.handle(revoke) == [
+        StopFetchers(partitions=(T1,)),
+        RespondStop(correlation_id=4, partitions=(T1,)),
+    ]
+    assert (state_of(m), m.owned, m.generation) == (S.FETCHING, (T0,), 3)
+    assert m.lease_deadline() == 107.0
+    ping = PingReceived(now=102.0, anchor=102.0, correlation_id=5, epoch=5, generation=3)
+    assert m.handle(ping) == [RespondPing(correlation_id=5, partitions=(T0,))]
+    # A re-registration offers only what is still fetched.
+    m.handle(ConnectionLost(now=103.0))
+    assert m.handle(CoordinatorFound(now=103.0, coordinator=NEW, epoch=5)) == [
+        Register(coordinator=NEW, generation=3, owned=(T0,))
+    ]
+
+
+def test_a_revocation_of_nothing_fetched_is_answered_and_stops_nothing() -> None:
+    for state in (S.STOPPED, S.FETCHING):
+        m = machine_in(state, now=100.0)
+        owned = m.owned
+        revoke = StopFetcherReceived(
+            now=101.0, anchor=101.0, correlation_id=4, epoch=5, generation=4, partitions=(T2,)
+        )
+        assert m.handle(revoke) == [RespondStop(correlation_id=4, partitions=())]
+        assert (state_of(m), m.owned) == (state, owned)
+
+
+def test_revoking_everything_fetched_keeps_fetching_state_with_nothing() -> None:
+    m = machine_in(S.FETCHING, now=100.0)
+    revoke = StopFetcherReceived(
+        now=101.0, anchor=101.0, correlation_id=4, epoch=5, generation=4, partitions=OWNED
+    )
+    assert m.handle(revoke) == [
+        StopFetchers(partitions=OWNED),
+        RespondStop(correlation_id=4, partitions=OWNED),
+    ]
+    assert (state_of(m), m.owned, m.generation) == (S.FETCHING, (), 3)
+
+
+def test_an_incremental_start_goes_on_with_what_it_keeps_and_stops_what_it_drops() -> None:
+    m = machine_in(S.FETCHING, now=100.0)  # fetching t-0 and t-1 under generation 3
+    new = streams(("t", 1), ("t", 2))
+    start = StartFetcherReceived(
+        now=101.0,
+        anchor=101.0,
+        correlation_id=6,
+        epoch=5,
+        generation=7,
+        streams=new,
+        incremental=True,
+    )
+    assert m.handle(start) == [
+        StopFetchers(partitions=(T0,)),  # the coordinator revokes first; if not, stop it here
+        StartFetchers(generation=7, streams=new, kept=(T1,)),
+        RespondStart(correlation_id=6),
+    ]
+    assert (state_of(m), m.owned, m.generation) == (S.FETCHING, (T1, T2), 7)
+
+
+def test_an_incremental_start_that_drops_nothing_stops_nothing() -> None:
+    m = machine_in(S.FETCHING, now=100.0)
+    new = streams(("t", 0), ("t", 1), ("t", 2))
+    start = StartFetcherReceived(
+        now=101.0,
+        anchor=101.0,
+        correlation_id=6,
+        epoch=5,
+        generation=7,
+        streams=new,
+        incremental=True,
+    )
+    assert m.handle(start) == [
+        StartFetchers(generation=7, streams=new, kept=OWNED),
+        RespondStart(correlation_id=6),
+    ]
+
+
+def test_an_incremental_start_while_stopped_starts_everything() -> None:
+    m = machine_in(S.STOPPED, now=100.0)
+    start = attrs.evolve(_started(101.0), incremental=True)
+    assert m.handle(start) == [
+        StartFetchers(generation=3, streams=ASSIGNED, kept=()),
+        RespondStart(correlation_id=1),
+    ]
+    assert state_of(m) is S.FETCHING
+
+
+# --- static members (SPEC.md §11.11) ------------------------------------------------------------
+
+STATIC = ConsumerConfig(session_timeout=T, instance_id="billing-1")
+
+
+def static_machine_fetching(now: float = 100.0) -> ConsumerMachine:
+    m = ConsumerMachine(config=STATIC)
+    m.handle(Start())
+    assert m.handle(CoordinatorFound(now=now, coordinator=OLD, epoch=5)) == [
+        Register(coordinator=OLD, generation=-1, owned=(), instance_id="billing-1")
+    ]
+    m.handle(Registered(now=now, anchor=now, generation=2, epoch=5))
+    m.handle(_started(now))
+    return m
+
+
+def test_a_static_member_closes_after_stopping_and_committing_without_leaving() -> None:
+    m = static_machine_fetching()
+    assert m.handle(Close()) == [
+        StopFetchers(),
+        CommitAndLeave(generation=3, partitions=OWNED, leave=False),
+        CloseConnection(),
+    ]
+    assert state_of(m) is S.CLOSED
+
+
+@pytest.mark.parametrize("state", [S.STOPPED, S.FETCHING])
+def test_a_fenced_stop_stops_answers_closes_and_ends(state: ConsumerState) -> None:
+    m = static_machine_fetching()
+    if state is S.STOPPED:
+        m.handle(
+            StopFetcherReceived(now=100.5, anchor=100.5, correlation_id=2, epoch=5, generation=3)
+        )
+    fenced = StopFetcherReceived(
+        now=101.0,
+        anchor=101.0,
+        correlation_id=3,
+        epoch=5,
+        generation=3,
+        reason=ErrorCode.FENCED_INSTANCE_ID,
+    )
+    stopped = [StopFetchers()] if state is S.FETCHING else []
+    owned = OWNED if state is S.FETCHING else ()
+    assert m.handle(fenced) == [
+        *stopped,
+        RespondStop(correlation_id=3, partitions=owned),
+        CloseConnection(),  # clean: it has stopped
+    ]
+    assert (state_of(m), m.owned, m.last_error) == (S.FENCED, (), ErrorCode.FENCED_INSTANCE_ID)
+    assert m.lease_deadline() is None  # nothing runs out, nothing is looked for again
+    assert m.check_lease(1e9) == []
+    assert m.handle(Close()) == []
+    assert (state_of(m), m.last_error) == (S.FENCED, ErrorCode.FENCED_INSTANCE_ID)
+
+
+def test_a_fenced_stop_from_a_deposed_coordinator_is_ignored() -> None:
+    m = static_machine_fetching()
+    before = snapshot(m)
+    stale = StopFetcherReceived(
+        now=101.0,
+        anchor=101.0,
+        correlation_id=3,
+        epoch=4,
+        generation=3,
+        reason=ErrorCode.FENCED_INSTANCE_ID,
+    )
+    (ignored,) = m.handle(stale)
+    assert isinstance(ignored, Ignored)
+    assert snapshot(m) == before
+
+
+def test_a_fenced_commit_stops_and_closes_without_answering_anything() -> None:
+    m = static_machine_fetching()
+    assert m.handle(Fenced(now=101.0)) == [StopFetchers(), CloseConnection()]
+    assert (state_of(m), m.last_error) == (S.FENCED, ErrorCode.FENCED_INSTANCE_ID)
+
+
+def test_a_fenced_registration_ends_it_and_a_fetching_one_stops_first() -> None:
+    m = ConsumerMachine(config=STATIC)
+    m.handle(Start())
+    m.handle(CoordinatorFound(now=100.0, coordinator=OLD, epoch=5))
+    fenced = RegistrationRejected(now=100.1, error_code=ErrorCode.FENCED_INSTANCE_ID)
+    assert m.handle(fenced) == [CloseConnection()]  # no Discover: it does not look again
+    assert state_of(m) is S.FENCED
+
+    m = static_machine_fetching()
+    m.handle(ConnectionLost(now=101.0))
+    m.handle(CoordinatorFound(now=101.0, coordinator=NEW, epoch=6))
+    assert state_of(m) is S.REREGISTERING
+    assert m.handle(fenced) == [StopFetchers(), CloseConnection()]
+    assert (state_of(m), m.owned) == (S.FENCED, ())
+
+
 # --- a random walk checking the safety rules on the effects -------------------------------------
 
 KINDS = list(COLUMNS.values())
@@ -659,6 +860,22 @@ def walks(draw: st.DrawFn) -> list[Input]:
         kind = draw(st.sampled_from(KINDS))
         epoch = draw(st.sampled_from([4, 5, 5, 5, 6]))
         event = sample(kind, now, epoch)
+        if isinstance(event, StopFetcherReceived):
+            event = attrs.evolve(
+                event,
+                partitions=draw(st.sampled_from([None, (T0,), (T1, T2), OWNED])),
+                reason=draw(st.sampled_from([ErrorCode.NONE] * 3 + [ErrorCode.FENCED_INSTANCE_ID])),
+            )
+        if isinstance(event, StartFetcherReceived):
+            event = attrs.evolve(
+                event,
+                streams=draw(st.sampled_from([ASSIGNED, streams(("t", 1), ("t", 2)), ()])),
+                incremental=draw(st.booleans()),
+            )
+        if isinstance(event, RegistrationRejected):
+            codes = [ErrorCode.DUPLICATE_MEMBER_ID, ErrorCode.NOT_COORDINATOR]
+            codes.append(ErrorCode.FENCED_INSTANCE_ID)
+            event = attrs.evolve(event, error_code=draw(st.sampled_from(codes)))
         if isinstance(event, PingReceived | StopFetcherReceived | StartFetcherReceived):
             # the frame the request names was queued a while before it was read, or is unknown
             anchor = draw(st.sampled_from([0.0, 0.5, 2.0, 4.0, None]))
@@ -671,11 +888,13 @@ def walks(draw: st.DrawFn) -> list[Input]:
 def test_random_walk_keeps_the_safety_rules(events: list[Input]) -> None:
     m = ConsumerMachine(config=ConsumerConfig(session_timeout=T))
     fetching = False
+    fetched: set[TopicPartition] = set()
     connected = False
     discoveries = 0
     anchors: set[float] = set()
     for event in events:
         before = snapshot(m)
+        was_fenced = m.state is S.FENCED
         heard = m.last_heard
         if isinstance(event, _RENEWING) and event.anchor is not None:
             anchors.add(event.anchor)
@@ -693,10 +912,24 @@ def test_random_walk_keeps_the_safety_rules(events: list[Input]) -> None:
             discoveries -= 1  # this input is the discovery's answer
         for effect in effects:
             match effect:
-                case StopFetchers():
+                case StopFetchers(partitions=None):
                     fetching = False
-                case StartFetchers():
+                    fetched.clear()
+                case StopFetchers(partitions=partitions):
+                    assert partitions and set(partitions) <= fetched
+                    fetched -= set(partitions)
+                case StartFetchers(streams=new, kept=kept):
+                    wanted = {
+                        TopicPartition(topic=p.topic, partition=p.partition)
+                        for stream in new
+                        for p in stream.partitions
+                    }
+                    # Only what goes on is still fetched; everything else was stopped first.
+                    assert set(kept) == fetched <= wanted
                     fetching = True
+                    fetched = wanted
+                case RespondStop(partitions=answered):
+                    assert not set(answered) & fetched  # stopped before the answer
                 case Register():
                     assert not connected
                     connected = True
@@ -715,6 +948,9 @@ def test_random_walk_keeps_the_safety_rules(events: list[Input]) -> None:
         assert discoveries == (1 if m.state in (S.DISCOVERING, S.REDISCOVERING) else 0)
         if not fetching:
             assert m.owned == ()
+        assert set(m.owned) == fetched
+        if was_fenced:  # the end: nothing more is done, and it never looks for a coordinator
+            assert state_of(m) is S.FENCED and effects == []
         if fetching and not isinstance(event, Start | Close):
             deadline = m.lease_deadline()
             assert deadline is not None and event.now < deadline
