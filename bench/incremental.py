@@ -262,8 +262,9 @@ def report(
     unowned_baseline = None
     if eager is not None:
         unowned_extra["eager"] = round(eager.unowned_seconds, 6)
-        unowned_baseline = fraction * eager.unowned_seconds
-        unowned_extra["target_ratio"] = 1.5
+        if scenario in ("join", "leave"):
+            unowned_baseline = fraction * eager.unowned_seconds
+            unowned_extra["target_ratio"] = 1.5
     figure(
         BENCH,
         f"{name}_unowned",
