@@ -744,15 +744,14 @@ class Cluster:
         *,
         quiet: float,
         timeout: float,
-        holder: str | None = None,
+        holders: Iterable[str] = (),
     ) -> None:
-        """Until the ``live`` slots hold every partition between them, ``holder`` (a member that
-        just joined) holds some, and no consumer has said anything for ``quiet`` seconds."""
+        """Until the ``live`` slots hold every partition between them, each of ``holders`` (members
+        that just joined) holds some, and no consumer has said anything for ``quiet`` seconds."""
         with trio.fail_after(timeout):
             while True:
                 done = self.coverage(live) == partitions
-                if holder is not None:
-                    done = done and bool(self.held.get(holder))
+                done = done and all(self.held.get(holder) for holder in holders)
                 idle = time.monotonic() - self.last_event
                 if done and idle >= quiet:
                     return
@@ -846,7 +845,8 @@ async def consumers_protocol(
             live = [f"c{i}" for i in range(n)]
             for slot in live:
                 await cluster.start(slot, f"dynamic-{protocol}")
-            await cluster.wait_whole(live, partitions, quiet=2.0, timeout=timeout)
+            # Formed: every member holds some (a member that started late joined, too).
+            await cluster.wait_whole(live, partitions, quiet=2.0, timeout=timeout, holders=live)
 
             with reporting_errors(BENCH, "consumers_join", protocol=protocol):
                 before, records = cluster.snapshot(live), cluster.records
@@ -859,7 +859,7 @@ async def consumers_protocol(
                     partitions,
                     quiet=quiet,
                     timeout=timeout,
-                    holder=joiner,
+                    holders=[joiner],
                 )
                 measure("join", before, live, t0, {}, records)
 
@@ -900,7 +900,8 @@ async def consumers_protocol(
                 live = [f"s{i}" for i in range(n)]
                 for slot in live:
                     await cluster.start(slot, group, slot if static else None)
-                await cluster.wait_whole(live, partitions, quiet=2.0, timeout=timeout)
+                # Formed: every member holds some (a member that started late joined, too).
+            await cluster.wait_whole(live, partitions, quiet=2.0, timeout=timeout, holders=live)
                 before, records = cluster.snapshot(live), cluster.records
                 t0 = time.monotonic()
                 departures: dict[str, float] = {}
@@ -919,7 +920,7 @@ async def consumers_protocol(
                         partitions,
                         quiet=quiet,
                         timeout=timeout,
-                        holder=slot,
+                        holders=[slot],
                     )
                     # Its process up to its partitions back: what a restart costs besides the
                     # interpreter's start.
