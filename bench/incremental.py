@@ -900,8 +900,7 @@ async def consumers_protocol(
                 live = [f"s{i}" for i in range(n)]
                 for slot in live:
                     await cluster.start(slot, group, slot if static else None)
-                # Formed: every member holds some (a member that started late joined, too).
-            await cluster.wait_whole(live, partitions, quiet=2.0, timeout=timeout, holders=live)
+                await cluster.wait_whole(live, partitions, quiet=2.0, timeout=timeout, holders=live)
                 before, records = cluster.snapshot(live), cluster.records
                 t0 = time.monotonic()
                 departures: dict[str, float] = {}
