@@ -486,6 +486,9 @@ class SimulatedConsumer:
     last_error: ErrorCode = ErrorCode.NONE
     #: Not NONE: StopFetcher and StartFetcher are answered with this error and not carried out.
     handover_error: ErrorCode = ErrorCode.NONE
+    #: A buggy consumer: its Ping answers still carry each partition a StopFetcher revoked, at
+    #: the offset it stopped at plus 1000 (which would skip records if it counted).
+    report_stopped: bool = False
     channel: Channel | None = None
     generation: int = -1
     highest_epoch: int = -1
@@ -505,6 +508,7 @@ class SimulatedConsumer:
     starts_received: int = 0
     #: The partitions each StopFetcher named, in order (None: every one).
     stopped_partitions: list[frozenset[TopicPartition] | None] = attrs.field(factory=list)
+    _revoked_positions: dict[TopicPartition, int] = attrs.field(factory=dict)
     host: SimulatedHost = attrs.field(factory=SimulatedHost)
     _link: Link | None = None
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
@@ -573,19 +577,37 @@ class SimulatedConsumer:
         await self.kill()
 
     async def leave(self) -> None:
-        """A clean shutdown with LeaveGroup: the member leaves its group for good, even a
-        static one (docs/design.md#static-members)."""
-        self._stop_fetching(trio.current_time())
+        """A clean close: stop fetching, commit the final offsets, send LeaveGroup, close the
+        connection, and do not register again (the consumer library's close). A static member
+        leaves for good too (docs/design.md#static-members)."""
+        self.rejoin = False
         channel = self.channel
         if channel is not None and not channel.closed:
-            request = LeaveGroupRequest(
-                group_id=self.group_id, consumer_id=self.consumer_id, generation=self.generation
+            offsets = self._offsets()
+            self._stop_fetching(trio.current_time())
+            if self.auto_commit and offsets:
+                await channel.request(
+                    OffsetCommitRequest(
+                        group_id=self.group_id,
+                        consumer_id=self.consumer_id,
+                        generation=self.generation,
+                        offsets=offsets,
+                    )
+                )
+            response = await channel.request(
+                LeaveGroupRequest(
+                    group_id=self.group_id,
+                    consumer_id=self.consumer_id,
+                    generation=self.generation,
+                )
             )
-            with contextlib.suppress(ChannelClosed):
-                response = await channel.request(request)
-                assert isinstance(response, LeaveGroupResponse)
-                self.last_error = response.error_code
-        await self.kill()
+            assert isinstance(response, LeaveGroupResponse)
+            self.last_error = response.error_code
+        self._killed = True
+        self._scope.cancel()
+        if channel is not None:
+            with trio.CancelScope(shield=True):
+                await channel.aclose()
 
     def freeze(self, seconds: float) -> None:
         """Pause the whole process (a GC pause): nothing is read, answered or fetched."""
@@ -638,15 +660,21 @@ class SimulatedConsumer:
 
     # --- the application ----------------------------------------------------------------------
 
-    async def commit(self) -> ErrorCode:
+    async def commit(
+        self,
+        *,
+        generation: int | None = None,
+        positions: Mapping[TopicPartition, int] | None = None,
+    ) -> ErrorCode:
         """An explicit OffsetCommit of the current positions, over a fresh connection if the
         coordinator connection is gone or its lease ran out (what a process back from a long
-        pause does before it re-registers)."""
+        pause does before it re-registers). ``generation`` and ``positions`` replace its own:
+        a commit sent long ago and read only now."""
         request = OffsetCommitRequest(
             group_id=self.group_id,
             consumer_id=self.consumer_id,
-            generation=self.generation,
-            offsets=self._offsets(),
+            generation=self.generation if generation is None else generation,
+            offsets=self._offsets(positions),
         )
         channel = self.channel
         if channel is None or channel.closed or trio.current_time() >= self.lease_end:
@@ -845,12 +873,16 @@ class SimulatedConsumer:
                 if self.fetching:
                     for tp in self.positions:
                         self.positions[tp] += self.records_per_ping
+                reported = self.positions
+                if self.report_stopped:
+                    stale = {tp: o + 1000 for tp, o in self._revoked_positions.items()}
+                    reported = stale | self.positions
                 await self._respond(
                     request,
                     PingResponse(
                         error_code=ErrorCode.NONE,
                         consumer_id=self.consumer_id,
-                        offsets=self._offsets() if self.auto_commit else (),
+                        offsets=self._offsets(reported) if self.auto_commit else (),
                     ),
                 )
             case StopFetcherRequest() if self.handover_error is not ErrorCode.NONE:
@@ -903,6 +935,7 @@ class SimulatedConsumer:
                         self.cluster.ledger.ended(self.group_id, self.consumer_id, tp, now)
                 for tp in stopped:
                     del self.positions[tp]
+                self._revoked_positions.update(stopped)
                 await self._respond(
                     request,
                     StopFetcherResponse(
