@@ -333,6 +333,7 @@ class GroupCoordinator:
             return
         (death,) = effects
         now = trio.current_time()
+        generation = group.ownership.holding(member.incarnation).generation
         del group.members[member.member_id]
         group.processes.pop(member.consumer_id, None)
         died = ownership.OwnerDied(
@@ -344,7 +345,9 @@ class GroupCoordinator:
         if member.static and death.cause is not member_sm.DeathCause.LEFT:
             # No rebalance: its partitions wait for a restart within T
             # (docs/design.md#static-members).
-            away = self.away(group, member.record, since=now)
+            # Its record keeps its own generation, under which a successor claims its partitions.
+            record = attrs.evolve(member.record, generation=generation)
+            away = self.away(group, record, since=now)
             log.info(
                 "group %s: %s's process ended (%s); away until %.3f, its partitions free at %.3f",
                 group.group_id,
@@ -676,8 +679,14 @@ class GroupCoordinator:
             owners: dict[str, set[TopicPartition]] = {}
             for tp, thread in record.assignment.items():
                 owners.setdefault(thread.member_id, set()).add(tp)
+            # Each under the member's own generation: under the incremental protocol, one the
+            # record's rebalance did not start kept its older one (-1: a record from before
+            # members had their own names only the group's).
+            own = {m.member_id: m.generation for m in record.members if m.generation >= 0}
             claims += [
-                ownership.Claim(owner=m, generation=record.generation, partitions=frozenset(tps))
+                ownership.Claim(
+                    owner=m, generation=own.get(m, record.generation), partitions=frozenset(tps)
+                )
                 for m, tps in owners.items()
             ]
             longest = max([longest, *(m.session_timeout_ms / 1000 for m in record.members)])

@@ -43,7 +43,7 @@ from statemachine import group as group_sm
 from statemachine import member as member_sm
 from statemachine import ownership
 from statemachine.assignment import sticky_assign
-from store import GroupRecord, MetadataStore, StoreError, TopicPlacement
+from store import GroupRecord, MemberRecord, MetadataStore, StoreError, TopicPlacement
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,8 @@ async def _attempt(coordinator: RebalanceHost, group: Group) -> None:
     recovered, group.recovered = group.recovered, None
     if recovered is not None and _adoptable(group, recovered, members, assignment):
         for member in members:
-            member.machine.handle(member_sm.Adopted(generation=recovered.generation))
+            own = group.ownership.holding(member.incarnation).generation
+            member.machine.handle(member_sm.Adopted(generation=own))
         coordinator.apply(group, group_sm.RecordAdopted())
         log.info(
             "group %s: every member came back as its record says; stable at generation %d",
@@ -319,10 +320,23 @@ async def _start_all(
         return None
     try:
         await coordinator.offsets.flush()
+        # Each member under its own generation after this attempt: the new one for those it
+        # starts, its own for those it leaves alone.
         record = GroupRecord(
             group_id=group.group_id,
             generation=generation,
-            members=(*(m.record for m in members), *(a.record for a in group.away.values())),
+            members=(
+                *(
+                    attrs.evolve(
+                        m.record,
+                        generation=generation
+                        if m in starting
+                        else group.ownership.holding(m.incarnation).generation,
+                    )
+                    for m in members
+                ),
+                *(a.record for a in group.away.values()),
+            ),
             assignment=assignment,
         )
         await coordinator.store.write_group(coordinator.epoch, record)
@@ -402,11 +416,16 @@ def _adoptable(
     record is complete (every start under it was answered), its members are exactly the live
     ones (with the same subscriptions and session timeouts, which a successor's lease count
     reads from it), the assignment computed now is the record's, and each member came back
-    under the record's generation holding, adopted, exactly its partitions of the record (so a
-    record that gave a member nothing is never adopted)."""
+    under its own generation by the record holding, adopted, exactly its partitions of the
+    record (so a record that gave a member nothing is never adopted)."""
     if not record.complete or group.machine.generation != record.generation:
         return False
-    if len(members) != len(record.members) or {m.record for m in members} != set(record.members):
+    recorded = {r.member_id: r for r in record.members}
+    if len(members) != len(record.members) or any(
+        m.member_id not in recorded
+        or attrs.evolve(recorded[m.member_id], generation=m.record.generation) != m.record
+        for m in members
+    ):
         return False
     if assignment != dict(record.assignment):
         return False
@@ -421,9 +440,16 @@ def _adoptable(
         # stopped (its lease ran out) and waits for one: only a start tells it which, so such a
         # group rebalances.
         mine = given.get(member.member_id)
-        if not mine or holding.partitions != mine or holding.generation != record.generation:
+        own = _recorded_generation(record, recorded[member.member_id])
+        if not mine or holding.partitions != mine or holding.generation != own:
             return False
     return True
+
+
+def _recorded_generation(record: GroupRecord, member: MemberRecord) -> int:
+    """The member's own generation by ``record``: a record written before members had their own
+    names only the group's."""
+    return member.generation if member.generation >= 0 else record.generation
 
 
 def _fail_if_adopted(group: Group, gained: Collection[TopicPartition]) -> None:
@@ -432,7 +458,7 @@ def _fail_if_adopted(group: Group, gained: Collection[TopicPartition]) -> None:
     coordinator: the attempt fails, and the next one stops it first."""
     if adopted := group.ownership.held_among(gained):
         raise AttemptFailed(
-            f"{len(adopted)} assigned partitions are held by a member that came back since"
+            f"{len(adopted)} partitions to be started are held by a member that came back since"
         )
 
 

@@ -65,6 +65,7 @@ def encode_member(member: MemberRecord) -> dict[str, Any]:
         "session_timeout_ms": member.session_timeout_ms,
         "auto_commit": member.auto_commit,
         "auto_offset_reset": member.auto_offset_reset,
+        "generation": member.generation,
     }
     if member.instance_id is not None:  # absent for a dynamic member, as in older records
         encoded["instance_id"] = member.instance_id
@@ -79,6 +80,7 @@ def decode_member(value: Mapping[str, Any]) -> MemberRecord:
         session_timeout_ms=int(value["session_timeout_ms"]),
         auto_commit=bool(value["auto_commit"]),
         auto_offset_reset=str(value["auto_offset_reset"]),
+        generation=int(value.get("generation", -1)),
         instance_id=None if value.get("instance_id") is None else str(value["instance_id"]),
     )
 

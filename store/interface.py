@@ -81,6 +81,11 @@ class MemberRecord:
     session_timeout_ms: int
     auto_commit: bool
     auto_offset_reset: str
+    #: The member's own generation, that of the last StartFetcher the group's record gave it:
+    #: under the incremental protocol a member the latest rebalance left alone keeps an older
+    #: one, and a successor adopts it under that (docs/design.md#adoption-after-a-failover).
+    #: -1 in a record written before members had their own (read as the group's generation).
+    generation: int = -1
     #: A static member's instance id (equal to ``member_id``, which names the member rather than
     #: one of its processes); None for a dynamic member. A successor coordinator reads it to know
     #: that the member outlives its processes (docs/design.md#static-members).

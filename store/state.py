@@ -71,15 +71,22 @@ def group_entry(group: GroupRecord, previous: GroupRecord | None = None) -> Json
         return {"op": "group", "group": encode_group(group)}
     old_members = {member.member_id: member for member in previous.members}
     kept = set()
+    #: Kept members whose own generation alone changed: an incremental rebalance starts some
+    #: members and leaves the others as they are, so this is the common change.
+    generations: dict[str, int] = {}
     for member in group.members:
         old = old_members.get(member.member_id)
         if old is member or old == member:
             kept.add(member.member_id)
+        elif old is not None and attrs.evolve(old, generation=member.generation) == member:
+            kept.add(member.member_id)
+            generations[member.member_id] = member.generation
     joined = [member for member in group.members if member.member_id not in kept]
     if [m.member_id for m in previous.members if m.member_id in kept] + [
         m.member_id for m in joined
     ] != [m.member_id for m in group.members]:
-        kept, joined = set(), list(group.members)  # an order a diff cannot say: all anew
+        # an order a diff cannot say: all anew
+        kept, joined, generations = set(), list(group.members), {}
     old_assignment = previous.assignment
     changed: dict[TopicPartition, ConsumerThread] = {}
     still_assigned = 0
@@ -105,6 +112,7 @@ def group_entry(group: GroupRecord, previous: GroupRecord | None = None) -> Json
         "generation": group.generation,
         "left": sorted(old_members.keys() - kept),
         "joined": [encode_member(member) for member in joined],
+        "generations": generations,
         "owners": encode_owners(changed),
         "released": {topic: sorted(partitions) for topic, partitions in released.items()},
         "complete": group.complete,
@@ -171,7 +179,14 @@ class StoreState:
                 f"meets generation {previous.generation}"
             )
         left = set(entry["left"])
-        members = [member for member in previous.members if member.member_id not in left]
+        generations = entry.get("generations", {})
+        members = [
+            member
+            if member.member_id not in generations
+            else attrs.evolve(member, generation=int(generations[member.member_id]))
+            for member in previous.members
+            if member.member_id not in left
+        ]
         members.extend(decode_member(member) for member in entry["joined"])
         # The record's mapping proxy copies its dict as a dict: no rehashing of every partition.
         assignment = _copy(previous.assignment)

@@ -166,3 +166,35 @@ async def test_a_consumer_abandoning_a_live_connection_while_fetching_is_not_tak
         assert cluster.coordinator.groups["g"].machine.generation == 3
         assert {"a": a.owned, "b": b.owned} == held
         await cluster.check_invariants(settled=True)
+
+
+async def test_members_of_different_generations_are_adopted_each_under_its_own(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Under the incremental protocol a member the latest rebalance left alone keeps an older
+    generation; the record names each member's own, so a successor adopts them all as they are
+    (docs/design.md#adoption-after-a-failover): no Stop, no Start, no new generation."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster)
+        await trio.sleep_until(6.0)
+        c = await cluster.start_consumer(
+            "c", group="g", topics={"events": 1}, fetch_through_failover=True
+        )
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        # c gained; a and b each gave up a partition and were not started.
+        assert (a.generation, b.generation, c.generation) == (1, 1, 2)
+        held = {"a": a.owned, "b": b.owned, "c": c.owned}
+        handovers = [(x.stops_received, x.starts_received) for x in (a, b, c)]
+        await trio.sleep_until(9.0)  # the record is marked complete
+        records = await cluster.store.groups()
+        assert [m.generation for m in records["g"].members] == [1, 1, 2]
+        await _restart(cluster)
+        with trio.fail_after(20):
+            await cluster.wait_settled()
+        assert trio.current_time() == 12.5
+        group = cluster.coordinator.groups["g"]
+        assert (group.machine.generation, group.attempts) == (2, 0)
+        assert {"a": a.owned, "b": b.owned, "c": c.owned} == held
+        assert [(x.stops_received, x.starts_received) for x in (a, b, c)] == handovers
+        await cluster.check_invariants(settled=True)

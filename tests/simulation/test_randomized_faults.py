@@ -27,7 +27,7 @@ import trio.testing
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol.types import Subscription
 from simulation import SimulatedCluster, open_simulated_cluster
 
@@ -180,8 +180,9 @@ async def _monitor(cluster: SimulatedCluster) -> None:
         await cluster.check_invariants()
 
 
-async def _scenario(data_dir: Path, phases: list[list[Fault]]) -> None:
-    async with open_simulated_cluster(data_dir, CONFIG) as cluster:
+async def _scenario(data_dir: Path, phases: list[list[Fault]], protocol: RebalanceProtocol) -> None:
+    config = attrs.evolve(CONFIG, rebalance_protocol=protocol)
+    async with open_simulated_cluster(data_dir, config) as cluster:
         for topic, partitions in TOPICS.items():
             await cluster.create_topic(topic, partitions=partitions)
         with trio.fail_after(SETTLE_DEADLINE):
@@ -210,7 +211,7 @@ async def _scenario(data_dir: Path, phases: list[list[Fault]]) -> None:
 # The CI profile's 60 examples of up to three phases would take over a minute; 40 take ~50 s and
 # mix every fault kind with every other. Examples that once broke an invariant run every time.
 @settings(max_examples=40)
-@given(phases=PHASES)
+@given(phases=PHASES, protocol=st.sampled_from(list(RebalanceProtocol)))
 # A consumer paused while its connection is reset: the coordinator took the reset for the
 # consumer's own close and moved its partitions while it still fetched (found with 100 random
 # examples, not by CI's derandomized ones).
@@ -222,11 +223,15 @@ async def _scenario(data_dir: Path, phases: list[list[Fault]]) -> None:
             Fault(kind="drop", at=4.0, duration=0.25, target=1),
             Fault(kind="slow_then_freeze", at=3.0, duration=0.25, target=1),
         ],
-    ]
+    ],
+    protocol=RebalanceProtocol.EAGER,
 )
 # Pings delivered 2.5 s late, the answer to the first one lost to a cut: a lease counted from
 # their arrival outlasted the coordinator's count by 0.25 s (found with 64 random examples).
-@example(phases=[[Fault(kind="delay_then_cut", at=0.0, duration=5.0, target=0)]])
+@example(
+    phases=[[Fault(kind="delay_then_cut", at=0.0, duration=5.0, target=0)]],
+    protocol=RebalanceProtocol.INCREMENTAL,
+)
 # A recovered group adopted a member its record gave nothing, whose lease had run out meanwhile:
 # stopped, it waited for a start that never came, and the group never settled (found with 40
 # random examples).
@@ -253,7 +258,8 @@ async def _scenario(data_dir: Path, phases: list[list[Fault]]) -> None:
             Fault(kind="abandon", at=8.75, duration=11.5, target=21),
             Fault(kind="create_topic", at=9.75, duration=6.25, target=20),
         ],
-    ]
+    ],
+    protocol=RebalanceProtocol.EAGER,
 )
 # A consumer fetching through a restart froze before it registered again and stayed frozen past
 # its lease: the simulated consumer kept its fetch lease open until it woke, after the new
@@ -270,13 +276,17 @@ async def _scenario(data_dir: Path, phases: list[list[Fault]]) -> None:
             Fault(kind="restart", at=0.0, duration=4.0, target=0),
             Fault(kind="freeze", at=9.0, duration=10.25, target=39),
         ]
-    ]
+    ],
+    protocol=RebalanceProtocol.EAGER,
 )
-def test_random_faults_keep_every_invariant(phases: list[list[Fault]]) -> None:
+def test_random_faults_keep_every_invariant(
+    phases: list[list[Fault]], protocol: RebalanceProtocol
+) -> None:
     with tempfile.TemporaryDirectory() as data_dir:
         trio.run(
             _scenario,
             Path(data_dir),
             phases,
+            protocol,
             clock=trio.testing.MockClock(autojump_threshold=0),
         )

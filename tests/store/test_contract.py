@@ -25,6 +25,7 @@ from store import (
     TopicExists,
     TopicPlacement,
     UnknownTopic,
+    codec,
 )
 
 StoreOpener = Callable[[], AbstractAsyncContextManager[MetadataStore]]
@@ -363,6 +364,33 @@ async def test_a_static_member_keeps_its_instance_id_through_updates_and_a_reope
         stored = (await store.groups())["billing"]
         assert stored == second
         assert [m.instance_id for m in stored.members] == ["s1", "s2", None]
+
+
+async def test_each_members_own_generation_round_trips(store_factory: StoreOpener) -> None:
+    """Under the incremental protocol members of one group hold different generations; the
+    record keeps each one (docs/design.md#adoption-after-a-failover)."""
+    group = sample_group(generation=5)
+    own = (5, 2, 4)
+    group = attrs.evolve(
+        group,
+        members=tuple(
+            attrs.evolve(m, generation=g) for m, g in zip(group.members, own, strict=True)
+        ),
+    )
+    async with store_factory() as store:
+        epoch = await store.take_office(1)
+        await store.write_group(epoch, group)
+        assert (await store.groups())["billing"] == group
+    async with store_factory() as store:
+        stored = (await store.groups())["billing"]
+        assert tuple(m.generation for m in stored.members) == own
+
+
+def test_a_member_record_written_before_members_had_their_own_generation_loads() -> None:
+    encoded = codec.encode_member(sample_group().members[0])
+    del encoded["generation"]
+    assert codec.decode_member(encoded) == sample_group().members[0]
+    assert codec.decode_member(encoded).generation == -1
 
 
 async def test_writing_a_group_replaces_its_record(store: MetadataStore) -> None:

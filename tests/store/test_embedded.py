@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import aclosing, contextmanager
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -240,6 +241,35 @@ async def test_a_rebalance_journals_only_what_changed(tmp_path: pathlib.Path) ->
         assert await store.groups() == {"billing": joined}
 
 
+async def test_members_whose_own_generation_alone_changed_are_journaled_as_kept(
+    tmp_path: pathlib.Path,
+) -> None:
+    """An incremental rebalance starts a few members under the new generation and leaves the
+    rest at theirs: the update names the few by id and generation, not every member anew."""
+    members = tuple(member(f"m{i:02}") for i in range(100))
+    first = GroupRecord(group_id="billing", generation=1, members=members, assignment={})
+    later = attrs.evolve(
+        first,
+        generation=2,
+        members=(
+            attrs.evolve(members[0], generation=2),
+            *members[1:50],
+            attrs.evolve(members[50], generation=2),
+            *members[51:],
+        ),
+    )
+    async with open_embedded_store(tmp_path) as store:
+        epoch = await store.take_office(1)
+        await store.write_group(epoch, first)
+        await store.write_group(epoch, later)
+        assert await store.groups() == {"billing": later}
+    update = json.loads(journal_lines(tmp_path)[-1].split(b" ", 1)[1])
+    assert update["joined"] == [] and update["left"] == []
+    assert update["generations"] == {"m00": 2, "m50": 2}
+    async with open_embedded_store(tmp_path) as store:
+        assert await store.groups() == {"billing": later}
+
+
 async def test_a_journal_of_rebalances_compacts_and_reopens_to_the_last(
     tmp_path: pathlib.Path,
 ) -> None:
@@ -419,7 +449,7 @@ async def test_offsets_are_journaled_compactly(tmp_path: pathlib.Path) -> None:
 def test_a_member_record_written_before_static_members_still_loads() -> None:
     """A group record as stores wrote it before members had instance ids (the same JSON on the
     embedded journal and in ZooKeeper's chunks) loads as a dynamic member, and a dynamic member
-    is still written in that shape."""
+    is written without one."""
     written_before = {
         "group_id": "billing",
         "generation": 4,
@@ -444,4 +474,6 @@ def test_a_member_record_written_before_static_members_still_loads() -> None:
     record = codec.decode_group(written_before)
     assert record.members == (member("m1"),)
     assert record.members[0].instance_id is None
-    assert codec.encode_group(record) == written_before
+    encoded = codec.encode_group(record)
+    assert all("instance_id" not in member for member in encoded["members"])
+    assert codec.decode_group(encoded) == record

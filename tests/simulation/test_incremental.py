@@ -1,0 +1,277 @@
+"""Incremental rebalancing against the eager one, on the autojump clock with exact virtual times
+(docs/design.md#rebalance, SPEC.md §11.4-§11.8).
+
+Three members a, b, c over six partitions, T = 6 s (a Ping every 2 s, due within 4 s, one miss
+kills), settled at 3.0 with a: 0 1, b: 2 3, c: 4 5. Then one thing happens at 10.5. Under the
+incremental protocol only the members whose assignment changes get a request, and a partition
+that does not move is never stopped; under the eager one every member stops everything and
+starts again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from coordinator.config import CoordinatorConfig, RebalanceProtocol
+from protocol import ErrorCode
+from protocol.types import TopicPartition
+from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from tests.support.protocols import under
+
+INCREMENTAL, EAGER = RebalanceProtocol.INCREMENTAL, RebalanceProtocol.EAGER
+CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
+
+
+def _tp(partition: int) -> TopicPartition:
+    return TopicPartition(topic="events", partition=partition)
+
+
+def _parts(*partitions: int) -> frozenset[TopicPartition]:
+    return frozenset(_tp(p) for p in partitions)
+
+
+async def _three(
+    cluster: SimulatedCluster, *, report_stopped: bool = False
+) -> dict[str, SimulatedConsumer]:
+    await cluster.create_topic("events", partitions=6)
+    consumers = {
+        name: await cluster.start_consumer(
+            name, group="g", topics={"events": 1}, report_stopped=report_stopped
+        )
+        for name in "abc"
+    }
+    with trio.fail_after(10):
+        await cluster.wait_settled()
+    assert trio.current_time() == 3.0
+    assert {n: c.owned for n, c in consumers.items()} == {
+        "a": _parts(0, 1),
+        "b": _parts(2, 3),
+        "c": _parts(4, 5),
+    }
+    return consumers
+
+
+def _spans(cluster: SimulatedCluster, consumer_id: str) -> dict[int, list[tuple[float, float]]]:
+    """Each partition's fetch intervals by this consumer, in order."""
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for i in sorted(cluster.ledger.intervals(trio.current_time()), key=lambda i: i.start):
+        if i.consumer_id == consumer_id:
+            spans.setdefault(i.partition.partition, []).append((i.start, i.end))
+    return spans
+
+
+def _handovers(consumer: SimulatedConsumer) -> tuple[int, int]:
+    return consumer.stops_received, consumer.starts_received
+
+
+@pytest.mark.parametrize("protocol", [INCREMENTAL, EAGER])
+async def test_one_member_joining(
+    protocol: RebalanceProtocol, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+        c = await _three(cluster)
+        await trio.sleep_until(10.5)
+        c["d"] = await cluster.start_consumer("d", group="g", topics={"events": 1})
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        assert trio.current_time() == 10.5
+        await trio.sleep_until(12.0)
+        assert {n: x.owned for n, x in c.items()} == {
+            "a": _parts(0, 1),
+            "b": _parts(2, 3),
+            "c": _parts(4),
+            "d": _parts(5),
+        }
+        assert c["d"].started_generations == [2]
+        if protocol is INCREMENTAL:
+            # Only c loses (5) and only d gains: a and b hear nothing after their first start,
+            # keep generation 1, and never stop; c stops 5 alone and fetches 4 on.
+            assert [_handovers(c[n]) for n in "abcd"] == [(0, 1), (0, 1), (1, 1), (0, 1)]
+            assert c["c"].stopped_partitions == [_parts(5)]
+            assert [c[n].generation for n in "abcd"] == [1, 1, 1, 2]
+            assert _spans(cluster, "a") == {0: [(3.0, 12.0)], 1: [(3.0, 12.0)]}
+            assert _spans(cluster, "c") == {4: [(3.0, 12.0)], 5: [(3.0, 10.5)]}
+        else:
+            # Everyone stops everything (the first attempt stopped everyone too) and starts.
+            assert [_handovers(c[n]) for n in "abcd"] == [(2, 2), (2, 2), (2, 2), (1, 1)]
+            assert [c[n].generation for n in "abcd"] == [2, 2, 2, 2]
+            assert _spans(cluster, "a") == {
+                0: [(3.0, 10.5), (10.5, 12.0)],
+                1: [(3.0, 10.5), (10.5, 12.0)],
+            }
+        assert _spans(cluster, "d") == {5: [(10.5, 12.0)]}
+        await cluster.check_invariants(settled=True)
+
+
+@pytest.mark.parametrize("protocol", [INCREMENTAL, EAGER])
+@pytest.mark.parametrize("departure", ["leave", "kill"])
+async def test_one_member_leaving_cleanly_or_killed(
+    protocol: RebalanceProtocol,
+    departure: str,
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+        c = await _three(cluster)
+        await trio.sleep_until(10.5)
+        await (c["c"].leave() if departure == "leave" else c["c"].kill())
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        # It stopped before it closed: its partitions are free at once.
+        assert trio.current_time() == 10.5
+        await trio.sleep_until(12.0)
+        assert (c["a"].owned, c["b"].owned) == (_parts(0, 1, 4), _parts(2, 3, 5))
+        assert _spans(cluster, "c") == {4: [(3.0, 10.5)], 5: [(3.0, 10.5)]}
+        if protocol is INCREMENTAL:
+            # a and b only gain: one incremental start each, and their partitions go on.
+            assert [_handovers(c[n]) for n in "ab"] == [(0, 2), (0, 2)]
+            assert _spans(cluster, "a") == {
+                0: [(3.0, 12.0)],
+                1: [(3.0, 12.0)],
+                4: [(10.5, 12.0)],
+            }
+        else:
+            assert [_handovers(c[n]) for n in "ab"] == [(2, 2), (2, 2)]
+            assert _spans(cluster, "a") == {
+                0: [(3.0, 10.5), (10.5, 12.0)],
+                1: [(3.0, 10.5), (10.5, 12.0)],
+                4: [(10.5, 12.0)],
+            }
+        assert c["a"].started_generations == c["b"].started_generations == [1, 2]
+        await cluster.check_invariants(settled=True)
+
+
+@pytest.mark.parametrize("protocol", [INCREMENTAL, EAGER])
+async def test_one_member_frozen_past_its_session(
+    protocol: RebalanceProtocol, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The issue's case: c frozen at 10.5 misses the deadline of the Ping of 12.0 at 16.0; its
+    partitions wait out its lease, T + 0.5 s after that Ping, until 18.5. Under the eager
+    protocol the survivors stop their own partitions at 16.0 and get them back at 18.5 (the
+    issue measured 16.1 over real sockets); under the incremental one they never stop, and only
+    4 and 5 are unowned, from c's own lease end (14.0) until 18.5."""
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+        c = await _three(cluster)
+        await trio.sleep_until(10.5)
+        c["c"].freeze(20)
+        with trio.fail_after(30):
+            await cluster.wait_stable("g", members=2)
+        assert trio.current_time() == 18.5
+        await trio.sleep_until(20.0)
+        assert (c["a"].owned, c["b"].owned) == (_parts(0, 1, 4), _parts(2, 3, 5))
+        assert _spans(cluster, "c") == {4: [(3.0, 14.0)], 5: [(3.0, 14.0)]}
+        if protocol is INCREMENTAL:
+            assert [_handovers(c[n]) for n in "ab"] == [(0, 2), (0, 2)]
+            assert _spans(cluster, "a") == {
+                0: [(3.0, 20.0)],
+                1: [(3.0, 20.0)],
+                4: [(18.5, 20.0)],
+            }
+        else:
+            assert [_handovers(c[n]) for n in "ab"] == [(2, 2), (2, 2)]
+            assert _spans(cluster, "a") == {
+                0: [(3.0, 16.0), (18.5, 20.0)],
+                1: [(3.0, 16.0), (18.5, 20.0)],
+                4: [(18.5, 20.0)],
+            }
+        await cluster.check_invariants()
+
+
+async def test_members_whose_assignment_does_not_change_get_no_request(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Ten members over twenty partitions; an eleventh joins: the sticky assignor moves only
+    what it gives the newcomer, and the members it takes nothing from hear nothing."""
+    async with open_simulated_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
+        await cluster.create_topic("events", partitions=20)
+        names = [f"m{i:02}" for i in range(10)]
+        members = {
+            n: await cluster.start_consumer(n, group="g", topics={"events": 1}) for n in names
+        }
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        assert trio.current_time() == 3.0
+        before = {n: m.owned for n, m in members.items()}
+        await trio.sleep_until(10.5)
+        members["new"] = await cluster.start_consumer("new", group="g", topics={"events": 1})
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        assert trio.current_time() == 10.5
+        losers = sorted(n for n in names if members[n].owned != before[n])
+        assert len(losers) == len(members["new"].owned) >= 1
+        # Exactly the members that lose a partition get a StopFetcher (and no start); the new
+        # one gets a StartFetcher; the others get nothing at all.
+        for n in names:
+            expected = (1, 1) if n in losers else (0, 1)
+            assert _handovers(members[n]) == expected, n
+        assert _handovers(members["new"]) == (0, 1)
+        await cluster.check_invariants(settled=True)
+
+
+async def test_a_member_left_alone_commits_under_its_own_generation_and_a_stale_commit_is_refused(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Hazard (a): a member that gets no StartFetcher does not learn the new generation; its
+    commits under its own still count, for the partitions it held then. A commit under a
+    generation older than the start that gave a partition, or newer than the member's own, is
+    refused (SPEC.md §11.8)."""
+    async with open_simulated_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
+        c = await _three(cluster)
+        await trio.sleep_until(10.5)
+        await c["c"].leave()
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        a = c["a"]
+        assert (a.generation, a.owned) == (2, _parts(0, 1, 4))
+        # Sent under generation 1, before the start of 10.5 gave it 4, and read only now: it
+        # counts for 0 and 1, which it held then, and not for 4.
+        assert ErrorCode.ILLEGAL_GENERATION is await a.commit(generation=1)
+        old = {tp: a.positions[tp] for tp in _parts(0, 1)}
+        assert ErrorCode.NONE is await a.commit(generation=1, positions=old)
+        assert ErrorCode.ILLEGAL_GENERATION is await a.commit(generation=3)
+        # d joins: a and b each give up one partition and are not started, so they keep
+        # generation 2 while the group's is 3; their commits under 2 count.
+        await trio.sleep_until(11.0)
+        c["d"] = await cluster.start_consumer("d", group="g", topics={"events": 1})
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        assert trio.current_time() == 11.0
+        assert cluster.coordinator.groups["g"].machine.generation == 3
+        assert [_handovers(c[n]) for n in "ab"] == [(1, 2), (1, 2)]
+        assert (a.generation, len(a.owned)) == (2, 2)
+        await trio.sleep_until(12.5)
+        assert ErrorCode.NONE is await a.commit()
+        committed = await cluster.coordinator.offsets.committed("g")
+        assert all(committed[tp] == a.positions[tp] for tp in a.owned)
+        await cluster.check_invariants(settled=True)
+
+
+async def test_reports_for_partitions_a_member_stopped_are_refused_though_it_is_still_a_member(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Hazard (b): c answers the StopFetcher for 5 at 10.5 and goes on fetching 4. Its Pings
+    still report 5 (far ahead), and it commits 5: refused, while its reports and commits for 4
+    count, and 5's offset is d's alone."""
+    async with open_simulated_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
+        c = await _three(cluster, report_stopped=True)
+        await trio.sleep_until(10.5)
+        c["d"] = await cluster.start_consumer("d", group="g", topics={"events": 1})
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        assert c["c"].stopped_partitions == [_parts(5)]
+        await trio.sleep_until(16.5)  # Pings of 12.0, 14.0 and 16.0 answered
+        committed = await cluster.coordinator.offsets.committed("g")
+        assert committed[_tp(5)] == c["d"].positions[_tp(5)]
+        assert committed[_tp(4)] == c["c"].positions[_tp(4)]
+        member = cluster.coordinator.groups["g"].members["c"]
+        assert member.machine.alive
+        stale = {_tp(5): committed[_tp(5)] + 1}
+        assert ErrorCode.ILLEGAL_GENERATION is await c["c"].commit(positions=stale)
+        assert ErrorCode.NONE is await c["c"].commit()
+        committed = await cluster.coordinator.offsets.committed("g")
+        assert committed[_tp(5)] == c["d"].positions[_tp(5)]
+        await cluster.check_invariants(settled=True)
