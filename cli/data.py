@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 import trio
 
-from consumer import ConsumerSettings, Delivery, open_consumer, open_producer
+from consumer import ConsumerSettings, Delivery, InstanceFenced, open_consumer, open_producer
 from consumer.admin import open_admin
 from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
 
@@ -52,6 +52,15 @@ def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         default=ConsumerSettings().session_timeout,
         metavar="SECONDS",
         help="T: a coordinator failover must fit in T/3 (docs/design.md)",
+    )
+    consume.add_argument(
+        "--instance-id",
+        metavar="ID",
+        help=(
+            "a static member's name (SPEC.md §11.11): restarted within the session timeout, it gets"
+            " its partitions back and nobody else is disturbed; a newer process under the same"
+            " name ends this one"
+        ),
     )
     consume.add_argument("--print-key", action="store_true", help="print KEY<TAB>VALUE")
     for parser in (produce, consume):
@@ -131,6 +140,7 @@ async def run_consume(args: argparse.Namespace) -> int:
         session_timeout=args.session_timeout,
         auto_offset_reset="smallest" if args.from_beginning else "largest",
         client_id="console-consumer",
+        instance_id=args.instance_id,
     )
     out = sys.stdout.buffer
     printed = 0
@@ -162,6 +172,11 @@ async def run_consume(args: argparse.Namespace) -> int:
                             break
                 except BrokenPipeError:
                     pass  # the reader went away (| head): leave the group cleanly
-                nursery.cancel_scope.cancel()
-        # Leaving the block closes gracefully: fetchers stop, offsets commit, LeaveGroup.
+                except InstanceFenced as exc:
+                    print(f"coordinator: consume: {exc}", file=sys.stderr)
+                    return 1
+                finally:
+                    nursery.cancel_scope.cancel()
+        # Leaving the block closes gracefully: fetchers stop, offsets commit, LeaveGroup (none
+        # for a static member: it closes cleanly once stopped, and may come back).
     return 0

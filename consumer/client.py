@@ -526,6 +526,10 @@ class Consumer:
         session, self._session = self._session, None
         if session is None:
             return
+        if session.channel is not None and not reset:
+            # An answer just given (a fenced member's StopFetcher answer) leaves first, while the
+            # writer still runs: cancelled in the middle of a write, it would lose the frame.
+            await session.channel.flush()
         session.scope.cancel()
         if session.channel is not None:
             with trio.CancelScope(shield=True):

@@ -2,9 +2,13 @@
 
 No trio, no ``coordinator``: this is the proof that the sans-IO layer is all a client needs. It
 creates a topic if missing, joins a group as a consumer, answers the coordinator's Ping,
-StopFetcher and StartFetcher, and prints its assignment as one JSON line per StartFetcher::
+StopFetcher and StartFetcher, and prints its assignment as one JSON line per StartFetcher (and
+what an incremental rebalance revokes as one line per StopFetcher naming partitions)::
 
     python examples/raw_client.py --bootstrap 127.0.0.1:9092 --topic demo --group g
+
+With ``--instance-id`` it is a static member (protocol/SPEC.md §11.11); told it is fenced (a
+newer process took the instance id), it answers, closes and exits 3 without registering again.
 
 It does not fetch records (a real consumer would, within its ownership lease:
 docs/design.md#ownership-lease).
@@ -83,13 +87,25 @@ class RawClient:
                 error_code=ErrorCode.NONE, consumer_id=message.consumer_id, offsets=()
             )
         elif isinstance(message, StopFetcherRequest):
+            # Nothing is fetched, so there are no final offsets to report (SPEC.md §11.5); a real
+            # client stops the fetchers of ``partitions`` (None: all) before it answers.
             reply = StopFetcherResponse(
                 error_code=ErrorCode.NONE, consumer_id=message.consumer_id, offsets=()
             )
+            if message.partitions is not None:
+                revoked = sorted([p.topic, p.partition] for p in message.partitions)
+                print("revoked " + json.dumps(revoked), flush=True)
+            if message.reason is ErrorCode.FENCED_INSTANCE_ID:
+                self._answer(request, reply)
+                self.sock.close()  # a clean close: it has stopped; and it never registers again
+                print("fenced: a newer process took this instance id", flush=True)
+                raise SystemExit(3)
         elif isinstance(message, StartFetcherRequest):
             reply = StartFetcherResponse(error_code=ErrorCode.NONE, consumer_id=message.consumer_id)
             assignment = {
                 "generation": message.generation,
+                # true: partitions already fetched go on; the streams are still the whole set
+                "incremental": message.incremental,
                 "streams": {
                     s.stream_id: [
                         [p.topic, p.partition, p.offset, p.broker_id] for p in s.partitions
@@ -101,12 +117,17 @@ class RawClient:
             started = True
         else:
             raise SystemExit(f"unexpected request from the broker: {message}")
+        self._answer(request, reply)
+        return started
+
+    def _answer(self, request: Request, reply: ResponseMessage) -> None:
         self._send(
             self.conn.send(
-                Response(correlation_id=request.correlation_id, message=reply, request=message)
+                Response(
+                    correlation_id=request.correlation_id, message=reply, request=request.message
+                )
             )
         )
-        return started
 
 
 def main() -> int:
@@ -116,6 +137,7 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--group", default="raw-clients")
     parser.add_argument("--consumer-id", default="raw-1")
+    parser.add_argument("--instance-id", default=None, help="register as this static member")
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--forever", action="store_true", help="keep answering after the first")
     args = parser.parse_args()
@@ -135,8 +157,12 @@ def main() -> int:
             session_timeout_ms=args.session_timeout_ms,
             generation=-1,
             owned_partitions=(),
+            instance_id=args.instance_id,
         )
     )
+    if registered.error_code is ErrorCode.FENCED_INSTANCE_ID:
+        print("fenced: a newer process took this instance id", flush=True)
+        return 3
     if registered.error_code is not ErrorCode.NONE:
         raise SystemExit(f"cannot register: {registered.error_code.name}")
     print(f"registered in {args.group} as {args.consumer_id}", flush=True)

@@ -1,4 +1,5 @@
-"""The real coordinator in memory, for deterministic consumer tests on trio's MockClock.
+"""The real coordinator in memory, for deterministic consumer tests on trio's MockClock, and a
+coordinator the test plays by hand (:class:`ScriptedCoordinator`).
 
 Every connection the consumer opens is served by ``handle_connection`` over an in-memory stream,
 with the real coordinator of :func:`simulation.open_simulated_cluster`. The data plane is
@@ -17,23 +18,42 @@ from pathlib import Path
 import attrs
 import trio
 import trio.testing
+from trio_util import AsyncValue
 
 from broker.dispatch import handle_connection
 from coordinator.config import CoordinatorConfig
 from protocol import (
     ApiKey,
+    AssignedPartition,
+    AssignedStream,
+    ClusterMetadataRequest,
+    ClusterMetadataResponse,
     ErrorCode,
     FetchRequest,
     FetchResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    PingRequest,
+    PingResponse,
+    RegisterConsumerRequest,
+    RegisterConsumerResponse,
     Request,
     ResponseMessage,
+    Role,
+    StartFetcherRequest,
+    StartFetcherResponse,
+    StopFetcherRequest,
+    StopFetcherResponse,
     error_response,
 )
 from protocol.records import Record
-from protocol.types import TopicPartition
+from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
 from simulation import SimulatedCluster, open_simulated_cluster
+from transport.channel import Channel
 
 
 @attrs.define(eq=False)
@@ -188,4 +208,196 @@ async def open_in_memory_cluster(
         yield InMemoryCluster(
             cluster=cluster, log=TickingLog(start=trio.current_time()), nursery=nursery
         )
+        nursery.cancel_scope.cancel()
+
+
+SCRIPTED_BROKER = BrokerInfo(broker_id=1, host="broker", port=9092)
+
+
+@attrs.define(eq=False)
+class ScriptedMember:
+    """The coordinator's end of one consumer's registered connection: the test sends it the
+    requests of a rebalance by hand."""
+
+    registration: RegisterConsumerRequest
+    channel: Channel
+    line: Line
+    epoch: int
+    broker: BrokerInfo
+    ended: trio.Event = attrs.field(factory=trio.Event)
+    """The consumer closed the connection (``line.aborted``: with a reset)."""
+
+    @property
+    def consumer_id(self) -> str:
+        return self.registration.consumer_id
+
+    @property
+    def member_id(self) -> str:
+        """The name stream ids are built on: the instance id of a static member."""
+        return self.registration.instance_id or self.registration.consumer_id
+
+    def streams(self, *partitions: tuple[str, int, int]) -> tuple[AssignedStream, ...]:
+        """Stream 0 with ``(topic, partition, offset)`` each, at this coordinator's broker."""
+        return self.streams_of({0: partitions})
+
+    def streams_of(
+        self, by_index: dict[int, tuple[tuple[str, int, int], ...]]
+    ) -> tuple[AssignedStream, ...]:
+        return tuple(
+            AssignedStream(
+                stream_id=ConsumerThread(member_id=self.member_id, index=index).stream_id,
+                partitions=tuple(
+                    AssignedPartition(
+                        topic=t, partition=p, offset=o, broker_id=self.broker.broker_id
+                    )
+                    for t, p, o in partitions
+                ),
+            )
+            for index, partitions in by_index.items()
+        )
+
+    async def start(
+        self, generation: int, streams: tuple[AssignedStream, ...], *, incremental: bool = False
+    ) -> StartFetcherResponse:
+        response = await self.channel.request(
+            StartFetcherRequest(
+                coordinator_epoch=self.epoch,
+                generation=generation,
+                consumer_id=self.consumer_id,
+                streams=streams,
+                brokers=(self.broker,),
+                acknowledged_frames=self.channel.frames_received,
+                incremental=incremental,
+            )
+        )
+        assert isinstance(response, StartFetcherResponse)
+        return response
+
+    async def stop(
+        self,
+        generation: int,
+        partitions: tuple[TopicPartition, ...] | None = None,
+        reason: ErrorCode = ErrorCode.NONE,
+    ) -> StopFetcherResponse:
+        response = await self.channel.request(
+            StopFetcherRequest(
+                coordinator_epoch=self.epoch,
+                generation=generation,
+                consumer_id=self.consumer_id,
+                acknowledged_frames=self.channel.frames_received,
+                partitions=partitions,
+                reason=reason,
+            )
+        )
+        assert isinstance(response, StopFetcherResponse)
+        return response
+
+    async def ping(self, generation: int) -> PingResponse:
+        response = await self.channel.request(
+            PingRequest(
+                coordinator_epoch=self.epoch,
+                generation=generation,
+                consumer_id=self.consumer_id,
+                num_retries=0,
+                acknowledged_frames=self.channel.frames_received,
+            )
+        )
+        assert isinstance(response, PingResponse)
+        return response
+
+
+@attrs.define(eq=False)
+class ScriptedCoordinator:
+    """A coordinator the test plays by hand, to pin down exactly what a consumer does with each
+    request of the protocol (SPEC.md §11), whatever the real coordinator would send: it names
+    itself the coordinator, accepts registrations (or answers them ``register_answer``), answers
+    OffsetCommit ``commit_answer`` and LeaveGroup NONE, serves the data plane from ``log``, and
+    sends nothing of its own accord."""
+
+    log: TickingLog
+    nursery: trio.Nursery
+    epoch: int = 1
+    broker: BrokerInfo = SCRIPTED_BROKER
+    register_answer: ErrorCode = ErrorCode.NONE
+    commit_answer: ErrorCode = ErrorCode.NONE
+    registrations: list[RegisterConsumerRequest] = attrs.field(factory=list)
+    commits: list[OffsetCommitRequest] = attrs.field(factory=list)
+    leaves: list[LeaveGroupRequest] = attrs.field(factory=list)
+    lookups: list[float] = attrs.field(factory=list)
+    """When each ClusterMetadata (a discovery) came."""
+    members: AsyncValue[tuple[ScriptedMember, ...]] = attrs.field(factory=lambda: AsyncValue(()))
+
+    async def connect(self, host: str, port: int) -> trio.abc.Stream:
+        await trio.lowlevel.checkpoint()
+        client, server = trio.testing.memory_stream_pair()
+        line = Line(client)
+        self.nursery.start_soon(self._serve, server, line)
+        return line
+
+    async def member(self, index: int = 0) -> ScriptedMember:
+        """The ``index``-th registered member, once it has registered."""
+        members: tuple[ScriptedMember, ...] = await self.members.wait_value(
+            lambda members: len(members) > index
+        )
+        return members[index]
+
+    async def _serve(self, stream: trio.abc.Stream, line: Line) -> None:
+        channel = Channel.open(stream, Role.BROKER, max_frame_size=4 * 1024 * 1024)
+        member: ScriptedMember | None = None
+
+        async def on_request(request: Request) -> None:
+            nonlocal member
+            message = request.message
+            answer: ResponseMessage | None
+            match message:
+                case ClusterMetadataRequest():
+                    self.lookups.append(trio.current_time())
+                    answer = ClusterMetadataResponse(
+                        error_code=ErrorCode.NONE,
+                        coordinator_id=self.broker.broker_id,
+                        coordinator_epoch=self.epoch,
+                        brokers=(self.broker,),
+                        topics=(),
+                    )
+                case RegisterConsumerRequest():
+                    self.registrations.append(message)
+                    answer = RegisterConsumerResponse(
+                        error_code=self.register_answer, coordinator_epoch=self.epoch, generation=-1
+                    )
+                case OffsetCommitRequest():
+                    self.commits.append(message)
+                    answer = OffsetCommitResponse(error_code=self.commit_answer)
+                case LeaveGroupRequest():
+                    self.leaves.append(message)
+                    answer = LeaveGroupResponse(error_code=ErrorCode.NONE)
+                case _:
+                    answer = await self.log(request)
+            assert answer is not None
+            await channel.respond(request, answer)
+            if (
+                isinstance(message, RegisterConsumerRequest)
+                and self.register_answer is ErrorCode.NONE
+            ):
+                member = ScriptedMember(
+                    registration=message,
+                    channel=channel,
+                    line=line,
+                    epoch=self.epoch,
+                    broker=self.broker,
+                )
+                self.members.value = (*self.members.value, member)
+
+        try:
+            await channel.run(on_request)
+        finally:
+            if member is not None:
+                member.ended.set()
+            with trio.CancelScope(shield=True):
+                await channel.aclose()
+
+
+@asynccontextmanager
+async def open_scripted_coordinator() -> AsyncIterator[ScriptedCoordinator]:
+    async with trio.open_nursery() as nursery:
+        yield ScriptedCoordinator(log=TickingLog(start=trio.current_time()), nursery=nursery)
         nursery.cancel_scope.cancel()

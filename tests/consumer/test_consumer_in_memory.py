@@ -3,6 +3,7 @@ instants for group formation, growth, graceful hand-over and the ownership lease
 
 from __future__ import annotations
 
+import itertools
 import logging
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -16,6 +17,7 @@ from broker.election import ElectionStore, Elector, handle_elected_connection
 from consumer import (
     Consumer,
     ConsumerSettings,
+    InstanceFenced,
     RecordStream,
     open_consumer,
     open_producer,
@@ -26,7 +28,13 @@ from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine.consumer import ConsumerState
 from statemachine.group import GroupState
-from tests.consumer.inmemory import InMemoryCluster, Line, open_in_memory_cluster
+from tests.consumer.inmemory import (
+    InMemoryCluster,
+    Line,
+    ScriptedCoordinator,
+    open_in_memory_cluster,
+    open_scripted_coordinator,
+)
 from transport.connect import open_channel
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
@@ -517,3 +525,288 @@ async def test_a_producer_whose_metadata_broker_dies_mid_request_retries_elsewhe
             assert len(dying) == 1
             assert len(producer.placement["t"]) == 2
             assert trio.current_time() == asked_at
+
+
+# --- incremental rebalancing and static membership, against a coordinator played by hand --------
+
+T0, T1, T2, T3, T4 = (TopicPartition(topic="t", partition=p) for p in range(5))
+
+
+def delivered(seen: list[tuple[float, TopicPartition, int]], tp: TopicPartition) -> list[int]:
+    return [offset for _, p, offset in seen if p == tp]
+
+
+async def drain_timed(stream: RecordStream, seen: list[tuple[float, TopicPartition, int]]) -> None:
+    async for record in stream:
+        seen.append((trio.current_time(), record.topic_partition, record.offset))
+
+
+async def test_a_revocation_stops_only_its_partitions_and_the_rest_flow_on_without_a_gap(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[tuple[float, str, frozenset[TopicPartition]]] = []
+
+    async def revoked(partitions: frozenset[TopicPartition]) -> None:
+        events.append((trio.current_time(), "revoked", partitions))
+
+    async def assigned(partitions: frozenset[TopicPartition]) -> None:
+        events.append((trio.current_time(), "assigned", partitions))
+
+    settings = ConsumerSettings(session_timeout=6.0)
+    seen: list[tuple[float, TopicPartition, int]] = []
+    async with (
+        open_scripted_coordinator() as coordinator,
+        open_consumer(
+            "broker:9092",
+            "g",
+            topics={"t": 1},
+            settings=settings,
+            connect=coordinator.connect,
+            on_revoked=revoked,
+            on_assigned=assigned,
+        ) as consumer,
+        trio.open_nursery() as app,
+    ):
+        app.start_soon(drain_timed, consumer.streams[0], seen)
+        member = await coordinator.member()
+        await member.start(1, member.streams(("t", 0, 0), ("t", 1, 0), ("t", 2, 0), ("t", 3, 0)))
+        await trio.sleep_until(2.0)
+        answer = await member.stop(1, partitions=(T2, T3, T4))
+        events.append((trio.current_time(), "answered", frozenset()))
+        stopped_at = trio.current_time()
+        # the final offsets of what it stopped, and of nothing else
+        assert {(o.topic, o.partition) for o in answer.offsets} == {("t", 2), ("t", 3)}
+        assert consumer.assignment.value == {T0, T1}
+        assert consumer.generation == 1
+        ping = await member.ping(1)
+        assert {(o.topic, o.partition) for o in ping.offsets} == {("t", 0), ("t", 1)}
+        await trio.sleep_until(4.0)
+        # an incremental start: t-0 and t-1 go on whatever offset it names, t-4 starts at 0
+        added = member.streams(("t", 0, 999), ("t", 1, 999), ("t", 4, 0))
+        await member.start(2, added, incremental=True)
+        assert consumer.generation == 2
+        assert consumer.assignment.value == {T0, T1, T4}
+        await trio.sleep_until(6.0)
+        app.cancel_scope.cancel()
+        rebalances = list(events)  # closing revokes the rest
+
+    assert rebalances == [
+        (0.0, "assigned", frozenset({T0, T1, T2, T3})),
+        (2.0, "revoked", frozenset({T2, T3})),  # before the answer left
+        (2.0, "answered", frozenset()),
+        (4.0, "assigned", frozenset({T4})),
+    ]
+    fetches = coordinator.log.fetches
+    # t-2 and t-3: nothing fetched once stopped, and nothing delivered that was fetched before
+    assert max(at for at, tp, _ in fetches if tp in (T2, T3)) < stopped_at
+    assert max(at for at, tp, _ in seen if tp in (T2, T3)) < stopped_at
+    for tp in (T0, T1):
+        # No pause: fetched at least every idle interval (0.1 s) from 0 to 6 s, through both
+        # rebalances, never from the offset the incremental start named.
+        instants = [0.0, *(at for at, p, _ in fetches if p == tp), 6.0]
+        assert max(b - a for a, b in itertools.pairwise(instants)) <= 0.1 + 1e-9
+        assert 999 not in {offset for _, p, offset in fetches if p == tp}
+    # Every record in order, none twice, none skipped: up to 58, the last below the log's end
+    # (59) at the last fetch, at 5.9 s; t-4 from its start at 4.0 s.
+    for tp in (T0, T1, T4):
+        assert delivered(seen, tp) == list(range(59))
+
+
+async def test_an_incremental_start_moves_a_kept_partition_to_another_stream_without_a_gap(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """SPEC.md §11.6: a partition kept by an incremental start may move to another stream of the
+    same consumer; its records go on in the new stream, none lost or repeated, and an assigned
+    partition that the start no longer names is stopped first."""
+    revoked: list[frozenset[TopicPartition]] = []
+
+    async def on_revoked(partitions: frozenset[TopicPartition]) -> None:
+        revoked.append(partitions)
+
+    seen: list[tuple[float, TopicPartition, int]] = []
+    async with (
+        open_scripted_coordinator() as coordinator,
+        open_consumer(
+            "broker:9092",
+            "g",
+            topics={"t": 2},
+            settings=ConsumerSettings(session_timeout=6.0, max_buffered_records=8),
+            connect=coordinator.connect,
+            on_revoked=on_revoked,
+        ) as consumer,
+        trio.open_nursery() as app,
+    ):
+        first, second = consumer.streams
+        member = await coordinator.member()
+        await member.start(1, member.streams_of({0: (("t", 0, 0), ("t", 2, 0)), 1: (("t", 1, 0),)}))
+        app.start_soon(drain_timed, first, seen)
+        await trio.sleep_until(3.0)  # stream 1 is not read: t-1 fills its buffer and waits
+        assert second.partitions == {T1}
+        await member.start(2, member.streams_of({0: (("t", 0, 0), ("t", 1, 0))}), incremental=True)
+        assert first.partitions == {T0, T1}
+        assert second.partitions == frozenset()
+        assert revoked == [frozenset({T2})]  # not named any more: stopped
+        await trio.sleep_until(5.0)
+        app.cancel_scope.cancel()
+
+    # t-1's records buffered in stream 1 moved to stream 0 with it: all of them, in order, once
+    assert delivered(seen, T1) == list(range(49))
+    assert delivered(seen, T0) == list(range(49))
+    assert [at for at, tp, offset in seen if tp == T1 and offset == 0] == [3.0]
+
+
+async def test_a_commit_from_on_revoked_still_counts_the_revoked_partitions(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Without auto_commit the application commits in on_revoked, which runs after the fetchers
+    of the revoked partitions stopped and before the StopFetcher answer: the coordinator still
+    counts them as this member's then, so the commit carries them."""
+    box: list[Consumer] = []
+
+    async def commit_on_revoke(partitions: frozenset[TopicPartition]) -> None:
+        await box[0].commit()
+
+    async with (
+        open_scripted_coordinator() as coordinator,
+        open_consumer(
+            "broker:9092",
+            "g",
+            topics={"t": 1},
+            settings=ConsumerSettings(session_timeout=6.0, auto_commit=False),
+            connect=coordinator.connect,
+            on_revoked=commit_on_revoke,
+        ) as consumer,
+        trio.open_nursery() as app,
+    ):
+        box.append(consumer)
+        member = await coordinator.member()
+        await member.start(1, member.streams(("t", 0, 0), ("t", 1, 0)))
+        app.start_soon(drain, consumer.streams[0], [])
+        await trio.sleep_until(1.0)
+        answer = await member.stop(1, partitions=(T1,))
+        assert answer.offsets == ()  # without auto_commit the answer carries none
+        (commit,) = coordinator.commits
+        assert {(o.topic, o.partition) for o in commit.offsets} == {("t", 0), ("t", 1)}
+        assert commit.generation == 1
+        await consumer.commit()  # answered: t-1 is no longer this member's to commit
+        assert {(o.topic, o.partition) for o in coordinator.commits[-1].offsets} == {("t", 0)}
+        app.cancel_scope.cancel()
+
+
+async def test_a_static_member_registers_under_its_instance_id_and_closes_without_leaving(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
+    async with open_scripted_coordinator() as coordinator:
+        async with open_consumer(
+            "broker:9092", "g", topics={"t": 1}, settings=settings, connect=coordinator.connect
+        ) as consumer:
+            member = await coordinator.member()
+            assert member.registration.instance_id == "billing-1"
+            assert consumer.member_id != "billing-1"  # the process has its own id
+            # the coordinator names the streams after the member, which is the instance id
+            await member.start(1, member.streams(("t", 0, 0)))
+            assert consumer.assignment.value == {T0}
+            await trio.sleep(1.0)
+        # stopped, committed, and closed cleanly: no LeaveGroup, since a restart is expected
+        assert member.ended.is_set() and not member.line.aborted
+        assert [c.offsets[0].partition for c in coordinator.commits] == [0]
+        assert coordinator.leaves == []
+        assert max(at for at, _, _ in coordinator.log.fetches) < trio.current_time()
+    with pytest.raises(ValueError, match="must differ"):
+        async with open_consumer(
+            "broker:9092", "g", topics={"t": 1}, consumer_id="billing-1", settings=settings
+        ):
+            pass
+
+
+async def fenced_consumer_ends(
+    coordinator: ScriptedCoordinator, consumer: Consumer, stream_error: list[BaseException]
+) -> None:
+    """What every way of being fenced ends in: stopped, closed cleanly, the application told,
+    and never a discovery or registration again (watched for 3 T)."""
+    await trio.sleep(3 * consumer.settings.session_timeout)
+    assert consumer.state is ConsumerState.FENCED
+    assert consumer.last_error is ErrorCode.FENCED_INSTANCE_ID
+    assert consumer.assignment.value == frozenset()
+    assert [type(e) for e in stream_error] == [InstanceFenced]
+    assert len(coordinator.lookups) == len(coordinator.registrations) == 1
+
+
+async def read_until_fenced(stream: RecordStream, errors: list[BaseException]) -> None:
+    try:
+        async for _ in stream:
+            pass
+    except InstanceFenced as exc:
+        errors.append(exc)
+
+
+async def test_a_fenced_stop_stops_answers_closes_and_ends_for_good(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
+    errors: list[BaseException] = []
+    async with (
+        open_scripted_coordinator() as coordinator,
+        open_consumer(
+            "broker:9092", "g", topics={"t": 1}, settings=settings, connect=coordinator.connect
+        ) as consumer,
+        trio.open_nursery() as app,
+    ):
+        app.start_soon(read_until_fenced, consumer.streams[0], errors)
+        member = await coordinator.member()
+        await member.start(1, member.streams(("t", 0, 0), ("t", 1, 0)))
+        await trio.sleep_until(1.0)
+        answer = await member.stop(1, reason=ErrorCode.FENCED_INSTANCE_ID)
+        # the final offsets of everything, then a clean close: it had stopped
+        assert {o.partition for o in answer.offsets} == {0, 1}
+        await member.ended.wait()
+        assert trio.current_time() == 1.0 and not member.line.aborted
+        assert max(at for at, _, _ in coordinator.log.fetches) < 1.0
+        await fenced_consumer_ends(coordinator, consumer, errors)
+        with pytest.raises(InstanceFenced):
+            await consumer.commit()
+    assert coordinator.commits == [] and coordinator.leaves == []
+
+
+async def test_a_commit_answered_fenced_ends_the_consumer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
+    errors: list[BaseException] = []
+    async with (
+        open_scripted_coordinator() as coordinator,
+        open_consumer(
+            "broker:9092", "g", topics={"t": 1}, settings=settings, connect=coordinator.connect
+        ) as consumer,
+        trio.open_nursery() as app,
+    ):
+        app.start_soon(read_until_fenced, consumer.streams[0], errors)
+        member = await coordinator.member()
+        await member.start(1, member.streams(("t", 0, 0)))
+        await trio.sleep_until(1.0)
+        coordinator.commit_answer = ErrorCode.FENCED_INSTANCE_ID
+        with pytest.raises(InstanceFenced):
+            await consumer.commit()
+        await member.ended.wait()
+        assert trio.current_time() == 1.0 and not member.line.aborted
+        assert max(at for at, _, _ in coordinator.log.fetches) < 1.0
+        await fenced_consumer_ends(coordinator, consumer, errors)
+
+
+async def test_a_registration_answered_fenced_ends_the_consumer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
+    errors: list[BaseException] = []
+    async with (
+        open_scripted_coordinator() as coordinator,
+        open_consumer(
+            "broker:9092", "g", topics={"t": 1}, settings=settings, connect=coordinator.connect
+        ) as consumer,
+        trio.open_nursery() as app,
+    ):
+        coordinator.register_answer = ErrorCode.FENCED_INSTANCE_ID
+        app.start_soon(read_until_fenced, consumer.streams[0], errors)
+        await fenced_consumer_ends(coordinator, consumer, errors)
+        assert coordinator.log.fetches == []
