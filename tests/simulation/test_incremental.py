@@ -275,3 +275,47 @@ async def test_reports_for_partitions_a_member_stopped_are_refused_though_it_is_
         committed = await cluster.coordinator.offsets.committed("g")
         assert committed[_tp(5)] == c["d"].positions[_tp(5)]
         await cluster.check_invariants(settled=True)
+
+
+@pytest.mark.parametrize("protocol", [INCREMENTAL, EAGER])
+async def test_a_death_between_revoke_and_start_cancels_the_attempt_and_nothing_is_held_twice(
+    protocol: RebalanceProtocol, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """c answers each request 1 s late from 10.5. d joins at 10.5: attempt 2 revokes from c
+    (incremental: 5 alone; eager: everything from everyone). a is killed at 11.0, before c's
+    answer: attempt 2 is cancelled, c's late answer (11.5) is dropped, and attempt 3 runs for b,
+    c and d. What c was asked to stop stays c's until it says otherwise: it is given back to c,
+    which is not Stable, by a start."""
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+        c = await _three(cluster)
+        await trio.sleep_until(10.5)
+        c["c"].answer_slowly(1.0)
+        c["d"] = await cluster.start_consumer("d", group="g", topics={"events": 1})
+        await trio.sleep_until(11.0)
+        group = cluster.coordinator.groups["g"]
+        assert group.status.value[1] == 2
+        await c["a"].kill()
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        assert (group.attempts, group.completed, group.machine.generation) == (3, 2, 3)
+        # Incremental: c's start of 11.0 is answered at 12.5, after the stop queued before it.
+        # Eager: c answers attempt 2's stop (11.5), attempt 3's (12.5), then its start (14.5).
+        assert trio.current_time() == (12.5 if protocol is INCREMENTAL else 14.5)
+        await trio.sleep_until(20.0)
+        assert [c[n].owned for n in "bcd"] == [_parts(2, 3), _parts(4, 5), _parts(0, 1)]
+        if protocol is INCREMENTAL:
+            assert [_handovers(c[n]) for n in "bcd"] == [(0, 1), (1, 2), (0, 1)]
+            assert _spans(cluster, "b") == {2: [(3.0, 20.0)], 3: [(3.0, 20.0)]}
+            assert _spans(cluster, "c") == {4: [(3.0, 20.0)], 5: [(3.0, 11.5), (12.5, 20.0)]}
+            assert _spans(cluster, "d") == {0: [(11.0, 20.0)], 1: [(11.0, 20.0)]}
+        else:
+            assert [_handovers(c[n]) for n in "bcd"] == [(3, 2), (3, 2), (2, 1)]
+            assert _spans(cluster, "b") == {
+                2: [(3.0, 10.5), (12.5, 20.0)],
+                3: [(3.0, 10.5), (12.5, 20.0)],
+            }
+            assert _spans(cluster, "c") == {
+                4: [(3.0, 11.5), (14.5, 20.0)],
+                5: [(3.0, 11.5), (14.5, 20.0)],
+            }
+        await cluster.check_invariants(settled=True)
