@@ -47,6 +47,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,12 +64,9 @@ from bench.harness import (
     REPO,
     ServerProcess,
     Worker,
-    bare_broadcast,
     bench_arguments,
     create_topic,
     figure,
-    open_bare_clients,
-    open_bare_server,
     open_consumers,
     open_coordinator,
     profile_server,
@@ -80,7 +78,7 @@ from bench.harness import (
     top_frames,
     wait_until,
 )
-from bench.loadgen import frame_sizes
+from bench.rebalance import bare_latencies
 from bench.rebalance import settle as settle_server
 from consumer import open_producer
 from launch.processes import stop_process
@@ -472,18 +470,10 @@ async def loadgen_protocol(
 
 
 async def bare_seconds(work: Path, involved: int, partitions_per_member: int) -> float:
-    """Two round trips (StopFetcher-, then StartFetcher-sized) to ``involved`` bare peers."""
-    sizes = frame_sizes("m1234", TOPIC, partitions_per_member)
-    async with (
-        open_bare_server(work / f"bare-{involved}", [sizes.stop, sizes.start]) as bare,
-        open_bare_clients(bare, involved, work, interval=0) as workers,
-    ):
-        await wait_until(
-            workers, lambda st: sum(s["connected"] for s in st) >= involved, timeout=120
-        )
-        await trio.sleep(0.5)  # the hellos are read
-        samples = [await bare_broadcast(bare) for _ in range(3)]
-    return sorted(samples)[1]
+    """Two round trips (StopFetcher-, then StartFetcher-sized) to ``involved`` bare peers, as
+    bench/rebalance.py measures them: the median of three."""
+    samples = await bare_latencies(work, involved, involved * partitions_per_member, 3)
+    return statistics.median(samples)
 
 
 def _record(group: str, assignment: Mapping[TopicPartition, ConsumerThread]) -> GroupRecord:
