@@ -37,8 +37,14 @@ Per scenario and protocol, one JSON line per figure (the issue's targets in ``ta
 The rolling restart's figures cover the whole roll: ``moved`` (by instance id), ``contacted``
 (members other than the one restarting at the time), ``unowned`` and the roll's duration.
 
+The load generator's join and leave are repeated ``--repeats`` times (default 3); the sample of
+median time stands for each, the others are listed (``samples_ms``). For a kill or a freeze the
+departed member's partitions count as unowned from the signal: the end of its lease is the
+coordinator's to know, so the figure is an upper bound (a kill's clean close ends the lease at
+once). With ``--work-dir`` each scenario's holdings and handoffs stay there as JSON.
+
     python -m bench.incremental [--quick] [--work-dir DIR] [--parts loadgen,consumers]
-        [--protocols eager,incremental] [--profile SECONDS]
+        [--protocols eager,incremental] [--repeats N] [--profile SECONDS]
 """
 
 from __future__ import annotations
