@@ -679,14 +679,20 @@ class Cluster:
         self.changed.set()
         self.changed = trio.Event()
 
-    async def start(self, slot: str, group: str, instance_id: str | None = None) -> None:
+    async def start(
+        self,
+        slot: str,
+        group: str,
+        instance_id: str | None = None,
+        session: float | None = None,
+    ) -> None:
         command = [
             sys.executable,
             "-m",
             "bench.incremental_consumer",
             f"--bootstrap={self.server.host}:{self.server.port}",
             f"--group={group}",
-            f"--session-timeout={self.session}",
+            f"--session-timeout={session or self.session}",
             f"--client-id=bench-{slot}",
             f"--fetch-idle-interval={self.fetch_idle_interval}",
             *([f"--instance-id={instance_id}"] if instance_id is not None else []),
@@ -792,6 +798,7 @@ async def consumers_protocol(
     work: Path, protocol: str, supported: set[str], args: Any
 ) -> dict[str, tuple[Measured, dict[str, Any]]]:
     n, partitions, session = args.consumers, args.consumer_partitions, args.session
+    static_session = args.static_session
     quiet, timeout = 1.0, 60 + 4 * session
     results: dict[str, tuple[Measured, dict[str, Any]]] = {}
     work = work / f"consumers-{protocol}"
@@ -895,21 +902,23 @@ async def consumers_protocol(
                 group = f"static-{protocol}"
                 live = [f"s{i}" for i in range(n)]
                 for slot in live:
-                    await cluster.start(slot, group, slot if static else None)
+                    await cluster.start(slot, group, slot if static else None, static_session)
                 await cluster.wait_whole(live, partitions, quiet=2.0, timeout=timeout, holders=live)
                 before, records = cluster.snapshot(live), cluster.records
                 t0 = time.monotonic()
                 departures: dict[str, float] = {}
                 outsiders: set[str] = set()
                 rejoined: list[float] = []
+                down: list[float] = []
                 for slot in live:
                     handoffs_before = len(cluster.handoffs)
                     step = time.monotonic()
                     cluster.processes[slot].process.send_signal(signal.SIGTERM)
                     with trio.fail_after(timeout):
                         await cluster.processes[slot].exited.wait()
-                    await cluster.start(slot, group, slot if static else None)
+                    await cluster.start(slot, group, slot if static else None, static_session)
                     opened = await cluster.opening(slot, timeout)
+                    down.append(opened - step)
                     await cluster.wait_whole(
                         live,
                         partitions,
@@ -937,6 +946,9 @@ async def consumers_protocol(
                     contacted_while_others_restarted=sorted(outsiders),
                     roll_ms=round((time.monotonic() - t0) * 1e3, 1),
                     rejoin_ms=[round(r * 1e3, 1) for r in rejoined],
+                    # The signal to the new process up: the interpreter's stop and start.
+                    down_ms=[round(d * 1e3, 1) for d in down],
+                    session_timeout_ms=static_session * 1000,
                 )
                 # Every member restarts, so each is contacted once (its own Start): what counts
                 # is who was contacted while another restarted.
@@ -974,6 +986,13 @@ async def main() -> None:
         "--consumer-partitions", type=int, default=None, help="default 900 (quick 40)"
     )
     parser.add_argument("--session", type=float, default=None, help="consumers' T (default 6 s)")
+    parser.add_argument(
+        "--static-session",
+        type=float,
+        default=None,
+        help="the static members' T (default 20 s): a restart must fit in it, even on a busy "
+        "machine where an interpreter takes seconds to start",
+    )
     parser.add_argument("--rate", type=float, default=None, help="records/s (default 300)")
     parser.add_argument("--fetch-idle-interval", type=float, default=0.5)
     parser.add_argument(
@@ -990,6 +1009,7 @@ async def main() -> None:
     args.consumers = args.consumers or (4 if quick else 10)
     args.consumer_partitions = args.consumer_partitions or (40 if quick else 900)
     args.session = args.session or (3.0 if quick else 6.0)
+    args.static_session = args.static_session or (10.0 if quick else 20.0)
     args.rate = args.rate or (30.0 if quick else 300.0)
     protocols = [p for p in args.protocols.split(",") if p]
     parts = [p for p in args.parts.split(",") if p]
