@@ -328,6 +328,28 @@ def open_broker(
 # --- part 1: the load generator -----------------------------------------------------------------
 
 
+def _opened_logs(log_dir: Path) -> int:
+    """Partition logs under ``log_dir`` that have their first segment."""
+    if not log_dir.exists():
+        return 0
+    return sum(
+        1
+        for entry in os.scandir(log_dir)
+        if entry.name.startswith(f"{TOPIC}-") and any(os.scandir(entry.path))
+    )
+
+
+async def logs_opened(server: ServerProcess, partitions: int, at_most: float = 600) -> None:
+    """Wait until the broker has opened every partition log of the new topic (it does so in the
+    background, a directory fsync each: minutes of a busy disk at 10,000 partitions), then until
+    its CPU settles, so that a rebalance is measured, not that."""
+    log_dir = server.log_path.parent / "log"
+    with trio.move_on_after(at_most):
+        while await trio.to_thread.run_sync(_opened_logs, log_dir) < partitions:
+            await trio.sleep(1)
+    await settle_server(server)
+
+
 async def holdings(workers: list[Worker]) -> Holdings:
     found: Holdings = {}
     for worker in workers:
@@ -419,7 +441,7 @@ async def loadgen_protocol(
         ) as workers:
             await wait_until(workers, registered(members), timeout=timeout)
             await wait_until(workers, stable_at(members), timeout=timeout)
-            await settle_server(server)
+            await logs_opened(server, partitions)
 
             for repeat in range(repeats):
                 # join: one more member registers.
@@ -804,6 +826,7 @@ async def consumers_protocol(
     work = work / f"consumers-{protocol}"
     async with open_broker(work, protocol, supported, "--commit-interval", "0.2") as server:
         await create_topic(server, TOPIC, partitions)
+        await logs_opened(server, partitions)
         async with (
             trio.open_nursery() as producers,
             open_cluster(server, work, session, args.fetch_idle_interval) as cluster,
