@@ -14,6 +14,7 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import trio
@@ -42,6 +43,7 @@ from protocol import (
     RegisterConsumerRequest,
     RegisterConsumerResponse,
     Request,
+    RequestMessage,
     ResponseMessage,
     Role,
     StartFetcherRequest,
@@ -212,6 +214,7 @@ async def open_in_memory_cluster(
 
 
 SCRIPTED_BROKER = BrokerInfo(broker_id=1, host="broker", port=9092)
+_Answer = TypeVar("_Answer", bound=ResponseMessage)
 
 
 @attrs.define(eq=False)
@@ -259,19 +262,16 @@ class ScriptedMember:
     async def start(
         self, generation: int, streams: tuple[AssignedStream, ...], *, incremental: bool = False
     ) -> StartFetcherResponse:
-        response = await self.channel.request(
-            StartFetcherRequest(
-                coordinator_epoch=self.epoch,
-                generation=generation,
-                consumer_id=self.consumer_id,
-                streams=streams,
-                brokers=(self.broker,),
-                acknowledged_frames=self.channel.frames_received,
-                incremental=incremental,
-            )
+        request = StartFetcherRequest(
+            coordinator_epoch=self.epoch,
+            generation=generation,
+            consumer_id=self.consumer_id,
+            streams=streams,
+            brokers=(self.broker,),
+            acknowledged_frames=self.channel.frames_received,
+            incremental=incremental,
         )
-        assert isinstance(response, StartFetcherResponse)
-        return response
+        return await self._ask(request, StartFetcherResponse)
 
     async def stop(
         self,
@@ -279,30 +279,29 @@ class ScriptedMember:
         partitions: tuple[TopicPartition, ...] | None = None,
         reason: ErrorCode = ErrorCode.NONE,
     ) -> StopFetcherResponse:
-        response = await self.channel.request(
-            StopFetcherRequest(
-                coordinator_epoch=self.epoch,
-                generation=generation,
-                consumer_id=self.consumer_id,
-                acknowledged_frames=self.channel.frames_received,
-                partitions=partitions,
-                reason=reason,
-            )
+        request = StopFetcherRequest(
+            coordinator_epoch=self.epoch,
+            generation=generation,
+            consumer_id=self.consumer_id,
+            acknowledged_frames=self.channel.frames_received,
+            partitions=partitions,
+            reason=reason,
         )
-        assert isinstance(response, StopFetcherResponse)
-        return response
+        return await self._ask(request, StopFetcherResponse)
 
     async def ping(self, generation: int) -> PingResponse:
-        response = await self.channel.request(
-            PingRequest(
-                coordinator_epoch=self.epoch,
-                generation=generation,
-                consumer_id=self.consumer_id,
-                num_retries=0,
-                acknowledged_frames=self.channel.frames_received,
-            )
+        request = PingRequest(
+            coordinator_epoch=self.epoch,
+            generation=generation,
+            consumer_id=self.consumer_id,
+            num_retries=0,
+            acknowledged_frames=self.channel.frames_received,
         )
-        assert isinstance(response, PingResponse)
+        return await self._ask(request, PingResponse)
+
+    async def _ask(self, request: RequestMessage, answer: type[_Answer]) -> _Answer:
+        response = await self.channel.request(request)
+        assert isinstance(response, answer)
         return response
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import cast
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -18,12 +20,13 @@ from consumer import (
     Consumer,
     ConsumerSettings,
     InstanceFenced,
+    RebalanceCallback,
     RecordStream,
     open_consumer,
     open_producer,
 )
 from consumer.admin import Admin
-from coordinator.config import CoordinatorConfig
+from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine.consumer import ConsumerState
@@ -76,7 +79,8 @@ async def test_a_group_splits_grows_and_hands_over_at_once_on_close(
                     await member.assignment.wait_value(lambda owned: len(owned) == 4)
                 assert trio.current_time() == joined  # a join rebalances a stable group at once
                 assert a.assignment.value | b.assignment.value | c.assignment.value == ALL_12
-                assert a.generation == b.generation == c.generation == 2
+                # a and b only gave partitions up (a revocation): their generation stays
+                assert (a.generation, b.generation, c.generation) == (1, 1, 2)
 
                 leaving = trio.current_time()
                 await c.aclose()
@@ -86,7 +90,7 @@ async def test_a_group_splits_grows_and_hands_over_at_once_on_close(
                 # LeaveGroup: no failure detection, no lease wait
                 assert trio.current_time() == leaving
                 assert a.assignment.value | b.assignment.value == ALL_12
-                assert a.generation == b.generation == 3
+                assert a.generation == b.generation == 3  # both gained: an incremental start
             # Close one at a time: a member leaving while the coordinator is in the middle of
             # the previous leaver's rebalance is another test's business.
             await b.aclose()
@@ -233,8 +237,9 @@ async def test_offsets_reset_per_auto_offset_reset(
             assert first[tp0] == net.log.rate * (out_of_range[0][0] - net.log.start) // 1
 
 
+@pytest.mark.parametrize("protocol", list(RebalanceProtocol))
 async def test_rebalance_callbacks_see_revoked_before_assigned(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, protocol: RebalanceProtocol
 ) -> None:
     events: list[tuple[str, int]] = []
 
@@ -244,8 +249,9 @@ async def test_rebalance_callbacks_see_revoked_before_assigned(
     async def assigned(partitions: frozenset[TopicPartition]) -> None:
         events.append(("assigned", len(partitions)))
 
+    config = attrs.evolve(CONFIG, rebalance_protocol=protocol)
     async with (
-        open_in_memory_cluster(tmp_path, CONFIG, {"t": 4}) as net,
+        open_in_memory_cluster(tmp_path, config, {"t": 4}) as net,
         open_consumer(
             "b:1",
             "g",
@@ -260,13 +266,16 @@ async def test_rebalance_callbacks_see_revoked_before_assigned(
             await b.assignment.wait_value(lambda owned: len(owned) == 2)
             await a.assignment.wait_value(lambda owned: len(owned) == 2)
         await a.assignment.wait_value(lambda owned: len(owned) == 4)
-        assert events == [
-            ("assigned", 4),
-            ("revoked", 4),
-            ("assigned", 2),
-            ("revoked", 2),
-            ("assigned", 4),
-        ]
+        if protocol is RebalanceProtocol.EAGER:  # every rebalance stops and starts everything
+            assert events == [
+                ("assigned", 4),
+                ("revoked", 4),
+                ("assigned", 2),
+                ("revoked", 2),
+                ("assigned", 4),
+            ]
+        else:  # only what moves: b takes two, then gives them back
+            assert events == [("assigned", 4), ("revoked", 2), ("assigned", 2)]
 
 
 async def test_a_wildcard_subscription_takes_every_matching_topic(
@@ -330,9 +339,12 @@ async def test_a_consumer_silenced_while_starting_loses_its_lease_and_the_coordi
             on_assigned=assigned,
         ) as c:
             await c.assignment.wait_value(lambda owned: len(owned) == 4)
-            started = trio.current_time()
+            # The StartFetcher named the registration's frame (no StopFetcher came before it,
+            # whose answer it would have named): the lease runs from when that was queued.
+            heard = c.last_heard
+            assert heard == 0.0
             await c.assignment.wait_value(lambda owned: not owned)
-            assert trio.current_time() == started + settings.session_timeout
+            assert trio.current_time() == heard + settings.session_timeout
             await trio.sleep(2 * settings.session_timeout)
 
 
@@ -375,10 +387,17 @@ async def test_after_losing_its_coordinator_a_consumer_believes_the_follower_nam
             (registration,) = (line for line in net.lines if line.carries_registration)
             await trio.sleep(0.5)  # into the stable generation
             lost = trio.current_time()
+            held = c.assignment.value
             await registration.aclose()  # the coordinator connection is lost
-            await c.assignment.wait_value(lambda owned: not owned)
-            await c.assignment.wait_value(lambda owned: len(owned) == 2)
+            # It fetches on under its lease, re-registers offering its partitions, and the
+            # re-formed group's incremental start gives it the same ones: no stop in between.
+            group = net.cluster.coordinator.group("g")
+            await group.status.wait_value(lambda status: status == (GroupState.STABLE, 2))
+            assert (c.generation, c.state, c.assignment.value) == (2, ConsumerState.FETCHING, held)
             back = trio.current_time()
+            for tp in held:  # and fetched at least every idle interval all along
+                instants = [lost, *(at for at, p, _ in net.log.fetches if p == tp and at > lost)]
+                assert max(b - a for a, b in itertools.pairwise([*instants, back])) <= 0.1 + 1e-9
         # The pass after the loss starts at the next broker, f3, which names the coordinator:
         # the consumer registers with it at once, no backoff.
         assert [(at - lost, host) for at, host in asked[1:]] == [(0.0, "f3")]
@@ -536,6 +555,20 @@ def delivered(seen: list[tuple[float, TopicPartition, int]], tp: TopicPartition)
     return [offset for _, p, offset in seen if p == tp]
 
 
+def recorders(
+    events: list[tuple[float, str, frozenset[TopicPartition]]],
+) -> tuple[RebalanceCallback, RebalanceCallback]:
+    """on_revoked and on_assigned callbacks noting when they heard what."""
+
+    async def revoked(partitions: frozenset[TopicPartition]) -> None:
+        events.append((trio.current_time(), "revoked", partitions))
+
+    async def assigned(partitions: frozenset[TopicPartition]) -> None:
+        events.append((trio.current_time(), "assigned", partitions))
+
+    return revoked, assigned
+
+
 async def drain_timed(stream: RecordStream, seen: list[tuple[float, TopicPartition, int]]) -> None:
     async for record in stream:
         seen.append((trio.current_time(), record.topic_partition, record.offset))
@@ -545,13 +578,7 @@ async def test_a_revocation_stops_only_its_partitions_and_the_rest_flow_on_witho
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     events: list[tuple[float, str, frozenset[TopicPartition]]] = []
-
-    async def revoked(partitions: frozenset[TopicPartition]) -> None:
-        events.append((trio.current_time(), "revoked", partitions))
-
-    async def assigned(partitions: frozenset[TopicPartition]) -> None:
-        events.append((trio.current_time(), "assigned", partitions))
-
+    revoked, assigned = recorders(events)
     settings = ConsumerSettings(session_timeout=6.0)
     seen: list[tuple[float, TopicPartition, int]] = []
     async with (
@@ -741,11 +768,12 @@ async def read_until_fenced(stream: RecordStream, errors: list[BaseException]) -
         errors.append(exc)
 
 
-async def test_a_fenced_stop_stops_answers_closes_and_ends_for_good(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+@asynccontextmanager
+async def a_static_consumer_reading(
+    errors: list[BaseException],
+) -> AsyncIterator[tuple[ScriptedCoordinator, Consumer]]:
+    """Static member billing-1 on a coordinator played by hand, its stream read until fenced."""
     settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
-    errors: list[BaseException] = []
     async with (
         open_scripted_coordinator() as coordinator,
         open_consumer(
@@ -754,6 +782,14 @@ async def test_a_fenced_stop_stops_answers_closes_and_ends_for_good(
         trio.open_nursery() as app,
     ):
         app.start_soon(read_until_fenced, consumer.streams[0], errors)
+        yield coordinator, consumer
+
+
+async def test_a_fenced_stop_stops_answers_closes_and_ends_for_good(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    errors: list[BaseException] = []
+    async with a_static_consumer_reading(errors) as (coordinator, consumer):
         member = await coordinator.member()
         await member.start(1, member.streams(("t", 0, 0), ("t", 1, 0)))
         await trio.sleep_until(1.0)
@@ -772,16 +808,8 @@ async def test_a_fenced_stop_stops_answers_closes_and_ends_for_good(
 async def test_a_commit_answered_fenced_ends_the_consumer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
     errors: list[BaseException] = []
-    async with (
-        open_scripted_coordinator() as coordinator,
-        open_consumer(
-            "broker:9092", "g", topics={"t": 1}, settings=settings, connect=coordinator.connect
-        ) as consumer,
-        trio.open_nursery() as app,
-    ):
-        app.start_soon(read_until_fenced, consumer.streams[0], errors)
+    async with a_static_consumer_reading(errors) as (coordinator, consumer):
         member = await coordinator.member()
         await member.start(1, member.streams(("t", 0, 0)))
         await trio.sleep_until(1.0)
@@ -797,16 +825,59 @@ async def test_a_commit_answered_fenced_ends_the_consumer(
 async def test_a_registration_answered_fenced_ends_the_consumer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
     errors: list[BaseException] = []
-    async with (
-        open_scripted_coordinator() as coordinator,
-        open_consumer(
-            "broker:9092", "g", topics={"t": 1}, settings=settings, connect=coordinator.connect
-        ) as consumer,
-        trio.open_nursery() as app,
-    ):
+    async with a_static_consumer_reading(errors) as (coordinator, consumer):
         coordinator.register_answer = ErrorCode.FENCED_INSTANCE_ID
-        app.start_soon(read_until_fenced, consumer.streams[0], errors)
         await fenced_consumer_ends(coordinator, consumer, errors)
         assert coordinator.log.fetches == []
+
+
+async def test_a_rebalance_that_does_not_touch_a_consumer_leaves_it_fetching_and_committing(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The real coordinator's incremental rebalance: a joins on topic a, b on topic b, then c
+    joins on b. Only b and c hear of it; a gets no request, delivers on without a pause, keeps
+    its generation, and its commits under that generation still count."""
+    events: list[tuple[float, str, frozenset[TopicPartition]]] = []
+    revoked, assigned = recorders(events)
+    settings = ConsumerSettings(session_timeout=6.0)
+    seen: list[tuple[float, TopicPartition, int]] = []
+    async with (
+        open_in_memory_cluster(tmp_path, CONFIG, {"a": 2, "b": 4}) as net,
+        open_consumer(
+            "b:1",
+            "g",
+            topics={"a": 1},
+            settings=settings,
+            connect=net.connect,
+            on_revoked=revoked,
+            on_assigned=assigned,
+        ) as a,
+        open_consumer("b:1", "g", topics={"b": 1}, settings=settings, connect=net.connect) as b,
+        trio.open_nursery() as app,
+    ):
+        app.start_soon(drain_timed, a.streams[0], seen)
+        await net.cluster.wait_stable("g", members=2)
+        assert trio.current_time() == CONFIG.initial_rebalance_delay
+        assert len(b.assignment.value) == 4
+        await trio.sleep_until(3.0)
+        async with open_consumer(
+            "b:1", "g", topics={"b": 1}, settings=settings, connect=net.connect
+        ) as c:
+            await c.assignment.wait_value(lambda owned: len(owned) == 2)
+            assert trio.current_time() == 3.0
+            assert len(b.assignment.value) == 2
+            assert (a.generation, b.generation, c.generation) == (1, 1, 2)
+            await trio.sleep_until(5.0)
+            a_partitions = frozenset(TopicPartition(topic="a", partition=p) for p in (0, 1))
+            assert events == [(1.0, "assigned", a_partitions)]  # nothing since
+            await a.commit()  # under generation 1, in group generation 2
+            committed = await net.cluster.coordinator.offsets.committed("g")
+            assert {tp: committed[tp] for tp in a_partitions} == a.consumed_offsets()
+            app.cancel_scope.cancel()
+    for tp in a_partitions:
+        # from its start at 1.0 to 5.0: fetched at least every idle interval, each record once
+        instants = [1.0, *(at for at, p, _ in net.log.fetches if p == tp and at <= 5.0), 5.0]
+        assert max(y - x for x, y in itertools.pairwise(instants)) <= 0.1 + 1e-9
+        # every record once, in order: up to 48, the last below the log's end at 4.9 s
+        assert delivered(seen, tp) == list(range(49))

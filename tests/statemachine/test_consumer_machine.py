@@ -704,10 +704,8 @@ def test_revoking_everything_fetched_keeps_fetching_state_with_nothing() -> None
     assert (state_of(m), m.owned, m.generation) == (S.FETCHING, (), 3)
 
 
-def test_an_incremental_start_goes_on_with_what_it_keeps_and_stops_what_it_drops() -> None:
-    m = machine_in(S.FETCHING, now=100.0)  # fetching t-0 and t-1 under generation 3
-    new = streams(("t", 1), ("t", 2))
-    start = StartFetcherReceived(
+def incremental_start(new: tuple[AssignedStream, ...]) -> StartFetcherReceived:
+    return StartFetcherReceived(
         now=101.0,
         anchor=101.0,
         correlation_id=6,
@@ -716,7 +714,12 @@ def test_an_incremental_start_goes_on_with_what_it_keeps_and_stops_what_it_drops
         streams=new,
         incremental=True,
     )
-    assert m.handle(start) == [
+
+
+def test_an_incremental_start_goes_on_with_what_it_keeps_and_stops_what_it_drops() -> None:
+    m = machine_in(S.FETCHING, now=100.0)  # fetching t-0 and t-1 under generation 3
+    new = streams(("t", 1), ("t", 2))
+    assert m.handle(incremental_start(new)) == [
         StopFetchers(partitions=(T0,)),  # the coordinator revokes first; if not, stop it here
         StartFetchers(generation=7, streams=new, kept=(T1,)),
         RespondStart(correlation_id=6),
@@ -727,16 +730,7 @@ def test_an_incremental_start_goes_on_with_what_it_keeps_and_stops_what_it_drops
 def test_an_incremental_start_that_drops_nothing_stops_nothing() -> None:
     m = machine_in(S.FETCHING, now=100.0)
     new = streams(("t", 0), ("t", 1), ("t", 2))
-    start = StartFetcherReceived(
-        now=101.0,
-        anchor=101.0,
-        correlation_id=6,
-        epoch=5,
-        generation=7,
-        streams=new,
-        incremental=True,
-    )
-    assert m.handle(start) == [
+    assert m.handle(incremental_start(new)) == [
         StartFetchers(generation=7, streams=new, kept=OWNED),
         RespondStart(correlation_id=6),
     ]
@@ -768,6 +762,17 @@ def static_machine_fetching(now: float = 100.0) -> ConsumerMachine:
     return m
 
 
+def fenced_stop(epoch: int) -> StopFetcherReceived:
+    return StopFetcherReceived(
+        now=101.0,
+        anchor=101.0,
+        correlation_id=3,
+        epoch=epoch,
+        generation=3,
+        reason=ErrorCode.FENCED_INSTANCE_ID,
+    )
+
+
 def test_a_static_member_closes_after_stopping_and_committing_without_leaving() -> None:
     m = static_machine_fetching()
     assert m.handle(Close()) == [
@@ -785,14 +790,7 @@ def test_a_fenced_stop_stops_answers_closes_and_ends(state: ConsumerState) -> No
         m.handle(
             StopFetcherReceived(now=100.5, anchor=100.5, correlation_id=2, epoch=5, generation=3)
         )
-    fenced = StopFetcherReceived(
-        now=101.0,
-        anchor=101.0,
-        correlation_id=3,
-        epoch=5,
-        generation=3,
-        reason=ErrorCode.FENCED_INSTANCE_ID,
-    )
+    fenced = fenced_stop(epoch=5)
     stopped = [StopFetchers()] if state is S.FETCHING else []
     owned = OWNED if state is S.FETCHING else ()
     assert m.handle(fenced) == [
@@ -810,14 +808,7 @@ def test_a_fenced_stop_stops_answers_closes_and_ends(state: ConsumerState) -> No
 def test_a_fenced_stop_from_a_deposed_coordinator_is_ignored() -> None:
     m = static_machine_fetching()
     before = snapshot(m)
-    stale = StopFetcherReceived(
-        now=101.0,
-        anchor=101.0,
-        correlation_id=3,
-        epoch=4,
-        generation=3,
-        reason=ErrorCode.FENCED_INSTANCE_ID,
-    )
+    stale = fenced_stop(epoch=4)
     (ignored,) = m.handle(stale)
     assert isinstance(ignored, Ignored)
     assert snapshot(m) == before
