@@ -51,8 +51,14 @@ PARTITIONS = 1000
 async def fail_one(work: Path, members: int, kind: str) -> tuple[float, float, float]:
     """(failed at, last answer of the failed member, every survivor started) for one failure of
     ``kind`` ("freeze" or "kill"), on a fresh coordinator."""
+    # The eager protocol, so that every survivor's StartFetcher marks the rebalance's end
+    # (bench/incremental.py measures a freeze and a kill under both protocols).
     async with open_coordinator(
-        work / f"coordinator-{kind}", "--initial-rebalance-delay", "1"
+        work / f"coordinator-{kind}",
+        "--initial-rebalance-delay",
+        "1",
+        "--rebalance-protocol",
+        "eager",
     ) as server:
         await create_topic(server, TOPIC, PARTITIONS)
         consumers = partial(

@@ -270,6 +270,13 @@ class _Consumer:
     last_answer: float | None = None
     generation: int = -1
     started_at: float | None = None
+    #: The partitions it may fetch now ("topic/partition"), and what it was told when: each
+    #: StopFetcher answer (the partitions it stopped), each StartFetcher (those it had not
+    #: held before it), and its clean close (what it held), as (CLOCK_MONOTONIC, partitions).
+    held: set[str] = attrs.field(factory=set)
+    stopped: list[tuple[float, list[str]]] = attrs.field(factory=list)
+    started: list[tuple[float, list[str], int]] = attrs.field(factory=list)
+    closed_at: float | None = None
 
 
 @attrs.define(eq=False)
@@ -358,12 +365,29 @@ class ConsumerWorker:
             )
         elif isinstance(message, StopFetcherRequest):
             self.stops += 1
+            # SPEC.md §11.5: null (and every version before 2) stops everything, a list exactly
+            # those of it that are held; the rest go on.
+            if message.partitions is None:
+                stopping = set(consumer.held)
+            else:
+                stopping = consumer.held & {
+                    f"{tp.topic}/{tp.partition}" for tp in message.partitions
+                }
+            consumer.held -= stopping
             answer = StopFetcherResponse(
                 error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id, offsets=()
             )
         elif isinstance(message, StartFetcherRequest):
             consumer.generation = message.generation
             consumer.started_at = arrived
+            # SPEC.md §11.6: the streams replace the assignment. Incremental: what is held goes
+            # on, only the rest starts; otherwise everything stops and starts again.
+            whole = {f"{p.topic}/{p.partition}" for s in message.streams for p in s.partitions}
+            kept = consumer.held & whole if message.incremental else set()
+            if outside := consumer.held - whole:
+                consumer.stopped.append((arrived, sorted(outside)))
+            consumer.held = whole
+            consumer.started.append((arrived, sorted(whole - kept), message.generation))
             answer = StartFetcherResponse(
                 error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id
             )
@@ -374,6 +398,9 @@ class ConsumerWorker:
         except ChannelClosed:
             return
         consumer.last_answer = now()
+        if isinstance(message, StopFetcherRequest):
+            # Unowned from the answer on: the coordinator may hand these on once it reads it.
+            consumer.stopped.append((consumer.last_answer, sorted(stopping)))
 
     def stats(self) -> dict[str, Any]:
         live = [c for c in self.consumers if c.registered and not c.dropped and not c.closing]
@@ -394,10 +421,32 @@ class ConsumerWorker:
             "error_count": len(self.errors),
             "generations": {str(g): v for g, v in generations.items()},
             "last_answer": max(answers) if answers else None,
+            "held": sum(len(c.held) for c in live),
+            "max_generation": max((c.generation for c in live), default=-1),
             "lateness_p50": rounded(percentile(self.lateness, 50)),
             "lateness_p99": rounded(percentile(self.lateness, 99)),
             "lateness_max": rounded(self.lateness_max if self.lateness else math.nan),
         }
+
+    def holdings(self) -> dict[str, list[str]]:
+        """What each live consumer holds now, by consumer id."""
+        return {
+            c.consumer_id: sorted(c.held)
+            for c in self.consumers
+            if c.registered and not c.dropped and not c.closing
+        }
+
+    def handoffs(self, since: float) -> list[dict[str, Any]]:
+        """Every consumer's stops, starts and clean close at or after ``since``."""
+        found = []
+        for c in self.consumers:
+            stops = [[t, ps] for t, ps in c.stopped if t >= since]
+            starts = [[t, ps, g] for t, ps, g in c.started if t >= since]
+            closed = c.closed_at if c.closed_at is not None and c.closed_at >= since else None
+            if stops or starts or closed is not None:
+                entry = {"id": c.consumer_id, "stops": stops, "starts": starts, "closed": closed}
+                found.append(entry)
+        return found
 
     def add(self, nursery: trio.Nursery, group_id: str, consumer_id: str) -> _Consumer:
         consumer = _Consumer(consumer_id=consumer_id, group_id=group_id)
@@ -441,11 +490,20 @@ async def run_consumer_worker(args: argparse.Namespace) -> None:
                 for _ in range(int(arg)):
                     worker.add(nursery, *next_id())
             elif verb == "close":
-                reply = {"t0": now()}
+                reply = {"t0": now(), "closed": []}
                 live = [c for c in worker.consumers if c.registered and not c.closing]
                 for consumer in live[: int(arg)]:
+                    # A clean close (end of stream) proves the stop (SPEC.md §11.9): what it
+                    # held is unowned from here.
                     consumer.closing = True
+                    consumer.closed_at = now()
+                    consumer.held = set()
                     consumer.scope.cancel()
+                    reply["closed"].append(consumer.consumer_id)
+            elif verb == "holdings":
+                reply = worker.holdings()
+            elif verb == "handoffs":
+                reply = {"consumers": worker.handoffs(float(arg))}
             else:
                 break
             print(json.dumps(reply), flush=True)

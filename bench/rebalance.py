@@ -56,8 +56,14 @@ def session_timeout_ms(members: int) -> int:
 async def coordinator_latencies(
     work: Path, members: int, partitions: int, repeats: int, profile: float = 0
 ) -> list[float]:
+    # The eager protocol: every member stopped and started, the seeds' rebalance that Results I
+    # measured (bench/incremental.py measures the incremental one beside it).
     async with open_coordinator(
-        work / f"coordinator-{members}", "--initial-rebalance-delay", "1"
+        work / f"coordinator-{members}",
+        "--initial-rebalance-delay",
+        "1",
+        "--rebalance-protocol",
+        "eager",
     ) as server:
         await create_topic(server, TOPIC, partitions)
         started = time.monotonic()  # real-clock: against the workers' CLOCK_MONOTONIC stamps

@@ -131,10 +131,15 @@ class _Session:
                 member = self.member
                 if (
                     member is None
-                    or member.member_id != message.consumer_id
+                    or message.consumer_id not in (member.consumer_id, member.member_id)
                     or member.group_id != message.group_id
                 ):
-                    return LeaveGroupResponse(error_code=ErrorCode.UNKNOWN_MEMBER_ID)
+                    fenced = coordinator.is_fenced(message.group_id, message.consumer_id)
+                    error = ErrorCode.FENCED_INSTANCE_ID if fenced else ErrorCode.UNKNOWN_MEMBER_ID
+                    return LeaveGroupResponse(error_code=error)
+                if member.fenced:
+                    # A newer process is the member now: docs/design.md#static-members.
+                    return LeaveGroupResponse(error_code=ErrorCode.FENCED_INSTANCE_ID)
                 coordinator.member_event(member, member_sm.Left(now=trio.current_time()))
                 # The connection is closing (its writer with it): the answer leaves from here.
                 await self.channel.respond(request, LeaveGroupResponse(error_code=ErrorCode.NONE))
@@ -366,6 +371,8 @@ async def handle_connection(
     )
     send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
     violation = False
+    #: The peer closed cleanly (end of stream), rather than this side ending the connection.
+    peer_ended = False
     session: _Session | None = None
     try:
         async with trio.open_nursery() as nursery:
@@ -375,6 +382,7 @@ async def handle_connection(
             nursery.start_soon(session.work, receive_requests)
             try:
                 await channel.run(send_requests.send)
+                peer_ended = not channel.broken
             except RemoteProtocolError:
                 violation = True
             nursery.cancel_scope.cancel()
@@ -397,6 +405,8 @@ async def handle_connection(
             else:
                 event = member_sm.ConnectionClosed(now=now)
             coordinator.member_event(member, event)
+        elif member is not None and member.fenced and peer_ended and not channel.broken:
+            coordinator.fenced_closed(member)
         with trio.CancelScope(shield=True):
             await channel.aclose()
 

@@ -19,7 +19,7 @@ import trio
 from coordinator import rebalance, validation
 from coordinator.config import CoordinatorConfig
 from coordinator.heartbeat import Pinger
-from coordinator.membership import Group, Member
+from coordinator.membership import Away, Group, Member
 from coordinator.offsets import OffsetKeeper
 from coordinator.validation import LogEnd
 from protocol import (
@@ -33,6 +33,8 @@ from protocol import (
     RegisterConsumerResponse,
     RequestMessage,
     ResponseMessage,
+    StopFetcherRequest,
+    StopFetcherResponse,
 )
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine import group as group_sm
@@ -95,13 +97,17 @@ class GroupCoordinator:
         if error is not ErrorCode.NONE:
             return self._register_response(error, request.group_id), None
         group = self.group(request.group_id)
+        # A static member is known by its instance id, whatever process carries it:
+        # docs/design.md#static-members.
+        member_id = request.instance_id or request.consumer_id
         record = MemberRecord(
-            member_id=request.consumer_id,
+            member_id=member_id,
             client_id=client_id,
             subscription=request.subscription,
             session_timeout_ms=request.session_timeout_ms,
             auto_commit=request.auto_commit,
             auto_offset_reset=request.auto_offset_reset,
+            instance_id=request.instance_id,
         )
         timeouts = member_sm.MemberTimeouts(
             session_timeout=request.session_timeout_ms / 1000,
@@ -109,7 +115,7 @@ class GroupCoordinator:
             lease_margin=self.config.lease_margin,
         )
         machine = member_sm.MemberMachine(
-            member_id=request.consumer_id, timeouts=timeouts, last_heard=trio.current_time()
+            member_id=member_id, timeouts=timeouts, last_heard=trio.current_time()
         )
         member = Member(
             group_id=group.group_id,
@@ -118,8 +124,17 @@ class GroupCoordinator:
             channel=channel,
             connection_scope=connection_scope,
             incarnation=next(self._incarnations),
+            consumer_id=request.consumer_id,
         )
-        group.members[member.member_id] = member
+        replaced = group.members.get(member_id)
+        if replaced is not None:
+            self._fence(group, replaced)
+        if (away := group.away.pop(member_id, None)) is not None:
+            group.streams -= validation.stream_count(away.record.subscription)
+            log.info("group %s: %s is back", group.group_id, member_id)
+        group.members[member_id] = member
+        if member.static:
+            group.processes[member.consumer_id] = member
         group.streams += validation.stream_count(record.subscription)
         group.highest_reported_generation = max(
             group.highest_reported_generation, request.generation
@@ -127,8 +142,87 @@ class GroupCoordinator:
         log.info("group %s: %s joined", group.group_id, member.member_id)
         self._adopt(group, member, request)
         self.pinger.add(member)
-        self.apply(group, group_sm.MemberJoined(member_id=member.member_id))
+        if replaced is not None:
+            self.apply(group, group_sm.MemberReplaced(member_id=member_id))
+        else:
+            self.apply(group, group_sm.MemberJoined(member_id=member_id))
         return self._register_response(ErrorCode.NONE, request.group_id), member
+
+    def _fence(self, group: Group, older: Member) -> None:
+        """A newer process registered under ``older``'s instance id: the older one is no longer
+        the member. Telling it (StopFetcher, reason FENCED_INSTANCE_ID) proves nothing if it is
+        paused, so what it holds stays leased to it until its answer, its clean close or its
+        lease end, counted from that StopFetcher; only then may the newer process start it
+        (docs/design.md#static-members)."""
+        now = trio.current_time()
+        del group.members[older.member_id]
+        group.processes.pop(older.consumer_id, None)
+        group.streams -= validation.stream_count(older.record.subscription)
+        older.fenced = True
+        group.fenced[older.consumer_id] = older.member_id
+        while len(group.fenced) > self.config.limits.max_group_size:
+            del group.fenced[next(iter(group.fenced))]
+        (death,) = older.machine.handle(member_sm.Fenced(now=now))
+        died = ownership.OwnerDied(
+            incarnation=older.incarnation, until=death.partitions_free_at, now=now
+        )
+        self.own_or_fail(group, died)
+        log.info(
+            "group %s: a newer process fenced %s (process %s); its partitions are free at %.3f "
+            "at the latest",
+            group.group_id,
+            older.member_id,
+            older.consumer_id,
+            death.partitions_free_at,
+        )
+        self.nursery.start_soon(self._tell_fenced, group, older)
+
+    async def _tell_fenced(self, group: Group, older: Member) -> None:
+        """Send the fenced process its StopFetcher and wait for its answer, which frees its
+        partitions at once, or its connection's end, or the deadline; then close."""
+        if trio.current_time() < self.store.in_contact_until():
+            # Renews its lease, which a coordinator that may have been deposed must not:
+            # docs/design.md#coordinator-epochs-and-the-election. Out of contact, only its
+            # lease, already counted, frees its partitions.
+            request = StopFetcherRequest(
+                coordinator_epoch=self.epoch,
+                generation=older.machine.generation,
+                consumer_id=older.member_id,
+                acknowledged_frames=older.channel.frames_received,
+                partitions=None,
+                reason=ErrorCode.FENCED_INSTANCE_ID,
+            )
+
+            def stopped(member: Member, response: ResponseMessage) -> None:
+                if (
+                    not isinstance(response, StopFetcherResponse)
+                    or response.error_code is not ErrorCode.NONE
+                ):
+                    return  # no proof: its lease stands
+                holding = group.ownership.holding(member.incarnation)
+                self.accept_reported_offsets_nowait(
+                    member, holding.generation, response.offsets, final=True
+                )
+                answered = ownership.StopAnswered(
+                    incarnation=member.incarnation, now=trio.current_time()
+                )
+                self.own_or_fail(group, answered)
+
+            await self.call_all({older: request}, stopped)
+        older.connection_scope.cancel()
+
+    def fenced_closed(self, member: Member) -> None:
+        """A fenced process closed its connection cleanly (end of stream): it stopped fetching
+        first (docs/design.md#ownership-lease), so its partitions are free now."""
+        group = self.groups.get(member.group_id)
+        if group is not None and member.fenced:
+            closed = ownership.OwnerClosed(incarnation=member.incarnation, now=trio.current_time())
+            self.own_or_fail(group, closed)
+
+    def is_fenced(self, group_id: str, consumer_id: str) -> bool:
+        """Whether ``consumer_id`` is a process a newer one fenced (FENCED_INSTANCE_ID)."""
+        group = self.groups.get(group_id)
+        return group is not None and consumer_id in group.fenced
 
     def _adopt(self, group: Group, member: Member, request: RegisterConsumerRequest) -> None:
         """A partition under a lease waits until its owner surely stopped
@@ -194,10 +288,24 @@ class GroupCoordinator:
             # Accepting renews the lease of what it holds: docs/design.md#ownership-lease.
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         group = self.groups.get(request.group_id)
-        if group is not None and request.consumer_id in group.members:
-            return ErrorCode.DUPLICATE_MEMBER_ID
         limits = self.config.limits
-        members, streams = (len(group.members), group.streams) if group else (0, 0)
+        if group is None:
+            members, streams = 0, 0
+        else:
+            error = _identity_error(group, request)
+            if error is not ErrorCode.NONE:
+                return error
+            members, streams = len(group.members) + len(group.away), group.streams
+            # A process of a static member takes the place of the one it fences or of the
+            # member away: the group does not grow.
+            if request.instance_id is not None:
+                same = group.members.get(request.instance_id)
+                was = same.record if same is not None else None
+                if (away := group.away.get(request.instance_id)) is not None:
+                    was = away.record
+                if was is not None:
+                    members -= 1
+                    streams -= validation.stream_count(was.subscription)
         if (
             members >= limits.max_group_size
             or streams + validation.stream_count(request.subscription) > limits.max_group_streams
@@ -218,20 +326,39 @@ class GroupCoordinator:
         (docs/design.md#failure-detection): remove it, cancel an attempt in flight, close its
         connection, rebalance what is left. Safe to call more than once."""
         effects = member.machine.handle(event)
-        if not member.machine.alive:
+        if not member.machine.alive and not member.fenced:
             member.connection_scope.cancel()
         group = self.groups.get(member.group_id)
         if not effects or group is None or group.members.get(member.member_id) is not member:
             return
         (death,) = effects
+        now = trio.current_time()
+        generation = group.ownership.holding(member.incarnation).generation
         del group.members[member.member_id]
-        group.streams -= validation.stream_count(member.record.subscription)
+        group.processes.pop(member.consumer_id, None)
         died = ownership.OwnerDied(
             incarnation=member.incarnation,
             until=death.partitions_free_at,
-            now=trio.current_time(),
+            now=now,
         )
         self.own_or_fail(group, died)
+        if member.static and death.cause is not member_sm.DeathCause.LEFT:
+            # No rebalance: its partitions wait for a restart within T
+            # (docs/design.md#static-members).
+            # Its record keeps its own generation, under which a successor claims its partitions.
+            record = attrs.evolve(member.record, generation=generation)
+            away = self.away(group, record, since=now)
+            log.info(
+                "group %s: %s's process ended (%s); away until %.3f, its partitions free at %.3f",
+                group.group_id,
+                member.member_id,
+                death.cause.value,
+                away.until,
+                death.partitions_free_at,
+            )
+            self.apply(group, group_sm.MemberAway(member_id=member.member_id))
+            return
+        group.streams -= validation.stream_count(member.record.subscription)
         log.info(
             "group %s: %s is dead (%s); its partitions are free at %.3f",
             group.group_id,
@@ -239,8 +366,30 @@ class GroupCoordinator:
             death.cause.value,
             death.partitions_free_at,
         )
-        departed = group_sm.MemberDeparted(member_id=member.member_id, remaining=len(group.members))
-        self.apply(group, departed)
+        self._departed(group, member.member_id)
+
+    def away(self, group: Group, record: MemberRecord, *, since: float) -> Away:
+        """The static member ``record`` names has no process from ``since`` on: it stays in the
+        group, away, for its session timeout."""
+        away = group.away[record.member_id] = Away(
+            record=record, until=since + record.session_timeout_ms / 1000
+        )
+        self.nursery.start_soon(self._away_ends, group, record.member_id, away)
+        return away
+
+    async def _away_ends(self, group: Group, member_id: str, away: Away) -> None:
+        """A static member away for its session timeout departs, and its group rebalances."""
+        await trio.sleep_until(away.until)
+        if self.groups.get(group.group_id) is not group or group.away.get(member_id) is not away:
+            return  # back, or the group was rebuilt or deleted since
+        del group.away[member_id]
+        group.streams -= validation.stream_count(away.record.subscription)
+        log.info("group %s: %s stayed away for its session timeout", group.group_id, member_id)
+        self._departed(group, member_id)
+
+    def _departed(self, group: Group, member_id: str) -> None:
+        remaining = len(group.members) + len(group.away)
+        self.apply(group, group_sm.MemberDeparted(member_id=member_id, remaining=remaining))
 
     async def call_all(
         self,
@@ -397,14 +546,17 @@ class GroupCoordinator:
         if request.consumer_id is None:
             if request.generation != -1:
                 return ErrorCode.ILLEGAL_GENERATION
-            if group is not None and group.members:
+            if group is not None and (group.members or group.away):
                 return ErrorCode.NON_EMPTY_GROUP
             if not await self._partitions_exist(offsets):
                 return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             version = await self.offsets.accept(request.group_id, -1, offsets, monotonic=False)
         else:
-            member = group.members.get(request.consumer_id) if group is not None else None
+            member = group.member_of(request.consumer_id) if group is not None else None
             if member is None or member.channel is not channel:
+                if group is not None and request.consumer_id in group.fenced:
+                    # docs/design.md#static-members: a newer process is the member now.
+                    return ErrorCode.FENCED_INSTANCE_ID
                 return ErrorCode.UNKNOWN_MEMBER_ID
             assert group is not None
             holding = group.ownership.holding(member.incarnation)
@@ -708,8 +860,34 @@ class GroupCoordinator:
                 task_status.started()
 
 
+def _identity_error(group: Group, request: RegisterConsumerRequest) -> ErrorCode:
+    """Whether the ids a registration names may join ``group`` (docs/design.md#static-members):
+    a process a newer one fenced may not come back; a dynamic member may not take a static
+    member's id, nor a static member a dynamic one's; the same process may not register twice
+    (it gave up a connection the coordinator has not seen end yet: it retries)."""
+    if request.consumer_id in group.fenced:
+        return ErrorCode.FENCED_INSTANCE_ID
+    if request.instance_id is None:
+        existing = group.members.get(request.consumer_id)
+        if request.consumer_id in group.away or (existing is not None and existing.static):
+            return ErrorCode.INVALID_REQUEST
+        return ErrorCode.NONE if existing is None else ErrorCode.DUPLICATE_MEMBER_ID
+    existing = group.members.get(request.instance_id)
+    if existing is None:
+        return ErrorCode.NONE
+    if not existing.static:
+        return ErrorCode.INVALID_REQUEST
+    if existing.consumer_id == request.consumer_id:
+        return ErrorCode.DUPLICATE_MEMBER_ID
+    return ErrorCode.NONE  # a newer process: it fences the older
+
+
 def _deletable(group: Group) -> bool:
-    return not group.members and not group.ownership.under_lease(trio.current_time())
+    return (
+        not group.members
+        and not group.away
+        and not group.ownership.under_lease(trio.current_time())
+    )
 
 
 def _is_shared_failure(exc: BaseException) -> bool:
@@ -743,6 +921,13 @@ async def _recover_groups(coordinator: GroupCoordinator) -> None:
         )
         awaiting = frozenset(m.member_id for m in record.members)
         coordinator.apply(group, group_sm.Recovered(awaiting=awaiting))
+        # A static member the record names is away from now on, as if its process had just
+        # ended: a process that registers under its instance id within T gets its partitions
+        # back (docs/design.md#static-members).
+        for member in record.members:
+            if member.instance_id is not None:
+                coordinator.away(group, member, since=coordinator.took_office_at)
+                group.streams += validation.stream_count(member.subscription)
     coordinator.loaded.set()
     log.info("broker %d loaded %d groups", coordinator.broker.broker_id, len(records))
 

@@ -23,6 +23,9 @@ from transport.channel import Channel
 
 @attrs.define(eq=False)
 class Member:
+    """One registered process. Its member id is its consumer id, or, for a static member, its
+    instance id, which outlives the process (docs/design.md#static-members)."""
+
     group_id: str
     record: MemberRecord
     machine: MemberMachine
@@ -32,10 +35,29 @@ class Member:
     #: This registration of the member id, in the group's ownership machine: what it owns, and
     #: under which generation, is ``group.ownership.holding(incarnation)``.
     incarnation: int
+    #: The process's own id (RegisterConsumer's ``consumer_id``): its OffsetCommit and
+    #: LeaveGroup name it.
+    consumer_id: str
+    #: A newer process registered under its instance id: it is no longer in its group.
+    fenced: bool = False
 
     @property
     def member_id(self) -> str:
         return self.record.member_id
+
+    @property
+    def static(self) -> bool:
+        return self.record.instance_id is not None
+
+
+@attrs.frozen(kw_only=True)
+class Away:
+    """A static member whose process ended without LeaveGroup: it stays in its group, its
+    partitions assigned to it, until ``until`` (its session timeout after the departure), unless
+    a process registers under its instance id first (docs/design.md#static-members)."""
+
+    record: MemberRecord
+    until: float
 
 
 @attrs.define(eq=False)
@@ -43,7 +65,15 @@ class Group:
     group_id: str
     machine: GroupMachine
     members: dict[str, Member] = attrs.field(factory=dict)
-    #: The members' streams together (``validation.stream_count`` of each subscription).
+    #: Static members away, by member id: subscribers of the assignment with no process.
+    away: dict[str, Away] = attrs.field(factory=dict)
+    #: Live static members by their process's consumer id (``members`` is by instance id).
+    processes: dict[str, Member] = attrs.field(factory=dict)
+    #: Processes fenced by a newer one under their instance id, by consumer id (oldest first,
+    #: bounded by the coordinator): what they ask afterwards is answered FENCED_INSTANCE_ID.
+    fenced: dict[str, str] = attrs.field(factory=dict)
+    #: The members' streams together, away ones included (``validation.stream_count`` of each
+    #: subscription).
     streams: int = 0
     #: The intended assignment of the latest attempt that reached its start phase.
     assignment: dict[TopicPartition, ConsumerThread] = attrs.field(factory=dict)
@@ -79,6 +109,13 @@ class Group:
     )
     attempts: int = 0
     completed: int = 0
+
+    def member_of(self, consumer_id: str) -> Member | None:
+        """The live member whose process is ``consumer_id``."""
+        member = self.members.get(consumer_id)
+        if member is not None and member.consumer_id == consumer_id:
+            return member
+        return self.processes.get(consumer_id)
 
     def longest_session_timeout(self) -> float:
         return max((m.machine.timeouts.session_timeout for m in self.members.values()), default=0.0)

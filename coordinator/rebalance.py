@@ -119,6 +119,8 @@ async def drive(coordinator: RebalanceHost, group: Group) -> None:
 
 def compute_assignment(coordinator: RebalanceHost, group: Group) -> Assignment:
     subscriptions = {m.member_id: m.record.subscription for m in group.members.values()}
+    # A static member away keeps its partitions, unowned: docs/design.md#static-members.
+    subscriptions.update((member_id, a.record.subscription) for member_id, a in group.away.items())
     counts = {
         topic: placement.partition_count
         for topic, placement in coordinator.topics.items()
@@ -333,14 +335,17 @@ async def _start_all(
         record = GroupRecord(
             group_id=group.group_id,
             generation=generation,
-            members=tuple(
-                attrs.evolve(
-                    m.record,
-                    generation=generation
-                    if m in starting
-                    else group.ownership.holding(m.incarnation).generation,
-                )
-                for m in members
+            members=(
+                *(
+                    attrs.evolve(
+                        m.record,
+                        generation=generation
+                        if m in starting
+                        else group.ownership.holding(m.incarnation).generation,
+                    )
+                    for m in members
+                ),
+                *(a.record for a in group.away.values()),
             ),
             assignment=assignment,
         )

@@ -130,6 +130,9 @@ def registration_error(request: RegisterConsumerRequest, limits: RequestLimits) 
         return ErrorCode.INVALID_GROUP_ID
     if not valid_id(request.consumer_id, limits):
         return ErrorCode.INVALID_REQUEST
+    # A static member's instance id is its member id (docs/design.md#static-members).
+    if request.instance_id is not None and not valid_id(request.instance_id, limits):
+        return ErrorCode.INVALID_REQUEST
     if not -1 <= request.generation <= MAX_REPORTED_GENERATION:
         return ErrorCode.INVALID_REQUEST
     if len(request.owned_partitions) > limits.max_partitions_per_request or any(

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import attrs
 import trio
@@ -45,6 +45,7 @@ from coordinator.group_coordinator import GroupCoordinator, open_group_coordinat
 from protocol import (
     ErrorCode,
     LeaveGroupRequest,
+    LeaveGroupResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
     PingRequest,
@@ -475,6 +476,14 @@ class SimulatedConsumer:
     #: coordinator's count (docs/design.md#ownership-lease).
     fetch_through_failover: bool = False
     answer_delay: float = 0.0
+    #: A static member's instance id (docs/design.md#static-members): the group knows the
+    #: member by it, whatever process carries it; None: a dynamic member.
+    instance_id: str | None = None
+    #: A newer process under its instance id fenced it: it stopped, answered, closed, and does
+    #: not register again.
+    fenced: bool = False
+    #: The error of its last OffsetCommit or LeaveGroup (FENCED_INSTANCE_ID once fenced).
+    last_error: ErrorCode = ErrorCode.NONE
     #: Not NONE: StopFetcher and StartFetcher are answered with this error and not carried out.
     handover_error: ErrorCode = ErrorCode.NONE
     #: A buggy consumer: its Ping answers still carry each partition a StopFetcher revoked, at
@@ -516,7 +525,13 @@ class SimulatedConsumer:
 
     @property
     def alive(self) -> bool:
-        return not self._killed
+        """Whether the process runs as a member (not killed, stopped, left or fenced)."""
+        return not self._killed and not self.fenced
+
+    @property
+    def member_id(self) -> str:
+        """The id the group knows it by: its instance id if static, else its consumer id."""
+        return self.instance_id or self.consumer_id
 
     @property
     def session_timeout(self) -> float:
@@ -528,18 +543,43 @@ class SimulatedConsumer:
 
     # --- faults -------------------------------------------------------------------------------
 
-    async def kill(self) -> None:
-        """The process dies: fetchers stop with it and its connection closes."""
+    async def kill(self, *, reset: bool = False) -> None:
+        """The process dies: fetchers stop with it and its connection closes (the kernel's end
+        of stream), or with ``reset`` is reset (the kernel sends RST when the socket held bytes
+        not yet read), which proves nothing to the coordinator."""
         self._killed = True
         self._stop_fetching(trio.current_time())
         self._scope.cancel()
+        if reset and self._link is not None:
+            self._link.break_()
         if self.channel is not None:
             with trio.CancelScope(shield=True):
                 await self.channel.aclose()
 
+    async def stop(self) -> None:
+        """A clean stop without LeaveGroup, as a static member's process ends when it expects to
+        be restarted (docs/design.md#static-members): it stops its fetchers, commits their
+        positions over its connection, and closes it cleanly."""
+        channel = self.channel
+        if channel is not None and not channel.closed and self.fetching:
+            offsets = self._offsets()
+            self._stop_fetching(trio.current_time())
+            request = OffsetCommitRequest(
+                group_id=self.group_id,
+                consumer_id=self.consumer_id,
+                generation=self.generation,
+                offsets=offsets,
+            )
+            with contextlib.suppress(ChannelClosed):
+                response = await channel.request(request)
+                assert isinstance(response, OffsetCommitResponse)
+                self.last_error = response.error_code
+        await self.kill()
+
     async def leave(self) -> None:
         """A clean close: stop fetching, commit the final offsets, send LeaveGroup, close the
-        connection, and do not register again (the consumer library's close)."""
+        connection, and do not register again (the consumer library's close). A static member
+        leaves for good too (docs/design.md#static-members)."""
         self.rejoin = False
         channel = self.channel
         if channel is not None and not channel.closed:
@@ -554,13 +594,15 @@ class SimulatedConsumer:
                         offsets=offsets,
                     )
                 )
-            await channel.request(
+            response = await channel.request(
                 LeaveGroupRequest(
                     group_id=self.group_id,
                     consumer_id=self.consumer_id,
                     generation=self.generation,
                 )
             )
+            assert isinstance(response, LeaveGroupResponse)
+            self.last_error = response.error_code
         self._killed = True
         self._scope.cancel()
         if channel is not None:
@@ -641,6 +683,8 @@ class SimulatedConsumer:
         else:
             response = await channel.request(request)
         assert isinstance(response, OffsetCommitResponse)
+        if response.error_code is ErrorCode.FENCED_INSTANCE_ID:
+            self._fenced_out()
         return response.error_code
 
     # --- the consumer's work ------------------------------------------------------------------
@@ -652,7 +696,7 @@ class SimulatedConsumer:
                 await self._unfrozen_under_lease()
                 error = await self._session(task_status if not started else None)
                 started = started or error is ErrorCode.NONE
-                if not self.rejoin:
+                if not self.rejoin or self.fenced or error is ErrorCode.FENCED_INSTANCE_ID:
                     break
                 await self._sleep_under_lease(self.session_timeout / 3)  # before rediscovery
             if not started:
@@ -694,6 +738,8 @@ class SimulatedConsumer:
                     return error
                 assert isinstance(response, RegisterConsumerResponse)
                 error = self.last_register_error = response.error_code
+                if error is ErrorCode.FENCED_INSTANCE_ID:
+                    self._fenced_out()
                 if error is not ErrorCode.NONE:
                     scope.cancel()
                     return error
@@ -728,6 +774,7 @@ class SimulatedConsumer:
             session_timeout_ms=self.session_timeout_ms,
             generation=self.generation,
             owned_partitions=tuple(sorted(self.owned)),
+            instance_id=self.instance_id,
         )
 
     async def _read(
@@ -811,6 +858,13 @@ class SimulatedConsumer:
                 session_scope.cancel()
                 return
             await self._handle(request)
+            if self.fenced:
+                # Stopped and answered: close cleanly, for good (SPEC.md §11.11).
+                assert self.channel is not None
+                with contextlib.suppress(ChannelClosed):
+                    await self.channel.flush()
+                session_scope.cancel()
+                return
 
     async def _handle(self, request: Request) -> None:
         now = trio.current_time()
@@ -843,6 +897,18 @@ class SimulatedConsumer:
                     request,
                     StartFetcherResponse(
                         error_code=self.handover_error, consumer_id=self.consumer_id
+                    ),
+                )
+            case StopFetcherRequest(reason=ErrorCode.FENCED_INSTANCE_ID):
+                # A newer process took its instance id: stop everything, answer, and end.
+                self.stops_received += 1
+                self.stopped_partitions.append(None)
+                offsets = self._offsets() if self.auto_commit and self.fetching else ()
+                self._fenced_out()
+                await self._respond(
+                    request,
+                    StopFetcherResponse(
+                        error_code=ErrorCode.NONE, consumer_id=self.consumer_id, offsets=offsets
                     ),
                 )
             case StopFetcherRequest(partitions=None):
@@ -917,6 +983,12 @@ class SimulatedConsumer:
             PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset)
             for tp, offset in sorted(positions.items())
         )
+
+    def _fenced_out(self) -> None:
+        """Told FENCED_INSTANCE_ID: a newer process is the member; this one stops for good."""
+        self.fenced = True
+        self.last_error = ErrorCode.FENCED_INSTANCE_ID
+        self._stop_fetching(trio.current_time())
 
     def _stop_fetching(self, at: float) -> None:
         self._end_leases(at)
@@ -1138,6 +1210,38 @@ class SimulatedCluster:
         await self.nursery.start(consumer.run)
         return consumer
 
+    async def restart_consumer(
+        self,
+        consumer: SimulatedConsumer,
+        consumer_id: str,
+        *,
+        end: Literal["stop", "kill", "reset", "keep"] = "stop",
+        down_for: float = 0.0,
+    ) -> SimulatedConsumer:
+        """Start a new process under ``consumer_id`` with ``consumer``'s settings (its instance
+        id too: a static member's restart, docs/design.md#static-members), after ending the old
+        one: ``stop`` (a clean stop without LeaveGroup), ``kill`` (its connection ends),
+        ``reset`` (killed, its connection reset) or ``keep`` (it runs on: the new process is a
+        second live one under the same instance id, which fences it), then ``down_for``
+        seconds. Returns once the new process has registered."""
+        if end == "stop":
+            await consumer.stop()
+        elif end in ("kill", "reset"):
+            await consumer.kill(reset=end == "reset")
+        await trio.sleep(down_for)
+        return await self.start_consumer(
+            consumer_id,
+            group=consumer.group_id,
+            subscription=consumer.subscription,
+            session_timeout_ms=consumer.session_timeout_ms,
+            auto_commit=consumer.auto_commit,
+            auto_offset_reset=consumer.auto_offset_reset,
+            records_per_ping=consumer.records_per_ping,
+            rejoin=consumer.rejoin,
+            fetch_through_failover=consumer.fetch_through_failover,
+            instance_id=consumer.instance_id,
+        )
+
     # --- waiting ------------------------------------------------------------------------------
 
     async def wait_stable(self, group_id: str, *, members: int) -> int:
@@ -1179,7 +1283,9 @@ class SimulatedCluster:
         by_group: dict[str, dict[str, SimulatedConsumer]] = defaultdict(dict)
         for consumer in self.consumers.values():
             if consumer.alive:
-                by_group[consumer.group_id][consumer.consumer_id] = consumer
+                if consumer.member_id in by_group[consumer.group_id]:
+                    return False  # two processes of one static member: one is not fenced yet
+                by_group[consumer.group_id][consumer.member_id] = consumer
         for group_id, live in by_group.items():
             group = self.coordinator.groups.get(group_id)
             if (
@@ -1187,12 +1293,16 @@ class SimulatedCluster:
                 or group.machine.state is not GroupState.STABLE
                 or group.next_attempt_at.value is not None
                 or group.members.keys() != live.keys()
+                # A static member away holds its partitions unowned until it is back or gone.
+                or group.away
             ):
                 return False
             for consumer in live.values():
                 # Under the incremental protocol each member has its own generation, that of the
                 # last start it was given (SPEC.md §11.4).
-                member = group.members[consumer.consumer_id]
+                member = group.members[consumer.member_id]
+                if member.consumer_id != consumer.consumer_id:
+                    return False
                 if (
                     consumer.frozen_until > now
                     or not consumer.host.reachable
@@ -1294,10 +1404,10 @@ class SimulatedCluster:
             group = self.coordinator.groups.get(group_id)
             members = group.members if group is not None else {}
             for consumer in live:
-                member = members.get(consumer.consumer_id)
+                member = members.get(consumer.member_id)
                 owned = (
                     None
-                    if member is None or group is None
+                    if member is None or group is None or member.consumer_id != consumer.consumer_id
                     else group.ownership.holding(member.incarnation).partitions
                 )
                 if owned != consumer.owned:

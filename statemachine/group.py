@@ -50,10 +50,31 @@ class Recovered:
 
 @attrs.frozen(kw_only=True)
 class MemberDeparted:
-    """A member left or was declared dead; ``remaining`` is how many live members are left."""
+    """A member left, was declared dead, or (a static member) stayed away past its session
+    timeout; ``remaining`` is how many members are left, live or away."""
 
     member_id: str
     remaining: int
+
+
+@attrs.frozen(kw_only=True)
+class MemberAway:
+    """A static member's process ended without LeaveGroup: the member stays in the group, its
+    partitions assigned to it and unowned, for its session timeout, so that a restart gets them
+    back without a rebalance (docs/design.md#static-members). Only an attempt in flight, which
+    would wait on the process's answers for nothing, is cut short; when the member's time away
+    is over it departs (``MemberDeparted``)."""
+
+    member_id: str
+
+
+@attrs.frozen(kw_only=True)
+class MemberReplaced:
+    """A newer process registered under a live static member's instance id, fencing the older:
+    the member's partitions must move to the newer process, once the older stopped
+    (docs/design.md#static-members)."""
+
+    member_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -168,12 +189,19 @@ def _build_table() -> TransitionTable[GroupState]:
         (GroupState.STABLE, MemberJoined): GroupState.PENDING,
         (GroupState.STABLE, MemberDeparted): departed,
         (GroupState.STABLE, TopicsChanged): GroupState.PENDING,
+        (GroupState.PENDING, MemberAway): GroupState.PENDING,
+        (GroupState.STABLE, MemberAway): GroupState.STABLE,
+        (GroupState.PENDING, MemberReplaced): GroupState.PENDING,
+        (GroupState.STABLE, MemberReplaced): GroupState.PENDING,
     }
     for state in _IN_FLIGHT:
         t[(state, MemberJoined)] = state
         t[(state, TopicsChanged)] = state
         t[(state, MemberDeparted)] = departed
         t[(state, AttemptFailed)] = GroupState.PENDING
+        # Both cut the attempt short: it waits on the process that ended, or on the older one.
+        t[(state, MemberAway)] = GroupState.PENDING
+        t[(state, MemberReplaced)] = GroupState.PENDING
     return TransitionTable("Group", t)
 
 
@@ -215,6 +243,13 @@ class GroupMachine:
                 elif self.forming and isinstance(event, MemberJoined):
                     effects.append(ScheduleRebalance(delay=Delay.INITIAL_AGAIN))
                 elif self.state is GroupState.STABLE:
+                    effects.append(ScheduleRebalance(delay=Delay.NONE))
+            case MemberAway() | MemberReplaced():
+                if self.state in _IN_FLIGHT:
+                    effects.append(CancelAttempt())
+                    self.rebalance_pending = False
+                    effects.append(ScheduleRebalance(delay=Delay.NONE))
+                elif self.state is GroupState.STABLE and isinstance(event, MemberReplaced):
                     effects.append(ScheduleRebalance(delay=Delay.NONE))
             case MemberDeparted():
                 if self.state in _IN_FLIGHT:

@@ -38,6 +38,7 @@ class DeathCause(enum.Enum):
     LEFT = "left the group"
     PROTOCOL_ERROR = "protocol error"
     LEASE_LAPSED = "lease ran out before its next Ping"
+    FENCED = "fenced by a newer process under its instance id"
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -137,6 +138,17 @@ class Left:
 
 
 @attrs.frozen(kw_only=True)
+class Fenced:
+    """A newer process registered under this static member's instance id, and a StopFetcher
+    telling this one so (reason FENCED_INSTANCE_ID) is about to be sent: it is no longer the
+    member. Being told proves nothing (it may be paused), so what it holds stays its own until
+    its answer, its clean close or its lease end, counted from that StopFetcher
+    (docs/design.md#static-members)."""
+
+    now: float
+
+
+@attrs.frozen(kw_only=True)
 class ProtocolViolation:
     """The member's connection broke the protocol and is being closed."""
 
@@ -200,7 +212,13 @@ def _build_table() -> TransitionTable[MemberState]:
         t[(state, PingAnswered)] = state
         for miss in (DeadlineMissed, HandoverRefused):
             t[(state, miss)] = Guarded(((LIMIT, MemberState.DEAD), (~LIMIT, state)))
-        endings: tuple[type, ...] = (ConnectionClosed, ConnectionBroken, Left, ProtocolViolation)
+        endings: tuple[type, ...] = (
+            ConnectionClosed,
+            ConnectionBroken,
+            Left,
+            ProtocolViolation,
+            Fenced,
+        )
         for event in endings:
             t[(state, event)] = MemberState.DEAD
     t[(MemberState.STOPPING, StopFetcherAnswered)] = Guarded(
@@ -315,6 +333,9 @@ class MemberMachine:
                 effects.append(self._death(DeathCause.LEFT, now, silent=False))
             case ProtocolViolation(now=now):
                 effects.append(self._death(DeathCause.PROTOCOL_ERROR, now, silent=True))
+            case Fenced(now=now):
+                self._sent(now)  # the StopFetcher that tells it renews its lease
+                effects.append(self._death(DeathCause.FENCED, now, silent=True))
         self.state = next_state
         return effects
 

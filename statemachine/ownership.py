@@ -215,6 +215,16 @@ class OwnerDied:
 
 
 @attrs.frozen(kw_only=True)
+class OwnerClosed:
+    """``incarnation``, declared dead while it may still have been fetching (a static member's
+    process fenced by a newer one), closed its connection cleanly: like its StopFetcher answer,
+    that proves it stopped (docs/design.md#static-members), so its lease ends now."""
+
+    incarnation: int
+    now: float
+
+
+@attrs.frozen(kw_only=True)
 class OwnerRegistered:
     """``owner`` registered as ``incarnation`` saying it held ``holding`` under ``generation``."""
 
@@ -253,6 +263,7 @@ Event = (
     | OwnerRegistered
     | Recovered
     | AttemptCompleted
+    | OwnerClosed
 )
 
 
@@ -313,6 +324,8 @@ def _build_table() -> TransitionTable[PartitionState]:
         (P.LEASED, Recovered): P.LEASED,
         (P.LEASED, LeaseRanOut): P.FREE,
         (P.ADOPTED, LeaseRanOut): P.HELD,
+        (P.LEASED, OwnerClosed): P.FREE,
+        (P.FREE, OwnerClosed): P.FREE,
     }
     return TransitionTable("Partition ownership", t)
 
@@ -553,6 +566,18 @@ class Ownership:
         self._holdings[event.incarnation] = attrs.evolve(holding, dead=True)
         return []
 
+    def _owner_closed(self, event: OwnerClosed) -> list[Effect]:
+        """A dead incarnation's clean close ends its leases as its StopFetcher answer would."""
+        holding = self._holdings.get(event.incarnation)
+        if holding is None:
+            return []
+        timed = self._timed_among(holding.partitions)
+        kinds = [_kind(value, event.now) for value in timed.values()]
+        if len(timed) < len(holding.partitions):
+            kinds.append(P.HELD)  # a live holding: its close is a death, not this input
+        _check(kinds, event)
+        return self._stop_answered(StopAnswered(incarnation=event.incarnation, now=event.now))
+
     def _owner_registered(self, event: OwnerRegistered) -> list[Effect]:
         if event.incarnation in self._holdings:
             raise ValueError(f"incarnation {event.incarnation} registered twice")
@@ -684,4 +709,5 @@ _HANDLERS: dict[type, Callable[[Ownership, Any], list[Effect]]] = {
     OwnerRegistered: Ownership._owner_registered,
     Recovered: Ownership._recovered,
     AttemptCompleted: Ownership._attempt_completed,
+    OwnerClosed: Ownership._owner_closed,
 }

@@ -58,7 +58,7 @@ def _decode_subscription(value: Mapping[str, Any]) -> Subscription:
 
 
 def encode_member(member: MemberRecord) -> dict[str, Any]:
-    return {
+    encoded: dict[str, Any] = {
         "member_id": member.member_id,
         "client_id": member.client_id,
         "subscription": _encode_subscription(member.subscription),
@@ -67,6 +67,9 @@ def encode_member(member: MemberRecord) -> dict[str, Any]:
         "auto_offset_reset": member.auto_offset_reset,
         "generation": member.generation,
     }
+    if member.instance_id is not None:  # absent for a dynamic member, as in older records
+        encoded["instance_id"] = member.instance_id
+    return encoded
 
 
 def decode_member(value: Mapping[str, Any]) -> MemberRecord:
@@ -78,6 +81,7 @@ def decode_member(value: Mapping[str, Any]) -> MemberRecord:
         auto_commit=bool(value["auto_commit"]),
         auto_offset_reset=str(value["auto_offset_reset"]),
         generation=int(value.get("generation", -1)),
+        instance_id=None if value.get("instance_id") is None else str(value["instance_id"]),
     )
 
 

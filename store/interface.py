@@ -86,6 +86,10 @@ class MemberRecord:
     #: one, and a successor adopts it under that (docs/design.md#adoption-after-a-failover).
     #: -1 in a record written before members had their own (read as the group's generation).
     generation: int = -1
+    #: A static member's instance id (equal to ``member_id``, which names the member rather than
+    #: one of its processes); None for a dynamic member. A successor coordinator reads it to know
+    #: that the member outlives its processes (docs/design.md#static-members).
+    instance_id: str | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -19,25 +19,30 @@ INPUTS = {
     "Deleted": g.Deleted(),
     "Recovered": g.Recovered(awaiting=frozenset({"c1"})),
     "Adopted": g.RecordAdopted(),
+    "Away": g.MemberAway(member_id="c1"),
+    "Replaced": g.MemberReplaced(member_id="c1"),
 }
 X = None
 # fmt: off
 EXPECTED: dict[S, dict[str, S | None]] = {
     S.EMPTY: {"Joined": S.PENDING, "Departed": X, "Topics": S.EMPTY, "Began": X, "NotNeeded": X,
               "Stopped": X, "Completed": X, "Failed": X, "Deleted": S.DEAD, "Recovered": S.EMPTY,
-              "Adopted": X},
+              "Adopted": X, "Away": X, "Replaced": X},
     S.PENDING: {"Joined": S.PENDING, "Departed": S.PENDING, "Topics": S.PENDING,
                 "Began": S.STOPPING, "NotNeeded": S.STABLE, "Stopped": X, "Completed": X,
-                "Failed": S.PENDING, "Deleted": X, "Recovered": X, "Adopted": S.STABLE},
+                "Failed": S.PENDING, "Deleted": X, "Recovered": X, "Adopted": S.STABLE,
+                "Away": S.PENDING, "Replaced": S.PENDING},
     S.STOPPING: {"Joined": S.STOPPING, "Departed": S.PENDING, "Topics": S.STOPPING, "Began": X,
                  "NotNeeded": X, "Stopped": S.STARTING, "Completed": X, "Failed": S.PENDING,
-                 "Deleted": X, "Recovered": X, "Adopted": X},
+                 "Deleted": X, "Recovered": X, "Adopted": X, "Away": S.PENDING,
+                 "Replaced": S.PENDING},
     S.STARTING: {"Joined": S.STARTING, "Departed": S.PENDING, "Topics": S.STARTING, "Began": X,
                  "NotNeeded": X, "Stopped": X, "Completed": S.STABLE, "Failed": S.PENDING,
-                 "Deleted": X, "Recovered": X, "Adopted": X},
+                 "Deleted": X, "Recovered": X, "Adopted": X, "Away": S.PENDING,
+                 "Replaced": S.PENDING},
     S.STABLE: {"Joined": S.PENDING, "Departed": S.PENDING, "Topics": S.PENDING, "Began": X,
                "NotNeeded": X, "Stopped": X, "Completed": X, "Failed": X, "Deleted": X,
-               "Recovered": X, "Adopted": X},
+               "Recovered": X, "Adopted": X, "Away": S.STABLE, "Replaced": S.PENDING},
     S.DEAD: {name: X for name in INPUTS},
 }
 # fmt: on
@@ -162,4 +167,33 @@ def test_a_recovered_group_waits_for_the_members_its_record_names_and_no_initial
     # Recovery is over: a join rebalances a Stable group at once, as ever.
     assert machine.handle(g.MemberJoined(member_id="d")) == [
         g.ScheduleRebalance(delay=g.Delay.NONE)
+    ]
+
+
+def test_a_static_member_away_keeps_a_stable_group_stable_and_cuts_an_attempt_short() -> None:
+    """docs/design.md#static-members: a process ending is no rebalance; an attempt in flight,
+    which would wait on that process, is cancelled and begins again."""
+    stable = g.GroupMachine(group_id="g", state=S.STABLE, generation=4)
+    assert stable.handle(g.MemberAway(member_id="c1")) == []
+    assert stable.state is S.STABLE
+    for state in (S.STOPPING, S.STARTING):
+        machine = g.GroupMachine(group_id="g", state=state, generation=4, rebalance_pending=True)
+        assert machine.handle(g.MemberAway(member_id="c1")) == [
+            g.CancelAttempt(),
+            g.ScheduleRebalance(delay=g.Delay.NONE),
+        ]
+        assert machine.state is S.PENDING
+        assert not machine.rebalance_pending
+
+
+def test_a_fenced_member_moves_its_partitions_to_the_newer_process_at_once() -> None:
+    stable = g.GroupMachine(group_id="g", state=S.STABLE, generation=4)
+    assert stable.handle(g.MemberReplaced(member_id="c1")) == [
+        g.ScheduleRebalance(delay=g.Delay.NONE)
+    ]
+    assert stable.state is S.PENDING
+    stopping = g.GroupMachine(group_id="g", state=S.STOPPING, generation=4)
+    assert stopping.handle(g.MemberReplaced(member_id="c1")) == [
+        g.CancelAttempt(),
+        g.ScheduleRebalance(delay=g.Delay.NONE),
     ]

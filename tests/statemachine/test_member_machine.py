@@ -22,6 +22,7 @@ INPUTS = {
     "Violation": m.ProtocolViolation(now=1.0),
     "Refused": m.HandoverRefused(now=1.0),
     "Adopted": m.Adopted(generation=7),
+    "Fenced": m.Fenced(now=1.0),
 }
 X = None  # illegal
 # fmt: off
@@ -30,26 +31,26 @@ EXPECTED: dict[S, dict[str, S | None]] = {
                    "StartSent": S.STARTING, "StartAnswered": X, "PingSent": S.REGISTERED,
                    "PingAnswered": S.REGISTERED, "Missed": S.DEAD,
                    "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD,
-                   "Refused": S.DEAD, "Adopted": S.STABLE},
+                   "Refused": S.DEAD, "Adopted": S.STABLE, "Fenced": S.DEAD},
     S.STOPPING: {"RevokeSent": S.STOPPING, "StopSent": S.STOPPING, "StopAnswered": S.STOPPING,
                  "StartSent": S.STARTING,
                  "StartAnswered": X, "PingSent": S.STOPPING, "PingAnswered": S.STOPPING,
                  "Missed": S.DEAD, "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD,
-                 "Violation": S.DEAD, "Refused": S.DEAD, "Adopted": X},
+                 "Violation": S.DEAD, "Refused": S.DEAD, "Adopted": X, "Fenced": S.DEAD},
     S.STARTING: {"RevokeSent": S.STOPPING, "StopSent": S.STOPPING, "StopAnswered": X,
                  "StartSent": S.STARTING,
                  "StartAnswered": S.STABLE, "PingSent": S.STARTING, "PingAnswered": S.STARTING,
                  "Missed": S.DEAD, "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD,
-                 "Violation": S.DEAD, "Refused": S.DEAD, "Adopted": X},
+                 "Violation": S.DEAD, "Refused": S.DEAD, "Adopted": X, "Fenced": S.DEAD},
     S.STABLE: {"RevokeSent": S.STOPPING, "StopSent": S.STOPPING, "StopAnswered": X,
                "StartSent": S.STARTING, "StartAnswered": X, "PingSent": S.STABLE,
                "PingAnswered": S.STABLE, "Missed": S.DEAD,
                "Closed": S.DEAD, "Broken": S.DEAD, "Left": S.DEAD, "Violation": S.DEAD,
-               "Refused": S.DEAD, "Adopted": X},
+               "Refused": S.DEAD, "Adopted": X, "Fenced": S.DEAD},
     S.DEAD: {"RevokeSent": X, "StopSent": X, "StopAnswered": X, "StartSent": X, "StartAnswered": X,
              "PingSent": X, "PingAnswered": X, "Missed": S.DEAD, "Closed": S.DEAD,
              "Broken": S.DEAD, "Left": X, "Violation": X, "Refused": S.DEAD,
-             "Adopted": X},
+             "Adopted": X, "Fenced": X},
 }
 # fmt: on
 
@@ -207,3 +208,12 @@ def test_a_missed_handover_deadline_is_not_cleared_by_ping_answers_either() -> N
     other.handle(m.StopFetcherSent(generation=2, now=2.0))
     other.handle(m.StopFetcherAnswered(now=2.0))  # carried one out: the count starts over
     assert other.handle(m.HandoverRefused(now=3.0)) == []
+
+
+def test_a_fenced_member_is_gone_and_its_partitions_wait_for_the_lease_its_stop_renewed() -> None:
+    """docs/design.md#static-members: telling a paused process it is fenced proves nothing, and
+    the StopFetcher that tells it renews its lease."""
+    machine = _machine(S.STABLE)
+    (death,) = machine.handle(m.Fenced(now=4.0))
+    assert death == m.DeclaredDead(cause=m.DeathCause.FENCED, partitions_free_at=4.0 + 6.0 + 0.5)
+    assert not machine.alive

@@ -45,19 +45,22 @@ INPUTS: dict[str, type] = {
     "NoLongerFetching": o.NoLongerFetching,
     "Recovered": o.Recovered,
     "LeaseRanOut": o.LeaseRanOut,
+    "OwnerClosed": o.OwnerClosed,
 }
 # fmt: off
 TABLE_EXPECTED: dict[S, dict[str, S | None]] = {
     S.FREE: {"Started": S.HELD, "StartUnsent": X, "StopAnswered": S.FREE, "OwnerDied": X,
-             "StillFetching": X, "NoLongerFetching": X, "Recovered": S.LEASED, "LeaseRanOut": X},
+             "StillFetching": X, "NoLongerFetching": X, "Recovered": S.LEASED, "LeaseRanOut": X,
+             "OwnerClosed": S.FREE},
     S.HELD: {"Started": X, "StartUnsent": S.FREE, "StopAnswered": S.FREE, "OwnerDied": S.LEASED,
-             "StillFetching": X, "NoLongerFetching": X, "Recovered": X, "LeaseRanOut": X},
+             "StillFetching": X, "NoLongerFetching": X, "Recovered": X, "LeaseRanOut": X,
+             "OwnerClosed": X},
     S.ADOPTED: {"Started": X, "StartUnsent": X, "StopAnswered": S.FREE, "OwnerDied": S.LEASED,
                 "StillFetching": X, "NoLongerFetching": X, "Recovered": X,
-                "LeaseRanOut": S.HELD},
+                "LeaseRanOut": S.HELD, "OwnerClosed": X},
     S.LEASED: {"Started": X, "StartUnsent": X, "StopAnswered": S.FREE, "OwnerDied": X,
                "StillFetching": S.ADOPTED, "NoLongerFetching": S.FREE, "Recovered": S.LEASED,
-               "LeaseRanOut": S.FREE},
+               "LeaseRanOut": S.FREE, "OwnerClosed": S.FREE},
 }
 # fmt: on
 
@@ -149,28 +152,31 @@ EVENTS: dict[str, Callable[[int], o.Event]] = {
         margin=0.5,
     ),
     "Completed": lambda _: o.AttemptCompleted(now=5),
+    "Closed": lambda inc: o.OwnerClosed(incarnation=inc, now=5),
 }
 # What P is at t=5 after the input; X: the input raises and changes nothing.
 # fmt: off
 MACHINE_EXPECTED: dict[str, dict[str, S | None]] = {
     "free": {"Start": S.HELD, "Unsent": X, "Stop": S.FREE, "Died": S.FREE, "Kept": S.FREE,
              "Released": S.FREE, "OtherGeneration": S.FREE, "OtherOwner": S.FREE,
-             "Recovered": S.LEASED, "Completed": S.FREE},
+             "Recovered": S.LEASED, "Completed": S.FREE, "Closed": S.FREE},
     "held": {"Start": X, "Unsent": S.FREE, "Stop": S.FREE, "Died": S.LEASED, "Kept": S.HELD,
              "Released": S.HELD, "OtherGeneration": S.HELD, "OtherOwner": S.HELD,
-             "Recovered": X, "Completed": S.HELD},
+             "Recovered": X, "Completed": S.HELD, "Closed": X},
     "adopted": {"Start": X, "Unsent": X, "Stop": S.FREE, "Died": S.LEASED, "Kept": S.ADOPTED,
                 "Released": S.ADOPTED, "OtherGeneration": S.ADOPTED, "OtherOwner": S.ADOPTED,
-                "Recovered": X, "Completed": S.ADOPTED},
+                "Recovered": X, "Completed": S.ADOPTED, "Closed": X},
     "adopted, lease ran out": {"Start": X, "Unsent": X, "Stop": S.FREE, "Died": S.LEASED,
                                "Kept": S.HELD, "Released": S.HELD, "OtherGeneration": S.HELD,
-                               "OtherOwner": S.HELD, "Recovered": X, "Completed": S.HELD},
+                               "OtherOwner": S.HELD, "Recovered": X, "Completed": S.HELD,
+                               "Closed": X},
     "leased": {"Start": X, "Unsent": X, "Stop": S.FREE, "Died": X, "Kept": S.ADOPTED,
                "Released": S.FREE, "OtherGeneration": S.LEASED, "OtherOwner": S.LEASED,
-               "Recovered": S.LEASED, "Completed": S.LEASED},
+               "Recovered": S.LEASED, "Completed": S.LEASED, "Closed": S.FREE},
     "leased, lease ran out": {"Start": S.HELD, "Unsent": X, "Stop": S.FREE, "Died": X,
                               "Kept": S.FREE, "Released": S.FREE, "OtherGeneration": S.FREE,
-                              "OtherOwner": S.FREE, "Recovered": S.LEASED, "Completed": S.FREE},
+                              "OtherOwner": S.FREE, "Recovered": S.LEASED, "Completed": S.FREE,
+                              "Closed": S.FREE},
 }
 # fmt: on
 KIND = {o.Free: S.FREE, o.Held: S.HELD, o.Adopted: S.ADOPTED, o.Leased: S.LEASED}
@@ -201,6 +207,15 @@ def test_a_lease_ends_early_only_by_its_owners_word_and_says_so() -> None:
     stop = o.StopAnswered(incarnation=incarnation, now=5)
     assert machine.handle(stop) == [o.LeaseEnded(partitions=frozenset({P}))]
     assert machine.free_at({P}) == -math.inf
+
+
+def test_a_fenced_process_that_closes_cleanly_ends_its_lease_and_says_so() -> None:
+    """docs/design.md#static-members: its clean close is its word, like its StopFetcher answer."""
+    machine, incarnation = _leased(until=20)()
+    closed = o.OwnerClosed(incarnation=incarnation, now=5)
+    assert machine.handle(closed) == [o.LeaseEnded(partitions=frozenset({P}))]
+    assert machine.free_at({P}) == -math.inf
+    assert machine.holding(incarnation) == o.NOTHING
 
 
 def test_a_member_that_closes_leaves_its_partitions_free_at_once() -> None:

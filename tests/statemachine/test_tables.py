@@ -100,6 +100,8 @@ def group_cases() -> Iterable[tuple[Any, object]]:
         g.Deleted(),
         g.Recovered(awaiting=frozenset({"c1"})),
         g.RecordAdopted(),
+        g.MemberAway(member_id="c1"),
+        g.MemberReplaced(member_id="c1"),
     ]
     for state, pending, forming, event in itertools.product(
         g.GroupState, (False, True), (False, True), events
@@ -128,6 +130,7 @@ def member_cases() -> Iterable[tuple[Any, object]]:
         m.Left(now=1.0),
         m.ProtocolViolation(now=1.0),
         m.Adopted(generation=7),
+        m.Fenced(now=1.0),
     ]
     for state, max_missed, missed, handovers, start_follows, event in itertools.product(
         m.MemberState, (1, 3), (0, 1, 2), (0, 1, 2), (True, False), events

@@ -333,6 +333,39 @@ async def test_a_group_round_trips_and_survives_a_reopen(store_factory: StoreOpe
         )
 
 
+async def test_a_static_member_keeps_its_instance_id_through_updates_and_a_reopen(
+    store_factory: StoreOpener,
+) -> None:
+    """A successor coordinator must know which members are static (docs/design.md#static-members):
+    the instance id survives a whole record, an update that adds a static member, and a reopen."""
+    named = Subscription(topics=(TopicStreams(topic="orders", streams=1),))
+    static = attrs.evolve(member("s1", named), instance_id="s1")
+    first = GroupRecord(
+        group_id="billing",
+        generation=1,
+        members=(static,),
+        assignment={tp("orders", 0): ConsumerThread(member_id="s1", index=0)},
+    )
+    second = GroupRecord(
+        group_id="billing",
+        generation=2,
+        members=(static, attrs.evolve(member("s2", named), instance_id="s2"), member("d", named)),
+        assignment={
+            tp("orders", 0): ConsumerThread(member_id="s1", index=0),
+            tp("orders", 1): ConsumerThread(member_id="s2", index=0),
+        },
+    )
+    async with store_factory() as store:
+        epoch = await store.take_office(1)
+        await store.write_group(epoch, first)
+        await store.write_group(epoch, second)
+        assert (await store.groups())["billing"] == second
+    async with store_factory() as store:
+        stored = (await store.groups())["billing"]
+        assert stored == second
+        assert [m.instance_id for m in stored.members] == ["s1", "s2", None]
+
+
 async def test_each_members_own_generation_round_trips(store_factory: StoreOpener) -> None:
     """Under the incremental protocol members of one group hold different generations; the
     record keeps each one (docs/design.md#adoption-after-a-failover)."""

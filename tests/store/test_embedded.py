@@ -32,6 +32,7 @@ from store import (
     OffsetBatch,
     StoreUnavailable,
     TopicPlacement,
+    codec,
     open_embedded_store,
 )
 from store.embedded import JOURNAL_NAME, SNAPSHOT_NAME
@@ -443,3 +444,36 @@ async def test_offsets_are_journaled_compactly(tmp_path: pathlib.Path) -> None:
         await store.commit_offsets(epoch, [offsets_batch("billing", 1, 1_000_000, count=100)])
         line = (tmp_path / JOURNAL_NAME).stat().st_size - before
     assert line < 100 * 16  # "[partition,offset]," per offset, and the batch header once
+
+
+def test_a_member_record_written_before_static_members_still_loads() -> None:
+    """A group record as stores wrote it before members had instance ids (the same JSON on the
+    embedded journal and in ZooKeeper's chunks) loads as a dynamic member, and a dynamic member
+    is written without one."""
+    written_before = {
+        "group_id": "billing",
+        "generation": 4,
+        "members": [
+            {
+                "member_id": "m1",
+                "client_id": "client",
+                "subscription": {
+                    "topics": [["orders", 1]],
+                    "pattern": None,
+                    "pattern_is_blacklist": False,
+                    "pattern_streams": 1,
+                },
+                "session_timeout_ms": 6000,
+                "auto_commit": True,
+                "auto_offset_reset": "smallest",
+            }
+        ],
+        "assignment": {"orders": [[0, "m1", 0]]},
+        "complete": True,
+    }
+    record = codec.decode_group(written_before)
+    assert record.members == (member("m1"),)
+    assert record.members[0].instance_id is None
+    encoded = codec.encode_group(record)
+    assert all("instance_id" not in member for member in encoded["members"])
+    assert codec.decode_group(encoded) == record
