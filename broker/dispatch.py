@@ -65,6 +65,7 @@ from store import (
     UnknownTopic,
 )
 from transport.channel import Channel, ReadBounds
+from transport.security import Peer
 
 log = logging.getLogger(__name__)
 
@@ -195,11 +196,11 @@ class _Session:
         # Brokers of a cluster come and go after the coordinator took office; the cached list
         # serves while the store cannot answer.
         with contextlib.suppress(StoreUnavailable):
-            coordinator.brokers = await coordinator.store.brokers()
+            await refresh_brokers(coordinator, self.channel.listener)
         return cluster_metadata(
             message,
             topics=coordinator.topics,
-            brokers=coordinator.brokers,
+            brokers=coordinator.brokers_by_listener.get(self.channel.listener, coordinator.brokers),
             coordinator_id=coordinator.broker.broker_id,
             coordinator_epoch=coordinator.epoch,
             limits=self.limits,
@@ -212,6 +213,14 @@ class _Session:
     async def _add_partitions(self, message: CreatePartitionsRequest) -> ErrorCode:
         coordinator = self.coordinator
         return await add_partitions(coordinator.store, message, self.limits, coordinator.topics)
+
+
+async def refresh_brokers(coordinator: GroupCoordinator, listener: str) -> None:
+    """Read the live brokers again, as the clients of ``listener`` reach them ("": as the
+    default listener's do)."""
+    coordinator.brokers = await coordinator.store.brokers()
+    if listener:
+        coordinator.brokers_by_listener[listener] = await coordinator.store.brokers(listener)
 
 
 def _loading(coordinator: GroupCoordinator, message: object) -> bool:
@@ -355,15 +364,22 @@ async def handle_connection(
     data_plane: DataPlane | None = None,
     *,
     bounds: ReadBounds | None = None,
+    peer: Peer | None = None,
 ) -> None:
     """Serve one peer until it closes, breaks the protocol, or its member is declared dead.
 
     Nothing raised while serving it leaves this task: whatever went wrong ends this connection
     (its member dies as if the connection broke) and nothing else. ``bounds``: the broker's
-    limits on reading (none: unbounded, for tests of other things)."""
+    limits on reading (none: unbounded, for tests of other things); ``peer``: who the listener
+    admitted, and on which listener (None: a connection no listener admitted, for tests)."""
     channel = Channel.open(
         stream, Role.BROKER, max_frame_size=coordinator.config.max_frame_size, bounds=bounds
     )
+    if peer is not None:
+        channel.listener = peer.listener
+        if peer.listener not in coordinator.brokers_by_listener:
+            with contextlib.suppress(StoreUnavailable):
+                await refresh_brokers(coordinator, peer.listener)
     send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
     violation = False
     session: _Session | None = None

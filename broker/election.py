@@ -59,6 +59,7 @@ from protocol import (
 from protocol.types import BrokerInfo
 from store import EpochFenced, MetadataStore, StoreUnavailable
 from transport.channel import Channel, ReadBounds
+from transport.security import Peer
 
 __all__ = ["ElectionStore", "Elector", "handle_elected_connection", "open_elector"]
 
@@ -159,6 +160,7 @@ async def handle_elected_connection(
     data_plane: DataPlane | None = None,
     *,
     bounds: ReadBounds | None = None,
+    peer: Peer | None = None,
 ) -> None:
     """Serve one peer as the coordinator or as a follower, whichever this broker is now, until
     the peer leaves or the office changes hands; under ``bounds`` either way."""
@@ -167,9 +169,9 @@ async def handle_elected_connection(
         elector.coordinator.wait_value, lambda now: now is not coordinator
     ):
         if coordinator is not None:
-            await handle_connection(coordinator, stream, data_plane, bounds=bounds)
+            await handle_connection(coordinator, stream, data_plane, bounds=bounds, peer=peer)
         else:
-            await _handle_follower_connection(elector, stream, data_plane, bounds)
+            await _handle_follower_connection(elector, stream, data_plane, bounds, peer)
 
 
 async def _handle_follower_connection(
@@ -177,10 +179,13 @@ async def _handle_follower_connection(
     stream: trio.abc.Stream,
     data_plane: DataPlane | None,
     bounds: ReadBounds | None,
+    peer: Peer | None,
 ) -> None:
     channel = Channel.open(
         stream, Role.BROKER, max_frame_size=elector.config.max_frame_size, bounds=bounds
     )
+    if peer is not None:
+        channel.listener = peer.listener
     send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
     try:
         async with trio.open_nursery() as nursery:
@@ -202,13 +207,13 @@ async def _answer_as_follower(
     data_plane: DataPlane | None,
 ) -> None:
     async for request in requests:
-        response = await _follower_answer(elector, request, data_plane)
+        response = await _follower_answer(elector, request, data_plane, channel.listener)
         if response is not None:
             await channel.respond(request, response)
 
 
 async def _follower_answer(
-    elector: Elector, request: Request, data_plane: DataPlane | None
+    elector: Elector, request: Request, data_plane: DataPlane | None, listener: str = ""
 ) -> ResponseMessage | None:
     store = elector.store
     try:
@@ -218,7 +223,7 @@ async def _follower_answer(
                 return cluster_metadata(
                     message,
                     topics=await store.topics(),
-                    brokers=await store.brokers(),
+                    brokers=await store.brokers(listener or None),
                     coordinator_id=-1 if coordinator_id is None else coordinator_id,
                     coordinator_epoch=-1,  # the coordinator tells its epoch itself
                     limits=elector.config.limits,

@@ -56,6 +56,7 @@ from protocol.types import BrokerInfo, PartitionOffset, Subscription, TopicParti
 from statemachine import consumer as sm
 from transport.channel import Channel, ChannelClosed, acknowledged_frames
 from transport.connect import Connector, parse_bootstrap
+from transport.security import ClientSecurity
 
 from .discovery import Discovery
 from .fetcher import BrokerConnections, FetchSettings, run_fetcher
@@ -653,6 +654,7 @@ async def open_consumer(
     on_revoked: RebalanceCallback | None = None,
     on_assigned: RebalanceCallback | None = None,
     connect: Connector | None = None,
+    security: ClientSecurity | None = None,
 ) -> AsyncIterator[Consumer]:
     """Join ``group_id`` and fetch what the coordinator assigns, until the block ends.
 
@@ -661,12 +663,13 @@ async def open_consumer(
     with ``pattern_is_blacklist``, does not), with ``pattern_streams`` streams shared by all of
     them. The consumer id is ``f"{client_id}-{12 hex digits}"`` unless given. Leaving the block
     closes gracefully: fetchers stop, offsets are committed (with auto_commit), and LeaveGroup
-    lets the group rebalance at once instead of after a failure detection.
+    lets the group rebalance at once instead of after a failure detection. Every connection
+    is made as ``security`` says (default: plaintext, no authentication).
     """
     settings = settings or ConsumerSettings()
     subscription = _subscription(topics, pattern, pattern_streams, pattern_is_blacklist)
     member_id = consumer_id or f"{settings.client_id}-{uuid.uuid4().hex[:12]}"
-    connect = connect or _open_tcp
+    connect = connect or (security or ClientSecurity()).connector(_open_tcp)
     if topics is not None:
         streams = tuple(
             RecordStream(index=i, topic=topic, max_buffered=settings.max_buffered_records)

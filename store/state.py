@@ -21,13 +21,16 @@ from typing import Any
 
 import attrs
 
+from protocol.sasl import ScramCredential
 from protocol.types import ConsumerThread, TopicPartition
 
 from .codec import (
+    decode_credential,
     decode_group,
     decode_member,
     decode_owners,
     decode_placement,
+    encode_credential,
     encode_group,
     encode_member,
     encode_owners,
@@ -43,6 +46,7 @@ __all__ = [
     "office_entry",
     "offsets_entry",
     "topic_entry",
+    "user_entry",
 ]
 
 SNAPSHOT_FORMAT = 1
@@ -56,6 +60,12 @@ OffsetTable = dict[str, dict[str, dict[int, tuple[int, int]]]]
 
 def topic_entry(placement: TopicPlacement) -> JsonObject:
     return {"op": "topic", "topic": placement.topic, "placement": encode_placement(placement)}
+
+
+def user_entry(user: str, mechanism: str, credential: ScramCredential | None) -> JsonObject:
+    """Set (or, with None, remove) one of a user's SCRAM credentials."""
+    encoded = None if credential is None else encode_credential(credential)
+    return {"op": "user", "user": user, "mechanism": mechanism, "credential": encoded}
 
 
 def office_entry(epoch: int, broker_id: int) -> JsonObject:
@@ -135,6 +145,8 @@ class StoreState:
     topics: dict[str, TopicPlacement] = attrs.Factory(dict)
     groups: dict[str, GroupRecord] = attrs.Factory(dict)
     offsets: OffsetTable = attrs.Factory(dict)
+    #: user -> mechanism -> credential
+    users: dict[str, dict[str, ScramCredential]] = attrs.Factory(dict)
 
     def apply(self, entry: Mapping[str, Any]) -> None:
         """Apply the entry that follows ``seq``; a gap means a lost or reordered entry."""
@@ -158,6 +170,8 @@ class StoreState:
             self.offsets.pop(group_id, None)
         elif op == "office":
             self.last_epoch = int(entry["epoch"])
+        elif op == "user":
+            self._apply_user(str(entry["user"]), str(entry["mechanism"]), entry["credential"])
         else:
             raise ValueError(f"unknown journal entry {op!r}")
         self.seq = seq
@@ -186,6 +200,15 @@ class StoreState:
             assignment=assignment,
             complete=bool(entry.get("complete", False)),
         )
+
+    def _apply_user(self, user: str, mechanism: str, credential: Mapping[str, Any] | None) -> None:
+        credentials = self.users.setdefault(user, {})
+        if credential is None:
+            credentials.pop(mechanism, None)
+        else:
+            credentials[mechanism] = decode_credential(mechanism, credential)
+        if not credentials:
+            del self.users[user]
 
     def _apply_offsets(self, batches: Sequence[Sequence[Any]]) -> None:
         for group_id, generation, by_topic in batches:
@@ -220,6 +243,10 @@ class StoreState:
                 }
                 for group_id, by_topic in self.offsets.items()
             },
+            "users": {
+                user: {m: encode_credential(c) for m, c in credentials.items()}
+                for user, credentials in self.users.items()
+            },
         }
 
     @classmethod
@@ -237,6 +264,10 @@ class StoreState:
                     for topic, rows in by_topic.items()
                 }
                 for group_id, by_topic in value["offsets"].items()
+            },
+            users={
+                user: {m: decode_credential(m, c) for m, c in credentials.items()}
+                for user, credentials in value.get("users", {}).items()
             },
         )
 

@@ -4,10 +4,13 @@ through ``kazoo_bridge``, the one module that imports kazoo.
 
 Layout (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds keep them)::
 
-    /brokers/ids/<id>                                 ephemeral {"host": h, "port": p}
+    /brokers/ids/<id>                                 ephemeral {"host": h, "port": p, "listeners":
+                                                      {name: {"host": h, "port": p}, ...}}
     /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
     /consumers/coordinator                            ephemeral {"broker_id": id}; czxid = epoch
     /coordinator_epoch                                persistent; its version counts terms
+    /config/users/<user>                              {mechanism: {"salt", "stored_key",
+                                                      "server_key", "iterations"}} (SCRAM)
     /consumers/<group>/registry                       {"generation": g, "record": r, "chunks": k}
     /consumers/<group>/records/<r>-<i>                chunk i of record r: the GroupRecord's JSON
                                                       (codec.encode_group), cut into k pieces
@@ -68,9 +71,17 @@ import attrs
 import trio
 import trio_util
 
+from protocol.sasl import ScramCredential
 from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
 
-from .codec import decode_group, decode_placement, encode_group, encode_placement
+from .codec import (
+    decode_credential,
+    decode_group,
+    decode_placement,
+    encode_credential,
+    encode_group,
+    encode_placement,
+)
 from .interface import (
     EpochFenced,
     GroupRecord,
@@ -81,6 +92,7 @@ from .interface import (
     TopicExists,
     TopicPlacement,
     UnknownTopic,
+    on_listener,
 )
 from .kazoo_bridge import (
     BadVersionError,
@@ -113,6 +125,7 @@ TOPICS = "/brokers/topics"
 CONSUMERS = "/consumers"
 ELECTION = "/consumers/coordinator"
 EPOCH_COUNTER = "/coordinator_epoch"
+USERS = "/config/users"
 
 DEFAULT_SESSION_TIMEOUT = 6.0
 DEFAULT_CALL_BOUND = 10.0
@@ -226,6 +239,10 @@ def _record_path(group_id: str, record: str, index: int) -> str:
     return group_path(group_id, "records", f"{record}-{index}")
 
 
+def _user_path(user: str) -> str:
+    return f"{USERS}/{_segment(user)}"
+
+
 def topic_path(topic: str) -> str:
     """``/brokers/topics/<topic>``: the topic's placement."""
     return f"{TOPICS}/{_segment(topic)}"
@@ -258,6 +275,7 @@ class ZooKeeperStore:
     #: at that instant: the session lives at least a session timeout past it.
     _contact: tuple[int, float] | None = None
     _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
+    _advertised: dict[int, dict[str, tuple[str, int]]] = attrs.Factory(dict)
     _offset_nodes: set[tuple[str, str, int]] = attrs.Factory(set)
     #: Per group, the record this handle last wrote every owner node for, and their assignment.
     _owners_written: dict[str, tuple[str, Mapping[TopicPartition, ConsumerThread]]] = attrs.Factory(
@@ -276,13 +294,20 @@ class ZooKeeperStore:
 
     # Brokers
 
-    async def register_broker(self, broker: BrokerInfo) -> None:
+    async def register_broker(
+        self, broker: BrokerInfo, advertised: Mapping[str, tuple[str, int]] | None = None
+    ) -> None:
         self._brokers[broker.broker_id] = broker
+        self._advertised[broker.broker_id] = dict(advertised or {})
         await self._register(broker)
 
     async def _register(self, broker: BrokerInfo) -> None:
         path = f"{BROKER_IDS}/{broker.broker_id}"
-        data = _json({"host": broker.host, "port": broker.port})
+        listeners = {
+            name: {"host": host, "port": port}
+            for name, (host, port) in self._advertised.get(broker.broker_id, {}).items()
+        }
+        data = _json({"host": broker.host, "port": broker.port, "listeners": listeners})
         for _ in range(_RETRIES):
             try:
                 await self._wait(self._client.create_async(path, data, ephemeral=True))
@@ -297,10 +322,11 @@ class ZooKeeperStore:
                 return
         raise StoreUnavailable(f"cannot register broker {broker.broker_id}: {path} keeps changing")
 
-    async def brokers(self) -> tuple[BrokerInfo, ...]:
+    async def brokers(self, listener: str | None = None) -> tuple[BrokerInfo, ...]:
         ids = await self._children(BROKER_IDS)
         pending = [(int(i), self._client.get_async(f"{BROKER_IDS}/{i}")) for i in ids]
         found = []
+        advertised: dict[int, dict[str, tuple[str, int]]] = {}
         for broker_id, result in pending:
             try:
                 data, _stat = await self._wait(result)
@@ -308,7 +334,12 @@ class ZooKeeperStore:
                 continue
             value = self._decode(data)
             found.append(BrokerInfo(broker_id=broker_id, host=value["host"], port=value["port"]))
-        return tuple(sorted(found, key=lambda broker: broker.broker_id))
+            advertised[broker_id] = {
+                str(name): (str(address["host"]), int(address["port"]))
+                for name, address in value.get("listeners", {}).items()
+            }
+        found.sort(key=lambda broker: broker.broker_id)
+        return on_listener(found, advertised, listener)
 
     # Topics
 
@@ -800,6 +831,64 @@ class ZooKeeperStore:
 
     # Plumbing
 
+    # Users
+
+    async def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        value, _version = await self._read_user(user)
+        found = value.get(mechanism)
+        return None if found is None else decode_credential(mechanism, found)
+
+    async def _read_user(self, user: str) -> tuple[dict[str, Any], int | None]:
+        try:
+            data, stat = await self._wait(self._client.get_async(_user_path(user)))
+        except NoNodeError:
+            return {}, None
+        return dict(self._decode(data)), int(stat.version)
+
+    async def set_scram_credential(self, user: str, credential: ScramCredential) -> None:
+        await self._change_user(
+            user, lambda value: value | {credential.mechanism: encode_credential(credential)}
+        )
+
+    async def delete_user(self, user: str) -> bool:
+        for _ in range(_RETRIES):
+            value, version = await self._read_user(user)
+            if version is None:
+                return False
+            try:
+                await self._wait(self._client.delete_async(_user_path(user), version=version))
+                return bool(value)
+            except (NoNodeError, BadVersionError):
+                continue
+        raise StoreUnavailable(f"cannot delete user {user!r}: its node keeps changing")
+
+    async def _change_user(
+        self, user: str, change: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> None:
+        """Read, change and write the user's node, again if another writer came between."""
+        path = _user_path(user)
+        for _ in range(_RETRIES):
+            value, version = await self._read_user(user)
+            data = _json(change(value))
+            try:
+                if version is None:
+                    await self._wait(self._client.create_async(path, data))
+                else:
+                    await self._wait(self._client.set_async(path, data, version=version))
+                return
+            except (NodeExistsError, NoNodeError, BadVersionError):
+                continue
+        raise StoreUnavailable(f"cannot change user {user!r}: its node keeps changing")
+
+    async def users(self) -> Mapping[str, tuple[str, ...]]:
+        found = {}
+        for segment in sorted(await self._children(USERS, missing_ok=True)):
+            user = segment_name(segment)
+            value, version = await self._read_user(user)
+            if version is not None and value:
+                found[user] = tuple(sorted(value))
+        return found
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable("the store is closed")
@@ -975,7 +1064,7 @@ async def open_zookeeper_store(
     bridge.listen(store._state_changed)
     async with bridge.running():
         try:
-            for path in (BROKER_IDS, TOPICS, CONSUMERS, EPOCH_COUNTER):
+            for path in (BROKER_IDS, TOPICS, CONSUMERS, EPOCH_COUNTER, USERS):
                 await store._wait(store._client.ensure_path_async(path))
             async with trio.open_nursery() as nursery:
                 await nursery.start(store._watch_topics)
