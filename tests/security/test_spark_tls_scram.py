@@ -94,7 +94,7 @@ def test_the_spark_source_and_sink_run_over_tls_with_scram(
 
         assert trio.run(committed) == 1
         # without the options the source cannot even plan the read
-        with pytest.raises(Exception, match="closed the connection|ILLEGAL_SASL_STATE|refused"):
+        with pytest.raises(Exception, match=r"closed the connection|ILLEGAL_SASL_STATE|refused"):
             spark.read.format("coordinator").option("bootstrap", bootstrap).option(
                 "topic", "events"
             ).load().count()

@@ -85,7 +85,7 @@ async def test_mutual_tls_refuses_a_missing_an_unknown_and_an_expired_certificat
         assert "anyone who can reach" not in log  # every listener authenticates its clients
 
 
-async def test_scram_over_tls_a_wrong_password_is_refused_after_the_delay_and_no_credentials_get_nothing(
+async def test_scram_refuses_a_wrong_password_after_the_delay_and_serves_nothing_before_it(
     tmp_path: Path, certificates: Certificates
 ) -> None:
     data_dir = tmp_path / "broker"
