@@ -24,6 +24,8 @@ import attrs
 import trio
 import trio_util
 
+from broker import authorization
+from broker.authorization import Access
 from broker.dispatch import (
     REQUEST_QUEUE,
     DataPlane,
@@ -161,17 +163,20 @@ async def handle_elected_connection(
     *,
     bounds: ReadBounds | None = None,
     peer: Peer | None = None,
+    access: Access | None = None,
 ) -> None:
     """Serve one peer as the coordinator or as a follower, whichever this broker is now, until
-    the peer leaves or the office changes hands; under ``bounds`` either way."""
+    the peer leaves or the office changes hands; under ``bounds`` and ``access`` either way."""
     coordinator = elector.coordinator.value
     async with trio_util.move_on_when(
         elector.coordinator.wait_value, lambda now: now is not coordinator
     ):
         if coordinator is not None:
-            await handle_connection(coordinator, stream, data_plane, bounds=bounds, peer=peer)
+            await handle_connection(
+                coordinator, stream, data_plane, bounds=bounds, peer=peer, access=access
+            )
         else:
-            await _handle_follower_connection(elector, stream, data_plane, bounds, peer)
+            await _handle_follower_connection(elector, stream, data_plane, bounds, peer, access)
 
 
 async def _handle_follower_connection(
@@ -180,16 +185,20 @@ async def _handle_follower_connection(
     data_plane: DataPlane | None,
     bounds: ReadBounds | None,
     peer: Peer | None,
+    access: Access | None = None,
 ) -> None:
     channel = Channel.open(
         stream, Role.BROKER, max_frame_size=elector.config.max_frame_size, bounds=bounds
     )
     if peer is not None:
         channel.listener = peer.listener
+        channel.principal = peer.principal
     send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_answer_as_follower, elector, channel, receive_requests, data_plane)
+            nursery.start_soon(
+                _answer_as_follower, elector, channel, receive_requests, data_plane, access
+            )
             with contextlib.suppress(RemoteProtocolError):  # Channel.run told the peer why
                 await channel.run(send_requests.send)
             nursery.cancel_scope.cancel()
@@ -205,9 +214,22 @@ async def _answer_as_follower(
     channel: Channel,
     requests: trio.MemoryReceiveChannel[Request],
     data_plane: DataPlane | None,
+    access: Access | None,
 ) -> None:
     async for request in requests:
+        refused = (
+            None
+            if access is None
+            else authorization.refusal(access.current, channel.principal, request.message)
+        )
+        if refused is not None:
+            await channel.respond(request, refused)
+            continue
         response = await _follower_answer(elector, request, data_plane, channel.listener)
+        if response is not None and access is not None:
+            response = authorization.visible(
+                access.current, channel.principal, request.message, response
+            )
         if response is not None:
             await channel.respond(request, response)
 

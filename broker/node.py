@@ -17,6 +17,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from broker.authorization import open_access
 from broker.data_plane import open_broker_log
 from broker.dispatch import handle_connection
 from broker.election import handle_elected_connection, open_elector
@@ -67,11 +68,28 @@ class NodeSettings:
     tls: ServerTls | None = None
     #: The SCRAM mechanisms the SASL listeners offer.
     sasl_mechanisms: tuple[str, ...] = MECHANISMS
+    #: Principals every access rule lets do everything (``User:admin``).
+    super_users: frozenset[str] = frozenset()
 
     def endpoints(self) -> tuple[Endpoint, ...]:
         return self.listeners or (
             Endpoint(listener=SecurityProtocol.PLAINTEXT.value, host=self.host, port=self.port),
         )
+
+    def authenticates(self, endpoint: Endpoint) -> bool:
+        """Whether the listener knows who its clients are (SASL, or TLS with client
+        certificates)."""
+        protocol = endpoint.protocol
+        return protocol.sasl or (
+            protocol.tls and self.tls is not None and self.tls.client_ca is not None
+        )
+
+    @property
+    def authorization(self) -> bool:
+        """Access rules are enforced once any listener authenticates its clients: then whatever
+        no rule allows is denied, on every listener (an unauthenticated client is
+        User:ANONYMOUS)."""
+        return any(self.authenticates(endpoint) for endpoint in self.endpoints())
 
 
 async def run_node(
@@ -99,7 +117,7 @@ async def run_node(
             log.info(
                 "listening on %s (%s)",
                 Endpoint(listener=endpoint.listener, host=endpoint.host, port=port),
-                _warning(settings, endpoint),
+                _describe(settings, endpoint),
             )
         first = settings.endpoints()[0].listener
         broker = BrokerInfo(
@@ -107,6 +125,9 @@ async def run_node(
         )
         await store.register_broker(broker, advertised)
         async with (
+            open_access(
+                store, enabled=settings.authorization, super_users=settings.super_users
+            ) as access,
             open_broker_log(store, broker.broker_id, settings.data_dir, settings.log) as data_plane,
             _open_coordination(
                 store, settings.coordinator, broker, data_plane.log_end_offset
@@ -116,7 +137,9 @@ async def run_node(
             bounds = ReadBounds.of(settings.connections)
 
             async def handler(stream: trio.abc.Stream, peer: Peer) -> None:
-                await serve_connection(stream, data_plane=data_plane, bounds=bounds, peer=peer)
+                await serve_connection(
+                    stream, data_plane=data_plane, bounds=bounds, peer=peer, access=access
+                )
 
             gate = ConnectionGate.of(settings.connections)
             await nursery.start(serve_listeners, handler, listeners, gate)
@@ -141,22 +164,24 @@ def _listener_security(
     )
 
 
-def _warning(settings: NodeSettings, endpoint: Endpoint) -> str:
-    """What a listener lets in, said at start: one that authenticates nobody lets anyone who
-    reaches its port do anything."""
+def _describe(settings: NodeSettings, endpoint: Endpoint) -> str:
+    """What a listener lets in, said at start; a warning where anyone who reaches its port may
+    do anything."""
     protocol = endpoint.protocol
     if protocol.sasl:
         return "SASL/SCRAM authentication" + (" over TLS" if protocol.tls else "")
-    if protocol.tls and settings.tls is not None and settings.tls.client_ca is not None:
+    if settings.authenticates(endpoint):
         return "TLS, clients authenticated by their certificates"
-    log.warning(
-        "the %s listener on %s:%d authenticates nobody: anyone who can reach its port can do "
-        "anything (see the README's Security section)",
-        endpoint.listener,
-        endpoint.host,
-        endpoint.port,
-    )
-    return "TLS, no client authentication" if protocol.tls else "plaintext, no authentication"
+    if not settings.authorization:
+        log.warning(
+            "the %s listener on %s:%d authenticates nobody and no access rules apply: anyone "
+            "who can reach its port can do anything (README: Security)",
+            endpoint.listener,
+            endpoint.host,
+            endpoint.port,
+        )
+    what = "TLS" if protocol.tls else "plaintext"
+    return f"{what}, clients unauthenticated: User:ANONYMOUS"
 
 
 def _open_store(settings: NodeSettings) -> AbstractAsyncContextManager[MetadataStore]:

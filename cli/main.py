@@ -23,7 +23,14 @@ from broker.node import NodeSettings, run_node
 from cli.admin import add_admin_commands, run_admin
 from cli.data import add_data_commands, run_consume, run_produce
 from cli.logformat import configure_logging
-from cli.security import add_serve_options, add_user_commands, run_users, serve_security
+from cli.security import (
+    add_acl_commands,
+    add_serve_options,
+    add_user_commands,
+    run_acls,
+    run_users,
+    serve_security,
+)
 from consumer import ProduceError
 from consumer.admin import AdminError
 from coordinator.config import CoordinatorConfig
@@ -139,6 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     add_admin_commands(commands)
     add_data_commands(commands)
     add_user_commands(commands)
+    add_acl_commands(commands)
     return parser
 
 
@@ -295,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(run_consume, args)
         elif args.command == "users":
             trio.run(run_users, args)
+        elif args.command == "acls":
+            trio.run(run_acls, args)
         else:
             trio.run(run_admin, args)
     except (

@@ -1,6 +1,9 @@
 """The CLI's security options: how ``serve`` listens (``--listener``, TLS, SASL), how every client
 verb connects (one :class:`~transport.security.ClientSecurity` built from ``--tls-*`` and
-``--sasl-*``), and the ``users`` verbs that keep SCRAM credentials in the metadata store.
+``--sasl-*``), the ``users`` verbs that keep SCRAM credentials and the ``acls`` verbs that keep
+access rules. Both write the metadata store directly: a running broker reads credentials at each
+authentication and rules every 2 s; the embedded store is written while its broker is stopped (it
+holds the store's lock), ZooKeeper at any time.
 
 Passwords never come from argv, where ``ps`` shows them to every user of the machine: a client
 reads its password from ``--password-file`` or ``$COORDINATOR_PASSWORD``, else a prompt; ``users
@@ -18,6 +21,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from protocol.sasl import MECHANISMS
+from statemachine.acl import CLUSTER, Acl, Operation, ResourceType, parse_principal
 from store import MetadataStore, open_embedded_store
 from store.zookeeper import open_zookeeper_store
 from transport.scram import make_credential
@@ -55,6 +59,12 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         "subject is the client's principal",
     )
     group.add_argument(
+        "--super-users",
+        default="",
+        metavar="PRINCIPAL[;PRINCIPAL...]",
+        help="principals every access rule lets do everything (User:admin;User:CN=ops)",
+    )
+    group.add_argument(
         "--sasl-mechanisms",
         default=",".join(MECHANISMS),
         help="what the SASL listeners offer (default: %(default)s)",
@@ -71,7 +81,11 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
     unknown = set(mechanisms) - set(MECHANISMS)
     if unknown or not mechanisms:
         raise ValueError(f"--sasl-mechanisms: one or more of {', '.join(MECHANISMS)}")
+    super_users = frozenset(
+        parse_principal(p.strip()) for p in args.super_users.split(";") if p.strip()
+    )
     return {
+        "super_users": super_users,
         "listeners": tuple(args.listener),
         "advertised_listeners": tuple(args.advertised_listener),
         "tls": None
@@ -149,16 +163,89 @@ def add_user_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     delete.add_argument("name")
     listed = verbs.add_parser("list", help="list users and their mechanisms")
     for parser in (add, delete, listed):
-        where = parser.add_mutually_exclusive_group()
-        where.add_argument(
-            "--data-dir",
-            type=Path,
-            default=Path("data"),
-            help="the embedded store of a stopped broker (default: %(default)s)",
+        _add_store_options(parser)
+
+
+def add_acl_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    acls = commands.add_parser(
+        "acls", help="add, remove or list access rules (in the metadata store)"
+    )
+    verbs = acls.add_subparsers(dest="verb", required=True, metavar="VERB")
+    add = verbs.add_parser("add", help="allow a principal operations on a resource")
+    remove = verbs.add_parser("remove", help="remove such rules")
+    listed = verbs.add_parser("list", help="list the rules")
+    for parser in (add, remove):
+        parser.add_argument(
+            "--principal",
+            required=True,
+            type=_principal,
+            help="User:NAME (a SCRAM user), User:CN=... (a certificate's subject), or * (anyone)",
         )
-        where.add_argument(
-            "--zookeeper", metavar="HOST:PORT[,...][/CHROOT]", help="the cluster's ZooKeeper"
+        parser.add_argument(
+            "--operation",
+            required=True,
+            action="append",
+            choices=[o.value for o in Operation],
+            help="repeatable",
         )
+        resource = parser.add_mutually_exclusive_group(required=True)
+        resource.add_argument("--topic", help="a topic's name, or * for every topic")
+        resource.add_argument("--group", help="a group's name, or * for every group")
+        resource.add_argument("--cluster", action="store_true", help="the cluster")
+    for parser in (add, remove, listed):
+        _add_store_options(parser)
+
+
+async def run_acls(args: argparse.Namespace) -> None:
+    async with _store(args) as store:
+        if args.verb == "list":
+            for acl in sorted(await store.acls()):
+                print(
+                    f"{acl.principal}\t{acl.operation.value}\t{acl.resource_type.value}\t{acl.name}"
+                )
+            return
+        if args.cluster:
+            resource, name = ResourceType.CLUSTER, CLUSTER
+        elif args.topic is not None:
+            resource, name = ResourceType.TOPIC, args.topic
+        else:
+            resource, name = ResourceType.GROUP, args.group
+        rules = [
+            Acl(
+                principal=args.principal,
+                resource_type=resource,
+                name=name,
+                operation=Operation(operation),
+            )
+            for operation in args.operation
+        ]
+        if args.verb == "add":
+            await store.change_acls(rules, ())
+        else:
+            missing = set(rules) - await store.acls()
+            if missing:
+                raise ValueError(f"no such rule: {min(missing)}")
+            await store.change_acls((), rules)
+
+
+def _principal(text: str) -> str:
+    try:
+        return parse_principal(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_store_options(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("data"),
+        help="the embedded store of a stopped broker (default: %(default)s)",
+    )
+    where.add_argument(
+        "--zookeeper", metavar="HOST:PORT[,...][/CHROOT]", help="the cluster's ZooKeeper"
+    )
 
 
 @asynccontextmanager

@@ -15,15 +15,18 @@ from typing import Any
 
 from protocol.sasl import ScramCredential
 from protocol.types import ConsumerThread, Subscription, TopicPartition, TopicStreams
+from statemachine.acl import Acl, Operation, ResourceType
 
 from .interface import GroupRecord, MemberRecord, TopicPlacement
 
 __all__ = [
+    "decode_acl",
     "decode_credential",
     "decode_group",
     "decode_member",
     "decode_owners",
     "decode_placement",
+    "encode_acl",
     "encode_credential",
     "encode_group",
     "encode_member",
@@ -155,4 +158,22 @@ def decode_credential(mechanism: str, value: Mapping[str, Any]) -> ScramCredenti
         stored_key=base64.b64decode(value["stored_key"]),
         server_key=base64.b64decode(value["server_key"]),
         iterations=int(value["iterations"]),
+    )
+
+
+def encode_acl(acl: Acl) -> dict[str, str]:
+    return {
+        "principal": acl.principal,
+        "resource_type": acl.resource_type.value,
+        "name": acl.name,
+        "operation": acl.operation.value,
+    }
+
+
+def decode_acl(value: Mapping[str, Any]) -> Acl:
+    return Acl(
+        principal=str(value["principal"]),
+        resource_type=ResourceType(value["resource_type"]),
+        name=str(value["name"]),
+        operation=Operation(value["operation"]),
     )

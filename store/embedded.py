@@ -40,6 +40,7 @@ import trio_util
 
 from protocol.sasl import ScramCredential
 from protocol.types import BrokerInfo, TopicPartition
+from statemachine.acl import Acl
 
 from .durable import replace_atomically
 from .interface import (
@@ -57,6 +58,7 @@ from .interface import (
 from .journal import Journal
 from .state import (
     StoreState,
+    acls_entry,
     delete_group_entry,
     group_entry,
     office_entry,
@@ -217,6 +219,15 @@ class EmbeddedStore:
     async def users(self) -> Mapping[str, tuple[str, ...]]:
         await self._enter()
         return {user: tuple(sorted(c)) for user, c in sorted(self._state.users.items())}
+
+    async def acls(self) -> frozenset[Acl]:
+        await self._enter()
+        return frozenset(self._state.acls)
+
+    async def change_acls(self, added: Sequence[Acl], removed: Sequence[Acl]) -> frozenset[Acl]:
+        await self._enter()
+        self._write(acls_entry(added, removed))
+        return frozenset(self._state.acls)
 
     async def _enter(self) -> None:
         # Every method is a checkpoint, as trio's own are, even though none of them waits.

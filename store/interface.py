@@ -16,6 +16,7 @@ import attrs
 
 from protocol.sasl import ScramCredential
 from protocol.types import BrokerInfo, ConsumerThread, Subscription, TopicPartition
+from statemachine.acl import Acl
 
 __all__ = [
     "EpochFenced",
@@ -283,4 +284,12 @@ class MetadataStore(Protocol):
 
     async def users(self) -> Mapping[str, tuple[str, ...]]:
         """Every user with a credential, and its mechanisms (sorted)."""
+        ...
+
+    async def acls(self) -> frozenset[Acl]:
+        """Every access rule (statemachine/acl.py)."""
+        ...
+
+    async def change_acls(self, added: Sequence[Acl], removed: Sequence[Acl]) -> frozenset[Acl]:
+        """Add and remove rules in one write; the rules in force after it."""
         ...

@@ -23,13 +23,16 @@ import attrs
 
 from protocol.sasl import ScramCredential
 from protocol.types import ConsumerThread, TopicPartition
+from statemachine.acl import Acl
 
 from .codec import (
+    decode_acl,
     decode_credential,
     decode_group,
     decode_member,
     decode_owners,
     decode_placement,
+    encode_acl,
     encode_credential,
     encode_group,
     encode_member,
@@ -41,6 +44,7 @@ from .interface import GroupRecord, OffsetBatch, TopicPlacement
 __all__ = [
     "SNAPSHOT_FORMAT",
     "StoreState",
+    "acls_entry",
     "delete_group_entry",
     "group_entry",
     "office_entry",
@@ -60,6 +64,14 @@ OffsetTable = dict[str, dict[str, dict[int, tuple[int, int]]]]
 
 def topic_entry(placement: TopicPlacement) -> JsonObject:
     return {"op": "topic", "topic": placement.topic, "placement": encode_placement(placement)}
+
+
+def acls_entry(added: Sequence[Acl], removed: Sequence[Acl]) -> JsonObject:
+    return {
+        "op": "acls",
+        "add": [encode_acl(a) for a in added],
+        "remove": [encode_acl(a) for a in removed],
+    }
 
 
 def user_entry(user: str, mechanism: str, credential: ScramCredential | None) -> JsonObject:
@@ -147,6 +159,7 @@ class StoreState:
     offsets: OffsetTable = attrs.Factory(dict)
     #: user -> mechanism -> credential
     users: dict[str, dict[str, ScramCredential]] = attrs.Factory(dict)
+    acls: set[Acl] = attrs.Factory(set)
 
     def apply(self, entry: Mapping[str, Any]) -> None:
         """Apply the entry that follows ``seq``; a gap means a lost or reordered entry."""
@@ -170,6 +183,9 @@ class StoreState:
             self.offsets.pop(group_id, None)
         elif op == "office":
             self.last_epoch = int(entry["epoch"])
+        elif op == "acls":
+            self.acls -= {decode_acl(a) for a in entry["remove"]}
+            self.acls |= {decode_acl(a) for a in entry["add"]}
         elif op == "user":
             self._apply_user(str(entry["user"]), str(entry["mechanism"]), entry["credential"])
         else:
@@ -247,6 +263,7 @@ class StoreState:
                 user: {m: encode_credential(c) for m, c in credentials.items()}
                 for user, credentials in self.users.items()
             },
+            "acls": [encode_acl(a) for a in sorted(self.acls)],
         }
 
     @classmethod
@@ -269,6 +286,7 @@ class StoreState:
                 user: {m: decode_credential(m, c) for m, c in credentials.items()}
                 for user, credentials in value.get("users", {}).items()
             },
+            acls={decode_acl(a) for a in value.get("acls", [])},
         )
 
 

@@ -11,6 +11,8 @@ Layout (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds keep t
     /coordinator_epoch                                persistent; its version counts terms
     /config/users/<user>                              {mechanism: {"salt", "stored_key",
                                                       "server_key", "iterations"}} (SCRAM)
+    /config/acls                                      [{"principal", "resource_type", "name",
+                                                      "operation"}, ...]
     /consumers/<group>/registry                       {"generation": g, "record": r, "chunks": k}
     /consumers/<group>/records/<r>-<i>                chunk i of record r: the GroupRecord's JSON
                                                       (codec.encode_group), cut into k pieces
@@ -73,11 +75,14 @@ import trio_util
 
 from protocol.sasl import ScramCredential
 from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
+from statemachine.acl import Acl
 
 from .codec import (
+    decode_acl,
     decode_credential,
     decode_group,
     decode_placement,
+    encode_acl,
     encode_credential,
     encode_group,
     encode_placement,
@@ -126,6 +131,7 @@ CONSUMERS = "/consumers"
 ELECTION = "/consumers/coordinator"
 EPOCH_COUNTER = "/coordinator_epoch"
 USERS = "/config/users"
+ACLS = "/config/acls"
 
 DEFAULT_SESSION_TIMEOUT = 6.0
 DEFAULT_CALL_BOUND = 10.0
@@ -888,6 +894,34 @@ class ZooKeeperStore:
             if version is not None and value:
                 found[user] = tuple(sorted(value))
         return found
+
+    # Access rules: one node, changed by compare and set
+
+    async def acls(self) -> frozenset[Acl]:
+        found, _version = await self._read_acls()
+        return found
+
+    async def _read_acls(self) -> tuple[frozenset[Acl], int | None]:
+        try:
+            data, stat = await self._wait(self._client.get_async(ACLS))
+        except NoNodeError:
+            return frozenset(), None
+        return frozenset(decode_acl(a) for a in self._decode(data)), int(stat.version)
+
+    async def change_acls(self, added: Sequence[Acl], removed: Sequence[Acl]) -> frozenset[Acl]:
+        for _ in range(_RETRIES):
+            current, version = await self._read_acls()
+            changed = (current - set(removed)) | set(added)
+            data = _json([encode_acl(a) for a in sorted(changed)])
+            try:
+                if version is None:
+                    await self._wait(self._client.create_async(ACLS, data, makepath=True))
+                else:
+                    await self._wait(self._client.set_async(ACLS, data, version=version))
+                return changed
+            except (NodeExistsError, NoNodeError, BadVersionError):
+                continue
+        raise StoreUnavailable(f"cannot change {ACLS}: it keeps changing")
 
     def _check_open(self) -> None:
         if self._closed:

@@ -50,6 +50,7 @@ from protocol import (
     StopFetcherRequest,
     error_response,
 )
+from protocol.sasl import ANONYMOUS
 from transport.limits import ConnectionLimits
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,8 @@ class Channel:
     #: The broker listener the connection came in on (transport/security.py): the addresses the
     #: peer is told to reach brokers at are those advertised on it. "": no listener named.
     listener: str = ""
+    #: Who the listener admitted the peer as (transport/security.py): what access rules name.
+    principal: str = ANONYMOUS
     #: The reader's deadlines, the earlier of the idle and the frame deadline.
     _watchdog: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _idle_deadline: float = math.inf

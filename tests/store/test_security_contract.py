@@ -1,11 +1,12 @@
 """The store's part in security, for every kind of store: brokers as each listener's clients reach
-them (advertised listeners), and SCRAM credentials kept salted and hashed."""
+them (advertised listeners), SCRAM credentials kept salted and hashed, and access rules."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from protocol.types import BrokerInfo
+from statemachine.acl import Acl, Operation, ResourceType
 from store import MetadataStore, open_embedded_store
 from tests.store.conftest import StoreOpener
 from transport.scram import make_credential
@@ -66,3 +67,23 @@ async def test_the_embedded_store_never_writes_the_password(tmp_path: Path) -> N
     written = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
     assert b"hunter2-correct-horse" not in written
     assert b"alice" in written
+
+
+async def test_access_rules_are_added_and_removed_in_one_write_and_survive_a_reopen(
+    store_factory: StoreOpener,
+) -> None:
+    read_t = Acl(
+        principal="User:alice", resource_type=ResourceType.TOPIC, name="t", operation=Operation.READ
+    )
+    read_g = Acl(
+        principal="User:alice", resource_type=ResourceType.GROUP, name="g", operation=Operation.READ
+    )
+    everyone = Acl(
+        principal="*", resource_type=ResourceType.TOPIC, name="*", operation=Operation.DESCRIBE
+    )
+    async with store_factory() as store:
+        assert await store.acls() == frozenset()
+        assert await store.change_acls([read_t, read_g], []) == {read_t, read_g}
+        assert await store.change_acls([everyone], [read_g]) == {read_t, everyone}
+    async with store_factory() as store:
+        assert await store.acls() == {read_t, everyone}
