@@ -28,7 +28,7 @@ from coordinator.validation import LogEnd
 from protocol.sasl import MECHANISMS
 from protocol.types import BrokerInfo
 from store import MetadataStore, open_embedded_store
-from store.zookeeper import ZooKeeperStore, open_zookeeper_store
+from store.zookeeper import DigestAuth, ZooKeeperStore, open_zookeeper_store
 from transport.channel import ReadBounds
 from transport.limits import ConnectionLimits
 from transport.listener import ConnectionGate, SecuredListener, serve_listeners
@@ -57,6 +57,8 @@ class NodeSettings:
     #: died, which must fit in a third of the consumers' session timeout for their leases to
     #: outlast the failover (docs/design.md#defaults-that-fit-a-failover).
     zookeeper_session_timeout: float = 8.0
+    #: ZooKeeper digest authentication: the project's znodes are then this user's alone.
+    zookeeper_auth: DigestAuth | None = None
     #: ``NAME://HOST:PORT`` listeners (transport/security.py); none: one PLAINTEXT listener on
     #: ``host:port``. The first one's port is the one ``run_node`` reports.
     listeners: tuple[Endpoint, ...] = ()
@@ -188,7 +190,9 @@ def _open_store(settings: NodeSettings) -> AbstractAsyncContextManager[MetadataS
     if settings.zookeeper is None:
         return open_embedded_store(settings.data_dir / "metadata")
     return open_zookeeper_store(
-        settings.zookeeper, session_timeout=settings.zookeeper_session_timeout
+        settings.zookeeper,
+        session_timeout=settings.zookeeper_session_timeout,
+        auth=settings.zookeeper_auth,
     )
 
 

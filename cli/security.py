@@ -23,14 +23,46 @@ from pathlib import Path
 from protocol.sasl import MECHANISMS
 from statemachine.acl import CLUSTER, Acl, Operation, ResourceType, parse_principal
 from store import MetadataStore, open_embedded_store
-from store.zookeeper import open_zookeeper_store
+from store.zookeeper import DigestAuth, open_zookeeper_store
 from transport.scram import make_credential
 from transport.security import ClientSecurity, Endpoint, ServerTls
 
 PASSWORD_VARIABLE = "COORDINATOR_PASSWORD"
+ZOOKEEPER_PASSWORD_VARIABLE = "COORDINATOR_ZOOKEEPER_PASSWORD"
+
+
+def add_zookeeper_auth_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--zookeeper-user",
+        help="authenticate to ZooKeeper (digest) as this user; the znodes made are then its "
+        f"alone. The password: --zookeeper-password-file or ${ZOOKEEPER_PASSWORD_VARIABLE}",
+    )
+    parser.add_argument("--zookeeper-password-file", type=Path)
+
+
+def zookeeper_auth(args: argparse.Namespace) -> DigestAuth | None:
+    if args.zookeeper_user is None:
+        if args.zookeeper_password_file is not None:
+            raise ValueError("--zookeeper-password-file needs --zookeeper-user")
+        return None
+    if args.zookeeper_password_file is not None:
+        password = _first_line(args.zookeeper_password_file)
+    elif ZOOKEEPER_PASSWORD_VARIABLE in os.environ:
+        password = os.environ[ZOOKEEPER_PASSWORD_VARIABLE]
+    else:
+        raise ValueError(
+            f"--zookeeper-user needs --zookeeper-password-file or ${ZOOKEEPER_PASSWORD_VARIABLE}"
+        )
+    return DigestAuth(user=args.zookeeper_user, password=password)
+
+
+def _first_line(path: Path) -> str:
+    lines = path.read_text().splitlines()
+    return lines[0] if lines else ""
 
 
 def add_serve_options(serve: argparse.ArgumentParser) -> None:
+    add_zookeeper_auth_options(serve)
     group = serve.add_argument_group("security (README: Security)")
     group.add_argument(
         "--listener",
@@ -85,6 +117,7 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
         parse_principal(p.strip()) for p in args.super_users.split(";") if p.strip()
     )
     return {
+        "zookeeper_auth": zookeeper_auth(args),
         "super_users": super_users,
         "listeners": tuple(args.listener),
         "advertised_listeners": tuple(args.advertised_listener),
@@ -137,7 +170,7 @@ def client_security(args: argparse.Namespace) -> ClientSecurity:
 
 def _client_password(path: Path | None, user: str) -> str:
     if path is not None:
-        return path.read_text().splitlines()[0] if path.read_text() else ""
+        return _first_line(path)
     if PASSWORD_VARIABLE in os.environ:
         return os.environ[PASSWORD_VARIABLE]
     return getpass.getpass(f"password for {user}: ")
@@ -246,12 +279,13 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--zookeeper", metavar="HOST:PORT[,...][/CHROOT]", help="the cluster's ZooKeeper"
     )
+    add_zookeeper_auth_options(parser)
 
 
 @asynccontextmanager
 async def _store(args: argparse.Namespace) -> AsyncIterator[MetadataStore]:
     if args.zookeeper is not None:
-        async with open_zookeeper_store(args.zookeeper) as store:
+        async with open_zookeeper_store(args.zookeeper, auth=zookeeper_auth(args)) as store:
             yield store
     else:
         async with open_embedded_store(args.data_dir / "metadata") as embedded:

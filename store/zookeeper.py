@@ -101,6 +101,7 @@ from .interface import (
 )
 from .kazoo_bridge import (
     BadVersionError,
+    DigestAuth,
     KazooBridge,
     KazooState,
     NodeExistsError,
@@ -116,6 +117,7 @@ __all__ = [
     "ELECTION",
     "EPOCH_COUNTER",
     "TOPICS",
+    "DigestAuth",
     "ZooKeeperStore",
     "group_path",
     "open_zookeeper_store",
@@ -1083,15 +1085,18 @@ async def open_zookeeper_store(
     *,
     session_timeout: float = DEFAULT_SESSION_TIMEOUT,
     call_bound: float = DEFAULT_CALL_BOUND,
+    auth: DigestAuth | None = None,
 ) -> AsyncIterator[ZooKeeperStore]:
     """Connect to ``hosts`` (``host:port,...`` with an optional ``/chroot``, created if missing)
     and open a store on it for the duration of the block; one ZooKeeper session.
 
     ``session_timeout`` is how long the ensemble keeps this session's ephemeral nodes (broker
     registrations, the office) after it last heard from us; ``call_bound`` is the longest any one
-    call waits before ``StoreUnavailable``.
+    call waits before ``StoreUnavailable``. With ``auth`` (ZooKeeper digest authentication) the
+    nodes this store creates are readable and writable by that user alone; nodes made before
+    without it keep their open ACL, so protect a cluster's metadata from its first start on.
     """
-    bridge = kazoo_bridge(hosts, session_timeout=session_timeout, call_bound=call_bound)
+    bridge = kazoo_bridge(hosts, session_timeout=session_timeout, call_bound=call_bound, auth=auth)
     store = ZooKeeperStore(
         bridge=bridge, session_timeout=session_timeout, topic_watch=trio_util.AsyncValue(None)
     )
