@@ -315,7 +315,10 @@ class ZooKeeperStore:
             name: {"host": host, "port": port}
             for name, (host, port) in self._advertised.get(broker.broker_id, {}).items()
         }
-        data = _json({"host": broker.host, "port": broker.port, "listeners": listeners})
+        value: dict[str, Any] = {"host": broker.host, "port": broker.port}
+        if listeners:
+            value["listeners"] = listeners
+        data = _json(value)
         for _ in range(_RETRIES):
             try:
                 await self._wait(self._client.create_async(path, data, ephemeral=True))
