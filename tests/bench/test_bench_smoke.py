@@ -92,3 +92,15 @@ async def test_assignment_quick(tmp_path: Path) -> None:
     sticky_moved = figures[("moved", "sticky")]
     assert sticky_moved["value"] == sticky_moved["baseline"] > 0  # only the leaver's partitions
     assert figures[("imbalance", "sticky")]["value"] <= 1
+
+
+async def test_tls_quick(tmp_path: Path) -> None:
+    figures = by_figure(await run_quick("tls", tmp_path))
+    (cpu,) = figures["cpu_per_round_trip"]
+    assert cpu["value"] > 0 and cpu["baseline"] > 0 and cpu["baseline_is"] == "plaintext"
+    (held,) = figures["consumers_held"]
+    (deaths,) = figures["false_deaths"]
+    assert held["value"] == 200 and deaths["value"] == 0
+    for rate in ("produce_rate", "fetch_rate"):
+        (line,) = figures[rate]
+        assert line["value"] > 0 and line["baseline"] > 0

@@ -1,0 +1,259 @@
+"""Benchmark 8, what TLS costs: each figure over a TLS listener next to the same over plaintext,
+in the same run (docs/benchmarks.md, Results VII).
+
+* **Ping path**: server CPU per Ping round trip at N consumers (T = 10 s: a Ping per consumer
+  every 3.3 s), TLS against plaintext. TLS loses the direct socket write of a Ping (the frame is
+  encrypted first, by the writer task), so the target is at most 2x.
+* **Consumers held**: how many TLS consumers one process holds with no false death for the hold
+  time (the target: at least 10,000), next to what the plaintext listener held in the capacity
+  benchmark's way.
+* **Throughput**: produce and fetch rates of one client, TLS against plaintext.
+
+The certificates are a throwaway CA made here with ``trustme`` (the ``bench`` extra).
+
+    python -m bench.tls [--quick] [--consumers N] [--held N] [--hold SECONDS] [--records N]
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+import trustme
+
+from bench.harness import (
+    ServerProcess,
+    all_groups_stable,
+    bench_arguments,
+    figure,
+    open_consumers,
+    open_coordinator,
+    registered,
+    reporting_errors,
+    run,
+    stats,
+    wait_until,
+)
+from bench.loadgen import now
+from consumer import ProducerConfig, open_producer
+from protocol import CreateTopicRequest, FetchRequest, FetchResponse
+from transport.connect import connect_any, open_channel
+from transport.security import ClientSecurity
+
+BENCH = "tls"
+SESSION_TIMEOUT_MS = 10_000
+VALUE_BYTES = 100
+POLL = 5.0
+
+
+def _certificates(directory: Path) -> tuple[Path, Path]:
+    """(the CA to trust, the broker's certificate and key in one file)."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
+        str(directory / "server.pem")
+    )
+    return directory / "ca.pem", directory / "server.pem"
+
+
+def _server_args(tls: bool, server_pem: Path, *extra: str) -> list[str]:
+    listener = "SSL" if tls else "PLAINTEXT"
+    args = [f"--listener={listener}://127.0.0.1:0", *extra]
+    if tls:
+        args += [f"--tls-cert={server_pem}", f"--tls-key={server_pem}"]
+    return args
+
+
+async def _ping_cpu(
+    work: Path, n: int, window: float, tls: bool, ca: Path, server_pem: Path
+) -> tuple[float, int, float]:
+    """(server CPU seconds, Ping round trips, wall seconds) over ``window`` at ``n`` consumers."""
+    name = "tls" if tls else "plaintext"
+    async with (
+        open_coordinator(
+            work / f"ping-{name}",
+            *_server_args(tls, server_pem, "--initial-rebalance-delay", "2"),
+        ) as server,
+        open_consumers(
+            server,
+            n,
+            work,
+            group_size=100,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            member_prefix=f"p{name}",
+            tls_ca=ca if tls else None,
+        ) as workers,
+    ):
+        await wait_until(workers, registered(n), timeout=120 + n / 20)
+        await wait_until(workers, all_groups_stable, timeout=120)
+        await trio.sleep(SESSION_TIMEOUT_MS / 1000)  # the Ping schedule settles after joins
+        for worker in workers:
+            await worker.command("reset")
+        cpu0, t0 = server.cpu_seconds(), now()
+        await trio.sleep(window)
+        cpu, wall = server.cpu_seconds() - cpu0, now() - t0
+        pings = sum(s["pings"] for s in await stats(workers))
+    return cpu, pings, wall
+
+
+async def _held(
+    work: Path, n: int, hold: float, ca: Path, server_pem: Path
+) -> tuple[int, int, float, float, float]:
+    """(consumers held, false deaths, connect-and-register seconds, server RSS MiB, hold s)."""
+    async with (
+        open_coordinator(
+            work / "held-tls",
+            *_server_args(
+                True,
+                server_pem,
+                "--initial-rebalance-delay",
+                "3",
+                "--max-connections",
+                str(n + 100),
+            ),
+        ) as server,
+        open_consumers(
+            server,
+            n,
+            work,
+            group_size=100,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            member_prefix="h",
+            tls_ca=ca,
+        ) as workers,
+    ):
+        started = now()
+        await wait_until(workers, registered(n), timeout=120 + n / 10)
+        connect_time = now() - started
+        await wait_until(workers, all_groups_stable, timeout=180)
+        for worker in workers:
+            await worker.command("reset")
+        t0 = now()
+        deadline = trio.current_time() + hold
+        worst_live = n
+        while trio.current_time() < deadline:
+            await trio.sleep(min(POLL, max(0.0, deadline - trio.current_time())))
+            worst_live = min(worst_live, sum(s["live"] for s in await stats(workers)))
+        st = await stats(workers)
+        false_deaths = (
+            sum(s["dropped"] for s in st) + sum(s["error_count"] for s in st) + (n - worst_live)
+        )
+        rss = server.rss_bytes() / 2**20
+        return (worst_live if not false_deaths else 0), false_deaths, connect_time, rss, now() - t0
+
+
+async def _rates(
+    server: ServerProcess, security: ClientSecurity, records: int
+) -> tuple[float, float]:
+    """(records/s produced, records/s fetched) by one client of ``server``."""
+    address = (server.host, server.port)
+    connect = security.connector()
+    stream, _ = await connect_any([address], connect=connect)
+    async with open_channel(stream, client_id="bench") as channel:
+        await channel.request(CreateTopicRequest(topic="bench", partitions=1))
+        value = b"x" * VALUE_BYTES
+        start = time.perf_counter()  # real-clock: a rate of real work
+        async with open_producer(
+            [address], config=ProducerConfig(linger=0.02, max_batch_records=1000), connect=connect
+        ) as producer:
+            for _ in range(records):
+                await producer.enqueue("bench", value)
+            await producer.flush()
+        produce_rate = records / (time.perf_counter() - start)
+        start = time.perf_counter()
+        offset = 0
+        while offset < records:
+            response = await channel.request(
+                FetchRequest(topic="bench", partition=0, offset=offset, max_bytes=1024 * 1024)
+            )
+            assert isinstance(response, FetchResponse) and response.records
+            offset = response.records[-1].offset + 1
+        fetch_rate = records / (time.perf_counter() - start)
+    return produce_rate, fetch_rate
+
+
+async def main() -> None:
+    parser = bench_arguments(__doc__ or BENCH)
+    parser.add_argument("--consumers", type=int, default=None, help="for the Ping path")
+    parser.add_argument("--window", type=float, default=None)
+    parser.add_argument("--held", type=int, default=None, help="TLS consumers to hold")
+    parser.add_argument("--hold", type=float, default=None)
+    parser.add_argument("--records", type=int, default=None)
+    args = parser.parse_args()
+    quick: bool = args.quick
+    n = args.consumers or (200 if quick else 5000)
+    window = args.window or (6.0 if quick else 60.0)
+    held_n = args.held or (200 if quick else 10_000)
+    hold = args.hold or (6.0 if quick else 120.0)
+    records = args.records or (20_000 if quick else 200_000)
+    with tempfile.TemporaryDirectory(prefix="bench-tls-") as tmp:
+        work = (args.work_dir or Path(tmp)) / BENCH
+        work.mkdir(parents=True, exist_ok=True)
+        ca, server_pem = _certificates(work)
+
+        with reporting_errors(BENCH, "cpu_per_round_trip", consumers=n):
+            measured: dict[bool, tuple[float, int, float]] = {}
+            for tls in (False, True):
+                measured[tls] = await _ping_cpu(work, n, window, tls, ca, server_pem)
+            (plain_cpu, plain_pings, plain_wall), (cpu, pings, wall) = (
+                measured[False],
+                measured[True],
+            )
+            common = {"consumers": n, "session_timeout_ms": SESSION_TIMEOUT_MS}
+            figure(
+                BENCH,
+                "cpu_per_round_trip",
+                cpu / pings * 1e6 if pings else None,
+                "us",
+                plain_cpu / plain_pings * 1e6 if plain_pings else None,
+                baseline_is="plaintext",
+                window_s=round(wall, 1),
+                **common,
+            )
+            figure(
+                BENCH,
+                "server_cpu_share",
+                cpu / wall,
+                "cores",
+                plain_cpu / plain_wall,
+                baseline_is="plaintext",
+                **common,
+            )
+
+        with reporting_errors(BENCH, "consumers_held", consumers=held_n):
+            held, deaths, connect_time, rss, held_for = await _held(
+                work, held_n, hold, ca, server_pem
+            )
+            common = {"consumers": held_n, "hold_s": round(held_for, 1)}
+            figure(BENCH, "consumers_held", held, "consumers", None, tls=True, **common)
+            figure(BENCH, "false_deaths", deaths, "consumers", 0, tls=True, **common)
+            figure(BENCH, "connect_and_register_time", connect_time, "s", None, **common)
+            figure(BENCH, "server_rss", rss, "MiB", None, tls=True, **common)
+
+        with reporting_errors(BENCH, "throughput", records=records):
+            rates: dict[bool, tuple[float, float]] = {}
+            for tls in (False, True):
+                name = "tls" if tls else "plaintext"
+                async with open_coordinator(
+                    work / f"rates-{name}", *_server_args(tls, server_pem, "--fsync", "never")
+                ) as server:
+                    security = ClientSecurity(ca=ca) if tls else ClientSecurity()
+                    rates[tls] = await _rates(server, security, records)
+            for index, what in enumerate(("produce_rate", "fetch_rate")):
+                figure(
+                    BENCH,
+                    what,
+                    rates[True][index],
+                    "records/s",
+                    rates[False][index],
+                    baseline_is="plaintext",
+                    records=records,
+                    value_bytes=VALUE_BYTES,
+                    fsync="never",
+                )
+
+
+if __name__ == "__main__":
+    run(main)
