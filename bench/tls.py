@@ -17,7 +17,8 @@ The certificates are a throwaway CA made here with ``trustme`` (the ``bench`` ex
 from __future__ import annotations
 
 import tempfile
-import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -25,6 +26,7 @@ import trustme
 
 from bench.harness import (
     ServerProcess,
+    Worker,
     all_groups_stable,
     bench_arguments,
     figure,
@@ -37,14 +39,11 @@ from bench.harness import (
     wait_until,
 )
 from bench.loadgen import now
-from consumer import ProducerConfig, open_producer
-from protocol import CreateTopicRequest, FetchRequest, FetchResponse
-from transport.connect import connect_any, open_channel
+from bench.throughput import VALUE_BYTES, client_rates
 from transport.security import ClientSecurity
 
 BENCH = "tls"
 SESSION_TIMEOUT_MS = 10_000
-VALUE_BYTES = 100
 POLL = 5.0
 
 
@@ -66,15 +65,15 @@ def _server_args(tls: bool, server_pem: Path, *extra: str) -> list[str]:
     return args
 
 
-async def _ping_cpu(
-    work: Path, n: int, window: float, tls: bool, ca: Path, server_pem: Path
-) -> tuple[float, int, float]:
-    """(server CPU seconds, Ping round trips, wall seconds) over ``window`` at ``n`` consumers."""
-    name = "tls" if tls else "plaintext"
+@asynccontextmanager
+async def _loaded(
+    work: Path, name: str, n: int, tls_ca: Path | None, server_pem: Path, *server_args: str
+) -> AsyncIterator[tuple[ServerProcess, list[Worker]]]:
+    """A coordinator (on a TLS listener when ``tls_ca`` is given) and ``n`` consumers of it in
+    groups of 100, every one registered."""
     async with (
         open_coordinator(
-            work / f"ping-{name}",
-            *_server_args(tls, server_pem, "--initial-rebalance-delay", "2"),
+            work / name, *_server_args(tls_ca is not None, server_pem, *server_args)
         ) as server,
         open_consumers(
             server,
@@ -82,11 +81,22 @@ async def _ping_cpu(
             work,
             group_size=100,
             session_timeout_ms=SESSION_TIMEOUT_MS,
-            member_prefix=f"p{name}",
-            tls_ca=ca if tls else None,
+            member_prefix=name,
+            tls_ca=tls_ca,
         ) as workers,
     ):
-        await wait_until(workers, registered(n), timeout=120 + n / 20)
+        await wait_until(workers, registered(n), timeout=120 + n / 10)
+        yield server, workers
+
+
+async def _ping_cpu(
+    work: Path, n: int, window: float, tls: bool, ca: Path, server_pem: Path
+) -> tuple[float, int, float]:
+    """(server CPU seconds, Ping round trips, wall seconds) over ``window`` at ``n`` consumers."""
+    name = "ping-tls" if tls else "ping-plaintext"
+    async with _loaded(
+        work, name, n, ca if tls else None, server_pem, "--initial-rebalance-delay", "2"
+    ) as (server, workers):
         await wait_until(workers, all_groups_stable, timeout=120)
         await trio.sleep(SESSION_TIMEOUT_MS / 1000)  # the Ping schedule settles after joins
         for worker in workers:
@@ -102,30 +112,18 @@ async def _held(
     work: Path, n: int, hold: float, ca: Path, server_pem: Path
 ) -> tuple[int, int, float, float, float]:
     """(consumers held, false deaths, connect-and-register seconds, server RSS MiB, hold s)."""
-    async with (
-        open_coordinator(
-            work / "held-tls",
-            *_server_args(
-                True,
-                server_pem,
-                "--initial-rebalance-delay",
-                "3",
-                "--max-connections",
-                str(n + 100),
-            ),
-        ) as server,
-        open_consumers(
-            server,
-            n,
-            work,
-            group_size=100,
-            session_timeout_ms=SESSION_TIMEOUT_MS,
-            member_prefix="h",
-            tls_ca=ca,
-        ) as workers,
-    ):
-        started = now()
-        await wait_until(workers, registered(n), timeout=120 + n / 10)
+    started = now()
+    async with _loaded(
+        work,
+        "held-tls",
+        n,
+        ca,
+        server_pem,
+        "--initial-rebalance-delay",
+        "3",
+        "--max-connections",
+        str(n + 100),
+    ) as (server, workers):
         connect_time = now() - started
         await wait_until(workers, all_groups_stable, timeout=180)
         for worker in workers:
@@ -142,36 +140,6 @@ async def _held(
         )
         rss = server.rss_bytes() / 2**20
         return (worst_live if not false_deaths else 0), false_deaths, connect_time, rss, now() - t0
-
-
-async def _rates(
-    server: ServerProcess, security: ClientSecurity, records: int
-) -> tuple[float, float]:
-    """(records/s produced, records/s fetched) by one client of ``server``."""
-    address = (server.host, server.port)
-    connect = security.connector()
-    stream, _ = await connect_any([address], connect=connect)
-    async with open_channel(stream, client_id="bench") as channel:
-        await channel.request(CreateTopicRequest(topic="bench", partitions=1))
-        value = b"x" * VALUE_BYTES
-        start = time.perf_counter()  # real-clock: a rate of real work
-        async with open_producer(
-            [address], config=ProducerConfig(linger=0.02, max_batch_records=1000), connect=connect
-        ) as producer:
-            for _ in range(records):
-                await producer.enqueue("bench", value)
-            await producer.flush()
-        produce_rate = records / (time.perf_counter() - start)
-        start = time.perf_counter()
-        offset = 0
-        while offset < records:
-            response = await channel.request(
-                FetchRequest(topic="bench", partition=0, offset=offset, max_bytes=1024 * 1024)
-            )
-            assert isinstance(response, FetchResponse) and response.records
-            offset = response.records[-1].offset + 1
-        fetch_rate = records / (time.perf_counter() - start)
-    return produce_rate, fetch_rate
 
 
 async def main() -> None:
@@ -240,7 +208,7 @@ async def main() -> None:
                     work / f"rates-{name}", *_server_args(tls, server_pem, "--fsync", "never")
                 ) as server:
                     security = ClientSecurity(ca=ca) if tls else ClientSecurity()
-                    rates[tls] = await _rates(server, security, records)
+                    rates[tls] = await client_rates(server.port, records, 1000, security=security)
             for index, what in enumerate(("produce_rate", "fetch_rate")):
                 figure(
                     BENCH,

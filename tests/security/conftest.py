@@ -33,6 +33,11 @@ class Certificates:
     #: CN=mallory, from another CA the broker does not trust.
     stranger: Path
 
+    @property
+    def server_options(self) -> list[str]:
+        """``serve``'s options for the broker's certificate and key (one file)."""
+        return [f"--tls-cert={self.server}", f"--tls-key={self.server}"]
+
 
 @pytest.fixture
 def certificates(tmp_path: Path) -> Certificates:
@@ -92,6 +97,19 @@ async def run_secured_broker(
                 }
                 await trio.sleep(0.05)
         yield Broker(process=process, listeners=found)
+
+
+@asynccontextmanager
+async def run_scram_broker(
+    data_dir: Path, certificates: Certificates, users: dict[str, str], *args: str
+) -> AsyncIterator[Broker]:
+    """A broker whose one listener is SASL_SSL, knowing ``users`` (name -> password)."""
+    for name, password in users.items():
+        await add_user(data_dir, name, password)
+    async with run_secured_broker(
+        data_dir, ["SASL_SSL"], *certificates.server_options, *args
+    ) as broker:
+        yield broker
 
 
 async def add_user(data_dir: Path, name: str, password: str) -> None:

@@ -35,8 +35,7 @@ async def test_a_reader_of_t_in_g_consumes_t_and_may_do_nothing_else(
     async with run_secured_broker(
         data_dir,
         ["SASL_SSL", "PLAINTEXT"],
-        f"--tls-cert={certificates.server}",
-        f"--tls-key={certificates.server}",
+        *certificates.server_options,
         "--super-users=User:admin",
     ) as broker:
         passwords = {}

@@ -57,8 +57,8 @@ def test_the_spark_source_and_sink_run_over_tls_with_scram(
     with local_broker(
         data_dir,
         "--listener=SASL_SSL://127.0.0.1:0",
-        f"--tls-cert={certificates.server}",
-        f"--tls-key={certificates.server}",
+        *certificates.server_options,
+        "--super-users=User:spark",
     ) as bootstrap:
 
         async def prepare() -> None:

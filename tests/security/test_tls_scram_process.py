@@ -11,7 +11,7 @@ import trio
 from consumer.admin import open_admin
 from protocol import ClusterMetadataResponse, ErrorCode
 from tests.cli.cli_process import run_cli
-from tests.security.conftest import Certificates, add_user, run_secured_broker
+from tests.security.conftest import Certificates, run_scram_broker, run_secured_broker
 from transport.channel import ChannelClosed
 from transport.connect import NoBrokerAvailable, parse_bootstrap
 from transport.security import FAILED_AUTHENTICATION_DELAY, ClientSecurity
@@ -45,8 +45,7 @@ async def test_tls_and_plaintext_listeners_side_by_side_each_advertising_its_own
     async with run_secured_broker(
         tmp_path / "broker",
         ["SSL", "PLAINTEXT"],
-        f"--tls-cert={certificates.server}",
-        f"--tls-key={certificates.server}",
+        *certificates.server_options,
     ) as broker:
         ssl_port = broker.listeners["SSL"][1]
         plain_port = broker.listeners["PLAINTEXT"][1]
@@ -68,8 +67,7 @@ async def test_mutual_tls_refuses_a_missing_an_unknown_and_an_expired_certificat
     async with run_secured_broker(
         tmp_path / "broker",
         ["SSL"],
-        f"--tls-cert={certificates.server}",
-        f"--tls-key={certificates.server}",
+        *certificates.server_options,
         f"--tls-client-ca={certificates.ca}",
     ) as broker:
         bootstrap = broker.bootstrap("SSL")
@@ -88,13 +86,8 @@ async def test_mutual_tls_refuses_a_missing_an_unknown_and_an_expired_certificat
 async def test_scram_refuses_a_wrong_password_after_the_delay_and_serves_nothing_before_it(
     tmp_path: Path, certificates: Certificates
 ) -> None:
-    data_dir = tmp_path / "broker"
-    await add_user(data_dir, "alice", "right password")
-    async with run_secured_broker(
-        data_dir,
-        ["SASL_SSL"],
-        f"--tls-cert={certificates.server}",
-        f"--tls-key={certificates.server}",
+    async with run_scram_broker(
+        tmp_path / "broker", certificates, {"alice": "right password"}
     ) as broker:
         bootstrap = broker.bootstrap("SASL_SSL")
 
@@ -135,12 +128,8 @@ async def test_one_consumer_reads_a_topic_over_tls_and_scram_with_the_cli(
     tmp_path: Path, certificates: Certificates
 ) -> None:
     data_dir = tmp_path / "broker"
-    await add_user(data_dir, "alice", "s3cret")
-    async with run_secured_broker(
-        data_dir,
-        ["SASL_SSL"],
-        f"--tls-cert={certificates.server}",
-        f"--tls-key={certificates.server}",
+    async with run_scram_broker(
+        data_dir, certificates, {"alice": "s3cret"}, "--super-users=User:alice"
     ) as broker:
         password_file = tmp_path / "password"
         password_file.write_text("s3cret\n")
