@@ -70,6 +70,8 @@ class NodeSettings:
     tls: ServerTls | None = None
     #: The SCRAM mechanisms the SASL listeners offer.
     sasl_mechanisms: tuple[str, ...] = MECHANISMS
+    #: A client certificate's principal is ``User:<CN>`` rather than ``User:<subject>``.
+    tls_principal_is_cn: bool = False
     #: Principals every access rule lets do everything (``User:admin``).
     super_users: frozenset[str] = frozenset()
 
@@ -163,6 +165,7 @@ def _listener_security(
         credentials=store.scram_credential if protocol.sasl else None,
         mechanisms=settings.sasl_mechanisms,
         handshake_timeout=settings.connections.handshake_timeout,
+        principal_is_cn=settings.tls_principal_is_cn,
     )
 
 

@@ -91,6 +91,13 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         "subject is the client's principal",
     )
     group.add_argument(
+        "--tls-principal",
+        choices=["subject", "cn"],
+        default="subject",
+        help="a client certificate's principal: User:<its subject> (User:CN=alice,O=Example) "
+        "or User:<its common name> (User:alice)",
+    )
+    group.add_argument(
         "--super-users",
         default="",
         metavar="PRINCIPAL[;PRINCIPAL...]",
@@ -119,6 +126,7 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
     return {
         "zookeeper_auth": zookeeper_auth(args),
         "super_users": super_users,
+        "tls_principal_is_cn": args.tls_principal == "cn",
         "listeners": tuple(args.listener),
         "advertised_listeners": tuple(args.advertised_listener),
         "tls": None

@@ -174,6 +174,8 @@ class ListenerSecurity:
     mechanisms: tuple[str, ...] = MECHANISMS
     #: The TLS handshake and the SASL exchange together must end within this long.
     handshake_timeout: float = 10.0
+    #: A client certificate's principal is ``User:<its common name>``, not its whole subject.
+    principal_is_cn: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.protocol.tls and self.tls is None:
@@ -194,7 +196,7 @@ async def admit(
             if security.tls is not None:
                 stream = trio.SSLStream(stream, security.tls, server_side=True)
                 await stream.do_handshake()
-                subject = _subject(stream.getpeercert())
+                subject = _subject(stream.getpeercert(), common_name=security.principal_is_cn)
                 if subject is not None:
                     peer = attrs.evolve(peer, principal=f"User:{subject}")
             if security.credentials is not None:
@@ -294,11 +296,16 @@ async def _next(stream: trio.abc.Stream, connection: Connection) -> Request | Re
         return None
 
 
-def _subject(certificate: object) -> str | None:
+def _subject(certificate: object, *, common_name: bool = False) -> str | None:
     """A client certificate's subject as RFC 2253 writes it (most specific first:
-    ``CN=alice,O=Example``), as Kafka names mutual TLS principals; None without a certificate."""
+    ``CN=alice,O=Example``), as Kafka names mutual TLS principals, or with ``common_name`` its
+    common name alone (as Kafka's ``ssl.principal.mapping.rules`` are most often used to);
+    None without a certificate (or without a common name, then)."""
     if not isinstance(certificate, dict) or not certificate.get("subject"):
         return None
+    if common_name:
+        common = [v for rdn in certificate["subject"] for k, v in rdn if k == "commonName"]
+        return str(common[-1]) if common else None
     names = {
         "commonName": "CN",
         "organizationName": "O",

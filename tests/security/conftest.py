@@ -26,8 +26,10 @@ class Certificates:
 
     ca: Path
     server: Path
-    #: CN=alice, from the CA: the principal User:CN=alice under mutual TLS.
+    #: CN=alice, from the CA.
     alice: Path
+    #: CN=bob, from the CA.
+    bob: Path
     #: From the CA, but expired yesterday.
     expired: Path
     #: CN=mallory, from another CA the broker does not trust.
@@ -57,6 +59,7 @@ def certificates(tmp_path: Path) -> Certificates:
         ca=directory / "ca.pem",
         server=write("server", ca.issue_cert("127.0.0.1", "localhost")),
         alice=write("alice", ca.issue_cert("alice@example.com", common_name="alice")),
+        bob=write("bob", ca.issue_cert("bob@example.com", common_name="bob")),
         expired=write(
             "expired",
             ca.issue_cert(

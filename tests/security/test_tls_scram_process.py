@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from consumer.admin import open_admin
+from consumer.admin import AdminError, open_admin
 from protocol import ClusterMetadataResponse, ErrorCode
 from tests.cli.cli_process import run_cli
 from tests.security.conftest import Certificates, run_scram_broker, run_secured_broker
@@ -69,10 +69,20 @@ async def test_mutual_tls_refuses_a_missing_an_unknown_and_an_expired_certificat
         ["SSL"],
         *certificates.server_options,
         f"--tls-client-ca={certificates.ca}",
+        "--tls-principal=cn",
+        "--super-users=User:alice",
     ) as broker:
         bootstrap = broker.bootstrap("SSL")
         alice = ClientSecurity(ca=certificates.ca, cert=certificates.alice, key=certificates.alice)
-        assert (await _metadata(bootstrap, alice)).error_code is ErrorCode.NONE
+        bob = ClientSecurity(ca=certificates.ca, cert=certificates.bob, key=certificates.bob)
+        # the certificate's common name is the principal: alice is a super user, bob nobody
+        with trio.fail_after(30):
+            async with open_admin(parse_bootstrap(bootstrap), security=alice) as admin:
+                await admin.create_topic("t", 1)
+            async with open_admin(parse_bootstrap(bootstrap), security=bob) as admin:
+                assert [t.topic for t in (await admin.metadata()).topics] == []
+                with pytest.raises(AdminError, match="CLUSTER_AUTHORIZATION_FAILED"):
+                    await admin.create_topic("u", 1)
         await _refused(bootstrap, ClientSecurity(ca=certificates.ca))
         for cert in (certificates.stranger, certificates.expired):
             await _refused(bootstrap, ClientSecurity(ca=certificates.ca, cert=cert, key=cert))
