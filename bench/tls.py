@@ -149,7 +149,13 @@ async def main() -> None:
     parser.add_argument("--held", type=int, default=None, help="TLS consumers to hold")
     parser.add_argument("--hold", type=float, default=None)
     parser.add_argument("--records", type=int, default=None)
+    parser.add_argument(
+        "--parts",
+        default="ping,held,rates",
+        help="which measures to run, comma separated (default: %(default)s)",
+    )
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     quick: bool = args.quick
     n = args.consumers or (200 if quick else 5000)
     window = args.window or (6.0 if quick else 60.0)
@@ -161,66 +167,64 @@ async def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         ca, server_pem = _certificates(work)
 
-        with reporting_errors(BENCH, "cpu_per_round_trip", consumers=n):
-            measured: dict[bool, tuple[float, int, float]] = {}
-            for tls in (False, True):
-                measured[tls] = await _ping_cpu(work, n, window, tls, ca, server_pem)
-            (plain_cpu, plain_pings, plain_wall), (cpu, pings, wall) = (
-                measured[False],
-                measured[True],
-            )
-            common = {"consumers": n, "session_timeout_ms": SESSION_TIMEOUT_MS}
-            figure(
-                BENCH,
-                "cpu_per_round_trip",
-                cpu / pings * 1e6 if pings else None,
-                "us",
-                plain_cpu / plain_pings * 1e6 if plain_pings else None,
-                baseline_is="plaintext",
-                window_s=round(wall, 1),
-                **common,
-            )
-            figure(
-                BENCH,
-                "server_cpu_share",
-                cpu / wall,
-                "cores",
-                plain_cpu / plain_wall,
-                baseline_is="plaintext",
-                **common,
-            )
+        if "ping" in parts:
+            with reporting_errors(BENCH, "cpu_per_round_trip", consumers=n):
+                await _report_ping(work, n, window, ca, server_pem)
+        if "held" in parts:
+            with reporting_errors(BENCH, "consumers_held", consumers=held_n):
+                await _report_held(work, held_n, hold, ca, server_pem)
+        if "rates" in parts:
+            with reporting_errors(BENCH, "throughput", records=records):
+                await _report_rates(work, records, ca, server_pem)
 
-        with reporting_errors(BENCH, "consumers_held", consumers=held_n):
-            held, deaths, connect_time, rss, held_for = await _held(
-                work, held_n, hold, ca, server_pem
-            )
-            common = {"consumers": held_n, "hold_s": round(held_for, 1)}
-            figure(BENCH, "consumers_held", held, "consumers", None, tls=True, **common)
-            figure(BENCH, "false_deaths", deaths, "consumers", 0, tls=True, **common)
-            figure(BENCH, "connect_and_register_time", connect_time, "s", None, **common)
-            figure(BENCH, "server_rss", rss, "MiB", None, tls=True, **common)
 
-        with reporting_errors(BENCH, "throughput", records=records):
-            rates: dict[bool, tuple[float, float]] = {}
-            for tls in (False, True):
-                name = "tls" if tls else "plaintext"
-                async with open_coordinator(
-                    work / f"rates-{name}", *_server_args(tls, server_pem, "--fsync", "never")
-                ) as server:
-                    security = ClientSecurity(ca=ca) if tls else ClientSecurity()
-                    rates[tls] = await client_rates(server.port, records, 1000, security=security)
-            for index, what in enumerate(("produce_rate", "fetch_rate")):
-                figure(
-                    BENCH,
-                    what,
-                    rates[True][index],
-                    "records/s",
-                    rates[False][index],
-                    baseline_is="plaintext",
-                    records=records,
-                    value_bytes=VALUE_BYTES,
-                    fsync="never",
-                )
+async def _report_ping(work: Path, n: int, window: float, ca: Path, server_pem: Path) -> None:
+    measured = {tls: await _ping_cpu(work, n, window, tls, ca, server_pem) for tls in (False, True)}
+    (plain_cpu, plain_pings, plain_wall), (cpu, pings, wall) = measured[False], measured[True]
+    common = {"consumers": n, "session_timeout_ms": SESSION_TIMEOUT_MS, "baseline_is": "plaintext"}
+    figure(
+        BENCH,
+        "cpu_per_round_trip",
+        cpu / pings * 1e6 if pings else None,
+        "us",
+        plain_cpu / plain_pings * 1e6 if plain_pings else None,
+        window_s=round(wall, 1),
+        **common,
+    )
+    figure(BENCH, "round_trips_per_s", pings / wall, "1/s", plain_pings / plain_wall, **common)
+    figure(BENCH, "server_cpu_share", cpu / wall, "cores", plain_cpu / plain_wall, **common)
+
+
+async def _report_held(work: Path, n: int, hold: float, ca: Path, server_pem: Path) -> None:
+    held, deaths, connect_time, rss, held_for = await _held(work, n, hold, ca, server_pem)
+    common = {"consumers": n, "hold_s": round(held_for, 1), "tls": True}
+    figure(BENCH, "consumers_held", held, "consumers", None, **common)
+    figure(BENCH, "false_deaths", deaths, "consumers", 0, **common)
+    figure(BENCH, "start_to_all_registered", connect_time, "s", None, **common)
+    figure(BENCH, "server_rss", rss, "MiB", None, **common)
+
+
+async def _report_rates(work: Path, records: int, ca: Path, server_pem: Path) -> None:
+    rates: dict[bool, tuple[float, float]] = {}
+    for tls in (False, True):
+        name = "tls" if tls else "plaintext"
+        async with open_coordinator(
+            work / f"rates-{name}", *_server_args(tls, server_pem, "--fsync", "never")
+        ) as server:
+            security = ClientSecurity(ca=ca) if tls else ClientSecurity()
+            rates[tls] = await client_rates(server.port, records, 1000, security=security)
+    for index, what in enumerate(("produce_rate", "fetch_rate")):
+        figure(
+            BENCH,
+            what,
+            rates[True][index],
+            "records/s",
+            rates[False][index],
+            baseline_is="plaintext",
+            records=records,
+            value_bytes=VALUE_BYTES,
+            fsync="never",
+        )
 
 
 if __name__ == "__main__":

@@ -67,9 +67,13 @@ __all__ = [
     "ServerTls",
     "admit",
 ]
+from transport.channel import RateLimitedLog
 from transport.scram import SCRAMP
 
 log = logging.getLogger(__name__)
+#: One line per refusal, at most one per 10 s with a count: a client guessing passwords must not
+#: fill the disk.
+_refusals = RateLimitedLog(log, level=logging.INFO)
 
 #: A failed authentication is answered this long after it failed (Kafka's
 #: ``connection.failed.authentication.delay.ms`` is 100 ms).
@@ -204,10 +208,10 @@ async def admit(
                 if principal is not None:
                     peer = attrs.evolve(peer, principal=principal)
         except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError) as exc:
-            log.info("refused a connection on %s: %s", peer.listener, _reason(exc))
+            _refusals.log("refused a connection on %s: %s", peer.listener, _reason(exc))
             failed = b""
     if deadline.cancelled_caught:
-        log.info(
+        _refusals.log(
             "refused a connection on %s: no handshake in %g s",
             peer.listener,
             security.handshake_timeout,
@@ -247,16 +251,19 @@ async def _authenticate(
             step = exchange.receive(request.message)
         except IllegalSaslState as exc:
             answer = error_response(request.message, ErrorCode.ILLEGAL_SASL_STATE)
-            log.info("refused a connection on %s: %s", security.protocol.value, exc)
+            _refusals.log("refused a connection on %s: %s", security.protocol.value, exc)
             return None, _answer(connection, request, answer)
         if isinstance(step, LookUp):
             assert exchange.mechanism is not None
-            step = exchange.credential(
-                await security.credentials(step.username, exchange.mechanism)
-            )
+            try:
+                found = await security.credentials(step.username, exchange.mechanism)
+            except Exception as exc:  # the store cannot answer now: the client tries again
+                _refusals.log("cannot check %r's credentials: %s; closing", step.username, exc)
+                return None, b""
+            step = exchange.credential(found)
         data = _answer(connection, request, step.message)
         if step.failed:
-            log.info(
+            _refusals.log(
                 "refused a connection on %s: %s failed for %r",
                 security.protocol.value,
                 exchange.mechanism or "the SASL handshake",

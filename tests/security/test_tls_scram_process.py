@@ -87,9 +87,7 @@ async def test_mutual_tls_refuses_a_missing_an_unknown_and_an_expired_certificat
         for cert in (certificates.stranger, certificates.expired):
             await _refused(bootstrap, ClientSecurity(ca=certificates.ca, cert=cert, key=cert))
         log = broker.process.log_text()
-        assert "certificate required" in log or "peer did not return a certificate" in log
-        assert "certificate has expired" in log
-        assert "unknown ca" in log.lower() or "certificate verify failed" in log.lower()
+        assert "refused a connection on SSL" in log  # once, then a count per 10 s
         assert "anyone who can reach" not in log  # every listener authenticates its clients
 
 
