@@ -193,9 +193,10 @@ async def open_consumers(
     member_prefix: str = "m",
     first: int = 0,
     per_worker: int = PER_WORKER,
+    tls_ca: Path | None = None,
 ) -> AsyncIterator[list[Worker]]:
     """``count`` consumers over ceil(count / per_worker) workers; member i is in group
-    i // group_size."""
+    i // group_size; over TLS trusting ``tls_ca`` if given."""
     workers: list[Worker] = []
     async with trio.open_nursery() as nursery:
         try:
@@ -222,6 +223,7 @@ async def open_consumers(
                     topic,
                     "--session-timeout-ms",
                     str(session_timeout_ms),
+                    *([] if tls_ca is None else ["--tls-ca", str(tls_ca)]),
                 ]
                 workers.append(
                     await _start(nursery, arguments, work_dir / f"{member_prefix}{index}.log")

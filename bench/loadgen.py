@@ -31,7 +31,8 @@ import signal
 import struct
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -57,6 +58,7 @@ from protocol import (
 )
 from protocol.types import BrokerInfo, Subscription, TopicStreams
 from transport.channel import Channel, ChannelClosed
+from transport.security import ClientSecurity
 
 MAX_FRAME = 64 * 1024 * 1024
 #: Consumers per worker process: well under the 20,000 open files a process may hold.
@@ -287,6 +289,10 @@ class ConsumerWorker:
     port: int
     topic: str
     session_timeout_ms: int
+    #: How a consumer connects: TCP, or TLS trusting ``--tls-ca`` (the TLS benchmark).
+    connect: Callable[[str, int], Awaitable[trio.abc.Stream]] = attrs.field(
+        factory=lambda: ClientSecurity().connector()
+    )
     consumers: list[_Consumer] = attrs.field(factory=list)
     pings: int = 0
     stops: int = 0
@@ -302,7 +308,7 @@ class ConsumerWorker:
         with consumer.scope:
             async with self.limiter:
                 try:
-                    stream = await trio.open_tcp_stream(self.host, self.port)
+                    stream = await self.connect(self.host, self.port)
                 except OSError as exc:
                     self.errors.append(f"connect: {exc}")
                     return
@@ -461,6 +467,7 @@ async def run_consumer_worker(args: argparse.Namespace) -> None:
         port=args.port,
         topic=args.topic,
         session_timeout_ms=args.session_timeout_ms,
+        connect=ClientSecurity(ca=args.tls_ca).connector(),
     )
     joined = 0
 
@@ -614,6 +621,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     consumers.add_argument("--member-prefix", default="m")
     consumers.add_argument("--topic", default="bench")
     consumers.add_argument("--session-timeout-ms", type=int, default=3000)
+    consumers.add_argument("--tls-ca", type=Path, default=None, help="connect with TLS")
     bare.add_argument("--interval", type=float, default=0.0)
     bare.add_argument("--request-size", type=int, default=64)
     bare.add_argument("--reply-size", type=int, default=64)

@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable, Mapping
 import attrs
 import trio
 
-from broker import placement
+from broker import authorization, placement
+from broker.authorization import Access
 from coordinator import validation
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.limits import RequestLimits
@@ -65,6 +66,7 @@ from store import (
     UnknownTopic,
 )
 from transport.channel import Channel, ReadBounds
+from transport.security import Peer
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,8 @@ class _Session:
     channel: Channel
     nursery: trio.Nursery
     data_plane: DataPlane | None
+    #: The access rules in force; None: everyone may do everything.
+    access: Access | None = None
     member: Member | None = None
     _commits: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(COMMITS_IN_FLIGHT))
 
@@ -102,6 +106,26 @@ class _Session:
                 await self.channel.respond(request, response)
 
     async def answer(self, request: Request) -> ResponseMessage | None:
+        access = self.access
+        if access is None:
+            return await self._answer(request)
+        principal = self.channel.principal
+        refused = authorization.refusal(access.current, principal, request.message)
+        if refused is not None:
+            return refused
+        message = request.message
+        if isinstance(message, RegisterConsumerRequest):
+            subscription = authorization.narrowed(access.current, principal, message.subscription)
+            if subscription is not message.subscription:
+                request = attrs.evolve(
+                    request, message=attrs.evolve(message, subscription=subscription)
+                )
+        response = await self._answer(request)
+        if response is None:
+            return None
+        return authorization.visible(access.current, principal, request.message, response)
+
+    async def _answer(self, request: Request) -> ResponseMessage | None:
         coordinator = self.coordinator
         if not isinstance(request.message, RegisterConsumerRequest):  # answered with its epoch
             error = validation.request_error(request.message, request.client_id, self.limits)
@@ -200,11 +224,11 @@ class _Session:
         # Brokers of a cluster come and go after the coordinator took office; the cached list
         # serves while the store cannot answer.
         with contextlib.suppress(StoreUnavailable):
-            coordinator.brokers = await coordinator.store.brokers()
+            await refresh_brokers(coordinator, self.channel.listener)
         return cluster_metadata(
             message,
             topics=coordinator.topics,
-            brokers=coordinator.brokers,
+            brokers=coordinator.brokers_by_listener.get(self.channel.listener, coordinator.brokers),
             coordinator_id=coordinator.broker.broker_id,
             coordinator_epoch=coordinator.epoch,
             limits=self.limits,
@@ -217,6 +241,14 @@ class _Session:
     async def _add_partitions(self, message: CreatePartitionsRequest) -> ErrorCode:
         coordinator = self.coordinator
         return await add_partitions(coordinator.store, message, self.limits, coordinator.topics)
+
+
+async def refresh_brokers(coordinator: GroupCoordinator, listener: str) -> None:
+    """Read the live brokers again, as the clients of ``listener`` reach them ("": as the
+    default listener's do)."""
+    coordinator.brokers = await coordinator.store.brokers()
+    if listener:
+        coordinator.brokers_by_listener[listener] = await coordinator.store.brokers(listener)
 
 
 def _loading(coordinator: GroupCoordinator, message: object) -> bool:
@@ -360,15 +392,25 @@ async def handle_connection(
     data_plane: DataPlane | None = None,
     *,
     bounds: ReadBounds | None = None,
+    peer: Peer | None = None,
+    access: Access | None = None,
 ) -> None:
     """Serve one peer until it closes, breaks the protocol, or its member is declared dead.
 
     Nothing raised while serving it leaves this task: whatever went wrong ends this connection
     (its member dies as if the connection broke) and nothing else. ``bounds``: the broker's
-    limits on reading (none: unbounded, for tests of other things)."""
+    limits on reading (none: unbounded, for tests of other things); ``peer``: who the listener
+    admitted, and on which listener (None: a connection no listener admitted, for tests);
+    ``access``: the rules every request is checked against (None: none)."""
     channel = Channel.open(
         stream, Role.BROKER, max_frame_size=coordinator.config.max_frame_size, bounds=bounds
     )
+    if peer is not None:
+        channel.listener = peer.listener
+        channel.principal = peer.principal
+        if peer.listener not in coordinator.brokers_by_listener:
+            with contextlib.suppress(StoreUnavailable):
+                await refresh_brokers(coordinator, peer.listener)
     send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
     violation = False
     #: The peer closed cleanly (end of stream), rather than this side ending the connection.
@@ -377,7 +419,11 @@ async def handle_connection(
     try:
         async with trio.open_nursery() as nursery:
             session = _Session(
-                coordinator=coordinator, channel=channel, nursery=nursery, data_plane=data_plane
+                coordinator=coordinator,
+                channel=channel,
+                nursery=nursery,
+                data_plane=data_plane,
+                access=access,
             )
             nursery.start_soon(session.work, receive_requests)
             try:

@@ -24,6 +24,8 @@ import attrs
 import trio
 import trio_util
 
+from broker import authorization
+from broker.authorization import Access
 from broker.dispatch import (
     REQUEST_QUEUE,
     DataPlane,
@@ -59,6 +61,7 @@ from protocol import (
 from protocol.types import BrokerInfo
 from store import EpochFenced, MetadataStore, StoreUnavailable
 from transport.channel import Channel, ReadBounds
+from transport.security import Peer
 
 __all__ = ["ElectionStore", "Elector", "handle_elected_connection", "open_elector"]
 
@@ -159,17 +162,21 @@ async def handle_elected_connection(
     data_plane: DataPlane | None = None,
     *,
     bounds: ReadBounds | None = None,
+    peer: Peer | None = None,
+    access: Access | None = None,
 ) -> None:
     """Serve one peer as the coordinator or as a follower, whichever this broker is now, until
-    the peer leaves or the office changes hands; under ``bounds`` either way."""
+    the peer leaves or the office changes hands; under ``bounds`` and ``access`` either way."""
     coordinator = elector.coordinator.value
     async with trio_util.move_on_when(
         elector.coordinator.wait_value, lambda now: now is not coordinator
     ):
         if coordinator is not None:
-            await handle_connection(coordinator, stream, data_plane, bounds=bounds)
+            await handle_connection(
+                coordinator, stream, data_plane, bounds=bounds, peer=peer, access=access
+            )
         else:
-            await _handle_follower_connection(elector, stream, data_plane, bounds)
+            await _handle_follower_connection(elector, stream, data_plane, bounds, peer, access)
 
 
 async def _handle_follower_connection(
@@ -177,14 +184,21 @@ async def _handle_follower_connection(
     stream: trio.abc.Stream,
     data_plane: DataPlane | None,
     bounds: ReadBounds | None,
+    peer: Peer | None,
+    access: Access | None = None,
 ) -> None:
     channel = Channel.open(
         stream, Role.BROKER, max_frame_size=elector.config.max_frame_size, bounds=bounds
     )
+    if peer is not None:
+        channel.listener = peer.listener
+        channel.principal = peer.principal
     send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_answer_as_follower, elector, channel, receive_requests, data_plane)
+            nursery.start_soon(
+                _answer_as_follower, elector, channel, receive_requests, data_plane, access
+            )
             with contextlib.suppress(RemoteProtocolError):  # Channel.run told the peer why
                 await channel.run(send_requests.send)
             nursery.cancel_scope.cancel()
@@ -200,15 +214,28 @@ async def _answer_as_follower(
     channel: Channel,
     requests: trio.MemoryReceiveChannel[Request],
     data_plane: DataPlane | None,
+    access: Access | None,
 ) -> None:
     async for request in requests:
-        response = await _follower_answer(elector, request, data_plane)
+        refused = (
+            None
+            if access is None
+            else authorization.refusal(access.current, channel.principal, request.message)
+        )
+        if refused is not None:
+            await channel.respond(request, refused)
+            continue
+        response = await _follower_answer(elector, request, data_plane, channel.listener)
+        if response is not None and access is not None:
+            response = authorization.visible(
+                access.current, channel.principal, request.message, response
+            )
         if response is not None:
             await channel.respond(request, response)
 
 
 async def _follower_answer(
-    elector: Elector, request: Request, data_plane: DataPlane | None
+    elector: Elector, request: Request, data_plane: DataPlane | None, listener: str = ""
 ) -> ResponseMessage | None:
     store = elector.store
     try:
@@ -218,7 +245,7 @@ async def _follower_answer(
                 return cluster_metadata(
                     message,
                     topics=await store.topics(),
-                    brokers=await store.brokers(),
+                    brokers=await store.brokers(listener or None),
                     coordinator_id=-1 if coordinator_id is None else coordinator_id,
                     coordinator_epoch=-1,  # the coordinator tells its epoch itself
                     limits=elector.config.limits,

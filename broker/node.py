@@ -1,4 +1,4 @@
-"""One broker process: its metadata store, its coordinator, its log, and its TCP listener.
+"""One broker process: its metadata store, its coordinator, its log, and its TCP listeners.
 
 The pieces are opened in dependency order and closed in reverse by one ``AsyncExitStack``, so a
 SIGTERM (a cancellation) stops accepting, closes every connection, flushes the offsets and closes
@@ -8,6 +8,7 @@ the store, in that order.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
@@ -16,6 +17,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from broker.authorization import open_access
 from broker.data_plane import open_broker_log
 from broker.dispatch import handle_connection
 from broker.election import handle_elected_connection, open_elector
@@ -23,12 +25,14 @@ from broker.log import LogConfig
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import open_group_coordinator
 from coordinator.validation import LogEnd
+from protocol.sasl import MECHANISMS
 from protocol.types import BrokerInfo
 from store import MetadataStore, open_embedded_store
-from store.zookeeper import ZooKeeperStore, open_zookeeper_store
+from store.zookeeper import DigestAuth, ZooKeeperStore, open_zookeeper_store
 from transport.channel import ReadBounds
 from transport.limits import ConnectionLimits
-from transport.listener import ConnectionGate, serve_listeners
+from transport.listener import ConnectionGate, SecuredListener, serve_listeners
+from transport.security import Endpoint, ListenerSecurity, Peer, SecurityProtocol, ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -53,49 +57,145 @@ class NodeSettings:
     #: died, which must fit in a third of the consumers' session timeout for their leases to
     #: outlast the failover (docs/design.md#defaults-that-fit-a-failover).
     zookeeper_session_timeout: float = 8.0
+    #: ZooKeeper digest authentication: the project's znodes are then this user's alone.
+    zookeeper_auth: DigestAuth | None = None
+    #: ``NAME://HOST:PORT`` listeners (transport/security.py); none: one PLAINTEXT listener on
+    #: ``host:port``. The first one's port is the one ``run_node`` reports.
+    listeners: tuple[Endpoint, ...] = ()
+    #: The address each listener is advertised under in ClusterMetadata, by name (Kafka's
+    #: ``advertised.listeners``); a listener not named is advertised under ``advertised_host``
+    #: (or its own host) and its bound port.
+    advertised_listeners: tuple[Endpoint, ...] = ()
+    #: The certificate of the TLS listeners (SSL, SASL_SSL), and the CA for mutual TLS.
+    tls: ServerTls | None = None
+    #: The SCRAM mechanisms the SASL listeners offer.
+    sasl_mechanisms: tuple[str, ...] = MECHANISMS
+    #: A client certificate's principal is ``User:<CN>`` rather than ``User:<subject>``.
+    tls_principal_is_cn: bool = False
+    #: Principals every access rule lets do everything (``User:admin``).
+    super_users: frozenset[str] = frozenset()
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return self.listeners or (
+            Endpoint(listener=SecurityProtocol.PLAINTEXT.value, host=self.host, port=self.port),
+        )
+
+    def authenticates(self, endpoint: Endpoint) -> bool:
+        """Whether the listener knows who its clients are (SASL, or TLS with client
+        certificates)."""
+        protocol = endpoint.protocol
+        return protocol.sasl or (
+            protocol.tls and self.tls is not None and self.tls.client_ca is not None
+        )
+
+    @property
+    def authorization(self) -> bool:
+        """Access rules are enforced once any listener authenticates its clients: then whatever
+        no rule allows is denied, on every listener (an unauthenticated client is
+        User:ANONYMOUS)."""
+        return any(self.authenticates(endpoint) for endpoint in self.endpoints())
 
 
 async def run_node(
     settings: NodeSettings, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """Serve until cancelled; ``task_status.started`` gets the bound port (useful with port 0)."""
+    """Serve until cancelled; ``task_status.started`` gets the first listener's bound port
+    (useful with port 0)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    tls = None if settings.tls is None else settings.tls.context()
     async with _open_store(settings) as store:
-        listeners = await trio.open_tcp_listeners(settings.port, host=settings.host)
-        port = listeners[0].socket.getsockname()[1]
+        listeners: list[SecuredListener] = []
+        advertised: dict[str, tuple[str, int]] = {}
+        named = {endpoint.listener: endpoint for endpoint in settings.advertised_listeners}
+        for endpoint in settings.endpoints():
+            opened = await trio.open_tcp_listeners(endpoint.port, host=endpoint.host)
+            port = opened[0].socket.getsockname()[1]
+            public = named.get(endpoint.listener)
+            advertised[endpoint.listener] = (
+                (public.host, public.port)
+                if public is not None
+                else (settings.advertised_host or endpoint.host, port)
+            )
+            security = _listener_security(settings, endpoint, tls, store)
+            listeners.extend(SecuredListener(listener=one, security=security) for one in opened)
+            log.info(
+                "listening on %s (%s)",
+                Endpoint(listener=endpoint.listener, host=endpoint.host, port=port),
+                _describe(settings, endpoint),
+            )
+        first = settings.endpoints()[0].listener
         broker = BrokerInfo(
-            broker_id=settings.broker_id,
-            host=settings.advertised_host or settings.host,
-            port=port,
+            broker_id=settings.broker_id, host=advertised[first][0], port=advertised[first][1]
         )
-        await store.register_broker(broker)
+        await store.register_broker(broker, advertised)
         async with (
+            open_access(
+                store, enabled=settings.authorization, super_users=settings.super_users
+            ) as access,
             open_broker_log(store, broker.broker_id, settings.data_dir, settings.log) as data_plane,
             _open_coordination(
                 store, settings.coordinator, broker, data_plane.log_end_offset
             ) as serve_connection,
             trio.open_nursery() as nursery,
         ):
-            handler = partial(
-                serve_connection, data_plane=data_plane, bounds=ReadBounds.of(settings.connections)
-            )
+            bounds = ReadBounds.of(settings.connections)
+
+            async def handler(stream: trio.abc.Stream, peer: Peer) -> None:
+                await serve_connection(
+                    stream, data_plane=data_plane, bounds=bounds, peer=peer, access=access
+                )
+
             gate = ConnectionGate.of(settings.connections)
             await nursery.start(serve_listeners, handler, listeners, gate)
-            log.info(
-                "broker %d serving on %s:%d, data in %s",
-                broker.broker_id,
-                settings.host,
-                port,
-                settings.data_dir,
-            )
-            task_status.started(port)
+            log.info("broker %d serving, data in %s", broker.broker_id, settings.data_dir)
+            task_status.started(listeners[0].listener.socket.getsockname()[1])
+
+
+def _listener_security(
+    settings: NodeSettings, endpoint: Endpoint, tls: ssl.SSLContext | None, store: MetadataStore
+) -> ListenerSecurity | None:
+    protocol = endpoint.protocol
+    if protocol is SecurityProtocol.PLAINTEXT:
+        return None
+    if protocol.tls and tls is None:
+        raise ValueError(f"the {endpoint} listener needs --tls-cert and --tls-key")
+    return ListenerSecurity(
+        protocol=protocol,
+        tls=tls if protocol.tls else None,
+        credentials=store.scram_credential if protocol.sasl else None,
+        mechanisms=settings.sasl_mechanisms,
+        handshake_timeout=settings.connections.handshake_timeout,
+        principal_is_cn=settings.tls_principal_is_cn,
+    )
+
+
+def _describe(settings: NodeSettings, endpoint: Endpoint) -> str:
+    """What a listener lets in, said at start; a warning where anyone who reaches its port may
+    do anything."""
+    protocol = endpoint.protocol
+    if protocol.sasl:
+        return "SASL/SCRAM authentication" + (" over TLS" if protocol.tls else "")
+    if settings.authenticates(endpoint):
+        return "TLS, clients authenticated by their certificates"
+    if not settings.authorization:
+        log.warning(
+            "the %s listener on %s:%d authenticates nobody and no access rules apply: anyone "
+            "who can reach its port can do anything (README: Security)",
+            endpoint.listener,
+            endpoint.host,
+            endpoint.port,
+        )
+    what = "TLS" if protocol.tls else "plaintext"
+    return f"{what}, clients unauthenticated: User:ANONYMOUS"
 
 
 def _open_store(settings: NodeSettings) -> AbstractAsyncContextManager[MetadataStore]:
     if settings.zookeeper is None:
         return open_embedded_store(settings.data_dir / "metadata")
     return open_zookeeper_store(
-        settings.zookeeper, session_timeout=settings.zookeeper_session_timeout
+        settings.zookeeper,
+        session_timeout=settings.zookeeper_session_timeout,
+        auth=settings.zookeeper_auth,
     )
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from collections.abc import Sequence
 
+from cli.security import add_client_options, client_security
 from consumer.admin import Admin, open_admin
 from protocol.types import TopicPartition
 from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
@@ -21,6 +22,7 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
             help=f"brokers to ask first (default {DEFAULT_BOOTSTRAP})",
         )
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        add_client_options(parser)
         return parser
 
     topics = commands.add_parser("topics", help="create, list, describe or alter topics")
@@ -97,7 +99,7 @@ def _non_negative_int(text: str) -> int:
 
 
 async def run_admin(args: argparse.Namespace) -> None:
-    async with open_admin(args.bootstrap) as admin:
+    async with open_admin(args.bootstrap, security=client_security(args)) as admin:
         await _VERBS[(args.command, args.verb)](admin, args)
 
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 
 import trio
 
+from cli.security import add_client_options, client_security
 from consumer import ConsumerSettings, Delivery, InstanceFenced, open_consumer, open_producer
 from consumer.admin import open_admin
 from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
@@ -71,6 +72,7 @@ def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
             metavar="HOST:PORT[,HOST:PORT...]",
             help=f"brokers to ask first (default {DEFAULT_BOOTSTRAP})",
         )
+        add_client_options(parser)
 
 
 def _bootstrap(text: str) -> list[tuple[str, int]]:
@@ -81,12 +83,13 @@ def _bootstrap(text: str) -> list[tuple[str, int]]:
 
 
 async def run_produce(args: argparse.Namespace) -> int:
-    async with open_admin(args.bootstrap) as admin:
+    security = client_security(args)
+    async with open_admin(args.bootstrap, security=security) as admin:
         await admin.topics([args.topic])  # before reading stdin, as ``consume`` does
     separator = args.key_separator.encode() if args.key_separator else None
     deliveries: list[Delivery] = []
     shown_at = -math.inf
-    async with open_producer(args.bootstrap) as producer:
+    async with open_producer(args.bootstrap, security=security) as producer:
         async for line in _lines(sys.stdin.fileno()):
             value = line
             key = None
@@ -133,7 +136,8 @@ async def run_consume(args: argparse.Namespace) -> int:
         raise ValueError("--max-messages must be at least 1")
     # The consumer itself retries unreachable brokers forever (it is a service); a person at a
     # terminal wants to hear at once that the address is wrong or the topic missing.
-    async with open_admin(args.bootstrap) as admin:
+    security = client_security(args)
+    async with open_admin(args.bootstrap, security=security) as admin:
         await admin.topics([args.topic])
     group = args.group or f"console-consumer-{uuid.uuid4().hex[:8]}"
     settings = ConsumerSettings(
@@ -145,7 +149,7 @@ async def run_consume(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     printed = 0
     async with open_consumer(
-        args.bootstrap, group, topics={args.topic: 1}, settings=settings
+        args.bootstrap, group, topics={args.topic: 1}, settings=settings, security=security
     ) as consumer:
         (stream,) = consumer.streams_for(args.topic)
         with (

@@ -23,11 +23,20 @@ from broker.node import NodeSettings, run_node
 from cli.admin import add_admin_commands, run_admin
 from cli.data import add_data_commands, run_consume, run_produce
 from cli.logformat import configure_logging
+from cli.security import (
+    add_acl_commands,
+    add_serve_options,
+    add_user_commands,
+    run_acls,
+    run_users,
+    serve_security,
+)
 from consumer import ProduceError
 from consumer.admin import AdminError
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from coordinator.limits import RequestLimits
 from store import StoreError
+from transport.channel import ChannelClosed
 from transport.limits import ConnectionLimits
 
 log = logging.getLogger("coordinator")
@@ -140,8 +149,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--retention-check-ms", type=int, default=logs.retention_check_ms)
     serve.add_argument("--segment-bytes", type=int, default=logs.segment_bytes)
     _add_limit_options(serve)
+    add_serve_options(serve)
     add_admin_commands(commands)
     add_data_commands(commands)
+    add_user_commands(commands)
+    add_acl_commands(commands)
     return parser
 
 
@@ -179,6 +191,12 @@ def _add_limit_options(serve: argparse.ArgumentParser) -> None:
         type=int,
         default=connections.max_buffered_request_bytes,
         help="bytes of unfinished frames buffered for all connections together",
+    )
+    group.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=connections.handshake_timeout,
+        help="seconds a connection to a TLS or SASL listener has to finish its handshake",
     )
     group.add_argument(
         "--max-frame-size",
@@ -222,7 +240,8 @@ async def _serve(settings: NodeSettings) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             port = await nursery.start(run_node, settings)
-            print(f"serving on {settings.host}:{port} (broker {settings.broker_id})", flush=True)
+            host = settings.endpoints()[0].host
+            print(f"serving on {host}:{port} (broker {settings.broker_id})", flush=True)
             async for signum in signals:
                 log.info("%s: shutting down", signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
@@ -272,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     idle_timeout=args.idle_timeout,
                     frame_timeout=args.frame_timeout,
                     max_buffered_request_bytes=args.max_buffered_request_bytes,
+                    handshake_timeout=args.handshake_timeout,
                 ),
                 log=LogConfig(
                     fsync=FsyncPolicy(args.fsync),
@@ -281,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     retention_check_ms=args.retention_check_ms,
                     segment_bytes=args.segment_bytes,
                 ),
+                **serve_security(args),  # type: ignore[arg-type]
             )
             gc.set_threshold(*SERVER_GC_THRESHOLDS)
             trio.run(_serve, settings)
@@ -288,9 +309,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(run_produce, args)
         elif args.command == "consume":
             return trio.run(run_consume, args)
+        elif args.command == "users":
+            trio.run(run_users, args)
+        elif args.command == "acls":
+            trio.run(run_acls, args)
         else:
             trio.run(run_admin, args)
-    except (ValueError, OSError, StoreError, AdminError, ProduceError, ExceptionGroup) as exc:
+    except (
+        ValueError,
+        OSError,
+        StoreError,
+        AdminError,
+        ProduceError,
+        ChannelClosed,
+        ExceptionGroup,
+    ) as exc:
         cause = _user_error(exc)
         if cause is None:
             raise
@@ -312,7 +345,9 @@ def _user_error(exc: BaseException) -> BaseException | None:
         return None
     return (
         exc
-        if isinstance(exc, ValueError | OSError | StoreError | AdminError | ProduceError)
+        if isinstance(
+            exc, ValueError | OSError | StoreError | AdminError | ProduceError | ChannelClosed
+        )
         else None
     )
 

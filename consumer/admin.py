@@ -38,7 +38,8 @@ from protocol import (
 )
 from protocol.types import BrokerInfo, TopicPartition
 from transport.channel import Channel
-from transport.connect import Address, NoBrokerAvailable, connect_any, open_channel
+from transport.connect import Address, Connector, NoBrokerAvailable, connect_any, open_channel
+from transport.security import ClientSecurity
 
 CLIENT_ID = "coordinator-admin"
 
@@ -137,6 +138,8 @@ class Admin:
     address: Address
     _stack: AsyncExitStack
     _brokers: dict[int, Channel] = attrs.field(factory=dict)
+    #: How this admin connects to the other brokers of the cluster: as to the first.
+    _connect: Connector = attrs.field(factory=lambda: ClientSecurity().connector())
 
     async def call(self, request: RequestMessage) -> ResponseMessage:
         return await self.channel.request(request)
@@ -306,7 +309,7 @@ class Admin:
             return self.channel
         channel = self._brokers.get(broker.broker_id)
         if channel is None:
-            stream, _ = await connect_any([(broker.host, broker.port)])
+            stream, _ = await connect_any([(broker.host, broker.port)], connect=self._connect)
             channel = await self._stack.enter_async_context(
                 open_channel(stream, client_id=CLIENT_ID)
             )
@@ -320,8 +323,13 @@ def _check(what: str, error_code: ErrorCode) -> None:
 
 
 @asynccontextmanager
-async def open_admin(bootstrap: Sequence[Address]) -> AsyncIterator[Admin]:
-    stream, address = await connect_any(bootstrap)
+async def open_admin(
+    bootstrap: Sequence[Address], *, security: ClientSecurity | None = None
+) -> AsyncIterator[Admin]:
+    """An admin client of the cluster ``bootstrap`` names, connecting as ``security`` says
+    (default: plaintext, no authentication)."""
+    connect = (security or ClientSecurity()).connector()
+    stream, address = await connect_any(bootstrap, connect=connect)
     async with AsyncExitStack() as stack:
         channel = await stack.enter_async_context(open_channel(stream, client_id=CLIENT_ID))
-        yield Admin(channel=channel, address=address, stack=stack)
+        yield Admin(channel=channel, address=address, stack=stack, connect=connect)

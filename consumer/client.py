@@ -59,6 +59,7 @@ from protocol.types import BrokerInfo, PartitionOffset, Subscription, TopicParti
 from statemachine import consumer as sm
 from transport.channel import Channel, ChannelClosed, acknowledged_frames
 from transport.connect import Connector, parse_bootstrap
+from transport.security import ClientSecurity
 
 from .discovery import Discovery
 from .fetcher import BrokerConnections, FetchSettings, run_fetcher
@@ -765,6 +766,7 @@ async def open_consumer(
     on_revoked: RebalanceCallback | None = None,
     on_assigned: RebalanceCallback | None = None,
     connect: Connector | None = None,
+    security: ClientSecurity | None = None,
 ) -> AsyncIterator[Consumer]:
     """Join ``group_id`` and fetch what the coordinator assigns, until the block ends.
 
@@ -775,14 +777,15 @@ async def open_consumer(
     ``settings.instance_id`` (a static member) a given one must still be new for every process.
     Leaving the block closes gracefully: fetchers stop, offsets are committed (with auto_commit),
     and LeaveGroup lets the group rebalance at once instead of after a failure detection (a static
-    member sends none: it closes cleanly, which frees its partitions, and may come back).
+    member sends none: it closes cleanly, which frees its partitions, and may come back). Every
+    connection is made as ``security`` says (default: plaintext, no authentication).
     """
     settings = settings or ConsumerSettings()
     if settings.instance_id is not None and consumer_id == settings.instance_id:
         raise ValueError("the consumer id names the process and must differ from the instance id")
     subscription = _subscription(topics, pattern, pattern_streams, pattern_is_blacklist)
     member_id = consumer_id or f"{settings.client_id}-{uuid.uuid4().hex[:12]}"
-    connect = connect or _open_tcp
+    connect = connect or (security or ClientSecurity()).connector(_open_tcp)
     if topics is not None:
         streams = tuple(
             RecordStream(index=i, topic=topic, max_buffered=settings.max_buffered_records)

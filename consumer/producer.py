@@ -36,6 +36,7 @@ from protocol.records import Record, record_size
 from protocol.types import TopicPartition
 from transport.channel import ChannelClosed
 from transport.connect import connect_any, open_channel
+from transport.security import ClientSecurity
 
 __all__ = ["Delivery", "ProduceError", "Producer", "ProducerConfig", "open_producer"]
 
@@ -315,10 +316,13 @@ async def open_producer(
     bootstrap: Sequence[Address],
     *,
     config: ProducerConfig | None = None,
-    connect: Connect = _tcp,
+    connect: Connect | None = None,
+    security: ClientSecurity | None = None,
 ) -> AsyncIterator[Producer]:
-    """A producer for the block's span; on a normal exit it first waits for every record sent."""
+    """A producer for the block's span; on a normal exit it first waits for every record sent.
+    It connects as ``security`` says (default: plaintext, no authentication)."""
     config = config or ProducerConfig()
+    connect = connect or (security or ClientSecurity()).connector(_tcp)
     async with trio.open_nursery() as nursery:
         connections = BrokerConnections(
             nursery=nursery,

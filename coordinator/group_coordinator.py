@@ -61,6 +61,8 @@ class GroupCoordinator:
     groups: dict[str, Group] = attrs.field(factory=dict)
     topics: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
     brokers: tuple[BrokerInfo, ...] = ()
+    #: The brokers as the clients of each listener reach them (Kafka's advertised.listeners).
+    brokers_by_listener: dict[str, tuple[BrokerInfo, ...]] = attrs.Factory(dict)
     #: The log end of partitions whose log this broker holds: an offset past it is refused.
     log_end: LogEnd | None = None
     #: Hands out member incarnations: unique across the coordinator's groups, so that a member

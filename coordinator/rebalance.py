@@ -61,6 +61,7 @@ class RebalanceHost(Protocol):
     offsets: OffsetKeeper
     topics: Mapping[str, TopicPlacement]
     brokers: tuple[BrokerInfo, ...]
+    brokers_by_listener: dict[str, tuple[BrokerInfo, ...]]
 
     def apply(self, group: Group, event: object) -> None: ...
 
@@ -375,7 +376,9 @@ async def _start_all(
             generation=generation,
             consumer_id=member.member_id,
             streams=member_streams,
-            brokers=coordinator.brokers,
+            brokers=coordinator.brokers_by_listener.get(
+                member.channel.listener, coordinator.brokers
+            ),
             acknowledged_frames=member.channel.frames_received,
             incremental=incremental,
         )

@@ -12,11 +12,13 @@ from typing import Any
 
 from pipeline.commits import GroupOffsetCommitter, commit_group_offsets
 from pipeline.source import SCHEMA, CoordinatorDataSource
+from pipeline.wire import client_security
 
 __all__ = [
     "SCHEMA",
     "CoordinatorDataSource",
     "GroupOffsetCommitter",
+    "client_security",
     "commit_group_offsets",
     "register",
 ]

@@ -24,15 +24,21 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from pipeline import offsets as om
 from pipeline.wire import Cluster
+from transport.security import ClientSecurity
 
 log = logging.getLogger(__name__)
 
 
-def commit_group_offsets(bootstrap: str, group: str, offsets: om.OffsetsJson | str) -> None:
+def commit_group_offsets(
+    bootstrap: str,
+    group: str,
+    offsets: om.OffsetsJson | str,
+    security: ClientSecurity | None = None,
+) -> None:
     """Commit ``offsets`` (a source offset map, as JSON text or dict) as ``group``'s offsets."""
     parsed = om.from_json(offsets if isinstance(offsets, str) else json.dumps(offsets))
     if parsed:
-        with Cluster(bootstrap) as cluster:
+        with Cluster(bootstrap, security) as cluster:
             cluster.commit_offsets(group, parsed)
 
 
@@ -54,10 +60,19 @@ def _source_offsets(source: Any) -> om.OffsetsJson | None:
 
 class GroupOffsetCommitter(StreamingQueryListener):
     """``spark.streams.addListener(GroupOffsetCommitter(bootstrap, group, query_name))``: commits
-    the end offsets of each finished micro-batch of the query named ``query_name``."""
+    the end offsets of each finished micro-batch of the query named ``query_name``, connecting
+    as ``security`` says (``pipeline.client_security(options)`` makes it from the source's
+    options)."""
 
-    def __init__(self, bootstrap: str, group: str, query_name: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        query_name: str,
+        security: ClientSecurity | None = None,
+    ) -> None:
         self.bootstrap = bootstrap
+        self.security = security
         self.group = group
         self.query_name = query_name
 
@@ -88,6 +103,6 @@ class GroupOffsetCommitter(StreamingQueryListener):
             if offsets is None:
                 continue
             try:
-                commit_group_offsets(self.bootstrap, self.group, offsets)
+                commit_group_offsets(self.bootstrap, self.group, offsets, self.security)
             except Exception:  # the listener bus must survive an unreachable coordinator
                 log.exception("committing offsets of group %s failed", self.group)

@@ -17,8 +17,9 @@ from typing import Any
 
 import attrs
 
-from pipeline.wire import Cluster, PipelineError, Placement
+from pipeline.wire import Cluster, PipelineError, Placement, client_security
 from protocol import ErrorCode, Record, TopicPartition, record_size
+from transport.security import ClientSecurity
 
 MAX_BATCH_RECORDS = 2000
 MAX_BATCH_BYTES = 1024 * 1024
@@ -44,6 +45,7 @@ def _timestamp_ms(value: Any) -> int:
 class TopicWriter:
     bootstrap: str
     topic: str
+    security: ClientSecurity | None = None
     _pending: dict[int, list[Record]] = attrs.field(factory=dict)
     _pending_bytes: dict[int, int] = attrs.field(factory=dict)
     _round_robin: itertools.count[int] = attrs.field(factory=itertools.count)
@@ -53,12 +55,16 @@ class TopicWriter:
         topic = options.get("topic")
         if not topic:
             raise ValueError("writing to format coordinator needs the topic option")
-        return cls(bootstrap=options.get("bootstrap", "127.0.0.1:9092"), topic=topic)
+        return cls(
+            bootstrap=options.get("bootstrap", "127.0.0.1:9092"),
+            topic=topic,
+            security=client_security(options),
+        )
 
     def write_rows(self, rows: Iterable[Any]) -> int:
         """Produce every row; returns how many were acknowledged."""
         written = 0
-        with Cluster(self.bootstrap) as cluster:
+        with Cluster(self.bootstrap, self.security) as cluster:
             placements = self._placements(cluster)
             for row in rows:
                 fields = row.asDict() if hasattr(row, "asDict") else dict(row)

@@ -35,8 +35,9 @@ from pyspark.sql.types import StructType
 
 from pipeline import offsets as om
 from pipeline.sink import TopicWriter
-from pipeline.wire import Cluster, Placement
+from pipeline.wire import Cluster, Placement, client_security
 from protocol import ErrorCode, TopicPartition
+from transport.security import ClientSecurity
 
 SCHEMA = "topic string, partition int, offset long, key binary, value binary, timestamp timestamp"
 ARROW_SCHEMA = pa.schema(
@@ -61,6 +62,7 @@ class OffsetRange(InputPartition):
     placement: Placement
     start: int
     end: int
+    security: ClientSecurity | None = None
 
 
 class CoordinatorDataSource(DataSource):
@@ -95,6 +97,7 @@ class _Planner:
         self.bootstrap = options.get("bootstrap", DEFAULT_BOOTSTRAP)
         self.selector = om.TopicSelector(self.options)
         self.group = options.get("group") or None
+        self.security = client_security(self.options)
 
     def placements(self, cluster: Cluster) -> dict[TopicPartition, Placement]:
         names = self.selector.names
@@ -124,7 +127,7 @@ class _Planner:
         if min_partitions:
             wanted = om.split(wanted, int(min_partitions))
         return [
-            OffsetRange(placement=placements[tp], start=first, end=until)
+            OffsetRange(placement=placements[tp], start=first, end=until, security=self.security)
             for tp, first, until in wanted
         ]
 
@@ -137,7 +140,7 @@ class BatchReader(DataSourceReader):
         self.planner = _Planner(options)
 
     def partitions(self) -> Sequence[InputPartition]:
-        with Cluster(self.planner.bootstrap) as cluster:
+        with Cluster(self.planner.bootstrap, self.planner.security) as cluster:
             placements = self.planner.placements(cluster)
             bounds = cluster.log_bounds(placements.values())
             start = self.planner.resolve_start(cluster, bounds, "earliest")
@@ -168,7 +171,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def cluster(self) -> Cluster:
         if self._cluster is None:
-            self._cluster = Cluster(self.planner.bootstrap)
+            self._cluster = Cluster(self.planner.bootstrap, self.planner.security)
         return self._cluster
 
     def _bounds(self) -> dict[TopicPartition, tuple[int, int]]:
@@ -230,7 +233,7 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
     """
     p = task.placement
     offset = task.start
-    with Cluster(f"{p.host}:{p.port}") as cluster:
+    with Cluster(f"{p.host}:{p.port}", task.security) as cluster:
         while offset < task.end:
             response = cluster.fetch(p, offset, FETCH_BYTES)
             if response.error_code is ErrorCode.OFFSET_OUT_OF_RANGE and (

@@ -9,7 +9,8 @@ processes: each process opens its own connections, so the data source itself sta
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 import attrs
 
@@ -40,6 +41,7 @@ from protocol import (
     TopicPartition,
 )
 from transport.connect import parse_bootstrap
+from transport.security import ClientSecurity
 
 #: Seconds a broker may take to accept a connection or answer one request.
 REQUEST_TIMEOUT = 30.0
@@ -48,6 +50,26 @@ MAX_FRAME_SIZE = 16 * 1024 * 1024
 CLIENT_ID = "spark-pipeline"
 
 Address = tuple[str, int]
+
+
+def client_security(options: Mapping[str, str]) -> ClientSecurity:
+    """The source's and sink's security options (keys lowercased, as Spark hands them over):
+    ``tls`` (true/false), ``tls.ca``, ``tls.cert``, ``tls.key``, ``sasl.mechanism``,
+    ``sasl.user``, ``sasl.password``; none: plaintext, no authentication."""
+    options = {key.lower(): value for key, value in options.items()}
+
+    def path(key: str) -> Path | None:
+        return Path(options[key]) if options.get(key) else None
+
+    return ClientSecurity(
+        tls=options.get("tls", "false").lower() == "true",
+        ca=path("tls.ca"),
+        cert=path("tls.cert"),
+        key=path("tls.key"),
+        sasl_mechanism=options.get("sasl.mechanism") or None,
+        username=options.get("sasl.user") or None,
+        password=options.get("sasl.password"),
+    )
 
 
 class PipelineError(Exception):
@@ -61,9 +83,9 @@ class PipelineError(Exception):
 class BrokerConnection:
     """One blocking connection: ``call(request)`` sends it and returns its response."""
 
-    def __init__(self, address: Address) -> None:
+    def __init__(self, address: Address, security: ClientSecurity | None = None) -> None:
         self.address = address
-        self._sock = socket.create_connection(address, timeout=REQUEST_TIMEOUT)
+        self._sock = (security or ClientSecurity()).connect_blocking(address, REQUEST_TIMEOUT)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._conn = Connection(Role.CONSUMER, client_id=CLIENT_ID, max_frame_size=MAX_FRAME_SIZE)
 
@@ -97,8 +119,9 @@ class Placement:
 class Cluster:
     """The brokers of one bootstrap list, with a connection per broker opened on first use."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, security: ClientSecurity | None = None) -> None:
         self.bootstrap = parse_bootstrap(bootstrap)
+        self.security = security
         self._connections: dict[Address, BrokerConnection] = {}
 
     def __enter__(self) -> Cluster:
@@ -115,7 +138,7 @@ class Cluster:
     def connection(self, address: Address) -> BrokerConnection:
         connection = self._connections.get(address)
         if connection is None:
-            connection = self._connections[address] = BrokerConnection(address)
+            connection = self._connections[address] = BrokerConnection(address, self.security)
         return connection
 
     def call(self, address: Address, message: RequestMessage) -> ResponseMessage:

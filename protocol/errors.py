@@ -33,6 +33,11 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_MEMBER_ID = 25
     INVALID_SESSION_TIMEOUT = 26
     REBALANCE_IN_PROGRESS = 27
+    TOPIC_AUTHORIZATION_FAILED = 29
+    GROUP_AUTHORIZATION_FAILED = 30
+    CLUSTER_AUTHORIZATION_FAILED = 31
+    UNSUPPORTED_SASL_MECHANISM = 33
+    ILLEGAL_SASL_STATE = 34
     UNSUPPORTED_VERSION = 35
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
@@ -42,6 +47,9 @@ class ErrorCode(enum.IntEnum):
     POLICY_VIOLATION = 44
     """A CreateTopic or CreatePartitions would place more partitions on the broker than its
     ``max_partitions_per_broker``."""
+    SASL_AUTHENTICATION_FAILED = 58
+    """Wrong credentials, an unknown user, or a broken exchange; the broker closes the
+    connection after answering."""
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
     GROUP_MAX_SIZE_REACHED = 81

@@ -43,6 +43,8 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_GROUP = 13
     LEAVE_GROUP = 14
     DELETE_GROUP = 15
+    SASL_HANDSHAKE = 17
+    SASL_AUTHENTICATE = 36
 
 
 COORDINATOR_REQUESTS: frozenset[ApiKey] = frozenset(
@@ -422,6 +424,42 @@ class DeleteGroupResponse:
     error_code: ErrorCode
 
 
+# --- 17 SASL_HANDSHAKE, 36 SASL_AUTHENTICATE ---------------------------------------------------
+# Kafka's numbers and layouts: the authentication that opens a connection to a SASL listener
+# (protocol/SPEC.md §12), before any other request.
+
+
+@attrs.frozen(kw_only=True)
+class SaslHandshakeRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.SASL_HANDSHAKE
+    mechanism: str
+    """``SCRAM-SHA-256`` or ``SCRAM-SHA-512``."""
+
+
+@attrs.frozen(kw_only=True)
+class SaslHandshakeResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.SASL_HANDSHAKE
+    error_code: ErrorCode
+    mechanisms: tuple[str, ...]
+    """The mechanisms the listener offers."""
+
+
+@attrs.frozen(kw_only=True)
+class SaslAuthenticateRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.SASL_AUTHENTICATE
+    auth_bytes: bytes
+    """The mechanism's next client message (RFC 5802: client-first, then client-final)."""
+
+
+@attrs.frozen(kw_only=True)
+class SaslAuthenticateResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.SASL_AUTHENTICATE
+    error_code: ErrorCode
+    error_message: str
+    auth_bytes: bytes
+    """The mechanism's next server message (server-first, then server-final)."""
+
+
 # --- tables -------------------------------------------------------------------------------------
 
 RequestMessage: TypeAlias = (
@@ -441,6 +479,8 @@ RequestMessage: TypeAlias = (
     | DescribeGroupRequest
     | LeaveGroupRequest
     | DeleteGroupRequest
+    | SaslHandshakeRequest
+    | SaslAuthenticateRequest
 )
 ResponseMessage: TypeAlias = (
     ProduceResponse
@@ -459,6 +499,8 @@ ResponseMessage: TypeAlias = (
     | DescribeGroupResponse
     | LeaveGroupResponse
     | DeleteGroupResponse
+    | SaslHandshakeResponse
+    | SaslAuthenticateResponse
 )
 
 _REQUESTS: tuple[type[RequestMessage], ...] = (
@@ -478,6 +520,8 @@ _REQUESTS: tuple[type[RequestMessage], ...] = (
     DescribeGroupRequest,
     LeaveGroupRequest,
     DeleteGroupRequest,
+    SaslHandshakeRequest,
+    SaslAuthenticateRequest,
 )
 _RESPONSES: tuple[type[ResponseMessage], ...] = (
     ProduceResponse,
@@ -496,6 +540,8 @@ _RESPONSES: tuple[type[ResponseMessage], ...] = (
     DescribeGroupResponse,
     LeaveGroupResponse,
     DeleteGroupResponse,
+    SaslHandshakeResponse,
+    SaslAuthenticateResponse,
 )
 
 REQUEST_TYPES: Mapping[ApiKey, type[RequestMessage]] = MappingProxyType(
@@ -558,6 +604,8 @@ def error_response(request: RequestMessage, error_code: ErrorCode) -> ResponseMe
             fields[field.name] = None
         elif hint is str:
             fields[field.name] = ""
+        elif hint is bytes:
+            fields[field.name] = b""
         elif hint is bool:
             fields[field.name] = False
         elif typing.get_origin(hint) is tuple:

@@ -9,7 +9,7 @@ if ! .venv/bin/python -c "import kafka, trio" 2>/dev/null; then
     EXTRAS=${EXTRAS:-test,dev,spark,bench} scripts/bootstrap.sh
 fi
 out=${BENCH_OUT:-/dev/null}
-for bench in assignment heartbeat capacity rebalance incremental detection failover zk_commits seed02; do
+for bench in assignment heartbeat capacity rebalance incremental tls detection failover zk_commits seed02; do
     echo "== bench.$bench $*" >&2
     .venv/bin/python -m "bench.$bench" "$@" | tee -a "$out"
 done

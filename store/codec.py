@@ -9,18 +9,25 @@ the wrong shape raises ``KeyError``/``TypeError``/``ValueError``, which callers 
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from typing import Any
 
+from protocol.sasl import ScramCredential
 from protocol.types import ConsumerThread, Subscription, TopicPartition, TopicStreams
+from statemachine.acl import Acl, Operation, ResourceType
 
 from .interface import GroupRecord, MemberRecord, TopicPlacement
 
 __all__ = [
+    "decode_acl",
+    "decode_credential",
     "decode_group",
     "decode_member",
     "decode_owners",
     "decode_placement",
+    "encode_acl",
+    "encode_credential",
     "encode_group",
     "encode_member",
     "encode_owners",
@@ -137,4 +144,42 @@ def decode_group(value: Mapping[str, Any]) -> GroupRecord:
         members=tuple(decode_member(member) for member in value["members"]),
         assignment=decode_owners(value["assignment"]),
         complete=bool(value.get("complete", False)),
+    )
+
+
+def encode_credential(credential: ScramCredential) -> dict[str, Any]:
+    """A user's salted, hashed SCRAM credential (never the password: RFC 5802 §3)."""
+    return {
+        "salt": base64.b64encode(credential.salt).decode(),
+        "stored_key": base64.b64encode(credential.stored_key).decode(),
+        "server_key": base64.b64encode(credential.server_key).decode(),
+        "iterations": credential.iterations,
+    }
+
+
+def decode_credential(mechanism: str, value: Mapping[str, Any]) -> ScramCredential:
+    return ScramCredential(
+        mechanism=mechanism,
+        salt=base64.b64decode(value["salt"]),
+        stored_key=base64.b64decode(value["stored_key"]),
+        server_key=base64.b64decode(value["server_key"]),
+        iterations=int(value["iterations"]),
+    )
+
+
+def encode_acl(acl: Acl) -> dict[str, str]:
+    return {
+        "principal": acl.principal,
+        "resource_type": acl.resource_type.value,
+        "name": acl.name,
+        "operation": acl.operation.value,
+    }
+
+
+def decode_acl(value: Mapping[str, Any]) -> Acl:
+    return Acl(
+        principal=str(value["principal"]),
+        resource_type=ResourceType(value["resource_type"]),
+        name=str(value["name"]),
+        operation=Operation(value["operation"]),
     )

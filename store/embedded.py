@@ -38,7 +38,9 @@ import attrs
 import trio
 import trio_util
 
+from protocol.sasl import ScramCredential
 from protocol.types import BrokerInfo, TopicPartition
+from statemachine.acl import Acl
 
 from .durable import replace_atomically
 from .interface import (
@@ -51,15 +53,18 @@ from .interface import (
     TopicExists,
     TopicPlacement,
     UnknownTopic,
+    on_listener,
 )
 from .journal import Journal
 from .state import (
     StoreState,
+    acls_entry,
     delete_group_entry,
     group_entry,
     office_entry,
     offsets_entry,
     topic_entry,
+    user_entry,
 )
 
 __all__ = [
@@ -105,18 +110,26 @@ class EmbeddedStore:
     _office_epoch: int | None = None
     _office_broker: int | None = None
     _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
+    _advertised: dict[int, dict[str, tuple[str, int]]] = attrs.Factory(dict)
     _closed: bool = False
 
     def __repr__(self) -> str:
         return f"<EmbeddedStore {str(self._data_dir)!r}>"
 
-    async def register_broker(self, broker: BrokerInfo) -> None:
+    async def register_broker(
+        self, broker: BrokerInfo, advertised: Mapping[str, tuple[str, int]] | None = None
+    ) -> None:
         await self._enter()
         self._brokers[broker.broker_id] = broker
+        self._advertised[broker.broker_id] = dict(advertised or {})
 
-    async def brokers(self) -> tuple[BrokerInfo, ...]:
+    async def brokers(self, listener: str | None = None) -> tuple[BrokerInfo, ...]:
         await self._enter()
-        return tuple(sorted(self._brokers.values(), key=lambda broker: broker.broker_id))
+        return on_listener(
+            sorted(self._brokers.values(), key=lambda broker: broker.broker_id),
+            self._advertised,
+            listener,
+        )
 
     async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
         await self._enter()
@@ -187,6 +200,34 @@ class EmbeddedStore:
     async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
         await self._enter()
         return types.MappingProxyType(self._state.fetch_offsets(group_id))
+
+    async def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        await self._enter()
+        return self._state.users.get(user, {}).get(mechanism)
+
+    async def set_scram_credential(self, user: str, credential: ScramCredential) -> None:
+        await self._enter()
+        self._write(user_entry(user, credential.mechanism, credential))
+
+    async def delete_user(self, user: str) -> bool:
+        await self._enter()
+        mechanisms = list(self._state.users.get(user, {}))
+        for mechanism in mechanisms:
+            self._write(user_entry(user, mechanism, None))
+        return bool(mechanisms)
+
+    async def users(self) -> Mapping[str, tuple[str, ...]]:
+        await self._enter()
+        return {user: tuple(sorted(c)) for user, c in sorted(self._state.users.items())}
+
+    async def acls(self) -> frozenset[Acl]:
+        await self._enter()
+        return frozenset(self._state.acls)
+
+    async def change_acls(self, added: Sequence[Acl], removed: Sequence[Acl]) -> frozenset[Acl]:
+        await self._enter()
+        self._write(acls_entry(added, removed))
+        return frozenset(self._state.acls)
 
     async def _enter(self) -> None:
         # Every method is a checkpoint, as trio's own are, even though none of them waits.

@@ -14,7 +14,9 @@ from typing import Protocol
 
 import attrs
 
+from protocol.sasl import ScramCredential
 from protocol.types import BrokerInfo, ConsumerThread, Subscription, TopicPartition
+from statemachine.acl import Acl
 
 __all__ = [
     "EpochFenced",
@@ -159,6 +161,22 @@ class InvalidPartitions(StoreError):
     """An empty placement: a topic has at least one partition and partitions never shrink."""
 
 
+def on_listener(
+    brokers: Iterable[BrokerInfo],
+    advertised: Mapping[int, Mapping[str, tuple[str, int]]],
+    listener: str | None,
+) -> tuple[BrokerInfo, ...]:
+    """``brokers`` as a client of ``listener`` reaches them (MetadataStore.brokers)."""
+    if listener is None:
+        return tuple(brokers)
+    found = []
+    for broker in brokers:
+        address = advertised.get(broker.broker_id, {}).get(listener)
+        if address is not None:
+            found.append(BrokerInfo(broker_id=broker.broker_id, host=address[0], port=address[1]))
+    return tuple(found)
+
+
 class MetadataStore(Protocol):
     """Everything the brokers and the coordinator keep outside their own memory.
 
@@ -171,12 +189,17 @@ class MetadataStore(Protocol):
     Topics, groups, offsets and the epoch counter are persistent.
     """
 
-    async def register_broker(self, broker: BrokerInfo) -> None:
-        """Announce a live broker; a later registration of the same id replaces it."""
+    async def register_broker(
+        self, broker: BrokerInfo, advertised: Mapping[str, tuple[str, int]] | None = None
+    ) -> None:
+        """Announce a live broker; a later registration of the same id replaces it.
+        ``advertised``: the address it advertises on each of its listeners, by listener name
+        (Kafka's ``advertised.listeners``); ``broker`` holds the address of its first."""
         ...
 
-    async def brokers(self) -> tuple[BrokerInfo, ...]:
-        """The live brokers, sorted by id."""
+    async def brokers(self, listener: str | None = None) -> tuple[BrokerInfo, ...]:
+        """The live brokers, sorted by id, each under the address it advertises on
+        ``listener`` (those without that listener left out); None: their first listener's."""
         ...
 
     async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
@@ -253,4 +276,29 @@ class MetadataStore(Protocol):
 
     async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
         """The group's committed offsets; empty for a group the store does not know."""
+        ...
+
+    async def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        """The user's salted, hashed credential for ``mechanism``; None: no such user or none
+        for that mechanism."""
+        ...
+
+    async def set_scram_credential(self, user: str, credential: ScramCredential) -> None:
+        """Add or replace the user's credential for ``credential.mechanism``."""
+        ...
+
+    async def delete_user(self, user: str) -> bool:
+        """Remove every credential of ``user``; False if it had none."""
+        ...
+
+    async def users(self) -> Mapping[str, tuple[str, ...]]:
+        """Every user with a credential, and its mechanisms (sorted)."""
+        ...
+
+    async def acls(self) -> frozenset[Acl]:
+        """Every access rule (statemachine/acl.py)."""
+        ...
+
+    async def change_acls(self, added: Sequence[Acl], removed: Sequence[Acl]) -> frozenset[Acl]:
+        """Add and remove rules in one write; the rules in force after it."""
         ...

@@ -26,19 +26,23 @@ from kazoo.client import KazooClient, KazooState  # type: ignore[import-untyped]
 from kazoo.exceptions import (  # type: ignore[import-untyped]
     BadVersionError,
     KazooException,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
     RolledBackError,
 )
 from kazoo.handlers.threading import KazooTimeoutError  # type: ignore[import-untyped]
+from kazoo.security import make_digest_acl  # type: ignore[import-untyped]
 
 from .interface import StoreUnavailable
 
 __all__ = [
     "BadVersionError",
+    "DigestAuth",
     "KazooBridge",
     "KazooState",
+    "NoAuthError",
     "NoNodeError",
     "NodeExistsError",
     "NotEmptyError",
@@ -46,6 +50,22 @@ __all__ = [
     "blocking_client",
     "kazoo_bridge",
 ]
+
+
+@attrs.frozen(kw_only=True)
+class DigestAuth:
+    """ZooKeeper digest authentication: the session authenticates as ``user``, and every node it
+    creates carries an ACL that lets only that user (and so only the brokers and tools that know
+    the password) read, write, create, delete or administer it."""
+
+    user: str
+    password: str = attrs.field(repr=False)
+
+    def client_options(self) -> dict[str, Any]:
+        return {
+            "auth_data": [("digest", f"{self.user}:{self.password}")],
+            "default_acl": [make_digest_acl(self.user, self.password, all=True)],
+        }
 
 
 @attrs.define(eq=False, repr=False)
@@ -151,13 +171,16 @@ class KazooBridge:
                 )
 
 
-def kazoo_bridge(hosts: str, *, session_timeout: float, call_bound: float) -> KazooBridge:
+def kazoo_bridge(
+    hosts: str, *, session_timeout: float, call_bound: float, auth: DigestAuth | None = None
+) -> KazooBridge:
     """A bridge to a client of ``hosts`` (``host:port,...`` with an optional ``/chroot``), not
     started yet, for the calling trio thread.
 
     ``session_timeout`` is how long the ensemble keeps the session's ephemeral nodes after it last
     heard from the client; ``call_bound`` is the longest any one wait lasts. The client reconnects
-    for ever: whether to give up is its user's decision, through ``call_bound``.
+    for ever: whether to give up is its user's decision, through ``call_bound``. With ``auth``,
+    the session authenticates and the nodes it creates (the chroot too) are its user's alone.
     """
     servers, slash, chroot = hosts.partition("/")
     chroot = "/" + chroot.strip("/") if slash and chroot.strip("/") else ""
@@ -165,6 +188,7 @@ def kazoo_bridge(hosts: str, *, session_timeout: float, call_bound: float) -> Ka
         hosts=servers,
         timeout=session_timeout,
         connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0},
+        **({} if auth is None else auth.client_options()),
     )
     return KazooBridge(
         client=client,
@@ -176,10 +200,12 @@ def kazoo_bridge(hosts: str, *, session_timeout: float, call_bound: float) -> Ka
 
 
 @contextlib.contextmanager
-def blocking_client(servers: str, *, start_timeout: float) -> Iterator[Any]:
+def blocking_client(
+    servers: str, *, start_timeout: float, auth: DigestAuth | None = None
+) -> Iterator[Any]:
     """A started ``KazooClient`` of ``servers`` with kazoo's defaults and no bridge, for blocking
     calls in a worker thread (the benchmarks' raw-kazoo baseline); stopped when the block ends."""
-    client = KazooClient(hosts=servers)
+    client = KazooClient(hosts=servers, **({} if auth is None else auth.client_options()))
     client.start(timeout=start_timeout)
     try:
         yield client

@@ -21,13 +21,19 @@ from typing import Any
 
 import attrs
 
+from protocol.sasl import ScramCredential
 from protocol.types import ConsumerThread, TopicPartition
+from statemachine.acl import Acl
 
 from .codec import (
+    decode_acl,
+    decode_credential,
     decode_group,
     decode_member,
     decode_owners,
     decode_placement,
+    encode_acl,
+    encode_credential,
     encode_group,
     encode_member,
     encode_owners,
@@ -38,11 +44,13 @@ from .interface import GroupRecord, OffsetBatch, TopicPlacement
 __all__ = [
     "SNAPSHOT_FORMAT",
     "StoreState",
+    "acls_entry",
     "delete_group_entry",
     "group_entry",
     "office_entry",
     "offsets_entry",
     "topic_entry",
+    "user_entry",
 ]
 
 SNAPSHOT_FORMAT = 1
@@ -56,6 +64,20 @@ OffsetTable = dict[str, dict[str, dict[int, tuple[int, int]]]]
 
 def topic_entry(placement: TopicPlacement) -> JsonObject:
     return {"op": "topic", "topic": placement.topic, "placement": encode_placement(placement)}
+
+
+def acls_entry(added: Sequence[Acl], removed: Sequence[Acl]) -> JsonObject:
+    return {
+        "op": "acls",
+        "add": [encode_acl(a) for a in added],
+        "remove": [encode_acl(a) for a in removed],
+    }
+
+
+def user_entry(user: str, mechanism: str, credential: ScramCredential | None) -> JsonObject:
+    """Set (or, with None, remove) one of a user's SCRAM credentials."""
+    encoded = None if credential is None else encode_credential(credential)
+    return {"op": "user", "user": user, "mechanism": mechanism, "credential": encoded}
 
 
 def office_entry(epoch: int, broker_id: int) -> JsonObject:
@@ -143,6 +165,9 @@ class StoreState:
     topics: dict[str, TopicPlacement] = attrs.Factory(dict)
     groups: dict[str, GroupRecord] = attrs.Factory(dict)
     offsets: OffsetTable = attrs.Factory(dict)
+    #: user -> mechanism -> credential
+    users: dict[str, dict[str, ScramCredential]] = attrs.Factory(dict)
+    acls: set[Acl] = attrs.Factory(set)
 
     def apply(self, entry: Mapping[str, Any]) -> None:
         """Apply the entry that follows ``seq``; a gap means a lost or reordered entry."""
@@ -166,6 +191,11 @@ class StoreState:
             self.offsets.pop(group_id, None)
         elif op == "office":
             self.last_epoch = int(entry["epoch"])
+        elif op == "acls":
+            self.acls -= {decode_acl(a) for a in entry["remove"]}
+            self.acls |= {decode_acl(a) for a in entry["add"]}
+        elif op == "user":
+            self._apply_user(str(entry["user"]), str(entry["mechanism"]), entry["credential"])
         else:
             raise ValueError(f"unknown journal entry {op!r}")
         self.seq = seq
@@ -202,6 +232,15 @@ class StoreState:
             complete=bool(entry.get("complete", False)),
         )
 
+    def _apply_user(self, user: str, mechanism: str, credential: Mapping[str, Any] | None) -> None:
+        credentials = self.users.setdefault(user, {})
+        if credential is None:
+            credentials.pop(mechanism, None)
+        else:
+            credentials[mechanism] = decode_credential(mechanism, credential)
+        if not credentials:
+            del self.users[user]
+
     def _apply_offsets(self, batches: Sequence[Sequence[Any]]) -> None:
         for group_id, generation, by_topic in batches:
             group_offsets = self.offsets.setdefault(group_id, {})
@@ -235,6 +274,11 @@ class StoreState:
                 }
                 for group_id, by_topic in self.offsets.items()
             },
+            "users": {
+                user: {m: encode_credential(c) for m, c in credentials.items()}
+                for user, credentials in self.users.items()
+            },
+            "acls": [encode_acl(a) for a in sorted(self.acls)],
         }
 
     @classmethod
@@ -253,6 +297,11 @@ class StoreState:
                 }
                 for group_id, by_topic in value["offsets"].items()
             },
+            users={
+                user: {m: decode_credential(m, c) for m, c in credentials.items()}
+                for user, credentials in value.get("users", {}).items()
+            },
+            acls={decode_acl(a) for a in value.get("acls", [])},
         )
 
 

@@ -4,10 +4,15 @@ through ``kazoo_bridge``, the one module that imports kazoo.
 
 Layout (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds keep them)::
 
-    /brokers/ids/<id>                                 ephemeral {"host": h, "port": p}
+    /brokers/ids/<id>                                 ephemeral {"host": h, "port": p, "listeners":
+                                                      {name: {"host": h, "port": p}, ...}}
     /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
     /consumers/coordinator                            ephemeral {"broker_id": id}; czxid = epoch
     /coordinator_epoch                                persistent; its version counts terms
+    /config/users/<user>                              {mechanism: {"salt", "stored_key",
+                                                      "server_key", "iterations"}} (SCRAM)
+    /config/acls                                      [{"principal", "resource_type", "name",
+                                                      "operation"}, ...]
     /consumers/<group>/registry                       {"generation": g, "record": r, "chunks": k}
     /consumers/<group>/records/<r>-<i>                chunk i of record r: the GroupRecord's JSON
                                                       (codec.encode_group), cut into k pieces
@@ -68,9 +73,20 @@ import attrs
 import trio
 import trio_util
 
+from protocol.sasl import ScramCredential
 from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
+from statemachine.acl import Acl
 
-from .codec import decode_group, decode_placement, encode_group, encode_placement
+from .codec import (
+    decode_acl,
+    decode_credential,
+    decode_group,
+    decode_placement,
+    encode_acl,
+    encode_credential,
+    encode_group,
+    encode_placement,
+)
 from .interface import (
     EpochFenced,
     GroupRecord,
@@ -81,9 +97,11 @@ from .interface import (
     TopicExists,
     TopicPlacement,
     UnknownTopic,
+    on_listener,
 )
 from .kazoo_bridge import (
     BadVersionError,
+    DigestAuth,
     KazooBridge,
     KazooState,
     NodeExistsError,
@@ -99,6 +117,7 @@ __all__ = [
     "ELECTION",
     "EPOCH_COUNTER",
     "TOPICS",
+    "DigestAuth",
     "ZooKeeperStore",
     "group_path",
     "open_zookeeper_store",
@@ -113,6 +132,8 @@ TOPICS = "/brokers/topics"
 CONSUMERS = "/consumers"
 ELECTION = "/consumers/coordinator"
 EPOCH_COUNTER = "/coordinator_epoch"
+USERS = "/config/users"
+ACLS = "/config/acls"
 
 DEFAULT_SESSION_TIMEOUT = 6.0
 DEFAULT_CALL_BOUND = 10.0
@@ -226,6 +247,10 @@ def _record_path(group_id: str, record: str, index: int) -> str:
     return group_path(group_id, "records", f"{record}-{index}")
 
 
+def _user_path(user: str) -> str:
+    return f"{USERS}/{_segment(user)}"
+
+
 def topic_path(topic: str) -> str:
     """``/brokers/topics/<topic>``: the topic's placement."""
     return f"{TOPICS}/{_segment(topic)}"
@@ -258,6 +283,7 @@ class ZooKeeperStore:
     #: at that instant: the session lives at least a session timeout past it.
     _contact: tuple[int, float] | None = None
     _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
+    _advertised: dict[int, dict[str, tuple[str, int]]] = attrs.Factory(dict)
     _offset_nodes: set[tuple[str, str, int]] = attrs.Factory(set)
     #: Per group, the record this handle last wrote every owner node for, and their assignment.
     _owners_written: dict[str, tuple[str, Mapping[TopicPartition, ConsumerThread]]] = attrs.Factory(
@@ -276,13 +302,23 @@ class ZooKeeperStore:
 
     # Brokers
 
-    async def register_broker(self, broker: BrokerInfo) -> None:
+    async def register_broker(
+        self, broker: BrokerInfo, advertised: Mapping[str, tuple[str, int]] | None = None
+    ) -> None:
         self._brokers[broker.broker_id] = broker
+        self._advertised[broker.broker_id] = dict(advertised or {})
         await self._register(broker)
 
     async def _register(self, broker: BrokerInfo) -> None:
         path = f"{BROKER_IDS}/{broker.broker_id}"
-        data = _json({"host": broker.host, "port": broker.port})
+        listeners = {
+            name: {"host": host, "port": port}
+            for name, (host, port) in self._advertised.get(broker.broker_id, {}).items()
+        }
+        value: dict[str, Any] = {"host": broker.host, "port": broker.port}
+        if listeners:
+            value["listeners"] = listeners
+        data = _json(value)
         for _ in range(_RETRIES):
             try:
                 await self._wait(self._client.create_async(path, data, ephemeral=True))
@@ -297,10 +333,11 @@ class ZooKeeperStore:
                 return
         raise StoreUnavailable(f"cannot register broker {broker.broker_id}: {path} keeps changing")
 
-    async def brokers(self) -> tuple[BrokerInfo, ...]:
+    async def brokers(self, listener: str | None = None) -> tuple[BrokerInfo, ...]:
         ids = await self._children(BROKER_IDS)
         pending = [(int(i), self._client.get_async(f"{BROKER_IDS}/{i}")) for i in ids]
         found = []
+        advertised: dict[int, dict[str, tuple[str, int]]] = {}
         for broker_id, result in pending:
             try:
                 data, _stat = await self._wait(result)
@@ -308,7 +345,12 @@ class ZooKeeperStore:
                 continue
             value = self._decode(data)
             found.append(BrokerInfo(broker_id=broker_id, host=value["host"], port=value["port"]))
-        return tuple(sorted(found, key=lambda broker: broker.broker_id))
+            advertised[broker_id] = {
+                str(name): (str(address["host"]), int(address["port"]))
+                for name, address in value.get("listeners", {}).items()
+            }
+        found.sort(key=lambda broker: broker.broker_id)
+        return on_listener(found, advertised, listener)
 
     # Topics
 
@@ -800,6 +842,92 @@ class ZooKeeperStore:
 
     # Plumbing
 
+    # Users
+
+    async def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        value, _version = await self._read_user(user)
+        found = value.get(mechanism)
+        return None if found is None else decode_credential(mechanism, found)
+
+    async def _read_user(self, user: str) -> tuple[dict[str, Any], int | None]:
+        try:
+            data, stat = await self._wait(self._client.get_async(_user_path(user)))
+        except NoNodeError:
+            return {}, None
+        return dict(self._decode(data)), int(stat.version)
+
+    async def set_scram_credential(self, user: str, credential: ScramCredential) -> None:
+        await self._change_user(
+            user, lambda value: value | {credential.mechanism: encode_credential(credential)}
+        )
+
+    async def delete_user(self, user: str) -> bool:
+        for _ in range(_RETRIES):
+            value, version = await self._read_user(user)
+            if version is None:
+                return False
+            try:
+                await self._wait(self._client.delete_async(_user_path(user), version=version))
+                return bool(value)
+            except (NoNodeError, BadVersionError):
+                continue
+        raise StoreUnavailable(f"cannot delete user {user!r}: its node keeps changing")
+
+    async def _change_user(
+        self, user: str, change: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> None:
+        """Read, change and write the user's node, again if another writer came between."""
+        path = _user_path(user)
+        for _ in range(_RETRIES):
+            value, version = await self._read_user(user)
+            data = _json(change(value))
+            try:
+                if version is None:
+                    await self._wait(self._client.create_async(path, data))
+                else:
+                    await self._wait(self._client.set_async(path, data, version=version))
+                return
+            except (NodeExistsError, NoNodeError, BadVersionError):
+                continue
+        raise StoreUnavailable(f"cannot change user {user!r}: its node keeps changing")
+
+    async def users(self) -> Mapping[str, tuple[str, ...]]:
+        found = {}
+        for segment in sorted(await self._children(USERS, missing_ok=True)):
+            user = segment_name(segment)
+            value, version = await self._read_user(user)
+            if version is not None and value:
+                found[user] = tuple(sorted(value))
+        return found
+
+    # Access rules: one node, changed by compare and set
+
+    async def acls(self) -> frozenset[Acl]:
+        found, _version = await self._read_acls()
+        return found
+
+    async def _read_acls(self) -> tuple[frozenset[Acl], int | None]:
+        try:
+            data, stat = await self._wait(self._client.get_async(ACLS))
+        except NoNodeError:
+            return frozenset(), None
+        return frozenset(decode_acl(a) for a in self._decode(data)), int(stat.version)
+
+    async def change_acls(self, added: Sequence[Acl], removed: Sequence[Acl]) -> frozenset[Acl]:
+        for _ in range(_RETRIES):
+            current, version = await self._read_acls()
+            changed = (current - set(removed)) | set(added)
+            data = _json([encode_acl(a) for a in sorted(changed)])
+            try:
+                if version is None:
+                    await self._wait(self._client.create_async(ACLS, data, makepath=True))
+                else:
+                    await self._wait(self._client.set_async(ACLS, data, version=version))
+                return changed
+            except (NodeExistsError, NoNodeError, BadVersionError):
+                continue
+        raise StoreUnavailable(f"cannot change {ACLS}: it keeps changing")
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable("the store is closed")
@@ -960,22 +1088,25 @@ async def open_zookeeper_store(
     *,
     session_timeout: float = DEFAULT_SESSION_TIMEOUT,
     call_bound: float = DEFAULT_CALL_BOUND,
+    auth: DigestAuth | None = None,
 ) -> AsyncIterator[ZooKeeperStore]:
     """Connect to ``hosts`` (``host:port,...`` with an optional ``/chroot``, created if missing)
     and open a store on it for the duration of the block; one ZooKeeper session.
 
     ``session_timeout`` is how long the ensemble keeps this session's ephemeral nodes (broker
     registrations, the office) after it last heard from us; ``call_bound`` is the longest any one
-    call waits before ``StoreUnavailable``.
+    call waits before ``StoreUnavailable``. With ``auth`` (ZooKeeper digest authentication) the
+    nodes this store creates are readable and writable by that user alone; nodes made before
+    without it keep their open ACL, so protect a cluster's metadata from its first start on.
     """
-    bridge = kazoo_bridge(hosts, session_timeout=session_timeout, call_bound=call_bound)
+    bridge = kazoo_bridge(hosts, session_timeout=session_timeout, call_bound=call_bound, auth=auth)
     store = ZooKeeperStore(
         bridge=bridge, session_timeout=session_timeout, topic_watch=trio_util.AsyncValue(None)
     )
     bridge.listen(store._state_changed)
     async with bridge.running():
         try:
-            for path in (BROKER_IDS, TOPICS, CONSUMERS, EPOCH_COUNTER):
+            for path in (BROKER_IDS, TOPICS, CONSUMERS, EPOCH_COUNTER, USERS):
                 await store._wait(store._client.ensure_path_async(path))
             async with trio.open_nursery() as nursery:
                 await nursery.start(store._watch_topics)

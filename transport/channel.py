@@ -50,6 +50,7 @@ from protocol import (
     StopFetcherRequest,
     error_response,
 )
+from protocol.sasl import ANONYMOUS
 from transport.limits import ConnectionLimits
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,11 @@ class Channel:
     _send_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock)
     #: None: nothing bounds reading (a client's channel).
     bounds: ReadBounds | None = None
+    #: The broker listener the connection came in on (transport/security.py): the addresses the
+    #: peer is told to reach brokers at are those advertised on it. "": no listener named.
+    listener: str = ""
+    #: Who the listener admitted the peer as (transport/security.py): what access rules name.
+    principal: str = ANONYMOUS
     #: The reader's deadlines, the earlier of the idle and the frame deadline.
     _watchdog: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _idle_deadline: float = math.inf
@@ -597,6 +603,8 @@ class Channel:
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
     socket = getattr(stream, "socket", None)
     if socket is not None:
         try:

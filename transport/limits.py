@@ -42,6 +42,9 @@ class ConnectionLimits:
     #: Bytes buffered for all connections' unfinished frames together; a connection that would
     #: go past it waits (reads nothing) until others finish or time out.
     max_buffered_request_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=positive)
+    #: A connection to a TLS or SASL listener must finish its TLS handshake and its
+    #: authentication within this long of being accepted.
+    handshake_timeout: float = attrs.field(default=10.0, validator=positive)
 
     def connection_limit(self) -> int:
         if self.max_connections is not None:

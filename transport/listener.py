@@ -7,6 +7,10 @@ a flood costs one accept and one close per connection. When accepting fails for 
 (EMFILE: the process's file limit) the loop waits briefly and tries again; trio's loop logs a
 traceback every 0.1 s meanwhile, this one a line per 10 s. Both kinds of line say how many
 were left unsaid.
+
+Each listener may admit its connections through TLS and SASL first (:mod:`transport.security`):
+that runs in the connection's own task, once the gate admitted it, so a connection that is slow to
+authenticate holds its place in the limits like any other.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import trio
 
 from transport.channel import RateLimitedLog
 from transport.limits import ConnectionLimits
+from transport.security import ListenerSecurity, Peer, admit
 
-__all__ = ["ConnectionGate", "serve_listeners"]
+__all__ = ["ConnectionGate", "SecuredListener", "serve_listeners"]
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +37,16 @@ log = logging.getLogger(__name__)
 ACCEPT_BACKOFF = 0.1
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
-ConnectionHandler = Callable[[trio.SocketStream], Awaitable[None]]
+#: ``handler(stream, peer)``: serves one admitted connection.
+ConnectionHandler = Callable[[trio.abc.Stream, Peer], Awaitable[None]]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class SecuredListener:
+    """A socket listener and how it admits connections (None: plaintext, nobody authenticated)."""
+
+    listener: trio.SocketListener
+    security: ListenerSecurity | None = None
 
 
 @attrs.define(eq=False)
@@ -78,7 +92,7 @@ class ConnectionGate:
 
 async def serve_listeners(
     handler: ConnectionHandler,
-    listeners: Sequence[trio.SocketListener],
+    listeners: Sequence[trio.SocketListener | SecuredListener],
     gate: ConnectionGate,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -88,12 +102,17 @@ async def serve_listeners(
     out_of_resources = RateLimitedLog(log)
     async with trio.open_nursery() as nursery:
         for listener in listeners:
-            nursery.start_soon(_accept_loop, listener, handler, gate, out_of_resources, nursery)
+            secured = (
+                listener
+                if isinstance(listener, SecuredListener)
+                else SecuredListener(listener=listener)
+            )
+            nursery.start_soon(_accept_loop, secured, handler, gate, out_of_resources, nursery)
         task_status.started()
 
 
 async def _accept_loop(
-    listener: trio.SocketListener,
+    secured: SecuredListener,
     handler: ConnectionHandler,
     gate: ConnectionGate,
     out_of_resources: RateLimitedLog,
@@ -101,7 +120,7 @@ async def _accept_loop(
 ) -> None:
     while True:
         try:
-            sock, _ = await listener.socket.accept()
+            sock, _ = await secured.listener.socket.accept()
         except OSError as exc:
             if exc.errno not in _OUT_OF_RESOURCES:
                 raise
@@ -114,14 +133,24 @@ async def _accept_loop(
         if not gate.admit(address):
             sock.close()
             continue
-        connections.start_soon(_serve, handler, sock, gate, address)
+        connections.start_soon(_serve, handler, sock, secured.security, gate, address)
 
 
 async def _serve(
-    handler: ConnectionHandler, sock: trio.socket.SocketType, gate: ConnectionGate, address: str
+    handler: ConnectionHandler,
+    sock: trio.socket.SocketType,
+    security: ListenerSecurity | None,
+    gate: ConnectionGate,
+    address: str,
 ) -> None:
     try:
-        await handler(trio.SocketStream(sock))
+        stream: trio.abc.Stream = trio.SocketStream(sock)
+        if security is None:
+            await handler(stream, Peer())
+            return
+        admitted = await admit(stream, security)
+        if admitted is not None:
+            await handler(*admitted)
     except Exception:
         # The handlers contain their own failures; this is the last guard of the listener.
         log.exception("serving a connection from %s failed", address)

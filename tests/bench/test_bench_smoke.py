@@ -137,3 +137,15 @@ def len_moved(figures: dict[str, list[dict[str, Any]]], part: str, scenario: str
         line for line in figures[f"{part}_{scenario}_moved"] if line["protocol"] == "incremental"
     ]
     return float(moved["value"]) / float(moved["all_partitions"])
+
+
+async def test_tls_quick(tmp_path: Path) -> None:
+    figures = by_figure(await run_quick("tls", tmp_path))
+    (cpu,) = figures["cpu_per_round_trip"]
+    assert cpu["value"] > 0 and cpu["baseline"] > 0 and cpu["baseline_is"] == "plaintext"
+    (held,) = figures["consumers_held"]
+    (deaths,) = figures["false_deaths"]
+    assert held["value"] == 200 and deaths["value"] == 0
+    for rate in ("produce_rate", "fetch_rate"):
+        (line,) = figures[rate]
+        assert line["value"] > 0 and line["baseline"] > 0

@@ -46,6 +46,8 @@ from protocol import (
     Record,
     RegisterConsumerRequest,
     RequestMessage,
+    SaslAuthenticateRequest,
+    SaslHandshakeRequest,
     StartFetcherRequest,
     StopFetcherRequest,
 )
@@ -298,6 +300,13 @@ def _builders() -> dict[ApiKey, Callable[[random.Random], RequestMessage]]:
             group_id=_group(rng), consumer_id=_member(rng), generation=rng.randrange(3)
         ),
         ApiKey.DELETE_GROUP: lambda rng: DeleteGroupRequest(group_id=_group(rng)),
+        # On a plaintext listener without authentication both are refused (ILLEGAL_SASL_STATE).
+        ApiKey.SASL_HANDSHAKE: lambda rng: SaslHandshakeRequest(
+            mechanism=rng.choice(("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"))
+        ),
+        ApiKey.SASL_AUTHENTICATE: lambda rng: SaslAuthenticateRequest(
+            auth_bytes=rng.randbytes(rng.randrange(40))
+        ),
     }
 
 

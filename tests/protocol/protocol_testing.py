@@ -28,6 +28,8 @@ from protocol import (
     RegisterConsumerRequest,
     RequestMessage,
     Role,
+    SaslAuthenticateRequest,
+    SaslHandshakeRequest,
     StartFetcherRequest,
     StopFetcherRequest,
     Subscription,
@@ -117,5 +119,7 @@ SAMPLE_REQUESTS: dict[ApiKey, RequestMessage] = {
     ApiKey.DESCRIBE_GROUP: DescribeGroupRequest(group_id="g"),
     ApiKey.LEAVE_GROUP: LeaveGroupRequest(group_id="g", consumer_id="c", generation=1),
     ApiKey.DELETE_GROUP: DeleteGroupRequest(group_id="g"),
+    ApiKey.SASL_HANDSHAKE: SaslHandshakeRequest(mechanism="SCRAM-SHA-256"),
+    ApiKey.SASL_AUTHENTICATE: SaslAuthenticateRequest(auth_bytes=b"n,,n=alice,r=nonce"),
 }
 """One small, fixed request per api key, for tests where the content does not matter."""

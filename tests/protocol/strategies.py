@@ -55,6 +55,10 @@ from protocol import (
     RegisterConsumerResponse,
     RequestMessage,
     ResponseMessage,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
     StartFetcherRequest,
     StartFetcherResponse,
     StopFetcherRequest,
@@ -194,6 +198,8 @@ REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
         LeaveGroupRequest, group_id=texts, consumer_id=texts, generation=int32
     ),
     ApiKey.DELETE_GROUP: st.builds(DeleteGroupRequest, group_id=texts),
+    ApiKey.SASL_HANDSHAKE: st.builds(SaslHandshakeRequest, mechanism=texts),
+    ApiKey.SASL_AUTHENTICATE: st.builds(SaslAuthenticateRequest, auth_bytes=st.binary()),
 }
 
 RESPONSE_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
@@ -255,6 +261,15 @@ RESPONSE_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
     ),
     ApiKey.LEAVE_GROUP: st.builds(LeaveGroupResponse, error_code=error_codes),
     ApiKey.DELETE_GROUP: st.builds(DeleteGroupResponse, error_code=error_codes),
+    ApiKey.SASL_HANDSHAKE: st.builds(
+        SaslHandshakeResponse, error_code=error_codes, mechanisms=tuples_of(texts)
+    ),
+    ApiKey.SASL_AUTHENTICATE: st.builds(
+        SaslAuthenticateResponse,
+        error_code=error_codes,
+        error_message=texts,
+        auth_bytes=st.binary(),
+    ),
 }
 
 assert (

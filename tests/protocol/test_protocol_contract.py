@@ -75,6 +75,10 @@ CONTRACT = {
     "LeaveGroupResponse": "error_code:int16",
     "DeleteGroupRequest": "group_id:string",
     "DeleteGroupResponse": "error_code:int16",
+    "SaslHandshakeRequest": "mechanism:string",
+    "SaslHandshakeResponse": "error_code:int16 mechanisms:array[string]",
+    "SaslAuthenticateRequest": "auth_bytes:bytes",
+    "SaslAuthenticateResponse": "error_code:int16 error_message:string auth_bytes:bytes",
 }
 # The layouts of older versions, where they differ from the newest (the class's whole field list).
 OLDER_VERSIONS = {
@@ -157,27 +161,31 @@ def test_classes_are_frozen_and_keyword_only(name: str) -> None:
 
 def test_api_keys_and_tables() -> None:
     assert [(k.name, k.value) for k in ApiKey] == [
-        (name, i)
-        for i, name in enumerate(
-            [
-                "PRODUCE",
-                "FETCH",
-                "LIST_OFFSETS",
-                "CLUSTER_METADATA",
-                "REGISTER_CONSUMER",
-                "PING",
-                "STOP_FETCHER",
-                "START_FETCHER",
-                "OFFSET_COMMIT",
-                "OFFSET_FETCH",
-                "CREATE_TOPIC",
-                "CREATE_PARTITIONS",
-                "LIST_GROUPS",
-                "DESCRIBE_GROUP",
-                "LEAVE_GROUP",
-                "DELETE_GROUP",
-            ]
-        )
+        *(
+            (name, i)
+            for i, name in enumerate(
+                [
+                    "PRODUCE",
+                    "FETCH",
+                    "LIST_OFFSETS",
+                    "CLUSTER_METADATA",
+                    "REGISTER_CONSUMER",
+                    "PING",
+                    "STOP_FETCHER",
+                    "START_FETCHER",
+                    "OFFSET_COMMIT",
+                    "OFFSET_FETCH",
+                    "CREATE_TOPIC",
+                    "CREATE_PARTITIONS",
+                    "LIST_GROUPS",
+                    "DESCRIBE_GROUP",
+                    "LEAVE_GROUP",
+                    "DELETE_GROUP",
+                ]
+            )
+        ),
+        ("SASL_HANDSHAKE", 17),  # Kafka's numbers, as Kafka's layouts
+        ("SASL_AUTHENTICATE", 36),
     ]
     for key in ApiKey:
         assert REQUEST_TYPES[key].API_KEY is key is RESPONSE_TYPES[key].API_KEY
@@ -204,12 +212,18 @@ def test_error_codes() -> None:
         "UNKNOWN_MEMBER_ID": 25,
         "INVALID_SESSION_TIMEOUT": 26,
         "REBALANCE_IN_PROGRESS": 27,
+        "TOPIC_AUTHORIZATION_FAILED": 29,
+        "GROUP_AUTHORIZATION_FAILED": 30,
+        "CLUSTER_AUTHORIZATION_FAILED": 31,
+        "UNSUPPORTED_SASL_MECHANISM": 33,
+        "ILLEGAL_SASL_STATE": 34,
         "UNSUPPORTED_VERSION": 35,
         "TOPIC_ALREADY_EXISTS": 36,
         "INVALID_PARTITIONS": 37,
         "INVALID_REPLICA_ASSIGNMENT": 39,
         "INVALID_REQUEST": 42,
         "POLICY_VIOLATION": 44,
+        "SASL_AUTHENTICATION_FAILED": 58,
         "NON_EMPTY_GROUP": 68,
         "GROUP_ID_NOT_FOUND": 69,
         "GROUP_MAX_SIZE_REACHED": 81,

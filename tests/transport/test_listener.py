@@ -15,6 +15,7 @@ import trio.testing
 
 from transport.limits import ConnectionLimits
 from transport.listener import ConnectionGate, serve_listeners
+from transport.security import Peer
 
 
 async def test_the_gate_counts_connections_in_total_and_by_address() -> None:
@@ -72,7 +73,7 @@ async def test_at_the_file_limit_accepting_backs_off_and_logs_once_per_10_s(
     caplog.set_level(logging.INFO)
     listener = _FullListener()
 
-    async def handler(stream: trio.SocketStream) -> None:
+    async def handler(stream: trio.abc.Stream, peer: Peer) -> None:
         raise AssertionError("nothing was accepted")
 
     gate = ConnectionGate.of(ConnectionLimits())

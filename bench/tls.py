@@ -1,0 +1,231 @@
+"""Benchmark 8, what TLS costs: each figure over a TLS listener next to the same over plaintext,
+in the same run (docs/benchmarks.md, Results VII).
+
+* **Ping path**: server CPU per Ping round trip at N consumers (T = 10 s: a Ping per consumer
+  every 3.3 s), TLS against plaintext. TLS loses the direct socket write of a Ping (the frame is
+  encrypted first, by the writer task), so the target is at most 2x.
+* **Consumers held**: how many TLS consumers one process holds with no false death for the hold
+  time (the target: at least 10,000), next to what the plaintext listener held in the capacity
+  benchmark's way.
+* **Throughput**: produce and fetch rates of one client, TLS against plaintext.
+
+The certificates are a throwaway CA made here with ``trustme`` (the ``bench`` extra).
+
+    python -m bench.tls [--quick] [--consumers N] [--held N] [--hold SECONDS] [--records N]
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+import trustme
+
+from bench.harness import (
+    ServerProcess,
+    Worker,
+    all_groups_stable,
+    bench_arguments,
+    figure,
+    open_consumers,
+    open_coordinator,
+    registered,
+    reporting_errors,
+    run,
+    stats,
+    wait_until,
+)
+from bench.loadgen import now
+from bench.throughput import VALUE_BYTES, client_rates
+from transport.security import ClientSecurity
+
+BENCH = "tls"
+SESSION_TIMEOUT_MS = 10_000
+POLL = 5.0
+
+
+def _certificates(directory: Path) -> tuple[Path, Path]:
+    """(the CA to trust, the broker's certificate and key in one file)."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
+        str(directory / "server.pem")
+    )
+    return directory / "ca.pem", directory / "server.pem"
+
+
+def _server_args(tls: bool, server_pem: Path, *extra: str) -> list[str]:
+    listener = "SSL" if tls else "PLAINTEXT"
+    args = [f"--listener={listener}://127.0.0.1:0", *extra]
+    if tls:
+        args += [f"--tls-cert={server_pem}", f"--tls-key={server_pem}"]
+    return args
+
+
+@asynccontextmanager
+async def _loaded(
+    work: Path, name: str, n: int, tls_ca: Path | None, server_pem: Path, *server_args: str
+) -> AsyncIterator[tuple[ServerProcess, list[Worker]]]:
+    """A coordinator (on a TLS listener when ``tls_ca`` is given) and ``n`` consumers of it in
+    groups of 100, every one registered."""
+    async with (
+        open_coordinator(
+            work / name, *_server_args(tls_ca is not None, server_pem, *server_args)
+        ) as server,
+        open_consumers(
+            server,
+            n,
+            work,
+            group_size=100,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            member_prefix=name,
+            tls_ca=tls_ca,
+        ) as workers,
+    ):
+        await wait_until(workers, registered(n), timeout=120 + n / 10)
+        yield server, workers
+
+
+async def _ping_cpu(
+    work: Path, n: int, window: float, tls: bool, ca: Path, server_pem: Path
+) -> tuple[float, int, float]:
+    """(server CPU seconds, Ping round trips, wall seconds) over ``window`` at ``n`` consumers."""
+    name = "ping-tls" if tls else "ping-plaintext"
+    async with _loaded(
+        work, name, n, ca if tls else None, server_pem, "--initial-rebalance-delay", "2"
+    ) as (server, workers):
+        await wait_until(workers, all_groups_stable, timeout=120)
+        await trio.sleep(SESSION_TIMEOUT_MS / 1000)  # the Ping schedule settles after joins
+        for worker in workers:
+            await worker.command("reset")
+        cpu0, t0 = server.cpu_seconds(), now()
+        await trio.sleep(window)
+        cpu, wall = server.cpu_seconds() - cpu0, now() - t0
+        pings = sum(s["pings"] for s in await stats(workers))
+    return cpu, pings, wall
+
+
+async def _held(
+    work: Path, n: int, hold: float, ca: Path, server_pem: Path
+) -> tuple[int, int, float, float, float]:
+    """(consumers held, false deaths, connect-and-register seconds, server RSS MiB, hold s)."""
+    started = now()
+    async with _loaded(
+        work,
+        "held-tls",
+        n,
+        ca,
+        server_pem,
+        "--initial-rebalance-delay",
+        "3",
+        "--max-connections",
+        str(n + 100),
+    ) as (server, workers):
+        connect_time = now() - started
+        await wait_until(workers, all_groups_stable, timeout=180)
+        for worker in workers:
+            await worker.command("reset")
+        t0 = now()
+        deadline = trio.current_time() + hold
+        worst_live = n
+        while trio.current_time() < deadline:
+            await trio.sleep(min(POLL, max(0.0, deadline - trio.current_time())))
+            worst_live = min(worst_live, sum(s["live"] for s in await stats(workers)))
+        st = await stats(workers)
+        false_deaths = (
+            sum(s["dropped"] for s in st) + sum(s["error_count"] for s in st) + (n - worst_live)
+        )
+        rss = server.rss_bytes() / 2**20
+        return (worst_live if not false_deaths else 0), false_deaths, connect_time, rss, now() - t0
+
+
+async def main() -> None:
+    parser = bench_arguments(__doc__ or BENCH)
+    parser.add_argument("--consumers", type=int, default=None, help="for the Ping path")
+    parser.add_argument("--window", type=float, default=None)
+    parser.add_argument("--held", type=int, default=None, help="TLS consumers to hold")
+    parser.add_argument("--hold", type=float, default=None)
+    parser.add_argument("--records", type=int, default=None)
+    parser.add_argument(
+        "--parts",
+        default="ping,held,rates",
+        help="which measures to run, comma separated (default: %(default)s)",
+    )
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    quick: bool = args.quick
+    n = args.consumers or (200 if quick else 5000)
+    window = args.window or (6.0 if quick else 60.0)
+    held_n = args.held or (200 if quick else 10_000)
+    hold = args.hold or (6.0 if quick else 120.0)
+    records = args.records or (20_000 if quick else 200_000)
+    with tempfile.TemporaryDirectory(prefix="bench-tls-") as tmp:
+        work = (args.work_dir or Path(tmp)) / BENCH
+        work.mkdir(parents=True, exist_ok=True)
+        ca, server_pem = _certificates(work)
+
+        if "ping" in parts:
+            with reporting_errors(BENCH, "cpu_per_round_trip", consumers=n):
+                await _report_ping(work, n, window, ca, server_pem)
+        if "held" in parts:
+            with reporting_errors(BENCH, "consumers_held", consumers=held_n):
+                await _report_held(work, held_n, hold, ca, server_pem)
+        if "rates" in parts:
+            with reporting_errors(BENCH, "throughput", records=records):
+                await _report_rates(work, records, ca, server_pem)
+
+
+async def _report_ping(work: Path, n: int, window: float, ca: Path, server_pem: Path) -> None:
+    measured = {tls: await _ping_cpu(work, n, window, tls, ca, server_pem) for tls in (False, True)}
+    (plain_cpu, plain_pings, plain_wall), (cpu, pings, wall) = measured[False], measured[True]
+    common = {"consumers": n, "session_timeout_ms": SESSION_TIMEOUT_MS, "baseline_is": "plaintext"}
+    figure(
+        BENCH,
+        "cpu_per_round_trip",
+        cpu / pings * 1e6 if pings else None,
+        "us",
+        plain_cpu / plain_pings * 1e6 if plain_pings else None,
+        window_s=round(wall, 1),
+        **common,
+    )
+    figure(BENCH, "round_trips_per_s", pings / wall, "1/s", plain_pings / plain_wall, **common)
+    figure(BENCH, "server_cpu_share", cpu / wall, "cores", plain_cpu / plain_wall, **common)
+
+
+async def _report_held(work: Path, n: int, hold: float, ca: Path, server_pem: Path) -> None:
+    held, deaths, connect_time, rss, held_for = await _held(work, n, hold, ca, server_pem)
+    common = {"consumers": n, "hold_s": round(held_for, 1), "tls": True}
+    figure(BENCH, "consumers_held", held, "consumers", None, **common)
+    figure(BENCH, "false_deaths", deaths, "consumers", 0, **common)
+    figure(BENCH, "start_to_all_registered", connect_time, "s", None, **common)
+    figure(BENCH, "server_rss", rss, "MiB", None, **common)
+
+
+async def _report_rates(work: Path, records: int, ca: Path, server_pem: Path) -> None:
+    rates: dict[bool, tuple[float, float]] = {}
+    for tls in (False, True):
+        name = "tls" if tls else "plaintext"
+        async with open_coordinator(
+            work / f"rates-{name}", *_server_args(tls, server_pem, "--fsync", "never")
+        ) as server:
+            security = ClientSecurity(ca=ca) if tls else ClientSecurity()
+            rates[tls] = await client_rates(server.port, records, 1000, security=security)
+    for index, what in enumerate(("produce_rate", "fetch_rate")):
+        figure(
+            BENCH,
+            what,
+            rates[True][index],
+            "records/s",
+            rates[False][index],
+            baseline_is="plaintext",
+            records=records,
+            value_bytes=VALUE_BYTES,
+            fsync="never",
+        )
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,334 @@
+"""The CLI's security options: how ``serve`` listens (``--listener``, TLS, SASL), how every client
+verb connects (one :class:`~transport.security.ClientSecurity` built from ``--tls-*`` and
+``--sasl-*``), the ``users`` verbs that keep SCRAM credentials and the ``acls`` verbs that keep
+access rules. Both write the metadata store directly: a running broker reads credentials at each
+authentication and rules every 2 s; the embedded store is written while its broker is stopped (it
+holds the store's lock), ZooKeeper at any time.
+
+Passwords never come from argv, where ``ps`` shows them to every user of the machine: a client
+reads its password from ``--password-file`` or ``$COORDINATOR_PASSWORD``, else a prompt; ``users
+add`` from a prompt (twice) or, with ``--password-stdin``, from the first line of stdin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from protocol.sasl import MECHANISMS
+from statemachine.acl import CLUSTER, Acl, Operation, ResourceType, parse_principal
+from store import MetadataStore, open_embedded_store
+from store.zookeeper import DigestAuth, open_zookeeper_store
+from transport.scram import make_credential
+from transport.security import ClientSecurity, Endpoint, ServerTls
+
+PASSWORD_VARIABLE = "COORDINATOR_PASSWORD"
+ZOOKEEPER_PASSWORD_VARIABLE = "COORDINATOR_ZOOKEEPER_PASSWORD"
+
+
+def add_zookeeper_auth_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--zookeeper-user",
+        help="authenticate to ZooKeeper (digest) as this user; the znodes made are then its "
+        f"alone. The password: --zookeeper-password-file or ${ZOOKEEPER_PASSWORD_VARIABLE}",
+    )
+    parser.add_argument("--zookeeper-password-file", type=Path)
+
+
+def zookeeper_auth(args: argparse.Namespace) -> DigestAuth | None:
+    if args.zookeeper_user is None:
+        if args.zookeeper_password_file is not None:
+            raise ValueError("--zookeeper-password-file needs --zookeeper-user")
+        return None
+    if args.zookeeper_password_file is not None:
+        password = _first_line(args.zookeeper_password_file)
+    elif ZOOKEEPER_PASSWORD_VARIABLE in os.environ:
+        password = os.environ[ZOOKEEPER_PASSWORD_VARIABLE]
+    else:
+        raise ValueError(
+            f"--zookeeper-user needs --zookeeper-password-file or ${ZOOKEEPER_PASSWORD_VARIABLE}"
+        )
+    return DigestAuth(user=args.zookeeper_user, password=password)
+
+
+def _first_line(path: Path) -> str:
+    lines = path.read_text().splitlines()
+    return lines[0] if lines else ""
+
+
+def add_serve_options(serve: argparse.ArgumentParser) -> None:
+    add_zookeeper_auth_options(serve)
+    group = serve.add_argument_group("security (README: Security)")
+    group.add_argument(
+        "--listener",
+        action="append",
+        type=_endpoint,
+        default=[],
+        metavar="NAME://HOST:PORT",
+        help="listen here; NAME is PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL; repeat for "
+        "several (default: PLAINTEXT://--host:--port). The first one's port is printed.",
+    )
+    group.add_argument(
+        "--advertised-listener",
+        action="append",
+        type=_endpoint,
+        default=[],
+        metavar="NAME://HOST:PORT",
+        help="the address clients of listener NAME are told to reach this broker at "
+        "(default: the listener's own)",
+    )
+    group.add_argument("--tls-cert", type=Path, help="the broker's certificate (PEM)")
+    group.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
+    group.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        help="require client certificates signed by this CA (mutual TLS); the certificate's "
+        "subject is the client's principal",
+    )
+    group.add_argument(
+        "--tls-principal",
+        choices=["subject", "cn"],
+        default="subject",
+        help="a client certificate's principal: User:<its subject> (User:CN=alice,O=Example) "
+        "or User:<its common name> (User:alice)",
+    )
+    group.add_argument(
+        "--super-users",
+        default="",
+        metavar="PRINCIPAL[;PRINCIPAL...]",
+        help="principals every access rule lets do everything (User:admin;User:CN=ops)",
+    )
+    group.add_argument(
+        "--sasl-mechanisms",
+        default=",".join(MECHANISMS),
+        help="what the SASL listeners offer (default: %(default)s)",
+    )
+
+
+def serve_security(args: argparse.Namespace) -> dict[str, object]:
+    """NodeSettings' security fields from ``serve``'s options."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+    mechanisms = tuple(m.strip().upper() for m in args.sasl_mechanisms.split(",") if m.strip())
+    unknown = set(mechanisms) - set(MECHANISMS)
+    if unknown or not mechanisms:
+        raise ValueError(f"--sasl-mechanisms: one or more of {', '.join(MECHANISMS)}")
+    super_users = frozenset(
+        parse_principal(p.strip()) for p in args.super_users.split(";") if p.strip()
+    )
+    return {
+        "zookeeper_auth": zookeeper_auth(args),
+        "super_users": super_users,
+        "tls_principal_is_cn": args.tls_principal == "cn",
+        "listeners": tuple(args.listener),
+        "advertised_listeners": tuple(args.advertised_listener),
+        "tls": None
+        if args.tls_cert is None
+        else ServerTls(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_client_ca),
+        "sasl_mechanisms": mechanisms,
+    }
+
+
+def add_client_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("security")
+    group.add_argument(
+        "--tls", action="store_true", help="connect with TLS, trusting the system's CAs"
+    )
+    group.add_argument("--tls-ca", type=Path, help="connect with TLS, trusting this CA (PEM)")
+    group.add_argument("--tls-cert", type=Path, help="a client certificate, for mutual TLS")
+    group.add_argument("--tls-key", type=Path, help="the client certificate's key")
+    group.add_argument(
+        "--sasl-mechanism", choices=MECHANISMS, help="authenticate with SASL/SCRAM as --user"
+    )
+    group.add_argument("--user", help="the SASL user name")
+    group.add_argument(
+        "--password-file",
+        type=Path,
+        help=f"read the SASL password from this file's first line (else ${PASSWORD_VARIABLE}, "
+        "else a prompt)",
+    )
+
+
+def client_security(args: argparse.Namespace) -> ClientSecurity:
+    """The one settings object every client of this command connects with."""
+    password = None
+    if args.sasl_mechanism is not None:
+        if not args.user:
+            raise ValueError("--sasl-mechanism needs --user")
+        password = _client_password(args.password_file, args.user)
+    elif args.user:
+        raise ValueError("--user needs --sasl-mechanism")
+    return ClientSecurity(
+        tls=args.tls,
+        ca=args.tls_ca,
+        cert=args.tls_cert,
+        key=args.tls_key,
+        sasl_mechanism=args.sasl_mechanism,
+        username=args.user,
+        password=password,
+    )
+
+
+def _client_password(path: Path | None, user: str) -> str:
+    if path is not None:
+        return _first_line(path)
+    if PASSWORD_VARIABLE in os.environ:
+        return os.environ[PASSWORD_VARIABLE]
+    return getpass.getpass(f"password for {user}: ")
+
+
+def add_user_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    users = commands.add_parser(
+        "users", help="add, delete or list SASL/SCRAM users (in the metadata store)"
+    )
+    verbs = users.add_subparsers(dest="verb", required=True, metavar="VERB")
+    add = verbs.add_parser("add", help="add a user, or set its password")
+    add.add_argument("name")
+    add.add_argument(
+        "--mechanism",
+        choices=MECHANISMS,
+        action="append",
+        help="store a credential for this mechanism only (repeatable; default: both)",
+    )
+    add.add_argument(
+        "--password-stdin", action="store_true", help="read the password from stdin's first line"
+    )
+    delete = verbs.add_parser("delete", help="delete a user")
+    delete.add_argument("name")
+    listed = verbs.add_parser("list", help="list users and their mechanisms")
+    for parser in (add, delete, listed):
+        _add_store_options(parser)
+
+
+def add_acl_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    acls = commands.add_parser(
+        "acls", help="add, remove or list access rules (in the metadata store)"
+    )
+    verbs = acls.add_subparsers(dest="verb", required=True, metavar="VERB")
+    add = verbs.add_parser("add", help="allow a principal operations on a resource")
+    remove = verbs.add_parser("remove", help="remove such rules")
+    listed = verbs.add_parser("list", help="list the rules")
+    for parser in (add, remove):
+        parser.add_argument(
+            "--principal",
+            required=True,
+            type=_principal,
+            help="User:NAME (a SCRAM user), User:CN=... (a certificate's subject), or * (anyone)",
+        )
+        parser.add_argument(
+            "--operation",
+            required=True,
+            action="append",
+            choices=[o.value for o in Operation],
+            help="repeatable",
+        )
+        resource = parser.add_mutually_exclusive_group(required=True)
+        resource.add_argument("--topic", help="a topic's name, or * for every topic")
+        resource.add_argument("--group", help="a group's name, or * for every group")
+        resource.add_argument("--cluster", action="store_true", help="the cluster")
+    for parser in (add, remove, listed):
+        _add_store_options(parser)
+
+
+async def run_acls(args: argparse.Namespace) -> None:
+    async with _store(args) as store:
+        if args.verb == "list":
+            for acl in sorted(await store.acls()):
+                print(
+                    f"{acl.principal}\t{acl.operation.value}\t{acl.resource_type.value}\t{acl.name}"
+                )
+            return
+        if args.cluster:
+            resource, name = ResourceType.CLUSTER, CLUSTER
+        elif args.topic is not None:
+            resource, name = ResourceType.TOPIC, args.topic
+        else:
+            resource, name = ResourceType.GROUP, args.group
+        rules = [
+            Acl(
+                principal=args.principal,
+                resource_type=resource,
+                name=name,
+                operation=Operation(operation),
+            )
+            for operation in args.operation
+        ]
+        if args.verb == "add":
+            await store.change_acls(rules, ())
+        else:
+            missing = set(rules) - await store.acls()
+            if missing:
+                raise ValueError(f"no such rule: {min(missing)}")
+            await store.change_acls((), rules)
+
+
+def _principal(text: str) -> str:
+    try:
+        return parse_principal(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_store_options(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("data"),
+        help="the embedded store of a stopped broker (default: %(default)s)",
+    )
+    where.add_argument(
+        "--zookeeper", metavar="HOST:PORT[,...][/CHROOT]", help="the cluster's ZooKeeper"
+    )
+    add_zookeeper_auth_options(parser)
+
+
+@asynccontextmanager
+async def _store(args: argparse.Namespace) -> AsyncIterator[MetadataStore]:
+    if args.zookeeper is not None:
+        async with open_zookeeper_store(args.zookeeper, auth=zookeeper_auth(args)) as store:
+            yield store
+    else:
+        async with open_embedded_store(args.data_dir / "metadata") as embedded:
+            yield embedded
+
+
+def _new_password(args: argparse.Namespace) -> str:
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = getpass.getpass(f"password for {args.name}: ")
+        if getpass.getpass("again: ") != password:
+            raise ValueError("the passwords differ")
+    if not password:
+        raise ValueError("an empty password")
+    return password
+
+
+async def run_users(args: argparse.Namespace) -> None:
+    password = _new_password(args) if args.verb == "add" else None
+    async with _store(args) as store:
+        if args.verb == "add":
+            assert password is not None
+            for mechanism in args.mechanism or MECHANISMS:
+                await store.set_scram_credential(args.name, make_credential(mechanism, password))
+        elif args.verb == "delete":
+            if not await store.delete_user(args.name):
+                raise ValueError(f"no user {args.name!r}")
+        else:
+            for name, mechanisms in (await store.users()).items():
+                print(f"{name}\t{','.join(mechanisms)}")
+
+
+def _endpoint(text: str) -> Endpoint:
+    try:
+        return Endpoint.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

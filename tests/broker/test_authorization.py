@@ -1,0 +1,202 @@
+"""The access rules as pure decisions (statemachine/acl.py) and the broker's mapping of each
+request to them (broker/authorization.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.authorization import narrowed, refusal, visible
+from protocol import (
+    ClusterMetadataRequest,
+    ClusterMetadataResponse,
+    CreatePartitionsRequest,
+    CreateTopicRequest,
+    DeleteGroupRequest,
+    DescribeGroupRequest,
+    ErrorCode,
+    FetchRequest,
+    GroupSummary,
+    LeaveGroupRequest,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    ListOffsetsRequest,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
+    ProduceRequest,
+    RegisterConsumerRequest,
+    RequestMessage,
+    TopicMetadata,
+)
+from protocol.types import PartitionOffset, Subscription, TopicStreams
+from statemachine.acl import Acl, Authorizer, Operation, ResourceType
+
+ALICE = "User:alice"
+TOPIC_DENIED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+GROUP_DENIED = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+def rule(operation: Operation, resource: ResourceType, name: str, who: str = ALICE) -> Acl:
+    return Acl(principal=who, resource_type=resource, name=name, operation=operation)
+
+
+#: Alice may read topic t and group g, nothing else.
+READER = Authorizer(
+    enabled=True,
+    acls=frozenset(
+        {
+            rule(Operation.READ, ResourceType.TOPIC, "t"),
+            rule(Operation.READ, ResourceType.GROUP, "g"),
+        }
+    ),
+    super_users=frozenset({"User:admin"}),
+)
+
+
+def _register(group: str, subscription: Subscription) -> RegisterConsumerRequest:
+    return RegisterConsumerRequest(
+        group_id=group,
+        consumer_id="c",
+        subscription=subscription,
+        auto_commit=True,
+        auto_offset_reset="smallest",
+        session_timeout_ms=6000,
+        generation=-1,
+        owned_partitions=(),
+    )
+
+
+def _commit(group: str, topic: str) -> OffsetCommitRequest:
+    return OffsetCommitRequest(
+        group_id=group,
+        consumer_id=None,
+        generation=-1,
+        offsets=(PartitionOffset(topic=topic, partition=0, offset=1),),
+    )
+
+
+T = Subscription(topics=(TopicStreams(topic="t", streams=1),))
+U = Subscription(topics=(TopicStreams(topic="u", streams=1),))
+
+ALLOWED: list[RequestMessage] = [
+    FetchRequest(topic="t", partition=0, offset=0, max_bytes=1024),
+    ListOffsetsRequest(topic="t", partition=0),  # read implies describe
+    _register("g", T),
+    _commit("g", "t"),
+    OffsetFetchRequest(group_id="g", partitions=None),
+    DescribeGroupRequest(group_id="g"),
+    LeaveGroupRequest(group_id="g", consumer_id="c", generation=1),
+    ClusterMetadataRequest(group_id="g", topics=None),
+    ListGroupsRequest(),
+]
+DENIED: list[tuple[RequestMessage, ErrorCode]] = [
+    (ProduceRequest(topic="t", partition=0, records=()), TOPIC_DENIED),
+    (FetchRequest(topic="u", partition=0, offset=0, max_bytes=1), TOPIC_DENIED),
+    (_register("h", T), GROUP_DENIED),
+    (_register("g", U), TOPIC_DENIED),
+    (_commit("h", "t"), GROUP_DENIED),
+    (_commit("g", "u"), TOPIC_DENIED),
+    (DeleteGroupRequest(group_id="g"), GROUP_DENIED),
+    (DescribeGroupRequest(group_id="h"), GROUP_DENIED),
+    (CreateTopicRequest(topic="x", partitions=1), ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+    (CreatePartitionsRequest(topic="t", total_partitions=2), TOPIC_DENIED),
+]
+
+
+@pytest.mark.parametrize("message", ALLOWED, ids=lambda m: type(m).__name__)
+def test_a_reader_of_t_in_g_may_consume_it(message: RequestMessage) -> None:
+    assert refusal(READER, ALICE, message) is None
+
+
+@pytest.mark.parametrize(("message", "code"), DENIED, ids=lambda m: type(m).__name__)
+def test_everything_else_is_denied_with_kafkas_code(
+    message: RequestMessage, code: ErrorCode
+) -> None:
+    refused = refusal(READER, ALICE, message)
+    assert refused is not None and getattr(refused, "error_code", None) is code
+    assert refusal(READER, "User:admin", message) is None  # a super user may
+    assert refusal(Authorizer(), "User:ANONYMOUS", message) is None  # authorization off
+
+
+def test_wildcards_for_principal_and_name() -> None:
+    everyone = Authorizer(
+        enabled=True, acls=frozenset({rule(Operation.WRITE, ResourceType.TOPIC, "*", who="*")})
+    )
+    assert (
+        refusal(everyone, "User:ANONYMOUS", ProduceRequest(topic="any", partition=0, records=()))
+        is None
+    )
+    assert (
+        refusal(everyone, ALICE, FetchRequest(topic="any", partition=0, offset=0, max_bytes=1))
+        is not None
+    )
+    creator = Authorizer(
+        enabled=True, acls=frozenset({rule(Operation.CREATE, ResourceType.CLUSTER, "cluster")})
+    )
+    assert refusal(creator, ALICE, CreateTopicRequest(topic="x", partitions=1)) is None
+    with pytest.raises(ValueError, match="not an operation on a group"):
+        rule(Operation.WRITE, ResourceType.GROUP, "g")
+    with pytest.raises(ValueError, match="bad principal"):
+        rule(Operation.READ, ResourceType.TOPIC, "t", who="alice")
+
+
+def test_lists_show_only_what_the_principal_may_describe() -> None:
+    metadata = ClusterMetadataResponse(
+        error_code=ErrorCode.NONE,
+        coordinator_id=1,
+        coordinator_epoch=1,
+        brokers=(),
+        topics=tuple(
+            TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=())
+            for name in ("secret", "t")
+        ),
+    )
+    every = visible(READER, ALICE, ClusterMetadataRequest(group_id=None, topics=None), metadata)
+    assert isinstance(every, ClusterMetadataResponse)
+    assert [t.topic for t in every.topics] == ["t"]
+    named = visible(
+        READER, ALICE, ClusterMetadataRequest(group_id=None, topics=("secret", "t")), metadata
+    )
+    assert isinstance(named, ClusterMetadataResponse)
+    assert [(t.topic, t.error_code) for t in named.topics] == [
+        ("secret", TOPIC_DENIED),
+        ("t", ErrorCode.NONE),
+    ]
+    groups = ListGroupsResponse(
+        error_code=ErrorCode.NONE,
+        groups=(
+            GroupSummary(group_id="g", state="Stable"),
+            GroupSummary(group_id="h", state="Stable"),
+        ),
+    )
+    listed = visible(READER, ALICE, ListGroupsRequest(), groups)
+    assert isinstance(listed, ListGroupsResponse)
+    assert [g.group_id for g in listed.groups] == ["g"]
+
+
+def test_a_pattern_matches_only_readable_topics() -> None:
+    readers = Authorizer(
+        enabled=True,
+        acls=frozenset(
+            rule(Operation.READ, ResourceType.TOPIC, name)
+            for name in ("clicks", "clicks.eu", "views")
+        ),
+    )
+    pattern = narrowed(readers, ALICE, Subscription(pattern=r"clicks.*"))
+    assert [
+        n for n in ("clicks", "clicks.eu", "clicks-secret", "views") if pattern.streams_for(n)
+    ] == [
+        "clicks",
+        "clicks.eu",
+    ]
+    blacklist = narrowed(readers, ALICE, Subscription(pattern="views", pattern_is_blacklist=True))
+    assert [n for n in ("clicks", "clicks.eu", "secret", "views") if blacklist.streams_for(n)] == [
+        "clicks",
+        "clicks.eu",
+    ]
+    nothing = narrowed(READER, "User:bob", Subscription(pattern=".*"))
+    assert not nothing.streams_for("t")
+    everything = Authorizer(
+        enabled=True, acls=frozenset({rule(Operation.READ, ResourceType.TOPIC, "*")})
+    )
+    unchanged = Subscription(pattern=".*")
+    assert narrowed(everything, ALICE, unchanged) is unchanged
