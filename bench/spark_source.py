@@ -24,12 +24,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from pipeline.arrow import arrow_batch
 from pipeline.local import local_broker, local_spark
-from pipeline.source import FETCH_BYTES, SCHEMA, arrow_batch
+from pipeline.source import FETCH_BYTES, SCHEMA
 from pipeline.wire import Cluster
-from protocol import CreateTopicRequest, Record
+from protocol import CreateTopicRequest
+from protocol.batches import build_batch, read_batches
 
 VALUE_BYTES = 100
+#: Records per produced batch: the producer's batches are about this size at 100-byte values.
+BATCH_RECORDS = 5000
 
 
 def emit(**figure: object) -> None:
@@ -78,22 +82,23 @@ def fill(bootstrap: str, topic: str, partitions: int, records: int) -> list[Memo
         cluster.call_any(CreateTopicRequest(topic=topic, partitions=partitions))
         placements = sorted(cluster.placements([topic]).values(), key=lambda p: p.partition)
         value = b"x" * VALUE_BYTES
-        for i in range(0, records, 2000):
-            batch = [
-                Record(offset=-1, timestamp_ms=-1, key=b"k%d" % j, value=value)
-                for j in range(i, min(i + 2000, records))
-            ]
-            cluster.produce(placements[(i // 2000) % partitions], batch)
+        for i in range(0, records, BATCH_RECORDS):
+            count = min(BATCH_RECORDS, records - i)
+            batch = build_batch([value] * count, [b"k%d" % j for j in range(i, i + count)])
+            cluster.produce(placements[(i // BATCH_RECORDS) % partitions], batch)
         result = []
         for p in placements:
-            batches, offset = [], 0
+            arrow, offset = [], 0
             while True:
                 response = cluster.fetch(p, offset, FETCH_BYTES)
-                if not response.records:
+                fetched = read_batches(response.batches)
+                if not fetched:
                     break
-                batches.append(response.records)
-                offset = response.records[-1].offset + 1
-            result.append(MemoryPartition(batches=tuple(arrow_batch(p, b) for b in batches)))
+                found = arrow_batch(p.topic, p.partition, fetched, offset, fetched[-1].next_offset)
+                assert found is not None
+                arrow.append(found)
+                offset = fetched[-1].next_offset
+            result.append(MemoryPartition(batches=tuple(arrow)))
         return result
 
 

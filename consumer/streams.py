@@ -20,6 +20,13 @@ application holds when a rebalance revokes its partition is therefore *not* repo
 owner reads it again: delivery is at least once, and exactly once while nobody fails or rebalances
 in the middle of a record.
 
+**Batches.** Fetchers hand a stream whole record batches as the broker stored them, and a batch's
+records are decoded only when the application reaches them: ``async for record in stream`` makes
+one :class:`ConsumerRecord` at a time, while ``async for batch in stream.batches()`` hands over a
+:class:`ConsumerBatch` whose ``keys()``, ``values()``, ``offsets`` and ``timestamps()`` are parallel
+lists, decoded in one pass with no object per record. Asking for the next batch finishes every
+record of the previous one, as asking for the next record finishes the previous record.
+
 A partition's :class:`PartitionClaim` lives for one StartFetcher. Once its fetchers are stopped it
 is inactive: buffered records of it are dropped, and finishing a record of it changes nothing (the
 offsets for it went out with the StopFetcher response; the partition may already be elsewhere).
@@ -28,14 +35,15 @@ offsets for it went out with the StopFetcher response; the partition may already
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
 import attrs
 import trio
 
+from protocol.batches import RecordBatch
 from protocol.types import TopicPartition
 
-__all__ = ["ConsumerRecord", "PartitionClaim", "RecordStream"]
+__all__ = ["ConsumerBatch", "ConsumerRecord", "PartitionClaim", "RecordStream"]
 
 
 @attrs.define(eq=False)
@@ -77,6 +85,70 @@ class ConsumerRecord:
 
 
 @attrs.define(eq=False)
+class ConsumerBatch:
+    """The records of one stored batch from ``first_offset`` on, decoded on first use.
+
+    ``offsets``, ``timestamps()``, ``keys()`` and ``values()`` are parallel; ``batch`` is the
+    received batch itself (its header, and :meth:`RecordBatch.columns` for vectorised readers,
+    which must skip the records before ``first_offset``).
+    """
+
+    topic: str
+    partition: int
+    batch: RecordBatch
+    first_offset: int
+    _claim: PartitionClaim = attrs.field(repr=False)
+
+    @property
+    def _skip(self) -> int:
+        return self.first_offset - self.batch.base_offset
+
+    def __len__(self) -> int:
+        return self.batch.next_offset - self.first_offset
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(topic=self.topic, partition=self.partition)
+
+    @property
+    def offsets(self) -> range:
+        return range(self.first_offset, self.batch.next_offset)
+
+    def keys(self) -> list[bytes | None]:
+        keys = self.batch.keys()
+        return keys[self._skip :] if self._skip else keys
+
+    def values(self) -> list[bytes | None]:
+        values = self.batch.values()
+        return values[self._skip :] if self._skip else values
+
+    def timestamps(self) -> list[int]:
+        timestamps = self.batch.timestamps()
+        return timestamps[self._skip :] if self._skip else timestamps
+
+    def records(self) -> list[ConsumerRecord]:
+        claim = self._claim
+        return [
+            ConsumerRecord(
+                topic=self.topic,
+                partition=self.partition,
+                offset=offset,
+                timestamp_ms=ts,
+                key=key,
+                value=value,
+                claim=claim,
+            )
+            for offset, ts, key, value in zip(
+                self.offsets, self.timestamps(), self.keys(), self.values(), strict=True
+            )
+        ]
+
+    def finish(self) -> None:
+        """The application finished every record of this batch."""
+        self._claim.finish(self.batch.last_offset)
+
+
+@attrs.define(eq=False)
 class RecordStream:
     """An async iterator over the records of the partitions currently assigned to this stream.
 
@@ -90,9 +162,14 @@ class RecordStream:
     max_buffered: int = 1000
     claims: dict[TopicPartition, PartitionClaim] = attrs.field(factory=dict)
     """The partitions assigned to this stream by the latest StartFetcher (active or not)."""
-    _buffer: collections.deque[ConsumerRecord] = attrs.field(factory=collections.deque)
+    _buffer: collections.deque[ConsumerBatch] = attrs.field(factory=collections.deque)
+    _buffered: int = 0
+    """Records in ``_buffer``."""
+    _records: collections.deque[ConsumerRecord] = attrs.field(factory=collections.deque)
+    """The rest of the batch ``async for`` is going through (``_current``), decoded."""
+    _current: ConsumerBatch | None = None
     _changed: trio.Event = attrs.field(factory=trio.Event)
-    _held: ConsumerRecord | None = None
+    _held: ConsumerRecord | ConsumerBatch | None = None
     _closed: bool = False
 
     @property
@@ -104,30 +181,71 @@ class RecordStream:
         return self
 
     async def __anext__(self) -> ConsumerRecord:
-        if self._held is not None:
-            self._held.finish()  # asking for the next record finishes the previous one
-            self._held = None
+        self._finish_held()
         while True:
-            while self._buffer:
-                record = self._buffer.popleft()
-                self._notify()
+            while self._records:
+                record = self._records.popleft()
                 if record._claim.active:
                     self._held = record
                     return record
-            if self._closed:
+            batch = await self._next_buffered()
+            if batch is None:
                 raise StopAsyncIteration
+            self._current = batch
+            self._records.extend(batch.records())
+
+    async def next_batch(self) -> ConsumerBatch | None:
+        """The next batch of records (finishing every record handed out before); None once the
+        consumer has closed. Records ``async for`` decoded but has not handed out come first,
+        as a batch of their own."""
+        self._finish_held()
+        if self._records:
+            first_offset = self._records[0].offset
+            self._records.clear()
+            current = self._current
+            if current is not None and current._claim.active:
+                rest = attrs.evolve(current, first_offset=first_offset)
+                self._held = rest
+                return rest
+        batch = await self._next_buffered()
+        self._held = batch
+        return batch
+
+    async def batches(self) -> AsyncIterator[ConsumerBatch]:
+        """``async for batch in stream.batches()``: :meth:`next_batch` until the consumer
+        closes."""
+        while (batch := await self.next_batch()) is not None:
+            yield batch
+
+    def _finish_held(self) -> None:
+        if self._held is not None:
+            self._held.finish()  # asking for more finishes what was handed out
+            self._held = None
+
+    async def _next_buffered(self) -> ConsumerBatch | None:
+        while True:
+            while self._buffer:
+                batch = self._buffer.popleft()
+                self._buffered -= len(batch)
+                self._notify()
+                if batch._claim.active:
+                    return batch
+            if self._closed:
+                return None
             await self._changed.wait()
 
     # --- the consumer's side --------------------------------------------------------------------
 
-    async def put(self, claim: PartitionClaim, records: Iterable[ConsumerRecord]) -> bool:
-        """Append a fetched batch once there is room; False (nothing appended) if the claim
+    async def put(self, claim: PartitionClaim, batches: Iterable[ConsumerBatch]) -> bool:
+        """Append fetched batches once there is room; False (nothing appended) if the claim
         became inactive meanwhile: a stopped fetcher must not deliver."""
-        while len(self._buffer) >= self.max_buffered and claim.active and not self._closed:
+        while self._buffered >= self.max_buffered and claim.active and not self._closed:
             await self._changed.wait()
         if not claim.active or self._closed:
             return False
-        self._buffer.extend(records)
+        for batch in batches:
+            self._buffer.append(batch)
+            self._buffered += len(batch)
         self._notify()
         return True
 
@@ -136,12 +254,16 @@ class RecordStream:
 
     def drop_inactive(self) -> None:
         """Clear the queue of stopped partitions (seed 03: stop fetchers, clean their queues)."""
-        self._buffer = collections.deque(r for r in self._buffer if r._claim.active)
+        self._buffer = collections.deque(b for b in self._buffer if b._claim.active)
+        self._buffered = sum(len(b) for b in self._buffer)
+        self._records = collections.deque(r for r in self._records if r._claim.active)
         self._notify()
 
     def close(self) -> None:
         self._closed = True
         self._buffer.clear()
+        self._buffered = 0
+        self._records.clear()
         self._notify()
 
     def _notify(self) -> None:

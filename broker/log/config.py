@@ -32,5 +32,6 @@ class LogConfig:
     retention_check_ms: int = attrs.field(default=60_000, validator=attrs.validators.gt(0))
     #: One index entry per this many bytes of segment: a lookup reads at most this much extra.
     index_interval_bytes: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
-    #: A record larger than this (encoded) is refused with MESSAGE_TOO_LARGE.
-    max_record_bytes: int = attrs.field(default=1024 * 1024, validator=attrs.validators.gt(0))
+    #: A record batch larger than this (as sent, compressed or not) is refused with
+    #: MESSAGE_TOO_LARGE.
+    max_batch_bytes: int = attrs.field(default=1024 * 1024, validator=attrs.validators.gt(0))

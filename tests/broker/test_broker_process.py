@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
@@ -25,6 +26,7 @@ from protocol import (
     ProduceRequest,
     ProduceResponse,
 )
+from protocol.batches import records_from_batches
 from protocol.records import Record
 from transport.channel import Channel
 from transport.connect import connect_any, open_channel
@@ -63,11 +65,12 @@ async def fetch_all(channel: Channel, topic: str, partition: int, start: int = 0
     while True:
         response = await fetch(channel, topic, partition, offset)
         assert response.error_code is ErrorCode.NONE
-        if not response.records:
+        fetched = records_from_batches(response.batches, offset)
+        if not fetched:
             assert offset == response.high_watermark
             return records
-        records.extend(response.records)
-        offset = response.records[-1].offset + 1
+        records.extend(fetched)
+        offset = fetched[-1].offset + 1
 
 
 def value(i: int) -> bytes:
@@ -82,18 +85,14 @@ async def test_produce_and_fetch_round_trip(tmp_path: Path) -> None:
             deliveries = []
             for i in range(600):
                 key = None if i % 2 else f"user-{i % 7}".encode()
-                deliveries.append(
-                    await producer.enqueue("events", value(i), key, timestamp_ms=1_000_000 + i)
+                record = Record(offset=-1, timestamp_ms=1_000_000 + i, key=key, value=value(i))
+                delivery = await producer.enqueue(
+                    "events", record.value, key, timestamp_ms=record.timestamp_ms
                 )
-            for delivery in deliveries:
+                deliveries.append((delivery, record))
+            for delivery, record in deliveries:
                 partition, offset = await delivery.wait()
-                record = delivery.record
-                sent[(partition, offset)] = Record(
-                    offset=offset,
-                    timestamp_ms=record.timestamp_ms,
-                    key=record.key,
-                    value=record.value,
-                )
+                sent[(partition, offset)] = attrs.evolve(record, offset=offset)
         # keyed records of one key share a partition
         by_key: dict[bytes, set[int]] = {}
         for (partition, _), record in sent.items():
@@ -114,7 +113,7 @@ async def test_produce_and_fetch_round_trip(tmp_path: Path) -> None:
 
         # the edges: at the high watermark nothing and NONE, past it OFFSET_OUT_OF_RANGE
         end = await fetch(channel, "events", 0, len(await fetch_all(channel, "events", 0)))
-        assert (end.error_code, end.records) == (ErrorCode.NONE, ())
+        assert (end.error_code, end.batches) == (ErrorCode.NONE, b"")
         past = await fetch(channel, "events", 0, end.high_watermark + 1)
         assert past.error_code is ErrorCode.OFFSET_OUT_OF_RANGE
         with trio.fail_after(REQUEST_DEADLINE):
@@ -242,11 +241,13 @@ async def test_producer_rides_out_a_broker_restart(tmp_path: Path) -> None:
                 acknowledged[await producer.send("t", b"before-%d" % i)] = b"before-%d" % i
             await broker.kill()
             # sent while the broker is down: retried against fresh metadata until it is back
-            deliveries = [await producer.enqueue("t", b"during-%d" % i) for i in range(50)]
+            deliveries = [
+                (await producer.enqueue("t", b"during-%d" % i), b"during-%d" % i) for i in range(50)
+            ]
             async with run_broker(data, "--port", str(broker.port)) as restarted:
                 with trio.fail_after(60):
-                    for delivery in deliveries:
-                        acknowledged[await delivery.wait()] = delivery.record.value or b""
+                    for delivery, sent_value in deliveries:
+                        acknowledged[await delivery.wait()] = sent_value
                 async with client(restarted) as channel:
                     stored = {
                         (p, r.offset): r.value
