@@ -87,7 +87,6 @@ class _Batch:
     builder: BatchBuilder
     base_offset: int = -1
     error: BaseException | None = None
-    sealed: bool = False
     done: trio.Event = attrs.field(factory=trio.Event)
 
     def resolve(self, base_offset: int, error: BaseException | None = None) -> None:
@@ -129,11 +128,20 @@ class Delivery:
 
 @attrs.define(eq=False)
 class _Batcher:
-    """A partition's batches waiting to be sent, oldest first; the last one may still fill."""
+    """A partition's batches waiting to be sent, oldest first; ``open``, the last one, may
+    still fill (None: every waiting batch is sealed)."""
 
     batches: collections.deque[_Batch] = attrs.field(factory=collections.deque)
+    open: _Batch | None = None
     ready: trio.Event = attrs.field(factory=trio.Event)
+    """Set while ``batches`` is not empty."""
     full: trio.Event = attrs.field(factory=trio.Event)
+    """Set while a sealed batch waits: no reason to linger."""
+
+    def seal(self) -> None:
+        if self.open is not None:
+            self.open = None
+            self.full.set()
 
 
 @attrs.define(eq=False)
@@ -145,16 +153,16 @@ class Producer:
     connect: Connect
     #: topic -> broker id of each partition
     placement: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
-    _batchers: dict[TopicPartition, _Batcher] = attrs.field(factory=dict)
+    #: keyed by (topic, partition): a tuple hashes faster than a TopicPartition, once per record
+    _batchers: dict[tuple[str, int], _Batcher] = attrs.field(factory=dict)
     _round_robin: dict[str, itertools.count[int]] = attrs.field(factory=dict)
     _unacknowledged: set[_Batch] = attrs.field(factory=set)
-    _space: trio.Semaphore = attrs.field(init=False)
+    #: Records accepted and not yet answered; ``send`` waits on ``_room`` past the limit.
+    _pending: int = 0
+    _room: trio.Event = attrs.field(factory=trio.Event)
     _metadata_lock: trio.Lock = attrs.field(factory=trio.Lock)
     _first_lookup: trio.Lock = attrs.field(factory=trio.Lock)
     _bootstrap_start: int = 0
-
-    def __attrs_post_init__(self) -> None:
-        self._space = trio.Semaphore(self.config.max_pending_records)
 
     async def send(
         self,
@@ -183,48 +191,65 @@ class Producer:
         of enqueues should await something now and then. ``timestamp_ms`` -1: the broker stamps
         its own time.
         """
-        partitions = await self._placement(topic)
+        if topic not in self.placement:
+            await self._placement(topic)
+        while self._pending >= self.config.max_pending_records:
+            await self._room.wait()
+        return self.enqueue_nowait(topic, value, key, timestamp_ms=timestamp_ms)
+
+    def enqueue_nowait(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        *,
+        timestamp_ms: int = -1,
+    ) -> Delivery:
+        """:meth:`enqueue` without awaiting anything: the fast path of a loop that sends many
+        records (no coroutine, no checkpoint per record). Raises ``trio.WouldBlock`` when
+        ``max_pending_records`` are unacknowledged or the topic's partitions are not known yet
+        (await :meth:`enqueue` or :meth:`partitions_for` once first)."""
+        partitions = self.placement.get(topic)
+        if not partitions or self._pending >= self.config.max_pending_records:
+            raise trio.WouldBlock
         if key is not None:
             partition = zlib.crc32(key) % len(partitions)
         else:
-            counter = self._round_robin.setdefault(topic, itertools.count())
+            counter = self._round_robin.get(topic)
+            if counter is None:
+                counter = self._round_robin[topic] = itertools.count()
             partition = next(counter) % len(partitions)
-        try:
-            self._space.acquire_nowait()  # no checkpoint per record while there is room
-        except trio.WouldBlock:
-            await self._space.acquire()
-        tp = TopicPartition(topic=topic, partition=partition)
-        batcher = self._batchers.get(tp)
+        self._pending += 1
+        batcher = self._batchers.get((topic, partition))
         if batcher is None:
-            batcher = self._batchers[tp] = _Batcher()
+            batcher = self._batchers[topic, partition] = _Batcher()
+            tp = TopicPartition(topic=topic, partition=partition)
             self.nursery.start_soon(self._drain, tp, batcher)
-        config = self.config
-        batch = batcher.batches[-1] if batcher.batches else None
-        if (
-            batch is None
-            or batch.sealed
-            or batch.builder.count >= config.max_batch_records
-            or not batch.builder.append(value, key, timestamp_ms)
-        ):
-            if batch is not None:
-                batch.sealed = True
-                batcher.full.set()
-            batch = _Batch(
-                builder=BatchBuilder(
-                    compression=config.compression, max_bytes=config.max_batch_bytes
-                )
-            )
+        batch = batcher.open
+        if batch is None or not batch.builder.append(value, key, timestamp_ms):
+            batch = self._open_batch(batcher)
             batch.builder.append(value, key, timestamp_ms)
-            batcher.batches.append(batch)
-            self._unacknowledged.add(batch)
+        builder = batch.builder
+        if builder.full:
+            batcher.seal()
+        return Delivery(topic, partition, batch, builder.count - 1)
+
+    def _open_batch(self, batcher: _Batcher) -> _Batch:
+        """Seal the partition's open batch (if any) and open the next one."""
+        batcher.seal()
+        config = self.config
+        batch = _Batch(
+            builder=BatchBuilder(
+                compression=config.compression,
+                max_bytes=config.max_batch_bytes,
+                max_records=config.max_batch_records,
+            )
+        )
+        batcher.open = batch
+        batcher.batches.append(batch)
         batcher.ready.set()
-        if (
-            batch.builder.count >= config.max_batch_records
-            or batch.builder.size >= config.max_batch_bytes
-        ):
-            batch.sealed = True
-            batcher.full.set()
-        return Delivery(topic, partition, batch, batch.builder.count - 1)
+        self._unacknowledged.add(batch)
+        return batch
 
     async def flush(self) -> None:
         """Wait until every record sent so far is acknowledged or failed."""
@@ -290,14 +315,15 @@ class Producer:
         """This partition's sender: one batch in flight, in the order records were sent."""
         while True:
             await batcher.ready.wait()
-            if not batcher.batches[0].sealed:
+            if batcher.batches[0] is batcher.open:
                 with trio.move_on_after(self.config.linger):
                     await batcher.full.wait()
             batch = batcher.batches.popleft()
-            batch.sealed = True
+            if batch is batcher.open:
+                batcher.open = None
             if not batcher.batches:
                 batcher.ready = trio.Event()
-            if not any(b.sealed for b in batcher.batches):
+            if not batcher.batches or batcher.batches[0] is batcher.open:
                 batcher.full = trio.Event()
             try:
                 await self._send_batch(tp, batch)
@@ -305,8 +331,9 @@ class Producer:
                 if not batch.done.is_set():  # cancelled: the producer is closing
                     batch.resolve(-1, ProduceError("producer closed", ErrorCode.NONE))
                 self._unacknowledged.discard(batch)
-                for _ in range(batch.builder.count):
-                    self._space.release()
+                self._pending -= batch.builder.count
+                self._room.set()
+                self._room = trio.Event()
 
     async def _send_batch(self, tp: TopicPartition, batch: _Batch) -> None:
         config = self.config

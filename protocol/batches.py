@@ -131,23 +131,26 @@ class BatchBuilder:
     ``append`` refuses (returns False) a record the batch cannot take: past ``max_bytes`` (unless
     the batch is empty: a batch always takes its first record), or a timestamp the batch cannot
     express (a record without one in a batch whose records have them, or the other way round, or
-    a delta beyond int32), so a producer starts the next batch with it.
+    a delta beyond int32), so a producer starts the next batch with it. Appending keeps
+    references only; the bytes are joined once, by :meth:`build`.
     """
 
     compression: Compression = Compression.NONE
     max_bytes: int = 1024 * 1024
-    _deltas: list[int] = attrs.field(factory=list)
-    _key_lengths: list[int] = attrs.field(factory=list)
-    _value_lengths: list[int] = attrs.field(factory=list)
-    _keys: bytearray = attrs.field(factory=bytearray)
-    _values: bytearray = attrs.field(factory=bytearray)
-    _first_ts: int = NO_TIMESTAMP
-    _max_ts: int = NO_TIMESTAMP
+    max_records: int = 2**31 - 1
+    full: bool = False
+    """The batch reached ``max_bytes`` or ``max_records``: it takes no more records."""
+    _values: list[bytes | None] = attrs.field(factory=list)
+    _keys: list[bytes | None] = attrs.field(factory=list)
+    _timestamps: list[int] = attrs.field(factory=list)
+    """Empty while the records have no timestamps (the broker's append time)."""
+    _keyed: bool = False
+    _null_values: bool = False
     _size: int = HEADER_SIZE
 
     @property
     def count(self) -> int:
-        return len(self._value_lengths)
+        return len(self._values)
 
     @property
     def size(self) -> int:
@@ -155,66 +158,86 @@ class BatchBuilder:
         return self._size
 
     def append(self, value: bytes | None, key: bytes | None = None, timestamp_ms: int = -1) -> bool:
-        grows = 12 + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
-        count = len(self._value_lengths)
-        if count:
-            if self._size + grows > self.max_bytes:
-                return False
-            if (timestamp_ms < 0) != (self._first_ts < 0):
-                return False
-        if timestamp_ms < 0:
-            delta = 0
-        elif not count:
-            self._first_ts = self._max_ts = timestamp_ms
-            delta = 0
+        size = self._size + 12
+        if value is not None:
+            if type(value) is not bytes:
+                value = _as_bytes(value)
+            size += len(value)
         else:
-            delta = timestamp_ms - self._first_ts
-            if not _INT32_MIN <= delta <= _INT32_MAX:
+            self._null_values = True
+        if key is not None:
+            if type(key) is not bytes:
+                key = _as_bytes(key)
+            size += len(key)
+            self._keyed = True
+        values = self._values
+        if values:
+            if size > self.max_bytes or self.full:
                 return False
-            if timestamp_ms > self._max_ts:
-                self._max_ts = timestamp_ms
-        if isinstance(key, str) or isinstance(value, str):
-            raise LocalProtocolError(
-                "a record's key and value are bytes, not str", ErrorCode.INVALID_REQUEST
-            )
-        self._deltas.append(delta)
-        if key is None:
-            self._key_lengths.append(-1)
-        else:
-            self._key_lengths.append(len(key))
-            self._keys += key
-        if value is None:
-            self._value_lengths.append(-1)
-        else:
-            self._value_lengths.append(len(value))
-            self._values += value
-        self._size += grows
+            timestamps = self._timestamps
+            if timestamp_ms >= 0:
+                if not timestamps or not _INT32_MIN <= timestamp_ms - timestamps[0] <= _INT32_MAX:
+                    return False
+                timestamps.append(timestamp_ms)
+            elif timestamps:
+                return False
+        elif timestamp_ms >= 0:
+            self._timestamps.append(timestamp_ms)
+        values.append(value)
+        self._keys.append(key)
+        self._size = size
+        if size >= self.max_bytes or len(values) >= self.max_records:
+            self.full = True
         return True
 
     def build(self) -> bytes:
-        count = len(self._value_lengths)
+        values = self._values
+        count = len(values)
         if not count:
             raise LocalProtocolError("a batch holds at least one record", ErrorCode.INVALID_REQUEST)
-        section = b"".join(
-            (
-                _int32_array(self._deltas),
-                _int32_array(self._key_lengths),
-                _int32_array(self._value_lengths),
-                self._keys,
-                self._values,
-            )
-        )
+        timestamps = self._timestamps
+        if timestamps:
+            first = timestamps[0]
+            deltas = _int32_array([t - first for t in timestamps])
+            first_ts, max_ts = first, max(timestamps)
+        else:
+            deltas = bytes(4 * count)
+            first_ts = max_ts = NO_TIMESTAMP
+        value_lengths, value_bytes = _column(values, self._null_values)
+        if self._keyed:
+            key_lengths, key_bytes = _column(self._keys, None in self._keys)
+        else:
+            key_lengths, key_bytes = _int32_array([-1]) * count, b""
         return encode_batch(
-            section,
+            (deltas, key_lengths, value_lengths, key_bytes, value_bytes),
             count,
-            first_timestamp_ms=self._first_ts,
-            max_timestamp_ms=self._max_ts,
+            first_timestamp_ms=first_ts,
+            max_timestamp_ms=max_ts,
             compression=self.compression,
         )
 
 
+def _as_bytes(data: object) -> bytes:
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    raise LocalProtocolError(
+        f"a record's key and value are bytes, not {type(data).__name__}", ErrorCode.INVALID_REQUEST
+    )
+
+
+def _column(items: list[bytes | None], nulls: bool) -> tuple[bytes, bytes]:
+    """The little-endian lengths (-1: null) and the joined bytes of ``items``."""
+    if nulls:
+        lengths = [-1 if item is None else len(item) for item in items]
+        joined = b"".join([item for item in items if item is not None])
+    else:
+        lengths = list(map(len, items))  # type: ignore[arg-type]
+        joined = b"".join(items)  # type: ignore[arg-type]
+    return _int32_array(lengths), joined
+
+
 def encode_batch(
-    section: bytes,
+    section: bytes | Sequence[bytes],
     count: int,
     *,
     first_timestamp_ms: int,
@@ -223,15 +246,19 @@ def encode_batch(
     base_offset: int = 0,
     append_time_ms: int = NO_TIMESTAMP,
 ) -> bytes:
-    """A whole batch around an (uncompressed) records section of ``count`` records."""
+    """A whole batch around an (uncompressed) records section of ``count`` records, given whole
+    or in parts (joined once, with the header, when not compressed)."""
     attributes = int(compression) | (APPEND_TIME if first_timestamp_ms < 0 else 0)
-    body = compress(compression, section)
-    w = bytearray(HEADER_SIZE)
+    parts = [section] if isinstance(section, bytes) else list(section)
+    if compression is not Compression.NONE:
+        parts = [compress(compression, b"".join(parts))]
+    body_size = sum(len(part) for part in parts)
+    head = bytearray(HEADER_SIZE)
     HEADER.pack_into(
-        w,
+        head,
         0,
         base_offset,
-        HEADER_SIZE - LOG_OVERHEAD + len(body),
+        HEADER_SIZE - LOG_OVERHEAD + body_size,
         append_time_ms,
         0,
         MAGIC,
@@ -244,10 +271,12 @@ def encode_batch(
         NO_SEQUENCE,
         count,
     )
-    w += body
-    with memoryview(w) as view:
-        _CRC.pack_into(w, CRC_AT, zlib.crc32(view[CRC_FROM:]))
-    return bytes(w)
+    with memoryview(head) as view:
+        crc = zlib.crc32(view[CRC_FROM:])
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    _CRC.pack_into(head, CRC_AT, crc)
+    return b"".join([head, *parts])
 
 
 def build_batch(
