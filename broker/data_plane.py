@@ -94,16 +94,15 @@ class BrokerLog:
         payload = batches_from_records(message.records) if message.records else message.batches
         if not payload:
             return ProduceResponse(error_code=ErrorCode.NONE, base_offset=partition.log_end_offset)
-        data = bytearray(payload)  # stamped in place
         try:
-            spans = batch_spans(data)  # one CRC call a batch; no record is decoded
+            spans = batch_spans(payload)  # one CRC call a batch; no record is decoded
         except RemoteProtocolError as exc:
             log.warning("produce to %s-%d refused: %s", message.topic, message.partition, exc)
             return ProduceResponse(error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1)
         if any(span.size > self.config.max_batch_bytes for span in spans):
             return ProduceResponse(error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1)
         try:
-            base = await partition.append(data, spans, _now_ms())
+            base = await partition.append(payload, spans, _now_ms())
         except (OSError, LogFailed) as exc:
             # not acknowledged: the producer may retry; the log is unchanged or refuses appends
             log.error("produce to %s-%d failed: %s", message.topic, message.partition, exc)

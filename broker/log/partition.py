@@ -15,7 +15,8 @@ from pathlib import Path
 import attrs
 import trio
 
-from protocol.batches import BatchSpan, stamp, stamped_spans
+from protocol.batches import BatchSpan, stamped_pieces, stamped_spans
+from protocol.codec import ReadableBuffer
 
 from .config import FsyncPolicy, LogConfig
 from .segment import (
@@ -74,20 +75,23 @@ class PartitionLog:
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
 
-    async def append(self, batches: bytearray, spans: list[BatchSpan], now_ms: int) -> int:
+    async def append(self, batches: ReadableBuffer, spans: list[BatchSpan], now_ms: int) -> int:
         """Append checked batches (``spans``: where each is in ``batches``) and return the first
         record's offset once the fsync policy says they are acknowledged. Their offsets and
-        append time are stamped here, in place; no record is looked at."""
+        append time are stamped on the way to the file, without copying the batches; no record
+        is looked at."""
         async with self._append_lock:
             if self.failed is not None:
                 raise LogFailed(self.failed)
             base = self.log_end_offset
-            stamp(batches, spans, base, now_ms)
+            pieces = stamped_pieces(batches, spans, base, now_ms)
             stamped = stamped_spans(spans, base, now_ms)
             active = self.segments[-1]
             if not active.empty and active.size + len(batches) > self.config.segment_bytes:
                 active = await self._roll()
-            await trio.to_thread.run_sync(active.append, batches, stamped, limiter=self.limiter)
+            await trio.to_thread.run_sync(
+                active.append, pieces, len(batches), stamped, limiter=self.limiter
+            )
             end = self.log_end_offset
         if self.config.fsync is FsyncPolicy.ALWAYS:
             await self._flush_to(end)

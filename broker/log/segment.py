@@ -29,6 +29,7 @@ import attrs
 
 from protocol import RemoteProtocolError
 from protocol.batches import HEADER_SIZE, BatchSpan, batch_offsets, last_offset_delta, walk_batches
+from protocol.codec import ReadableBuffer
 
 log = logging.getLogger(__name__)
 
@@ -86,15 +87,13 @@ class Segment:
         if not self.index or position - self.index[-1][1] >= self.index_interval:
             self.index.append((offset, position))
 
-    def append(self, data: bytes | bytearray, spans: list[BatchSpan]) -> None:
-        """Write stamped batches; ``spans`` say where each begins in ``data`` and its offsets."""
+    def append(self, pieces: list[ReadableBuffer], size: int, spans: list[BatchSpan]) -> None:
+        """Write stamped batches, ``size`` bytes given in ``pieces``; ``spans`` say where each
+        batch begins in them and its offsets."""
         if self._write_fd is None:
             self._write_fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        view = memoryview(data)
-        written = 0
         try:
-            while written < len(data):
-                written += os.write(self._write_fd, view[written:])
+            _write_all(self._write_fd, pieces, size)
         except OSError:
             # a half-written batch must not sit between whole ones (disk full, say)
             os.ftruncate(self._write_fd, self.size)
@@ -103,7 +102,7 @@ class Segment:
             self._index(span.base_offset, self.size + span.position)
             if span.max_timestamp_ms > self.max_timestamp_ms:
                 self.max_timestamp_ms = span.max_timestamp_ms
-        self.size += len(data)
+        self.size += size
         last = spans[-1]
         self.next_offset = last.base_offset + last.record_count
 
@@ -216,6 +215,24 @@ class Segment:
             if buf_at <= start and stop <= buf_at + len(buf):
                 return buf[start - buf_at : stop - buf_at], after
             return _read_exactly(fd, start, stop - start), after
+
+
+#: iovecs one writev takes (Linux's IOV_MAX is 1024)
+_IOV_MAX = 1024
+
+
+def _write_all(fd: int, pieces: list[ReadableBuffer], size: int) -> None:
+    """Write every piece, in order, with as few system calls as the kernel allows."""
+    views = [memoryview(p).cast("B") for p in pieces]
+    written = 0
+    while written < size:
+        n = os.writev(fd, views[:_IOV_MAX])
+        written += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
 
 
 def _read_exactly(fd: int, position: int, size: int) -> bytes:
