@@ -1,12 +1,21 @@
 """The trio client library: the producer and the group consumer (seed 03)."""
 
 from .client import CommitFailed, Consumer, ConsumerSettings, RebalanceCallback, open_consumer
-from .producer import Delivery, ProduceError, Producer, ProducerConfig, open_producer
-from .streams import ConsumerRecord, RecordStream
+from .producer import (
+    Compression,
+    Delivery,
+    ProduceError,
+    Producer,
+    ProducerConfig,
+    open_producer,
+)
+from .streams import ConsumerBatch, ConsumerRecord, RecordStream
 
 __all__ = [
     "CommitFailed",
+    "Compression",
     "Consumer",
+    "ConsumerBatch",
     "ConsumerRecord",
     "ConsumerSettings",
     "Delivery",

@@ -143,9 +143,10 @@ class ConsumerBatch:
             )
         ]
 
-    def finish(self) -> None:
-        """The application finished every record of this batch."""
-        self._claim.finish(self.batch.last_offset)
+    def finish(self, offset: int | None = None) -> None:
+        """The application finished every record of this batch (None), or those up to
+        ``offset``; asking the stream for more finishes them all."""
+        self._claim.finish(self.batch.last_offset if offset is None else offset)
 
 
 @attrs.define(eq=False)

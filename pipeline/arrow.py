@@ -85,7 +85,9 @@ def arrow_batch(
             column.append(values.slice(first - batch.base_offset, stop - first))
     if not columns[0]:
         return None
-    offsets, keys, values, timestamps = (pa.concat_arrays(c) for c in columns)
+    offsets, keys, values, timestamps = (
+        c[0] if len(c) == 1 else pa.concat_arrays(c) for c in columns
+    )
     n = len(offsets)
     return pa.RecordBatch.from_arrays(
         [

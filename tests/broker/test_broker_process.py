@@ -26,7 +26,7 @@ from protocol import (
     ProduceRequest,
     ProduceResponse,
 )
-from protocol.batches import records_from_batches
+from protocol.batches import Compression, read_batches, records_from_batches
 from protocol.records import Record
 from transport.channel import Channel
 from transport.connect import connect_any, open_channel
@@ -257,3 +257,62 @@ async def test_producer_rides_out_a_broker_restart(tmp_path: Path) -> None:
     assert len(acknowledged) == 60
     for where, payload in acknowledged.items():
         assert stored[where] == payload
+
+
+async def test_zstd_batches_are_stored_compressed_and_read_back_whole(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    events = [
+        b'{"user": "user-%04d", "event": "click", "page": "/products/%d/details"}' % (i % 50, i)
+        for i in range(5000)
+    ]
+    async with run_broker(data) as broker, client(broker) as channel:
+        await create_topic(channel, "json", 1)
+        config = ProducerConfig(compression=Compression.ZSTD)
+        async with open_producer([broker.address], config=config) as producer:
+            deliveries = [await producer.enqueue("json", event) for event in events]
+            offsets = [(await d.wait())[1] for d in deliveries]
+        assert offsets == list(range(len(events)))
+        (segment,) = sorted((data / "log" / "json-0").glob("*.log"))
+        stored = read_batches(segment.read_bytes())
+        assert {b.compression for b in stored} == {Compression.ZSTD}
+        assert segment.stat().st_size < sum(map(len, events)) / 5
+        # the broker answers the stored bytes; the consumer side decompresses
+        fetched: list[bytes | None] = []
+        offset = 0
+        while offset < len(events):
+            response = await fetch(channel, "json", 0, offset)
+            batches = read_batches(response.batches)
+            assert {b.compression for b in batches} == {Compression.ZSTD}
+            fetched += [v for b in batches for o, _, _, v in b if o >= offset]
+            offset = batches[-1].next_offset
+        assert fetched == events
+
+
+async def test_a_clean_stop_leaves_an_index_per_segment_and_a_kill_9_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    args = ("--segment-bytes", "20000")
+    sent: list[bytes] = []
+    async with run_broker(data, *args) as broker, client(broker) as channel:
+        await create_topic(channel, "t", 1)
+        async with open_producer([broker.address]) as producer:
+            for i in range(30):
+                for j in range(20):
+                    sent.append(value(i * 20 + j))
+                    await producer.enqueue("t", sent[-1])
+                await producer.flush()
+    directory = data / "log" / "t-0"
+    segments = sorted(directory.glob("*.log"))
+    assert len(segments) > 3
+    assert sorted(directory.glob("*.index")) == [s.with_suffix(".index") for s in segments]
+
+    async with run_broker(data, *args) as broker, client(broker) as channel:
+        assert [r.value for r in await fetch_all(channel, "t", 0)] == sent
+        async with open_producer([broker.address]) as producer:
+            for i in range(5):
+                sent.append(value(1000 + i))
+                assert await producer.send("t", sent[-1]) == (0, len(sent) - 1)
+        await broker.kill()
+    async with run_broker(data, *args) as broker, client(broker) as channel:
+        assert [r.value for r in await fetch_all(channel, "t", 0)] == sent
