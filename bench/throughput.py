@@ -15,7 +15,11 @@ Figures (``--fsync`` never and always are separate runs):
   through ``RecordStream.batches()`` (``ConsumerBatch.keys()`` and ``.values()``);
 * ``producer_library``: ``Producer.enqueue`` (no checkpoint per record) then ``flush``;
 * ``compression``: zstd (and lz4) on compressible JSON values through the producer library:
-  bytes on disk and on the wire, and the rates, next to no compression.
+  bytes on disk and on the wire, and the rates, next to no compression;
+* ``broker_start_s`` (``--start-gib``, a run of its own): seconds from spawning a broker to every
+  partition's first answered fetch, over a log written straight to its files: after an empty data
+  dir (the process's own start), with no index files, after a clean stop, and after a kill -9
+  that followed 10 MiB more acknowledged per partition.
 
     python bench/throughput.py --records 1000000 --value-bytes 100 --fsync always
 """
@@ -277,6 +281,95 @@ def json_values(n: int) -> list[bytes]:
     ]
 
 
+# --- start time with a large log ----------------------------------------------------------------
+
+
+async def first_answered_fetch(port: int, partitions: int) -> None:
+    """Wait until every partition answers a fetch at offset 0 (a poll, as a client would)."""
+    while True:
+        try:
+            stream, _ = await connect_any([("127.0.0.1", port)])
+            async with open_channel(stream, client_id="bench") as channel:
+                for p in range(partitions):
+                    answer = await channel.request(
+                        FetchRequest(topic="big", partition=p, offset=0, max_bytes=1)
+                    )
+                    assert isinstance(answer, FetchResponse), answer
+                    assert answer.error_code is ErrorCode.NONE, answer.error_code
+                return
+        except OSError:
+            await trio.sleep(0.005)
+
+
+def timed_start(data_dir: Path, partitions: int) -> tuple[subprocess.Popen[bytes], int, float]:
+    """Seconds from spawning the broker to every partition's first answered fetch."""
+    start = time.perf_counter()
+    process, port = start_broker(data_dir, "always")
+    trio.run(first_answered_fetch, port, partitions)
+    return process, port, time.perf_counter() - start
+
+
+async def create_big(port: int, partitions: int) -> None:
+    stream, _ = await connect_any([("127.0.0.1", port)])
+    async with open_channel(stream, client_id="bench") as channel:
+        await channel.request(CreateTopicRequest(topic="big", partitions=partitions))
+
+
+async def produce_more(port: int, partitions: int, batch: bytes, count: int) -> None:
+    stream, _ = await connect_any([("127.0.0.1", port)])
+    async with open_channel(stream, client_id="bench") as channel:
+        for _ in range(count):
+            for p in range(partitions):
+                answer = await channel.request(
+                    ProduceRequest(topic="big", partition=p, records=(), batches=batch)
+                )
+                assert isinstance(answer, ProduceResponse), answer
+                assert answer.error_code is ErrorCode.NONE, answer.error_code
+
+
+def fill_log(data_dir: Path, partitions: int, total: int, batch: bytes, per_batch: int) -> None:
+    """``total`` bytes of stamped batches spread over the partitions' first segments, written
+    straight to the files (a broker producing 1 GiB here would take minutes of CPU)."""
+    per_partition = total // partitions
+    count = max(1, per_partition // len(batch))
+    for p in range(partitions):
+        path = data_dir / "log" / f"big-{p}" / f"{0:020d}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            for i in range(count):
+                f.write(struct.pack(">q", i * per_batch) + batch[8:])
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def start_figures(gib: float, batch_bytes: int, value_bytes: int, partitions: int) -> None:
+    value = b"x" * value_bytes
+    per_batch = max(1, batch_bytes // (value_bytes + 12))
+    batch = build_batch([value] * per_batch)
+    total = int(gib * 2**30)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        data_dir = Path(tmp_name) / "data"
+        process, port, empty_s = timed_start(data_dir, 0)
+        trio.run(create_big, port, partitions)
+        process.terminate()
+        process.wait(60)
+        fill_log(data_dir, partitions, total, batch, per_batch)
+        on_disk = sum(p.stat().st_size for p in (data_dir / "log").glob("big-*/*.log"))
+        common = {"bytes": on_disk, "partitions": partitions, "segment_bytes": 64 * 2**20}
+        emit(figure="broker_start_s", after="an empty data dir", seconds=round(empty_s, 3))
+        more = 10 * 2**20 // len(batch) + 1
+        for after in ("no index (files written behind its back)", "a clean stop", "a kill -9"):
+            process, port, seconds = timed_start(data_dir, partitions)
+            emit(figure="broker_start_s", after=after, seconds=round(seconds, 3), **common)
+            if after == "a clean stop":
+                # 10 MiB more acknowledged per partition, then a crash before any clean stop
+                trio.run(produce_more, port, partitions, batch, more)
+                process.kill()
+            else:
+                process.terminate()
+            process.wait(60)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000)
@@ -284,8 +377,19 @@ def main() -> int:
     parser.add_argument("--batch-bytes", type=int, default=256 * 1024, help="a batch's size")
     parser.add_argument("--fsync", choices=["always", "interval", "never"], default="always")
     parser.add_argument("--compression-records", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--start-gib",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="only the start-time figures, with this much log over --start-partitions",
+    )
+    parser.add_argument("--start-partitions", type=int, default=16)
     parser.add_argument("--bare-server", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.start_gib is not None:
+        start_figures(args.start_gib, args.batch_bytes, args.value_bytes, args.start_partitions)
+        return 0
     if args.bare_server:
         port_file, path, fsync = args.bare_server
         trio.run(bare_server, Path(port_file), Path(path), fsync == "always")

@@ -207,12 +207,15 @@ class BrokerLog:
             return found
 
     async def open_placed(self, placement: Mapping[str, TopicPlacement]) -> None:
+        """Open every partition placed here, side by side: a recovery scan is a CRC over a
+        segment (zlib releases the GIL for it), so the I/O threads overlap them."""
         self.placement = placement
-        for topic, where in sorted(placement.items()):
-            for p, broker in enumerate(where.brokers):
-                tp = TopicPartition(topic=topic, partition=p)
-                if broker == self.broker_id and tp not in self.partitions:
-                    await self._open(tp)
+        async with trio.open_nursery() as nursery:
+            for topic, where in sorted(placement.items()):
+                for p, broker in enumerate(where.brokers):
+                    tp = TopicPartition(topic=topic, partition=p)
+                    if broker == self.broker_id and tp not in self.partitions:
+                        nursery.start_soon(self._open, tp)
 
     async def enforce_retention(self) -> int:
         deleted = 0

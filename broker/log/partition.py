@@ -128,7 +128,9 @@ class PartitionLog:
             target = self.log_end_offset
             active = self.segments[-1]
             try:
-                await trio.to_thread.run_sync(active.flush, limiter=self.limiter)
+                await trio.to_thread.run_sync(
+                    active.flush, self.config.index_checkpoint_bytes, limiter=self.limiter
+                )
             except OSError as exc:
                 self.failed = f"fsync of {active.path} failed: {exc}"
                 log.error("%s; no more appends until a restart", self.failed)

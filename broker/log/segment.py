@@ -5,14 +5,15 @@ Everything here blocks (file I/O); the partition log calls it from a worker thre
 offsets, so the on-disk format is the wire format and a fetch answers a byte range of the file.
 
 The sparse offset index, ``(offset, position)`` of a batch every ``index_interval`` bytes, is kept
-in memory and written to ``<base_offset:020d>.index`` when a segment is sealed (fsynced with it)
-and when the log closes cleanly. The file also records the segment's size, next offset and newest
-timestamp, and is trusted only while the segment's size is still the one it records, so an index
-can never describe bytes the segment does not hold: the active segment's index is removed as soon
-as the log opens (an append would make it stale), and a crash leaves the next start to scan the
-active segment, checking each batch's CRC and cutting a torn or corrupt tail. A sealed segment
-without a usable index is scanned on its first read. So a log opens in the time it takes to read
-one index file per segment after a clean stop, plus one active segment's scan after a crash.
+in memory and written to ``<base_offset:020d>.index``, with the segment's size, next offset and
+newest timestamp: when a segment is sealed (fsynced with it), when the log closes cleanly, and for
+the active segment after an fsync that made ``checkpoint_bytes`` more durable (Kafka's recovery
+point). An index file describes a prefix of its segment that an fsync had covered, so it never
+describes bytes the segment does not hold. Opening a log reads one index file per segment; after
+a clean stop that is all, after a crash the active segment is scanned from its recovery point on
+(at most ``checkpoint_bytes`` plus what was not yet fsynced), checking each batch's CRC and
+cutting a torn or corrupt tail. A sealed segment without a usable index is scanned on its first
+read.
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ class Segment:
     scanned: bool = True
     _write_fd: int | None = None
     _scan_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    #: Held while an append updates size, next offset, timestamp and index together, so that a
+    #: checkpoint (another thread) sees them agree.
+    _state_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    #: The size the index file on disk describes (its recovery point); 0: none.
+    checkpointed_size: int = 0
 
     @property
     def empty(self) -> bool:
@@ -98,13 +104,14 @@ class Segment:
             # a half-written batch must not sit between whole ones (disk full, say)
             os.ftruncate(self._write_fd, self.size)
             raise
-        for span in spans:
-            self._index(span.base_offset, self.size + span.position)
-            if span.max_timestamp_ms > self.max_timestamp_ms:
-                self.max_timestamp_ms = span.max_timestamp_ms
-        self.size += size
-        last = spans[-1]
-        self.next_offset = last.base_offset + last.record_count
+        with self._state_lock:
+            for span in spans:
+                self._index(span.base_offset, self.size + span.position)
+                if span.max_timestamp_ms > self.max_timestamp_ms:
+                    self.max_timestamp_ms = span.max_timestamp_ms
+            self.size += size
+            last = spans[-1]
+            self.next_offset = last.base_offset + last.record_count
 
     def ensure_scanned(self) -> None:
         """Build a sealed segment's index and newest timestamp (blocking; once)."""
@@ -127,9 +134,17 @@ class Segment:
             self.max_timestamp_ms = scan.max_timestamp_ms
             self.scanned = True
 
-    def flush(self) -> None:
-        if self._write_fd is not None:
-            os.fsync(self._write_fd)
+    def flush(self, checkpoint_bytes: int | None = None) -> None:
+        """fsync; then, if ``checkpoint_bytes`` have been made durable since the index file was
+        last written, write it again for what this fsync covered: a recovery after a crash
+        trusts that prefix and checks only the bytes after it."""
+        if self._write_fd is None:
+            return
+        with self._state_lock:
+            covered = (self.size, self.next_offset, self.max_timestamp_ms, list(self.index))
+        os.fsync(self._write_fd)
+        if checkpoint_bytes is not None and covered[0] - self.checkpointed_size >= checkpoint_bytes:
+            self._write_index(*covered, durable=True)
 
     def close(self) -> None:
         if self._write_fd is not None:
@@ -141,17 +156,23 @@ class Segment:
         timestamp), through a temporary file so that a crash leaves the old one or the new."""
         if not self.scanned:
             return  # never read, so never rebuilt: the file on disk (if any) is still the truth
+        with self._state_lock:
+            covered = (self.size, self.next_offset, self.max_timestamp_ms, list(self.index))
+        self._write_index(*covered, durable=durable)
+
+    def _write_index(
+        self,
+        size: int,
+        next_offset: int,
+        max_timestamp_ms: int,
+        index: list[tuple[int, int]],
+        durable: bool,
+    ) -> None:
         entries = [
-            _INDEX_ENTRY.pack(offset - self.base_offset, position)
-            for offset, position in self.index
+            _INDEX_ENTRY.pack(offset - self.base_offset, position) for offset, position in index
         ]
         head = _INDEX_HEAD.pack(
-            _INDEX_MAGIC,
-            _INDEX_VERSION,
-            self.size,
-            self.next_offset,
-            self.max_timestamp_ms,
-            len(entries),
+            _INDEX_MAGIC, _INDEX_VERSION, size, next_offset, max_timestamp_ms, len(entries)
         )
         target = self.index_file
         tmp = target.with_suffix(".index.tmp")
@@ -163,6 +184,7 @@ class Segment:
         finally:
             os.close(fd)
         os.replace(tmp, target)
+        self.checkpointed_size = size
 
     def read(
         self, offset: int, max_bytes: int, limit_offset: int, first_whole: bool = True
@@ -258,8 +280,9 @@ class _Scan:
     reason: str | None
 
 
-def _scan(path: Path, base_offset: int, index_interval: int) -> _Scan:
-    """Walk a segment's batches, checking each CRC and base offset, up to the first bad one."""
+def _scan(path: Path, base_offset: int, index_interval: int, start: Segment | None = None) -> _Scan:
+    """Walk a segment's batches, checking each CRC and base offset, up to the first bad one;
+    from the end of ``start`` (a prefix already known good) if given."""
     probe = Segment(
         base_offset=base_offset,
         path=path,
@@ -267,20 +290,21 @@ def _scan(path: Path, base_offset: int, index_interval: int) -> _Scan:
         next_offset=base_offset,
         max_timestamp_ms=-1,
         index_interval=index_interval,
+        index=list(start.index) if start is not None else [],
     )
     file_size = path.stat().st_size
-    pos = 0
-    expected = base_offset
-    max_ts = -1
+    pos = start.size if start is not None else 0
+    expected = start.next_offset if start is not None else base_offset
+    max_ts = start.max_timestamp_ms if start is not None else -1
     reason: str | None = None
-    if file_size:
+    if file_size > pos:
         with (
             open(path, "rb") as f,
             mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
             memoryview(mapped) as data,
         ):
             try:
-                for position, size, base, count, ts in walk_batches(data, 0, file_size):
+                for position, size, base, count, ts in walk_batches(data, pos, file_size):
                     if base != expected:
                         reason = f"offset {base} where {expected} belongs"
                         break
@@ -295,8 +319,9 @@ def _scan(path: Path, base_offset: int, index_interval: int) -> _Scan:
     )
 
 
-def _load_index(segment: Segment, file_size: int) -> bool:
-    """Take the segment's state from its index file if that describes ``file_size`` bytes."""
+def _load_index(segment: Segment, file_size: int, prefix: bool = False) -> bool:
+    """Take the segment's state from its index file if that describes ``file_size`` bytes (with
+    ``prefix``: at most that many, a recovery point to scan on from)."""
     try:
         data = segment.index_file.read_bytes()
     except FileNotFoundError:
@@ -307,7 +332,7 @@ def _load_index(segment: Segment, file_size: int) -> bool:
     if (
         magic != _INDEX_MAGIC
         or version != _INDEX_VERSION
-        or size != file_size
+        or (size > file_size if prefix else size != file_size)
         or len(data) != _INDEX_HEAD.size + count * _INDEX_ENTRY.size
         or next_offset < segment.base_offset
     ):
@@ -324,6 +349,7 @@ def _load_index(segment: Segment, file_size: int) -> bool:
     segment.max_timestamp_ms = max_ts
     segment.index = index
     segment.scanned = True
+    segment.checkpointed_size = size
     return True
 
 
@@ -356,8 +382,9 @@ def open_sealed_segment(
 def open_segment(
     path: Path, base_offset: int, index_interval: int
 ) -> tuple[Segment, int, str | None]:
-    """Recover the active segment: from its index file after a clean stop, else by a scan that
-    rebuilds the index and cuts any torn or corrupt tail.
+    """Recover the active segment: from its index file after a clean stop; after a crash, from
+    the recovery point its index file records (bytes an fsync had covered) on, by a scan that
+    checks each batch's CRC, extends the index and cuts any torn or corrupt tail.
 
     Returns the segment, the bytes cut, and why (None: nothing was cut). A batch whose offset is
     not the next one is treated as corrupt too: the file can only have been damaged.
@@ -371,12 +398,10 @@ def open_segment(
         max_timestamp_ms=-1,
         index_interval=index_interval,
     )
-    loaded = _load_index(segment, file_size)
-    # appends will make it stale: from here on only a scan (or the next clean stop) tells
-    segment.index_file.unlink(missing_ok=True)
-    if loaded:
-        return segment, 0, None
-    scan = _scan(path, base_offset, index_interval)
+    loaded = _load_index(segment, file_size, prefix=True)
+    if loaded and segment.size == file_size:
+        return segment, 0, None  # a clean stop: nothing after the index to check
+    scan = _scan(path, base_offset, index_interval, start=segment if loaded else None)
     segment.size = scan.size
     segment.next_offset = scan.next_offset
     segment.max_timestamp_ms = scan.max_timestamp_ms

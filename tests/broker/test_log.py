@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -65,6 +66,19 @@ def decoded(data: bytes, start: int = 0) -> list[Record]:
         for o, t, k, v in batch
         if o >= start
     ]
+
+
+def record_scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Where each recovery scan from now on starts (0: the whole segment)."""
+    scanned_from: list[int] = []
+    scan = segment_module._scan
+
+    def recording_scan(path: Path, base_offset: int, index_interval: int, start: Any = None) -> Any:
+        scanned_from.append(0 if start is None else start.size)
+        return scan(path, base_offset, index_interval, start=start)
+
+    monkeypatch.setattr(segment_module, "_scan", recording_scan)
+    return scanned_from
 
 
 def segment_files(directory: Path) -> list[Path]:
@@ -209,13 +223,37 @@ async def test_a_clean_stop_leaves_an_index_the_next_start_opens_without_a_scan(
     reopened = await open_partition_log(directory, config, trio.CapacityLimiter(4))
     assert reopened.log_end_offset == 140
     assert await read_all(reopened, 0) == stamped(records, 0)
-    # the active segment's index is gone once the log opens: appends would make it stale
-    assert not segment_files(directory)[-1].with_suffix(".index").exists()
     monkeypatch.undo()
-    # a crash now (no aclose) leaves the active segment to a scan, which finds every batch
+    # a crash now (no aclose): the index file is a recovery point, and the next start scans the
+    # active segment from there on only
     await append(reopened, make_records(3, start=140))
+    active = segment_files(directory)[-1]
+    scanned_from = record_scans(monkeypatch)
     again = await open_partition_log(directory, config, trio.CapacityLimiter(4))
     assert again.log_end_offset == 143
+    assert scanned_from == [active.stat().st_size - len(batch_of(make_records(3, start=140)))]
+    assert await read_all(again, 0) == stamped(records + make_records(3, start=140), 0)
+
+
+async def test_after_a_crash_recovery_scans_only_what_no_checkpointed_fsync_covered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = LogConfig(index_checkpoint_bytes=5000, fsync=FsyncPolicy.ALWAYS)
+    directory = tmp_path / "t-0"
+    log = await open_partition_log(directory, config, trio.CapacityLimiter(4))
+    records = make_records(60)
+    for i in range(20):  # 20 batches of ~400 bytes: a checkpoint every ~13 batches
+        await append(log, records[3 * i : 3 * i + 3])
+    (segment,) = segment_files(directory)
+    checkpoint = log.segments[-1].checkpointed_size
+    assert 5000 <= checkpoint < segment.stat().st_size
+    # torn: the crash cut the last batch short
+    os.truncate(segment, segment.stat().st_size - 7)
+    scanned_from = record_scans(monkeypatch)
+    reopened = await open_partition_log(directory, config, trio.CapacityLimiter(4))
+    assert scanned_from == [checkpoint]
+    assert reopened.log_end_offset == 57
+    assert await read_all(reopened, 0) == stamped(records, 0)[:57]
 
 
 async def test_an_index_that_does_not_describe_its_segment_is_not_trusted(tmp_path: Path) -> None:
