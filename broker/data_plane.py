@@ -132,11 +132,16 @@ class BrokerLog:
             log.error("fetch %s-%d: %s", message.topic, message.partition, exc)
             error = ErrorCode.CORRUPT_MESSAGE
         if api_version == 0:
+            try:
+                records = records_from_batches(data, message.offset)
+            except RemoteProtocolError as exc:  # a producer's batch whose records do not parse
+                log.error("fetch %s-%d (v0): %s", message.topic, message.partition, exc)
+                records, error = (), ErrorCode.CORRUPT_MESSAGE
             return FetchResponse(
                 error_code=error,
                 high_watermark=partition.high_watermark,
                 log_start_offset=partition.log_start_offset,
-                records=records_from_batches(data, message.offset),
+                records=records,
             )
         return FetchResponse(
             error_code=error,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from protocol import ErrorCode, RemoteProtocolError
 from protocol.batches import APPEND_TIME, RecordBatch
 
 ARROW_SCHEMA = pa.schema(
@@ -59,6 +60,13 @@ def batch_columns(batch: RecordBatch) -> tuple[pa.Array, pa.Array, pa.Array, pa.
     buf = pa.py_buffer(section)
     keys = _binary(buf, _lengths(buf, key_lengths_at, n), keys_at)
     values = _binary(buf, _lengths(buf, value_lengths_at, n), values_at)
+    try:  # lengths that run past the section must fail here, not when a reader touches them
+        keys.validate(full=True)
+        values.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise RemoteProtocolError(
+            f"batch at offset {batch.base_offset}: {exc}", ErrorCode.CORRUPT_MESSAGE
+        ) from exc
     ones = pa.repeat(pa.scalar(1, pa.int64()), n)
     offsets = pc.add(pc.cumulative_sum(ones), batch.base_offset - 1)
     if batch.attributes & APPEND_TIME:

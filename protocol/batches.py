@@ -101,6 +101,11 @@ def compress(codec: Compression, data: bytes) -> bytes:
     return compressed
 
 
+#: The most a records section may decompress to: a batch is at most a few MiB as sent, and a
+#: small frame must not claim gigabytes (a decompression bomb) from whoever decodes it.
+MAX_SECTION_BYTES = 64 * 1024 * 1024
+
+
 def decompress(codec: int, data: ReadableBuffer) -> bytes:
     try:
         if codec == Compression.NONE:
@@ -108,11 +113,18 @@ def decompress(codec: int, data: ReadableBuffer) -> bytes:
         if codec == Compression.ZSTD:
             import zstandard
 
-            return zstandard.ZstdDecompressor().decompress(bytes(data))
+            raw = bytes(data)
+            size = zstandard.frame_content_size(raw)
+            if not 0 <= size <= MAX_SECTION_BYTES:
+                raise ValueError(f"content size {size} is unknown or over {MAX_SECTION_BYTES}")
+            return zstandard.ZstdDecompressor().decompress(raw)
         if codec == Compression.LZ4:
             import lz4.frame
 
-            out: bytes = lz4.frame.decompress(bytes(data))
+            decompressor = lz4.frame.LZ4FrameDecompressor()
+            out: bytes = decompressor.decompress(bytes(data), max_length=MAX_SECTION_BYTES)
+            if not decompressor.eof:
+                raise ValueError(f"more than {MAX_SECTION_BYTES} bytes, or a cut frame")
             return out
     except Exception as exc:  # zstd and lz4 raise their own types for damaged input
         raise RemoteProtocolError(
