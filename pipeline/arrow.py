@@ -48,8 +48,14 @@ def _binary(buf: pa.Buffer, lengths: pa.Array, data_at: int) -> pa.Array:
     sizes = pc.max_element_wise(lengths, 0)
     offsets = pa.concat_arrays([_ZERO, pc.cast(pc.cumulative_sum(sizes), pa.int32())])
     validity = None if pc.all(valid).as_py() else valid.buffers()[1]
+    total = offsets[n].as_py()
+    if data_at + total > buf.size:
+        raise RemoteProtocolError(
+            f"record lengths run {data_at + total - buf.size} bytes past their batch",
+            ErrorCode.CORRUPT_MESSAGE,
+        )
     return pa.Array.from_buffers(
-        pa.binary(), n, [validity, offsets.buffers()[1], buf.slice(data_at)]
+        pa.binary(), n, [validity, offsets.buffers()[1], buf.slice(data_at, total)]
     )
 
 
