@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import trio
 
+from broker import placement
 from coordinator import validation
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.limits import RequestLimits
@@ -64,6 +67,9 @@ from store import (
 from transport.channel import Channel, ReadBounds
 
 log = logging.getLogger(__name__)
+
+#: Where a new topic's round robin starts (broker/placement.py).
+_RANDOM = random.Random()
 
 #: Requests a connection may have queued before its reader waits for the worker.
 REQUEST_QUEUE = 64
@@ -201,13 +207,11 @@ class _Session:
 
     async def _create_topic(self, message: CreateTopicRequest) -> ErrorCode:
         coordinator = self.coordinator
-        return await create_topic(coordinator.store, coordinator.broker, message, self.limits)
+        return await create_topic(coordinator.store, message, self.limits)
 
     async def _add_partitions(self, message: CreatePartitionsRequest) -> ErrorCode:
         coordinator = self.coordinator
-        return await add_partitions(
-            coordinator.store, coordinator.broker, message, self.limits, coordinator.topics
-        )
+        return await add_partitions(coordinator.store, message, self.limits, coordinator.topics)
 
 
 def _loading(coordinator: GroupCoordinator, message: object) -> bool:
@@ -268,19 +272,28 @@ def cluster_metadata(
 
 
 async def create_topic(
-    store: MetadataStore, broker: BrokerInfo, message: CreateTopicRequest, limits: RequestLimits
+    store: MetadataStore,
+    message: CreateTopicRequest,
+    limits: RequestLimits,
+    rng: random.Random | None = None,
 ) -> ErrorCode:
-    """Create the topic with every partition on ``broker``, the one that was asked, within the
-    limits per topic and per broker. Two CreateTopics at once may both pass the per-broker check
-    and overshoot it by one topic's partitions at most; the bound is on resources, not exact."""
+    """Create the topic with its partitions spread over the live brokers, or those the request
+    names (broker/placement.py), within the limits per topic and per broker. Two CreateTopics at
+    once may both pass the per-broker check and overshoot it by one topic's partitions at most;
+    the bound is on resources, not exact."""
     error = validation.request_error(message, "", limits)
-    if error is ErrorCode.NONE:
-        placed = _placed_on(broker, await store.topics())
-        error = validation.broker_partitions_error(placed, message.partitions, limits)
+    if error is not ErrorCode.NONE:
+        return error
+    live = [b.broker_id for b in await store.brokers()]
+    brokers, error = placement.chosen_brokers(message.broker_ids, live)
+    if error is not ErrorCode.NONE:
+        return error
+    placed = placement.new_topic(brokers, message.partitions, rng or _RANDOM)
+    error = _per_broker_error(placed, await store.topics(), limits)
     if error is not ErrorCode.NONE:
         return error
     try:
-        await store.create_topic(message.topic, (broker.broker_id,) * message.partitions)
+        await store.create_topic(message.topic, placed)
     except TopicExists:
         return ErrorCode.TOPIC_ALREADY_EXISTS
     return ErrorCode.NONE
@@ -288,31 +301,35 @@ async def create_topic(
 
 async def add_partitions(
     store: MetadataStore,
-    broker: BrokerInfo,
     message: CreatePartitionsRequest,
     limits: RequestLimits,
     known: Mapping[str, TopicPlacement] | None = None,
 ) -> ErrorCode:
-    """Grow the topic to ``total_partitions``, the new ones on ``broker``, within the limits
-    per topic and per broker; ``known`` is a cached view of the topics to try before asking the
-    store."""
+    """Grow the topic to ``total_partitions``, the new ones spread like a new topic's, within the
+    limits per topic and per broker; ``known`` is a cached view of the topics to try before
+    asking the store."""
     error = validation.request_error(message, "", limits)
     if error is not ErrorCode.NONE:
         return error
     topics = await store.topics()
-    placement = None if known is None else known.get(message.topic)
-    if placement is None:
-        placement = topics.get(message.topic)
-    if placement is None:
+    current = None if known is None else known.get(message.topic)
+    if current is None:
+        current = topics.get(message.topic)
+    if current is None:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    added = message.total_partitions - placement.partition_count
-    if added < 1:
+    count = message.total_partitions - current.partition_count
+    if count < 1:
         return ErrorCode.INVALID_PARTITIONS
-    error = validation.broker_partitions_error(_placed_on(broker, topics), added, limits)
+    live = [b.broker_id for b in await store.brokers()]
+    brokers, error = placement.chosen_brokers(message.broker_ids, live)
+    if error is not ErrorCode.NONE:
+        return error
+    placed = placement.added(brokers, current.brokers, count)
+    error = _per_broker_error(placed, topics, limits)
     if error is not ErrorCode.NONE:
         return error
     try:
-        await store.add_partitions(message.topic, (broker.broker_id,) * added)
+        await store.add_partitions(message.topic, placed)
     except UnknownTopic:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     except InvalidPartitions:
@@ -320,8 +337,16 @@ async def add_partitions(
     return ErrorCode.NONE
 
 
-def _placed_on(broker: BrokerInfo, topics: Mapping[str, TopicPlacement]) -> int:
-    return sum(placement.brokers.count(broker.broker_id) for placement in topics.values())
+def _per_broker_error(
+    placed: tuple[int, ...], topics: Mapping[str, TopicPlacement], limits: RequestLimits
+) -> ErrorCode:
+    """POLICY_VIOLATION if any broker would hold more than its limit with ``placed`` added."""
+    for broker_id, count in Counter(placed).items():
+        held = sum(topic.brokers.count(broker_id) for topic in topics.values())
+        error = validation.broker_partitions_error(held, count, limits)
+        if error is not ErrorCode.NONE:
+            return error
+    return ErrorCode.NONE
 
 
 async def handle_connection(

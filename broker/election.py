@@ -225,15 +225,11 @@ async def _follower_answer(
                 )
             case CreateTopicRequest() as message:
                 return CreateTopicResponse(
-                    error_code=await create_topic(
-                        store, elector.broker, message, elector.config.limits
-                    )
+                    error_code=await create_topic(store, message, elector.config.limits)
                 )
             case CreatePartitionsRequest() as message:
                 return CreatePartitionsResponse(
-                    error_code=await add_partitions(
-                        store, elector.broker, message, elector.config.limits
-                    )
+                    error_code=await add_partitions(store, message, elector.config.limits)
                 )
     except StoreUnavailable as exc:
         log.warning("cannot answer %s: %s", type(request.message).__name__, exc)

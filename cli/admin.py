@@ -28,12 +28,24 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     create = client(verbs.add_parser("create", help="create a topic"))
     create.add_argument("topic")
     create.add_argument("--partitions", type=_positive_int, required=True)
+    create.add_argument(
+        "--brokers",
+        type=_broker_ids,
+        metavar="ID[,ID...]",
+        help="place the partitions on these brokers, round robin (default: every live broker)",
+    )
     client(verbs.add_parser("list", help="list topics"))
     describe = client(verbs.add_parser("describe", help="partitions, brokers and offsets"))
     describe.add_argument("topic", nargs="*")
     alter = client(verbs.add_parser("alter", help="add partitions to a topic"))
     alter.add_argument("topic")
     alter.add_argument("--partitions", type=_positive_int, required=True, help="new total")
+    alter.add_argument(
+        "--brokers",
+        type=_broker_ids,
+        metavar="ID[,ID...]",
+        help="place the new partitions on these brokers (default: every live broker)",
+    )
 
     groups = commands.add_parser("groups", help="list, describe, delete or reset groups")
     verbs = groups.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -60,6 +72,16 @@ def _bootstrap(text: str) -> list[tuple[str, int]]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _broker_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of broker ids: {text!r}") from None
+    if len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(f"a broker id is named twice: {text!r}")
+    return ids
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -80,7 +102,7 @@ async def run_admin(args: argparse.Namespace) -> None:
 
 
 async def _topics_create(admin: Admin, args: argparse.Namespace) -> None:
-    await admin.create_topic(args.topic, args.partitions)
+    await admin.create_topic(args.topic, args.partitions, args.brokers)
     _say(
         args,
         {"topic": args.topic, "partitions": args.partitions, "created": True},
@@ -89,7 +111,7 @@ async def _topics_create(admin: Admin, args: argparse.Namespace) -> None:
 
 
 async def _topics_alter(admin: Admin, args: argparse.Namespace) -> None:
-    await admin.add_partitions(args.topic, args.partitions)
+    await admin.add_partitions(args.topic, args.partitions, args.brokers)
     _say(
         args,
         {"topic": args.topic, "partitions": args.partitions},
@@ -108,6 +130,7 @@ async def _topics_list(admin: Admin, args: argparse.Namespace) -> None:
 
 async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
     topics = await admin.topics(args.topic or None)
+    live = {b.broker_id for b in (await admin.metadata(())).brokers}
     bounds = await admin.log_bounds([t.topic for t in topics])
     rows = []
     for topic in topics:
@@ -115,12 +138,15 @@ async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
             start, end = bounds.get(
                 TopicPartition(topic=topic.topic, partition=p.partition), (-1, -1)
             )
-            rows.append((topic.topic, p.partition, p.broker_id, start, end))
+            rows.append((topic.topic, p.partition, p.broker_id, p.broker_id in live, start, end))
     if args.json:
-        keys = ("topic", "partition", "broker", "start", "end")
+        keys = ("topic", "partition", "broker", "broker_up", "start", "end")
         print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows]))
     else:
-        _table(("TOPIC", "PARTITION", "BROKER", "START", "END"), rows)
+        _table(
+            ("TOPIC", "PARTITION", "BROKER", "UP", "START", "END"),
+            [(t, p, b, "yes" if up else "no", start, end) for t, p, b, up, start, end in rows],
+        )
 
 
 async def _groups_list(admin: Admin, args: argparse.Namespace) -> None:

@@ -43,7 +43,8 @@ from transport.connect import Address, NoBrokerAvailable, connect_any, open_chan
 CLIENT_ID = "coordinator-admin"
 
 #: A coordinator answers COORDINATOR_LOAD_IN_PROGRESS while it reads its groups' records after
-#: taking office (docs/design.md#loading): a group request is asked again this often...
+#: taking office (docs/design.md#loading), and a broker that just lost the office
+#: NOT_COORDINATOR: a group request finds the coordinator and asks again this often...
 LOAD_RETRY = 0.05
 #: ...this many times (10 s) before the code is reported.
 LOAD_RETRIES = 200
@@ -68,6 +69,7 @@ _HINTS = {
         "a topic's partitions can only be added to, up to the broker's --max-partitions-per-topic"
     ),
     ErrorCode.POLICY_VIOLATION: "the broker would hold more than its --max-partitions-per-broker",
+    ErrorCode.INVALID_REPLICA_ASSIGNMENT: "name live brokers, each once",
     ErrorCode.INVALID_TOPIC_EXCEPTION: "a topic name is 1-249 characters of [A-Za-z0-9._-]",
     ErrorCode.INVALID_GROUP_ID: (
         "a group id is at most the broker's --max-id-bytes, without control characters"
@@ -79,6 +81,14 @@ _HINTS = {
         "runs out; stop its consumers first, and retry after their session timeout"
     ),
 }
+
+
+#: Codes that mean the coordinator is loading or moving: ask again shortly (SPEC.md §11.7).
+_ASK_AGAIN = (
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.NOT_COORDINATOR,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -131,14 +141,41 @@ class Admin:
     async def call(self, request: RequestMessage) -> ResponseMessage:
         return await self.channel.request(request)
 
-    async def call_coordinator(self, request: RequestMessage) -> ResponseMessage:
-        """A group request: asked again while the coordinator is still loading."""
+    async def call_coordinator(
+        self, request: RequestMessage, group_id: str | None = None
+    ) -> ResponseMessage:
+        """A group request, sent to the coordinator of ``group_id`` (None: of the cluster), found
+        through whichever broker this admin bootstrapped from, as a consumer finds it (SPEC.md
+        §11.1): asked again while the coordinator is still loading or moving."""
+        response: ResponseMessage | None = None
         for _ in range(LOAD_RETRIES):
-            response = await self.call(request)
-            if getattr(response, "error_code", None) is not ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
-                break
+            channel = await self._coordinator(group_id)
+            if channel is not None:
+                response = await channel.request(request)
+                if getattr(response, "error_code", None) not in _ASK_AGAIN:
+                    return response
             await trio.sleep(LOAD_RETRY)
+        if response is None:
+            raise AdminError("find the coordinator", ErrorCode.COORDINATOR_NOT_AVAILABLE)
         return response
+
+    async def _coordinator(self, group_id: str | None) -> Channel | None:
+        """A channel to the broker the cluster names as ``group_id``'s coordinator now; None
+        while it names none or that broker cannot be reached."""
+        response = await self.call(ClusterMetadataRequest(group_id=group_id, topics=()))
+        assert isinstance(response, ClusterMetadataResponse)
+        if response.error_code in _ASK_AGAIN:
+            return None
+        _check("find the coordinator", response.error_code)
+        if response.coordinator_epoch != -1:
+            return self.channel  # only the coordinator tells its epoch (SPEC.md §11.1)
+        coordinator = {b.broker_id: b for b in response.brokers}.get(response.coordinator_id)
+        if coordinator is None:
+            return None
+        try:
+            return await self._channel_for(coordinator)
+        except NoBrokerAvailable:
+            return None
 
     async def metadata(self, topics: Sequence[str] | None = None) -> ClusterMetadataResponse:
         response = await self.call(
@@ -147,13 +184,30 @@ class Admin:
         assert isinstance(response, ClusterMetadataResponse)
         return response
 
-    async def create_topic(self, topic: str, partitions: int) -> None:
-        response = await self.call(CreateTopicRequest(topic=topic, partitions=partitions))
+    async def create_topic(
+        self, topic: str, partitions: int, brokers: Sequence[int] | None = None
+    ) -> None:
+        """``brokers``: the ids to place the partitions on; None: every live broker."""
+        response = await self.call(
+            CreateTopicRequest(
+                topic=topic,
+                partitions=partitions,
+                broker_ids=None if brokers is None else tuple(brokers),
+            )
+        )
         assert isinstance(response, CreateTopicResponse)
         _check(f"create topic {topic}", response.error_code)
 
-    async def add_partitions(self, topic: str, total: int) -> None:
-        response = await self.call(CreatePartitionsRequest(topic=topic, total_partitions=total))
+    async def add_partitions(
+        self, topic: str, total: int, brokers: Sequence[int] | None = None
+    ) -> None:
+        response = await self.call(
+            CreatePartitionsRequest(
+                topic=topic,
+                total_partitions=total,
+                broker_ids=None if brokers is None else tuple(brokers),
+            )
+        )
         assert isinstance(response, CreatePartitionsResponse)
         _check(f"alter topic {topic}", response.error_code)
 
@@ -170,13 +224,13 @@ class Admin:
         return response.groups
 
     async def delete_group(self, group: str) -> None:
-        response = await self.call_coordinator(DeleteGroupRequest(group_id=group))
+        response = await self.call_coordinator(DeleteGroupRequest(group_id=group), group)
         assert isinstance(response, DeleteGroupResponse)
         _check(f"delete group {group}", response.error_code)
 
     async def describe_group(self, group: str) -> GroupReport:
         """The lag is counted from the committed (durable) offset, which only moves forward."""
-        response = await self.call_coordinator(DescribeGroupRequest(group_id=group))
+        response = await self.call_coordinator(DescribeGroupRequest(group_id=group), group)
         assert isinstance(response, DescribeGroupResponse)
         _check(f"group {group}", response.error_code)
         owners = {tp: m.member_id for m in response.members for tp in m.partitions}
@@ -218,7 +272,7 @@ class Admin:
                 for tp, offset in sorted(offsets.items())
             ),
         )
-        response = await self.call_coordinator(request)
+        response = await self.call_coordinator(request, group)
         assert isinstance(response, OffsetCommitResponse)
         _check(f"reset offsets of {group}", response.error_code)
 

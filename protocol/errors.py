@@ -36,6 +36,8 @@ class ErrorCode(enum.IntEnum):
     UNSUPPORTED_VERSION = 35
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
+    INVALID_REPLICA_ASSIGNMENT = 39
+    """CreateTopic or CreatePartitions named a broker that is not live, or one twice."""
     INVALID_REQUEST = 42
     POLICY_VIOLATION = 44
     """A CreateTopic or CreatePartitions would place more partitions on the broker than its

@@ -339,6 +339,8 @@ class CreateTopicRequest:
     API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
     topic: str
     partitions: Int32
+    broker_ids: tuple[Int32, ...] | None = attrs.field(default=None, metadata=since(1))
+    """The brokers to place the partitions on, round robin; None: every live broker."""
 
 
 @attrs.frozen(kw_only=True)
@@ -352,6 +354,8 @@ class CreatePartitionsRequest:
     API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_PARTITIONS
     topic: str
     total_partitions: Int32
+    broker_ids: tuple[Int32, ...] | None = attrs.field(default=None, metadata=since(1))
+    """As in :class:`CreateTopicRequest`, for the partitions added."""
 
 
 @attrs.frozen(kw_only=True)
@@ -515,6 +519,8 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
         ApiKey.PRODUCE: 1,
         ApiKey.FETCH: 1,
         ApiKey.REGISTER_CONSUMER: 1,
+        ApiKey.CREATE_TOPIC: 1,
+        ApiKey.CREATE_PARTITIONS: 1,
         ApiKey.PING: 1,
         ApiKey.STOP_FETCHER: 2,
         ApiKey.START_FETCHER: 2,

@@ -9,14 +9,14 @@ if ! .venv/bin/python -c "import kafka, trio" 2>/dev/null; then
     EXTRAS=${EXTRAS:-test,dev,spark,bench} scripts/bootstrap.sh
 fi
 out=${BENCH_OUT:-/dev/null}
-for bench in assignment heartbeat capacity rebalance detection failover zk_commits seed02; do
-    echo "== bench_$bench $*" >&2
-    .venv/bin/python -m "scripts.bench_$bench" "$@" | tee -a "$out"
+for bench in assignment heartbeat capacity rebalance incremental detection failover zk_commits seed02; do
+    echo "== bench.$bench $*" >&2
+    .venv/bin/python -m "bench.$bench" "$@" | tee -a "$out"
 done
 # These two take sizes rather than --quick.
 sizes=()
 if [ "${1:-}" = "--quick" ]; then sizes=(--records 20000); fi
 for bench in throughput spark_source; do
-    echo "== bench_$bench ${sizes[*]}" >&2
-    .venv/bin/python -m "scripts.bench_$bench" "${sizes[@]}" | tee -a "$out"
+    echo "== bench.$bench ${sizes[*]}" >&2
+    .venv/bin/python -m "bench.$bench" "${sizes[@]}" | tee -a "$out"
 done

@@ -176,9 +176,17 @@ REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
     ApiKey.OFFSET_FETCH: st.builds(
         OffsetFetchRequest, group_id=texts, partitions=st.none() | tuples_of(topic_partitions)
     ),
-    ApiKey.CREATE_TOPIC: st.builds(CreateTopicRequest, topic=texts, partitions=int32),
+    ApiKey.CREATE_TOPIC: st.builds(
+        CreateTopicRequest,
+        topic=texts,
+        partitions=int32,
+        broker_ids=st.none() | tuples_of(int32),
+    ),
     ApiKey.CREATE_PARTITIONS: st.builds(
-        CreatePartitionsRequest, topic=texts, total_partitions=int32
+        CreatePartitionsRequest,
+        topic=texts,
+        total_partitions=int32,
+        broker_ids=st.none() | tuples_of(int32),
     ),
     ApiKey.LIST_GROUPS: st.builds(ListGroupsRequest),
     ApiKey.DESCRIBE_GROUP: st.builds(DescribeGroupRequest, group_id=texts),

@@ -61,9 +61,9 @@ CONTRACT = {
     "OffsetCommitResponse": "error_code:int16",
     "OffsetFetchRequest": "group_id:string partitions:array[TopicPartition]?",
     "OffsetFetchResponse": "error_code:int16 offsets:array[PartitionOffset]",
-    "CreateTopicRequest": "topic:string partitions:int32",
+    "CreateTopicRequest": "topic:string partitions:int32 broker_ids:array[int32]?",
     "CreateTopicResponse": "error_code:int16",
-    "CreatePartitionsRequest": "topic:string total_partitions:int32",
+    "CreatePartitionsRequest": "topic:string total_partitions:int32 broker_ids:array[int32]?",
     "CreatePartitionsResponse": "error_code:int16",
     "ListGroupsRequest": "",
     "ListGroupsResponse": "error_code:int16 groups:array[GroupSummary]",
@@ -86,6 +86,8 @@ OLDER_VERSIONS = {
     ("RegisterConsumerRequest", 0): "group_id:string consumer_id:string subscription:Subscription"
     " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
     " owned_partitions:array[TopicPartition]",
+    ("CreateTopicRequest", 0): "topic:string partitions:int32",
+    ("CreatePartitionsRequest", 0): "topic:string total_partitions:int32",
     ("StopFetcherRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string",
     ("StopFetcherRequest", 1): "coordinator_epoch:int64 generation:int32 consumer_id:string"
     " acknowledged_frames:int64",
@@ -208,6 +210,7 @@ def test_error_codes() -> None:
         "UNSUPPORTED_VERSION": 35,
         "TOPIC_ALREADY_EXISTS": 36,
         "INVALID_PARTITIONS": 37,
+        "INVALID_REPLICA_ASSIGNMENT": 39,
         "INVALID_REQUEST": 42,
         "POLICY_VIOLATION": 44,
         "NON_EMPTY_GROUP": 68,

@@ -5,15 +5,11 @@ real sockets, real ZooKeeper, real clock); tests/zookeeper/test_failover.py kill
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import attrs
 import pytest
 import trio
 
-from broker.node import NodeSettings, run_node
 from consumer import Consumer, ConsumerSettings, open_consumer
 from consumer.admin import open_admin
 from coordinator.config import CoordinatorConfig
@@ -21,6 +17,7 @@ from launch.cluster import agreed_coordinator, eventually
 from protocol import ErrorCode, RegisterConsumerRequest, RegisterConsumerResponse
 from protocol.types import Subscription, TopicPartition, TopicStreams
 from statemachine.consumer import ConsumerState
+from tests.support.node_cluster import cluster, ids
 
 pytestmark = pytest.mark.realtime
 
@@ -30,54 +27,14 @@ SESSION = 2.0  # consumers' session timeout T, and the brokers' ZooKeeper sessio
 CONFIG = CoordinatorConfig(initial_rebalance_delay=0.2, commit_interval=0.2)
 
 
-@attrs.define
-class Broker:
-    broker_id: int
-    port: int
-    scope: trio.CancelScope
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return ("127.0.0.1", self.port)
-
-
-async def _run_broker(settings: NodeSettings, *, task_status: trio.TaskStatus[Broker]) -> None:
-    with trio.CancelScope() as scope:
-        async with trio.open_nursery() as nursery:
-            port = await nursery.start(run_node, settings)
-            task_status.started(Broker(broker_id=settings.broker_id, port=port, scope=scope))
-
-
-@contextlib.asynccontextmanager
-async def cluster(hosts: str, tmp_path: Path, size: int) -> AsyncIterator[list[Broker]]:
-    async with trio.open_nursery() as nursery:
-        brokers = []
-        for broker_id in range(1, size + 1):
-            settings = NodeSettings(
-                broker_id=broker_id,
-                port=0,
-                data_dir=tmp_path / f"broker{broker_id}",
-                coordinator=CONFIG,
-                zookeeper=hosts,
-                zookeeper_session_timeout=SESSION,
-            )
-            brokers.append(await nursery.start(_run_broker, settings))
-        yield brokers
-        nursery.cancel_scope.cancel()
-
-
 def covered(consumers: list[Consumer]) -> set[TopicPartition]:
     return {tp for c in consumers for tp in c.assignment.value}
-
-
-def ids(brokers: list[Broker]) -> list[tuple[int, tuple[str, int]]]:
-    return [(b.broker_id, b.address) for b in brokers]
 
 
 async def test_one_coordinator_and_followers_refuse_group_requests(
     zookeeper_hosts: str, tmp_path: Path
 ) -> None:
-    async with cluster(zookeeper_hosts, tmp_path, 3) as brokers:
+    async with cluster(zookeeper_hosts, tmp_path, CONFIG, 3) as brokers:
         leader_id = await agreed_coordinator(ids(brokers), deadline=DEADLINE)
         follower = next(b for b in brokers if b.broker_id != leader_id)
         async with open_admin([follower.address]) as admin:
@@ -105,13 +62,13 @@ async def test_one_coordinator_and_followers_refuse_group_requests(
 async def test_the_group_is_whole_again_after_the_coordinator_goes(
     zookeeper_hosts: str, tmp_path: Path
 ) -> None:
-    async with cluster(zookeeper_hosts, tmp_path, 2) as brokers:
+    async with cluster(zookeeper_hosts, tmp_path, CONFIG, 2) as brokers:
         leader_id = await agreed_coordinator(ids(brokers), deadline=DEADLINE)
         leader = next(b for b in brokers if b.broker_id == leader_id)
         survivor = next(b for b in brokers if b.broker_id != leader_id)
         # The partitions live on the survivor, so the group can fetch after the failover.
         async with open_admin([survivor.address]) as admin:
-            await admin.create_topic("orders", 4)
+            await admin.create_topic("orders", 4, [survivor.broker_id])
 
         # Consumers look for the new coordinator at least every second (by default their backoff
         # grows to 5 s while the dead one is still named), so the time measured is the cluster's.
