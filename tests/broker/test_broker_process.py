@@ -26,7 +26,7 @@ from protocol import (
     ProduceRequest,
     ProduceResponse,
 )
-from protocol.batches import Compression, read_batches, records_from_batches
+from protocol.batches import Compression, batch_spans, read_batches, records_from_batches
 from protocol.records import Record
 from transport.channel import Channel
 from transport.connect import connect_any, open_channel
@@ -176,9 +176,12 @@ async def test_kill_9_loses_no_acknowledged_record_and_cuts_the_torn_tail(
             producer.nursery.cancel_scope.cancel()
 
     (segment,) = sorted((data / "log" / "stream-0").glob("*.log"))
-    # A kill -9 rarely tears a write(2) by itself; tear one the way a crash mid-write would.
+    # A kill -9 rarely tears a write(2) by itself; tear one the way a crash mid-write would: the
+    # first half of a whole batch, its header saying more bytes follow than the file holds.
+    stored = segment.read_bytes()
+    last = batch_spans(stored)[-1]
     with open(segment, "ab") as f:
-        f.write(b"\x00\x00\x00\x00\x00\x00\x27\x10\xde\xad")
+        f.write(stored[last.position : last.position + last.size // 2])
     torn_size = segment.stat().st_size
 
     async with run_broker(data, "--fsync", "always") as broker, client(broker) as channel:
