@@ -178,10 +178,10 @@ async def test_kill_9_loses_no_acknowledged_record_and_cuts_the_torn_tail(
     (segment,) = sorted((data / "log" / "stream-0").glob("*.log"))
     # A kill -9 rarely tears a write(2) by itself; tear one the way a crash mid-write would: the
     # first half of a whole batch, its header saying more bytes follow than the file holds.
-    stored = segment.read_bytes()
-    last = batch_spans(stored)[-1]
+    on_disk = segment.read_bytes()
+    last = batch_spans(on_disk)[-1]
     with open(segment, "ab") as f:
-        f.write(stored[last.position : last.position + last.size // 2])
+        f.write(on_disk[last.position : last.position + last.size // 2])
     torn_size = segment.stat().st_size
 
     async with run_broker(data, "--fsync", "always") as broker, client(broker) as channel:
