@@ -216,7 +216,7 @@ async def test_a_clean_stop_leaves_an_index_the_next_start_opens_without_a_scan(
         p.stem for p in segment_files(directory)
     ]
 
-    def no_scan(*args: object) -> None:
+    def no_scan(*args: object, **kwargs: object) -> None:
         raise AssertionError("a segment was scanned")
 
     monkeypatch.setattr(segment_module, "_scan", no_scan)
