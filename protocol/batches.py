@@ -106,6 +106,10 @@ def compress(codec: Compression, data: bytes) -> bytes:
 MAX_SECTION_BYTES = 64 * 1024 * 1024
 
 
+#: The most records a batch may claim: each takes 12 bytes of its section at least.
+MAX_RECORDS = MAX_SECTION_BYTES // 12
+
+
 def decompress(codec: int, data: ReadableBuffer) -> bytes:
     try:
         if codec == Compression.NONE:
@@ -315,14 +319,19 @@ def build_batch(
     return _INT64.pack(base_offset) + batch[8:] if base_offset else batch
 
 
+#: Version-0 records are stored in batches of about this size (a batch holds at least one record,
+#: so a record larger than this is a batch of its own).
+RECORDS_BATCH_BYTES = 256 * 1024
+
+
 def batches_from_records(records: Sequence[Record]) -> bytes:
     """Version-0 records (one at a time) as batches, for a broker that stores only batches."""
     out = bytearray()
-    builder = BatchBuilder(max_bytes=2**62)
+    builder = BatchBuilder(max_bytes=RECORDS_BATCH_BYTES)
     for record in records:
         if not builder.append(record.value, record.key, record.timestamp_ms):
             out += builder.build()
-            builder = BatchBuilder(max_bytes=2**62)
+            builder = BatchBuilder(max_bytes=RECORDS_BATCH_BYTES)
             builder.append(record.value, record.key, record.timestamp_ms)
     if builder.count:
         out += builder.build()
@@ -404,8 +413,10 @@ def walk_batches(
                 magic != MAGIC
                 or attributes & ~_KNOWN_ATTRIBUTES
                 or (attributes & COMPRESSION_MASK) not in _CODECS
-                or count < 1
+                or not 1 <= count <= MAX_RECORDS
                 or last_delta != count - 1
+                # uncompressed, the section holds three int32s per record at least
+                or (not attributes & COMPRESSION_MASK and size - HEADER_SIZE < 12 * count)
             ):
                 raise RemoteProtocolError(
                     f"batch at byte {pos}: magic {magic}, attributes {attributes:#x}, "
@@ -542,6 +553,7 @@ class RecordBatch:
     def timestamps(self) -> list[int]:
         n = self.record_count
         if self.attributes & APPEND_TIME:
+            self.section()  # a batch claiming more records than it holds fails here
             return [self.append_time_ms] * n
         first = self.first_timestamp_ms
         return [first + d for d in _int32s(self.section(), 0, n)]

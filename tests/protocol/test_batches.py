@@ -13,13 +13,16 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol import ErrorCode, RemoteProtocolError
+from protocol import ErrorCode, Record, RemoteProtocolError
 from protocol.batches import (
     HEADER_SIZE,
+    MAX_RECORDS,
     MAX_SECTION_BYTES,
+    RECORDS_BATCH_BYTES,
     BatchBuilder,
     Compression,
     batch_spans,
+    batches_from_records,
     build_batch,
     encode_batch,
     read_batches,
@@ -103,3 +106,26 @@ def test_lengths_that_run_past_the_records_are_corrupt() -> None:
     with pytest.raises(RemoteProtocolError) as caught:
         received.values()
     assert caught.value.error_code is ErrorCode.CORRUPT_MESSAGE
+
+
+def test_a_batch_claiming_more_records_than_it_holds_is_corrupt() -> None:
+    # CRC-valid (a producer can make any bytes CRC-valid), but more records than 12 bytes hold
+    for count in (2, MAX_RECORDS + 1):
+        head = bytearray(
+            encode_batch(
+                struct.pack("<iii", 0, -1, 0), 1, first_timestamp_ms=-1, max_timestamp_ms=-1
+            )
+        )
+        struct.pack_into(">i", head, 27, count - 1)  # last_offset_delta
+        struct.pack_into(">i", head, 61, count)  # record_count
+        struct.pack_into(">I", head, 20, zlib.crc32(bytes(head[24:])))
+        with pytest.raises(RemoteProtocolError) as caught:
+            batch_spans(bytes(head))
+        assert caught.value.error_code is ErrorCode.CORRUPT_MESSAGE
+
+
+def test_version_0_records_are_stored_in_batches_of_bounded_size() -> None:
+    records = [Record(offset=-1, timestamp_ms=-1, key=None, value=b"x" * 1000)] * 1000
+    spans = batch_spans(batches_from_records(records))
+    assert sum(s.record_count for s in spans) == 1000
+    assert max(s.size for s in spans) <= RECORDS_BATCH_BYTES
