@@ -249,12 +249,11 @@ async def library_rates(
         skipped = len(first.values())
         received = skipped
         start = time.perf_counter()
-        async for batch in batches:
+        while received < len(values):
+            batch = await anext(batches)
             keys, decoded = batch.keys(), batch.values()
             assert len(keys) == len(decoded)
             received += len(decoded)
-            if received >= len(values):
-                break
         consume = time.perf_counter() - start
     per_record = consume / max(1, received - skipped)
     return produce, per_record * len(values)
