@@ -1,8 +1,9 @@
 """Rows/s through the ``coordinator`` Spark source, next to an in-memory Python source of the same
-rows in the same run and session (the bare baseline: Spark's Python data source machinery and
-Arrow conversion without the broker). Prints one JSON line per figure::
+rows in the same run and session (the bare baseline: Spark's Python data source machinery
+without the broker: each task yields Arrow record batches it already holds), and Spark's own
+Parquet reader over the same rows. Prints one JSON line per figure::
 
-    python bench/spark_source.py --records 500000 --partitions 2
+    python bench/spark_source.py --records 1000000 --partitions 2
 """
 
 from __future__ import annotations
@@ -20,16 +21,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attrs
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from pipeline.arrow import arrow_batch
 from pipeline.local import local_broker, local_spark
-from pipeline.source import FETCH_BYTES, SCHEMA, arrow_batch
+from pipeline.source import FETCH_BYTES, SCHEMA
 from pipeline.wire import Cluster
-from protocol import CreateTopicRequest, Record
+from protocol import CreateTopicRequest
+from protocol.batches import build_batch, read_batches
 
 VALUE_BYTES = 100
+#: Records per produced batch: the producer's batches are about this size at 100-byte values.
+BATCH_RECORDS = 5000
 
 
 def emit(**figure: object) -> None:
@@ -38,16 +44,30 @@ def emit(**figure: object) -> None:
 
 @attrs.frozen(kw_only=True)
 class MemoryPartition(InputPartition):
-    """One partition's rows as the Arrow batches the broker source builds from its fetches."""
+    """One partition's rows as the Arrow batches the broker source builds from its fetches, in an
+    Arrow IPC file the task maps into memory (the page cache holds it): no data travels with the
+    plan or the task, and yielding a batch copies nothing."""
 
-    batches: tuple[pa.RecordBatch, ...]
+    path: str
+
+    @classmethod
+    def of(cls, batches: Sequence[pa.RecordBatch], path: Path) -> MemoryPartition:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batches[0].schema) as w:
+            for batch in batches:
+                w.write_batch(batch)
+        return cls(path=str(path))
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        with pa.memory_map(self.path) as source:
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
 
 
 class MemorySource(DataSource):
-    """The same rows in the same Arrow batches, shipped with each task: Spark's Python data source
-    path alone, with no fetching, decoding or building of rows."""
-
-    partitions_data: Sequence[MemoryPartition] = ()
+    """The same rows in the same Arrow batches, already in each task's memory: Spark's Python
+    data source path alone, with no fetching, decoding or building of rows. Option ``paths``:
+    the partitions' IPC files."""
 
     @classmethod
     def name(cls) -> str:
@@ -57,7 +77,7 @@ class MemorySource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return MemoryReader(self.partitions_data)
+        return MemoryReader([MemoryPartition(path=p) for p in self.options["paths"].split(",")])
 
 
 class MemoryReader(DataSourceReader):
@@ -69,32 +89,43 @@ class MemoryReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, MemoryPartition)
-        yield from partition.batches
+        yield from partition.batches()
 
 
-def fill(bootstrap: str, topic: str, partitions: int, records: int) -> list[MemoryPartition]:
+def fill(
+    bootstrap: str, topic: str, partitions: int, records: int, directory: Path
+) -> list[MemoryPartition]:
     """Produce ``records`` and read them back as the fetches the source will make."""
     with Cluster(bootstrap) as cluster:
         cluster.call_any(CreateTopicRequest(topic=topic, partitions=partitions))
         placements = sorted(cluster.placements([topic]).values(), key=lambda p: p.partition)
         value = b"x" * VALUE_BYTES
-        for i in range(0, records, 2000):
-            batch = [
-                Record(offset=-1, timestamp_ms=-1, key=b"k%d" % j, value=value)
-                for j in range(i, min(i + 2000, records))
-            ]
-            cluster.produce(placements[(i // 2000) % partitions], batch)
+        for i in range(0, records, BATCH_RECORDS):
+            count = min(BATCH_RECORDS, records - i)
+            batch = build_batch([value] * count, [b"k%d" % j for j in range(i, i + count)])
+            cluster.produce(placements[(i // BATCH_RECORDS) % partitions], batch)
         result = []
         for p in placements:
-            batches, offset = [], 0
+            arrow, offset = [], 0
             while True:
                 response = cluster.fetch(p, offset, FETCH_BYTES)
-                if not response.records:
+                fetched = read_batches(response.batches)
+                if not fetched:
                     break
-                batches.append(response.records)
-                offset = response.records[-1].offset + 1
-            result.append(MemoryPartition(batches=tuple(arrow_batch(p, b) for b in batches)))
+                found = arrow_batch(p.topic, p.partition, fetched, offset, fetched[-1].next_offset)
+                assert found is not None
+                arrow.append(found)
+                offset = fetched[-1].next_offset
+            result.append(MemoryPartition.of(arrow, directory / f"{p.partition}.arrow"))
         return result
+
+
+def write_parquet(data: Sequence[MemoryPartition], directory: Path) -> None:
+    """The same rows as Parquet files, one per partition, for Spark's own reader."""
+    directory.mkdir()
+    for i, partition in enumerate(data):
+        table = pa.Table.from_batches(list(partition.batches()))
+        pq.write_table(table, directory / f"part-{i}.parquet")
 
 
 def rows_per_second(spark: Any, reader: Any, records: int, rounds: int) -> float:
@@ -115,21 +146,24 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="best of this many reads")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, local_broker(Path(tmp) / "broker") as bootstrap:
-        data = fill(bootstrap, "bench", args.partitions, args.records)
-        # the in-memory source ships its rows inside the plan: the driver needs room for them
+        data = fill(bootstrap, "bench", args.partitions, args.records, Path(tmp))
         spark = local_spark("bench-spark-source", cores=2, driver_memory="3g")
         try:
-            MemorySource.partitions_data = data
             spark.dataSource.register(MemorySource)
             source = (
                 spark.read.format("coordinator")
                 .option("bootstrap", bootstrap)
                 .option("topic", "bench")
             )
-            memory = spark.read.format("memory_records")
+            memory = spark.read.format("memory_records").option(
+                "paths", ",".join(p.path for p in data)
+            )
+            write_parquet(data, Path(tmp) / "parquet")
+            parquet = spark.read.format("parquet").option("path", str(Path(tmp) / "parquet"))
             rows_per_second(spark, source, args.records, 1)  # warm the Python workers
             broker_rate = rows_per_second(spark, source, args.records, args.rounds)
             memory_rate = rows_per_second(spark, memory, args.records, args.rounds)
+            parquet_rate = rows_per_second(spark, parquet, args.records, args.rounds)
         finally:
             spark.stop()
     common = {"records": args.records, "partitions": args.partitions, "value_bytes": VALUE_BYTES}
@@ -146,7 +180,16 @@ def main() -> int:
         **common,
     )
     emit(
-        figure="spark_source_ratio", coordinator_over_in_memory=round(broker_rate / memory_rate, 3)
+        figure="spark_source_rows_per_s",
+        source="spark_parquet_reader",
+        rows_per_s=round(parquet_rate),
+        **common,
+    )
+    emit(
+        figure="spark_source_ratio",
+        coordinator_over_in_memory=round(broker_rate / memory_rate, 3),
+        in_memory_over_parquet=round(memory_rate / parquet_rate, 3),
+        target=0.5,
     )
     return 0
 

@@ -1,12 +1,27 @@
-"""Produce and consume rates of one broker process, each next to a bare baseline from the same run.
+"""The data plane's rates, each next to a bare baseline measured in the same run.
 
 Prints one JSON line per figure. The broker is a real ``python -m cli serve`` process on a
-temporary data dir; the client (the producer, then a fetch loop) runs here. The baselines do the
-same file work with nothing around it: appending the same encoded records to a file in batches of
-the same size (with an fsync per batch when the broker's policy is ``always``), and reading them
-back. Both processes share the machine's cores, as they would on a small host.
+temporary data dir; the clients run here. The bare baseline is another process, a trio server
+doing the broker's socket and file work with no protocol around it: receive a frame, CRC it,
+append it to a file (fsync it under ``always``) and answer 8 bytes; or read a file range and send
+it. Both servers get the same bytes: ready-made record batches of ``--batch-bytes``.
 
-    python bench/throughput.py --records 200000 --fsync always
+Figures (``--fsync`` never and always are separate runs):
+
+* ``broker_produce`` / ``bare_produce``: a client sending ready-made batches, one request in
+  flight, no Python object per record on either side;
+* ``broker_fetch`` / ``bare_fetch``: a client reading whole batches back without decoding them;
+* ``consumer_library``: ``open_consumer`` end to end, decoding every record's key and value
+  through ``RecordStream.batches()`` (``ConsumerBatch.keys()`` and ``.values()``);
+* ``producer_library``: ``Producer.enqueue`` (no checkpoint per record) then ``flush``;
+* ``compression``: zstd (and lz4) on compressible JSON values through the producer library:
+  bytes on disk and on the wire, and the rates, next to no compression;
+* ``broker_start_s`` (``--start-gib``, a run of its own): seconds from spawning a broker to every
+  partition's first answered fetch, over a log written straight to its files: after an empty data
+  dir (the process's own start), with no index files, after a clean stop, and after a kill -9
+  that followed 10 MiB more acknowledged per partition.
+
+    python bench/throughput.py --records 1000000 --value-bytes 100 --fsync always
 """
 
 from __future__ import annotations
@@ -15,54 +30,125 @@ import argparse
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from consumer import ProducerConfig, open_producer
-from protocol import CreateTopicRequest, FetchRequest, FetchResponse
-from protocol.records import Record, decode_record, encode_record
+from consumer import ConsumerSettings, ProducerConfig, open_consumer, open_producer
+from protocol import (
+    CreateTopicRequest,
+    ErrorCode,
+    FetchRequest,
+    FetchResponse,
+    ProduceRequest,
+    ProduceResponse,
+)
+from protocol.batches import Compression, build_batch, walk_batches
 from transport.connect import connect_any, open_channel
-from transport.security import ClientSecurity
 
-VALUE_BYTES = 100
+ROOT = Path(__file__).resolve().parents[1]
+FETCH_BYTES = 1024 * 1024
+_FRAME = struct.Struct(">bi")  # op, length
+_READ = struct.Struct(">qi")  # position, size
 
 
 def emit(**figure: object) -> None:
-    print(json.dumps(figure), flush=True)
+    print(json.dumps({"benchmark": "throughput", **figure}), flush=True)
 
 
-def baseline(path: Path, records: int, batch: int, fsync: bool) -> tuple[float, float, float]:
-    """Records/s appending the encoded records to a file in batches, reading the bytes back, and
-    reading them back as records (decoded and CRC-checked, as any reader of the files must)."""
-    one = encode_record(Record(offset=0, timestamp_ms=0, key=None, value=b"x" * VALUE_BYTES))
-    chunk = one * batch
+# --- the bare server ----------------------------------------------------------------------------
+
+
+async def _receive_exactly(stream: trio.SocketStream, n: int, buf: bytearray) -> bytearray:
+    while len(buf) < n:
+        chunk = await stream.receive_some(max(65536, n - len(buf)))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
+
+
+async def bare_server(port_file: Path, path: Path, fsync: bool) -> None:
+    """Append frames to ``path`` (op 0) and serve its ranges (op 1), one connection at a time."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+
+    async def serve(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        try:
+            while True:
+                buf = await _receive_exactly(stream, _FRAME.size, buf)
+                op, length = _FRAME.unpack_from(buf)
+                buf = await _receive_exactly(stream, _FRAME.size + length, buf)
+                payload = bytes(buf[_FRAME.size : _FRAME.size + length])
+                del buf[: _FRAME.size + length]
+                if op == 0:
+                    crc = zlib.crc32(payload)
+                    os.write(fd, payload)
+                    if fsync:
+                        os.fsync(fd)
+                    await stream.send_all(struct.pack(">q", crc))
+                else:
+                    position, size = _READ.unpack(payload)
+                    data = os.pread(fd, size, position)
+                    await stream.send_all(struct.pack(">i", len(data)) + data)
+        except (EOFError, trio.BrokenResourceError):
+            return
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port_file.write_text(str(listeners[0].socket.getsockname()[1]))
+    await trio.serve_listeners(serve, listeners)
+
+
+def start_bare(tmp: Path, fsync: str) -> tuple[subprocess.Popen[bytes], int]:
+    port_file = tmp / "bare.port"
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--bare-server", str(port_file), str(tmp / "bare.log"), fsync],
+        cwd=ROOT,
+    )
+    deadline = time.monotonic() + 30
+    while not port_file.exists() or not port_file.read_text():
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            raise SystemExit("the bare server did not start")
+        time.sleep(0.02)
+    return process, int(port_file.read_text())
+
+
+async def bare_rates(port: int, batch: bytes, count: int) -> tuple[float, float]:
+    """Seconds to append ``count`` copies of ``batch``, and to read them all back."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    frame = _FRAME.pack(0, len(batch)) + batch
+    buf = bytearray()
     start = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for _ in range(records // batch):
-        os.write(fd, chunk)
-        if fsync:
-            os.fsync(fd)
-    os.close(fd)
-    write_rate = records / (time.perf_counter() - start)
+    for _ in range(count):
+        await stream.send_all(frame)
+        buf = await _receive_exactly(stream, 8, buf)
+        del buf[:8]
+    produce = time.perf_counter() - start
+    total = len(batch) * count
     start = time.perf_counter()
-    with open(path, "rb") as f:
-        while f.read(1024 * 1024):
-            pass
-    read_rate = records / (time.perf_counter() - start)
-    start = time.perf_counter()
-    data = path.read_bytes()
-    pos = 0
-    while pos < len(data):
-        _, pos = decode_record(data, pos)
-    decoded_rate = records / (time.perf_counter() - start)
-    return write_rate, read_rate, decoded_rate
+    position = 0
+    while position < total:
+        await stream.send_all(_FRAME.pack(1, _READ.size) + _READ.pack(position, FETCH_BYTES))
+        buf = await _receive_exactly(stream, 4, buf)
+        (size,) = struct.unpack_from(">i", buf)
+        buf = await _receive_exactly(stream, 4 + size, buf)
+        del buf[: 4 + size]
+        position += size
+    fetch = time.perf_counter() - start
+    await stream.aclose()
+    return produce, fetch
+
+
+# --- the broker ---------------------------------------------------------------------------------
 
 
 def start_broker(data_dir: Path, fsync: str) -> tuple[subprocess.Popen[bytes], int]:
@@ -82,7 +168,7 @@ def start_broker(data_dir: Path, fsync: str) -> tuple[subprocess.Popen[bytes], i
             fsync,
         ],
         stdout=subprocess.PIPE,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=ROOT,
     )
     assert process.stdout is not None
     line = process.stdout.readline().decode()
@@ -93,83 +179,307 @@ def start_broker(data_dir: Path, fsync: str) -> tuple[subprocess.Popen[bytes], i
     return process, int(match.group(1))
 
 
-async def client_rates(
-    port: int, records: int, batch: int, *, security: ClientSecurity | None = None
-) -> tuple[float, float]:
-    """(records/s produced, records/s fetched) by one client, connecting as ``security`` says."""
-    address = ("127.0.0.1", port)
-    connect = (security or ClientSecurity()).connector()
-    stream, _ = await connect_any([address], connect=connect)
-    async with open_channel(stream, client_id="bench") as channel:
-        await channel.request(CreateTopicRequest(topic="bench", partitions=1))
-        value = b"x" * VALUE_BYTES
-        config = ProducerConfig(linger=0.02, max_batch_records=batch)
+async def broker_rates(port: int, batch: bytes, count: int, records: int) -> tuple[float, float]:
+    """Seconds to produce ``count`` ready-made batches one request at a time, and to fetch them
+    back as whole batches, walking only their headers."""
+    stream, _ = await connect_any([("127.0.0.1", port)])
+    async with open_channel(stream, client_id="bench", max_frame_size=8 * FETCH_BYTES) as channel:
+        await channel.request(CreateTopicRequest(topic="raw", partitions=1))
+        request = ProduceRequest(topic="raw", partition=0, records=(), batches=batch)
         start = time.perf_counter()
-        async with open_producer([address], config=config, connect=connect) as producer:
-            for _ in range(records):
-                await producer.enqueue("bench", value)
-            await producer.flush()
-        produce_rate = records / (time.perf_counter() - start)
-
+        for _ in range(count):
+            response = await channel.request(request)
+            assert isinstance(response, ProduceResponse), response
+            assert response.error_code is ErrorCode.NONE, response
+        produce = time.perf_counter() - start
         start = time.perf_counter()
         offset = 0
         while offset < records:
-            response = await channel.request(
-                FetchRequest(topic="bench", partition=0, offset=offset, max_bytes=1024 * 1024)
+            answer = await channel.request(
+                FetchRequest(topic="raw", partition=0, offset=offset, max_bytes=FETCH_BYTES)
             )
-            assert isinstance(response, FetchResponse) and response.records
-            offset = response.records[-1].offset + 1
-        consume_rate = records / (time.perf_counter() - start)
-    return produce_rate, consume_rate
+            assert isinstance(answer, FetchResponse) and answer.batches, answer.error_code
+            for _, _, base, n, _ in walk_batches(answer.batches, check_crc=False):
+                offset = base + n
+        fetch = time.perf_counter() - start
+    return produce, fetch
+
+
+async def library_rates(
+    port: int,
+    topic: str,
+    values: list[bytes],
+    batch_bytes: int,
+    compression: Compression,
+) -> tuple[float, float]:
+    """Seconds for the producer library to send ``values``, and for the consumer library to
+    decode them all back (keys and values, through the batch API; the first batch, which waits
+    for the group to form, is left out and the rate scaled to every record)."""
+    address = ("127.0.0.1", port)
+    stream, _ = await connect_any([address])
+    async with open_channel(stream, client_id="bench") as channel:
+        await channel.request(CreateTopicRequest(topic=topic, partitions=1))
+    config = ProducerConfig(
+        linger=0.005,
+        max_batch_bytes=batch_bytes,
+        max_batch_records=1_000_000,
+        compression=compression,
+        max_pending_records=max(100_000, 4 * batch_bytes // 16),
+    )
+    start = time.perf_counter()
+    async with open_producer([address], config=config) as producer:
+        await producer.partitions_for(topic)
+        enqueue = producer.enqueue_nowait
+        for i, value in enumerate(values):
+            try:
+                enqueue(topic, value)
+            except trio.WouldBlock:  # max_pending_records unacknowledged: wait for room
+                await producer.enqueue(topic, value)
+            if i % 5000 == 4999:
+                await trio.sleep(0)
+        await producer.flush()
+    produce = time.perf_counter() - start
+
+    settings = ConsumerSettings(auto_offset_reset="smallest", session_timeout=30.0)
+    group = f"bench-{topic}"
+    async with open_consumer([address], group, topics={topic: 1}, settings=settings) as consumer:
+        (records,) = consumer.streams_for(topic)
+        batches = records.batches()
+        first = await anext(batches)  # timed from here: the group formed, the first fetch answered
+        skipped = len(first.values())
+        received = skipped
+        start = time.perf_counter()
+        while received < len(values):
+            batch = await anext(batches)
+            keys, decoded = batch.keys(), batch.values()
+            assert len(keys) == len(decoded)
+            received += len(decoded)
+        consume = time.perf_counter() - start
+    per_record = consume / max(1, received - skipped)
+    return produce, per_record * len(values)
+
+
+def log_bytes(data_dir: Path, topic: str) -> int:
+    return sum(p.stat().st_size for p in (data_dir / "log" / f"{topic}-0").glob("*.log"))
+
+
+def json_values(n: int) -> list[bytes]:
+    """Compressible JSON events, about 200 bytes each, as a click stream would have them."""
+    return [
+        json.dumps(
+            {
+                "user": f"user-{i % 1000:04d}",
+                "event": ("view", "click", "purchase")[i % 3],
+                "page": f"/products/{i % 97}/details",
+                "ts": 1_700_000_000_000 + i,
+                "session": f"s-{i // 50:08d}",
+                "amount": (i % 13) * 1.5,
+            }
+        ).encode()
+        for i in range(n)
+    ]
+
+
+# --- start time with a large log ----------------------------------------------------------------
+
+
+async def first_answered_fetch(port: int, partitions: int) -> None:
+    """Wait until every partition answers a fetch at offset 0 (a poll, as a client would)."""
+    while True:
+        try:
+            stream, _ = await connect_any([("127.0.0.1", port)])
+            async with open_channel(stream, client_id="bench") as channel:
+                for p in range(partitions):
+                    answer = await channel.request(
+                        FetchRequest(topic="big", partition=p, offset=0, max_bytes=1)
+                    )
+                    assert isinstance(answer, FetchResponse), answer
+                    assert answer.error_code is ErrorCode.NONE, answer.error_code
+                return
+        except OSError:
+            await trio.sleep(0.005)
+
+
+def timed_start(data_dir: Path, partitions: int) -> tuple[subprocess.Popen[bytes], int, float]:
+    """Seconds from spawning the broker to every partition's first answered fetch."""
+    start = time.perf_counter()
+    process, port = start_broker(data_dir, "always")
+    trio.run(first_answered_fetch, port, partitions)
+    return process, port, time.perf_counter() - start
+
+
+async def create_big(port: int, partitions: int) -> None:
+    stream, _ = await connect_any([("127.0.0.1", port)])
+    async with open_channel(stream, client_id="bench") as channel:
+        await channel.request(CreateTopicRequest(topic="big", partitions=partitions))
+
+
+async def produce_more(port: int, partitions: int, batch: bytes, count: int) -> None:
+    stream, _ = await connect_any([("127.0.0.1", port)])
+    async with open_channel(stream, client_id="bench") as channel:
+        for _ in range(count):
+            for p in range(partitions):
+                answer = await channel.request(
+                    ProduceRequest(topic="big", partition=p, records=(), batches=batch)
+                )
+                assert isinstance(answer, ProduceResponse), answer
+                assert answer.error_code is ErrorCode.NONE, answer.error_code
+
+
+def fill_log(data_dir: Path, partitions: int, total: int, batch: bytes, per_batch: int) -> None:
+    """``total`` bytes of stamped batches spread over the partitions' first segments, written
+    straight to the files (a broker producing 1 GiB here would take minutes of CPU)."""
+    per_partition = total // partitions
+    count = max(1, per_partition // len(batch))
+    for p in range(partitions):
+        path = data_dir / "log" / f"big-{p}" / f"{0:020d}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            for i in range(count):
+                f.write(struct.pack(">q", i * per_batch) + batch[8:])
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def start_figures(gib: float, batch_bytes: int, value_bytes: int, partitions: int) -> None:
+    value = b"x" * value_bytes
+    per_batch = max(1, batch_bytes // (value_bytes + 12))
+    batch = build_batch([value] * per_batch)
+    total = int(gib * 2**30)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        data_dir = Path(tmp_name) / "data"
+        process, port, empty_s = timed_start(data_dir, 0)
+        trio.run(create_big, port, partitions)
+        process.terminate()
+        process.wait(60)
+        fill_log(data_dir, partitions, total, batch, per_batch)
+        on_disk = sum(p.stat().st_size for p in (data_dir / "log").glob("big-*/*.log"))
+        common = {"bytes": on_disk, "partitions": partitions, "segment_bytes": 64 * 2**20}
+        emit(figure="broker_start_s", after="an empty data dir", seconds=round(empty_s, 3))
+        more = 10 * 2**20 // len(batch) + 1
+        for after in ("no index (files written behind its back)", "a clean stop", "a kill -9"):
+            process, port, seconds = timed_start(data_dir, partitions)
+            emit(figure="broker_start_s", after=after, seconds=round(seconds, 3), **common)
+            if after == "a clean stop":
+                # 10 MiB more acknowledged per partition, then a crash before any clean stop
+                trio.run(produce_more, port, partitions, batch, more)
+                process.kill()
+            else:
+                process.terminate()
+            process.wait(60)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--batch", type=int, default=2000, help="producer's max batch records")
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--batch-bytes", type=int, default=256 * 1024, help="a batch's size")
     parser.add_argument("--fsync", choices=["always", "interval", "never"], default="always")
+    parser.add_argument("--compression-records", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--start-gib",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="only the start-time figures, with this much log over --start-partitions",
+    )
+    parser.add_argument("--start-partitions", type=int, default=16)
+    parser.add_argument("--bare-server", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        write_rate, read_rate, decoded_rate = baseline(
-            Path(tmp) / "baseline.log", args.records, args.batch, args.fsync == "always"
-        )
-        process, port = start_broker(Path(tmp) / "data", args.fsync)
+    if args.start_gib is not None:
+        start_figures(args.start_gib, args.batch_bytes, args.value_bytes, args.start_partitions)
+        return 0
+    if args.bare_server:
+        port_file, path, fsync = args.bare_server
+        trio.run(bare_server, Path(port_file), Path(path), fsync == "always")
+        return 0
+
+    value = b"x" * args.value_bytes
+    per_batch = max(1, args.batch_bytes // (args.value_bytes + 12))
+    count = max(1, args.records // per_batch)
+    records = count * per_batch
+    batch = build_batch([value] * per_batch)
+    common = {
+        "records": records,
+        "value_bytes": args.value_bytes,
+        "batch_records": per_batch,
+        "batch_bytes": len(batch),
+        "fsync": args.fsync,
+    }
+    total_bytes = len(batch) * count
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        bare, bare_port = start_bare(tmp, args.fsync)
         try:
-            produce_rate, consume_rate = trio.run(client_rates, port, args.records, args.batch)
+            bare_produce, bare_fetch = trio.run(bare_rates, bare_port, batch, count)
+        finally:
+            bare.kill()
+            bare.wait(10)
+        (tmp / "bare.log").unlink()
+        data_dir = tmp / "data"
+        process, port = start_broker(data_dir, args.fsync)
+        try:
+            produce, fetch = trio.run(broker_rates, port, batch, count, records)
+            values = [value] * records
+            lib_produce, lib_consume = trio.run(
+                library_rates, port, "lib", values, args.batch_bytes, Compression.NONE
+            )
+            compressed: dict[str, tuple[float, float, int]] = {}
+            n_json = args.compression_records or min(records, 200_000)
+            events = json_values(n_json)
+            for codec in (Compression.NONE, Compression.ZSTD, Compression.LZ4):
+                topic = f"json-{codec.name.lower()}"
+                p, c = trio.run(library_rates, port, topic, events, args.batch_bytes, codec)
+                compressed[codec.name.lower()] = (p, c, log_bytes(data_dir, topic))
         finally:
             process.terminate()
-            process.wait(10)
-    common = {"records": args.records, "value_bytes": VALUE_BYTES, "fsync": args.fsync}
+            process.wait(30)
+
+    for path, broker_s, bare_s in (
+        ("produce", produce, bare_produce),
+        ("fetch", fetch, bare_fetch),
+    ):
+        emit(
+            figure=f"broker_{path}",
+            records_per_s=round(records / broker_s),
+            mb_per_s=round(total_bytes / broker_s / 1e6, 1),
+            bare_records_per_s=round(records / bare_s),
+            bare_mb_per_s=round(total_bytes / bare_s / 1e6, 1),
+            ratio=round(bare_s / broker_s, 3),
+            target_ratio=0.5,
+            **common,
+        )
     emit(
-        benchmark="throughput",
-        figure="produce_records_per_s",
-        value=round(produce_rate),
-        unit="records/s",
-        baseline=round(write_rate),
-        baseline_is="appending the encoded records to a file",
-        ratio=round(produce_rate / write_rate, 4),
+        figure="consumer_library",
+        api="RecordStream.batches(): ConsumerBatch.keys() and .values()",
+        records_per_s=round(records / lib_consume),
+        target_records_per_s=500_000,
         **common,
     )
     emit(
-        benchmark="throughput",
-        figure="consume_records_per_s",
-        value=round(consume_rate),
-        unit="records/s",
-        baseline=round(read_rate),
-        baseline_is="reading the file's bytes",
-        ratio=round(consume_rate / read_rate, 4),
+        figure="producer_library",
+        api="Producer.enqueue_nowait (a checkpoint every 5000 records), then flush",
+        records_per_s=round(records / lib_produce),
+        target_records_per_s=300_000,
         **common,
     )
-    emit(
-        benchmark="throughput",
-        figure="consume_records_per_s_vs_decoding_the_file",
-        value=round(consume_rate),
-        unit="records/s",
-        baseline=round(decoded_rate),
-        baseline_is="reading the file and decoding its records",
-        ratio=round(consume_rate / decoded_rate, 4),
-        **common,
-    )
+    raw = sum(len(v) for v in events)
+    plain = compressed["none"]
+    for name, (p, c, on_disk) in compressed.items():
+        emit(
+            figure="compression",
+            codec=name,
+            records=n_json,
+            value_bytes_total=raw,
+            bytes_on_disk=on_disk,
+            bytes_on_wire=on_disk,  # a fetch answers the stored batches byte for byte
+            ratio_to_uncompressed=round(on_disk / plain[2], 3),
+            produce_records_per_s=round(n_json / p),
+            consume_records_per_s=round(n_json / c),
+            produce_cost=round(p / plain[0], 3),
+            consume_cost=round(c / plain[1], 3),
+            fsync=args.fsync,
+        )
     return 0
 
 

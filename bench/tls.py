@@ -17,6 +17,7 @@ The certificates are a throwaway CA made here with ``trustme`` (the ``bench`` ex
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -39,12 +40,48 @@ from bench.harness import (
     wait_until,
 )
 from bench.loadgen import now
-from bench.throughput import VALUE_BYTES, client_rates
+from consumer import ProducerConfig, open_producer
+from protocol import CreateTopicRequest, FetchRequest, FetchResponse
+from protocol.batches import walk_batches
+from transport.connect import connect_any, open_channel
 from transport.security import ClientSecurity
 
 BENCH = "tls"
+#: The size of each record's value in the produce and fetch rates.
+VALUE_BYTES = 100
 SESSION_TIMEOUT_MS = 10_000
 POLL = 5.0
+
+
+async def client_rates(
+    port: int, records: int, batch: int, *, security: ClientSecurity | None = None
+) -> tuple[float, float]:
+    """(records/s produced, records/s fetched) by one client, connecting as ``security`` says."""
+    address = ("127.0.0.1", port)
+    connect = (security or ClientSecurity()).connector()
+    stream, _ = await connect_any([address], connect=connect)
+    async with open_channel(stream, client_id="bench") as channel:
+        await channel.request(CreateTopicRequest(topic="bench", partitions=1))
+        value = b"x" * VALUE_BYTES
+        config = ProducerConfig(linger=0.02, max_batch_records=batch)
+        start = time.perf_counter()
+        async with open_producer([address], config=config, connect=connect) as producer:
+            for _ in range(records):
+                await producer.enqueue("bench", value)
+            await producer.flush()
+        produce_rate = records / (time.perf_counter() - start)
+
+        start = time.perf_counter()
+        offset = 0
+        while offset < records:
+            response = await channel.request(
+                FetchRequest(topic="bench", partition=0, offset=offset, max_bytes=1024 * 1024)
+            )
+            assert isinstance(response, FetchResponse) and response.batches
+            for _, _, base, count, _ in walk_batches(response.batches, check_crc=False):
+                offset = base + count
+        consume_rate = records / (time.perf_counter() - start)
+    return produce_rate, consume_rate
 
 
 def _certificates(directory: Path) -> tuple[Path, Path]:

@@ -25,6 +25,7 @@ from broker.log import (
     LogFailed,
     OffsetOutOfRange,
     PartitionLog,
+    check_log_format,
     open_partition_log,
 )
 from coordinator.validation import data_error
@@ -36,11 +37,12 @@ from protocol import (
     ListOffsetsResponse,
     ProduceRequest,
     ProduceResponse,
+    RemoteProtocolError,
     Request,
     ResponseMessage,
     error_response,
 )
-from protocol.records import record_size
+from protocol.batches import batch_spans, batches_from_records, records_from_batches
 from protocol.types import TopicPartition
 from store import MetadataStore, TopicPlacement
 
@@ -49,7 +51,7 @@ log = logging.getLogger(__name__)
 #: Worker threads for file I/O across all partitions: enough to overlap an fsync with reads, few
 #: enough that the disk, not the thread pool, is the queue.
 IO_THREADS = 8
-#: A fetch answers at most this much (beyond one whole record), whatever it asks for, so that the
+#: A fetch answers at most this much (beyond one whole batch), whatever it asks for, so that the
 #: response fits the default 4 MiB frame limit.
 MAX_FETCH_BYTES = 2 * 1024 * 1024
 
@@ -80,26 +82,35 @@ class BrokerLog:
             case ProduceRequest():
                 return await self.produce(message)
             case FetchRequest():
-                return await self.fetch(message)
+                return await self.fetch(message, request.api_version)
         return await self.list_offsets(message)
 
     async def produce(self, message: ProduceRequest) -> ProduceResponse:
         partition = await self.partition(message.topic, message.partition)
         if partition is None:
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
-        if any(record_size(r) > self.config.max_record_bytes for r in message.records):
-            return ProduceResponse(error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1)
-        if not message.records:
+        if message.records and message.batches:
+            return ProduceResponse(error_code=ErrorCode.INVALID_REQUEST, base_offset=-1)
+        payload = batches_from_records(message.records) if message.records else message.batches
+        if not payload:
             return ProduceResponse(error_code=ErrorCode.NONE, base_offset=partition.log_end_offset)
         try:
-            base = await partition.append(message.records, _now_ms())
+            spans = batch_spans(payload)  # one CRC call a batch; no record is decoded
+        except RemoteProtocolError as exc:
+            log.warning("produce to %s-%d refused: %s", message.topic, message.partition, exc)
+            return ProduceResponse(error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1)
+        if any(span.size > self.config.max_batch_bytes for span in spans):
+            return ProduceResponse(error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1)
+        try:
+            base = await partition.append(payload, spans, _now_ms())
         except (OSError, LogFailed) as exc:
             # not acknowledged: the producer may retry; the log is unchanged or refuses appends
             log.error("produce to %s-%d failed: %s", message.topic, message.partition, exc)
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR, base_offset=-1)
         return ProduceResponse(error_code=ErrorCode.NONE, base_offset=base)
 
-    async def fetch(self, message: FetchRequest) -> FetchResponse:
+    async def fetch(self, message: FetchRequest, api_version: int = 1) -> FetchResponse:
+        """Whole stored batches (version 1 on); version 0 gets them decoded into records."""
         partition = await self.partition(message.topic, message.partition)
         if partition is None:
             return FetchResponse(
@@ -108,22 +119,36 @@ class BrokerLog:
                 log_start_offset=-1,
                 records=(),
             )
+        data = b""
         try:
-            # At least one whole record is answered whatever max_bytes says (zero or negative
+            # At least one whole batch is answered whatever max_bytes says (zero or negative
             # included), so a consumer always moves on; at most MAX_FETCH_BYTES beyond it.
             max_bytes = max(1, min(message.max_bytes, MAX_FETCH_BYTES))
-            records = await partition.read(message.offset, max_bytes)
+            data = await partition.read(message.offset, max_bytes)
             error = ErrorCode.NONE
         except OffsetOutOfRange:
-            records, error = (), ErrorCode.OFFSET_OUT_OF_RANGE
+            error = ErrorCode.OFFSET_OUT_OF_RANGE
         except CorruptSegment as exc:
             log.error("fetch %s-%d: %s", message.topic, message.partition, exc)
-            records, error = (), ErrorCode.CORRUPT_MESSAGE
+            error = ErrorCode.CORRUPT_MESSAGE
+        if api_version == 0:
+            try:
+                records = records_from_batches(data, message.offset)
+            except RemoteProtocolError as exc:  # a producer's batch whose records do not parse
+                log.error("fetch %s-%d (v0): %s", message.topic, message.partition, exc)
+                records, error = (), ErrorCode.CORRUPT_MESSAGE
+            return FetchResponse(
+                error_code=error,
+                high_watermark=partition.high_watermark,
+                log_start_offset=partition.log_start_offset,
+                records=records,
+            )
         return FetchResponse(
             error_code=error,
             high_watermark=partition.high_watermark,
             log_start_offset=partition.log_start_offset,
-            records=records,
+            records=(),
+            batches=data,
         )
 
     async def list_offsets(self, message: ListOffsetsRequest) -> ListOffsetsResponse:
@@ -187,12 +212,15 @@ class BrokerLog:
             return found
 
     async def open_placed(self, placement: Mapping[str, TopicPlacement]) -> None:
+        """Open every partition placed here, side by side: a recovery scan is a CRC over a
+        segment (zlib releases the GIL for it), so the I/O threads overlap them."""
         self.placement = placement
-        for topic, where in sorted(placement.items()):
-            for p, broker in enumerate(where.brokers):
-                tp = TopicPartition(topic=topic, partition=p)
-                if broker == self.broker_id and tp not in self.partitions:
-                    await self._open(tp)
+        async with trio.open_nursery() as nursery:
+            for topic, where in sorted(placement.items()):
+                for p, broker in enumerate(where.brokers):
+                    tp = TopicPartition(topic=topic, partition=p)
+                    if broker == self.broker_id and tp not in self.partitions:
+                        nursery.start_soon(self._open, tp)
 
     async def enforce_retention(self) -> int:
         deleted = 0
@@ -240,7 +268,7 @@ async def open_broker_log(
 ) -> AsyncIterator[BrokerLog]:
     """Recover every partition placed on this broker, then serve (``<data_dir>/log``)."""
     broker = BrokerLog(broker_id=broker_id, store=store, directory=data_dir / "log", config=config)
-    await trio.to_thread.run_sync(lambda: broker.directory.mkdir(parents=True, exist_ok=True))
+    await trio.to_thread.run_sync(check_log_format, broker.directory)
     try:
         await broker.open_placed(await store.topics())
         async with trio.open_nursery() as nursery:

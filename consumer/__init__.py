@@ -8,12 +8,21 @@ from .client import (
     RebalanceCallback,
     open_consumer,
 )
-from .producer import Delivery, ProduceError, Producer, ProducerConfig, open_producer
-from .streams import ConsumerRecord, RecordStream
+from .producer import (
+    Compression,
+    Delivery,
+    ProduceError,
+    Producer,
+    ProducerConfig,
+    open_producer,
+)
+from .streams import ConsumerBatch, ConsumerRecord, RecordStream
 
 __all__ = [
     "CommitFailed",
+    "Compression",
     "Consumer",
+    "ConsumerBatch",
     "ConsumerRecord",
     "ConsumerSettings",
     "Delivery",

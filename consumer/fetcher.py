@@ -31,11 +31,12 @@ from protocol import (
     ResponseMessage,
     Role,
 )
+from protocol.batches import read_batches
 from protocol.types import BrokerInfo
 from transport.channel import Channel, ChannelClosed
 from transport.connect import Connector
 
-from .streams import ConsumerRecord, PartitionClaim, RecordStream
+from .streams import ConsumerBatch, PartitionClaim, RecordStream
 
 __all__ = [
     "BrokerConnections",
@@ -191,26 +192,36 @@ async def run_fetcher(
             continue
         if claim.consumed is None:
             claim.consumed = claim.position
-        batch = [
-            ConsumerRecord(
-                topic=tp.topic,
-                partition=tp.partition,
-                offset=r.offset,
-                timestamp_ms=r.timestamp_ms,
-                key=r.key,
-                value=r.value,
-                claim=claim,
-            )
-            for r in response.records
-            if r.offset >= claim.position
-        ]
-        if not batch:
+        try:
+            batches = _claimed_batches(claim, response)
+        except RemoteProtocolError as exc:  # a batch whose CRC does not match: fetch it again
+            log.warning("%s: %s", tp, exc)
+            await trio.sleep(settings.retry_backoff)
+            continue
+        if not batches:
             await trio.sleep(settings.idle_interval)
             continue
         with trio.move_on_at(deadline):  # a full stream must not hold a batch past the lease
-            if not await stream.put(claim, batch):
+            if not await stream.put(claim, batches):
                 return
-            claim.position = batch[-1].offset + 1
+            claim.position = batches[-1].batch.next_offset
+
+
+def _claimed_batches(claim: PartitionClaim, response: FetchResponse) -> list[ConsumerBatch]:
+    """The answer's batches from the claim's position on, each CRC checked, records undecoded."""
+    tp = claim.partition
+    position = claim.position
+    return [
+        ConsumerBatch(
+            topic=tp.topic,
+            partition=tp.partition,
+            batch=batch,
+            first_offset=max(position, batch.base_offset),
+            claim=claim,
+        )
+        for batch in read_batches(response.batches)
+        if batch.next_offset > position
+    ]
 
 
 def _reset_offset(response: ListOffsetsResponse, auto_offset_reset: str) -> int:

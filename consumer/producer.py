@@ -2,11 +2,14 @@
 broker holding the partition has the record durable under its fsync policy.
 
 Records wait per partition for at most ``linger`` seconds (or until a batch is full) so that many
-concurrent sends share one ProduceRequest and one fsync. One batch per partition is in flight at a
-time, so records of one partition are stored in the order they were sent. A batch that fails in a
-way a retry can fix (broker unreachable, partition moved: UNKNOWN_TOPIC_OR_PARTITION) is retried
-against fresh metadata until ``delivery_timeout``; a retry after a lost connection may store the
-batch twice (at-least-once), never zero times once acknowledged.
+concurrent sends share one ProduceRequest and one fsync. A send appends its record straight to
+its partition's open record batch (``protocol.batches``, compressed as ``compression`` says when
+sealed), and its :class:`Delivery` is that batch's answer plus the record's place in it: no
+object per record beyond the Delivery, no event per record. One batch per partition is in flight
+at a time, so records of one partition are stored in the order they were sent. A batch that fails
+in a way a retry can fix (broker unreachable, partition moved: UNKNOWN_TOPIC_OR_PARTITION) is
+retried against fresh metadata until ``delivery_timeout``; a retry after a lost connection may
+store the batch twice (at-least-once), never zero times once acknowledged.
 
 Partitioning: a keyed record goes to ``crc32(key) % partitions`` (zlib's CRC-32: stable across
 processes and languages, unlike ``hash()``; not Kafka's murmur2, so a key lands on a different
@@ -15,6 +18,7 @@ partition than Java Kafka would pick); a record without a key goes round robin.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import zlib
@@ -32,13 +36,20 @@ from protocol import (
     ProduceRequest,
     ProduceResponse,
 )
-from protocol.records import Record, record_size
+from protocol.batches import BatchBuilder, Compression
 from protocol.types import TopicPartition
 from transport.channel import ChannelClosed
 from transport.connect import connect_any, open_channel
 from transport.security import ClientSecurity
 
-__all__ = ["Delivery", "ProduceError", "Producer", "ProducerConfig", "open_producer"]
+__all__ = [
+    "Compression",
+    "Delivery",
+    "ProduceError",
+    "Producer",
+    "ProducerConfig",
+    "open_producer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +68,10 @@ class ProducerConfig:
     client_id: str = "producer"
     #: How long a record may wait for others to share its batch.
     linger: float = 0.005
-    max_batch_records: int = 2000
+    max_batch_records: int = 10_000
+    #: A record batch's size before compression (the broker refuses one over 1 MiB by default).
     max_batch_bytes: int = 1024 * 1024
+    compression: Compression = Compression.NONE
     #: Records accepted but not yet acknowledged; ``send`` waits beyond this (backpressure).
     max_pending_records: int = 100_000
     request_timeout: float = 30.0
@@ -69,39 +82,67 @@ class ProducerConfig:
 
 
 @attrs.define(eq=False)
+class _Batch:
+    """One record batch of one partition: filled by sends, then sent whole and answered once."""
+
+    builder: BatchBuilder
+    base_offset: int = -1
+    error: BaseException | None = None
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+    def resolve(self, base_offset: int, error: BaseException | None = None) -> None:
+        self.base_offset = base_offset
+        self.error = error
+        self.done.set()
+
+
 class Delivery:
     """One record's fate: ``await delivery.wait()`` -> ``(partition, offset)`` or raises."""
 
-    topic: str
-    partition: int
-    record: Record
-    offset: int = -1
-    error: BaseException | None = None
-    _done: trio.Event = attrs.field(factory=trio.Event)
+    __slots__ = ("_batch", "_index", "partition", "topic")
+
+    def __init__(self, topic: str, partition: int, batch: _Batch, index: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._batch = batch
+        self._index = index
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._batch.done.is_set()
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._batch.error
+
+    @property
+    def offset(self) -> int:
+        base = self._batch.base_offset
+        return -1 if base < 0 else base + self._index
 
     async def wait(self) -> tuple[int, int]:
-        await self._done.wait()
-        if self.error is not None:
-            raise self.error
+        await self._batch.done.wait()
+        if self._batch.error is not None:
+            raise self._batch.error
         return self.partition, self.offset
-
-    def _resolve(self, offset: int | None, error: BaseException | None = None) -> None:
-        if offset is not None:
-            self.offset = offset
-        self.error = error
-        self._done.set()
 
 
 @attrs.define(eq=False)
 class _Batcher:
-    pending: list[Delivery] = attrs.field(factory=list)
-    pending_bytes: int = 0
+    """A partition's batches waiting to be sent, oldest first; ``open``, the last one, may
+    still fill (None: every waiting batch is sealed)."""
+
+    batches: collections.deque[_Batch] = attrs.field(factory=collections.deque)
+    open: _Batch | None = None
     ready: trio.Event = attrs.field(factory=trio.Event)
+    """Set while ``batches`` is not empty."""
     full: trio.Event = attrs.field(factory=trio.Event)
+    """Set while a sealed batch waits: no reason to linger."""
+
+    def seal(self) -> None:
+        if self.open is not None:
+            self.open = None
+            self.full.set()
 
 
 @attrs.define(eq=False)
@@ -113,16 +154,16 @@ class Producer:
     connect: Connect
     #: topic -> broker id of each partition
     placement: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
-    _batchers: dict[TopicPartition, _Batcher] = attrs.field(factory=dict)
+    #: keyed by (topic, partition): a tuple hashes faster than a TopicPartition, once per record
+    _batchers: dict[tuple[str, int], _Batcher] = attrs.field(factory=dict)
     _round_robin: dict[str, itertools.count[int]] = attrs.field(factory=dict)
-    _unacknowledged: set[Delivery] = attrs.field(factory=set)
-    _space: trio.Semaphore = attrs.field(init=False)
+    _unacknowledged: set[_Batch] = attrs.field(factory=set)
+    #: Records accepted and not yet answered; ``send`` waits on ``_room`` past the limit.
+    _pending: int = 0
+    _room: trio.Event = attrs.field(factory=trio.Event)
     _metadata_lock: trio.Lock = attrs.field(factory=trio.Lock)
     _first_lookup: trio.Lock = attrs.field(factory=trio.Lock)
     _bootstrap_start: int = 0
-
-    def __attrs_post_init__(self) -> None:
-        self._space = trio.Semaphore(self.config.max_pending_records)
 
     async def send(
         self,
@@ -151,38 +192,70 @@ class Producer:
         of enqueues should await something now and then. ``timestamp_ms`` -1: the broker stamps
         its own time.
         """
-        partitions = await self._placement(topic)
+        if topic not in self.placement:
+            await self._placement(topic)
+        while self._pending >= self.config.max_pending_records:
+            await self._room.wait()
+        return self.enqueue_nowait(topic, value, key, timestamp_ms=timestamp_ms)
+
+    def enqueue_nowait(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        *,
+        timestamp_ms: int = -1,
+    ) -> Delivery:
+        """:meth:`enqueue` without awaiting anything: the fast path of a loop that sends many
+        records (no coroutine, no checkpoint per record). Raises ``trio.WouldBlock`` when
+        ``max_pending_records`` are unacknowledged or the topic's partitions are not known yet
+        (await :meth:`enqueue` or :meth:`partitions_for` once first)."""
+        partitions = self.placement.get(topic)
+        if not partitions or self._pending >= self.config.max_pending_records:
+            raise trio.WouldBlock
         if key is not None:
             partition = zlib.crc32(key) % len(partitions)
         else:
-            counter = self._round_robin.setdefault(topic, itertools.count())
+            counter = self._round_robin.get(topic)
+            if counter is None:
+                counter = self._round_robin[topic] = itertools.count()
             partition = next(counter) % len(partitions)
-        record = Record(offset=-1, timestamp_ms=timestamp_ms, key=key, value=value)
-        try:
-            self._space.acquire_nowait()  # no checkpoint per record while there is room
-        except trio.WouldBlock:
-            await self._space.acquire()
-        delivery = Delivery(topic=topic, partition=partition, record=record)
-        self._unacknowledged.add(delivery)
-        tp = TopicPartition(topic=topic, partition=partition)
-        batcher = self._batchers.get(tp)
+        self._pending += 1
+        batcher = self._batchers.get((topic, partition))
         if batcher is None:
-            batcher = self._batchers[tp] = _Batcher()
+            batcher = self._batchers[topic, partition] = _Batcher()
+            tp = TopicPartition(topic=topic, partition=partition)
             self.nursery.start_soon(self._drain, tp, batcher)
-        batcher.pending.append(delivery)
-        batcher.pending_bytes += record_size(record)
+        batch = batcher.open
+        if batch is None or not batch.builder.append(value, key, timestamp_ms):
+            batch = self._open_batch(batcher)
+            batch.builder.append(value, key, timestamp_ms)
+        builder = batch.builder
+        if builder.full:
+            batcher.seal()
+        return Delivery(topic, partition, batch, builder.count - 1)
+
+    def _open_batch(self, batcher: _Batcher) -> _Batch:
+        """Seal the partition's open batch (if any) and open the next one."""
+        batcher.seal()
+        config = self.config
+        batch = _Batch(
+            builder=BatchBuilder(
+                compression=config.compression,
+                max_bytes=config.max_batch_bytes,
+                max_records=config.max_batch_records,
+            )
+        )
+        batcher.open = batch
+        batcher.batches.append(batch)
         batcher.ready.set()
-        if (
-            len(batcher.pending) >= self.config.max_batch_records
-            or batcher.pending_bytes >= self.config.max_batch_bytes
-        ):
-            batcher.full.set()
-        return delivery
+        self._unacknowledged.add(batch)
+        return batch
 
     async def flush(self) -> None:
         """Wait until every record sent so far is acknowledged or failed."""
-        for delivery in list(self._unacknowledged):
-            await delivery._done.wait()
+        for batch in list(self._unacknowledged):
+            await batch.done.wait()
 
     async def partitions_for(self, topic: str) -> int:
         return len(await self._placement(topic))
@@ -241,42 +314,32 @@ class Producer:
 
     async def _drain(self, tp: TopicPartition, batcher: _Batcher) -> None:
         """This partition's sender: one batch in flight, in the order records were sent."""
-        config = self.config
         while True:
             await batcher.ready.wait()
-            with trio.move_on_after(config.linger):
-                await batcher.full.wait()
-            batch: list[Delivery] = []
-            size = 0
-            for delivery in batcher.pending:
-                grown = size + record_size(delivery.record)
-                if batch and (
-                    len(batch) >= config.max_batch_records or grown > config.max_batch_bytes
-                ):
-                    break
-                batch.append(delivery)
-                size = grown
-            del batcher.pending[: len(batch)]
-            batcher.pending_bytes -= size
-            if not batcher.pending:
+            if batcher.batches[0] is batcher.open:
+                with trio.move_on_after(self.config.linger):
+                    await batcher.full.wait()
+            batch = batcher.batches.popleft()
+            if batch is batcher.open:
+                batcher.open = None
+            if not batcher.batches:
                 batcher.ready = trio.Event()
-            if len(batcher.pending) < config.max_batch_records and (
-                batcher.pending_bytes < config.max_batch_bytes
-            ):
+            if not batcher.batches or batcher.batches[0] is batcher.open:
                 batcher.full = trio.Event()
             try:
                 await self._send_batch(tp, batch)
             finally:
-                for delivery in batch:
-                    if not delivery.done:  # cancelled: the producer is closing
-                        delivery._resolve(None, ProduceError("producer closed", ErrorCode.NONE))
-                    self._unacknowledged.discard(delivery)
-                    self._space.release()
+                if not batch.done.is_set():  # cancelled: the producer is closing
+                    batch.resolve(-1, ProduceError("producer closed", ErrorCode.NONE))
+                self._unacknowledged.discard(batch)
+                self._pending -= batch.builder.count
+                self._room.set()
+                self._room = trio.Event()
 
-    async def _send_batch(self, tp: TopicPartition, batch: list[Delivery]) -> None:
+    async def _send_batch(self, tp: TopicPartition, batch: _Batch) -> None:
         config = self.config
         request = ProduceRequest(
-            topic=tp.topic, partition=tp.partition, records=tuple(d.record for d in batch)
+            topic=tp.topic, partition=tp.partition, records=(), batches=batch.builder.build()
         )
         give_up = trio.current_time() + config.delivery_timeout
         while True:
@@ -292,8 +355,7 @@ class Producer:
             else:
                 assert isinstance(response, ProduceResponse)
                 if response.error_code is ErrorCode.NONE:
-                    for i, delivery in enumerate(batch):
-                        delivery._resolve(response.base_offset + i)
+                    batch.resolve(response.base_offset)
                     return
                 error = ProduceError(f"{tp}: {response.error_code.name}", response.error_code)
                 if response.error_code is not ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
@@ -303,8 +365,7 @@ class Producer:
             log.info("%s; retrying", error)
             await trio.sleep(config.retry_backoff)
             self.placement.pop(tp.topic, None)  # refresh before the next attempt
-        for delivery in batch:
-            delivery._resolve(None, error)
+        batch.resolve(-1, error)
 
 
 async def _tcp(host: str, port: int) -> trio.abc.Stream:

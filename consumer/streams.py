@@ -20,6 +20,13 @@ application holds when a rebalance revokes its partition is therefore *not* repo
 owner reads it again: delivery is at least once, and exactly once while nobody fails or rebalances
 in the middle of a record.
 
+**Batches.** Fetchers hand a stream whole record batches as the broker stored them, and a batch's
+records are decoded only when the application reaches them: ``async for record in stream`` makes
+one :class:`ConsumerRecord` at a time, while ``async for batch in stream.batches()`` hands over a
+:class:`ConsumerBatch` whose ``keys()``, ``values()``, ``offsets`` and ``timestamps()`` are parallel
+lists, decoded in one pass with no object per record. Asking for the next batch finishes every
+record of the previous one, as asking for the next record finishes the previous record.
+
 A partition's :class:`PartitionClaim` lives from the StartFetcher that gives the partition to this
 consumer until its fetcher is stopped (an incremental StartFetcher that keeps the partition keeps
 its claim, and so its position and consumed offset). Once stopped it is inactive: buffered records
@@ -33,15 +40,22 @@ its streams with :class:`InstanceFenced`, which iterating them then raises.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import attrs
 import trio
 
+from protocol.batches import RecordBatch
 from protocol.errors import ErrorCode
 from protocol.types import TopicPartition
 
-__all__ = ["ConsumerRecord", "InstanceFenced", "PartitionClaim", "RecordStream"]
+__all__ = [
+    "ConsumerBatch",
+    "ConsumerRecord",
+    "InstanceFenced",
+    "PartitionClaim",
+    "RecordStream",
+]
 
 
 class InstanceFenced(Exception):
@@ -94,6 +108,71 @@ class ConsumerRecord:
 
 
 @attrs.define(eq=False)
+class ConsumerBatch:
+    """The records of one stored batch from ``first_offset`` on, decoded on first use.
+
+    ``offsets``, ``timestamps()``, ``keys()`` and ``values()`` are parallel; ``batch`` is the
+    received batch itself (its header, and :meth:`RecordBatch.columns` for vectorised readers,
+    which must skip the records before ``first_offset``).
+    """
+
+    topic: str
+    partition: int
+    batch: RecordBatch
+    first_offset: int
+    _claim: PartitionClaim = attrs.field(repr=False)
+
+    @property
+    def _skip(self) -> int:
+        return self.first_offset - self.batch.base_offset
+
+    def __len__(self) -> int:
+        return self.batch.next_offset - self.first_offset
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(topic=self.topic, partition=self.partition)
+
+    @property
+    def offsets(self) -> range:
+        return range(self.first_offset, self.batch.next_offset)
+
+    def keys(self) -> list[bytes | None]:
+        keys = self.batch.keys()
+        return keys[self._skip :] if self._skip else keys
+
+    def values(self) -> list[bytes | None]:
+        values = self.batch.values()
+        return values[self._skip :] if self._skip else values
+
+    def timestamps(self) -> list[int]:
+        timestamps = self.batch.timestamps()
+        return timestamps[self._skip :] if self._skip else timestamps
+
+    def records(self) -> list[ConsumerRecord]:
+        claim = self._claim
+        return [
+            ConsumerRecord(
+                topic=self.topic,
+                partition=self.partition,
+                offset=offset,
+                timestamp_ms=ts,
+                key=key,
+                value=value,
+                claim=claim,
+            )
+            for offset, ts, key, value in zip(
+                self.offsets, self.timestamps(), self.keys(), self.values(), strict=True
+            )
+        ]
+
+    def finish(self, offset: int | None = None) -> None:
+        """The application finished every record of this batch (None), or those up to
+        ``offset``; asking the stream for more finishes them all."""
+        self._claim.finish(self.batch.last_offset if offset is None else offset)
+
+
+@attrs.define(eq=False)
 class RecordStream:
     """An async iterator over the records of the partitions currently assigned to this stream.
 
@@ -107,9 +186,14 @@ class RecordStream:
     max_buffered: int = 1000
     claims: dict[TopicPartition, PartitionClaim] = attrs.field(factory=dict)
     """The partitions assigned to this stream by the latest StartFetcher (active or not)."""
-    _buffer: collections.deque[ConsumerRecord] = attrs.field(factory=collections.deque)
+    _buffer: collections.deque[ConsumerBatch] = attrs.field(factory=collections.deque)
+    _buffered: int = 0
+    """Records in ``_buffer``."""
+    _records: collections.deque[ConsumerRecord] = attrs.field(factory=collections.deque)
+    """The rest of the batch ``async for`` is going through (``_current``), decoded."""
+    _current: ConsumerBatch | None = None
     _changed: trio.Event = attrs.field(factory=trio.Event)
-    _held: ConsumerRecord | None = None
+    _held: ConsumerRecord | ConsumerBatch | None = None
     _closed: bool = False
     _error: Callable[[], Exception] | None = None
     """Set when closed by a failure (being fenced): iteration raises what it makes."""
@@ -123,54 +207,108 @@ class RecordStream:
         return self
 
     async def __anext__(self) -> ConsumerRecord:
-        if self._held is not None:
-            self._held.finish()  # asking for the next record finishes the previous one
-            self._held = None
+        self._finish_held()
         while True:
-            while self._buffer:
-                record = self._buffer.popleft()
-                self._notify()
+            while self._records:
+                record = self._records.popleft()
                 if record._claim.active:
                     self._held = record
                     return record
+            batch = await self._next_buffered()
+            if batch is None:
+                raise StopAsyncIteration
+            self._current = batch
+            self._records.extend(batch.records())
+
+    async def next_batch(self) -> ConsumerBatch | None:
+        """The next batch of records (finishing every record handed out before); None once the
+        consumer has closed. Records ``async for`` decoded but has not handed out come first,
+        as a batch of their own."""
+        self._finish_held()
+        if self._records:
+            first_offset = self._records[0].offset
+            self._records.clear()
+            current = self._current
+            if current is not None and current._claim.active:
+                rest = attrs.evolve(current, first_offset=first_offset)
+                self._held = rest
+                return rest
+        batch = await self._next_buffered()
+        self._held = batch
+        return batch
+
+    async def batches(self) -> AsyncIterator[ConsumerBatch]:
+        """``async for batch in stream.batches()``: :meth:`next_batch` until the consumer
+        closes."""
+        while (batch := await self.next_batch()) is not None:
+            yield batch
+
+    def _finish_held(self) -> None:
+        if self._held is not None:
+            self._held.finish()  # asking for more finishes what was handed out
+            self._held = None
+
+    async def _next_buffered(self) -> ConsumerBatch | None:
+        while True:
+            while self._buffer:
+                batch = self._buffer.popleft()
+                self._buffered -= len(batch)
+                self._notify()
+                if batch._claim.active:
+                    return batch
             if self._closed:
                 if self._error is not None:
                     raise self._error()
-                raise StopAsyncIteration
+                return None
             await self._changed.wait()
 
     # --- the consumer's side --------------------------------------------------------------------
 
-    async def put(self, claim: PartitionClaim, records: Iterable[ConsumerRecord]) -> bool:
-        """Append a fetched batch once there is room; False (nothing appended) if the claim
+    async def put(self, claim: PartitionClaim, batches: Iterable[ConsumerBatch]) -> bool:
+        """Append fetched batches once there is room; False (nothing appended) if the claim
         became inactive meanwhile: a stopped fetcher must not deliver."""
-        while len(self._buffer) >= self.max_buffered and claim.active and not self._closed:
+        while self._buffered >= self.max_buffered and claim.active and not self._closed:
             await self._changed.wait()
         if not claim.active or self._closed:
             return False
-        self._buffer.extend(records)
+        for batch in batches:
+            self._buffer.append(batch)
+            self._buffered += len(batch)
         self._notify()
         return True
 
     def assign(self, claims: Iterable[PartitionClaim]) -> None:
         self.claims = {claim.partition: claim for claim in claims}
 
-    def take(self, claim: PartitionClaim) -> list[ConsumerRecord]:
-        """Remove and return the buffered records of ``claim``, which moves to another stream of
-        this consumer with them, so nothing is skipped or delivered twice."""
-        taken = [r for r in self._buffer if r._claim is claim]
-        self._buffer = collections.deque(r for r in self._buffer if r._claim is not claim)
+    def take(self, claim: PartitionClaim) -> list[ConsumerBatch]:
+        """Remove and return the buffered records of ``claim`` (the rest of the batch being
+        iterated first), which moves to another stream of this consumer with them, so nothing is
+        skipped or delivered twice."""
+        taken: list[ConsumerBatch] = []
+        current = self._current
+        if current is not None and current._claim is claim and self._records:
+            rest = [r for r in self._records if r._claim is claim]
+            if rest:
+                taken.append(attrs.evolve(current, first_offset=rest[0].offset))
+            self._records = collections.deque(r for r in self._records if r._claim is not claim)
+        taken += [b for b in self._buffer if b._claim is claim]
+        self._buffer = collections.deque(b for b in self._buffer if b._claim is not claim)
+        self._buffered = sum(len(b) for b in self._buffer)
         self._notify()
         return taken
 
-    def give(self, records: Iterable[ConsumerRecord]) -> None:
-        """Append records taken from another stream (before any fetched for them here)."""
-        self._buffer.extend(records)
+    def give(self, batches: Iterable[ConsumerBatch]) -> None:
+        """Append batches taken from another stream (before any fetched for them here)."""
+        for batch in batches:
+            self._buffer.append(batch)
+            self._buffered += len(batch)
         self._notify()
 
     def drop_inactive(self) -> None:
         """Clear the queue of stopped partitions (seed 03: stop fetchers, clean their queues)."""
-        self._buffer = collections.deque(r for r in self._buffer if r._claim.active)
+        self._buffer = collections.deque(b for b in self._buffer if b._claim.active)
+        self._buffered = sum(len(b) for b in self._buffer)
+        self._records = collections.deque(r for r in self._records if r._claim.active)
         self._notify()
 
     def close(self, error: Callable[[], Exception] | None = None) -> None:
@@ -179,6 +317,8 @@ class RecordStream:
         self._error = error
         self._closed = True
         self._buffer.clear()
+        self._buffered = 0
+        self._records.clear()
         self._notify()
 
     def _notify(self) -> None:

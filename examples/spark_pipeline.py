@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import trio
 from pyspark.sql import functions as F
 
-from consumer import open_producer
+from consumer import Compression, ProducerConfig, open_producer
 from consumer.admin import AdminError, open_admin
 from pipeline import GroupOffsetCommitter
 from pipeline.local import local_broker, local_spark
@@ -57,7 +57,9 @@ def feed(bootstrap: str, rate: int, stop: threading.Event, sent: list[int]) -> N
 
     async def run() -> None:
         users = [f"user-{i}" for i in range(20)]
-        async with open_producer(parse_bootstrap(bootstrap)) as producer:
+        # JSON compresses well: each record batch goes out and is stored zstd-compressed
+        config = ProducerConfig(compression=Compression.ZSTD)
+        async with open_producer(parse_bootstrap(bootstrap), config=config) as producer:
             while not stop.is_set():
                 for _ in range(max(rate // 10, 1)):
                     user = random.choice(users)

@@ -18,10 +18,11 @@ from typing import Any
 import attrs
 
 from pipeline.wire import Cluster, PipelineError, Placement, client_security
-from protocol import ErrorCode, Record, TopicPartition, record_size
+from protocol import ErrorCode, TopicPartition
+from protocol.batches import BatchBuilder
 from transport.security import ClientSecurity
 
-MAX_BATCH_RECORDS = 2000
+MAX_BATCH_RECORDS = 10_000
 MAX_BATCH_BYTES = 1024 * 1024
 
 
@@ -46,8 +47,7 @@ class TopicWriter:
     bootstrap: str
     topic: str
     security: ClientSecurity | None = None
-    _pending: dict[int, list[Record]] = attrs.field(factory=dict)
-    _pending_bytes: dict[int, int] = attrs.field(factory=dict)
+    _pending: dict[int, list[BatchBuilder]] = attrs.field(factory=dict)
     _round_robin: itertools.count[int] = attrs.field(factory=itertools.count)
 
     @classmethod
@@ -75,18 +75,15 @@ class TopicWriter:
                     partition = zlib.crc32(key) % len(placements)
                 else:
                     partition = next(self._round_robin) % len(placements)
-                record = Record(
-                    offset=-1,
-                    timestamp_ms=_timestamp_ms(fields.get("timestamp")),
-                    key=key,
-                    value=_bytes(fields.get("value")),
-                )
-                batch = self._pending.setdefault(partition, [])
-                batch.append(record)
-                size = self._pending_bytes[partition] = self._pending_bytes.get(
-                    partition, 0
-                ) + record_size(record)
-                if len(batch) >= MAX_BATCH_RECORDS or size >= MAX_BATCH_BYTES:
+                value = _bytes(fields.get("value"))
+                timestamp_ms = _timestamp_ms(fields.get("timestamp"))
+                batches = self._pending.setdefault(partition, [])
+                if not batches or not batches[-1].append(value, key, timestamp_ms):
+                    # a row whose timestamp the open batch cannot carry starts the next one
+                    batches.append(BatchBuilder(max_bytes=MAX_BATCH_BYTES))
+                    batches[-1].append(value, key, timestamp_ms)
+                last = batches[-1]
+                if last.count >= MAX_BATCH_RECORDS or last.size >= MAX_BATCH_BYTES:
                     written += self._send(cluster, placements, partition)
             for partition in list(self._pending):
                 written += self._send(cluster, placements, partition)
@@ -100,12 +97,11 @@ class TopicWriter:
         return ordered
 
     def _send(self, cluster: Cluster, placements: list[Placement], partition: int) -> int:
-        batch = self._pending.pop(partition, [])
-        self._pending_bytes.pop(partition, None)
-        if not batch:
+        batches = self._pending.pop(partition, [])
+        if not batches:
             return 0
         if not 0 <= partition < len(placements):
             tp = TopicPartition(topic=self.topic, partition=partition)
             raise PipelineError(f"partition {tp}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        cluster.produce(placements[partition], batch)
-        return len(batch)
+        cluster.produce(placements[partition], b"".join(b.build() for b in batches))
+        return sum(b.count for b in batches)

@@ -34,22 +34,14 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from pipeline import offsets as om
+from pipeline.arrow import ARROW_SCHEMA, arrow_batch
 from pipeline.sink import TopicWriter
 from pipeline.wire import Cluster, Placement, client_security
 from protocol import ErrorCode, TopicPartition
+from protocol.batches import read_batches
 from transport.security import ClientSecurity
 
 SCHEMA = "topic string, partition int, offset long, key binary, value binary, timestamp timestamp"
-ARROW_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-    ]
-)
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 #: Bytes asked for per Fetch; the broker caps a response at 2 MiB.
 FETCH_BYTES = 1024 * 1024
@@ -245,33 +237,20 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
                 raise RuntimeError(
                     f"fetch {p.topic}-{p.partition} at {offset}: {response.error_code.name}"
                 )
-            records = [r for r in response.records if offset <= r.offset < task.end]
-            if not records:
+            batches = read_batches(response.batches)
+            arrow = arrow_batch(p.topic, p.partition, batches, offset, task.end)
+            if arrow is None:
                 if response.high_watermark <= offset:
                     raise RuntimeError(
                         f"{p.topic}-{p.partition} ends at {response.high_watermark}, "
                         f"before the planned {task.end}"
                     )
                 continue
-            offset = records[-1].offset + 1
-            yield arrow_batch(p, records)
+            offset = min(task.end, batches[-1].next_offset)
+            yield arrow
 
 
-def arrow_batch(p: Placement, records: Sequence[Any]) -> pa.RecordBatch:
-    """Fetched records of partition ``p`` as one Arrow batch in the source's schema: what a read
-    task yields per Fetch response."""
-    n = len(records)
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([p.topic] * n, pa.string()),
-            pa.array([p.partition] * n, pa.int32()),
-            pa.array([r.offset for r in records], pa.int64()),
-            pa.array([r.key for r in records], pa.binary()),
-            pa.array([r.value for r in records], pa.binary()),
-            pa.array([r.timestamp_ms * 1000 for r in records], pa.timestamp("us", tz="UTC")),
-        ],
-        schema=ARROW_SCHEMA,
-    )
+__all__ = ["ARROW_SCHEMA", "SCHEMA", "CoordinatorDataSource", "read_range"]
 
 
 @attrs.frozen(kw_only=True)

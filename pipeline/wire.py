@@ -33,7 +33,6 @@ from protocol import (
     PeerError,
     ProduceRequest,
     ProduceResponse,
-    Record,
     RequestMessage,
     Response,
     ResponseMessage,
@@ -217,12 +216,13 @@ class Cluster:
         assert isinstance(response, FetchResponse)
         return response
 
-    def produce(self, placement: Placement, records: Sequence[Record]) -> int:
-        """Append ``records`` (acknowledged under the broker's fsync policy): the base offset."""
+    def produce(self, placement: Placement, batches: bytes) -> int:
+        """Append record ``batches`` (acknowledged under the broker's fsync policy): the base
+        offset."""
         response = self.call(
             (placement.host, placement.port),
             ProduceRequest(
-                topic=placement.topic, partition=placement.partition, records=tuple(records)
+                topic=placement.topic, partition=placement.partition, records=(), batches=batches
             ),
         )
         assert isinstance(response, ProduceResponse)

@@ -109,7 +109,11 @@ class ProduceRequest:
     topic: str
     partition: Int32
     records: tuple[Record, ...]
-    """Sent with offset -1; the broker assigns offsets."""
+    """Version 0's records, sent with offset -1; the broker assigns offsets. Empty in version 1
+    on, whose producers send ``batches``."""
+    batches: bytes = attrs.field(default=b"", metadata=since(1))
+    """Record batches back to back (SPEC.md §6), base offsets 0: the broker checks each one's
+    CRC, stamps its offsets and stores it as it came."""
 
 
 @attrs.frozen(kw_only=True)
@@ -138,6 +142,10 @@ class FetchResponse:
     high_watermark: Int64
     log_start_offset: Int64
     records: tuple[Record, ...]
+    """Version 0: the records from the requested offset. Empty in version 1 on."""
+    batches: bytes = attrs.field(default=b"", metadata=since(1))
+    """Whole stored batches, the first one holding the requested offset (so it may begin
+    before it: a consumer skips those records), as the log holds them."""
 
 
 # --- 2 LIST_OFFSETS -----------------------------------------------------------------------------
@@ -554,6 +562,8 @@ RESPONSE_TYPES: Mapping[ApiKey, type[ResponseMessage]] = MappingProxyType(
 NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
     {key: 0 for key in ApiKey}
     | {
+        ApiKey.PRODUCE: 1,
+        ApiKey.FETCH: 1,
         ApiKey.REGISTER_CONSUMER: 1,
         ApiKey.CREATE_TOPIC: 1,
         ApiKey.CREATE_PARTITIONS: 1,
@@ -608,6 +618,8 @@ def error_response(request: RequestMessage, error_code: ErrorCode) -> ResponseMe
             fields[field.name] = b""
         elif hint is bool:
             fields[field.name] = False
+        elif hint is bytes:
+            fields[field.name] = b""
         elif typing.get_origin(hint) is tuple:
             fields[field.name] = ()
         else:  # Int32 / Int64

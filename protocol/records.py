@@ -1,11 +1,10 @@
-"""Records: the unit of a partition's log, on the wire and on disk alike.
+"""Records one at a time: the data of version 0 of PRODUCE and FETCH (SPEC.md §6.1).
 
 A record is ``offset:int64, crc:uint32, timestamp_ms:int64, key:bytes, value:bytes``. The CRC covers
 only the part after itself, never the offset, so a broker can stamp offsets on a producer's records
-(which arrive with offset -1) without recomputing anything, and a log file is nothing but encoded
-records one after another: read it with :func:`decode_record` until the end, and a torn tail shows
-up as a MALFORMED_FRAME (truncate there) while flipped bits show up as CORRUPT_MESSAGE.
-"""
+(which arrive with offset -1) without recomputing anything. Version 1 on carries record batches
+instead (:mod:`protocol.batches`), and so does every broker's log: a broker turns version-0
+records into batches as they arrive, and batches back into records for a version-0 fetch."""
 
 from __future__ import annotations
 

@@ -32,5 +32,12 @@ class LogConfig:
     retention_check_ms: int = attrs.field(default=60_000, validator=attrs.validators.gt(0))
     #: One index entry per this many bytes of segment: a lookup reads at most this much extra.
     index_interval_bytes: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
-    #: A record larger than this (encoded) is refused with MESSAGE_TOO_LARGE.
-    max_record_bytes: int = attrs.field(default=1024 * 1024, validator=attrs.validators.gt(0))
+    #: The active segment's index file is rewritten after an fsync that made this much more of
+    #: it durable: after a crash, recovery checks at most this much (plus what no fsync covered)
+    #: per partition. Not under ``never``, which fsyncs nothing but at a roll or a clean stop.
+    index_checkpoint_bytes: int = attrs.field(
+        default=4 * 1024 * 1024, validator=attrs.validators.gt(0)
+    )
+    #: A record batch larger than this (as sent, compressed or not) is refused with
+    #: MESSAGE_TOO_LARGE.
+    max_batch_bytes: int = attrs.field(default=1024 * 1024, validator=attrs.validators.gt(0))

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 import trio
 
-from protocol.records import Record, record_size, write_record
+from protocol.batches import BatchSpan, stamped_pieces, stamped_spans
+from protocol.codec import ReadableBuffer
 
 from .config import FsyncPolicy, LogConfig
 from .segment import (
@@ -75,26 +75,22 @@ class PartitionLog:
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
 
-    async def append(self, records: Sequence[Record], now_ms: int) -> int:
-        """Append ``records`` (their offsets are ignored) and return the first one's offset once
-        the fsync policy says the batch is acknowledged. Records without a timestamp get
-        ``now_ms``."""
+    async def append(self, batches: ReadableBuffer, spans: list[BatchSpan], now_ms: int) -> int:
+        """Append checked batches (``spans``: where each is in ``batches``) and return the first
+        record's offset once the fsync policy says they are acknowledged. Their offsets and
+        append time are stamped on the way to the file, without copying the batches; no record
+        is looked at."""
         async with self._append_lock:
             if self.failed is not None:
                 raise LogFailed(self.failed)
             base = self.log_end_offset
-            if len(records) <= ENCODE_INLINE_RECORDS:
-                encoded = _encode(records, base, now_ms)
-            else:
-                encoded = await trio.to_thread.run_sync(
-                    _encode, records, base, now_ms, limiter=self.limiter
-                )
-            payload, offsets, starts, max_ts = encoded
+            pieces = stamped_pieces(batches, spans, base, now_ms)
+            stamped = stamped_spans(spans, base, now_ms)
             active = self.segments[-1]
-            if not active.empty and active.size + len(payload) > self.config.segment_bytes:
+            if not active.empty and active.size + len(batches) > self.config.segment_bytes:
                 active = await self._roll()
             await trio.to_thread.run_sync(
-                active.append, payload, offsets, starts, max_ts, limiter=self.limiter
+                active.append, pieces, len(batches), stamped, limiter=self.limiter
             )
             end = self.log_end_offset
         if self.config.fsync is FsyncPolicy.ALWAYS:
@@ -105,9 +101,11 @@ class PartitionLog:
         """Start a new segment (append lock held); the old one is made durable and closed."""
         old = self.segments[-1]
         async with self._flush_lock:
-            if self.config.fsync is not FsyncPolicy.NEVER:
+            durable = self.config.fsync is not FsyncPolicy.NEVER
+            if durable:
                 await trio.to_thread.run_sync(old.flush, limiter=self.limiter)
             old.close()
+            await trio.to_thread.run_sync(old.write_index, durable, limiter=self.limiter)
             new = await trio.to_thread.run_sync(
                 create_segment,
                 self.directory,
@@ -130,15 +128,18 @@ class PartitionLog:
             target = self.log_end_offset
             active = self.segments[-1]
             try:
-                await trio.to_thread.run_sync(active.flush, limiter=self.limiter)
+                await trio.to_thread.run_sync(
+                    active.flush, self.config.index_checkpoint_bytes, limiter=self.limiter
+                )
             except OSError as exc:
                 self.failed = f"fsync of {active.path} failed: {exc}"
                 log.error("%s; no more appends until a restart", self.failed)
                 raise LogFailed(self.failed) from exc
             self.flushed_offset = max(self.flushed_offset, target)
 
-    async def read(self, offset: int, max_bytes: int) -> tuple[Record, ...]:
-        """Records from ``offset`` up to about ``max_bytes`` (at least one whole record).
+    async def read(self, offset: int, max_bytes: int) -> bytes:
+        """Whole stored batches from the one holding ``offset``, about ``max_bytes`` of them (at
+        least one whole batch), as the segments hold them.
 
         Raises OffsetOutOfRange outside [log start, high watermark]; at the high watermark the
         answer is empty.
@@ -146,25 +147,27 @@ class PartitionLog:
         limit = self.high_watermark
         if not self.log_start_offset <= offset <= limit:
             raise OffsetOutOfRange(offset)
-        records: list[Record] = []
+        parts: list[bytes] = []
         budget = max_bytes
         for segment in list(self.segments):
             if segment.next_offset <= offset or segment.empty:
                 continue
-            if segment.base_offset >= limit or (records and budget <= 0):
+            if segment.base_offset >= limit or (parts and budget <= 0):
                 break
             try:
-                got = await trio.to_thread.run_sync(
-                    segment.read, offset, budget, limit, not records, limiter=self.limiter
+                got, after = await trio.to_thread.run_sync(
+                    segment.read, offset, budget, limit, not parts, limiter=self.limiter
                 )
             except FileNotFoundError:
                 raise OffsetOutOfRange(offset) from None  # deleted by retention meanwhile
             if not got:
                 break
-            records.extend(got)
-            budget -= sum(record_size(r) for r in got)
-            offset = got[-1].offset + 1
-        return tuple(records)
+            parts.append(got)
+            budget -= len(got)
+            offset = after
+            if after < segment.next_offset:
+                break  # the budget ended inside this segment
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def enforce_retention(self, now_ms: int) -> int:
         """Delete whole segments past the time or size limit; returns how many went.
@@ -210,15 +213,21 @@ class PartitionLog:
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
             async with self._append_lock:
-                if self.config.fsync is not FsyncPolicy.NEVER and self.failed is None:
+                durable = self.config.fsync is not FsyncPolicy.NEVER
+                if durable and self.failed is None:
                     await self.flush()
-                self.segments[-1].close()
+                active = self.segments[-1]
+                active.close()
+                if self.failed is None:
+                    # the next start opens from it instead of scanning the segment
+                    await trio.to_thread.run_sync(active.write_index, durable, limiter=self.limiter)
 
 
 def _delete(directory: Path, segments: list[Segment]) -> None:
     for segment in segments:
         segment.close()
         segment.path.unlink(missing_ok=True)
+        segment.index_file.unlink(missing_ok=True)
     fsync_directory(directory)
 
 
@@ -252,29 +261,3 @@ async def open_partition_log(
         segments=segments,
         flushed_offset=end,
     )
-
-
-#: A batch of more records than this is encoded in a worker thread: one frame can hold 150,000
-#: empty records, a third of a second of encoding that would otherwise hold the event loop
-#: (in a thread the loop gets the interpreter back every few milliseconds).
-ENCODE_INLINE_RECORDS = 1000
-
-
-def _encode(
-    records: Sequence[Record], base: int, now_ms: int
-) -> tuple[bytes, list[int], list[int], int]:
-    """The records' bytes as the log stores them, with offsets from ``base``, each record's
-    start in the bytes, and the largest timestamp."""
-    data = bytearray()
-    offsets: list[int] = []
-    starts: list[int] = []
-    max_ts = -1
-    for i, record in enumerate(records):
-        ts = record.timestamp_ms if record.timestamp_ms >= 0 else now_ms
-        starts.append(len(data))
-        offsets.append(base + i)
-        write_record(
-            data, Record(offset=base + i, timestamp_ms=ts, key=record.key, value=record.value)
-        )
-        max_ts = max(max_ts, ts)
-    return bytes(data), offsets, starts, max_ts

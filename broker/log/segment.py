@@ -1,12 +1,19 @@
-"""One segment file: records back to back in the wire encoding, plus its sparse offset index.
+"""One segment file: record batches back to back as the wire carries them, and its offset index.
 
 Everything here blocks (file I/O); the partition log calls it from a worker thread. The file is
-``<base_offset:020d>.log`` and holds nothing but :func:`protocol.records.write_record` output, so
-the on-disk format is the wire format. The index is not stored: the active segment's is rebuilt by
-the scan that crash recovery needs anyway, and a sealed segment's on its first read (sealed
-segments were fsynced when they were rolled, unless the policy is ``never``, so opening a log
-costs one segment's scan however long the log is; the scan runs at ~17 MB/s). A rebuilt index can
-never disagree with its file.
+``<base_offset:020d>.log`` and holds nothing but :mod:`protocol.batches` batches, stamped with their
+offsets, so the on-disk format is the wire format and a fetch answers a byte range of the file.
+
+The sparse offset index, ``(offset, position)`` of a batch every ``index_interval`` bytes, is kept
+in memory and written to ``<base_offset:020d>.index``, with the segment's size, next offset and
+newest timestamp: when a segment is sealed (fsynced with it), when the log closes cleanly, and for
+the active segment after an fsync that made ``checkpoint_bytes`` more durable (Kafka's recovery
+point). An index file describes a prefix of its segment that an fsync had covered, so it never
+describes bytes the segment does not hold. Opening a log reads one index file per segment; after
+a clean stop that is all, after a crash the active segment is scanned from its recovery point on
+(at most ``checkpoint_bytes`` plus what was not yet fsynced), checking each batch's CRC and
+cutting a torn or corrupt tail. A sealed segment without a usable index is scanned on its first
+read.
 """
 
 from __future__ import annotations
@@ -15,72 +22,96 @@ import bisect
 import logging
 import mmap
 import os
+import struct
 import threading
 from pathlib import Path
 
 import attrs
 
 from protocol import RemoteProtocolError
-from protocol.records import Record, decode_record
+from protocol.batches import HEADER_SIZE, BatchSpan, batch_offsets, last_offset_delta, walk_batches
+from protocol.codec import ReadableBuffer
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+#: magic, version, segment size, next offset, newest timestamp, entry count
+_INDEX_HEAD = struct.Struct(">4sIqqqI")
+_INDEX_MAGIC = b"CCIX"
+_INDEX_VERSION = 1
+#: relative offset, position: 8 bytes an entry, as in Kafka's .index
+_INDEX_ENTRY = struct.Struct(">II")
 
 
 class CorruptSegment(Exception):
-    """A sealed segment does not hold the records its place in the log says it holds."""
+    """A sealed segment does not hold the batches its place in the log says it holds."""
 
 
 def segment_path(directory: Path, base_offset: int) -> Path:
     return directory / f"{base_offset:020d}{SUFFIX}"
 
 
+def index_path(directory: Path, base_offset: int) -> Path:
+    return directory / f"{base_offset:020d}{INDEX_SUFFIX}"
+
+
 @attrs.define(eq=False)
 class Segment:
     base_offset: int
     path: Path
-    #: Bytes of whole records in the file.
+    #: Bytes of whole batches in the file.
     size: int
     #: The offset the next record appended here gets.
     next_offset: int
     #: Newest record timestamp, for time retention (-1: empty).
     max_timestamp_ms: int
     index_interval: int
-    #: Sparse (offset, position) pairs, ascending; the first is always the first record. One list
-    #: of pairs, appended whole, so a reader thread never sees an offset without its position.
+    #: Sparse (offset, position) pairs of batch starts, ascending; the first is always the first
+    #: batch. One list of pairs, appended whole, so a reader thread never sees an offset without
+    #: its position.
     index: list[tuple[int, int]] = attrs.field(factory=list)
-    #: False for a sealed segment opened from disk until its first read scans it.
+    #: False for a sealed segment opened without a usable index until its first read scans it.
     scanned: bool = True
     _write_fd: int | None = None
     _scan_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    #: Held while an append updates size, next offset, timestamp and index together, so that a
+    #: checkpoint (another thread) sees them agree.
+    _state_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    #: The size the index file on disk describes (its recovery point); 0: none.
+    checkpointed_size: int = 0
 
     @property
     def empty(self) -> bool:
         return self.size == 0
 
+    @property
+    def index_file(self) -> Path:
+        return self.path.with_suffix(INDEX_SUFFIX)
+
     def _index(self, offset: int, position: int) -> None:
         if not self.index or position - self.index[-1][1] >= self.index_interval:
             self.index.append((offset, position))
 
-    def append(self, data: bytes, offsets: list[int], starts: list[int], max_ts: int) -> None:
-        """Write an encoded batch; record ``offsets[i]`` begins at ``data[starts[i]]``."""
+    def append(self, pieces: list[ReadableBuffer], size: int, spans: list[BatchSpan]) -> None:
+        """Write stamped batches, ``size`` bytes given in ``pieces``; ``spans`` say where each
+        batch begins in them and its offsets."""
         if self._write_fd is None:
             self._write_fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        view = memoryview(data)
-        written = 0
         try:
-            while written < len(data):
-                written += os.write(self._write_fd, view[written:])
+            _write_all(self._write_fd, pieces, size)
         except OSError:
-            # a half-written batch must not sit between whole records (disk full, say)
+            # a half-written batch must not sit between whole ones (disk full, say)
             os.ftruncate(self._write_fd, self.size)
             raise
-        for offset, start in zip(offsets, starts, strict=True):
-            self._index(offset, self.size + start)
-        self.size += len(data)
-        self.next_offset = offsets[-1] + 1
-        self.max_timestamp_ms = max(self.max_timestamp_ms, max_ts)
+        with self._state_lock:
+            for span in spans:
+                self._index(span.base_offset, self.size + span.position)
+                if span.max_timestamp_ms > self.max_timestamp_ms:
+                    self.max_timestamp_ms = span.max_timestamp_ms
+            self.size += size
+            last = spans[-1]
+            self.next_offset = last.base_offset + last.record_count
 
     def ensure_scanned(self) -> None:
         """Build a sealed segment's index and newest timestamp (blocking; once)."""
@@ -95,7 +126,7 @@ class Segment:
                 self.next_offset,
             ):
                 raise CorruptSegment(
-                    f"{self.path}: whole records up to offset {scan.next_offset} at byte "
+                    f"{self.path}: whole batches up to offset {scan.next_offset} at byte "
                     f"{scan.size}, but the log needs up to {self.next_offset} in {self.size} bytes"
                     + (f" ({scan.reason})" if scan.reason else "")
                 )
@@ -103,57 +134,137 @@ class Segment:
             self.max_timestamp_ms = scan.max_timestamp_ms
             self.scanned = True
 
-    def flush(self) -> None:
-        if self._write_fd is not None:
-            os.fsync(self._write_fd)
+    def flush(self, checkpoint_bytes: int | None = None) -> None:
+        """fsync; then, if ``checkpoint_bytes`` have been made durable since the index file was
+        last written, write it again for what this fsync covered: a recovery after a crash
+        trusts that prefix and checks only the bytes after it."""
+        if self._write_fd is None:
+            return
+        with self._state_lock:
+            covered = (self.size, self.next_offset, self.max_timestamp_ms, list(self.index))
+        os.fsync(self._write_fd)
+        if checkpoint_bytes is not None and covered[0] - self.checkpointed_size >= checkpoint_bytes:
+            self._write_index(*covered, durable=True)
 
     def close(self) -> None:
         if self._write_fd is not None:
             os.close(self._write_fd)
             self._write_fd = None
 
+    def write_index(self, durable: bool) -> None:
+        """Persist the index with what it describes (the segment's size, next offset, newest
+        timestamp), through a temporary file so that a crash leaves the old one or the new."""
+        if not self.scanned:
+            return  # never read, so never rebuilt: the file on disk (if any) is still the truth
+        with self._state_lock:
+            covered = (self.size, self.next_offset, self.max_timestamp_ms, list(self.index))
+        self._write_index(*covered, durable=durable)
+
+    def _write_index(
+        self,
+        size: int,
+        next_offset: int,
+        max_timestamp_ms: int,
+        index: list[tuple[int, int]],
+        durable: bool,
+    ) -> None:
+        entries = [
+            _INDEX_ENTRY.pack(offset - self.base_offset, position) for offset, position in index
+        ]
+        head = _INDEX_HEAD.pack(
+            _INDEX_MAGIC, _INDEX_VERSION, size, next_offset, max_timestamp_ms, len(entries)
+        )
+        target = self.index_file
+        tmp = target.with_suffix(".index.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, head + b"".join(entries))
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        self.checkpointed_size = size
+
     def read(
         self, offset: int, max_bytes: int, limit_offset: int, first_whole: bool = True
-    ) -> list[Record]:
-        """Records from ``offset`` (below ``limit_offset``) worth about ``max_bytes``.
+    ) -> tuple[bytes, int]:
+        """Whole batches holding ``offset`` and after (below ``limit_offset``), about
+        ``max_bytes`` of them, as the file holds them: one read, no batch decoded.
 
-        With ``first_whole`` the first record is returned even when it alone exceeds
-        ``max_bytes`` (a fetch must always make progress). Opens its own
-        descriptor so a concurrent retention delete can never leave it reading a reused one.
+        With ``first_whole`` the first batch is returned even when it alone exceeds
+        ``max_bytes`` (a fetch must always make progress). Opens its own descriptor so a
+        concurrent retention delete can never leave it reading a reused one. Returns the bytes
+        and the offset after their last record.
         """
         self.ensure_scanned()
         index = self.index
         i = bisect.bisect_right(index, offset, hi=len(index), key=_offset_of) - 1
         position = index[i][1] if i >= 0 else 0
-        end = self.size  # records past this may be mid-write
-        records: list[Record] = []
-        taken = 0
-        want = max_bytes + self.index_interval
+        end = self.size  # batches past this may be mid-write
+        want = max_bytes + self.index_interval + HEADER_SIZE
         with open(self.path, "rb", buffering=0) as f:
-            while position < end:
-                chunk = os.pread(f.fileno(), min(want, end - position), position)
-                pos = 0
-                while pos < len(chunk):
-                    try:
-                        record, nxt = decode_record(chunk, pos)
-                    except RemoteProtocolError:
-                        break  # runs past the chunk: read on from here
-                    if record.offset >= limit_offset:
-                        return records
-                    if record.offset >= offset:
-                        if (records or not first_whole) and taken + (nxt - pos) > max_bytes:
-                            return records
-                        records.append(record)
-                        taken += nxt - pos
-                    pos = nxt
-                if pos == 0:
-                    if len(chunk) >= end - position:
-                        raise RuntimeError(f"{self.path}: no whole record at {position}")
-                    want *= 2  # one record bigger than the chunk
-                position += pos
-                if records and taken >= max_bytes:
+            fd = f.fileno()
+            buf = os.pread(fd, min(want, end - position), position)
+            buf_at = position
+            pos = position
+            start = stop = -1
+            after = offset
+            while pos < end:
+                rel = pos - buf_at
+                if rel + HEADER_SIZE <= len(buf):
+                    head, at = buf, rel
+                else:  # past the first read: the header alone
+                    head, at = os.pread(fd, HEADER_SIZE, pos), 0
+                base, size = batch_offsets(head, at)
+                if base >= limit_offset:
                     break
-        return records
+                last = base + last_offset_delta(head, at)
+                if last >= offset:
+                    if start < 0:
+                        if size > max_bytes and not first_whole:
+                            break
+                        start = pos
+                    elif pos + size - start > max_bytes:
+                        break
+                    stop = pos + size
+                    after = last + 1
+                    if stop - start >= max_bytes:
+                        break
+                pos += size
+            if start < 0:
+                return b"", offset
+            if buf_at <= start and stop <= buf_at + len(buf):
+                return buf[start - buf_at : stop - buf_at], after
+            return _read_exactly(fd, start, stop - start), after
+
+
+#: iovecs one writev takes (Linux's IOV_MAX is 1024)
+_IOV_MAX = 1024
+
+
+def _write_all(fd: int, pieces: list[ReadableBuffer], size: int) -> None:
+    """Write every piece, in order, with as few system calls as the kernel allows."""
+    views = [memoryview(p).cast("B") for p in pieces]
+    written = 0
+    while written < size:
+        n = os.writev(fd, views[:_IOV_MAX])
+        written += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+
+
+def _read_exactly(fd: int, position: int, size: int) -> bytes:
+    data = os.pread(fd, size, position)
+    while len(data) < size:
+        more = os.pread(fd, size - len(data), position + len(data))
+        if not more:
+            raise CorruptSegment(f"the segment ends before byte {position + size}")
+        data += more
+    return data
 
 
 def _offset_of(entry: tuple[int, int]) -> int:
@@ -169,8 +280,9 @@ class _Scan:
     reason: str | None
 
 
-def _scan(path: Path, base_offset: int, index_interval: int) -> _Scan:
-    """Walk a segment's records, checking each CRC and offset, up to the first bad one."""
+def _scan(path: Path, base_offset: int, index_interval: int, start: Segment | None = None) -> _Scan:
+    """Walk a segment's batches, checking each CRC and base offset, up to the first bad one;
+    from the end of ``start`` (a prefix already known good) if given."""
     probe = Segment(
         base_offset=base_offset,
         path=path,
@@ -178,41 +290,75 @@ def _scan(path: Path, base_offset: int, index_interval: int) -> _Scan:
         next_offset=base_offset,
         max_timestamp_ms=-1,
         index_interval=index_interval,
+        index=list(start.index) if start is not None else [],
     )
     file_size = path.stat().st_size
-    pos = 0
-    expected = base_offset
-    max_ts = -1
+    pos = start.size if start is not None else 0
+    expected = start.next_offset if start is not None else base_offset
+    max_ts = start.max_timestamp_ms if start is not None else -1
     reason: str | None = None
-    if file_size:
+    if file_size > pos:
         with (
             open(path, "rb") as f,
             mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
             memoryview(mapped) as data,
         ):
-            while pos < file_size:
-                try:
-                    record, nxt = decode_record(data, pos)
-                except RemoteProtocolError as exc:
-                    reason = f"{exc.error_code.name}: {exc}"
-                    break
-                if record.offset != expected:
-                    reason = f"offset {record.offset} where {expected} belongs"
-                    break
-                probe._index(expected, pos)
-                max_ts = max(max_ts, record.timestamp_ms)
-                expected += 1
-                pos = nxt
+            try:
+                for position, size, base, count, ts in walk_batches(data, pos, file_size):
+                    if base != expected:
+                        reason = f"offset {base} where {expected} belongs"
+                        break
+                    probe._index(expected, position)
+                    max_ts = max(max_ts, ts)
+                    expected += count
+                    pos = position + size
+            except RemoteProtocolError as exc:
+                reason = f"{exc.error_code.name}: {exc}"
     return _Scan(
         index=probe.index, size=pos, next_offset=expected, max_timestamp_ms=max_ts, reason=reason
     )
 
 
+def _load_index(segment: Segment, file_size: int, prefix: bool = False) -> bool:
+    """Take the segment's state from its index file if that describes ``file_size`` bytes (with
+    ``prefix``: at most that many, a recovery point to scan on from)."""
+    try:
+        data = segment.index_file.read_bytes()
+    except FileNotFoundError:
+        return False
+    if len(data) < _INDEX_HEAD.size:
+        return False
+    magic, version, size, next_offset, max_ts, count = _INDEX_HEAD.unpack_from(data)
+    if (
+        magic != _INDEX_MAGIC
+        or version != _INDEX_VERSION
+        or (size > file_size if prefix else size != file_size)
+        or len(data) != _INDEX_HEAD.size + count * _INDEX_ENTRY.size
+        or next_offset < segment.base_offset
+    ):
+        return False
+    base = segment.base_offset
+    index = [
+        (base + relative, position)
+        for relative, position in _INDEX_ENTRY.iter_unpack(data[_INDEX_HEAD.size :])
+    ]
+    if size and (not index or index[0] != (base, 0) or any(p >= size for _, p in index)):
+        return False
+    segment.size = size
+    segment.next_offset = next_offset
+    segment.max_timestamp_ms = max_ts
+    segment.index = index
+    segment.scanned = True
+    segment.checkpointed_size = size
+    return True
+
+
 def open_sealed_segment(
     path: Path, base_offset: int, next_offset: int, index_interval: int
 ) -> Segment:
-    """A segment before the active one, taken at its word until its first read scans it."""
-    return Segment(
+    """A segment before the active one: its index file if it has a usable one, else taken at
+    its word until its first read scans it."""
+    segment = Segment(
         base_offset=base_offset,
         path=path,
         size=path.stat().st_size,
@@ -221,27 +367,45 @@ def open_sealed_segment(
         index_interval=index_interval,
         scanned=False,
     )
+    if _load_index(segment, segment.size) and segment.next_offset != next_offset:
+        log.warning(
+            "%s: its index ends at %d, the next segment starts at %d",
+            path,
+            segment.next_offset,
+            next_offset,
+        )
+        segment.next_offset = next_offset
+        segment.scanned = False
+    return segment
 
 
 def open_segment(
     path: Path, base_offset: int, index_interval: int
 ) -> tuple[Segment, int, str | None]:
-    """Recover the active segment: rebuild its index and cut any torn or corrupt tail.
+    """Recover the active segment: from its index file after a clean stop; after a crash, from
+    the recovery point its index file records (bytes an fsync had covered) on, by a scan that
+    checks each batch's CRC, extends the index and cuts any torn or corrupt tail.
 
-    Returns the segment, the bytes cut, and why (None: nothing was cut). A record whose offset is
+    Returns the segment, the bytes cut, and why (None: nothing was cut). A batch whose offset is
     not the next one is treated as corrupt too: the file can only have been damaged.
     """
     file_size = path.stat().st_size
-    scan = _scan(path, base_offset, index_interval)
     segment = Segment(
         base_offset=base_offset,
         path=path,
-        size=scan.size,
-        next_offset=scan.next_offset,
-        max_timestamp_ms=scan.max_timestamp_ms,
+        size=0,
+        next_offset=base_offset,
+        max_timestamp_ms=-1,
         index_interval=index_interval,
-        index=scan.index,
     )
+    loaded = _load_index(segment, file_size, prefix=True)
+    if loaded and segment.size == file_size:
+        return segment, 0, None  # a clean stop: nothing after the index to check
+    scan = _scan(path, base_offset, index_interval, start=segment if loaded else None)
+    segment.size = scan.size
+    segment.next_offset = scan.next_offset
+    segment.max_timestamp_ms = scan.max_timestamp_ms
+    segment.index = scan.index
     cut = file_size - scan.size
     if cut:
         log.warning(

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
@@ -25,6 +26,7 @@ from protocol import (
     ProduceRequest,
     ProduceResponse,
 )
+from protocol.batches import Compression, batch_spans, read_batches, records_from_batches
 from protocol.records import Record
 from transport.channel import Channel
 from transport.connect import connect_any, open_channel
@@ -63,11 +65,12 @@ async def fetch_all(channel: Channel, topic: str, partition: int, start: int = 0
     while True:
         response = await fetch(channel, topic, partition, offset)
         assert response.error_code is ErrorCode.NONE
-        if not response.records:
+        fetched = records_from_batches(response.batches, offset)
+        if not fetched:
             assert offset == response.high_watermark
             return records
-        records.extend(response.records)
-        offset = response.records[-1].offset + 1
+        records.extend(fetched)
+        offset = fetched[-1].offset + 1
 
 
 def value(i: int) -> bytes:
@@ -82,18 +85,14 @@ async def test_produce_and_fetch_round_trip(tmp_path: Path) -> None:
             deliveries = []
             for i in range(600):
                 key = None if i % 2 else f"user-{i % 7}".encode()
-                deliveries.append(
-                    await producer.enqueue("events", value(i), key, timestamp_ms=1_000_000 + i)
+                record = Record(offset=-1, timestamp_ms=1_000_000 + i, key=key, value=value(i))
+                delivery = await producer.enqueue(
+                    "events", record.value, key, timestamp_ms=record.timestamp_ms
                 )
-            for delivery in deliveries:
+                deliveries.append((delivery, record))
+            for delivery, record in deliveries:
                 partition, offset = await delivery.wait()
-                record = delivery.record
-                sent[(partition, offset)] = Record(
-                    offset=offset,
-                    timestamp_ms=record.timestamp_ms,
-                    key=record.key,
-                    value=record.value,
-                )
+                sent[(partition, offset)] = attrs.evolve(record, offset=offset)
         # keyed records of one key share a partition
         by_key: dict[bytes, set[int]] = {}
         for (partition, _), record in sent.items():
@@ -114,7 +113,7 @@ async def test_produce_and_fetch_round_trip(tmp_path: Path) -> None:
 
         # the edges: at the high watermark nothing and NONE, past it OFFSET_OUT_OF_RANGE
         end = await fetch(channel, "events", 0, len(await fetch_all(channel, "events", 0)))
-        assert (end.error_code, end.records) == (ErrorCode.NONE, ())
+        assert (end.error_code, end.batches) == (ErrorCode.NONE, b"")
         past = await fetch(channel, "events", 0, end.high_watermark + 1)
         assert past.error_code is ErrorCode.OFFSET_OUT_OF_RANGE
         with trio.fail_after(REQUEST_DEADLINE):
@@ -177,9 +176,12 @@ async def test_kill_9_loses_no_acknowledged_record_and_cuts_the_torn_tail(
             producer.nursery.cancel_scope.cancel()
 
     (segment,) = sorted((data / "log" / "stream-0").glob("*.log"))
-    # A kill -9 rarely tears a write(2) by itself; tear one the way a crash mid-write would.
+    # A kill -9 rarely tears a write(2) by itself; tear one the way a crash mid-write would: the
+    # first half of a whole batch, its header saying more bytes follow than the file holds.
+    on_disk = segment.read_bytes()
+    last = batch_spans(on_disk)[-1]
     with open(segment, "ab") as f:
-        f.write(b"\x00\x00\x00\x00\x00\x00\x27\x10\xde\xad")
+        f.write(on_disk[last.position : last.position + last.size // 2])
     torn_size = segment.stat().st_size
 
     async with run_broker(data, "--fsync", "always") as broker, client(broker) as channel:
@@ -242,11 +244,13 @@ async def test_producer_rides_out_a_broker_restart(tmp_path: Path) -> None:
                 acknowledged[await producer.send("t", b"before-%d" % i)] = b"before-%d" % i
             await broker.kill()
             # sent while the broker is down: retried against fresh metadata until it is back
-            deliveries = [await producer.enqueue("t", b"during-%d" % i) for i in range(50)]
+            deliveries = [
+                (await producer.enqueue("t", b"during-%d" % i), b"during-%d" % i) for i in range(50)
+            ]
             async with run_broker(data, "--port", str(broker.port)) as restarted:
                 with trio.fail_after(60):
-                    for delivery in deliveries:
-                        acknowledged[await delivery.wait()] = delivery.record.value or b""
+                    for delivery, sent_value in deliveries:
+                        acknowledged[await delivery.wait()] = sent_value
                 async with client(restarted) as channel:
                     stored = {
                         (p, r.offset): r.value
@@ -256,3 +260,62 @@ async def test_producer_rides_out_a_broker_restart(tmp_path: Path) -> None:
     assert len(acknowledged) == 60
     for where, payload in acknowledged.items():
         assert stored[where] == payload
+
+
+async def test_zstd_batches_are_stored_compressed_and_read_back_whole(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    events = [
+        b'{"user": "user-%04d", "event": "click", "page": "/products/%d/details"}' % (i % 50, i)
+        for i in range(5000)
+    ]
+    async with run_broker(data) as broker, client(broker) as channel:
+        await create_topic(channel, "json", 1)
+        config = ProducerConfig(compression=Compression.ZSTD)
+        async with open_producer([broker.address], config=config) as producer:
+            deliveries = [await producer.enqueue("json", event) for event in events]
+            offsets = [(await d.wait())[1] for d in deliveries]
+        assert offsets == list(range(len(events)))
+        (segment,) = sorted((data / "log" / "json-0").glob("*.log"))
+        stored = read_batches(segment.read_bytes())
+        assert {b.compression for b in stored} == {Compression.ZSTD}
+        assert segment.stat().st_size < sum(map(len, events)) / 5
+        # the broker answers the stored bytes; the consumer side decompresses
+        fetched: list[bytes | None] = []
+        offset = 0
+        while offset < len(events):
+            response = await fetch(channel, "json", 0, offset)
+            batches = read_batches(response.batches)
+            assert {b.compression for b in batches} == {Compression.ZSTD}
+            fetched += [v for b in batches for o, _, _, v in b if o >= offset]
+            offset = batches[-1].next_offset
+        assert fetched == events
+
+
+async def test_a_clean_stop_leaves_an_index_per_segment_and_a_kill_9_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    args = ("--segment-bytes", "20000")
+    sent: list[bytes] = []
+    async with run_broker(data, *args) as broker, client(broker) as channel:
+        await create_topic(channel, "t", 1)
+        async with open_producer([broker.address]) as producer:
+            for i in range(30):
+                for j in range(20):
+                    sent.append(value(i * 20 + j))
+                    await producer.enqueue("t", sent[-1])
+                await producer.flush()
+    directory = data / "log" / "t-0"
+    segments = sorted(directory.glob("*.log"))
+    assert len(segments) > 3
+    assert sorted(directory.glob("*.index")) == [s.with_suffix(".index") for s in segments]
+
+    async with run_broker(data, *args) as broker, client(broker) as channel:
+        assert [r.value for r in await fetch_all(channel, "t", 0)] == sent
+        async with open_producer([broker.address]) as producer:
+            for i in range(5):
+                sent.append(value(1000 + i))
+                assert await producer.send("t", sent[-1]) == (0, len(sent) - 1)
+        await broker.kill()
+    async with run_broker(data, *args) as broker, client(broker) as channel:
+        assert [r.value for r in await fetch_all(channel, "t", 0)] == sent

@@ -231,3 +231,21 @@ def test_serve_on_an_unwritable_data_dir(cluster: Cluster) -> None:
     blocker.write_text("")
     done = cli("serve", "--port", "0", "--data-dir", str(blocker / "data"))
     assert_one_line_error(done, rf"Not a directory \({re.escape(str(blocker))}")
+
+
+def test_serve_on_a_log_of_another_format_says_what_to_do(cluster: Cluster) -> None:
+    # A data dir of the record-at-a-time format: a partition directory, no version file. Torn
+    # tail recovery would cut its records as garbage, so the broker must not start on it.
+    data = cluster.tmp / "old-format"
+    segment = data / "log" / "t-0" / f"{0:020d}.log"
+    segment.parent.mkdir(parents=True)
+    segment.write_bytes(b"\xff" * 8 + b"records of format 1")
+    done = cli("serve", "--port", "0", "--data-dir", str(data))
+    log_dir = re.escape(str(data / "log"))
+    assert_one_line_error(
+        done,
+        rf"the log in {log_dir} is format 1 \(records one at a time, no version file\), and this "
+        rf"broker reads log format 2 only: start it with an empty --data-dir, or move {log_dir} "
+        r"away \(its records are not converted\)",
+    )
+    assert segment.read_bytes() == b"\xff" * 8 + b"records of format 1"

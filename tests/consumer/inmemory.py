@@ -52,7 +52,7 @@ from protocol import (
     StopFetcherResponse,
     error_response,
 )
-from protocol.records import Record
+from protocol.batches import build_batch
 from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
 from simulation import SimulatedCluster, open_simulated_cluster
 from transport.channel import Channel
@@ -92,20 +92,18 @@ class TickingLog:
                         log_start_offset=0,
                         records=(),
                     )
-                records = tuple(
-                    Record(
-                        offset=o,
-                        timestamp_ms=0,
-                        key=None,
-                        value=f"{topic}/{partition}/{o}".encode(),
-                    )
+                values = [
+                    f"{topic}/{partition}/{o}".encode()
                     for o in range(offset, min(end, offset + self.batch))
-                )
+                ]
                 return FetchResponse(
                     error_code=ErrorCode.NONE,
                     high_watermark=end,
                     log_start_offset=0,
-                    records=records,
+                    records=(),
+                    batches=build_batch(values, timestamps_ms=[0] * len(values), base_offset=offset)
+                    if values
+                    else b"",
                 )
         return error_response(request.message, ErrorCode.INVALID_REQUEST)
 

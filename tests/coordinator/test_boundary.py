@@ -50,6 +50,7 @@ from protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
+from protocol.batches import records_from_batches
 from protocol.messages import RequestMessage
 from protocol.types import (
     BrokerInfo,
@@ -548,7 +549,7 @@ async def test_data_requests_at_their_extremes(tmp_path: Path) -> None:
             answer = await broker.request(fetch)
             assert isinstance(answer, FetchResponse)
             assert answer.error_code is ErrorCode.NONE
-            assert [r.offset for r in answer.records][:1] == [0], max_bytes
+            assert [r.offset for r in records_from_batches(answer.batches)][:1] == [0], max_bytes
         await _serving(broker)
 
 
@@ -570,9 +571,11 @@ async def test_metadata_names_each_topic_once_and_bounds_the_count(tmp_path: Pat
         assert len(answer.topics) == 1000
 
 
-async def test_a_produce_of_many_records_is_encoded_off_the_event_loop(tmp_path: Path) -> None:
-    """A batch larger than ENCODE_INLINE_RECORDS is encoded in a worker thread; its offsets
-    are the same contiguous run as inline."""
+async def test_a_produce_of_many_version_0_records_is_stored_as_one_contiguous_run(
+    tmp_path: Path,
+) -> None:
+    """Version-0 records are stored as batches; their offsets are one contiguous run, and a
+    fetch from inside a batch starts with that whole batch."""
     async with open_broker(tmp_path) as broker:
         await _create(broker, partitions=1)
         await _produce(broker, 5000)
@@ -581,7 +584,12 @@ async def test_a_produce_of_many_records_is_encoded_off_the_event_loop(tmp_path:
         answer = await broker.request(fetch)
         assert isinstance(answer, FetchResponse)
         assert answer.high_watermark == 5001
-        assert [r.offset for r in answer.records] == list(range(4990, 5001))
+        # the 5000 records' batch is over max_bytes, so it comes alone, and whole
+        assert [r.offset for r in records_from_batches(answer.batches)] == list(range(5000))
+        fetch = FetchRequest(topic="t", partition=0, offset=5000, max_bytes=1024)
+        answer = await broker.request(fetch)
+        assert isinstance(answer, FetchResponse)
+        assert [r.offset for r in records_from_batches(answer.batches)] == [5000]
 
 
 # --- what a stream of short-lived groups and queries leaves behind ------------------------------

@@ -57,11 +57,9 @@ def produce(bootstrap: str, topic: str, values: list[str]) -> set[tuple[int, int
     async def send() -> set[tuple[int, int, str]]:
         async with open_producer(parse_bootstrap(bootstrap)) as producer:
             deliveries = [
-                await producer.enqueue(topic, v.encode(), f"key-{v}".encode()) for v in values
+                (await producer.enqueue(topic, v.encode(), f"key-{v}".encode()), v) for v in values
             ]
-            return {
-                (*(await d.wait()), d.record.value.decode()) for d in deliveries if d.record.value
-            }
+            return {(*(await d.wait()), v) for d, v in deliveries if v}
 
     return trio.run(send)
 

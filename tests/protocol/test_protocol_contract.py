@@ -32,11 +32,11 @@ CONTRACT = {
     "GroupSummary": "group_id:string state:string",
     "MemberDescription": "member_id:string client_id:string session_timeout_ms:int32"
     " subscription:Subscription partitions:array[TopicPartition]",
-    "ProduceRequest": "topic:string partition:int32 records:array[Record]",
+    "ProduceRequest": "topic:string partition:int32 records:array[Record] batches:bytes",
     "ProduceResponse": "error_code:int16 base_offset:int64",
     "FetchRequest": "topic:string partition:int32 offset:int64 max_bytes:int32",
     "FetchResponse": "error_code:int16 high_watermark:int64 log_start_offset:int64"
-    " records:array[Record]",
+    " records:array[Record] batches:bytes",
     "ListOffsetsRequest": "topic:string partition:int32",
     "ListOffsetsResponse": "error_code:int16 log_start_offset:int64 high_watermark:int64",
     "ClusterMetadataRequest": "group_id:string? topics:array[string]?",
@@ -82,6 +82,9 @@ CONTRACT = {
 }
 # The layouts of older versions, where they differ from the newest (the class's whole field list).
 OLDER_VERSIONS = {
+    ("ProduceRequest", 0): "topic:string partition:int32 records:array[Record]",
+    ("FetchResponse", 0): "error_code:int16 high_watermark:int64 log_start_offset:int64"
+    " records:array[Record]",
     ("PingRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string"
     " num_retries:int32",
     ("RegisterConsumerRequest", 0): "group_id:string consumer_id:string subscription:Subscription"

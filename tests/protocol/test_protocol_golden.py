@@ -21,6 +21,7 @@ from protocol import (
     Role,
     encode_record,
 )
+from protocol.batches import batch_spans, build_batch, read_batches, stamp
 
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "protocol" / "SPEC.md"
 
@@ -91,6 +92,19 @@ DESCRIBED_V0_FRAME = bytes.fromhex(
 ERROR_FRAME = bytes.fromhex("00 00 00 0f 02 00 03 00 00 00 00 00 07 00 23 00 02 76 31")
 RECORD = bytes.fromhex(
     "ff ff ff ff ff ff ff ff 0b c8 24 eb 00 00 00 00 00 00 03 e8 ff ff ff ff 00 00 00 02 68 69"
+)
+
+
+BATCH = bytes.fromhex(
+    "00 00 00 00 00 00 00 00 00 00 00 52 ff ff ff ff ff ff ff ff"  # base 0, length 82, no time
+    "6a 54 99 b7 02 00 00 00 00 00 01"  # crc, magic 2, attributes 0, last_offset_delta 1
+    "00 00 00 00 00 00 03 e8 00 00 00 00 00 00 03 ed"  # first and max timestamp: 1000, 1005
+    "ff ff ff ff ff ff ff ff ff ff ff ff ff ff 00 00 00 02"  # reserved -1s, record_count 2
+    "00 00 00 00 05 00 00 00 ff ff ff ff 01 00 00 00 02 00 00 00 02 00 00 00"  # the columns
+    "6b 68 69 79 6f"  # "k", "hi", "yo"
+)
+STORED_BATCH = (
+    bytes.fromhex("00 00 00 00 00 00 00 07 00 00 00 52 00 00 01 8b cf e5 68 00") + BATCH[20:]
 )
 
 
@@ -203,5 +217,27 @@ def test_record_bytes() -> None:
     assert encode_record(record) == RECORD
 
 
+def test_batch_bytes_as_a_producer_builds_them() -> None:
+    assert build_batch([b"hi", b"yo"], [None, b"k"], [1000, 1005]) == BATCH
+
+
+def test_a_broker_stamps_a_batch_without_touching_its_crc_and_a_consumer_reads_it_back() -> None:
+    data = bytearray(BATCH)
+    spans = batch_spans(data)
+    assert stamp(data, spans, 7, 1_700_000_000_000) == 9
+    assert bytes(data) == STORED_BATCH
+    (batch,) = read_batches(bytes(data))
+    assert list(batch) == [(7, 1000, None, b"hi"), (8, 1005, b"k", b"yo")]
+    assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (-1, -1, -1)
+
+
 def test_spec_shows_the_same_bytes() -> None:
-    assert _spec_blocks() == [PING_FRAME, PONG_FRAME, DESCRIBED_V1_FRAME, ERROR_FRAME, RECORD]
+    assert _spec_blocks() == [
+        PING_FRAME,
+        PONG_FRAME,
+        DESCRIBED_V1_FRAME,
+        ERROR_FRAME,
+        RECORD,
+        BATCH,
+        STORED_BATCH,
+    ]

@@ -1,0 +1,652 @@
+"""Record batches: the unit of a partition's log, on the wire and on disk alike (SPEC.md §6).
+
+A batch is a 65-byte header and a records section. The header carries the two fields a broker
+writes, ``base_offset`` and ``append_time_ms``, *before* the CRC, so a broker stamps a batch
+without recomputing anything: it checks one CRC over the rest, writes those 16 bytes and appends
+the whole batch to its log as it came. It never looks at a record. The records section is stored
+as the producer built it, compressed or not (``attributes``), and only a consumer decodes it.
+
+The records section is columnar: every record's timestamp delta, then every key length, then every
+value length (little-endian int32 arrays, so a reader maps them as arrays without swapping), then
+the keys' bytes and the values' bytes back to back. A reader turns a batch's values into an Arrow
+binary column with a few array operations, and a Python reader slices them in one loop.
+
+Kafka's v2 RecordBatch is the reference: the same header fields (``producer_id``,
+``producer_epoch`` and ``base_sequence`` are reserved for an idempotent producer, KIP-98, and are
+-1 until one exists), a different records section.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import sys
+import zlib
+from array import array
+from collections.abc import Iterator, Sequence
+
+import attrs
+
+from .codec import ReadableBuffer, malformed
+from .errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from .records import Record
+
+#: base_offset, batch_length, append_time_ms, crc, magic, attributes, last_offset_delta,
+#: first_timestamp_ms, max_timestamp_ms, producer_id, producer_epoch, base_sequence, record_count
+HEADER = struct.Struct(">qiqIbhiqqqhii")
+HEADER_SIZE = HEADER.size  # 65
+#: base_offset and batch_length: a reader walking a log needs only these to find the next batch.
+LOG_OVERHEAD = 12
+#: Where the CRC sits, and where the bytes it covers begin.
+CRC_AT = 20
+CRC_FROM = 24
+#: The fields a broker writes: base offset (0) and append time (12); outside the CRC.
+_OFFSET_AND_LENGTH = struct.Struct(">qi")
+_INT64 = struct.Struct(">q")
+_CRC = struct.Struct(">I")
+_LAST_DELTA_AT = 27
+_I32 = struct.Struct(">i")
+
+MAGIC = 2
+"""The batch format's version (Kafka's v2 RecordBatch is magic 2, and this is its sibling)."""
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_TIMESTAMP = -1
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_LITTLE = sys.byteorder == "little"
+
+
+class Compression(enum.IntEnum):
+    """Bits 0-2 of ``attributes``; Kafka's numbering (1 gzip and 2 snappy are not served)."""
+
+    NONE = 0
+    LZ4 = 3
+    ZSTD = 4
+
+
+COMPRESSION_MASK = 0x07
+#: Bit 3: the records carry no timestamps of their own; each one's is the batch's append time.
+APPEND_TIME = 0x08
+_KNOWN_ATTRIBUTES = COMPRESSION_MASK | APPEND_TIME
+
+
+def _int32_array(values: Sequence[int]) -> bytes:
+    """``values`` as little-endian int32s in one call."""
+    a = array("i", values)
+    if not _LITTLE:
+        a.byteswap()
+    return a.tobytes()
+
+
+def _int32s(buf: ReadableBuffer, pos: int, count: int) -> array[int]:
+    a = array("i")
+    a.frombytes(buf[pos : pos + 4 * count])
+    if not _LITTLE:
+        a.byteswap()
+    return a
+
+
+def compress(codec: Compression, data: bytes) -> bytes:
+    if codec is Compression.NONE:
+        return data
+    if codec is Compression.ZSTD:
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=3).compress(data)
+    import lz4.frame
+
+    compressed: bytes = lz4.frame.compress(data)
+    return compressed
+
+
+#: The most a records section may decompress to: a batch is at most a few MiB as sent, and a
+#: small frame must not claim gigabytes (a decompression bomb) from whoever decodes it.
+MAX_SECTION_BYTES = 64 * 1024 * 1024
+
+
+#: The most records a batch may claim: each takes 12 bytes of its section at least.
+MAX_RECORDS = MAX_SECTION_BYTES // 12
+
+
+def decompress(codec: int, data: ReadableBuffer) -> bytes:
+    try:
+        if codec == Compression.NONE:
+            return bytes(data)
+        if codec == Compression.ZSTD:
+            import zstandard
+
+            raw = bytes(data)
+            size = zstandard.frame_content_size(raw)
+            if not 0 <= size <= MAX_SECTION_BYTES:
+                raise ValueError(f"content size {size} is unknown or over {MAX_SECTION_BYTES}")
+            return zstandard.ZstdDecompressor().decompress(raw)
+        if codec == Compression.LZ4:
+            import lz4.frame
+
+            decompressor = lz4.frame.LZ4FrameDecompressor()
+            out: bytes = decompressor.decompress(bytes(data), max_length=MAX_SECTION_BYTES)
+            if not decompressor.eof:
+                raise ValueError(f"more than {MAX_SECTION_BYTES} bytes, or a cut frame")
+            return out
+    except Exception as exc:  # zstd and lz4 raise their own types for damaged input
+        raise RemoteProtocolError(
+            f"a batch's records do not decompress ({codec}): {exc}", ErrorCode.CORRUPT_MESSAGE
+        ) from exc
+    raise RemoteProtocolError(f"unknown compression codec {codec}", ErrorCode.CORRUPT_MESSAGE)
+
+
+# --- building (producers) -----------------------------------------------------------------------
+
+
+@attrs.define
+class BatchBuilder:
+    """Collects records for one batch; :meth:`build` returns its bytes (base offset 0).
+
+    ``append`` refuses (returns False) a record the batch cannot take: past ``max_bytes`` (unless
+    the batch is empty: a batch always takes its first record), or a timestamp the batch cannot
+    express (a record without one in a batch whose records have them, or the other way round, or
+    a delta beyond int32), so a producer starts the next batch with it. Appending keeps
+    references only; the bytes are joined once, by :meth:`build`.
+    """
+
+    compression: Compression = Compression.NONE
+    max_bytes: int = 1024 * 1024
+    max_records: int = 2**31 - 1
+    full: bool = False
+    """The batch reached ``max_bytes`` or ``max_records``: it takes no more records."""
+    _values: list[bytes | None] = attrs.field(factory=list)
+    _keys: list[bytes | None] = attrs.field(factory=list)
+    _timestamps: list[int] = attrs.field(factory=list)
+    """Empty while the records have no timestamps (the broker's append time)."""
+    _keyed: bool = False
+    _null_values: bool = False
+    _size: int = HEADER_SIZE
+
+    @property
+    def count(self) -> int:
+        return len(self._values)
+
+    @property
+    def size(self) -> int:
+        """The uncompressed size the batch has so far."""
+        return self._size
+
+    def append(self, value: bytes | None, key: bytes | None = None, timestamp_ms: int = -1) -> bool:
+        size = self._size + 12
+        if value is not None:
+            if type(value) is not bytes:
+                value = _as_bytes(value)
+            size += len(value)
+        else:
+            self._null_values = True
+        if key is not None:
+            if type(key) is not bytes:
+                key = _as_bytes(key)
+            size += len(key)
+            self._keyed = True
+        values = self._values
+        if values:
+            if size > self.max_bytes or self.full:
+                return False
+            timestamps = self._timestamps
+            if timestamp_ms >= 0:
+                if not timestamps or not _INT32_MIN <= timestamp_ms - timestamps[0] <= _INT32_MAX:
+                    return False
+                timestamps.append(timestamp_ms)
+            elif timestamps:
+                return False
+        elif timestamp_ms >= 0:
+            self._timestamps.append(timestamp_ms)
+        values.append(value)
+        self._keys.append(key)
+        self._size = size
+        if size >= self.max_bytes or len(values) >= self.max_records:
+            self.full = True
+        return True
+
+    def build(self) -> bytes:
+        values = self._values
+        count = len(values)
+        if not count:
+            raise LocalProtocolError("a batch holds at least one record", ErrorCode.INVALID_REQUEST)
+        timestamps = self._timestamps
+        if timestamps:
+            first = timestamps[0]
+            deltas = _int32_array([t - first for t in timestamps])
+            first_ts, max_ts = first, max(timestamps)
+        else:
+            deltas = bytes(4 * count)
+            first_ts = max_ts = NO_TIMESTAMP
+        value_lengths, value_bytes = _column(values, self._null_values)
+        if self._keyed:
+            key_lengths, key_bytes = _column(self._keys, None in self._keys)
+        else:
+            key_lengths, key_bytes = _int32_array([-1]) * count, b""
+        return encode_batch(
+            (deltas, key_lengths, value_lengths, key_bytes, value_bytes),
+            count,
+            first_timestamp_ms=first_ts,
+            max_timestamp_ms=max_ts,
+            compression=self.compression,
+        )
+
+
+def _as_bytes(data: object) -> bytes:
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    raise LocalProtocolError(
+        f"a record's key and value are bytes, not {type(data).__name__}", ErrorCode.INVALID_REQUEST
+    )
+
+
+def _column(items: list[bytes | None], nulls: bool) -> tuple[bytes, bytes]:
+    """The little-endian lengths (-1: null) and the joined bytes of ``items``."""
+    if nulls:
+        lengths = [-1 if item is None else len(item) for item in items]
+        joined = b"".join([item for item in items if item is not None])
+    else:
+        lengths = list(map(len, items))  # type: ignore[arg-type]
+        joined = b"".join(items)  # type: ignore[arg-type]
+    return _int32_array(lengths), joined
+
+
+def encode_batch(
+    section: bytes | Sequence[bytes],
+    count: int,
+    *,
+    first_timestamp_ms: int,
+    max_timestamp_ms: int,
+    compression: Compression = Compression.NONE,
+    base_offset: int = 0,
+    append_time_ms: int = NO_TIMESTAMP,
+) -> bytes:
+    """A whole batch around an (uncompressed) records section of ``count`` records, given whole
+    or in parts (joined once, with the header, when not compressed)."""
+    attributes = int(compression) | (APPEND_TIME if first_timestamp_ms < 0 else 0)
+    parts = [section] if isinstance(section, bytes) else list(section)
+    if compression is not Compression.NONE:
+        parts = [compress(compression, b"".join(parts))]
+    body_size = sum(len(part) for part in parts)
+    head = bytearray(HEADER_SIZE)
+    HEADER.pack_into(
+        head,
+        0,
+        base_offset,
+        HEADER_SIZE - LOG_OVERHEAD + body_size,
+        append_time_ms,
+        0,
+        MAGIC,
+        attributes,
+        count - 1,
+        first_timestamp_ms,
+        max_timestamp_ms,
+        NO_PRODUCER_ID,
+        NO_PRODUCER_EPOCH,
+        NO_SEQUENCE,
+        count,
+    )
+    with memoryview(head) as view:
+        crc = zlib.crc32(view[CRC_FROM:])
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    _CRC.pack_into(head, CRC_AT, crc)
+    return b"".join([head, *parts])
+
+
+def build_batch(
+    values: Sequence[bytes | None],
+    keys: Sequence[bytes | None] | None = None,
+    timestamps_ms: Sequence[int] | None = None,
+    compression: Compression = Compression.NONE,
+    base_offset: int = 0,
+) -> bytes:
+    """One batch of these records (no size limit); ``timestamps_ms`` None: the broker's time.
+    ``base_offset``: as a broker would have stamped it (producers leave it 0)."""
+    builder = BatchBuilder(compression=compression, max_bytes=2**62)
+    for i, value in enumerate(values):
+        ok = builder.append(
+            value,
+            None if keys is None else keys[i],
+            -1 if timestamps_ms is None else timestamps_ms[i],
+        )
+        if not ok:
+            raise LocalProtocolError(
+                f"record {i}'s timestamp does not fit one batch", ErrorCode.INVALID_REQUEST
+            )
+    batch = builder.build()
+    return _INT64.pack(base_offset) + batch[8:] if base_offset else batch
+
+
+#: Version-0 records are stored in batches of about this size (a batch holds at least one record,
+#: so a record larger than this is a batch of its own).
+RECORDS_BATCH_BYTES = 256 * 1024
+
+
+def batches_from_records(records: Sequence[Record]) -> bytes:
+    """Version-0 records (one at a time) as batches, for a broker that stores only batches."""
+    out = bytearray()
+    builder = BatchBuilder(max_bytes=RECORDS_BATCH_BYTES)
+    for record in records:
+        if not builder.append(record.value, record.key, record.timestamp_ms):
+            out += builder.build()
+            builder = BatchBuilder(max_bytes=RECORDS_BATCH_BYTES)
+            builder.append(record.value, record.key, record.timestamp_ms)
+    if builder.count:
+        out += builder.build()
+    return bytes(out)
+
+
+def records_from_batches(buf: ReadableBuffer, min_offset: int = 0) -> tuple[Record, ...]:
+    """Batches decoded into version-0 records, those from ``min_offset`` on."""
+    return tuple(
+        Record(offset=offset, timestamp_ms=ts, key=key, value=value)
+        for batch in read_batches(buf, check_crc=False)
+        for offset, ts, key, value in batch
+        if offset >= min_offset
+    )
+
+
+# --- checking and stamping (brokers) ------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class BatchSpan:
+    """Where one batch sits in a buffer of batches, and what a log needs to know of it."""
+
+    position: int
+    size: int
+    base_offset: int
+    record_count: int
+    max_timestamp_ms: int
+    """The newest timestamp of its records (its append time when they have none); -1: unknown."""
+
+
+def walk_batches(
+    buf: ReadableBuffer, pos: int = 0, end: int | None = None, check_crc: bool = True
+) -> Iterator[tuple[int, int, int, int, int]]:
+    """``(position, size, base_offset, record_count, max_timestamp_ms)`` of each whole batch in
+    ``buf[pos:end]``, checking each header and (``check_crc``) its one CRC.
+
+    Raises RemoteProtocolError at the first bad batch, after yielding the good ones before it:
+    MALFORMED_FRAME for bytes that are not a whole batch (a torn tail, in a log file),
+    CORRUPT_MESSAGE for a CRC that does not match or a header no writer of this format makes.
+    ``max_timestamp_ms`` is the append time for a batch whose records carry no timestamps.
+    """
+    end = len(buf) if end is None else end
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    with memoryview(buf) as view:
+        while pos < end:
+            if end - pos < HEADER_SIZE:
+                raise malformed(f"a batch header needs {HEADER_SIZE} bytes, {end - pos} left")
+            (
+                base,
+                length,
+                append_time,
+                crc,
+                magic,
+                attributes,
+                last_delta,
+                _first_ts,
+                max_ts,
+                _pid,
+                _epoch,
+                _seq,
+                count,
+            ) = unpack(view, pos)
+            size = LOG_OVERHEAD + length
+            if length < HEADER_SIZE - LOG_OVERHEAD:
+                raise malformed(f"batch at byte {pos}: length {length} is shorter than a header")
+            if size > end - pos:
+                raise malformed(f"batch at byte {pos}: {size} bytes, {end - pos} left")
+            if check_crc:
+                actual = crc32(view[pos + CRC_FROM : pos + size])
+                if actual != crc:
+                    raise RemoteProtocolError(
+                        f"batch at byte {pos} (offset {base}): crc {actual:#010x} does not "
+                        f"match {crc:#010x}",
+                        ErrorCode.CORRUPT_MESSAGE,
+                    )
+            if (
+                magic != MAGIC
+                or attributes & ~_KNOWN_ATTRIBUTES
+                or (attributes & COMPRESSION_MASK) not in _CODECS
+                or not 1 <= count <= MAX_RECORDS
+                or last_delta != count - 1
+                # uncompressed, the section holds three int32s per record at least
+                or (not attributes & COMPRESSION_MASK and size - HEADER_SIZE < 12 * count)
+            ):
+                raise RemoteProtocolError(
+                    f"batch at byte {pos}: magic {magic}, attributes {attributes:#x}, "
+                    f"{count} records, last offset delta {last_delta}: not a batch this "
+                    "format allows",
+                    ErrorCode.CORRUPT_MESSAGE,
+                )
+            yield pos, size, base, count, append_time if attributes & APPEND_TIME else max_ts
+            pos += size
+
+
+def batch_spans(buf: ReadableBuffer, check_crc: bool = True) -> list[BatchSpan]:
+    """Every batch of ``buf`` (see :func:`walk_batches`); raises at the first bad one."""
+    return [
+        BatchSpan(position=p, size=s, base_offset=b, record_count=c, max_timestamp_ms=t)
+        for p, s, b, c, t in walk_batches(buf, check_crc=check_crc)
+    ]
+
+
+_CODECS = frozenset(int(c) for c in Compression)
+
+
+def stamp(buf: bytearray, spans: Sequence[BatchSpan], base_offset: int, now_ms: int) -> int:
+    """Write offsets from ``base_offset`` and the append time into checked batches; returns the
+    offset after the last record. The CRCs stay valid: neither field is covered."""
+    offset = base_offset
+    for span in spans:
+        _INT64.pack_into(buf, span.position, offset)
+        _INT64.pack_into(buf, span.position + 12, now_ms)
+        offset += span.record_count
+    return offset
+
+
+def stamped_pieces(
+    buf: ReadableBuffer, spans: Sequence[BatchSpan], base_offset: int, now_ms: int
+) -> list[ReadableBuffer]:
+    """The checked batches of ``buf`` as :func:`stamp` would leave them, as pieces to write
+    (``os.writev``) without copying the batches: a new 20-byte start per batch (base offset,
+    length, append time) and a view of the rest."""
+    pieces: list[ReadableBuffer] = []
+    offset = base_offset
+    view = memoryview(buf)
+    stamp_time = _INT64.pack(now_ms)
+    for span in spans:
+        pos = span.position
+        pieces.append(_INT64.pack(offset) + bytes(view[pos + 8 : pos + 12]) + stamp_time)
+        pieces.append(view[pos + 20 : pos + span.size])
+        offset += span.record_count
+    return pieces
+
+
+def stamped_spans(spans: Sequence[BatchSpan], base_offset: int, now_ms: int) -> list[BatchSpan]:
+    """``spans`` as :func:`stamp` leaves them: their offsets, and the append time as the newest
+    timestamp of batches whose records have none."""
+    out = []
+    offset = base_offset
+    for span in spans:
+        out.append(
+            attrs.evolve(
+                span,
+                base_offset=offset,
+                max_timestamp_ms=now_ms if span.max_timestamp_ms < 0 else span.max_timestamp_ms,
+            )
+        )
+        offset += span.record_count
+    return out
+
+
+# --- reading (consumers) ------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class RecordBatch:
+    """One received batch, decoded on demand: the header at once, the records on first use.
+
+    ``offsets``, ``timestamps``, ``keys`` and ``values`` are parallel lists of the batch's
+    records; :meth:`columns` gives the raw arrays a vectorised reader wants instead.
+    """
+
+    base_offset: int
+    append_time_ms: int
+    attributes: int
+    first_timestamp_ms: int
+    max_timestamp_ms: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+    _body: ReadableBuffer = attrs.field(repr=False)
+    _section: bytes | None = attrs.field(default=None, repr=False)
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.record_count - 1
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+    def section(self) -> bytes:
+        """The records section, decompressed (once)."""
+        if self._section is None:
+            self._section = decompress(self.compression, self._body)
+            self._check_section()
+        return self._section
+
+    def _check_section(self) -> None:
+        assert self._section is not None
+        n = self.record_count
+        if len(self._section) < 12 * n:
+            raise RemoteProtocolError(
+                f"batch at offset {self.base_offset}: records section too short",
+                ErrorCode.CORRUPT_MESSAGE,
+            )
+
+    def columns(self) -> tuple[bytes, int, int, int, int]:
+        """``(section, key_lengths_at, value_lengths_at, keys_at, values_at)``: byte positions of
+        the little-endian int32 key and value length arrays and of the key and value bytes in
+        the decompressed section (timestamp deltas are at 0)."""
+        section = self.section()
+        n = self.record_count
+        key_lengths = _int32s(section, 4 * n, n)
+        keys_total = sum(k for k in key_lengths if k > 0)
+        return section, 4 * n, 8 * n, 12 * n, 12 * n + keys_total
+
+    @property
+    def offsets(self) -> range:
+        return range(self.base_offset, self.base_offset + self.record_count)
+
+    def timestamps(self) -> list[int]:
+        n = self.record_count
+        if self.attributes & APPEND_TIME:
+            self.section()  # a batch claiming more records than it holds fails here
+            return [self.append_time_ms] * n
+        first = self.first_timestamp_ms
+        return [first + d for d in _int32s(self.section(), 0, n)]
+
+    def keys(self) -> list[bytes | None]:
+        section = self.section()
+        n = self.record_count
+        return self._slices(section, _int32s(section, 4 * n, n), 12 * n)
+
+    def values(self) -> list[bytes | None]:
+        section, _, value_lengths_at, _, values_at = self.columns()
+        n = self.record_count
+        return self._slices(section, _int32s(section, value_lengths_at, n), values_at)
+
+    def _slices(self, section: bytes, lengths: array[int], start: int) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        append = out.append
+        pos = start
+        for n in lengths:
+            if n < 0:
+                append(None)
+            else:
+                append(section[pos : pos + n])
+                pos += n
+        if pos > len(section):
+            raise RemoteProtocolError(
+                f"batch at offset {self.base_offset}: lengths run past its records",
+                ErrorCode.CORRUPT_MESSAGE,
+            )
+        return out
+
+    def __iter__(self) -> Iterator[tuple[int, int, bytes | None, bytes | None]]:
+        """``(offset, timestamp_ms, key, value)`` of each record."""
+        return zip(self.offsets, self.timestamps(), self.keys(), self.values(), strict=True)
+
+
+def read_batches(buf: ReadableBuffer, check_crc: bool = True) -> list[RecordBatch]:
+    """Every batch in ``buf`` (a fetch answer's ``batches``), headers decoded, records not yet."""
+    out = []
+    for span in batch_spans(buf, check_crc):
+        fields = HEADER.unpack_from(buf, span.position)
+        out.append(
+            RecordBatch(
+                base_offset=fields[0],
+                append_time_ms=fields[2],
+                attributes=fields[5],
+                first_timestamp_ms=fields[7],
+                max_timestamp_ms=fields[8],
+                producer_id=fields[9],
+                producer_epoch=fields[10],
+                base_sequence=fields[11],
+                record_count=fields[12],
+                body=memoryview(buf)[span.position + HEADER_SIZE : span.position + span.size],
+            )
+        )
+    return out
+
+
+def batch_offsets(buf: ReadableBuffer, position: int) -> tuple[int, int]:
+    """``(base_offset, size)`` of the batch at ``position``, from its first 12 bytes."""
+    base, length = _OFFSET_AND_LENGTH.unpack_from(buf, position)
+    return base, LOG_OVERHEAD + length
+
+
+def last_offset_delta(buf: ReadableBuffer, position: int) -> int:
+    delta: int = _I32.unpack_from(buf, position + _LAST_DELTA_AT)[0]
+    return delta
+
+
+def count_records(batches: Sequence[RecordBatch]) -> int:
+    return sum(b.record_count for b in batches)
+
+
+__all__ = [
+    "APPEND_TIME",
+    "HEADER_SIZE",
+    "LOG_OVERHEAD",
+    "MAGIC",
+    "BatchBuilder",
+    "BatchSpan",
+    "Compression",
+    "RecordBatch",
+    "batch_offsets",
+    "batch_spans",
+    "batches_from_records",
+    "build_batch",
+    "count_records",
+    "encode_batch",
+    "last_offset_delta",
+    "read_batches",
+    "records_from_batches",
+    "stamp",
+    "stamped_pieces",
+    "stamped_spans",
+    "walk_batches",
+]
