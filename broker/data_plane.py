@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager, suppress
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 import trio
@@ -60,6 +61,12 @@ def _now_ms() -> int:
     return int(time.time() * 1000)  # real-clock: record timestamps and retention are wall time
 
 
+class DataPlaneObserver(Protocol):
+    def produced(self, topic: str, records: int, size: int) -> None: ...
+
+    def fetched(self, topic: str, records: int, size: int) -> None: ...
+
+
 @attrs.define(eq=False)
 class BrokerLog:
     broker_id: int
@@ -70,6 +77,8 @@ class BrokerLog:
     partitions: dict[TopicPartition, PartitionLog] = attrs.field(factory=dict)
     placement: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
     _opening: dict[TopicPartition, trio.Lock] = attrs.field(factory=dict)
+    #: Told of each append and fetch (broker/metrics.py); None: nobody.
+    observer: DataPlaneObserver | None = None
 
     async def __call__(self, request: Request) -> ResponseMessage | None:
         message = request.message
@@ -107,6 +116,9 @@ class BrokerLog:
             # not acknowledged: the producer may retry; the log is unchanged or refuses appends
             log.error("produce to %s-%d failed: %s", message.topic, message.partition, exc)
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR, base_offset=-1)
+        if self.observer is not None:
+            count = sum(span.record_count for span in spans)
+            self.observer.produced(message.topic, count, len(payload))
         return ProduceResponse(error_code=ErrorCode.NONE, base_offset=base)
 
     async def fetch(self, message: FetchRequest, api_version: int = 1) -> FetchResponse:
@@ -131,6 +143,10 @@ class BrokerLog:
         except CorruptSegment as exc:
             log.error("fetch %s-%d: %s", message.topic, message.partition, exc)
             error = ErrorCode.CORRUPT_MESSAGE
+        if self.observer is not None and data:
+            # headers only: the records are not decoded
+            count = sum(span.record_count for span in batch_spans(data, check_crc=False))
+            self.observer.fetched(message.topic, count, len(data))
         if api_version == 0:
             try:
                 records = records_from_batches(data, message.offset)
@@ -264,10 +280,20 @@ class BrokerLog:
 
 @asynccontextmanager
 async def open_broker_log(
-    store: MetadataStore, broker_id: int, data_dir: Path, config: LogConfig
+    store: MetadataStore,
+    broker_id: int,
+    data_dir: Path,
+    config: LogConfig,
+    observer: DataPlaneObserver | None = None,
 ) -> AsyncIterator[BrokerLog]:
     """Recover every partition placed on this broker, then serve (``<data_dir>/log``)."""
-    broker = BrokerLog(broker_id=broker_id, store=store, directory=data_dir / "log", config=config)
+    broker = BrokerLog(
+        broker_id=broker_id,
+        store=store,
+        directory=data_dir / "log",
+        config=config,
+        observer=observer,
+    )
     await trio.to_thread.run_sync(check_log_format, broker.directory)
     try:
         await broker.open_placed(await store.topics())

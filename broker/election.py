@@ -36,6 +36,7 @@ from broker.dispatch import (
 )
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
+from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.validation import LogEnd
 from protocol import (
     ClusterMetadataRequest,
@@ -103,6 +104,8 @@ class Elector:
     coordinator: trio_util.AsyncValue[GroupCoordinator | None] = attrs.Factory(
         lambda: trio_util.AsyncValue(None)
     )
+    #: Told what each coordinator this broker runs sees (metrics): coordinator/observer.py.
+    observer: CoordinatorObserver = NULL_OBSERVER
 
     async def _stand(self) -> None:
         """Forever: take office (waiting while another broker holds it), coordinate until the
@@ -111,7 +114,11 @@ class Elector:
             failed = False
             try:
                 async with open_group_coordinator(
-                    self.store, self.config, self.broker, log_end=self.log_end
+                    self.store,
+                    self.config,
+                    self.broker,
+                    log_end=self.log_end,
+                    observer=self.observer,
                 ) as elected:
                     self.coordinator.value = elected
                     try:
@@ -145,9 +152,10 @@ async def open_elector(
     broker: BrokerInfo,
     *,
     log_end: LogEnd | None = None,
+    observer: CoordinatorObserver = NULL_OBSERVER,
 ) -> AsyncIterator[Elector]:
     """Stand for coordinator for the duration of the block."""
-    elector = Elector(store=store, config=config, broker=broker, log_end=log_end)
+    elector = Elector(store=store, config=config, broker=broker, log_end=log_end, observer=observer)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(elector._stand)
         try:

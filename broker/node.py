@@ -13,20 +13,32 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import attrs
 import trio
 
 from broker.authorization import open_access
-from broker.data_plane import open_broker_log
+from broker.data_plane import BrokerLog, open_broker_log
 from broker.dispatch import handle_connection
 from broker.election import handle_elected_connection, open_elector
-from broker.log import LogConfig
+from broker.log import CorruptSegment, LogConfig, OffsetOutOfRange
+from broker.metrics import (
+    BrokerMetrics,
+    MetricsConfig,
+    Snapshot,
+    TimedStore,
+    first_timestamp,
+    take_snapshot,
+)
+from broker.status import serve_status
 from coordinator.config import CoordinatorConfig
-from coordinator.group_coordinator import open_group_coordinator
+from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
+from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.validation import LogEnd
+from protocol import RemoteProtocolError
 from protocol.sasl import MECHANISMS
-from protocol.types import BrokerInfo
+from protocol.types import BrokerInfo, TopicPartition
 from store import MetadataStore, open_embedded_store
 from store.zookeeper import DigestAuth, ZooKeeperStore, open_zookeeper_store
 from transport.channel import ReadBounds
@@ -74,6 +86,8 @@ class NodeSettings:
     tls_principal_is_cn: bool = False
     #: Principals every access rule lets do everything (``User:admin``).
     super_users: frozenset[str] = frozenset()
+    #: The Prometheus endpoint and status page (broker/metrics.py, broker/status.py).
+    metrics: MetricsConfig = attrs.field(factory=MetricsConfig)
 
     def endpoints(self) -> tuple[Endpoint, ...]:
         return self.listeners or (
@@ -128,27 +142,77 @@ async def run_node(
             broker_id=settings.broker_id, host=advertised[first][0], port=advertised[first][1]
         )
         await store.register_broker(broker, advertised)
+        metrics = None if settings.metrics.port is None else BrokerMetrics(config=settings.metrics)
+        # The coordinator sees the store through the metrics' timing, the election the store.
+        coordination_store = (
+            store
+            if metrics is None
+            else cast(MetadataStore, TimedStore(store=store, metrics=metrics))
+        )
         async with (
             open_access(
                 store, enabled=settings.authorization, super_users=settings.super_users
             ) as access,
-            open_broker_log(store, broker.broker_id, settings.data_dir, settings.log) as data_plane,
+            open_broker_log(
+                store, broker.broker_id, settings.data_dir, settings.log, observer=metrics
+            ) as data_plane,
             _open_coordination(
-                store, settings.coordinator, broker, data_plane.log_end_offset
-            ) as serve_connection,
+                store,
+                coordination_store,
+                settings.coordinator,
+                broker,
+                data_plane.log_end_offset,
+                NULL_OBSERVER if metrics is None else metrics,
+            ) as (serve_connection, current),
             trio.open_nursery() as nursery,
         ):
             bounds = ReadBounds.of(settings.connections)
 
             async def handler(stream: trio.abc.Stream, peer: Peer) -> None:
-                await serve_connection(
-                    stream, data_plane=data_plane, bounds=bounds, peer=peer, access=access
-                )
+                if metrics is None:
+                    await serve_connection(
+                        stream, data_plane=data_plane, bounds=bounds, peer=peer, access=access
+                    )
+                    return
+                metrics.connections.inc()
+                try:
+                    await serve_connection(
+                        stream, data_plane=data_plane, bounds=bounds, peer=peer, access=access
+                    )
+                finally:
+                    metrics.connections.dec()
 
+            if metrics is not None:
+
+                async def snapshot() -> Snapshot:
+                    return await _snapshot(metrics, broker, current(), store, data_plane)
+
+                await nursery.start(serve_status, metrics, snapshot)
             gate = ConnectionGate.of(settings.connections)
             await nursery.start(serve_listeners, handler, listeners, gate)
             log.info("broker %d serving, data in %s", broker.broker_id, settings.data_dir)
             task_status.started(listeners[0].listener.socket.getsockname()[1])
+
+
+async def _snapshot(
+    metrics: BrokerMetrics,
+    broker: BrokerInfo,
+    coordinator: GroupCoordinator | None,
+    store: MetadataStore,
+    data_plane: BrokerLog,
+) -> Snapshot:
+    log_ends = {tp: p.high_watermark for tp, p in data_plane.partitions.items()}
+
+    async def read_timestamp(tp: TopicPartition, offset: int) -> int | None:
+        partition = data_plane.partitions.get(tp)
+        if partition is None:
+            return None
+        try:
+            return await first_timestamp(partial(partition.read, max_bytes=1), offset)
+        except (OffsetOutOfRange, CorruptSegment, RemoteProtocolError):
+            return None  # gone by retention, or unreadable: the page says "?"
+
+    return await take_snapshot(metrics, broker, coordinator, store, log_ends, read_timestamp)
 
 
 def _listener_security(
@@ -205,13 +269,23 @@ ConnectionHandler = Callable[..., Awaitable[None]]
 
 @asynccontextmanager
 async def _open_coordination(
-    store: MetadataStore, config: CoordinatorConfig, broker: BrokerInfo, log_end: LogEnd
-) -> AsyncIterator[ConnectionHandler]:
+    store: MetadataStore,
+    coordination_store: MetadataStore,
+    config: CoordinatorConfig,
+    broker: BrokerInfo,
+    log_end: LogEnd,
+    observer: CoordinatorObserver,
+) -> AsyncIterator[tuple[ConnectionHandler, Callable[[], GroupCoordinator | None]]]:
     """Alone on its store, a broker is the coordinator; sharing ZooKeeper, it stands for election
-    and serves each connection as whatever it is when the connection arrives."""
+    and serves each connection as whatever it is when the connection arrives. Also yields how
+    to find the coordinator this broker runs now, if any."""
     if isinstance(store, ZooKeeperStore):
-        async with open_elector(store, config, broker, log_end=log_end) as elector:
-            yield partial(handle_elected_connection, elector)
+        async with open_elector(
+            store, config, broker, log_end=log_end, observer=observer
+        ) as elector:
+            yield partial(handle_elected_connection, elector), lambda: elector.coordinator.value
     else:
-        async with open_group_coordinator(store, config, broker, log_end=log_end) as coordinator:
-            yield partial(handle_connection, coordinator)
+        async with open_group_coordinator(
+            coordination_store, config, broker, log_end=log_end, observer=observer
+        ) as coordinator:
+            yield partial(handle_connection, coordinator), lambda: coordinator

@@ -19,6 +19,7 @@ from typing import NoReturn
 import trio
 
 from broker.log import FsyncPolicy, LogConfig
+from broker.metrics import MetricsConfig
 from broker.node import NodeSettings, run_node
 from cli.admin import add_admin_commands, run_admin
 from cli.data import add_data_commands, run_consume, run_produce
@@ -149,12 +150,40 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--retention-check-ms", type=int, default=logs.retention_check_ms)
     serve.add_argument("--segment-bytes", type=int, default=logs.segment_bytes)
     _add_limit_options(serve)
+    _add_metrics_options(serve)
     add_serve_options(serve)
     add_admin_commands(commands)
     add_data_commands(commands)
     add_user_commands(commands)
     add_acl_commands(commands)
     return parser
+
+
+def _add_metrics_options(serve: argparse.ArgumentParser) -> None:
+    metrics = MetricsConfig()
+    group = serve.add_argument_group("metrics and status page (README: Metrics)")
+    group.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on /metrics and a status page on / at this port (0: any)",
+    )
+    group.add_argument(
+        "--metrics-host",
+        default=metrics.host,
+        help="address of the metrics endpoint, which has no authentication (default: %(default)s)",
+    )
+    group.add_argument(
+        "--metrics-partition-lag",
+        action="store_true",
+        help="also export lag per group and partition",
+    )
+    group.add_argument(
+        "--metrics-partition-lag-max-series",
+        type=int,
+        default=metrics.partition_lag_max_series,
+        help="at most this many per-partition lag series (default: %(default)s)",
+    )
 
 
 def _add_limit_options(serve: argparse.ArgumentParser) -> None:
@@ -300,6 +329,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     retention_bytes=None if args.retention_bytes < 0 else args.retention_bytes,
                     retention_check_ms=args.retention_check_ms,
                     segment_bytes=args.segment_bytes,
+                ),
+                metrics=MetricsConfig(
+                    port=args.metrics_port,
+                    host=args.metrics_host,
+                    partition_lag=args.metrics_partition_lag,
+                    partition_lag_max_series=args.metrics_partition_lag_max_series,
                 ),
                 **serve_security(args),  # type: ignore[arg-type]
             )

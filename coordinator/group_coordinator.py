@@ -20,6 +20,7 @@ from coordinator import rebalance, validation
 from coordinator.config import CoordinatorConfig
 from coordinator.heartbeat import Pinger
 from coordinator.membership import Away, Group, Member
+from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.offsets import OffsetKeeper
 from coordinator.validation import LogEnd
 from protocol import (
@@ -72,6 +73,8 @@ class GroupCoordinator:
     loaded: trio.Event = attrs.field(factory=trio.Event)
     #: Groups whose record is being read again for a rebuild (:meth:`_rebuild`).
     _reloading: set[str] = attrs.field(factory=set)
+    #: Told of group inputs, deaths and Pings (metrics): coordinator/observer.py.
+    observer: CoordinatorObserver = NULL_OBSERVER
 
     def __attrs_post_init__(self) -> None:
         self.pinger = Pinger(coordinator=self)
@@ -334,6 +337,7 @@ class GroupCoordinator:
         if not effects or group is None or group.members.get(member.member_id) is not member:
             return
         (death,) = effects
+        self.observer.member_died(group.group_id, death.cause)
         now = trio.current_time()
         generation = group.ownership.holding(member.incarnation).generation
         del group.members[member.member_id]
@@ -741,6 +745,8 @@ class GroupCoordinator:
             self._apply(group, group.machine.handle(event))
         except Exception as exc:
             self.fail_group(group, exc)
+        else:
+            self.observer.group_event(group.group_id, event, trio.current_time())
 
     def fail_group(self, group: Group, exc: Exception) -> None:
         """Fail the group from any task: its driver stops at its next checkpoint and rebuilds
@@ -941,6 +947,7 @@ async def open_group_coordinator(
     broker: BrokerInfo,
     *,
     log_end: LogEnd | None = None,
+    observer: CoordinatorObserver = NULL_OBSERVER,
 ) -> AsyncIterator[GroupCoordinator]:
     """Take office, recover the groups, and run the committer and the topic watch; offsets
     past ``log_end`` (this broker's partition logs) are refused. The coordinator is handed out
@@ -965,6 +972,7 @@ async def open_group_coordinator(
             nursery=nursery,
             took_office_at=took_office_at,
             log_end=log_end,
+            observer=observer,
         )
         coordinator.brokers = await store.brokers()
         await nursery.start(coordinator.watch_topics)

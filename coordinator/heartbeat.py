@@ -20,6 +20,7 @@ import attrs
 import trio
 
 from coordinator.membership import Member
+from coordinator.observer import CoordinatorObserver
 from protocol import LocalProtocolError, PingRequest, PingResponse, ResponseMessage
 from protocol.types import PartitionOffset
 from statemachine import member as member_sm
@@ -53,6 +54,7 @@ class PingerHost(Protocol):
     epoch: int
     store: MetadataStore
     nursery: trio.Nursery
+    observer: CoordinatorObserver
 
     def member_event(self, member: Member, event: object) -> None: ...
 
@@ -154,6 +156,7 @@ class Pinger:
         now = trio.current_time()
         if isinstance(response, PingResponse) and member.machine.alive:
             member.machine.handle(member_sm.PingAnswered(now=now))
+            self.coordinator.observer.ping_answered(now - ping.sent_at)
             self.coordinator.accept_reported_offsets_nowait(
                 member, ping.generation, response.offsets
             )
@@ -167,6 +170,7 @@ class Pinger:
         member.channel.abandon(ping.correlation_id)
         if not member.machine.alive:
             return
+        self.coordinator.observer.ping_missed()
         now = trio.current_time()
         self.coordinator.member_event(member, member_sm.DeadlineMissed(now=now))
         if member.machine.alive:  # more misses allowed: the next Ping goes now

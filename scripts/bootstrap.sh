@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes this checkout runnable from nothing: Debian packages (ZooKeeper, a Java runtime for it and for
-# Spark) when we are root, then a virtualenv in .venv with the project and the extras named in
+# Spark, Chromium for the status page's browser test) when we are root, then a virtualenv in .venv with the project and the extras named in
 # $EXTRAS (default: test,dev). Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,7 @@ EXTRAS=${EXTRAS:-test,dev}
 need_apt=()
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "bootstrap: installing Debian packages: ${need_apt[*]}"
@@ -17,7 +18,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
         apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
     else
         echo "bootstrap: warning: missing ${need_apt[*]} and cannot apt-get (not root);" \
-             "the ZooKeeper and Spark tests will fail" >&2
+             "the ZooKeeper, Spark and status page browser tests will fail" >&2
     fi
 fi
 
