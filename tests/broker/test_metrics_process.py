@@ -30,7 +30,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def _fetch(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 (our own loopback)
+    with urllib.request.urlopen(url, timeout=10) as response:
         body: bytes = response.read()
         return body.decode()
 
@@ -82,35 +82,52 @@ async def running_group(tmp_path: Path) -> AsyncIterator[Scene]:
         assert match is not None, broker.log_text()
         base = match.group(1)
         created = await run_cli(
-            "topics", "create", "t", "--partitions", str(PARTITIONS), "--bootstrap",
+            "topics",
+            "create",
+            "t",
+            "--partitions",
+            str(PARTITIONS),
+            "--bootstrap",
             bootstrap(broker),
-        )  # fmt: skip
+        )
         assert created.returncode == 0, created.stderr
         consumers = []
         try:
             for name in ("a", "b"):
                 consumers.append(
                     await open_cli(
-                        "consume", "t", "--group", "g", "--from-beginning", "--session-timeout",
-                        "6", "--bootstrap", bootstrap(broker),
-                        stdout=tmp_path / f"{name}.out", stderr=tmp_path / f"{name}.err",
-                    )  # fmt: skip
+                        "consume",
+                        "t",
+                        "--group",
+                        "g",
+                        "--from-beginning",
+                        "--session-timeout",
+                        "6",
+                        "--bootstrap",
+                        bootstrap(broker),
+                        stdout=tmp_path / f"{name}.out",
+                        stderr=tmp_path / f"{name}.err",
+                    )
                 )
             scene = Scene(broker=broker, base=base, consumers=consumers, tmp=tmp_path)
             await wait_for(
                 base,
                 "a Stable group of two",
-                lambda s: value(s, "coordinator_groups", state="Stable") == 1
-                and value(s, "coordinator_members") == 2,
+                lambda s: (
+                    value(s, "coordinator_groups", state="Stable") == 1
+                    and value(s, "coordinator_members") == 2
+                ),
             )
             await scene.produce(200)
             await wait_for(
                 base,
                 "every partition consumed and reported",
-                lambda s: value(s, "broker_produced_records_total", topic="t") == 200
-                and sum(1 for name, _ in s if name == "coordinator_partition_lag_records")
-                == PARTITIONS
-                and value(s, "coordinator_group_lag_records_sum", group="g") == 0,
+                lambda s: (
+                    value(s, "broker_produced_records_total", topic="t") == 200
+                    and sum(1 for name, _ in s if name == "coordinator_partition_lag_records")
+                    == PARTITIONS
+                    and value(s, "coordinator_group_lag_records_sum", group="g") == 0
+                ),
             )
             yield scene
         finally:
@@ -138,10 +155,12 @@ async def test_a_scrape_sees_the_death_the_rebalance_and_the_lag_move(tmp_path: 
         after = await wait_for(
             scene.base,
             "the death, a rebalance for it and the lag back to zero",
-            lambda s: value(s, "coordinator_member_deaths_total", cause="closed") == 1
-            and value(s, "coordinator_rebalances_total", cause="death") == deaths_before + 1
-            and value(s, "coordinator_group_lag_records_sum", group="g") == 0
-            and value(s, "coordinator_members") == 1,
+            lambda s: (
+                value(s, "coordinator_member_deaths_total", cause="closed") == 1
+                and value(s, "coordinator_rebalances_total", cause="death") == deaths_before + 1
+                and value(s, "coordinator_group_lag_records_sum", group="g") == 0
+                and value(s, "coordinator_members") == 1
+            ),
         )
         assert value(after, "coordinator_groups", state="Stable") == 1
         assert value(after, "coordinator_group_lag_seconds_max", group="g") == 0
@@ -161,9 +180,15 @@ async def open_in_chromium(url: str, tmp: Path) -> str:
     assert browser is not None, "Debian's chromium: scripts/bootstrap.sh installs it"
     done = await trio.run_process(
         [
-            browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            f"--user-data-dir={tmp / 'chromium'}", "--dump-dom", url,
-        ],  # fmt: skip
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={tmp / 'chromium'}",
+            "--dump-dom",
+            url,
+        ],
         capture_stdout=True,
         capture_stderr=True,
         check=False,
@@ -199,4 +224,3 @@ async def test_the_status_page_in_a_browser_shows_the_group_and_its_new_generati
                 await trio.sleep(0.5)
         assert now[2] == 1
         assert f"g death {now[1]}" in await open_in_chromium(scene.base, tmp_path)
-
