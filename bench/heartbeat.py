@@ -14,11 +14,21 @@ inside it and not visible from outside; the probe sees the same queueing). The c
 also reports how late Pings arrive against their T/3 period (lateness p99).
 
     python -m bench.heartbeat [--quick]
+    python -m bench.heartbeat --metrics-cost 5 [--consumers N]
+
+``--metrics-cost RUNS`` measures what the metrics endpoint (``serve --metrics-port``) adds to
+the Ping path: RUNS coordinators with it and RUNS without, interleaved (off, on, on, off, ...,
+so that a drift in the machine's load falls on both alike), the one with it scraped every
+SCRAPE_EVERY seconds as Prometheus would; it reports each run's CPU per Ping round trip and the
+two medians.
 """
 
 from __future__ import annotations
 
+import socket
+import statistics
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +64,8 @@ BENCH = "heartbeat"
 SESSION_TIMEOUT_MS = 10_000
 INTERVAL = SESSION_TIMEOUT_MS / 3000
 PROBE_EVERY = 0.02
+#: How often the metrics-cost runs scrape the endpoint (Prometheus' default interval is 15 s).
+SCRAPE_EVERY = 5.0
 
 
 async def _window(
@@ -156,6 +168,85 @@ async def measure(
     figure(BENCH, "server_rss", rss / 2**20, "MiB", bare_rss / 2**20, **common)
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _scrape(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        return len(response.read())
+
+
+async def _cpu_per_ping(
+    work: Path, n: int, *, metrics: bool, settle: float, window: float, per_worker: int
+) -> float:
+    """Server CPU per Ping round trip (us) over ``window``, with or without the endpoint."""
+    port = _free_port()
+    extra = ("--metrics-port", str(port)) if metrics else ()
+    async with (
+        open_coordinator(work / "coordinator", "--initial-rebalance-delay", "2", *extra) as server,
+        open_consumers(
+            server,
+            n,
+            work,
+            group_size=100,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            per_worker=per_worker,
+        ) as workers,
+    ):
+        await wait_until(workers, registered(n), timeout=120 + n / 50)
+        await wait_until(workers, all_groups_stable, timeout=60)
+        await trio.sleep(settle)
+
+        async def scraped(seconds: float) -> list[float]:
+            async with trio.open_nursery() as nursery:
+                if metrics:
+
+                    async def scraper() -> None:
+                        while True:
+                            await trio.to_thread.run_sync(_scrape, port)
+                            await trio.sleep(SCRAPE_EVERY)
+
+                    nursery.start_soon(scraper)
+                await trio.sleep(seconds)
+                nursery.cancel_scope.cancel()
+            return []
+
+        cpu, _, _, coordinator_stats = await _window(server, workers, window, scraped)
+    pings = sum(s["pings"] for s in coordinator_stats)
+    return cpu / pings * 1e6 if pings else float("nan")
+
+
+async def metrics_cost(
+    work: Path, n: int, runs: int, *, settle: float, window: float, per_worker: int
+) -> None:
+    results: dict[bool, list[float]] = {False: [], True: []}
+    for run_index in range(runs):
+        # off/on, then on/off: each setting goes first as often as second
+        order = (False, True) if run_index % 2 == 0 else (True, False)
+        for metrics in order:
+            us = await _cpu_per_ping(
+                work, n, metrics=metrics, settle=settle, window=window, per_worker=per_worker
+            )
+            results[metrics].append(us)
+            figure(BENCH, "metrics_cost_run", us, "us", None, consumers=n, metrics=metrics)
+    on, off = statistics.median(results[True]), statistics.median(results[False])
+    figure(
+        BENCH,
+        "cpu_per_round_trip_with_metrics",
+        on,
+        "us",
+        off,
+        consumers=n,
+        runs_each=runs,
+        with_metrics=[round(x, 1) for x in results[True]],
+        without=[round(x, 1) for x in results[False]],
+    )
+
+
 async def main() -> None:
     parser = bench_arguments(__doc__ or BENCH)
     parser.add_argument(
@@ -163,6 +254,12 @@ async def main() -> None:
     )
     parser.add_argument("--consumers", type=int, nargs="+", help="sizes instead of the defaults")
     parser.add_argument("--per-worker", type=int, default=PER_WORKER, help="consumers per process")
+    parser.add_argument(
+        "--metrics-cost",
+        type=int,
+        metavar="RUNS",
+        help="compare CPU per Ping with and without the metrics endpoint, RUNS each",
+    )
     args = parser.parse_args()
     profile = args.profile if args.profile is not None else (0 if args.quick else 10)
     sizes = args.consumers or ([200] if args.quick else [5000, 10000])
@@ -173,6 +270,17 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-heartbeat-") as tmp:
         work = (args.work_dir or Path(tmp)) / BENCH
         work.mkdir(parents=True, exist_ok=True)
+        if args.metrics_cost:
+            n = args.consumers[0] if args.consumers else 2000
+            await metrics_cost(
+                work,
+                n,
+                args.metrics_cost,
+                settle=settle,
+                window=window,
+                per_worker=args.per_worker,
+            )
+            return
         for n in sizes:
             with reporting_errors(BENCH, "cpu_per_round_trip", consumers=n):
                 await measure(

@@ -124,7 +124,13 @@ class GroupReport:
             "state": self.state,
             "generation": self.generation,
             "members": [
-                {"id": member_id, "partitions": [str(tp) for tp in partitions]}
+                {
+                    "id": member_id,
+                    # objects, as in the top-level "partitions": a topic name may hold a dash
+                    "partitions": [
+                        {"topic": tp.topic, "partition": tp.partition} for tp in partitions
+                    ],
+                }
                 for member_id, partitions in self.members
             ],
             "partitions": [p.as_json() for p in self.partitions],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -38,3 +39,22 @@ async def test_the_text_table_shows_a_reported_offset_apart_from_the_committed_o
         "t      0          m      5          9         12   7",
         "t      1          -      -          -         0    0",
     ]
+
+
+def test_the_json_gives_a_members_partitions_as_objects_like_the_top_level_list() -> None:
+    report = GroupReport(
+        group="g",
+        state="Stable",
+        generation=3,
+        members=(("m", (TopicPartition(topic="my-topic", partition=10),)),),
+        partitions=(
+            PartitionLag(
+                topic="my-topic", partition=10, owner="m", committed=5, reported=None, end=5, lag=0
+            ),
+        ),
+    )
+    described = json.loads(json.dumps(report.as_json()))
+    (member,) = described["members"]
+    assert member == {"id": "m", "partitions": [{"topic": "my-topic", "partition": 10}]}
+    (row,) = described["partitions"]
+    assert {k: row[k] for k in ("topic", "partition")} == member["partitions"][0]
