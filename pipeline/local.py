@@ -21,6 +21,7 @@ _SERVING = re.compile(rb"serving on (\S+):(\d+)")
 def local_broker(data_dir: Path, *args: str) -> Iterator[str]:
     """``coordinator serve --port 0`` for the block's span; yields its ``HOST:PORT``."""
     log_path = data_dir.with_name(data_dir.name + ".log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)  # the example's --out DIR may not exist
     command = [sys.executable, "-m", "cli", "serve", "--port", "0"]
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
