@@ -308,7 +308,7 @@ async def describe(broker: Broker) -> GroupReport | None:
 def whole_and_stable(report: GroupReport | None, everything: set[TopicPartition]) -> bool:
     if report is None or report.state != "Stable" or len(report.members) != CONSUMERS:
         return False
-    held = {tp for _member, partitions in report.members for tp in partitions}
+    held = {tp for member in report.members for tp in member.partitions}
     return held == everything
 
 

@@ -408,6 +408,7 @@ async def handle_connection(
     if peer is not None:
         channel.listener = peer.listener
         channel.principal = peer.principal
+        channel.host = peer.host
         if peer.listener not in coordinator.brokers_by_listener:
             with contextlib.suppress(StoreUnavailable):
                 await refresh_brokers(coordinator, peer.listener)

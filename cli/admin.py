@@ -168,8 +168,21 @@ async def _groups_describe(admin: Admin, args: argparse.Namespace) -> None:
         f"group {report.group}: {report.state}, generation {report.generation}, "
         f"{len(report.members)} members"
     )
+    if report.members:
+        _table(
+            ("MEMBER", "CLIENT ID", "HOST", "PARTITIONS"),
+            [
+                (
+                    m.id,
+                    m.client_id or "-",
+                    m.host or "-",
+                    ",".join(f"{tp.topic}-{tp.partition}" for tp in m.partitions) or "-",
+                )
+                for m in report.members
+            ],
+        )
     _table(
-        ("TOPIC", "PARTITION", "OWNER", "COMMITTED", "REPORTED", "END", "LAG"),
+        ("TOPIC", "PARTITION", "OWNER", "COMMITTED", "REPORTED", "END", "LAG", "LAG TIME"),
         [
             (
                 p.topic,
@@ -179,6 +192,7 @@ async def _groups_describe(admin: Admin, args: argparse.Namespace) -> None:
                 "-" if p.reported is None else p.reported,
                 _or_dash(p.end),
                 "-" if p.lag is None else p.lag,
+                _age(p.lag_seconds),
             )
             for p in report.partitions
         ],
@@ -218,6 +232,17 @@ _VERBS = {
     ("groups", "delete"): _groups_delete,
     ("groups", "reset-offsets"): _groups_reset_offsets,
 }
+
+
+def _age(seconds: float | None) -> str:
+    """The age of the oldest unconsumed record, as a person reads it."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
 
 
 def _or_dash(value: int) -> object:

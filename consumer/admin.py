@@ -6,7 +6,8 @@ Everything here is a client of the brokers like any other (it is what the CLI's 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
@@ -24,6 +25,8 @@ from protocol import (
     DescribeGroupRequest,
     DescribeGroupResponse,
     ErrorCode,
+    FetchRequest,
+    FetchResponse,
     GroupSummary,
     ListGroupsRequest,
     ListGroupsResponse,
@@ -32,10 +35,12 @@ from protocol import (
     OffsetCommitRequest,
     OffsetCommitResponse,
     PartitionOffset,
+    RemoteProtocolError,
     RequestMessage,
     ResponseMessage,
     TopicMetadata,
 )
+from protocol.batches import records_from_batches
 from protocol.types import BrokerInfo, TopicPartition
 from transport.channel import Channel
 from transport.connect import Address, Connector, NoBrokerAvailable, connect_any, open_channel
@@ -103,9 +108,32 @@ class PartitionLag:
     coordinator crash before its next commit loses it, so it is not shown as committed."""
     end: int  # -1: the partition's broker did not answer
     lag: int | None
+    #: Age of the oldest record not yet consumed, in seconds (0.0 with no lag; None: unknown,
+    #: nothing committed or its broker did not answer).
+    lag_seconds: float | None = None
 
     def as_json(self) -> dict[str, object]:
         return attrs.asdict(self)
+
+
+@attrs.frozen(kw_only=True)
+class MemberReport:
+    id: str
+    partitions: tuple[TopicPartition, ...]
+    client_id: str = ""
+    #: The address its connection comes from ("": a broker older than DescribeGroup v2).
+    host: str = ""
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "client_id": self.client_id,
+            "host": self.host,
+            # objects, as in the top-level "partitions": a topic name may hold a dash
+            "partitions": [
+                {"topic": tp.topic, "partition": tp.partition} for tp in self.partitions
+            ],
+        }
 
 
 @attrs.frozen(kw_only=True)
@@ -115,7 +143,7 @@ class GroupReport:
     group: str
     state: str
     generation: int
-    members: tuple[tuple[str, tuple[TopicPartition, ...]], ...]
+    members: tuple[MemberReport, ...]
     partitions: tuple[PartitionLag, ...]
 
     def as_json(self) -> dict[str, object]:
@@ -123,16 +151,7 @@ class GroupReport:
             "group": self.group,
             "state": self.state,
             "generation": self.generation,
-            "members": [
-                {
-                    "id": member_id,
-                    # objects, as in the top-level "partitions": a topic name may hold a dash
-                    "partitions": [
-                        {"topic": tp.topic, "partition": tp.partition} for tp in partitions
-                    ],
-                }
-                for member_id, partitions in self.members
-            ],
+            "members": [m.as_json() for m in self.members],
             "partitions": [p.as_json() for p in self.partitions],
         }
 
@@ -246,8 +265,14 @@ class Admin:
         committed = {po.topic_partition: po.offset for po in response.offsets}
         reported = {po.topic_partition: po.offset for po in response.reported_offsets}
         known = committed.keys() | reported.keys()
+        hosts = {h.member_id: h.host for h in response.member_hosts}
         subscribed = {tp.topic for tp in owners} | {tp.topic for tp in known}
         ends = {tp: end for tp, (_, end) in (await self.log_bounds(sorted(subscribed))).items()}
+        behind = {
+            tp: done for tp, done in committed.items() if done >= 0 and ends.get(tp, -1) > done
+        }
+        stamps = await self.timestamps_at(behind) if behind else {}
+        now_ms = time.time() * 1000  # real-clock: record timestamps are wall time
         rows = []
         for tp in sorted(set(ends) | known | set(owners)):
             end, done = ends.get(tp, -1), committed.get(tp, -1)
@@ -260,13 +285,26 @@ class Admin:
                     reported=reported.get(tp),
                     end=end,
                     lag=None if end < 0 else end - max(done, 0),
+                    lag_seconds=(
+                        (max(0.0, (now_ms - stamps[tp]) / 1000) if tp in stamps else None)
+                        if tp in behind
+                        else (0.0 if end >= 0 and done >= end else None)
+                    ),
                 )
             )
         return GroupReport(
             group=response.group_id or group,
             state=response.state,
             generation=response.generation,
-            members=tuple((m.member_id, tuple(sorted(m.partitions))) for m in response.members),
+            members=tuple(
+                MemberReport(
+                    id=m.member_id,
+                    client_id=m.client_id,
+                    host=hosts.get(m.member_id, ""),
+                    partitions=tuple(sorted(m.partitions)),
+                )
+                for m in response.members
+            ),
             partitions=tuple(rows),
         )
 
@@ -290,9 +328,46 @@ class Admin:
     ) -> dict[TopicPartition, tuple[int, int]]:
         """(log start, end) of every partition of ``topics`` (all when None), each asked of the
         broker that holds it; partitions whose broker does not answer are left out."""
+        bounds: dict[TopicPartition, tuple[int, int]] = {}
+        async for tp, channel in self._partition_channels(topics):
+            response = await channel.request(
+                ListOffsetsRequest(topic=tp.topic, partition=tp.partition)
+            )
+            if isinstance(response, ListOffsetsResponse) and not response.error_code:
+                bounds[tp] = (response.log_start_offset, response.high_watermark)
+        return bounds
+
+    async def timestamps_at(
+        self, offsets: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """The timestamp (ms) of the record at each offset, each asked of the broker that holds
+        the partition; those it cannot give are left out."""
+        stamps: dict[TopicPartition, int] = {}
+        async for tp, channel in self._partition_channels(sorted({tp.topic for tp in offsets})):
+            offset = offsets.get(tp)
+            if offset is None:
+                continue
+            response = await channel.request(
+                FetchRequest(topic=tp.topic, partition=tp.partition, offset=offset, max_bytes=1)
+            )
+            if not isinstance(response, FetchResponse) or response.error_code:
+                continue
+            try:
+                records = response.records or records_from_batches(response.batches, offset)
+            except RemoteProtocolError:
+                continue
+            first = next((r for r in records if r.offset >= offset), None)
+            if first is not None:
+                stamps[tp] = first.timestamp_ms
+        return stamps
+
+    async def _partition_channels(
+        self, topics: Sequence[str] | None
+    ) -> AsyncIterator[tuple[TopicPartition, Channel]]:
+        """Each partition of ``topics`` (all when None) with a channel to the broker that holds
+        it; partitions whose broker cannot be reached are left out."""
         metadata = await self.metadata(topics)
         brokers = {b.broker_id: b for b in metadata.brokers}
-        bounds: dict[TopicPartition, tuple[int, int]] = {}
         for topic in metadata.topics:
             for p in topic.partitions:
                 broker = brokers.get(p.broker_id)
@@ -302,13 +377,7 @@ class Admin:
                     channel = await self._channel_for(broker)
                 except NoBrokerAvailable:
                     continue
-                response = await channel.request(
-                    ListOffsetsRequest(topic=topic.topic, partition=p.partition)
-                )
-                if isinstance(response, ListOffsetsResponse) and not response.error_code:
-                    tp = TopicPartition(topic=topic.topic, partition=p.partition)
-                    bounds[tp] = (response.log_start_offset, response.high_watermark)
-        return bounds
+                yield TopicPartition(topic=topic.topic, partition=p.partition), channel
 
     async def _channel_for(self, broker: BrokerInfo) -> Channel:
         if (broker.host, broker.port) == self.address:

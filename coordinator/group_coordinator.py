@@ -29,6 +29,7 @@ from protocol import (
     GroupSummary,
     LocalProtocolError,
     MemberDescription,
+    MemberHost,
     OffsetCommitRequest,
     RegisterConsumerRequest,
     RegisterConsumerResponse,
@@ -793,6 +794,7 @@ class GroupCoordinator:
                 offsets=(),
             )
         holding = group.ownership.holding if group else (lambda _: ownership.NOTHING)
+        live = sorted(group.members.values(), key=lambda m: m.member_id) if group else []
         members = tuple(
             MemberDescription(
                 member_id=m.member_id,
@@ -801,7 +803,7 @@ class GroupCoordinator:
                 subscription=m.record.subscription,
                 partitions=tuple(sorted(holding(m.incarnation).partitions)),
             )
-            for m in (sorted(group.members.values(), key=lambda m: m.member_id) if group else ())
+            for m in live
         )
         return DescribeGroupResponse(
             error_code=ErrorCode.NONE,
@@ -811,6 +813,9 @@ class GroupCoordinator:
             members=members,
             offsets=listed(offsets.durable),
             reported_offsets=listed(offsets.pending),
+            member_hosts=tuple(
+                MemberHost(member_id=m.member_id, host=m.channel.host) for m in live
+            ),
         )
 
     async def delete_group(self, group_id: str) -> ErrorCode:

@@ -100,6 +100,15 @@ class MemberDescription:
     partitions: tuple[TopicPartition, ...]
 
 
+@attrs.frozen(kw_only=True)
+class MemberHost:
+    """Where a member's connection comes from: the address the broker accepted it from (""
+    where it does not know one)."""
+
+    member_id: str
+    host: str
+
+
 # --- 0 PRODUCE ----------------------------------------------------------------------------------
 
 
@@ -401,6 +410,8 @@ class DescribeGroupResponse:
     """Offsets accepted (from Pings, StopFetcher answers, OffsetCommits) but not yet durable, for
     the partitions where they differ from ``offsets``; a crash before the committer writes them
     loses them. Version 1 on; a version-0 answer has ``offsets`` alone."""
+    member_hosts: tuple[MemberHost, ...] = attrs.field(default=(), metadata=since(2))
+    """Each live member's address, in the order of ``members``. Version 2 on."""
 
 
 # --- 14 LEAVE_GROUP, 15 DELETE_GROUP ------------------------------------------------------------
@@ -570,7 +581,7 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
         ApiKey.PING: 1,
         ApiKey.STOP_FETCHER: 2,
         ApiKey.START_FETCHER: 2,
-        ApiKey.DESCRIBE_GROUP: 1,
+        ApiKey.DESCRIBE_GROUP: 2,
     }
 )
 """Every api is served in versions 0 .. its newest; clients here send the newest. SPEC.md §3 has

@@ -272,7 +272,7 @@ async def group_served(broker: Broker) -> bool:
         pass  # not served, then
     if report is None:
         return False
-    owned = [tp for _, partitions in report.members for tp in partitions]
+    owned = [tp for member in report.members for tp in member.partitions]
     return (
         report.state.lower() == "stable"
         and len(report.members) == SERVED_CONSUMERS

@@ -201,6 +201,8 @@ class Channel:
     listener: str = ""
     #: Who the listener admitted the peer as (transport/security.py): what access rules name.
     principal: str = ANONYMOUS
+    #: The address the peer connected from, as the listener saw it ("": not known).
+    host: str = ""
     #: The reader's deadlines, the earlier of the idle and the frame deadline.
     _watchdog: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _idle_deadline: float = math.inf

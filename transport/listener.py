@@ -146,11 +146,12 @@ async def _serve(
     try:
         stream: trio.abc.Stream = trio.SocketStream(sock)
         if security is None:
-            await handler(stream, Peer())
+            await handler(stream, Peer(host=address))
             return
         admitted = await admit(stream, security)
         if admitted is not None:
-            await handler(*admitted)
+            served, peer = admitted
+            await handler(served, attrs.evolve(peer, host=address))
     except Exception:
         # The handlers contain their own failures; this is the last guard of the listener.
         log.exception("serving a connection from %s failed", address)

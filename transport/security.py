@@ -131,12 +131,14 @@ class Endpoint:
 
 @attrs.frozen(kw_only=True)
 class Peer:
-    """Who a connection was admitted as, and on which listener."""
+    """Who a connection was admitted as, on which listener, and from which address."""
 
     listener: str = SecurityProtocol.PLAINTEXT.value
     #: ``User:<name>`` after SASL; ``User:<certificate subject>`` (RFC 2253, as Kafka writes it)
     #: after mutual TLS; ``User:ANONYMOUS`` otherwise.
     principal: str = ANONYMOUS
+    #: The address the connection came from ("": not known).
+    host: str = ""
 
     @property
     def authenticated(self) -> bool:

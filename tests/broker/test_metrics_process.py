@@ -17,7 +17,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from launch.processes import BrokerProcess, run_broker
-from tests.cli.cli_process import bootstrap, open_cli, run_cli, stop
+from tests.cli.cli_process import bootstrap, describe_group, open_cli, run_cli, stop
 
 pytestmark = pytest.mark.realtime
 
@@ -150,6 +150,23 @@ async def test_a_scrape_sees_the_death_the_rebalance_and_the_lag_move(tmp_path: 
             lambda s: value(s, "coordinator_group_lag_records_sum", group="g") > 0,
         )
         assert value(behind, "coordinator_group_lag_seconds_max", group="g") >= 0
+        # groups describe shows the same: who the members are, and lag in time as in records
+        with trio.fail_after(WAIT):
+            while True:
+                report = await describe_group(scene.broker, "g")
+                lagging = [p for p in report["partitions"] if p["lag"]]
+                if lagging and all(p["lag_seconds"] is not None for p in lagging):
+                    break
+                await trio.sleep(0.2)
+        assert [(m["host"], bool(m["client_id"])) for m in report["members"]] == [
+            ("127.0.0.1", True),
+            ("127.0.0.1", True),
+        ]
+        assert all(p["lag_seconds"] > 0 for p in lagging)
+        owned = [tp for m in report["members"] for tp in m["partitions"]]
+        assert sorted((tp["topic"], tp["partition"]) for tp in owned) == [
+            ("t", p) for p in range(PARTITIONS)
+        ]
         victim.kill()  # SIGKILL
         await victim.wait()
         after = await wait_for(

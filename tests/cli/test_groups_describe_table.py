@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cli.admin import _groups_describe
-from consumer.admin import GroupReport, PartitionLag
+from consumer.admin import GroupReport, MemberReport, PartitionLag
 from protocol.types import TopicPartition
 
 
@@ -19,9 +19,18 @@ async def test_the_text_table_shows_a_reported_offset_apart_from_the_committed_o
         group="g",
         state="Stable",
         generation=3,
-        members=(("m", (TopicPartition(topic="t", partition=0),)),),
+        members=(MemberReport(id="m", partitions=(TopicPartition(topic="t", partition=0),)),),
         partitions=(
-            PartitionLag(topic="t", partition=0, owner="m", committed=5, reported=9, end=12, lag=7),
+            PartitionLag(
+                topic="t",
+                partition=0,
+                owner="m",
+                committed=5,
+                reported=9,
+                end=12,
+                lag=7,
+                lag_seconds=95.0,
+            ),
             PartitionLag(
                 topic="t", partition=1, owner=None, committed=-1, reported=None, end=0, lag=0
             ),
@@ -35,9 +44,11 @@ async def test_the_text_table_shows_a_reported_offset_apart_from_the_committed_o
     await _groups_describe(Described(), argparse.Namespace(group="g", json=False))  # type: ignore[arg-type]
     assert capsys.readouterr().out.splitlines() == [
         "group g: Stable, generation 3, 1 members",
-        "TOPIC  PARTITION  OWNER  COMMITTED  REPORTED  END  LAG",
-        "t      0          m      5          9         12   7",
-        "t      1          -      -          -         0    0",
+        "MEMBER  CLIENT ID  HOST  PARTITIONS",
+        "m       -          -     t-0",
+        "TOPIC  PARTITION  OWNER  COMMITTED  REPORTED  END  LAG  LAG TIME",
+        "t      0          m      5          9         12   7    1.6m",
+        "t      1          -      -          -         0    0    -",
     ]
 
 
@@ -46,7 +57,14 @@ def test_the_json_gives_a_members_partitions_as_objects_like_the_top_level_list(
         group="g",
         state="Stable",
         generation=3,
-        members=(("m", (TopicPartition(topic="my-topic", partition=10),)),),
+        members=(
+            MemberReport(
+                id="m",
+                client_id="app",
+                host="10.1.2.3",
+                partitions=(TopicPartition(topic="my-topic", partition=10),),
+            ),
+        ),
         partitions=(
             PartitionLag(
                 topic="my-topic", partition=10, owner="m", committed=5, reported=None, end=5, lag=0
@@ -55,6 +73,11 @@ def test_the_json_gives_a_members_partitions_as_objects_like_the_top_level_list(
     )
     described = json.loads(json.dumps(report.as_json()))
     (member,) = described["members"]
-    assert member == {"id": "m", "partitions": [{"topic": "my-topic", "partition": 10}]}
+    assert member == {
+        "id": "m",
+        "client_id": "app",
+        "host": "10.1.2.3",
+        "partitions": [{"topic": "my-topic", "partition": 10}],
+    }
     (row,) = described["partitions"]
     assert {k: row[k] for k in ("topic", "partition")} == member["partitions"][0]

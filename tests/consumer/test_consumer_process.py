@@ -74,7 +74,7 @@ async def test_a_group_splits_a_topic_grows_and_hands_over_at_once_on_close(
                 async with open_admin([broker.address]) as admin:
                     report = await admin.describe_group("g")
                     assert report.state == "Stable"
-                    assert sorted(len(p) for _, p in report.members) == [4, 4, 4]
+                    assert sorted(len(m.partitions) for m in report.members) == [4, 4, 4]
                 start = trio.current_time()
                 await c.aclose()
                 moved = await wait_for(

@@ -70,7 +70,8 @@ CONTRACT = {
     "DescribeGroupRequest": "group_id:string",
     "DescribeGroupResponse": "error_code:int16 group_id:string state:string generation:int32"
     " members:array[MemberDescription] offsets:array[PartitionOffset]"
-    " reported_offsets:array[PartitionOffset]",
+    " reported_offsets:array[PartitionOffset] member_hosts:array[MemberHost]",
+    "MemberHost": "member_id:string host:string",
     "LeaveGroupRequest": "group_id:string consumer_id:string generation:int32",
     "LeaveGroupResponse": "error_code:int16",
     "DeleteGroupRequest": "group_id:string",
@@ -101,6 +102,9 @@ OLDER_VERSIONS = {
     " streams:array[AssignedStream] brokers:array[BrokerInfo] acknowledged_frames:int64",
     ("DescribeGroupResponse", 0): "error_code:int16 group_id:string state:string generation:int32"
     " members:array[MemberDescription] offsets:array[PartitionOffset]",
+    ("DescribeGroupResponse", 1): "error_code:int16 group_id:string state:string generation:int32"
+    " members:array[MemberDescription] offsets:array[PartitionOffset]"
+    " reported_offsets:array[PartitionOffset]",
 }
 
 Layout = list[tuple[str, str]]
