@@ -146,9 +146,16 @@ async def _attempt(coordinator: RebalanceHost, group: Group) -> None:
         return
     incremental = coordinator.config.rebalance_protocol is RebalanceProtocol.INCREMENTAL
     changes = _changes(group, members, assignment, incremental=incremental)
-    if not any(
-        change.start or change.revoked is None or change.revoked for change in changes.values()
-    ):
+    if incremental:
+        needed = any(change.start or change.revoked for change in changes.values())
+    else:
+        settled = all(
+            m.machine.state is member_sm.MemberState.STABLE
+            and group.ownership.holding(m.incarnation).generation == group.machine.generation
+            for m in members
+        )
+        needed = not settled or assignment != group.assignment
+    if not needed:
         coordinator.apply(group, group_sm.AttemptNotNeeded())
         return
     generation = max(group.machine.generation, group.highest_reported_generation) + 1
@@ -225,7 +232,10 @@ def _changes(
         start = (
             member.machine.state is not member_sm.MemberState.STABLE
             or len(kept) != len(target)
-            or any(previous.get(tp) != assignment[tp] for tp in kept)
+            or any(
+                (old := previous.get(tp)) is not (new := assignment[tp]) and old != new
+                for tp in kept
+            )
         )
         changes[member] = _Change(target=target, revoked=held - target, start=start)
     return changes

@@ -20,6 +20,8 @@ from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode
 from protocol.types import TopicPartition
 from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from statemachine import group as group_sm
+from statemachine.group import GroupState
 from tests.support.protocols import under
 
 INCREMENTAL, EAGER = RebalanceProtocol.INCREMENTAL, RebalanceProtocol.EAGER
@@ -107,6 +109,29 @@ async def test_one_member_joining(
         await cluster.check_invariants(settled=True)
 
 
+def _survivors_took_over(
+    cluster: SimulatedCluster,
+    c: dict[str, SimulatedConsumer],
+    protocol: RebalanceProtocol,
+    *,
+    stopped: float,
+    started: float,
+) -> None:
+    """c's 4 went to a and its 5 to b at ``started``. Incremental: a and b only gained, one
+    start each, and their own partitions went on. Eager: they stopped everything at ``stopped``
+    and started again at ``started``."""
+    now = trio.current_time()
+    assert (c["a"].owned, c["b"].owned) == (_parts(0, 1, 4), _parts(2, 3, 5))
+    for name, (first, second, gained) in {"a": (0, 1, 4), "b": (2, 3, 5)}.items():
+        if protocol is INCREMENTAL:
+            assert _handovers(c[name]) == (0, 2)
+            own = [(3.0, now)]
+        else:
+            assert _handovers(c[name]) == (2, 2)
+            own = [(3.0, stopped), (started, now)]
+        assert _spans(cluster, name) == {first: own, second: own, gained: [(started, now)]}
+
+
 @pytest.mark.parametrize("protocol", [INCREMENTAL, EAGER])
 @pytest.mark.parametrize("departure", ["leave", "kill"])
 async def test_one_member_leaving_cleanly_or_killed(
@@ -124,23 +149,8 @@ async def test_one_member_leaving_cleanly_or_killed(
         # It stopped before it closed: its partitions are free at once.
         assert trio.current_time() == 10.5
         await trio.sleep_until(12.0)
-        assert (c["a"].owned, c["b"].owned) == (_parts(0, 1, 4), _parts(2, 3, 5))
         assert _spans(cluster, "c") == {4: [(3.0, 10.5)], 5: [(3.0, 10.5)]}
-        if protocol is INCREMENTAL:
-            # a and b only gain: one incremental start each, and their partitions go on.
-            assert [_handovers(c[n]) for n in "ab"] == [(0, 2), (0, 2)]
-            assert _spans(cluster, "a") == {
-                0: [(3.0, 12.0)],
-                1: [(3.0, 12.0)],
-                4: [(10.5, 12.0)],
-            }
-        else:
-            assert [_handovers(c[n]) for n in "ab"] == [(2, 2), (2, 2)]
-            assert _spans(cluster, "a") == {
-                0: [(3.0, 10.5), (10.5, 12.0)],
-                1: [(3.0, 10.5), (10.5, 12.0)],
-                4: [(10.5, 12.0)],
-            }
+        _survivors_took_over(cluster, c, protocol, stopped=10.5, started=10.5)
         assert c["a"].started_generations == c["b"].started_generations == [1, 2]
         await cluster.check_invariants(settled=True)
 
@@ -162,22 +172,8 @@ async def test_one_member_frozen_past_its_session(
             await cluster.wait_stable("g", members=2)
         assert trio.current_time() == 18.5
         await trio.sleep_until(20.0)
-        assert (c["a"].owned, c["b"].owned) == (_parts(0, 1, 4), _parts(2, 3, 5))
         assert _spans(cluster, "c") == {4: [(3.0, 14.0)], 5: [(3.0, 14.0)]}
-        if protocol is INCREMENTAL:
-            assert [_handovers(c[n]) for n in "ab"] == [(0, 2), (0, 2)]
-            assert _spans(cluster, "a") == {
-                0: [(3.0, 20.0)],
-                1: [(3.0, 20.0)],
-                4: [(18.5, 20.0)],
-            }
-        else:
-            assert [_handovers(c[n]) for n in "ab"] == [(2, 2), (2, 2)]
-            assert _spans(cluster, "a") == {
-                0: [(3.0, 16.0), (18.5, 20.0)],
-                1: [(3.0, 16.0), (18.5, 20.0)],
-                4: [(18.5, 20.0)],
-            }
+        _survivors_took_over(cluster, c, protocol, stopped=16.0, started=18.5)
         await cluster.check_invariants()
 
 
@@ -274,4 +270,69 @@ async def test_reports_for_partitions_a_member_stopped_are_refused_though_it_is_
         assert ErrorCode.NONE is await c["c"].commit()
         committed = await cluster.coordinator.offsets.committed("g")
         assert committed[_tp(5)] == c["d"].positions[_tp(5)]
+        await cluster.check_invariants(settled=True)
+
+
+@pytest.mark.parametrize("protocol", [INCREMENTAL, EAGER])
+async def test_a_death_between_revoke_and_start_cancels_the_attempt_and_nothing_is_held_twice(
+    protocol: RebalanceProtocol, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """c answers each request 1 s late from 10.5. d joins at 10.5: attempt 2 revokes from c
+    (incremental: 5 alone; eager: everything from everyone). a is killed at 11.0, before c's
+    answer: attempt 2 is cancelled, c's late answer (11.5) is dropped, and attempt 3 runs for b,
+    c and d. What c was asked to stop stays c's until it says otherwise: it is given back to c,
+    which is not Stable, by a start."""
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+        c = await _three(cluster)
+        await trio.sleep_until(10.5)
+        c["c"].answer_slowly(1.0)
+        c["d"] = await cluster.start_consumer("d", group="g", topics={"events": 1})
+        await trio.sleep_until(11.0)
+        group = cluster.coordinator.groups["g"]
+        assert group.status.value[1] == 2
+        await c["a"].kill()
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        assert (group.attempts, group.completed, group.machine.generation) == (3, 2, 3)
+        # Incremental: c's start of 11.0 is answered at 12.5, after the stop queued before it.
+        # Eager: c answers attempt 2's stop (11.5), attempt 3's (12.5), then its start (14.5).
+        assert trio.current_time() == (12.5 if protocol is INCREMENTAL else 14.5)
+        await trio.sleep_until(20.0)
+        assert [c[n].owned for n in "bcd"] == [_parts(2, 3), _parts(4, 5), _parts(0, 1)]
+        if protocol is INCREMENTAL:
+            assert [_handovers(c[n]) for n in "bcd"] == [(0, 1), (1, 2), (0, 1)]
+            assert _spans(cluster, "b") == {2: [(3.0, 20.0)], 3: [(3.0, 20.0)]}
+            assert _spans(cluster, "c") == {4: [(3.0, 20.0)], 5: [(3.0, 11.5), (12.5, 20.0)]}
+            assert _spans(cluster, "d") == {0: [(11.0, 20.0)], 1: [(11.0, 20.0)]}
+        else:
+            assert [_handovers(c[n]) for n in "bcd"] == [(3, 2), (3, 2), (2, 1)]
+            assert _spans(cluster, "b") == {
+                2: [(3.0, 10.5), (12.5, 20.0)],
+                3: [(3.0, 10.5), (12.5, 20.0)],
+            }
+            assert _spans(cluster, "c") == {
+                4: [(3.0, 11.5), (14.5, 20.0)],
+                5: [(3.0, 11.5), (14.5, 20.0)],
+            }
+        await cluster.check_invariants(settled=True)
+
+
+@pytest.mark.parametrize("protocol", [INCREMENTAL, EAGER])
+async def test_a_trigger_that_moves_nothing_costs_no_attempt(
+    protocol: RebalanceProtocol, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A trigger after which the assignment computed is the one in force, every member Stable
+    (the group machine's TopicsChanged, which the topic watch feeds, fed here directly): neither
+    protocol takes a new generation or asks anyone anything."""
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+        c = await _three(cluster)
+        group = cluster.coordinator.groups["g"]
+        await trio.sleep_until(10.5)
+        cluster.coordinator.apply(group, group_sm.TopicsChanged())
+        await trio.sleep_until(12.0)
+        assert (group.attempts, group.machine.generation) == (1, 1)
+        assert group.machine.state is GroupState.STABLE
+        before = [_handovers(c[n]) for n in "abc"]
+        # Only the first attempt's requests (eager: it stopped the new members too).
+        assert before == ([(0, 1)] * 3 if protocol is INCREMENTAL else [(1, 1)] * 3)
         await cluster.check_invariants(settled=True)

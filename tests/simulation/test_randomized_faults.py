@@ -1,21 +1,22 @@
 """A randomized fault schedule over 54 consumers in three groups, checked with the public invariant
 checker during the faults and after every quiet period.
 
-Each example runs a few phases. In a phase, faults start at random instants of a 10 s window and
-last up to 12 s: consumers are killed, frozen, slowed, dropped or cut off from the network, or
-slowed and then silenced while an answer is on its way (a request got through, its answer does
-not), or what is sent to them (or by them) arrives up to 6 s late, well past the lease margin,
-alone or before a cut that loses their answer, or they give up a connection that lives; topics gain
-partitions or a new topic appears; the coordinator restarts. Some consumers are static members
-(docs/design.md#static-members): each start of one is a new process under its instance id, and
-their faults include restarts (a clean stop, a kill, a kill with a reset, or a second live process
-that fences the first). Every consumer fetches through a lost
-connection or a restart under its lease and re-registers holding what it fetches, which a
-recovered group adopts (docs/design.md#adoption-after-a-failover). Then the faults
-end, killed consumers start again, and the cluster must settle within two minutes of virtual time,
-after which every subscribed partition has exactly one owner among the live members. A monitor
-checks the invariants that hold at every instant (no two fetch leases at once, offsets and
-generations never going backwards) every virtual second throughout.
+Each example draws the rebalance protocol, incremental (the default) or eager
+(docs/design.md#rebalance), and runs a few phases. In a phase, faults start at random instants of a
+10 s window and last up to 12 s: consumers are killed, frozen, slowed, dropped or cut off from the
+network, or slowed and then silenced while an answer is on its way (a request got through, its
+answer does not), or what is sent to them (or by them) arrives up to 6 s late, well past the lease
+margin, alone or before a cut that loses their answer, or they give up a connection that lives;
+topics gain partitions or a new topic appears; the coordinator restarts. Some consumers are static
+members (docs/design.md#static-members): each start of one is a new process under its instance id,
+and their faults include restarts (a clean stop, a kill, a kill with a reset, or a second live
+process that fences the first). Every consumer fetches through a lost connection or a restart under
+its lease and re-registers holding what it fetches, which a recovered group adopts
+(docs/design.md#adoption-after-a-failover). Then the faults end,
+killed consumers start again, and the cluster must settle within two minutes of virtual time, after
+which every subscribed partition has exactly one owner among the live members. A monitor checks the
+invariants that hold at every instant (no two fetch leases at once, offsets and generations never
+going backwards) every virtual second throughout.
 
 The test drives trio itself (``trio.run`` with an autojump MockClock) because hypothesis runs the
 body once per example and pytest-trio's clock fixture is created once per test.

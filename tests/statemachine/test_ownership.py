@@ -451,7 +451,8 @@ STEPS = st.one_of(
         max_size=3,
     ).map(lambda starts: ("start", *starts)),
     st.tuples(st.just("unsent"), st.integers(0, 3)),
-    st.tuples(st.just("stop"), st.integers(0, 3)),
+    # None: a stop of everything; a set: a revocation of those partitions only
+    st.tuples(st.just("stop"), st.integers(0, 3), st.one_of(st.none(), partition_sets)),
     st.tuples(st.just("died"), st.integers(0, 3), st.floats(0, 30)),
     st.tuples(
         st.just("recovered"),
@@ -527,7 +528,8 @@ def test_no_partition_has_two_holders_and_a_lease_ends_early_only_by_its_owners_
             if kind == "unsent":
                 event = o.StartUnsent(incarnation=incarnation)
             elif kind == "stop":
-                event = o.StopAnswered(incarnation=incarnation, now=now)
+                partitions = step[2] if len(step) > 2 else None
+                event = o.StopAnswered(incarnation=incarnation, now=now, partitions=partitions)
             else:
                 event = o.OwnerDied(
                     incarnation=incarnation,
@@ -588,6 +590,12 @@ def test_no_partition_has_two_holders_and_a_lease_ends_early_only_by_its_owners_
                 assert tp in machine.holding(state.incarnation).partitions
             if isinstance(state, o.Free):
                 assert holders == [], (tp, holders)
+        # Each holding's layers are its partitions, each once, none given after its generation.
+        for inc in live + sorted(dead):
+            holding = machine.holding(inc)
+            layered = [tp for _, tps in holding.layers for tp in tps]
+            assert sorted(layered) == sorted(holding.partitions), holding
+            assert all(given <= holding.generation for given, _ in holding.layers), holding
 
 
 def test_held_among_names_the_partitions_some_process_holds() -> None:
