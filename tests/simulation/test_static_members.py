@@ -316,6 +316,37 @@ async def test_a_failover_keeps_the_static_members(
         await cluster.check_invariants(settled=True)
 
 
+async def test_static_members_a_successor_recovered_depart_if_none_comes_back(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A successor counts each static member of the record away from its taking office (6.0):
+    if no process comes back they depart at 6.0 + T = 12.0 from an empty group, which stays
+    the group it recovered; a process that registers afterwards joins it, and gets every
+    partition."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b, c = await _static_trio(cluster)
+        await trio.sleep_until(5.0)
+        for consumer in (a, b, c):
+            await consumer.stop()
+        await trio.sleep_until(6.0)
+        with trio.fail_after(5):
+            await cluster.restart_coordinator()
+        recovered = cluster.coordinator.groups["g"]
+        assert set(recovered.away) == {"a", "b", "c"}
+        await trio.sleep_until(12.1)
+        assert not recovered.away
+        assert cluster.coordinator.groups["g"] is recovered  # not failed and rebuilt
+        await trio.sleep_until(13.0)
+        a2 = await cluster.restart_consumer(a, "a-2", end="keep")
+        with trio.fail_after(20):
+            await cluster.wait_settled()
+        # It is the member a of the record, which the recovered group still awaits: no initial
+        # delay, and the successor's lease on the partitions ran out at 12.5.
+        assert trio.current_time() == 13.0
+        assert a2.owned == ALL
+        await cluster.check_invariants(settled=True)
+
+
 async def test_a_dynamic_member_may_not_take_a_static_members_id(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
