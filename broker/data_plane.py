@@ -278,6 +278,11 @@ class BrokerLog:
             await partition.aclose()
 
 
+def log_directory(data_dir: Path) -> Path:
+    """Where a broker with ``data_dir`` keeps its partitions' logs."""
+    return data_dir / "log"
+
+
 @asynccontextmanager
 async def open_broker_log(
     store: MetadataStore,
@@ -290,7 +295,7 @@ async def open_broker_log(
     broker = BrokerLog(
         broker_id=broker_id,
         store=store,
-        directory=data_dir / "log",
+        directory=log_directory(data_dir),
         config=config,
         observer=observer,
     )
