@@ -29,6 +29,8 @@ import socket
 import statistics
 import tempfile
 import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,16 +82,18 @@ async def _window(
     return cpu1 - cpu0, t1 - t0, rtts, await stats(workers)
 
 
-async def measure(
-    work: Path, n: int, *, settle: float, window: float, profile: float, per_worker: int
-) -> None:
-    sizes = frame_sizes("m1234", "bench", 0)
+@asynccontextmanager
+async def stable_coordinator(
+    work: Path, n: int, *args: str, settle: float, per_worker: int
+) -> AsyncIterator[tuple[ServerProcess, list[Worker]]]:
+    """A coordinator (``serve`` with ``args``) and ``n`` consumers in groups of 100, every group
+    Stable, ``settle`` seconds later."""
     async with (
-        open_coordinator(work / f"coordinator-{n}", "--initial-rebalance-delay", "2") as server,
+        open_coordinator(work, "--initial-rebalance-delay", "2", *args) as server,
         open_consumers(
             server,
             n,
-            work,
+            work.parent,
             group_size=100,
             session_timeout_ms=SESSION_TIMEOUT_MS,
             per_worker=per_worker,
@@ -98,6 +102,16 @@ async def measure(
         await wait_until(workers, registered(n), timeout=120 + n / 50)
         await wait_until(workers, all_groups_stable, timeout=60)
         await trio.sleep(settle)
+        yield server, workers
+
+
+async def measure(
+    work: Path, n: int, *, settle: float, window: float, profile: float, per_worker: int
+) -> None:
+    sizes = frame_sizes("m1234", "bench", 0)
+    async with stable_coordinator(
+        work / f"coordinator-{n}", n, settle=settle, per_worker=per_worker
+    ) as (server, workers):
         cpu, wall, rtts, coordinator_stats = await _window(
             server,
             workers,
@@ -186,20 +200,9 @@ async def _cpu_per_ping(
     """Server CPU per Ping round trip (us) over ``window``, with or without the endpoint."""
     port = _free_port()
     extra = ("--metrics-port", str(port)) if metrics else ()
-    async with (
-        open_coordinator(work / "coordinator", "--initial-rebalance-delay", "2", *extra) as server,
-        open_consumers(
-            server,
-            n,
-            work,
-            group_size=100,
-            session_timeout_ms=SESSION_TIMEOUT_MS,
-            per_worker=per_worker,
-        ) as workers,
-    ):
-        await wait_until(workers, registered(n), timeout=120 + n / 50)
-        await wait_until(workers, all_groups_stable, timeout=60)
-        await trio.sleep(settle)
+    async with stable_coordinator(
+        work / "coordinator", n, *extra, settle=settle, per_worker=per_worker
+    ) as (server, workers):
 
         async def scraped(seconds: float) -> list[float]:
             async with trio.open_nursery() as nursery:

@@ -106,14 +106,15 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _age(seconds: float | None) -> str:
+def format_age(seconds: float | None, unknown: str = "?") -> str:
+    """A lag in time as a person reads it: ``4.2s``, ``3.5m``, ``1.2h``."""
     if seconds is None:
-        return "?"
+        return unknown
     if seconds < 60:
-        return f"{seconds:.1f} s"
+        return f"{seconds:.1f}s"
     if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
 
 
 def _partitions(tps: object) -> str:
@@ -185,7 +186,7 @@ def render_page(snapshot: Snapshot) -> str:
             f"<td class='num members'>{len(g.members)}</td>"
             f"<td class='num lag-max'>{g.lag_records_max}</td>"
             f"<td class=num>{g.lag_records_sum}</td>"
-            f"<td class='num lag-time'>{_age(g.lag_seconds_max)}</td></tr>"
+            f"<td class='num lag-time'>{format_age(g.lag_seconds_max)}</td></tr>"
         )
     add("</table>")
     for g in snapshot.groups:
@@ -207,7 +208,8 @@ def render_page(snapshot: Snapshot) -> str:
             for lag in g.lag:
                 add(
                     f"<tr><td>{_e(lag.tp.topic)}-{lag.tp.partition}</td>"
-                    f"<td class=num>{lag.records}</td><td class=num>{_age(lag.seconds)}</td></tr>"
+                    f"<td class=num>{lag.records}</td>"
+                    f"<td class=num>{format_age(lag.seconds)}</td></tr>"
                 )
             add("</table>")
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from collections.abc import Sequence
 
+from broker.status import format_age
 from cli.security import add_client_options, client_security
 from consumer.admin import Admin, open_admin
 from protocol.types import TopicPartition
@@ -192,7 +193,7 @@ async def _groups_describe(admin: Admin, args: argparse.Namespace) -> None:
                 "-" if p.reported is None else p.reported,
                 _or_dash(p.end),
                 "-" if p.lag is None else p.lag,
-                _age(p.lag_seconds),
+                format_age(p.lag_seconds, unknown="-"),
             )
             for p in report.partitions
         ],
@@ -232,17 +233,6 @@ _VERBS = {
     ("groups", "delete"): _groups_delete,
     ("groups", "reset-offsets"): _groups_reset_offsets,
 }
-
-
-def _age(seconds: float | None) -> str:
-    """The age of the oldest unconsumed record, as a person reads it."""
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def _or_dash(value: int) -> object:

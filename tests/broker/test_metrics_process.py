@@ -226,7 +226,7 @@ async def open_in_chromium(url: str, tmp: Path) -> str:
 
 def _group_row(text: str) -> tuple[str, int, int, int]:
     """The Groups table's row for ``g``: state, generation, members, maximum lag."""
-    row = re.search(r"\bg (\w+) (\d+) (\d+) (\d+) \d+ [\d.]+ s\b", text)
+    row = re.search(r"\bg (\w+) (\d+) (\d+) (\d+) \d+ [\d.]+[smh]\b", text)
     assert row is not None, text
     return row.group(1), int(row.group(2)), int(row.group(3)), int(row.group(4))
 
