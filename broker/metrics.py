@@ -375,6 +375,8 @@ class _SnapshotCollector(Collector):
             labels=["group"],
         )
         for group in snapshot.groups:
+            if not group.lag:
+                continue  # no offset reported yet: its lag is unknown, not zero
             lag_sum.add_metric([group.group_id], group.lag_records_sum)
             lag_max.add_metric([group.group_id], group.lag_records_max)
             secs_max.add_metric([group.group_id], group.lag_seconds_max)

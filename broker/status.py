@@ -184,9 +184,14 @@ def render_page(snapshot: Snapshot) -> str:
             f'<tr data-group="{_e(g.group_id)}"><td>{_e(g.group_id)}</td>'
             f"<td class=state>{_e(g.state)}</td><td class='num generation'>{g.generation}</td>"
             f"<td class='num members'>{len(g.members)}</td>"
-            f"<td class='num lag-max'>{g.lag_records_max}</td>"
-            f"<td class=num>{g.lag_records_sum}</td>"
-            f"<td class='num lag-time'>{format_age(g.lag_seconds_max)}</td></tr>"
+            + (
+                f"<td class='num lag-max'>{g.lag_records_max}</td>"
+                f"<td class=num>{g.lag_records_sum}</td>"
+                f"<td class='num lag-time'>{format_age(g.lag_seconds_max)}</td></tr>"
+                if g.lag
+                else "<td class='num lag-max'>-</td><td class=num>-</td>"
+                "<td class='num lag-time'>-</td></tr>"
+            )
         )
     add("</table>")
     for g in snapshot.groups:

@@ -129,6 +129,12 @@ def _series(got: Samples, name: str) -> int:
     return sum(1 for metric, _ in got if metric == name)
 
 
+def test_a_group_with_no_reported_offset_has_no_lag_series() -> None:
+    metrics = BrokerMetrics()
+    metrics.snapshot = _snapshot(0)
+    assert _series(samples(metrics), "coordinator_group_lag_records_max") == 0
+
+
 def test_partition_lag_is_off_unless_asked_and_capped_when_on() -> None:
     off = BrokerMetrics()
     off.snapshot = _snapshot(10)
@@ -154,4 +160,6 @@ def test_the_page_escapes_every_id() -> None:
     group = GroupView(group_id=hostile, state="Stable", generation=1, members=(), lag=())
     page = render_page(attrs.evolve(snapshot, groups=(group,)))
     assert "<script>" not in page
+    # no offset reported yet: the lag is unknown, not zero
+    assert "<td class='num lag-max'>-</td>" in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
