@@ -4,6 +4,7 @@ from .client import (
     CommitFailed,
     Consumer,
     ConsumerSettings,
+    CoordinatorUnavailable,
     InstanceFenced,
     RebalanceCallback,
     open_consumer,
@@ -11,11 +12,13 @@ from .client import (
 from .producer import (
     Compression,
     Delivery,
+    NotAwaited,
     ProduceError,
     Producer,
     ProducerConfig,
     open_producer,
 )
+from .runtime import WrongEventLoop
 from .streams import ConsumerBatch, ConsumerRecord, RecordStream
 
 __all__ = [
@@ -25,13 +28,16 @@ __all__ = [
     "ConsumerBatch",
     "ConsumerRecord",
     "ConsumerSettings",
+    "CoordinatorUnavailable",
     "Delivery",
     "InstanceFenced",
+    "NotAwaited",
     "ProduceError",
     "Producer",
     "ProducerConfig",
     "RebalanceCallback",
     "RecordStream",
+    "WrongEventLoop",
     "open_consumer",
     "open_producer",
 ]

@@ -63,12 +63,14 @@ from transport.security import ClientSecurity
 
 from .discovery import Discovery
 from .fetcher import BrokerConnections, FetchSettings, run_fetcher
+from .runtime import require_trio, unwrap_single
 from .streams import ConsumerRecord, InstanceFenced, PartitionClaim, RecordStream
 
 __all__ = [
     "CommitFailed",
     "Consumer",
     "ConsumerSettings",
+    "CoordinatorUnavailable",
     "InstanceFenced",
     "RebalanceCallback",
     "open_consumer",
@@ -113,11 +115,24 @@ class ConsumerSettings:
     max_buffered_records: int = 1000
     """Per stream: fetchers wait while this many records wait for the application."""
     max_frame_size: int = 4 * 1024 * 1024
+    discovery_timeout: float | None = 60.0
+    """How long a new consumer looks for its coordinator before giving up: its streams then
+    raise :class:`CoordinatorUnavailable` (a wrong bootstrap address or a cluster that is down).
+    None: look forever. Once registered, a consumer looks for a lost coordinator forever."""
     instance_id: str | None = None
     """Static membership (SPEC.md §11.11): the name of this member, which outlives its processes.
     A process that starts again under it within ``session_timeout`` gets its partitions back with
     nobody else disturbed; closing sends no LeaveGroup. A newer process under the same instance id
     fences this one (:class:`InstanceFenced`). The consumer id stays fresh per process."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.discovery_timeout is not None and self.discovery_timeout <= 0:
+            raise ValueError("discovery_timeout must be positive (or None: look forever)")
+
+
+class CoordinatorUnavailable(Exception):
+    """No broker of the bootstrap list named the group's coordinator within
+    ``discovery_timeout``; the message says what the latest attempt ran into."""
 
 
 class CommitFailed(Exception):
@@ -197,6 +212,9 @@ class Consumer:
     accepted request: a deposed coordinator's last must come before its successor's first."""
     _close_requested: bool = False
     _stopped: trio.Event = attrs.field(factory=trio.Event)
+    _registered_once: bool = False
+    _failure: Exception | None = None
+    """Why the consumer gave up on its own (no coordinator found in time): iteration raises it."""
 
     def __repr__(self) -> str:
         return f"<Consumer {self.member_id} of {self.group_id}: {self.machine.state.value}>"
@@ -294,6 +312,8 @@ class Consumer:
     # --- the driver -----------------------------------------------------------------------------
 
     async def _drive(self) -> None:
+        timeout = self.settings.discovery_timeout
+        give_up = math.inf if timeout is None else trio.current_time() + timeout
         try:
             await self._perform(self.machine.handle(sm.Start()))
             while self.machine.state not in (sm.ConsumerState.CLOSED, sm.ConsumerState.FENCED):
@@ -307,8 +327,12 @@ class Consumer:
                 source, event = item
                 if not self._is_current(source):
                     continue
+                if isinstance(event, sm.Registered):
+                    self._registered_once = True
                 if source is self._discovery_run:
                     self._discovery_run = None  # its one result is in
+                    if isinstance(event, sm.DiscoveryFailed) and self._no_coordinator(give_up):
+                        return
                 if isinstance(event, sm.CoordinatorMoved | sm.Fenced) and not sm.TABLE.allows(
                     self.machine.state, type(event)
                 ):
@@ -320,12 +344,33 @@ class Consumer:
             fenced = self.machine.state is sm.ConsumerState.FENCED
             if fenced:
                 log.warning("%s: fenced: a newer process has its instance id", self.member_id)
+            error = self._fenced_error if fenced else None
+            if self._failure is not None:
+                error = self._failed_error
             for stream in self.streams:
-                stream.close(self._fenced_error if fenced else None)
+                stream.close(error)
             self._stopped.set()
+
+    def _no_coordinator(self, give_up: float) -> bool:
+        """A discovery pass failed: warn (what went wrong, every pass), and give up (True) once
+        a consumer that never registered has looked for ``discovery_timeout``."""
+        problem = self._discovery.last_problem or "no broker named a coordinator"
+        if self._registered_once or trio.current_time() < give_up:
+            log.warning("%s: no coordinator for %s yet: %s", self.member_id, self.group_id, problem)
+            return False
+        self._failure = CoordinatorUnavailable(
+            f"no coordinator for group {self.group_id!r} found in "
+            f"{self.settings.discovery_timeout:g} s: {problem}"
+        )
+        log.error("%s", self._failure)
+        return True
 
     def _fenced_error(self) -> Exception:
         return InstanceFenced(self.instance_id)
+
+    def _failed_error(self) -> Exception:
+        assert self._failure is not None
+        return CoordinatorUnavailable(*self._failure.args)
 
     def _count_accepted(self, event: sm.Input, effects: list[sm.Effect]) -> None:
         requests = (sm.PingReceived, sm.StopFetcherReceived, sm.StartFetcherReceived)
@@ -780,6 +825,7 @@ async def open_consumer(
     member sends none: it closes cleanly, which frees its partitions, and may come back). Every
     connection is made as ``security`` says (default: plaintext, no authentication).
     """
+    require_trio("open_consumer")
     settings = settings or ConsumerSettings()
     if settings.instance_id is not None and consumer_id == settings.instance_id:
         raise ValueError("the consumer id names the process and must differ from the instance id")
@@ -807,42 +853,49 @@ async def open_consumer(
         )
     )
     send, receive = trio.open_memory_channel[tuple[_Source, sm.Input]](64)
-    async with trio.open_nursery() as nursery:
-        consumer = Consumer(
-            group_id=group_id,
-            member_id=member_id,
-            subscription=subscription,
-            settings=settings,
-            streams=streams,
-            machine=machine,
-            assignment=AsyncValue(frozenset()),
-            nursery=nursery,
-            connect=connect,
-            discovery=Discovery(
+    with unwrap_single():
+        async with trio.open_nursery() as nursery:
+            consumer = Consumer(
                 group_id=group_id,
-                addresses=(
-                    parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
-                ),
-                connect=connect,
-                client_id=settings.client_id,
-                max_frame_size=settings.max_frame_size,
-                request_timeout=settings.request_timeout,
-            ),
-            brokers=BrokerConnections(
+                member_id=member_id,
+                subscription=subscription,
+                settings=settings,
+                streams=streams,
+                machine=machine,
+                assignment=AsyncValue(frozenset()),
                 nursery=nursery,
                 connect=connect,
-                client_id=settings.client_id,
-                max_frame_size=settings.max_frame_size,
-            ),
-            on_revoked=on_revoked,
-            on_assigned=on_assigned,
-            send=send,
-            receive=receive,
-        )
-        nursery.start_soon(consumer._drive)
-        try:
-            yield consumer
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(2 * settings.request_timeout):
-                await consumer.aclose()
-            nursery.cancel_scope.cancel()
+                discovery=Discovery(
+                    group_id=group_id,
+                    addresses=(
+                        parse_bootstrap(bootstrap)
+                        if isinstance(bootstrap, str)
+                        else list(bootstrap)
+                    ),
+                    connect=connect,
+                    client_id=settings.client_id,
+                    max_frame_size=settings.max_frame_size,
+                    request_timeout=settings.request_timeout,
+                    topics=tuple(sorted(topics or ())),
+                ),
+                brokers=BrokerConnections(
+                    nursery=nursery,
+                    connect=connect,
+                    client_id=settings.client_id,
+                    max_frame_size=settings.max_frame_size,
+                ),
+                on_revoked=on_revoked,
+                on_assigned=on_assigned,
+                send=send,
+                receive=receive,
+            )
+            nursery.start_soon(consumer._drive)
+            try:
+                yield consumer
+            finally:
+                with (
+                    trio.CancelScope(shield=True),
+                    trio.move_on_after(2 * settings.request_timeout),
+                ):
+                    await consumer.aclose()
+                nursery.cancel_scope.cancel()

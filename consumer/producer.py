@@ -22,8 +22,9 @@ import collections
 import itertools
 import logging
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any, Generic, TypeVar
 
 import attrs
 import trio
@@ -39,12 +40,15 @@ from protocol import (
 from protocol.batches import BatchBuilder, Compression
 from protocol.types import TopicPartition
 from transport.channel import ChannelClosed
-from transport.connect import connect_any, open_channel
+from transport.connect import connect_any, open_channel, parse_bootstrap
 from transport.security import ClientSecurity
+
+from .runtime import require_trio, unwrap_single
 
 __all__ = [
     "Compression",
     "Delivery",
+    "NotAwaited",
     "ProduceError",
     "Producer",
     "ProducerConfig",
@@ -61,6 +65,35 @@ class ProduceError(Exception):
     def __init__(self, message: str, error_code: ErrorCode) -> None:
         super().__init__(message)
         self.error_code = error_code
+
+
+class NotAwaited(RuntimeError):
+    """A ``send``/``enqueue`` call was never awaited, so its record was never sent: raised when
+    the producer's block ends (or at ``flush``) instead of losing the record silently."""
+
+
+_T = TypeVar("_T")
+
+
+class _Call(Generic[_T]):
+    """What ``send``/``enqueue``/``send_and_wait`` return: an awaitable the producer tracks until
+    it is awaited, so that a forgotten ``await`` is an error at ``flush`` and at the end of the
+    ``open_producer`` block, not a record lost with only a "never awaited" warning."""
+
+    __slots__ = ("_coroutine", "_producer", "what")
+
+    def __init__(self, producer: Producer, what: str, coroutine: Coroutine[Any, Any, _T]) -> None:
+        self._producer = producer
+        self._coroutine = coroutine
+        self.what = what
+        producer._not_awaited.add(self)
+
+    def __await__(self) -> Generator[Any, None, _T]:
+        self._producer._not_awaited.discard(self)
+        return self._coroutine.__await__()
+
+    def discard(self) -> None:
+        self._coroutine.close()  # no second "never awaited" warning: NotAwaited says it
 
 
 @attrs.frozen(kw_only=True)
@@ -164,34 +197,58 @@ class Producer:
     _metadata_lock: trio.Lock = attrs.field(factory=trio.Lock)
     _first_lookup: trio.Lock = attrs.field(factory=trio.Lock)
     _bootstrap_start: int = 0
+    _not_awaited: set[_Call[Any]] = attrs.field(factory=set)
 
-    async def send(
+    def send(
         self,
         topic: str,
         value: bytes | None,
         key: bytes | None = None,
         *,
         timestamp_ms: int = -1,
+    ) -> Awaitable[tuple[int, int]]:
+        """``await producer.send(...)``: send one record and wait until the broker acknowledged
+        it, ``(partition, offset)``. Not awaiting it is an error (:class:`NotAwaited`)."""
+        return _Call(self, f"send to {topic!r}", self._send(topic, value, key, timestamp_ms))
+
+    def send_and_wait(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        *,
+        timestamp_ms: int = -1,
+    ) -> Awaitable[tuple[int, int]]:
+        """aiokafka's name for :meth:`send`."""
+        return self.send(topic, value, key, timestamp_ms=timestamp_ms)
+
+    async def _send(
+        self, topic: str, value: bytes | None, key: bytes | None, timestamp_ms: int
     ) -> tuple[int, int]:
-        """Send one record and wait until the broker acknowledged it: ``(partition, offset)``."""
-        delivery = await self.enqueue(topic, value, key, timestamp_ms=timestamp_ms)
+        delivery = await self._enqueue(topic, value, key, timestamp_ms)
         return await delivery.wait()
 
-    async def enqueue(
+    def enqueue(
         self,
         topic: str,
         value: bytes | None,
         key: bytes | None = None,
         *,
         timestamp_ms: int = -1,
-    ) -> Delivery:
-        """Hand a record to its partition's batch without waiting for the acknowledgement.
+    ) -> Awaitable[Delivery]:
+        """``await producer.enqueue(...)``: hand a record to its partition's batch without waiting
+        for the acknowledgement; the :class:`Delivery` says when it is.
 
         Waits only while ``max_pending_records`` are unacknowledged, and otherwise does not even
         yield to the scheduler (a checkpoint per record would cost more than the record), so a loop
         of enqueues should await something now and then. ``timestamp_ms`` -1: the broker stamps
-        its own time.
+        its own time. Not awaiting it is an error (:class:`NotAwaited`).
         """
+        return _Call(self, f"enqueue to {topic!r}", self._enqueue(topic, value, key, timestamp_ms))
+
+    async def _enqueue(
+        self, topic: str, value: bytes | None, key: bytes | None, timestamp_ms: int
+    ) -> Delivery:
         if topic not in self.placement:
             await self._placement(topic)
         while self._pending >= self.config.max_pending_records:
@@ -253,9 +310,26 @@ class Producer:
         return batch
 
     async def flush(self) -> None:
-        """Wait until every record sent so far is acknowledged or failed."""
+        """Wait until every record sent so far is acknowledged or failed; raises
+        :class:`NotAwaited` if a ``send``/``enqueue`` was never awaited (its record was never
+        sent)."""
+        self._check_awaited()
+        await self._acknowledged()
+
+    async def _acknowledged(self) -> None:
         for batch in list(self._unacknowledged):
             await batch.done.wait()
+
+    def _check_awaited(self) -> None:
+        forgotten, self._not_awaited = self._not_awaited, set()
+        if forgotten:
+            for call in forgotten:
+                call.discard()
+            example = next(iter(forgotten)).what
+            raise NotAwaited(
+                f"{len(forgotten)} producer call(s) were never awaited (e.g. {example}), so their "
+                "records were not sent: write `await producer.send(...)`"
+            )
 
     async def partitions_for(self, topic: str) -> int:
         return len(await self._placement(topic))
@@ -374,30 +448,39 @@ async def _tcp(host: str, port: int) -> trio.abc.Stream:
 
 @asynccontextmanager
 async def open_producer(
-    bootstrap: Sequence[Address],
+    bootstrap: str | Sequence[Address],
     *,
     config: ProducerConfig | None = None,
     connect: Connect | None = None,
     security: ClientSecurity | None = None,
 ) -> AsyncIterator[Producer]:
     """A producer for the block's span; on a normal exit it first waits for every record sent.
-    It connects as ``security`` says (default: plaintext, no authentication)."""
+
+    ``bootstrap`` is ``"host:port[,host:port...]"`` or a list of ``(host, port)``. It connects as
+    ``security`` says (default: plaintext, no authentication). A ``send``/``enqueue`` that was
+    never awaited makes the block's end raise :class:`NotAwaited`."""
+    require_trio("open_producer")
+    addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
     config = config or ProducerConfig()
     connect = connect or (security or ClientSecurity()).connector(_tcp)
-    async with trio.open_nursery() as nursery:
-        connections = BrokerConnections(
-            nursery=nursery,
-            connect=connect,
-            client_id=config.client_id,
-            max_frame_size=config.max_frame_size,
-        )
-        producer = Producer(
-            bootstrap=list(bootstrap),
-            config=config,
-            nursery=nursery,
-            connections=connections,
-            connect=connect,
-        )
-        yield producer
-        await producer.flush()
-        nursery.cancel_scope.cancel()
+    with unwrap_single():
+        async with trio.open_nursery() as nursery:
+            connections = BrokerConnections(
+                nursery=nursery,
+                connect=connect,
+                client_id=config.client_id,
+                max_frame_size=config.max_frame_size,
+            )
+            producer = Producer(
+                bootstrap=addresses,
+                config=config,
+                nursery=nursery,
+                connections=connections,
+                connect=connect,
+            )
+            try:
+                yield producer
+                await producer._acknowledged()
+            finally:
+                nursery.cancel_scope.cancel()
+    producer._check_awaited()
