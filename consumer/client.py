@@ -184,7 +184,7 @@ class Consumer:
     settings: ConsumerSettings
     streams: tuple[RecordStream, ...]
     """Named topics: ``streams_for(topic)``; a wildcard: every stream takes every matching topic."""
-    machine: sm.ConsumerMachine
+    _machine: sm.ConsumerMachine
     assignment: AsyncValue[frozenset[TopicPartition]]
     """The partitions being fetched now (empty while stopped); wait on it with ``wait_value``."""
     _nursery: trio.Nursery
@@ -204,10 +204,10 @@ class Consumer:
     _revoking: dict[TopicPartition, PartitionClaim] = attrs.field(factory=dict)
     """Stopped by the effects being performed, not yet answered: the coordinator still counts
     their offsets, so ``commit()`` from ``on_revoked`` includes them."""
-    accepted_by_epoch: collections.Counter[int] = attrs.field(factory=collections.Counter)
+    _accepted_by_epoch: collections.Counter[int] = attrs.field(factory=collections.Counter)
     """Coordinator requests (Ping, StopFetcher, StartFetcher) that passed the machine's epoch
     guard and were acted on, by coordinator epoch: what a failover test checks fencing with."""
-    accepted_span: dict[int, tuple[int, int]] = attrs.field(factory=dict)
+    _accepted_span: dict[int, tuple[int, int]] = attrs.field(factory=dict)
     """Per epoch, the positions (1-based, over all accepted requests) of its first and last
     accepted request: a deposed coordinator's last must come before its successor's first."""
     _close_requested: bool = False
@@ -217,33 +217,43 @@ class Consumer:
     """Why the consumer gave up on its own (no coordinator found in time): iteration raises it."""
 
     def __repr__(self) -> str:
-        return f"<Consumer {self.member_id} of {self.group_id}: {self.machine.state.value}>"
+        return f"<Consumer {self.member_id} of {self.group_id}: {self._machine.state.value}>"
 
     # --- the application's API ------------------------------------------------------------------
 
     @property
     def state(self) -> sm.ConsumerState:
-        return self.machine.state
+        return self._machine.state
 
     @property
     def generation(self) -> int:
-        return self.machine.generation
+        return self._machine.generation
 
     @property
     def last_heard(self) -> float | None:
         """Where the lease runs T from (trio time): when this consumer queued the latest frame a
         coordinator request said had arrived (docs/design.md#ownership-lease)."""
-        return self.machine.last_heard
+        return self._machine.last_heard
 
     @property
     def last_error(self) -> ErrorCode | None:
         """The latest registration or coordinator error, kept across retries (FENCED_INSTANCE_ID
         once fenced, in state FENCED)."""
-        return self.machine.last_error
+        return self._machine.last_error
 
     @property
     def instance_id(self) -> str | None:
         return self.settings.instance_id
+
+    @property
+    def coordinator(self) -> BrokerInfo | None:
+        """The broker this consumer registers with (None until one is found)."""
+        return self._machine.coordinator
+
+    @property
+    def coordinator_epoch(self) -> int:
+        """The highest coordinator epoch heard: it grows with every coordinator failover."""
+        return self._machine.epoch
 
     def streams_for(self, topic: str) -> tuple[RecordStream, ...]:
         return tuple(s for s in self.streams if s.topic == topic)
@@ -268,7 +278,7 @@ class Consumer:
         coordinator refuses (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID after a rebalance moved on;
         NOT_COORDINATOR, which also sends the consumer looking for the coordinator), and
         InstanceFenced when a newer process took this consumer's instance id (which ends it)."""
-        if self.machine.state is sm.ConsumerState.FENCED:
+        if self._machine.state is sm.ConsumerState.FENCED:
             raise InstanceFenced(self.instance_id)
         held = [tp for tp, claim in self._claims.items() if claim.active]
         offsets = self._offsets([*held, *self._revoking])
@@ -280,7 +290,7 @@ class Consumer:
         request = OffsetCommitRequest(
             group_id=self.group_id,
             consumer_id=self.member_id,
-            generation=self.machine.generation,
+            generation=self._machine.generation,
             offsets=offsets,
         )
         response: ResponseMessage | None = None
@@ -315,14 +325,14 @@ class Consumer:
         timeout = self.settings.discovery_timeout
         give_up = math.inf if timeout is None else trio.current_time() + timeout
         try:
-            await self._perform(self.machine.handle(sm.Start()))
-            while self.machine.state not in (sm.ConsumerState.CLOSED, sm.ConsumerState.FENCED):
-                deadline = self.machine.lease_deadline()
+            await self._perform(self._machine.handle(sm.Start()))
+            while self._machine.state not in (sm.ConsumerState.CLOSED, sm.ConsumerState.FENCED):
+                deadline = self._machine.lease_deadline()
                 item: tuple[_Source, sm.Input] | None = None
                 with trio.move_on_at(math.inf if deadline is None else deadline):
                     item = await self._receive.receive()
                 if item is None:
-                    await self._perform(self.machine.check_lease(trio.current_time()))
+                    await self._perform(self._machine.check_lease(trio.current_time()))
                     continue
                 source, event = item
                 if not self._is_current(source):
@@ -334,14 +344,14 @@ class Consumer:
                     if isinstance(event, sm.DiscoveryFailed) and self._no_coordinator(give_up):
                         return
                 if isinstance(event, sm.CoordinatorMoved | sm.Fenced) and not sm.TABLE.allows(
-                    self.machine.state, type(event)
+                    self._machine.state, type(event)
                 ):
                     continue  # a commit answered after the machine had moved on
-                effects = self.machine.handle(event)
+                effects = self._machine.handle(event)
                 self._count_accepted(event, effects)
                 await self._perform(effects)
         finally:
-            fenced = self.machine.state is sm.ConsumerState.FENCED
+            fenced = self._machine.state is sm.ConsumerState.FENCED
             if fenced:
                 log.warning("%s: fenced: a newer process has its instance id", self.member_id)
             error = self._fenced_error if fenced else None
@@ -378,10 +388,10 @@ class Consumer:
             return
         if any(isinstance(e, sm.Ignored) and e.event is event for e in effects):
             return
-        self.accepted_by_epoch[event.epoch] += 1
-        position = self.accepted_by_epoch.total()
-        first, _ = self.accepted_span.get(event.epoch, (position, position))
-        self.accepted_span[event.epoch] = (first, position)
+        self._accepted_by_epoch[event.epoch] += 1
+        position = self._accepted_by_epoch.total()
+        first, _ = self._accepted_span.get(event.epoch, (position, position))
+        self._accepted_span[event.epoch] = (first, position)
 
     def _is_current(self, source: _Source) -> bool:
         if source is None:
@@ -705,7 +715,7 @@ class Consumer:
                     fetcher.stream,
                     self._brokers,
                     settings,
-                    self.machine.lease_deadline,
+                    self._machine.lease_deadline,
                 )
         finally:
             fetcher.done.set()

@@ -202,7 +202,7 @@ async def run_fetcher(
             await trio.sleep(settings.idle_interval)
             continue
         with trio.move_on_at(deadline):  # a full stream must not hold a batch past the lease
-            if not await stream.put(claim, batches):
+            if not await stream._put(claim, batches):
                 return
             claim.position = batches[-1].batch.next_offset
 

@@ -264,7 +264,7 @@ class RecordStream:
 
     # --- the consumer's side --------------------------------------------------------------------
 
-    async def put(self, claim: PartitionClaim, batches: Iterable[ConsumerBatch]) -> bool:
+    async def _put(self, claim: PartitionClaim, batches: Iterable[ConsumerBatch]) -> bool:
         """Append fetched batches once there is room; False (nothing appended) if the claim
         became inactive meanwhile: a stopped fetcher must not deliver."""
         while self._buffered >= self.max_buffered and claim.active and not self._closed:
