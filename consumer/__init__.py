@@ -7,6 +7,7 @@ from .client import (
     CoordinatorUnavailable,
     InstanceFenced,
     RebalanceCallback,
+    RebalanceListener,
     open_consumer,
 )
 from .producer import (
@@ -36,6 +37,7 @@ __all__ = [
     "Producer",
     "ProducerConfig",
     "RebalanceCallback",
+    "RebalanceListener",
     "RecordStream",
     "WrongEventLoop",
     "open_consumer",

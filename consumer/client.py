@@ -27,7 +27,8 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TypeAlias
 
@@ -42,6 +43,8 @@ from protocol import (
     LeaveGroupResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
     PingRequest,
     PingResponse,
     RegisterConsumerRequest,
@@ -73,6 +76,7 @@ __all__ = [
     "CoordinatorUnavailable",
     "InstanceFenced",
     "RebalanceCallback",
+    "RebalanceListener",
     "open_consumer",
 ]
 
@@ -84,7 +88,37 @@ told, so a commit from it still counts for them) or added (their fetchers starte
 rebalance leaves where they are appear in neither. Awaited by the driver: the coordinator expects
 the answer within 2/3 of the session timeout, so keep it short."""
 
-OFFSET_RESETS = ("smallest", "largest")
+OFFSET_RESETS = ("earliest", "latest")
+#: The names the seeds used, still accepted (with a DeprecationWarning), and what RegisterConsumer
+#: carries on the wire (SPEC.md: ``smallest`` / ``largest``).
+_OLD_OFFSET_RESETS = {"smallest": "earliest", "largest": "latest"}
+_WIRE_OFFSET_RESETS = {"earliest": "smallest", "latest": "largest"}
+
+
+def _offset_reset(value: str) -> str:
+    if value in _OLD_OFFSET_RESETS:
+        new = _OLD_OFFSET_RESETS[value]
+        warnings.warn(
+            f"auto_offset_reset={value!r} is deprecated: say {new!r}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return new
+    if value not in OFFSET_RESETS:
+        raise ValueError(f"auto_offset_reset must be 'earliest' or 'latest', not {value!r}")
+    return value
+
+
+class RebalanceListener:
+    """aiokafka's ConsumerRebalanceListener, for ``open_consumer(listener=...)``: override
+    either method. Same contract as ``on_revoked`` / ``on_assigned`` (:data:`RebalanceCallback`):
+    revoked partitions are stopped and can still be committed; only what moves is named."""
+
+    async def on_partitions_revoked(self, revoked: frozenset[TopicPartition]) -> None:
+        """Called with the partitions taken away, before the coordinator is told."""
+
+    async def on_partitions_assigned(self, assigned: frozenset[TopicPartition]) -> None:
+        """Called with the partitions added, their fetchers started."""
 
 
 @attrs.frozen(kw_only=True)
@@ -97,10 +131,10 @@ class ConsumerSettings:
     (docs/design.md#defaults-that-fit-a-failover). A larger T detects a frozen member later."""
     auto_commit: bool = True
     """Report consumed offsets in Ping and StopFetcher responses, and commit on close."""
-    auto_offset_reset: str = attrs.field(
-        default="smallest", validator=attrs.validators.in_(OFFSET_RESETS)
-    )
-    """Where to start a partition with no committed offset, or whose offset is out of range."""
+    auto_offset_reset: str = attrs.field(default="earliest", converter=_offset_reset)
+    """Where to start a partition with no committed offset, or whose offset is out of range:
+    ``earliest`` (the log start) or ``latest`` (the end: only records produced from now on).
+    The seeds' ``smallest`` / ``largest`` are accepted with a DeprecationWarning."""
     client_id: str = "consumer"
     retry_backoff: float = 0.1
     max_retry_backoff: float = 5.0
@@ -215,6 +249,20 @@ class Consumer:
     _registered_once: bool = False
     _failure: Exception | None = None
     """Why the consumer gave up on its own (no coordinator found in time): iteration raises it."""
+    _changed: trio.Event = attrs.field(factory=trio.Event)
+    """Set when any stream changes: what iterating the consumer itself waits on."""
+    _handed: dict[TopicPartition, ConsumerRecord] = attrs.field(factory=dict)
+    """The last record of each partition handed out by iterating the consumer or ``getmany``:
+    finished when the application asks for more."""
+    _next_stream: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        for stream in self.streams:
+            stream._on_change = self._wake
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     def __repr__(self) -> str:
         return f"<Consumer {self.member_id} of {self.group_id}: {self._machine.state.value}>"
@@ -271,27 +319,37 @@ class Consumer:
             if claim.active and claim.consumed is not None
         }
 
-    async def commit(self) -> None:
-        """OffsetCommit the consumed offsets now, answered once durable at the coordinator.
+    async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        """OffsetCommit the consumed offsets now (or exactly ``offsets``, ``{partition: the next
+        offset to read}``), answered once durable at the coordinator.
 
-        A no-op when nothing is assigned. Raises CommitFailed when not registered, or when the
-        coordinator refuses (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID after a rebalance moved on;
-        NOT_COORDINATOR, which also sends the consumer looking for the coordinator), and
-        InstanceFenced when a newer process took this consumer's instance id (which ends it)."""
+        A no-op when nothing is assigned (and no ``offsets`` are given). With ``auto_commit``
+        the consumer goes on reporting its consumed offsets, which may overwrite ``offsets``:
+        commit explicit offsets with ``auto_commit=False``.
+
+        Raises CommitFailed when not registered, or when the coordinator refuses
+        (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID after a rebalance moved on; NOT_COORDINATOR,
+        which also sends the consumer looking for the coordinator), and InstanceFenced when a
+        newer process took this consumer's instance id (which ends it)."""
         if self._machine.state is sm.ConsumerState.FENCED:
             raise InstanceFenced(self.instance_id)
-        held = [tp for tp, claim in self._claims.items() if claim.active]
-        offsets = self._offsets([*held, *self._revoking])
-        if not offsets:
+        if offsets is None:
+            held = [tp for tp, claim in self._claims.items() if claim.active]
+            listed = self._offsets([*held, *self._revoking])
+        else:
+            listed = tuple(
+                PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset)
+                for tp, offset in sorted(offsets.items())
+            )
+        if not listed:
             return
-        session = self._session
-        if session is None or session.channel is None or not session.registered.is_set():
-            raise CommitFailed(ErrorCode.COORDINATOR_NOT_AVAILABLE, "not registered")
+        session = self._registered_session()
+        assert session.channel is not None
         request = OffsetCommitRequest(
             group_id=self.group_id,
             consumer_id=self.member_id,
             generation=self._machine.generation,
-            offsets=offsets,
+            offsets=listed,
         )
         response: ResponseMessage | None = None
         with trio.move_on_after(self.settings.request_timeout):
@@ -311,6 +369,151 @@ class Consumer:
             raise InstanceFenced(self.instance_id)
         if code is not ErrorCode.NONE:
             raise CommitFailed(code)
+
+    # --- one iterator over everything, positions, pauses -----------------------------------------
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> ConsumerRecord:
+        """``async for record in consumer``: the records of every partition this consumer owns,
+        whichever stream they are in (streams take turns). Asking for the next record finishes
+        the previous one, as with a stream. Ends when the consumer closes."""
+        self._finish_handed()
+        while True:
+            for _ in range(len(self.streams)):
+                stream = self.streams[self._next_stream]
+                self._next_stream = (self._next_stream + 1) % len(self.streams)
+                record = stream._ready_record()
+                if record is not None:
+                    stream._held = None  # the consumer finishes it, with the others it handed
+                    self._handed[record.topic_partition] = record
+                    return record
+            if all([stream._ended() for stream in self.streams]):
+                raise StopAsyncIteration
+            await self._changed.wait()
+
+    async def getmany(
+        self, *, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """The records buffered now, by partition, at most ``max_records``; waits until there is
+        at least one (``pause`` the partitions not wanted now). Bound the wait with a trio
+        cancel scope (``with trio.move_on_after(1): batch = await consumer.getmany()``).
+        Asking again finishes every record handed out before. Empty once the consumer closed."""
+        self._finish_handed()
+        got: dict[TopicPartition, list[ConsumerRecord]] = {}
+        count = 0
+        while not got:
+            for stream in self.streams:
+                while max_records is None or count < max_records:
+                    record = stream._ready_record()
+                    if record is None:
+                        break
+                    stream._held = None
+                    got.setdefault(record.topic_partition, []).append(record)
+                    self._handed[record.topic_partition] = record
+                    count += 1
+            if not got:
+                if all([stream._ended() for stream in self.streams]):
+                    return {}
+                await self._changed.wait()
+        return got
+
+    def _finish_handed(self) -> None:
+        handed, self._handed = self._handed, {}
+        for record in handed.values():
+            record.finish()
+
+    def _claim(self, tp: TopicPartition) -> tuple[PartitionClaim, RecordStream]:
+        fetcher = self._fetchers.get(tp)
+        if fetcher is None:
+            raise ValueError(f"{tp} is not assigned to this consumer")
+        return fetcher.claim, fetcher.stream
+
+    def _targets(self, partitions: Iterable[TopicPartition]) -> list[TopicPartition]:
+        return list(partitions) or sorted(self._fetchers)
+
+    def position(self, tp: TopicPartition) -> int | None:
+        """The offset of the next record of ``tp`` the application will be handed; None while
+        it is being resolved (no committed offset yet, or after ``seek_to_beginning/end``)."""
+        return self._claim(tp)[0].next_offset
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Go on from ``offset``: the next record of ``tp`` handed out is the one there, and
+        a commit now commits ``offset``. What was buffered of ``tp`` is dropped."""
+        if offset < 0:
+            raise ValueError("seek to an offset >= 0 (seek_to_beginning / seek_to_end otherwise)")
+        self._reposition(tp, offset, None)
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        """Go on from the log start of ``partitions`` (default: all assigned)."""
+        for tp in self._targets(partitions):
+            self._reposition(tp, -1, "earliest")
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        """Go on from the end of ``partitions`` (default: all assigned): only new records."""
+        for tp in self._targets(partitions):
+            self._reposition(tp, -1, "latest")
+
+    def _reposition(self, tp: TopicPartition, offset: int, reset: str | None) -> None:
+        claim, stream = self._claim(tp)
+        claim.seeks += 1  # a fetch in flight answers the old position: its fetcher drops it
+        claim.position = offset
+        claim.reset = reset
+        claim.consumed = offset if offset >= 0 else None
+        claim.delivered = None
+        self._handed.pop(tp, None)
+        stream.reposition(claim)
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop handing out and fetching records of ``partitions`` (default: all assigned) until
+        :meth:`resume`; they stay assigned, and what was buffered is fetched again on resume.
+        A rebalance that moves a partition ends its pause."""
+        for tp in self._targets(partitions):
+            claim, _ = self._claim(tp)
+            if not claim.paused:
+                next_offset = claim.next_offset
+                self._reposition(tp, -1 if next_offset is None else next_offset, claim.reset)
+                claim.consumed = next_offset
+                claim.paused = True
+                claim.unpaused = trio.Event()
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        """Hand out and fetch ``partitions`` (default: all paused) again."""
+        for tp in self._targets(partitions):
+            claim, _ = self._claim(tp)
+            if claim.paused:
+                claim.paused = False
+                claim.unpaused.set()
+
+    def paused(self) -> frozenset[TopicPartition]:
+        return frozenset(tp for tp, f in self._fetchers.items() if f.claim.paused)
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of ``tp`` (the next offset to read), None if it has
+        none; asked of the coordinator. Raises CommitFailed when not registered or refused."""
+        session = self._registered_session()
+        response: ResponseMessage | None = None
+        with trio.move_on_after(self.settings.request_timeout):
+            try:
+                response = await session.channel.request(  # type: ignore[union-attr]
+                    OffsetFetchRequest(group_id=self.group_id, partitions=(tp,))
+                )
+            except ChannelClosed as exc:
+                raise CommitFailed(ErrorCode.COORDINATOR_NOT_AVAILABLE, str(exc)) from exc
+        if response is None:
+            raise CommitFailed(ErrorCode.COORDINATOR_NOT_AVAILABLE, "no answer in time")
+        assert isinstance(response, OffsetFetchResponse)
+        if response.error_code is not ErrorCode.NONE:
+            raise CommitFailed(response.error_code)
+        found = [po.offset for po in response.offsets if po.topic_partition == tp]
+        return found[0] if found and found[0] >= 0 else None
+
+    def _registered_session(self) -> _Session:
+        session = self._session
+        if session is None or session.channel is None or not session.registered.is_set():
+            raise CommitFailed(ErrorCode.COORDINATOR_NOT_AVAILABLE, "not registered")
+        return session
 
     async def aclose(self) -> None:
         """Stop the fetchers, commit (with auto_commit), LeaveGroup, close. Idempotent."""
@@ -493,7 +696,7 @@ class Consumer:
                 consumer_id=self.member_id,
                 subscription=self.subscription,
                 auto_commit=self.settings.auto_commit,
-                auto_offset_reset=self.settings.auto_offset_reset,
+                auto_offset_reset=_WIRE_OFFSET_RESETS[self.settings.auto_offset_reset],
                 session_timeout_ms=round(self.settings.session_timeout * 1000),
                 generation=register.generation,
                 owned_partitions=register.owned,
@@ -812,7 +1015,7 @@ async def open_consumer(
     bootstrap: str | Sequence[tuple[str, int]],
     group_id: str,
     *,
-    topics: Mapping[str, int] | None = None,
+    topics: Mapping[str, int] | Sequence[str] | str | None = None,
     pattern: str | None = None,
     pattern_streams: int = 1,
     pattern_is_blacklist: bool = False,
@@ -820,11 +1023,14 @@ async def open_consumer(
     settings: ConsumerSettings | None = None,
     on_revoked: RebalanceCallback | None = None,
     on_assigned: RebalanceCallback | None = None,
+    listener: RebalanceListener | None = None,
     connect: Connector | None = None,
     security: ClientSecurity | None = None,
 ) -> AsyncIterator[Consumer]:
     """Join ``group_id`` and fetch what the coordinator assigns, until the block ends.
 
+    ``topics=["a", "b"]`` (or ``"a"``) subscribes to those topics, one stream each:
+    ``async for record in consumer`` goes through everything the consumer owns.
     ``topics={"t": 2}`` gives two streams over t's partitions (``consumer.streams_for("t")``);
     ``pattern=`` subscribes to every topic whose whole name matches the regular expression (or,
     with ``pattern_is_blacklist``, does not), with ``pattern_streams`` streams shared by all of
@@ -834,8 +1040,18 @@ async def open_consumer(
     and LeaveGroup lets the group rebalance at once instead of after a failure detection (a static
     member sends none: it closes cleanly, which frees its partitions, and may come back). Every
     connection is made as ``security`` says (default: plaintext, no authentication).
+    ``listener`` (a :class:`RebalanceListener`) is the object form of ``on_revoked`` and
+    ``on_assigned``.
     """
     require_trio("open_consumer")
+    if isinstance(topics, str):
+        topics = {topics: 1}
+    elif topics is not None and not isinstance(topics, Mapping):
+        topics = dict.fromkeys(topics, 1)
+    if listener is not None:
+        if on_revoked is not None or on_assigned is not None:
+            raise ValueError("give a listener or on_revoked/on_assigned, not both")
+        on_revoked, on_assigned = listener.on_partitions_revoked, listener.on_partitions_assigned
     settings = settings or ConsumerSettings()
     if settings.instance_id is not None and consumer_id == settings.instance_id:
         raise ValueError("the consumer id names the process and must differ from the instance id")
