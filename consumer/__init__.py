@@ -19,7 +19,7 @@ from .producer import (
     ProducerConfig,
     open_producer,
 )
-from .runtime import WrongEventLoop
+from .runtime import Stop, WrongEventLoop, stop_on_signals
 from .streams import ConsumerBatch, ConsumerRecord, RecordStream
 
 __all__ = [
@@ -39,7 +39,9 @@ __all__ = [
     "RebalanceCallback",
     "RebalanceListener",
     "RecordStream",
+    "Stop",
     "WrongEventLoop",
     "open_consumer",
     "open_producer",
+    "stop_on_signals",
 ]

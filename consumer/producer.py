@@ -52,6 +52,7 @@ __all__ = [
     "ProduceError",
     "Producer",
     "ProducerConfig",
+    "Serializer",
     "open_producer",
 ]
 
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
 Connect = Callable[[str, int], Awaitable[trio.abc.Stream]]
+Serializer = Callable[[Any], bytes]
 
 
 class ProduceError(Exception):
@@ -198,12 +200,16 @@ class Producer:
     _first_lookup: trio.Lock = attrs.field(factory=trio.Lock)
     _bootstrap_start: int = 0
     _not_awaited: set[_Call[Any]] = attrs.field(factory=set)
+    key_serializer: Serializer | None = None
+    """Turns each key (not None) into bytes, e.g. ``str.encode``."""
+    value_serializer: Serializer | None = None
+    """Turns each value (not None) into bytes, e.g. ``lambda v: json.dumps(v).encode()``."""
 
     def send(
         self,
         topic: str,
-        value: bytes | None,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         *,
         timestamp_ms: int = -1,
     ) -> Awaitable[tuple[int, int]]:
@@ -214,25 +220,23 @@ class Producer:
     def send_and_wait(
         self,
         topic: str,
-        value: bytes | None,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         *,
         timestamp_ms: int = -1,
     ) -> Awaitable[tuple[int, int]]:
         """aiokafka's name for :meth:`send`."""
         return self.send(topic, value, key, timestamp_ms=timestamp_ms)
 
-    async def _send(
-        self, topic: str, value: bytes | None, key: bytes | None, timestamp_ms: int
-    ) -> tuple[int, int]:
+    async def _send(self, topic: str, value: Any, key: Any, timestamp_ms: int) -> tuple[int, int]:
         delivery = await self._enqueue(topic, value, key, timestamp_ms)
         return await delivery.wait()
 
     def enqueue(
         self,
         topic: str,
-        value: bytes | None,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         *,
         timestamp_ms: int = -1,
     ) -> Awaitable[Delivery]:
@@ -246,9 +250,7 @@ class Producer:
         """
         return _Call(self, f"enqueue to {topic!r}", self._enqueue(topic, value, key, timestamp_ms))
 
-    async def _enqueue(
-        self, topic: str, value: bytes | None, key: bytes | None, timestamp_ms: int
-    ) -> Delivery:
+    async def _enqueue(self, topic: str, value: Any, key: Any, timestamp_ms: int) -> Delivery:
         if topic not in self.placement:
             await self._placement(topic)
         while self._pending >= self.config.max_pending_records:
@@ -258,8 +260,8 @@ class Producer:
     def enqueue_nowait(
         self,
         topic: str,
-        value: bytes | None,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         *,
         timestamp_ms: int = -1,
     ) -> Delivery:
@@ -270,6 +272,10 @@ class Producer:
         partitions = self.placement.get(topic)
         if not partitions or self._pending >= self.config.max_pending_records:
             raise trio.WouldBlock
+        if self.key_serializer is not None and key is not None:
+            key = self.key_serializer(key)
+        if self.value_serializer is not None and value is not None:
+            value = self.value_serializer(value)
         if key is not None:
             partition = zlib.crc32(key) % len(partitions)
         else:
@@ -453,12 +459,16 @@ async def open_producer(
     config: ProducerConfig | None = None,
     connect: Connect | None = None,
     security: ClientSecurity | None = None,
+    key_serializer: Serializer | None = None,
+    value_serializer: Serializer | None = None,
 ) -> AsyncIterator[Producer]:
     """A producer for the block's span; on a normal exit it first waits for every record sent.
 
     ``bootstrap`` is ``"host:port[,host:port...]"`` or a list of ``(host, port)``. It connects as
     ``security`` says (default: plaintext, no authentication). A ``send``/``enqueue`` that was
-    never awaited makes the block's end raise :class:`NotAwaited`."""
+    never awaited makes the block's end raise :class:`NotAwaited`. ``key_serializer`` and
+    ``value_serializer`` turn what is sent into bytes (without them keys and values are
+    bytes)."""
     require_trio("open_producer")
     addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
     config = config or ProducerConfig()
@@ -477,6 +487,8 @@ async def open_producer(
                 nursery=nursery,
                 connections=connections,
                 connect=connect,
+                key_serializer=key_serializer,
+                value_serializer=value_serializer,
             )
             try:
                 yield producer

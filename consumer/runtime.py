@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import logging
+import signal
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
+import attrs
 import sniffio
+import trio
 
-__all__ = ["WrongEventLoop", "require_trio", "unwrap_single"]
+__all__ = ["Stop", "WrongEventLoop", "require_trio", "stop_on_signals", "unwrap_single"]
+
+log = logging.getLogger(__name__)
 
 
 class WrongEventLoop(RuntimeError):
@@ -45,3 +51,44 @@ def unwrap_single() -> Iterator[None]:
         if single is group:
             raise
         raise single from single.__cause__
+
+
+@attrs.define(eq=False)
+class Stop:
+    """What :func:`stop_on_signals` yields: ``signal`` is the one that stopped the block."""
+
+    signal: int | None = None
+
+
+@asynccontextmanager
+async def stop_on_signals(
+    *signals: int, handled: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+) -> AsyncIterator[Stop]:
+    """Run the block until SIGINT (Ctrl-C) or SIGTERM (or ``signals``), then cancel it, so
+    that the blocks around it end normally: an ``open_consumer`` block then commits and leaves
+    its group, an ``open_producer`` block waits for what was sent. No KeyboardInterrupt, no
+    traceback::
+
+        async with open_consumer(...) as consumer, stop_on_signals() as stop:
+            async for record in consumer:
+                ...
+        print("stopped by", stop.signal)
+
+    Only the main thread receives signals, so this must run in the thread of ``trio.run``.
+    """
+    stop = Stop()
+    with trio.open_signal_receiver(*(signals or handled)) as received, unwrap_single():
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for signum in received:
+                    stop.signal = signum
+                    log.info("%s: stopping", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(watch)
+            try:
+                yield stop
+            finally:
+                nursery.cancel_scope.cancel()
