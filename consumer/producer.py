@@ -37,7 +37,7 @@ from protocol import (
     ProduceRequest,
     ProduceResponse,
 )
-from protocol.batches import BatchBuilder, Compression
+from protocol.batches import BatchBuilder, Compression, Header
 from protocol.types import TopicPartition
 from transport.channel import ChannelClosed
 from transport.connect import connect_any, open_channel, parse_bootstrap
@@ -212,10 +212,14 @@ class Producer:
         key: Any = None,
         *,
         timestamp_ms: int = -1,
+        headers: Sequence[Header] = (),
     ) -> Awaitable[tuple[int, int]]:
         """``await producer.send(...)``: send one record and wait until the broker acknowledged
-        it, ``(partition, offset)``. Not awaiting it is an error (:class:`NotAwaited`)."""
-        return _Call(self, f"send to {topic!r}", self._send(topic, value, key, timestamp_ms))
+        it, ``(partition, offset)``. ``headers``: ``(name, value)`` pairs the consumer gets as
+        ``record.headers``. Not awaiting it is an error (:class:`NotAwaited`)."""
+        return _Call(
+            self, f"send to {topic!r}", self._send(topic, value, key, timestamp_ms, headers)
+        )
 
     def send_and_wait(
         self,
@@ -224,12 +228,15 @@ class Producer:
         key: Any = None,
         *,
         timestamp_ms: int = -1,
+        headers: Sequence[Header] = (),
     ) -> Awaitable[tuple[int, int]]:
         """aiokafka's name for :meth:`send`."""
-        return self.send(topic, value, key, timestamp_ms=timestamp_ms)
+        return self.send(topic, value, key, timestamp_ms=timestamp_ms, headers=headers)
 
-    async def _send(self, topic: str, value: Any, key: Any, timestamp_ms: int) -> tuple[int, int]:
-        delivery = await self._enqueue(topic, value, key, timestamp_ms)
+    async def _send(
+        self, topic: str, value: Any, key: Any, timestamp_ms: int, headers: Sequence[Header]
+    ) -> tuple[int, int]:
+        delivery = await self._enqueue(topic, value, key, timestamp_ms, headers)
         return await delivery.wait()
 
     def enqueue(
@@ -239,6 +246,7 @@ class Producer:
         key: Any = None,
         *,
         timestamp_ms: int = -1,
+        headers: Sequence[Header] = (),
     ) -> Awaitable[Delivery]:
         """``await producer.enqueue(...)``: hand a record to its partition's batch without waiting
         for the acknowledgement; the :class:`Delivery` says when it is.
@@ -248,14 +256,18 @@ class Producer:
         of enqueues should await something now and then. ``timestamp_ms`` -1: the broker stamps
         its own time. Not awaiting it is an error (:class:`NotAwaited`).
         """
-        return _Call(self, f"enqueue to {topic!r}", self._enqueue(topic, value, key, timestamp_ms))
+        return _Call(
+            self, f"enqueue to {topic!r}", self._enqueue(topic, value, key, timestamp_ms, headers)
+        )
 
-    async def _enqueue(self, topic: str, value: Any, key: Any, timestamp_ms: int) -> Delivery:
+    async def _enqueue(
+        self, topic: str, value: Any, key: Any, timestamp_ms: int, headers: Sequence[Header]
+    ) -> Delivery:
         if topic not in self.placement:
             await self._placement(topic)
         while self._pending >= self.config.max_pending_records:
             await self._room.wait()
-        return self.enqueue_nowait(topic, value, key, timestamp_ms=timestamp_ms)
+        return self.enqueue_nowait(topic, value, key, timestamp_ms=timestamp_ms, headers=headers)
 
     def enqueue_nowait(
         self,
@@ -264,6 +276,7 @@ class Producer:
         key: Any = None,
         *,
         timestamp_ms: int = -1,
+        headers: Sequence[Header] = (),
     ) -> Delivery:
         """:meth:`enqueue` without awaiting anything: the fast path of a loop that sends many
         records (no coroutine, no checkpoint per record). Raises ``trio.WouldBlock`` when
@@ -290,9 +303,9 @@ class Producer:
             tp = TopicPartition(topic=topic, partition=partition)
             self.nursery.start_soon(self._drain, tp, batcher)
         batch = batcher.open
-        if batch is None or not batch.builder.append(value, key, timestamp_ms):
+        if batch is None or not batch.builder.append(value, key, timestamp_ms, headers):
             batch = self._open_batch(batcher)
-            batch.builder.append(value, key, timestamp_ms)
+            batch.builder.append(value, key, timestamp_ms, headers)
         builder = batch.builder
         if builder.full:
             batcher.seal()

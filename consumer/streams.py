@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 import attrs
 import trio
 
-from protocol.batches import RecordBatch
+from protocol.batches import Header, RecordBatch
 from protocol.errors import ErrorCode
 from protocol.types import TopicPartition
 
@@ -114,6 +114,8 @@ class ConsumerRecord:
     key: bytes | None
     value: bytes | None
     _claim: PartitionClaim = attrs.field(eq=False, repr=False)
+    headers: tuple[Header, ...] = ()
+    """``(name, value)`` pairs the producer attached, in its order."""
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -165,6 +167,10 @@ class ConsumerBatch:
         timestamps = self.batch.timestamps()
         return timestamps[self._skip :] if self._skip else timestamps
 
+    def headers(self) -> list[tuple[Header, ...]]:
+        headers = self.batch.headers()
+        return headers[self._skip :] if self._skip else headers
+
     def records(self) -> list[ConsumerRecord]:
         claim = self._claim
         return [
@@ -176,9 +182,15 @@ class ConsumerBatch:
                 key=key,
                 value=value,
                 claim=claim,
+                headers=headers,
             )
-            for offset, ts, key, value in zip(
-                self.offsets, self.timestamps(), self.keys(), self.values(), strict=True
+            for offset, ts, key, value, headers in zip(
+                self.offsets,
+                self.timestamps(),
+                self.keys(),
+                self.values(),
+                self.headers(),
+                strict=True,
             )
         ]
 

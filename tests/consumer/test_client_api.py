@@ -4,15 +4,17 @@ autojump clock: one iterator over everything, ``getmany``, ``seek`` and friends,
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
-from consumer import ConsumerSettings, RebalanceListener, open_consumer
+from consumer import ConsumerSettings, RebalanceListener, open_consumer, open_producer
 from coordinator.config import CoordinatorConfig
 from protocol.types import TopicPartition
+from simulation import open_simulated_cluster
 from tests.consumer.inmemory import open_in_memory_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
@@ -153,3 +155,33 @@ def test_offset_resets_are_earliest_and_latest_and_the_old_names_warn() -> None:
         assert ConsumerSettings(auto_offset_reset="largest").auto_offset_reset == "latest"
     with pytest.raises(ValueError, match="'earliest' or 'latest'"):
         ConsumerSettings(auto_offset_reset="beginning")
+
+
+async def test_headers_and_serializers_go_from_producer_to_consumer(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("a", partitions=1)
+        async with open_producer(
+            "simulated:9092",
+            connect=cluster.connect_to,
+            key_serializer=str.encode,
+            value_serializer=lambda v: json.dumps(v).encode(),
+        ) as producer:
+            sent = await producer.send_and_wait(
+                "a", {"n": 1}, key="user-1", headers=[("trace", b"abc"), ("retry", None)]
+            )
+            await producer.send("a", {"n": 2}, key="user-2")
+        assert sent == (0, 0)
+        async with open_consumer(
+            "simulated:9092", "g", topics="a", connect=cluster.connect_to
+        ) as c:
+            first, second = await c.__anext__(), await c.__anext__()
+        assert (first.key, first.value, first.headers) == (
+            b"user-1",
+            b'{"n": 1}',
+            (("trace", b"abc"), ("retry", None)),
+        )
+        assert (second.key, second.headers) == (b"user-2", ())
+        (stored_first, _) = cluster.log.records("a", 0)
+        assert stored_first.value == b'{"n": 1}'
