@@ -109,3 +109,19 @@ def test_asyncio_instead_of_trio_is_a_clear_error() -> None:
         asyncio.run(consume())
     with pytest.raises(WrongEventLoop, match=r"open_producer runs under trio .*not asyncio"):
         asyncio.run(produce())
+
+
+async def test_an_error_in_the_block_comes_out_as_itself_after_a_graceful_close(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Not wrapped in an exception group by the library's nursery: ``except ValueError`` (or
+    KeyboardInterrupt) catches what the application raised."""
+    async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
+        with pytest.raises(ValueError, match="the application's own error"):
+            async with open_consumer("b:1", "g", topics="t", connect=net.connect) as consumer:
+                await consumer.assignment.wait_value(lambda a: len(a) == 2)
+                raise ValueError("the application's own error")
+        assert consumer.state is ConsumerState.CLOSED  # it still closed gracefully
+        with pytest.raises(KeyboardInterrupt):
+            async with open_producer("b:1", connect=net.connect):
+                raise KeyboardInterrupt
