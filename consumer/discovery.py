@@ -113,12 +113,14 @@ class Discovery:
                 self._warned_missing.discard(topic.topic)
             elif topic.topic not in self._warned_missing:
                 self._warned_missing.add(topic.topic)
+                missing = topic.error_code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 log.warning(
-                    "group %s: subscribed topic %r does not exist (%s): nothing of it is "
-                    "fetched until it is created",
+                    "group %s: subscribed topic %r %s (%s): nothing of it is fetched until %s",
                     self.group_id,
                     topic.topic,
+                    "does not exist" if missing else "is not available",
                     topic.error_code.name,
+                    "it is created" if missing else "that changes",
                 )
 
     def _learn(self, brokers: tuple[BrokerInfo, ...]) -> None:

@@ -22,9 +22,9 @@ import collections
 import itertools
 import logging
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import attrs
 import trio
@@ -72,30 +72,6 @@ class ProduceError(Exception):
 class NotAwaited(RuntimeError):
     """A ``send``/``enqueue`` call was never awaited, so its record was never sent: raised when
     the producer's block ends (or at ``flush``) instead of losing the record silently."""
-
-
-_T = TypeVar("_T")
-
-
-class _Call(Generic[_T]):
-    """What ``send``/``enqueue``/``send_and_wait`` return: an awaitable the producer tracks until
-    it is awaited, so that a forgotten ``await`` is an error at ``flush`` and at the end of the
-    ``open_producer`` block, not a record lost with only a "never awaited" warning."""
-
-    __slots__ = ("_coroutine", "_producer", "what")
-
-    def __init__(self, producer: Producer, what: str, coroutine: Coroutine[Any, Any, _T]) -> None:
-        self._producer = producer
-        self._coroutine = coroutine
-        self.what = what
-        producer._not_awaited.add(self)
-
-    def __await__(self) -> Generator[Any, None, _T]:
-        self._producer._not_awaited.discard(self)
-        return self._coroutine.__await__()
-
-    def discard(self) -> None:
-        self._coroutine.close()  # no second "never awaited" warning: NotAwaited says it
 
 
 @attrs.frozen(kw_only=True)
@@ -199,7 +175,12 @@ class Producer:
     _metadata_lock: trio.Lock = attrs.field(factory=trio.Lock)
     _first_lookup: trio.Lock = attrs.field(factory=trio.Lock)
     _bootstrap_start: int = 0
-    _not_awaited: set[_Call[Any]] = attrs.field(factory=set)
+    _not_awaited: dict[int, tuple[str, Coroutine[Any, Any, Any]]] = attrs.field(factory=dict)
+    """The coroutines ``send`` / ``enqueue`` returned that have not started: each removes
+    itself as it starts, so that a forgotten ``await`` is an error at ``flush`` and at the end
+    of the ``open_producer`` block, not a record lost with only a "never awaited" warning.
+    They are real coroutines, so ``nursery.start_soon(producer.send, ...)`` works too."""
+    _calls: itertools.count[int] = attrs.field(factory=itertools.count)
     key_serializer: Serializer | None = None
     """Turns each key (not None) into bytes, e.g. ``str.encode``."""
     value_serializer: Serializer | None = None
@@ -213,13 +194,14 @@ class Producer:
         *,
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
-    ) -> Awaitable[tuple[int, int]]:
+    ) -> Coroutine[Any, Any, tuple[int, int]]:
         """``await producer.send(...)``: send one record and wait until the broker acknowledged
         it, ``(partition, offset)``. ``headers``: ``(name, value)`` pairs the consumer gets as
         ``record.headers``. Not awaiting it is an error (:class:`NotAwaited`)."""
-        return _Call(
-            self, f"send to {topic!r}", self._send(topic, value, key, timestamp_ms, headers)
-        )
+        call = next(self._calls)
+        coroutine = self._send(call, topic, value, key, timestamp_ms, headers)
+        self._not_awaited[call] = (f"send to {topic!r}", coroutine)
+        return coroutine
 
     def send_and_wait(
         self,
@@ -229,14 +211,20 @@ class Producer:
         *,
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
-    ) -> Awaitable[tuple[int, int]]:
+    ) -> Coroutine[Any, Any, tuple[int, int]]:
         """aiokafka's name for :meth:`send`."""
         return self.send(topic, value, key, timestamp_ms=timestamp_ms, headers=headers)
 
     async def _send(
-        self, topic: str, value: Any, key: Any, timestamp_ms: int, headers: Sequence[Header]
+        self,
+        call: int,
+        topic: str,
+        value: Any,
+        key: Any,
+        timestamp_ms: int,
+        headers: Sequence[Header],
     ) -> tuple[int, int]:
-        delivery = await self._enqueue(topic, value, key, timestamp_ms, headers)
+        delivery = await self._enqueue(call, topic, value, key, timestamp_ms, headers)
         return await delivery.wait()
 
     def enqueue(
@@ -247,7 +235,7 @@ class Producer:
         *,
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
-    ) -> Awaitable[Delivery]:
+    ) -> Coroutine[Any, Any, Delivery]:
         """``await producer.enqueue(...)``: hand a record to its partition's batch without waiting
         for the acknowledgement; the :class:`Delivery` says when it is.
 
@@ -256,13 +244,21 @@ class Producer:
         of enqueues should await something now and then. ``timestamp_ms`` -1: the broker stamps
         its own time. Not awaiting it is an error (:class:`NotAwaited`).
         """
-        return _Call(
-            self, f"enqueue to {topic!r}", self._enqueue(topic, value, key, timestamp_ms, headers)
-        )
+        call = next(self._calls)
+        coroutine = self._enqueue(call, topic, value, key, timestamp_ms, headers)
+        self._not_awaited[call] = (f"enqueue to {topic!r}", coroutine)
+        return coroutine
 
     async def _enqueue(
-        self, topic: str, value: Any, key: Any, timestamp_ms: int, headers: Sequence[Header]
+        self,
+        call: int,
+        topic: str,
+        value: Any,
+        key: Any,
+        timestamp_ms: int,
+        headers: Sequence[Header],
     ) -> Delivery:
+        self._not_awaited.pop(call, None)  # started: awaited (or started as a task)
         if topic not in self.placement:
             await self._placement(topic)
         while self._pending >= self.config.max_pending_records:
@@ -340,11 +336,11 @@ class Producer:
             await batch.done.wait()
 
     def _check_awaited(self) -> None:
-        forgotten, self._not_awaited = self._not_awaited, set()
+        forgotten, self._not_awaited = self._not_awaited, {}
         if forgotten:
-            for call in forgotten:
-                call.discard()
-            example = next(iter(forgotten)).what
+            for _, coroutine in forgotten.values():
+                coroutine.close()  # no second "never awaited" warning: NotAwaited says it
+            example = next(iter(forgotten.values()))[0]
             raise NotAwaited(
                 f"{len(forgotten)} producer call(s) were never awaited (e.g. {example}), so their "
                 "records were not sent: write `await producer.send(...)`"

@@ -22,6 +22,7 @@ from consumer import (
 )
 from coordinator.config import CoordinatorConfig
 from protocol import ErrorCode
+from simulation import open_simulated_cluster
 from statemachine.consumer import ConsumerState
 from tests.consumer.inmemory import open_in_memory_cluster
 
@@ -45,7 +46,20 @@ async def test_a_send_that_was_never_awaited_fails_the_producer_block(
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
         with pytest.raises(NotAwaited, match=r"1 producer call\(s\) were never awaited"):
             async with open_producer("b:1", connect=net.connect) as producer:
-                producer.send("t", b"lost")
+                producer.send("t", b"lost")  # type: ignore[unused-coroutine]
+
+
+async def test_a_send_started_as_a_task_is_not_forgotten(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("t", partitions=1)
+        async with (
+            open_producer("b:1", connect=cluster.connect_to) as producer,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(producer.send, "t", b"as a task")
+        assert [r.value for r in cluster.log.records("t", 0)] == [b"as a task"]
 
 
 async def test_a_wrong_port_is_logged_reported_and_given_up_on(
