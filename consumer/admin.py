@@ -38,7 +38,14 @@ from protocol import (
 )
 from protocol.types import BrokerInfo, TopicPartition
 from transport.channel import Channel
-from transport.connect import Address, Connector, NoBrokerAvailable, connect_any, open_channel
+from transport.connect import (
+    Address,
+    Connector,
+    NoBrokerAvailable,
+    connect_any,
+    open_channel,
+    parse_bootstrap,
+)
 from transport.security import ClientSecurity
 
 CLIENT_ID = "coordinator-admin"
@@ -324,12 +331,14 @@ def _check(what: str, error_code: ErrorCode) -> None:
 
 @asynccontextmanager
 async def open_admin(
-    bootstrap: Sequence[Address], *, security: ClientSecurity | None = None
+    bootstrap: str | Sequence[Address], *, security: ClientSecurity | None = None
 ) -> AsyncIterator[Admin]:
-    """An admin client of the cluster ``bootstrap`` names, connecting as ``security`` says
-    (default: plaintext, no authentication)."""
+    """An admin client of the cluster ``bootstrap`` (``"host:port[,...]"`` or a list of
+    addresses) names, connecting as ``security`` says (default: plaintext, no
+    authentication)."""
+    addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else bootstrap
     connect = (security or ClientSecurity()).connector()
-    stream, address = await connect_any(bootstrap, connect=connect)
+    stream, address = await connect_any(addresses, connect=connect)
     async with AsyncExitStack() as stack:
         channel = await stack.enter_async_context(open_channel(stream, client_id=CLIENT_ID))
         yield Admin(channel=channel, address=address, stack=stack, connect=connect)
