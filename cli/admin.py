@@ -29,7 +29,7 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     verbs = topics.add_subparsers(dest="verb", required=True, metavar="VERB")
     create = client(verbs.add_parser("create", help="create a topic"))
     create.add_argument("topic")
-    create.add_argument("--partitions", type=_positive_int, required=True)
+    create.add_argument("--partitions", type=positive_int, required=True)
     create.add_argument(
         "--brokers",
         type=_broker_ids,
@@ -41,7 +41,7 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     describe.add_argument("topic", nargs="*")
     alter = client(verbs.add_parser("alter", help="add partitions to a topic"))
     alter.add_argument("topic")
-    alter.add_argument("--partitions", type=_positive_int, required=True, help="new total")
+    alter.add_argument("--partitions", type=positive_int, required=True, help="new total")
     alter.add_argument(
         "--brokers",
         type=_broker_ids,
@@ -84,7 +84,7 @@ def _broker_ids(text: str) -> list[int]:
     return ids
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")

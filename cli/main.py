@@ -20,7 +20,7 @@ import trio
 
 from broker.log import FsyncPolicy, LogConfig
 from broker.node import NodeSettings, run_node
-from cli.admin import add_admin_commands, run_admin
+from cli.admin import add_admin_commands, positive_int, run_admin
 from cli.data import add_data_commands, run_consume, run_produce
 from cli.logformat import configure_logging
 from cli.security import (
@@ -85,6 +85,13 @@ def _parser() -> argparse.ArgumentParser:
         default=NodeSettings().zookeeper_session_timeout,
         help="seconds ZooKeeper keeps this broker's registration and office after losing it; "
         "keep it below a third of the consumers' session timeout less 4 s (docs/design.md)",
+    )
+    serve.add_argument(
+        "--coordinator-slots",
+        type=positive_int,
+        default=NodeSettings().coordinator_slots,
+        help="coordinator slots the cluster's groups are hashed onto; fixed by the first broker "
+        "on a ZooKeeper store, and a broker configured otherwise refuses to start",
     )
     defaults = CoordinatorConfig()
     serve.add_argument(
@@ -284,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 data_dir=args.data_dir,
                 zookeeper=args.zookeeper,
                 zookeeper_session_timeout=args.zookeeper_session_timeout,
+                coordinator_slots=args.coordinator_slots,
                 coordinator=config,
                 connections=ConnectionLimits(
                     max_connections=args.max_connections,

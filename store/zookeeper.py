@@ -9,6 +9,7 @@ Layout (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds keep t
     /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
     /consumers/coordinator                            ephemeral {"broker_id": id}; czxid = epoch
     /coordinator_epoch                                persistent; its version counts terms
+    /coordinator_layout                               {"version": v, "slots": n}, written once
     /config/users/<user>                              {mechanism: {"salt", "stored_key",
                                                       "server_key", "iterations"}} (SCRAM)
     /config/acls                                      [{"principal", "resource_type", "name",
@@ -91,6 +92,7 @@ from .interface import (
     EpochFenced,
     GroupRecord,
     InvalidPartitions,
+    LayoutMismatch,
     MetadataStore,
     OffsetBatch,
     StoreUnavailable,
@@ -116,6 +118,8 @@ __all__ = [
     "CONSUMERS",
     "ELECTION",
     "EPOCH_COUNTER",
+    "LAYOUT",
+    "LAYOUT_VERSION",
     "TOPICS",
     "DigestAuth",
     "ZooKeeperStore",
@@ -132,8 +136,14 @@ TOPICS = "/brokers/topics"
 CONSUMERS = "/consumers"
 ELECTION = "/consumers/coordinator"
 EPOCH_COUNTER = "/coordinator_epoch"
+LAYOUT = "/coordinator_layout"
 USERS = "/config/users"
 ACLS = "/config/acls"
+
+#: The layout of the nodes above that this code reads and writes: one election node whose holder
+#: coordinates every slot. A layout that elects a holder per slot takes another number, so that a
+#: broker of either refuses to start beside the other (docs/design.md#coordinator-slots).
+LAYOUT_VERSION = 1
 
 DEFAULT_SESSION_TIMEOUT = 6.0
 DEFAULT_CALL_BOUND = 10.0
@@ -351,6 +361,32 @@ class ZooKeeperStore:
             }
         found.sort(key=lambda broker: broker.broker_id)
         return on_listener(found, advertised, listener)
+
+    # The cluster's layout
+
+    async def check_layout(self, slots: int) -> None:
+        """Pin the cluster's layout version and coordinator slot count if this is the first
+        broker to ask, or raise ``LayoutMismatch`` if the store holds others: the count is fixed
+        when the cluster's store is created (docs/design.md#coordinator-slots)."""
+        wanted = {"version": LAYOUT_VERSION, "slots": slots}
+        try:
+            await self._wait(self._client.create_async(LAYOUT, _json(wanted)))
+            return
+        except NodeExistsError:
+            pass
+        data, _stat = await self._wait(self._client.get_async(LAYOUT))
+        found = self._decode(data)
+        if found.get("version") != LAYOUT_VERSION:
+            raise LayoutMismatch(
+                f"the cluster's ZooKeeper store has layout version {found.get('version')}, "
+                f"this broker runs version {LAYOUT_VERSION}"
+            )
+        if found.get("slots") != slots:
+            raise LayoutMismatch(
+                f"the cluster's ZooKeeper store has {found.get('slots')} coordinator slots, "
+                f"this broker is configured with {slots} "
+                f"(start it with --coordinator-slots {found.get('slots')})"
+            )
 
     # Topics
 
@@ -1089,6 +1125,7 @@ async def open_zookeeper_store(
     session_timeout: float = DEFAULT_SESSION_TIMEOUT,
     call_bound: float = DEFAULT_CALL_BOUND,
     auth: DigestAuth | None = None,
+    coordinator_slots: int | None = None,
 ) -> AsyncIterator[ZooKeeperStore]:
     """Connect to ``hosts`` (``host:port,...`` with an optional ``/chroot``, created if missing)
     and open a store on it for the duration of the block; one ZooKeeper session.
@@ -1098,6 +1135,8 @@ async def open_zookeeper_store(
     call waits before ``StoreUnavailable``. With ``auth`` (ZooKeeper digest authentication) the
     nodes this store creates are readable and writable by that user alone; nodes made before
     without it keep their open ACL, so protect a cluster's metadata from its first start on.
+    A broker passes its ``coordinator_slots``: the first pins the cluster's count, and a store
+    pinned to another count (or layout) raises ``LayoutMismatch`` before anything is served.
     """
     bridge = kazoo_bridge(hosts, session_timeout=session_timeout, call_bound=call_bound, auth=auth)
     store = ZooKeeperStore(
@@ -1108,6 +1147,8 @@ async def open_zookeeper_store(
         try:
             for path in (BROKER_IDS, TOPICS, CONSUMERS, EPOCH_COUNTER, USERS):
                 await store._wait(store._client.ensure_path_async(path))
+            if coordinator_slots is not None:
+                await store.check_layout(coordinator_slots)
             async with trio.open_nursery() as nursery:
                 await nursery.start(store._watch_topics)
                 nursery.start_soon(store._keep_registrations)
