@@ -27,7 +27,6 @@ from coordinator.group_coordinator import open_group_coordinator
 from coordinator.validation import LogEnd
 from protocol.sasl import MECHANISMS
 from protocol.types import BrokerInfo
-from statemachine.slots import DEFAULT_SLOTS
 from store import MetadataStore, open_embedded_store
 from store.zookeeper import DigestAuth, ZooKeeperStore, open_zookeeper_store
 from transport.channel import ReadBounds
@@ -58,10 +57,6 @@ class NodeSettings:
     #: died, which must fit in a third of the consumers' session timeout for their leases to
     #: outlast the failover (docs/design.md#defaults-that-fit-a-failover).
     zookeeper_session_timeout: float = 8.0
-    #: The number of coordinator slots the cluster's groups are hashed onto. The first broker on
-    #: a ZooKeeper store pins it there; a broker configured otherwise refuses to start
-    #: (docs/design.md#coordinator-slots). The embedded store's one broker holds every slot.
-    coordinator_slots: int = DEFAULT_SLOTS
     #: ZooKeeper digest authentication: the project's znodes are then this user's alone.
     zookeeper_auth: DigestAuth | None = None
     #: ``NAME://HOST:PORT`` listeners (transport/security.py); none: one PLAINTEXT listener on
@@ -201,7 +196,7 @@ def _open_store(settings: NodeSettings) -> AbstractAsyncContextManager[MetadataS
         settings.zookeeper,
         session_timeout=settings.zookeeper_session_timeout,
         auth=settings.zookeeper_auth,
-        coordinator_slots=settings.coordinator_slots,
+        coordinator_slots=settings.coordinator.coordinator_slots,
     )
 
 

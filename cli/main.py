@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--coordinator-slots",
         type=positive_int,
-        default=NodeSettings().coordinator_slots,
+        default=CoordinatorConfig().coordinator_slots,
         help="coordinator slots the cluster's groups are hashed onto; fixed by the first broker "
         "on a ZooKeeper store, and a broker configured otherwise refuses to start",
     )
@@ -272,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rebalance_protocol=RebalanceProtocol(args.rebalance_protocol),
                 commit_interval=args.commit_interval,
                 max_frame_size=args.max_frame_size,
+                coordinator_slots=args.coordinator_slots,
                 limits=RequestLimits(
                     max_id_bytes=args.max_id_bytes,
                     max_pattern_bytes=args.max_pattern_bytes,
@@ -291,7 +292,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 data_dir=args.data_dir,
                 zookeeper=args.zookeeper,
                 zookeeper_session_timeout=args.zookeeper_session_timeout,
-                coordinator_slots=args.coordinator_slots,
                 coordinator=config,
                 connections=ConnectionLimits(
                     max_connections=args.max_connections,
