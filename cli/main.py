@@ -93,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
         help="coordinator slots the cluster's groups are hashed onto; fixed by the first broker "
         "on a ZooKeeper store, and a broker configured otherwise refuses to start",
     )
+    serve.add_argument(
+        "--group-retention-minutes",
+        type=positive_int,
+        default=int(CoordinatorConfig().group_retention / 60),
+        help="a group with no member for this long is removed with its offsets (Kafka's "
+        "offsets.retention.minutes, 7 days)",
+    )
     defaults = CoordinatorConfig()
     serve.add_argument(
         "--min-session-timeout-ms", type=int, default=defaults.min_session_timeout_ms
@@ -273,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 commit_interval=args.commit_interval,
                 max_frame_size=args.max_frame_size,
                 coordinator_slots=args.coordinator_slots,
+                group_retention=args.group_retention_minutes * 60.0,
                 limits=RequestLimits(
                     max_id_bytes=args.max_id_bytes,
                     max_pattern_bytes=args.max_pattern_bytes,

@@ -61,6 +61,13 @@ class CoordinatorConfig:
     #: store pins the count there, and a broker configured otherwise refuses to start; the
     #: embedded store's one broker holds every slot (docs/design.md#coordinator-slots).
     coordinator_slots: int = attrs.field(default=DEFAULT_SLOTS, validator=_positive)
+    #: A group that has had no member for this long is removed with its offsets, so that groups
+    #: nobody uses (every ``coordinator consume`` without ``--group`` makes one) do not pile up:
+    #: Kafka's ``offsets.retention.minutes``, 7 days (docs/design.md#group-retention).
+    group_retention: float = attrs.field(default=7 * 24 * 3600.0, validator=_positive)
+    #: How often the coordinator looks for such groups (Kafka's
+    #: ``offsets.retention.check.interval.ms``, 10 minutes).
+    group_retention_check_interval: float = attrs.field(default=600.0, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.min_session_timeout_ms > self.max_session_timeout_ms:
