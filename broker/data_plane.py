@@ -262,12 +262,19 @@ class BrokerLog:
             await partition.aclose()
 
 
+def log_directory(data_dir: Path) -> Path:
+    """Where a broker with ``data_dir`` keeps its partitions' logs."""
+    return data_dir / "log"
+
+
 @asynccontextmanager
 async def open_broker_log(
     store: MetadataStore, broker_id: int, data_dir: Path, config: LogConfig
 ) -> AsyncIterator[BrokerLog]:
     """Recover every partition placed on this broker, then serve (``<data_dir>/log``)."""
-    broker = BrokerLog(broker_id=broker_id, store=store, directory=data_dir / "log", config=config)
+    broker = BrokerLog(
+        broker_id=broker_id, store=store, directory=log_directory(data_dir), config=config
+    )
     await trio.to_thread.run_sync(check_log_format, broker.directory)
     try:
         await broker.open_placed(await store.topics())

@@ -18,10 +18,10 @@ import attrs
 import trio
 
 from broker.authorization import open_access
-from broker.data_plane import open_broker_log
+from broker.data_plane import log_directory, open_broker_log
 from broker.dispatch import handle_connection
 from broker.election import handle_elected_connection, open_elector
-from broker.log import LogConfig
+from broker.log import LogConfig, check_log_format
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import open_group_coordinator
 from coordinator.validation import LogEnd
@@ -102,6 +102,8 @@ async def run_node(
     """Serve until cancelled; ``task_status.started`` gets the first listener's bound port
     (useful with port 0)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    # A log this broker cannot read refuses the start before anything listens or says so.
+    await trio.to_thread.run_sync(check_log_format, log_directory(settings.data_dir))
     tls = None if settings.tls is None else settings.tls.context()
     async with _open_store(settings) as store:
         listeners: list[SecuredListener] = []

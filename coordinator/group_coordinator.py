@@ -701,6 +701,13 @@ class GroupCoordinator:
                 for m, tps in owners.items()
             ]
             longest = max([longest, *(m.session_timeout_ms / 1000 for m in record.members)])
+            # A static member the record names is away from ``since`` on, as if its process had
+            # just ended: a process that registers under its instance id within T gets its
+            # partitions back (docs/design.md#static-members).
+            for member in record.members:
+                if member.instance_id is not None:
+                    self.away(group, member, since=since)
+                    group.streams += validation.stream_count(member.subscription)
         recovered = ownership.Recovered(
             claims=tuple(claims),
             since=since,
@@ -960,13 +967,6 @@ async def _recover_groups(coordinator: GroupCoordinator) -> None:
         )
         awaiting = frozenset(m.member_id for m in record.members)
         coordinator.apply(group, group_sm.Recovered(awaiting=awaiting))
-        # A static member the record names is away from now on, as if its process had just
-        # ended: a process that registers under its instance id within T gets its partitions
-        # back (docs/design.md#static-members).
-        for member in record.members:
-            if member.instance_id is not None:
-                coordinator.away(group, member, since=coordinator.took_office_at)
-                group.streams += validation.stream_count(member.subscription)
     coordinator.loaded.set()
     log.info("broker %d loaded %d groups", coordinator.broker.broker_id, len(records))
 

@@ -175,6 +175,9 @@ def _build_table() -> TransitionTable[GroupState]:
         (GroupState.EMPTY, TopicsChanged): GroupState.EMPTY,
         (GroupState.EMPTY, Deleted): GroupState.DEAD,
         (GroupState.EMPTY, Recovered): GroupState.EMPTY,
+        # A static member of a recovered group that never came back departs from an empty
+        # group (docs/design.md#static-members): nothing to rebalance.
+        (GroupState.EMPTY, MemberDeparted): GroupState.EMPTY,
         (GroupState.PENDING, MemberJoined): GroupState.PENDING,
         (GroupState.PENDING, MemberDeparted): departed,
         (GroupState.PENDING, TopicsChanged): GroupState.PENDING,

@@ -63,6 +63,20 @@ async def open_cli(*args: str, stdout: Path, stderr: Path) -> trio.Process:
         )
 
 
+async def open_cli_piped(*args: str, stderr: Path) -> trio.Process:
+    """``coordinator ARGS...`` in the background, its stdout a pipe the test reads: a process
+    whose output is not read blocks once the pipe is full, which paces it by the reader."""
+    with open(stderr, "wb") as err:
+        return await trio.lowlevel.open_process(
+            [*CLI, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            cwd=REPO,
+            env=ENV,
+        )
+
+
 async def stop(process: trio.Process, timeout: float = 20.0) -> int:
     """SIGTERM, a bounded wait, then SIGKILL: no process outlives its test."""
     if process.returncode is None:

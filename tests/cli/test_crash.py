@@ -28,6 +28,7 @@ from tests.cli.cli_process import (
     cli_json,
     describe_group,
     open_cli,
+    open_cli_piped,
     run_cli,
     stop,
 )
@@ -139,32 +140,40 @@ async def test_consumer_crash_broker_crash_and_garbage(tmp_path: Path) -> None:
         assert sum(produced.values()) == RECORDS
 
         outputs = [tmp_path / f"consumer{i}.out" for i in range(3)]
-        consumers = [
-            await open_cli(
-                "consume",
-                TOPIC,
-                "--group",
-                GROUP,
-                "--from-beginning",
-                # the victim's partitions move after its lease: T, not the 45 s default
-                "--session-timeout",
-                "6",
-                "--bootstrap",
-                bootstrap(broker),
-                stdout=out,
-                stderr=out.with_suffix(".err"),
-            )
-            for out in outputs
+        args = (
+            "consume",
+            TOPIC,
+            "--group",
+            GROUP,
+            "--from-beginning",
+            # the victim's partitions move after its lease: T, not the 45 s default
+            "--session-timeout",
+            "6",
+            "--bootstrap",
+            bootstrap(broker),
+        )
+        # The victim prints into a pipe this test reads: once the test stops reading, the victim
+        # blocks when the pipe is full, so it is killed mid-stream however fast it consumes.
+        victim = await open_cli_piped(*args, stderr=outputs[0].with_suffix(".err"))
+        survivors = [
+            await open_cli(*args, stdout=out, stderr=out.with_suffix(".err")) for out in outputs[1:]
         ]
-        victim, survivors = consumers[0], consumers[1:]
+        consumers = [victim, *survivors]
         try:
             started = time.monotonic()  # real-clock: reported consume time
-            with trio.fail_after(REBALANCE_DEADLINE + CONSUME_DEADLINE):
-                while len(printed(outputs[0])) < VICTIM_LINES:
-                    await trio.sleep(POLL)
-            victim.send_signal(signal.SIGKILL)
-            killed_at = time.monotonic()  # real-clock: kill -> Stable, as a user sees it
-            await victim.wait()
+            assert victim.stdout is not None
+            with outputs[0].open("wb") as victim_out:
+                with trio.fail_after(REBALANCE_DEADLINE + CONSUME_DEADLINE):
+                    while len(printed(outputs[0])) < VICTIM_LINES:
+                        victim_out.write(await victim.stdout.receive_some())
+                        victim_out.flush()
+                victim.send_signal(signal.SIGKILL)
+                killed_at = time.monotonic()  # real-clock: kill -> Stable, as a user sees it
+                await victim.wait()
+                # What it wrote before it died was printed: read the pipe to its end.
+                with trio.fail_after(CONSUME_DEADLINE):
+                    while chunk := await victim.stdout.receive_some():
+                        victim_out.write(chunk)
             victim_lines = printed(outputs[0])
             assert len(victim_lines) < RECORDS // 3 - PARTITIONS, "killed after its share"
 

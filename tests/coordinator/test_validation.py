@@ -51,6 +51,7 @@ def _register(
         session_timeout_ms=6000,
         generation=generation,
         owned_partitions=(),
+        instance_id=ids.get("instance_id"),
     )
 
 
@@ -101,6 +102,11 @@ def test_ids(value: str, ok: bool) -> None:
         (_register(group_id=""), ErrorCode.INVALID_GROUP_ID),
         (_register(consumer_id="c" * 9), ErrorCode.INVALID_REQUEST),
         (_register(consumer_id="c\n"), ErrorCode.INVALID_REQUEST),
+        # A static member's instance id is its member id: the same bounds (design#static-members).
+        (_register(instance_id="i"), ErrorCode.NONE),
+        (_register(instance_id=""), ErrorCode.INVALID_REQUEST),
+        (_register(instance_id="i" * 9), ErrorCode.INVALID_REQUEST),
+        (_register(instance_id="i\n"), ErrorCode.INVALID_REQUEST),
         (_register(generation=MAX_REPORTED_GENERATION), ErrorCode.NONE),
         (_register(generation=MAX_REPORTED_GENERATION + 1), ErrorCode.INVALID_REQUEST),
         (_register(generation=2**31 - 1), ErrorCode.INVALID_REQUEST),

@@ -7,9 +7,12 @@ Each example draws the rebalance protocol, incremental (the default) or eager
 network, or slowed and then silenced while an answer is on its way (a request got through, its
 answer does not), or what is sent to them (or by them) arrives up to 6 s late, well past the lease
 margin, alone or before a cut that loses their answer, or they give up a connection that lives;
-topics gain partitions or a new topic appears; the coordinator restarts. Every consumer fetches
-through a lost connection or a restart under its lease and re-registers holding what it fetches,
-which a recovered group adopts (docs/design.md#adoption-after-a-failover). Then the faults end,
+topics gain partitions or a new topic appears; the coordinator restarts. Some consumers are static
+members (docs/design.md#static-members): each start of one is a new process under its instance id,
+and their faults include restarts (a clean stop, a kill, a kill with a reset, or a second live
+process that fences the first). Every consumer fetches through a lost connection or a restart under
+its lease and re-registers holding what it fetches, which a recovered group adopts
+(docs/design.md#adoption-after-a-failover). Then the faults end,
 killed consumers start again, and the cluster must settle within two minutes of virtual time, after
 which every subscribed partition has exactly one owner among the live members. A monitor checks the
 invariants that hold at every instant (no two fetch leases at once, offsets and generations never
@@ -19,8 +22,10 @@ The test drives trio itself (``trio.run`` with an autojump MockClock) because hy
 body once per example and pytest-trio's clock fixture is created once per test.
 """
 
+import itertools
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import attrs
 import trio
@@ -30,7 +35,7 @@ from hypothesis import strategies as st
 
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol.types import Subscription
-from simulation import SimulatedCluster, open_simulated_cluster
+from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 
@@ -49,6 +54,15 @@ CONSUMERS = [
     (f"{group}-{i:02}", group) for group, (count, _, _) in GROUPS.items() for i in range(count)
 ]
 VICTIMS = [i for i, (c, _) in enumerate(CONSUMERS) if c.endswith(("-00", "-01"))]
+#: Consumers that are static members, named by their instance id; a process of one has the
+#: consumer id ``<instance id>#<n>``.
+STATIC = frozenset(c for c, _ in CONSUMERS if c.endswith(("-01", "-04", "-09", "-14")))
+STATIC_RESTARTS: tuple[Literal["stop", "kill", "reset", "keep"], ...] = (
+    "stop",
+    "kill",
+    "reset",
+    "keep",
+)
 WINDOW = 10.0  # faults start within this many seconds of a phase's start
 SETTLE_DEADLINE = 120.0  # virtual seconds a quiet cluster gets to settle
 
@@ -63,6 +77,7 @@ CONSUMER_FAULTS = (
     "delay",
     "delay_then_cut",
     "abandon",
+    "restart_static",
 )
 CLUSTER_FAULTS = ("add_partitions", "create_topic", "restart")
 
@@ -94,24 +109,56 @@ def _faults() -> st.SearchStrategy[Fault]:
 PHASES = st.lists(st.lists(_faults(), min_size=1, max_size=8), min_size=1, max_size=3)
 
 
+def _processes(cluster: SimulatedCluster, name: str) -> list[SimulatedConsumer]:
+    """The processes started for one of CONSUMERS, oldest first (one, unless static)."""
+    if name not in STATIC:
+        return [cluster.consumers[name]] if name in cluster.consumers else []
+    return [c for c in cluster.consumers.values() if c.instance_id == name]
+
+
+#: Numbers the processes of static members (unique in the run: two restarts at one instant must
+#: not start two processes under one consumer id).
+_PROCESS_NUMBERS = itertools.count()
+
+
+def _new_process_id(name: str) -> str:
+    return f"{name}#{next(_PROCESS_NUMBERS)}"
+
+
+def _latest(cluster: SimulatedCluster, name: str) -> SimulatedConsumer:
+    return _processes(cluster, name)[-1]
+
+
 async def _start_missing(cluster: SimulatedCluster) -> None:
     for consumer_id, group in CONSUMERS:
-        existing = cluster.consumers.get(consumer_id)
-        if existing is None or not existing.alive:
+        processes = _processes(cluster, consumer_id)
+        if not processes or not processes[-1].alive:
             _, timeout_ms, subscription = GROUPS[group]
+            static = consumer_id in STATIC
             await cluster.start_consumer(
-                consumer_id,
+                _new_process_id(consumer_id) if static else consumer_id,
                 group=group,
                 subscription=subscription,
                 session_timeout_ms=timeout_ms,
                 fetch_through_failover=True,
+                instance_id=consumer_id if static else None,
             )
 
 
 async def _consumer_fault(cluster: SimulatedCluster, fault: Fault) -> None:
     await trio.sleep(fault.at)
-    consumer = cluster.consumers[CONSUMERS[fault.target][0]]
+    consumer = _latest(cluster, CONSUMERS[fault.target][0])
     match fault.kind:
+        case "restart_static":
+            # a static member's process ends (or not: a second one fences it) and a new one
+            # registers under its instance id
+            static = sorted(STATIC)
+            name = static[fault.target % len(static)]
+            consumer = _latest(cluster, name)
+            end = STATIC_RESTARTS[int(fault.at * 4) % len(STATIC_RESTARTS)]
+            await cluster.restart_consumer(
+                consumer, _new_process_id(name), end=end, down_for=fault.duration / 4
+            )
         case "kill":
             await consumer.kill()
         case "freeze":
@@ -207,6 +254,7 @@ async def _scenario(data_dir: Path, phases: list[list[Fault]], protocol: Rebalan
                 await cluster.check_invariants(settled=True)
             monitors.cancel_scope.cancel()
         assert len([c for c in cluster.consumers.values() if c.alive]) == len(CONSUMERS)
+        assert all(_latest(cluster, name).alive for name, _ in CONSUMERS)
 
 
 # The CI profile's 60 examples of up to three phases would take over a minute; 40 take ~50 s and

@@ -230,6 +230,32 @@ async def test_a_paused_process_told_it_is_fenced_keeps_its_partitions_until_its
         await cluster.check_invariants(settled=True)
 
 
+async def test_a_fenced_process_that_closes_cleanly_before_it_answers_frees_its_partitions(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Its clean close is the same proof as its StopFetcher answer (docs/design.md#static-members):
+    a, which takes 2 s over each answer, is fenced at 5.0 and stops cleanly at 6.0 (its commit
+    refused FENCED_INSTANCE_ID) before it answers; the newer process starts at 6.0, not at a's
+    lease end, 11.5."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b, c = await _static_trio(cluster)
+        mine = a.owned
+        await trio.sleep_until(4.5)
+        a.answer_slowly(2.0)
+        await trio.sleep_until(5.0)
+        a2 = await cluster.restart_consumer(a, "a-2", end="keep")
+        await trio.sleep_until(6.0)
+        await a.stop()
+        assert a.last_error is ErrorCode.FENCED_INSTANCE_ID
+        with trio.fail_after(10):
+            await a2.fetching_state.wait_value(True)
+        assert trio.current_time() == 6.0
+        assert _ends(cluster, "a-1") == {6.0}
+        assert a2.owned == mine
+        _only_pinged_since_the_start(b, c)
+        await cluster.check_invariants()
+
+
 async def test_a_late_commit_from_the_previous_process_cannot_move_an_offset_back(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -287,6 +313,37 @@ async def test_a_failover_keeps_the_static_members(
             assert not [i for i in cluster.ledger.closed if i.consumer_id in ("b-1", "c-1")]
         description = await cluster.coordinator.describe("g")
         assert [m.member_id for m in description.members] == ["a", "b", "c"]
+        await cluster.check_invariants(settled=True)
+
+
+async def test_static_members_a_successor_recovered_depart_if_none_comes_back(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A successor counts each static member of the record away from its taking office (6.0):
+    if no process comes back they depart at 6.0 + T = 12.0 from an empty group, which stays
+    the group it recovered; a process that registers afterwards joins it, and gets every
+    partition."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b, c = await _static_trio(cluster)
+        await trio.sleep_until(5.0)
+        for consumer in (a, b, c):
+            await consumer.stop()
+        await trio.sleep_until(6.0)
+        with trio.fail_after(5):
+            await cluster.restart_coordinator()
+        recovered = cluster.coordinator.groups["g"]
+        assert set(recovered.away) == {"a", "b", "c"}
+        await trio.sleep_until(12.1)
+        assert not recovered.away
+        assert cluster.coordinator.groups["g"] is recovered  # not failed and rebuilt
+        await trio.sleep_until(13.0)
+        a2 = await cluster.restart_consumer(a, "a-2", end="keep")
+        with trio.fail_after(20):
+            await cluster.wait_settled()
+        # It is the member a of the record, which the recovered group still awaits: no initial
+        # delay, and the successor's lease on the partitions ran out at 12.5.
+        assert trio.current_time() == 13.0
+        assert a2.owned == ALL
         await cluster.check_invariants(settled=True)
 
 

@@ -25,9 +25,9 @@ INPUTS = {
 X = None
 # fmt: off
 EXPECTED: dict[S, dict[str, S | None]] = {
-    S.EMPTY: {"Joined": S.PENDING, "Departed": X, "Topics": S.EMPTY, "Began": X, "NotNeeded": X,
-              "Stopped": X, "Completed": X, "Failed": X, "Deleted": S.DEAD, "Recovered": S.EMPTY,
-              "Adopted": X, "Away": X, "Replaced": X},
+    S.EMPTY: {"Joined": S.PENDING, "Departed": S.EMPTY, "Topics": S.EMPTY, "Began": X,
+              "NotNeeded": X, "Stopped": X, "Completed": X, "Failed": X, "Deleted": S.DEAD,
+              "Recovered": S.EMPTY, "Adopted": X, "Away": X, "Replaced": X},
     S.PENDING: {"Joined": S.PENDING, "Departed": S.PENDING, "Topics": S.PENDING,
                 "Began": S.STOPPING, "NotNeeded": S.STABLE, "Stopped": X, "Completed": X,
                 "Failed": S.PENDING, "Deleted": X, "Recovered": X, "Adopted": S.STABLE,
