@@ -572,6 +572,7 @@ class ZooKeeperStore:
         office = self._slot_offices.pop(slot, None)
         if office is None:
             return
+        self._count_election_event()  # wakes wait_slot_lost
         # Fenced like a write: if the node is no longer this office's (the session ended and
         # another broker took the slot), the counter moved on and nothing is deleted.
         tx = self._fenced_transaction(office)
@@ -657,9 +658,27 @@ class ZooKeeperStore:
         timeout; a coordinator that steps down within the grace has long stopped pinging when
         its successor starts moving partitions.
         """
+        await self._wait_lost(lambda: self._office is not None, ELECTION, suspended_grace)
+        self._office = None
+
+    async def wait_slot_lost(self, slot: int, *, suspended_grace: float | None = None) -> None:
+        """``wait_office_lost`` for the office of ``slot``: it may be over once another session
+        holds the slot's node, the session ended, the connection stayed lost for the grace, or
+        this handle released the slot or was fenced in it."""
+        office = self._slot_offices.get(slot)
+        if office is None:
+            return
+        await self._wait_lost(
+            lambda: self._slot_offices.get(slot) is office, office.election, suspended_grace
+        )
+        self._drop(office)
+
+    async def _wait_lost(
+        self, holding: Callable[[], bool], election: str, suspended_grace: float | None
+    ) -> None:
         if suspended_grace is None:
             suspended_grace = self._session_timeout / 3
-        while self._office is not None:
+        while holding():
             seen = self._election_events.value
             if self._client.state == KazooState.LOST:
                 break
@@ -671,18 +690,25 @@ class ZooKeeperStore:
                 continue
             with contextlib.suppress(StoreUnavailable):
                 stat = await self._wait(
-                    self._client.exists_async(ELECTION, watch=self._on_election)
+                    self._client.exists_async(election, watch=self._on_election)
                 )
                 if stat is None or stat.ephemeralOwner != self._session_id():
                     break
             await self._election_event_after(seen)
-        self._office = None
 
     # Groups
 
     async def groups(self) -> Mapping[str, GroupRecord]:
+        return await self._groups(lambda _group_id: True)
+
+    async def slot_groups(self, slot: int, slots: int) -> Mapping[str, GroupRecord]:
+        """``groups`` of one coordinator slot: only their records are read."""
+        return await self._groups(lambda group_id: slot_of(group_id, slots) == slot)
+
+    async def _groups(self, admit: Callable[[str], bool]) -> Mapping[str, GroupRecord]:
         children = await self._children(CONSUMERS)
         names = [segment_name(child) for child in children if child != "coordinator"]
+        names = [name for name in names if admit(name)]
         pending = [(n, self._client.get_async(group_path(n, "registry"))) for n in names]
         registries = []
         for name, result in pending:

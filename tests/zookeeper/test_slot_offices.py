@@ -5,12 +5,18 @@ ZooKeeper, real clock."""
 
 from __future__ import annotations
 
+import math
+from typing import cast
+
 import pytest
 import trio
 
-from protocol.types import TopicPartition
+from coordinator.config import CoordinatorConfig
+from coordinator.group_coordinator import open_group_coordinator
+from protocol.types import BrokerInfo, TopicPartition
 from statemachine.slots import slot_of
-from store import EpochFenced, OffsetBatch
+from store import EpochFenced, MetadataStore, OffsetBatch
+from store.slot_store import SlotStore
 from store.zookeeper import open_zookeeper_store
 from tests.store.test_contract import sample_group
 
@@ -80,3 +86,30 @@ async def test_a_handoff_moves_one_slot_and_fences_only_its_old_epoch(
         await one.commit_offsets(kept, offsets(group_in(0), 3))  # slot 0 is not touched
         assert await two.fetch_offsets(group_in(1)) == {TP: 11}
         assert await two.fetch_offsets(group_in(0)) == {TP: 3}
+
+
+async def test_a_coordinator_of_one_slot_recovers_only_its_slots_groups(
+    zookeeper_hosts: str,
+) -> None:
+    async with (
+        open_zookeeper_store(zookeeper_hosts) as writer,
+        open_zookeeper_store(zookeeper_hosts) as store,
+    ):
+        for slot in range(SLOTS):
+            epoch = await writer.take_slot(9, slot, SLOTS)
+            await writer.write_group(epoch, sample_group(group_in(slot)))
+            await writer.release_slot(slot)
+        broker = BrokerInfo(broker_id=2, host="127.0.0.1", port=9092)
+        await store.register_broker(broker)
+        view = cast(MetadataStore, SlotStore(inner=store, slot=1, slots=SLOTS))
+        with trio.fail_after(DEADLINE):
+            async with open_group_coordinator(view, CoordinatorConfig(), broker) as coordinator:
+                await coordinator.loaded.wait()
+                assert set(coordinator.groups) == {group_in(1)}
+                assert await view.coordinator_id() == 2
+                assert view.in_contact_until() > trio.current_time()
+                with pytest.raises(EpochFenced):  # its epoch writes no other slot's group
+                    await view.delete_group(coordinator.epoch, group_in(0))
+                await store.release_slot(1)  # the handoff: the office ends for this view alone
+                await SlotStore(inner=store, slot=1, slots=SLOTS).wait_office_lost()
+                assert view.in_contact_until() == -math.inf
