@@ -503,33 +503,9 @@ class ZooKeeperStore:
     # The coordinator's office
 
     async def take_office(self, broker_id: int) -> int:
-        data = _json({"broker_id": broker_id})
-        while True:
-            seen = self._election_events.value
-            stat = await self._wait(self._client.exists_async(ELECTION, watch=self._on_election))
-            tx = self._client.transaction()
-            if stat is not None:
-                if stat.ephemeralOwner != self._session_id():
-                    # Someone else's office: stand again once it is gone.
-                    await self._election_event_after(seen)
-                    continue
-                tx.delete(ELECTION)  # ours already: a new term, with a new epoch
-            tx.create(ELECTION, data, ephemeral=True)
-            tx.set_data(EPOCH_COUNTER, data)
-            session, asked_at = self._session_id(), trio.current_time()
-            results = await self._wait(tx.commit_async())
-            if _failure(results) is not None:
-                continue  # lost the race to another broker
-            counter = results[-1]
-            # One transaction, one zxid: the election node's czxid is the counter's mzxid.
-            owner = self._session_id()
-            self._office = _Office(
-                epoch=counter.mzxid, counter_version=counter.version, session=owner
-            )
-            if owner is not None and owner == session:
-                self._heard(owner, asked_at)
-            log.info("broker %d took office, epoch %d", broker_id, counter.mzxid)
-            return int(counter.mzxid)
+        self._office = office = await self._elect(broker_id, ELECTION, EPOCH_COUNTER)
+        log.info("broker %d took office, epoch %d", broker_id, office.epoch)
+        return office.epoch
 
     async def take_slot(self, broker_id: int, slot: int, slots: int) -> int:
         """Take the office of one coordinator slot, waiting while another session holds it, and
@@ -537,34 +513,48 @@ class ZooKeeperStore:
         bumped the slot's counter, so larger than every earlier epoch of any slot. Writes under
         it are fenced by that slot's counter and node, and admit only the slot's groups."""
         election, counter = f"{SLOT_ELECTIONS}/{slot}", f"{SLOT_EPOCHS}/{slot}"
-        data = _json({"broker_id": broker_id})
         for path in (SLOT_ELECTIONS, counter):
             await self._wait(self._client.ensure_path_async(path))
+        office = await self._elect(broker_id, election, counter, slot=(slot, slots))
+        self._slot_offices[slot] = office
+        log.info("broker %d took slot %d, epoch %d", broker_id, slot, office.epoch)
+        return office.epoch
+
+    async def _elect(
+        self, broker_id: int, election: str, counter: str, *, slot: tuple[int, int] | None = None
+    ) -> _Office:
+        """Create ``election`` (ephemeral) and bump ``counter`` in one transaction, waiting while
+        another session holds the node; the office that transaction began."""
+        data = _json({"broker_id": broker_id})
         while True:
             seen = self._election_events.value
             stat = await self._wait(self._client.exists_async(election, watch=self._on_election))
             tx = self._client.transaction()
             if stat is not None:
                 if stat.ephemeralOwner != self._session_id():
+                    # Someone else's office: stand again once it is gone.
                     await self._election_event_after(seen)
                     continue
-                tx.delete(election)
+                tx.delete(election)  # ours already: a new term, with a new epoch
             tx.create(election, data, ephemeral=True)
             tx.set_data(counter, data)
+            session, asked_at = self._session_id(), trio.current_time()
             results = await self._wait(tx.commit_async())
             if _failure(results) is not None:
-                continue
+                continue  # lost the race to another broker
             stamp = results[-1]
-            self._slot_offices[slot] = _Office(
-                epoch=stamp.mzxid,
+            # One transaction, one zxid: the election node's czxid is the counter's mzxid.
+            owner = self._session_id()
+            if owner is not None and owner == session:
+                self._heard(owner, asked_at)
+            return _Office(
+                epoch=int(stamp.mzxid),
                 counter_version=stamp.version,
-                session=self._session_id(),
+                session=owner,
                 election=election,
                 counter=counter,
-                slot=(slot, slots),
+                slot=slot,
             )
-            log.info("broker %d took slot %d, epoch %d", broker_id, slot, stamp.mzxid)
-            return int(stamp.mzxid)
 
     async def release_slot(self, slot: int) -> None:
         """Give the slot's office up (a handoff: the caller stopped renewing leases and flushed
