@@ -232,6 +232,8 @@ class _Session:
             coordinator_id=coordinator.broker.broker_id,
             coordinator_epoch=coordinator.epoch,
             limits=self.limits,
+            # One office holds every slot (docs/design.md#coordinator-slots): this one.
+            slot_holders=(coordinator.broker.broker_id,) * coordinator.config.coordinator_slots,
         )
 
     async def _create_topic(self, message: CreateTopicRequest) -> ErrorCode:
@@ -276,6 +278,7 @@ def cluster_metadata(
     coordinator_id: int,
     coordinator_epoch: int,
     limits: RequestLimits,
+    slot_holders: tuple[int, ...] = (),
 ) -> ClusterMetadataResponse:
     """The answer to ClusterMetadata from a broker that knows these topics and brokers; each
     topic named once however often it was asked for (the answer repeats its partitions)."""
@@ -305,6 +308,7 @@ def cluster_metadata(
         coordinator_epoch=coordinator_epoch,
         brokers=brokers,
         topics=tuple(found),
+        slot_holders=slot_holders,
     )
 
 

@@ -250,13 +250,16 @@ async def _follower_answer(
         match request.message:
             case ClusterMetadataRequest() as message:
                 coordinator_id = await store.coordinator_id()
+                holder = -1 if coordinator_id is None else coordinator_id
                 return cluster_metadata(
                     message,
                     topics=await store.topics(),
                     brokers=await store.brokers(listener or None),
-                    coordinator_id=-1 if coordinator_id is None else coordinator_id,
+                    coordinator_id=holder,
                     coordinator_epoch=-1,  # the coordinator tells its epoch itself
                     limits=elector.config.limits,
+                    # One office holds every slot (docs/design.md#coordinator-slots).
+                    slot_holders=(holder,) * elector.config.coordinator_slots,
                 )
             case CreateTopicRequest() as message:
                 return CreateTopicResponse(

@@ -262,6 +262,7 @@ def _open_store(settings: NodeSettings) -> AbstractAsyncContextManager[MetadataS
         settings.zookeeper,
         session_timeout=settings.zookeeper_session_timeout,
         auth=settings.zookeeper_auth,
+        coordinator_slots=settings.coordinator.coordinator_slots,
     )
 
 

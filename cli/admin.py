@@ -30,7 +30,7 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     verbs = topics.add_subparsers(dest="verb", required=True, metavar="VERB")
     create = client(verbs.add_parser("create", help="create a topic"))
     create.add_argument("topic")
-    create.add_argument("--partitions", type=_positive_int, required=True)
+    create.add_argument("--partitions", type=positive_int, required=True)
     create.add_argument(
         "--brokers",
         type=_broker_ids,
@@ -42,13 +42,20 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     describe.add_argument("topic", nargs="*")
     alter = client(verbs.add_parser("alter", help="add partitions to a topic"))
     alter.add_argument("topic")
-    alter.add_argument("--partitions", type=_positive_int, required=True, help="new total")
+    alter.add_argument("--partitions", type=positive_int, required=True, help="new total")
     alter.add_argument(
         "--brokers",
         type=_broker_ids,
         metavar="ID[,ID...]",
         help="place the new partitions on these brokers (default: every live broker)",
     )
+
+    cluster = client(
+        commands.add_parser(
+            "cluster", help="the brokers, which are up, and which coordinator slots each holds"
+        )
+    )
+    cluster.set_defaults(verb=None)
 
     groups = commands.add_parser("groups", help="list, describe, delete or reset groups")
     verbs = groups.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -85,7 +92,7 @@ def _broker_ids(text: str) -> list[int]:
     return ids
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
@@ -150,6 +157,38 @@ async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
             ("TOPIC", "PARTITION", "BROKER", "UP", "START", "END"),
             [(t, p, b, "yes" if up else "no", start, end) for t, p, b, up, start, end in rows],
         )
+
+
+async def _cluster(admin: Admin, args: argparse.Namespace) -> None:
+    report = await admin.cluster()
+    if args.json:
+        print(json.dumps(report.as_json()))
+        return
+    print(f"{report.slots} coordinator slots")
+    _table(
+        ("BROKER", "ADDRESS", "UP", "SLOTS", "PARTITIONS"),
+        [
+            (
+                b.broker_id,
+                "-" if b.address is None else f"{b.address[0]}:{b.address[1]}",
+                "yes" if b.up else "no",
+                f"{len(b.slots)}: {_ranges(b.slots)}" if b.slots else "0",
+                b.partitions,
+            )
+            for b in report.brokers
+        ],
+    )
+
+
+def _ranges(numbers: Sequence[int]) -> str:
+    """``0-4,7,9-10``: sorted numbers, runs written as ranges."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 async def _groups_list(admin: Admin, args: argparse.Namespace) -> None:
@@ -224,6 +263,7 @@ async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
 
 
 _VERBS = {
+    ("cluster", None): _cluster,
     ("topics", "create"): _topics_create,
     ("topics", "alter"): _topics_alter,
     ("topics", "list"): _topics_list,

@@ -58,9 +58,16 @@ def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     consume.add_argument("topic")
     consume.add_argument("--group", help="consumer group (default: a new one of its own)")
     consume.add_argument(
+        "--auto-offset-reset",
+        choices=["earliest", "latest"],
+        default=None,
+        help="with no committed offset, start at the oldest record (earliest) or take only new "
+        "ones (latest, the default); the library's and the Spark source's names",
+    )
+    consume.add_argument(
         "--from-beginning",
         action="store_true",
-        help="with no committed offset, start at the oldest record (default: only new ones)",
+        help="the same as --auto-offset-reset earliest (Kafka's console consumer's name)",
     )
     consume.add_argument("--max-messages", type=int, default=None, metavar="N")
     consume.add_argument(
@@ -152,6 +159,12 @@ async def _lines(fd: int) -> AsyncIterator[bytes]:
         yield pending
 
 
+def _offset_reset(args: argparse.Namespace) -> str:
+    if args.from_beginning and args.auto_offset_reset == "latest":
+        raise ValueError("--from-beginning contradicts --auto-offset-reset latest")
+    return "earliest" if args.from_beginning else args.auto_offset_reset or "latest"
+
+
 async def run_consume(args: argparse.Namespace) -> int:
     if args.max_messages is not None and args.max_messages < 1:
         raise ValueError("--max-messages must be at least 1")
@@ -163,7 +176,7 @@ async def run_consume(args: argparse.Namespace) -> int:
     group = args.group or f"console-consumer-{uuid.uuid4().hex[:8]}"
     settings = ConsumerSettings(
         session_timeout=args.session_timeout,
-        auto_offset_reset="smallest" if args.from_beginning else "largest",
+        auto_offset_reset=_offset_reset(args),
         client_id="console-consumer",
         instance_id=args.instance_id,
     )

@@ -21,7 +21,7 @@ import trio
 from broker.log import FsyncPolicy, LogConfig
 from broker.metrics import MetricsConfig
 from broker.node import NodeSettings, run_node
-from cli.admin import add_admin_commands, run_admin
+from cli.admin import add_admin_commands, positive_int, run_admin
 from cli.data import add_data_commands, run_consume, run_produce
 from cli.logformat import configure_logging
 from cli.security import (
@@ -86,6 +86,20 @@ def _parser() -> argparse.ArgumentParser:
         default=NodeSettings().zookeeper_session_timeout,
         help="seconds ZooKeeper keeps this broker's registration and office after losing it; "
         "keep it below a third of the consumers' session timeout less 4 s (docs/design.md)",
+    )
+    serve.add_argument(
+        "--coordinator-slots",
+        type=positive_int,
+        default=CoordinatorConfig().coordinator_slots,
+        help="coordinator slots the cluster's groups are hashed onto; fixed by the first broker "
+        "on a ZooKeeper store, and a broker configured otherwise refuses to start",
+    )
+    serve.add_argument(
+        "--group-retention-minutes",
+        type=positive_int,
+        default=int(CoordinatorConfig().group_retention / 60),
+        help="a group with no member for this long is removed with its offsets (Kafka's "
+        "offsets.retention.minutes, 7 days)",
     )
     defaults = CoordinatorConfig()
     serve.add_argument(
@@ -294,6 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rebalance_protocol=RebalanceProtocol(args.rebalance_protocol),
                 commit_interval=args.commit_interval,
                 max_frame_size=args.max_frame_size,
+                coordinator_slots=args.coordinator_slots,
+                group_retention=args.group_retention_minutes * 60.0,
                 limits=RequestLimits(
                     max_id_bytes=args.max_id_bytes,
                     max_pattern_bytes=args.max_pattern_bytes,

@@ -4,18 +4,22 @@ from .client import (
     CommitFailed,
     Consumer,
     ConsumerSettings,
+    CoordinatorUnavailable,
     InstanceFenced,
     RebalanceCallback,
+    RebalanceListener,
     open_consumer,
 )
 from .producer import (
     Compression,
     Delivery,
+    NotAwaited,
     ProduceError,
     Producer,
     ProducerConfig,
     open_producer,
 )
+from .runtime import Stop, WrongEventLoop, stop_on_signals
 from .streams import ConsumerBatch, ConsumerRecord, RecordStream
 
 __all__ = [
@@ -25,13 +29,19 @@ __all__ = [
     "ConsumerBatch",
     "ConsumerRecord",
     "ConsumerSettings",
+    "CoordinatorUnavailable",
     "Delivery",
     "InstanceFenced",
+    "NotAwaited",
     "ProduceError",
     "Producer",
     "ProducerConfig",
     "RebalanceCallback",
+    "RebalanceListener",
     "RecordStream",
+    "Stop",
+    "WrongEventLoop",
     "open_consumer",
     "open_producer",
+    "stop_on_signals",
 ]

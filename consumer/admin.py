@@ -43,7 +43,14 @@ from protocol import (
 from protocol.batches import records_from_batches
 from protocol.types import BrokerInfo, TopicPartition
 from transport.channel import Channel
-from transport.connect import Address, Connector, NoBrokerAvailable, connect_any, open_channel
+from transport.connect import (
+    Address,
+    Connector,
+    NoBrokerAvailable,
+    connect_any,
+    open_channel,
+    parse_bootstrap,
+)
 from transport.security import ClientSecurity
 
 CLIENT_ID = "coordinator-admin"
@@ -156,6 +163,71 @@ class GroupReport:
         }
 
 
+@attrs.frozen(kw_only=True)
+class BrokerReport:
+    """One broker as ``coordinator cluster`` shows it. A broker is up while it is registered in
+    the cluster's store; one that is down is known only because a partition or a slot names it,
+    and has no address."""
+
+    broker_id: int
+    address: Address | None
+    slots: tuple[int, ...]
+    partitions: int
+
+    @property
+    def up(self) -> bool:
+        return self.address is not None
+
+    def as_json(self) -> dict[str, object]:
+        host, port = self.address or (None, None)
+        return {
+            "broker": self.broker_id,
+            "host": host,
+            "port": port,
+            "up": self.up,
+            "slots": list(self.slots),
+            "partitions": self.partitions,
+        }
+
+
+@attrs.frozen(kw_only=True)
+class ClusterReport:
+    """The cluster as ``coordinator cluster`` shows it: every broker known, and the slot count."""
+
+    slots: int
+    brokers: tuple[BrokerReport, ...]
+
+    def as_json(self) -> dict[str, object]:
+        return {"slots": self.slots, "brokers": [b.as_json() for b in self.brokers]}
+
+
+def cluster_report(metadata: ClusterMetadataResponse) -> ClusterReport:
+    """Who is up, and which coordinator slots and how many partitions each broker holds, from
+    one ClusterMetadata answer naming every topic."""
+    live = {b.broker_id: (b.host, b.port) for b in metadata.brokers}
+    partitions: dict[int, int] = {}
+    for topic in metadata.topics:
+        for p in topic.partitions:
+            partitions[p.broker_id] = partitions.get(p.broker_id, 0) + 1
+    slots: dict[int, list[int]] = {}
+    for slot, holder in enumerate(metadata.slot_holders):
+        if holder >= 0:
+            slots.setdefault(holder, []).append(slot)
+    known = sorted(set(live) | set(partitions) | set(slots))
+    return ClusterReport(
+        slots=len(metadata.slot_holders),
+        brokers=tuple(
+            BrokerReport(
+                broker_id=broker,
+                address=live.get(broker),
+                slots=tuple(slots.get(broker, ())),
+                partitions=partitions.get(broker, 0),
+            )
+            for broker in known
+        ),
+    )
+
+
 @attrs.define(eq=False)
 class Admin:
     #: The connection to the bootstrap broker that answered.
@@ -211,6 +283,9 @@ class Admin:
         )
         assert isinstance(response, ClusterMetadataResponse)
         return response
+
+    async def cluster(self) -> ClusterReport:
+        return cluster_report(await self.metadata())
 
     async def create_topic(
         self, topic: str, partitions: int, brokers: Sequence[int] | None = None
@@ -399,12 +474,14 @@ def _check(what: str, error_code: ErrorCode) -> None:
 
 @asynccontextmanager
 async def open_admin(
-    bootstrap: Sequence[Address], *, security: ClientSecurity | None = None
+    bootstrap: str | Sequence[Address], *, security: ClientSecurity | None = None
 ) -> AsyncIterator[Admin]:
-    """An admin client of the cluster ``bootstrap`` names, connecting as ``security`` says
-    (default: plaintext, no authentication)."""
+    """An admin client of the cluster ``bootstrap`` (``"host:port[,...]"`` or a list of
+    addresses) names, connecting as ``security`` says (default: plaintext, no
+    authentication)."""
+    addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else bootstrap
     connect = (security or ClientSecurity()).connector()
-    stream, address = await connect_any(bootstrap, connect=connect)
+    stream, address = await connect_any(addresses, connect=connect)
     async with AsyncExitStack() as stack:
         channel = await stack.enter_async_context(open_channel(stream, client_id=CLIENT_ID))
         yield Admin(channel=channel, address=address, stack=stack, connect=connect)

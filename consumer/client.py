@@ -27,7 +27,8 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TypeAlias
 
@@ -42,6 +43,8 @@ from protocol import (
     LeaveGroupResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
     PingRequest,
     PingResponse,
     RegisterConsumerRequest,
@@ -63,14 +66,17 @@ from transport.security import ClientSecurity
 
 from .discovery import Discovery
 from .fetcher import BrokerConnections, FetchSettings, run_fetcher
+from .runtime import require_trio, unwrap_single
 from .streams import ConsumerRecord, InstanceFenced, PartitionClaim, RecordStream
 
 __all__ = [
     "CommitFailed",
     "Consumer",
     "ConsumerSettings",
+    "CoordinatorUnavailable",
     "InstanceFenced",
     "RebalanceCallback",
+    "RebalanceListener",
     "open_consumer",
 ]
 
@@ -82,7 +88,37 @@ told, so a commit from it still counts for them) or added (their fetchers starte
 rebalance leaves where they are appear in neither. Awaited by the driver: the coordinator expects
 the answer within 2/3 of the session timeout, so keep it short."""
 
-OFFSET_RESETS = ("smallest", "largest")
+OFFSET_RESETS = ("earliest", "latest")
+#: The names the seeds used, still accepted (with a DeprecationWarning), and what RegisterConsumer
+#: carries on the wire (SPEC.md: ``smallest`` / ``largest``).
+_OLD_OFFSET_RESETS = {"smallest": "earliest", "largest": "latest"}
+_WIRE_OFFSET_RESETS = {"earliest": "smallest", "latest": "largest"}
+
+
+def _offset_reset(value: str) -> str:
+    if value in _OLD_OFFSET_RESETS:
+        new = _OLD_OFFSET_RESETS[value]
+        warnings.warn(
+            f"auto_offset_reset={value!r} is deprecated: say {new!r}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return new
+    if value not in OFFSET_RESETS:
+        raise ValueError(f"auto_offset_reset must be 'earliest' or 'latest', not {value!r}")
+    return value
+
+
+class RebalanceListener:
+    """aiokafka's ConsumerRebalanceListener, for ``open_consumer(listener=...)``: override
+    either method. Same contract as ``on_revoked`` / ``on_assigned`` (:data:`RebalanceCallback`):
+    revoked partitions are stopped and can still be committed; only what moves is named."""
+
+    async def on_partitions_revoked(self, revoked: frozenset[TopicPartition]) -> None:
+        """Called with the partitions taken away, before the coordinator is told."""
+
+    async def on_partitions_assigned(self, assigned: frozenset[TopicPartition]) -> None:
+        """Called with the partitions added, their fetchers started."""
 
 
 @attrs.frozen(kw_only=True)
@@ -95,10 +131,10 @@ class ConsumerSettings:
     (docs/design.md#defaults-that-fit-a-failover). A larger T detects a frozen member later."""
     auto_commit: bool = True
     """Report consumed offsets in Ping and StopFetcher responses, and commit on close."""
-    auto_offset_reset: str = attrs.field(
-        default="smallest", validator=attrs.validators.in_(OFFSET_RESETS)
-    )
-    """Where to start a partition with no committed offset, or whose offset is out of range."""
+    auto_offset_reset: str = attrs.field(default="earliest", converter=_offset_reset)
+    """Where to start a partition with no committed offset, or whose offset is out of range:
+    ``earliest`` (the log start) or ``latest`` (the end: only records produced from now on).
+    The seeds' ``smallest`` / ``largest`` are accepted with a DeprecationWarning."""
     client_id: str = "consumer"
     retry_backoff: float = 0.1
     max_retry_backoff: float = 5.0
@@ -113,11 +149,24 @@ class ConsumerSettings:
     max_buffered_records: int = 1000
     """Per stream: fetchers wait while this many records wait for the application."""
     max_frame_size: int = 4 * 1024 * 1024
+    discovery_timeout: float | None = 60.0
+    """How long a new consumer looks for its coordinator before giving up: its streams then
+    raise :class:`CoordinatorUnavailable` (a wrong bootstrap address or a cluster that is down).
+    None: look forever. Once registered, a consumer looks for a lost coordinator forever."""
     instance_id: str | None = None
     """Static membership (SPEC.md §11.11): the name of this member, which outlives its processes.
     A process that starts again under it within ``session_timeout`` gets its partitions back with
     nobody else disturbed; closing sends no LeaveGroup. A newer process under the same instance id
     fences this one (:class:`InstanceFenced`). The consumer id stays fresh per process."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.discovery_timeout is not None and self.discovery_timeout <= 0:
+            raise ValueError("discovery_timeout must be positive (or None: look forever)")
+
+
+class CoordinatorUnavailable(Exception):
+    """No broker of the bootstrap list named the group's coordinator within
+    ``discovery_timeout``; the message says what the latest attempt ran into."""
 
 
 class CommitFailed(Exception):
@@ -169,7 +218,7 @@ class Consumer:
     settings: ConsumerSettings
     streams: tuple[RecordStream, ...]
     """Named topics: ``streams_for(topic)``; a wildcard: every stream takes every matching topic."""
-    machine: sm.ConsumerMachine
+    _machine: sm.ConsumerMachine
     assignment: AsyncValue[frozenset[TopicPartition]]
     """The partitions being fetched now (empty while stopped); wait on it with ``wait_value``."""
     _nursery: trio.Nursery
@@ -189,43 +238,70 @@ class Consumer:
     _revoking: dict[TopicPartition, PartitionClaim] = attrs.field(factory=dict)
     """Stopped by the effects being performed, not yet answered: the coordinator still counts
     their offsets, so ``commit()`` from ``on_revoked`` includes them."""
-    accepted_by_epoch: collections.Counter[int] = attrs.field(factory=collections.Counter)
+    _accepted_by_epoch: collections.Counter[int] = attrs.field(factory=collections.Counter)
     """Coordinator requests (Ping, StopFetcher, StartFetcher) that passed the machine's epoch
     guard and were acted on, by coordinator epoch: what a failover test checks fencing with."""
-    accepted_span: dict[int, tuple[int, int]] = attrs.field(factory=dict)
+    _accepted_span: dict[int, tuple[int, int]] = attrs.field(factory=dict)
     """Per epoch, the positions (1-based, over all accepted requests) of its first and last
     accepted request: a deposed coordinator's last must come before its successor's first."""
     _close_requested: bool = False
     _stopped: trio.Event = attrs.field(factory=trio.Event)
+    _registered_once: bool = False
+    _failure: Exception | None = None
+    """Why the consumer gave up on its own (no coordinator found in time): iteration raises it."""
+    _changed: trio.Event = attrs.field(factory=trio.Event)
+    """Set when any stream changes: what iterating the consumer itself waits on."""
+    _handed: dict[TopicPartition, ConsumerRecord] = attrs.field(factory=dict)
+    """The last record of each partition handed out by iterating the consumer or ``getmany``:
+    finished when the application asks for more."""
+    _next_stream: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        for stream in self.streams:
+            stream._on_change = self._wake
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     def __repr__(self) -> str:
-        return f"<Consumer {self.member_id} of {self.group_id}: {self.machine.state.value}>"
+        return f"<Consumer {self.member_id} of {self.group_id}: {self._machine.state.value}>"
 
     # --- the application's API ------------------------------------------------------------------
 
     @property
     def state(self) -> sm.ConsumerState:
-        return self.machine.state
+        return self._machine.state
 
     @property
     def generation(self) -> int:
-        return self.machine.generation
+        return self._machine.generation
 
     @property
     def last_heard(self) -> float | None:
         """Where the lease runs T from (trio time): when this consumer queued the latest frame a
         coordinator request said had arrived (docs/design.md#ownership-lease)."""
-        return self.machine.last_heard
+        return self._machine.last_heard
 
     @property
     def last_error(self) -> ErrorCode | None:
         """The latest registration or coordinator error, kept across retries (FENCED_INSTANCE_ID
         once fenced, in state FENCED)."""
-        return self.machine.last_error
+        return self._machine.last_error
 
     @property
     def instance_id(self) -> str | None:
         return self.settings.instance_id
+
+    @property
+    def coordinator(self) -> BrokerInfo | None:
+        """The broker this consumer registers with (None until one is found)."""
+        return self._machine.coordinator
+
+    @property
+    def coordinator_epoch(self) -> int:
+        """The highest coordinator epoch heard: it grows with every coordinator failover."""
+        return self._machine.epoch
 
     def streams_for(self, topic: str) -> tuple[RecordStream, ...]:
         return tuple(s for s in self.streams if s.topic == topic)
@@ -243,27 +319,37 @@ class Consumer:
             if claim.active and claim.consumed is not None
         }
 
-    async def commit(self) -> None:
-        """OffsetCommit the consumed offsets now, answered once durable at the coordinator.
+    async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        """OffsetCommit the consumed offsets now (or exactly ``offsets``, ``{partition: the next
+        offset to read}``), answered once durable at the coordinator.
 
-        A no-op when nothing is assigned. Raises CommitFailed when not registered, or when the
-        coordinator refuses (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID after a rebalance moved on;
-        NOT_COORDINATOR, which also sends the consumer looking for the coordinator), and
-        InstanceFenced when a newer process took this consumer's instance id (which ends it)."""
-        if self.machine.state is sm.ConsumerState.FENCED:
+        A no-op when nothing is assigned (and no ``offsets`` are given). With ``auto_commit``
+        the consumer goes on reporting its consumed offsets, which may overwrite ``offsets``:
+        commit explicit offsets with ``auto_commit=False``.
+
+        Raises CommitFailed when not registered, or when the coordinator refuses
+        (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID after a rebalance moved on; NOT_COORDINATOR,
+        which also sends the consumer looking for the coordinator), and InstanceFenced when a
+        newer process took this consumer's instance id (which ends it)."""
+        if self._machine.state is sm.ConsumerState.FENCED:
             raise InstanceFenced(self.instance_id)
-        held = [tp for tp, claim in self._claims.items() if claim.active]
-        offsets = self._offsets([*held, *self._revoking])
-        if not offsets:
+        if offsets is None:
+            held = [tp for tp, claim in self._claims.items() if claim.active]
+            listed = self._offsets([*held, *self._revoking])
+        else:
+            listed = tuple(
+                PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset)
+                for tp, offset in sorted(offsets.items())
+            )
+        if not listed:
             return
-        session = self._session
-        if session is None or session.channel is None or not session.registered.is_set():
-            raise CommitFailed(ErrorCode.COORDINATOR_NOT_AVAILABLE, "not registered")
+        session = self._registered_session()
+        assert session.channel is not None
         request = OffsetCommitRequest(
             group_id=self.group_id,
             consumer_id=self.member_id,
-            generation=self.machine.generation,
-            offsets=offsets,
+            generation=self._machine.generation,
+            offsets=listed,
         )
         response: ResponseMessage | None = None
         with trio.move_on_after(self.settings.request_timeout):
@@ -284,6 +370,151 @@ class Consumer:
         if code is not ErrorCode.NONE:
             raise CommitFailed(code)
 
+    # --- one iterator over everything, positions, pauses -----------------------------------------
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> ConsumerRecord:
+        """``async for record in consumer``: the records of every partition this consumer owns,
+        whichever stream they are in (streams take turns). Asking for the next record finishes
+        the previous one, as with a stream. Ends when the consumer closes."""
+        self._finish_handed()
+        while True:
+            for _ in range(len(self.streams)):
+                stream = self.streams[self._next_stream]
+                self._next_stream = (self._next_stream + 1) % len(self.streams)
+                record = stream._ready_record()
+                if record is not None:
+                    stream._held = None  # the consumer finishes it, with the others it handed
+                    self._handed[record.topic_partition] = record
+                    return record
+            if all([stream._ended() for stream in self.streams]):
+                raise StopAsyncIteration
+            await self._changed.wait()
+
+    async def getmany(
+        self, *, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """The records buffered now, by partition, at most ``max_records``; waits until there is
+        at least one (``pause`` the partitions not wanted now). Bound the wait with a trio
+        cancel scope (``with trio.move_on_after(1): batch = await consumer.getmany()``).
+        Asking again finishes every record handed out before. Empty once the consumer closed."""
+        self._finish_handed()
+        got: dict[TopicPartition, list[ConsumerRecord]] = {}
+        count = 0
+        while not got:
+            for stream in self.streams:
+                while max_records is None or count < max_records:
+                    record = stream._ready_record()
+                    if record is None:
+                        break
+                    stream._held = None
+                    got.setdefault(record.topic_partition, []).append(record)
+                    self._handed[record.topic_partition] = record
+                    count += 1
+            if not got:
+                if all([stream._ended() for stream in self.streams]):
+                    return {}
+                await self._changed.wait()
+        return got
+
+    def _finish_handed(self) -> None:
+        handed, self._handed = self._handed, {}
+        for record in handed.values():
+            record.finish()
+
+    def _claim(self, tp: TopicPartition) -> tuple[PartitionClaim, RecordStream]:
+        fetcher = self._fetchers.get(tp)
+        if fetcher is None:
+            raise ValueError(f"{tp} is not assigned to this consumer")
+        return fetcher.claim, fetcher.stream
+
+    def _targets(self, partitions: Iterable[TopicPartition]) -> list[TopicPartition]:
+        return list(partitions) or sorted(self._fetchers)
+
+    def position(self, tp: TopicPartition) -> int | None:
+        """The offset of the next record of ``tp`` the application will be handed; None while
+        it is being resolved (no committed offset yet, or after ``seek_to_beginning/end``)."""
+        return self._claim(tp)[0].next_offset
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Go on from ``offset``: the next record of ``tp`` handed out is the one there, and
+        a commit now commits ``offset``. What was buffered of ``tp`` is dropped."""
+        if offset < 0:
+            raise ValueError("seek to an offset >= 0 (seek_to_beginning / seek_to_end otherwise)")
+        self._reposition(tp, offset, None)
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        """Go on from the log start of ``partitions`` (default: all assigned)."""
+        for tp in self._targets(partitions):
+            self._reposition(tp, -1, "earliest")
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        """Go on from the end of ``partitions`` (default: all assigned): only new records."""
+        for tp in self._targets(partitions):
+            self._reposition(tp, -1, "latest")
+
+    def _reposition(self, tp: TopicPartition, offset: int, reset: str | None) -> None:
+        claim, stream = self._claim(tp)
+        claim.seeks += 1  # a fetch in flight answers the old position: its fetcher drops it
+        claim.position = offset
+        claim.reset = reset
+        claim.consumed = offset if offset >= 0 else None
+        claim.delivered = None
+        self._handed.pop(tp, None)
+        stream.reposition(claim)
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop handing out and fetching records of ``partitions`` (default: all assigned) until
+        :meth:`resume`; they stay assigned, and what was buffered is fetched again on resume.
+        A rebalance that moves a partition ends its pause."""
+        for tp in self._targets(partitions):
+            claim, _ = self._claim(tp)
+            if not claim.paused:
+                next_offset = claim.next_offset
+                self._reposition(tp, -1 if next_offset is None else next_offset, claim.reset)
+                claim.consumed = next_offset
+                claim.paused = True
+                claim.unpaused = trio.Event()
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        """Hand out and fetch ``partitions`` (default: all paused) again."""
+        for tp in self._targets(partitions):
+            claim, _ = self._claim(tp)
+            if claim.paused:
+                claim.paused = False
+                claim.unpaused.set()
+
+    def paused(self) -> frozenset[TopicPartition]:
+        return frozenset(tp for tp, f in self._fetchers.items() if f.claim.paused)
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of ``tp`` (the next offset to read), None if it has
+        none; asked of the coordinator. Raises CommitFailed when not registered or refused."""
+        session = self._registered_session()
+        response: ResponseMessage | None = None
+        with trio.move_on_after(self.settings.request_timeout):
+            try:
+                response = await session.channel.request(  # type: ignore[union-attr]
+                    OffsetFetchRequest(group_id=self.group_id, partitions=(tp,))
+                )
+            except ChannelClosed as exc:
+                raise CommitFailed(ErrorCode.COORDINATOR_NOT_AVAILABLE, str(exc)) from exc
+        if response is None:
+            raise CommitFailed(ErrorCode.COORDINATOR_NOT_AVAILABLE, "no answer in time")
+        assert isinstance(response, OffsetFetchResponse)
+        if response.error_code is not ErrorCode.NONE:
+            raise CommitFailed(response.error_code)
+        found = [po.offset for po in response.offsets if po.topic_partition == tp]
+        return found[0] if found and found[0] >= 0 else None
+
+    def _registered_session(self) -> _Session:
+        session = self._session
+        if session is None or session.channel is None or not session.registered.is_set():
+            raise CommitFailed(ErrorCode.COORDINATOR_NOT_AVAILABLE, "not registered")
+        return session
+
     async def aclose(self) -> None:
         """Stop the fetchers, commit (with auto_commit), LeaveGroup, close. Idempotent."""
         if not self._close_requested and not self._stopped.is_set():
@@ -294,38 +525,65 @@ class Consumer:
     # --- the driver -----------------------------------------------------------------------------
 
     async def _drive(self) -> None:
+        timeout = self.settings.discovery_timeout
+        give_up = math.inf if timeout is None else trio.current_time() + timeout
         try:
-            await self._perform(self.machine.handle(sm.Start()))
-            while self.machine.state not in (sm.ConsumerState.CLOSED, sm.ConsumerState.FENCED):
-                deadline = self.machine.lease_deadline()
+            await self._perform(self._machine.handle(sm.Start()))
+            while self._machine.state not in (sm.ConsumerState.CLOSED, sm.ConsumerState.FENCED):
+                deadline = self._machine.lease_deadline()
                 item: tuple[_Source, sm.Input] | None = None
                 with trio.move_on_at(math.inf if deadline is None else deadline):
                     item = await self._receive.receive()
                 if item is None:
-                    await self._perform(self.machine.check_lease(trio.current_time()))
+                    await self._perform(self._machine.check_lease(trio.current_time()))
                     continue
                 source, event = item
                 if not self._is_current(source):
                     continue
+                if isinstance(event, sm.Registered):
+                    self._registered_once = True
                 if source is self._discovery_run:
                     self._discovery_run = None  # its one result is in
+                    if isinstance(event, sm.DiscoveryFailed) and self._no_coordinator(give_up):
+                        return
                 if isinstance(event, sm.CoordinatorMoved | sm.Fenced) and not sm.TABLE.allows(
-                    self.machine.state, type(event)
+                    self._machine.state, type(event)
                 ):
                     continue  # a commit answered after the machine had moved on
-                effects = self.machine.handle(event)
+                effects = self._machine.handle(event)
                 self._count_accepted(event, effects)
                 await self._perform(effects)
         finally:
-            fenced = self.machine.state is sm.ConsumerState.FENCED
+            fenced = self._machine.state is sm.ConsumerState.FENCED
             if fenced:
                 log.warning("%s: fenced: a newer process has its instance id", self.member_id)
+            error = self._fenced_error if fenced else None
+            if self._failure is not None:
+                error = self._failed_error
             for stream in self.streams:
-                stream.close(self._fenced_error if fenced else None)
+                stream.close(error)
             self._stopped.set()
+
+    def _no_coordinator(self, give_up: float) -> bool:
+        """A discovery pass failed: warn (what went wrong, every pass), and give up (True) once
+        a consumer that never registered has looked for ``discovery_timeout``."""
+        problem = self._discovery.last_problem or "no broker named a coordinator"
+        if self._registered_once or trio.current_time() < give_up:
+            log.warning("%s: no coordinator for %s yet: %s", self.member_id, self.group_id, problem)
+            return False
+        self._failure = CoordinatorUnavailable(
+            f"no coordinator for group {self.group_id!r} found in "
+            f"{self.settings.discovery_timeout:g} s: {problem}"
+        )
+        log.error("%s", self._failure)
+        return True
 
     def _fenced_error(self) -> Exception:
         return InstanceFenced(self.instance_id)
+
+    def _failed_error(self) -> Exception:
+        assert self._failure is not None
+        return CoordinatorUnavailable(*self._failure.args)
 
     def _count_accepted(self, event: sm.Input, effects: list[sm.Effect]) -> None:
         requests = (sm.PingReceived, sm.StopFetcherReceived, sm.StartFetcherReceived)
@@ -333,10 +591,10 @@ class Consumer:
             return
         if any(isinstance(e, sm.Ignored) and e.event is event for e in effects):
             return
-        self.accepted_by_epoch[event.epoch] += 1
-        position = self.accepted_by_epoch.total()
-        first, _ = self.accepted_span.get(event.epoch, (position, position))
-        self.accepted_span[event.epoch] = (first, position)
+        self._accepted_by_epoch[event.epoch] += 1
+        position = self._accepted_by_epoch.total()
+        first, _ = self._accepted_span.get(event.epoch, (position, position))
+        self._accepted_span[event.epoch] = (first, position)
 
     def _is_current(self, source: _Source) -> bool:
         if source is None:
@@ -438,7 +696,7 @@ class Consumer:
                 consumer_id=self.member_id,
                 subscription=self.subscription,
                 auto_commit=self.settings.auto_commit,
-                auto_offset_reset=self.settings.auto_offset_reset,
+                auto_offset_reset=_WIRE_OFFSET_RESETS[self.settings.auto_offset_reset],
                 session_timeout_ms=round(self.settings.session_timeout * 1000),
                 generation=register.generation,
                 owned_partitions=register.owned,
@@ -660,7 +918,7 @@ class Consumer:
                     fetcher.stream,
                     self._brokers,
                     settings,
-                    self.machine.lease_deadline,
+                    self._machine.lease_deadline,
                 )
         finally:
             fetcher.done.set()
@@ -757,7 +1015,7 @@ async def open_consumer(
     bootstrap: str | Sequence[tuple[str, int]],
     group_id: str,
     *,
-    topics: Mapping[str, int] | None = None,
+    topics: Mapping[str, int] | Sequence[str] | str | None = None,
     pattern: str | None = None,
     pattern_streams: int = 1,
     pattern_is_blacklist: bool = False,
@@ -765,11 +1023,14 @@ async def open_consumer(
     settings: ConsumerSettings | None = None,
     on_revoked: RebalanceCallback | None = None,
     on_assigned: RebalanceCallback | None = None,
+    listener: RebalanceListener | None = None,
     connect: Connector | None = None,
     security: ClientSecurity | None = None,
 ) -> AsyncIterator[Consumer]:
     """Join ``group_id`` and fetch what the coordinator assigns, until the block ends.
 
+    ``topics=["a", "b"]`` (or ``"a"``) subscribes to those topics, one stream each:
+    ``async for record in consumer`` goes through everything the consumer owns.
     ``topics={"t": 2}`` gives two streams over t's partitions (``consumer.streams_for("t")``);
     ``pattern=`` subscribes to every topic whose whole name matches the regular expression (or,
     with ``pattern_is_blacklist``, does not), with ``pattern_streams`` streams shared by all of
@@ -779,7 +1040,18 @@ async def open_consumer(
     and LeaveGroup lets the group rebalance at once instead of after a failure detection (a static
     member sends none: it closes cleanly, which frees its partitions, and may come back). Every
     connection is made as ``security`` says (default: plaintext, no authentication).
+    ``listener`` (a :class:`RebalanceListener`) is the object form of ``on_revoked`` and
+    ``on_assigned``.
     """
+    require_trio("open_consumer")
+    if isinstance(topics, str):
+        topics = {topics: 1}
+    elif topics is not None and not isinstance(topics, Mapping):
+        topics = dict.fromkeys(topics, 1)
+    if listener is not None:
+        if on_revoked is not None or on_assigned is not None:
+            raise ValueError("give a listener or on_revoked/on_assigned, not both")
+        on_revoked, on_assigned = listener.on_partitions_revoked, listener.on_partitions_assigned
     settings = settings or ConsumerSettings()
     if settings.instance_id is not None and consumer_id == settings.instance_id:
         raise ValueError("the consumer id names the process and must differ from the instance id")
@@ -807,42 +1079,49 @@ async def open_consumer(
         )
     )
     send, receive = trio.open_memory_channel[tuple[_Source, sm.Input]](64)
-    async with trio.open_nursery() as nursery:
-        consumer = Consumer(
-            group_id=group_id,
-            member_id=member_id,
-            subscription=subscription,
-            settings=settings,
-            streams=streams,
-            machine=machine,
-            assignment=AsyncValue(frozenset()),
-            nursery=nursery,
-            connect=connect,
-            discovery=Discovery(
+    with unwrap_single():
+        async with trio.open_nursery() as nursery:
+            consumer = Consumer(
                 group_id=group_id,
-                addresses=(
-                    parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
-                ),
-                connect=connect,
-                client_id=settings.client_id,
-                max_frame_size=settings.max_frame_size,
-                request_timeout=settings.request_timeout,
-            ),
-            brokers=BrokerConnections(
+                member_id=member_id,
+                subscription=subscription,
+                settings=settings,
+                streams=streams,
+                machine=machine,
+                assignment=AsyncValue(frozenset()),
                 nursery=nursery,
                 connect=connect,
-                client_id=settings.client_id,
-                max_frame_size=settings.max_frame_size,
-            ),
-            on_revoked=on_revoked,
-            on_assigned=on_assigned,
-            send=send,
-            receive=receive,
-        )
-        nursery.start_soon(consumer._drive)
-        try:
-            yield consumer
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(2 * settings.request_timeout):
-                await consumer.aclose()
-            nursery.cancel_scope.cancel()
+                discovery=Discovery(
+                    group_id=group_id,
+                    addresses=(
+                        parse_bootstrap(bootstrap)
+                        if isinstance(bootstrap, str)
+                        else list(bootstrap)
+                    ),
+                    connect=connect,
+                    client_id=settings.client_id,
+                    max_frame_size=settings.max_frame_size,
+                    request_timeout=settings.request_timeout,
+                    topics=tuple(sorted(topics or ())),
+                ),
+                brokers=BrokerConnections(
+                    nursery=nursery,
+                    connect=connect,
+                    client_id=settings.client_id,
+                    max_frame_size=settings.max_frame_size,
+                ),
+                on_revoked=on_revoked,
+                on_assigned=on_assigned,
+                send=send,
+                receive=receive,
+            )
+            nursery.start_soon(consumer._drive)
+            try:
+                yield consumer
+            finally:
+                with (
+                    trio.CancelScope(shield=True),
+                    trio.move_on_after(2 * settings.request_timeout),
+                ):
+                    await consumer.aclose()
+                nursery.cancel_scope.cancel()

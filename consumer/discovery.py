@@ -40,7 +40,12 @@ class Discovery:
     client_id: str
     max_frame_size: int
     request_timeout: float
+    topics: tuple[str, ...] = ()
+    """The subscription's named topics: each pass asks about them too, to warn of missing ones."""
+    last_problem: str | None = None
+    """Why the latest broker asked did not name a coordinator (for the application's logs)."""
     _next: int = 0
+    _warned_missing: set[str] = attrs.field(factory=set)
 
     async def find(self) -> Found | None:
         """One round-robin pass: the first broker that names a coordinator it also lists wins."""
@@ -52,14 +57,15 @@ class Discovery:
             if response is None:
                 continue
             self._learn(response.brokers)
+            self._warn_missing(response)
             if response.error_code is not ErrorCode.NONE:
-                log.info("%s:%d: no coordinator (%s)", host, port, response.error_code.name)
+                self._problem(f"{host}:{port}: no coordinator ({response.error_code.name})")
                 continue
             coordinator = next(
                 (b for b in response.brokers if b.broker_id == response.coordinator_id), None
             )
             if coordinator is None:
-                log.info("%s:%d does not know the coordinator of %s", host, port, self.group_id)
+                self._problem(f"{host}:{port} does not know the coordinator of {self.group_id}")
                 continue
             return Found(
                 coordinator=coordinator,
@@ -73,27 +79,49 @@ class Discovery:
             try:
                 stream = await self.connect(host, port)
             except OSError as exc:
-                log.info("cannot reach %s:%d: %s", host, port, exc)
+                self._problem(f"cannot reach {host}:{port}: {exc}")
                 return None
             try:
                 async with open_channel(
                     stream, client_id=self.client_id, max_frame_size=self.max_frame_size
                 ) as channel:
                     response = await channel.request(
-                        ClusterMetadataRequest(group_id=self.group_id, topics=())
+                        ClusterMetadataRequest(group_id=self.group_id, topics=self.topics)
                     )
             except (ChannelClosed, RemoteProtocolError) as exc:
-                log.info("%s:%d: %s", host, port, exc)
+                self._problem(f"{host}:{port}: {exc}")
                 return None
             except ExceptionGroup as group:  # the reader's protocol error, out of its nursery
                 if group.split((ChannelClosed, RemoteProtocolError))[1] is not None:
                     raise
-                log.info("%s:%d: %s", host, port, group.exceptions[0])
+                self._problem(f"{host}:{port}: {group.exceptions[0]}")
                 return None
             assert isinstance(response, ClusterMetadataResponse)
             return response
-        log.info("%s:%d did not answer in %.1f s", host, port, self.request_timeout)
+        self._problem(f"{host}:{port} did not answer in {self.request_timeout:.1f} s")
         return None
+
+    def _problem(self, text: str) -> None:
+        self.last_problem = text
+        log.info("%s", text)
+
+    def _warn_missing(self, response: ClusterMetadataResponse) -> None:
+        """Warn once per topic of the subscription that does not exist: the group assigns
+        nothing of it, and without a word the consumer would just receive nothing."""
+        for topic in response.topics:
+            if topic.error_code is ErrorCode.NONE:
+                self._warned_missing.discard(topic.topic)
+            elif topic.topic not in self._warned_missing:
+                self._warned_missing.add(topic.topic)
+                missing = topic.error_code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                log.warning(
+                    "group %s: subscribed topic %r %s (%s): nothing of it is fetched until %s",
+                    self.group_id,
+                    topic.topic,
+                    "does not exist" if missing else "is not available",
+                    topic.error_code.name,
+                    "it is created" if missing else "that changes",
+                )
 
     def _learn(self, brokers: tuple[BrokerInfo, ...]) -> None:
         for broker in brokers:

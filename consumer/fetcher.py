@@ -137,6 +137,11 @@ async def run_fetcher(
         if deadline is None or trio.current_time() >= deadline:
             log.debug("%s: the lease ran out, fetcher stops", tp)
             return
+        if claim.paused:
+            with trio.move_on_at(deadline):
+                await claim.unpaused.wait()
+            continue
+        seeks = claim.seeks
         response: ResponseMessage | None = None
         with trio.move_on_at(min(deadline, trio.current_time() + settings.request_timeout)):
             try:
@@ -161,22 +166,21 @@ async def run_fetcher(
             continue
         if trio.current_time() >= deadline:
             return  # answered after the lease ran out: not ours to deliver
+        if claim.seeks != seeks:
+            continue  # asked for before a seek or pause: the position it answers is gone
         if isinstance(response, ListOffsetsResponse):
             if response.error_code is not ErrorCode.NONE:
                 log.info("%s: ListOffsets failed: %s", tp, response.error_code.name)
                 await trio.sleep(settings.retry_backoff)
                 continue
-            claim.position = _reset_offset(response, settings.auto_offset_reset)
+            claim.position = _reset_offset(response, claim.reset or settings.auto_offset_reset)
+            claim.reset = None
             if claim.consumed is None:
                 claim.consumed = claim.position
             continue
         assert isinstance(response, FetchResponse)
         if response.error_code is ErrorCode.OFFSET_OUT_OF_RANGE:
-            reset = (
-                response.log_start_offset
-                if settings.auto_offset_reset == "smallest"
-                else response.high_watermark
-            )
+            reset = _reset_offset(response, settings.auto_offset_reset)
             log.warning(
                 "%s: offset %d is out of range, reset to %d (%s)",
                 tp,
@@ -202,9 +206,11 @@ async def run_fetcher(
             await trio.sleep(settings.idle_interval)
             continue
         with trio.move_on_at(deadline):  # a full stream must not hold a batch past the lease
-            if not await stream.put(claim, batches):
+            delivered = await stream._put(claim, batches, seeks)
+            if delivered is None:
                 return
-            claim.position = batches[-1].batch.next_offset
+            if delivered:
+                claim.position = batches[-1].batch.next_offset
 
 
 def _claimed_batches(claim: PartitionClaim, response: FetchResponse) -> list[ConsumerBatch]:
@@ -224,7 +230,6 @@ def _claimed_batches(claim: PartitionClaim, response: FetchResponse) -> list[Con
     ]
 
 
-def _reset_offset(response: ListOffsetsResponse, auto_offset_reset: str) -> int:
-    if auto_offset_reset == "smallest":
-        return response.log_start_offset
-    return response.high_watermark
+def _reset_offset(response: ListOffsetsResponse | FetchResponse, reset: str) -> int:
+    """The log start for ``earliest``, the high watermark for ``latest``."""
+    return response.log_start_offset if reset == "earliest" else response.high_watermark

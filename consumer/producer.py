@@ -22,8 +22,9 @@ import collections
 import itertools
 import logging
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import attrs
 import trio
@@ -36,18 +37,22 @@ from protocol import (
     ProduceRequest,
     ProduceResponse,
 )
-from protocol.batches import BatchBuilder, Compression
+from protocol.batches import BatchBuilder, Compression, Header
 from protocol.types import TopicPartition
 from transport.channel import ChannelClosed
-from transport.connect import connect_any, open_channel
+from transport.connect import connect_any, open_channel, parse_bootstrap
 from transport.security import ClientSecurity
+
+from .runtime import require_trio, unwrap_single
 
 __all__ = [
     "Compression",
     "Delivery",
+    "NotAwaited",
     "ProduceError",
     "Producer",
     "ProducerConfig",
+    "Serializer",
     "open_producer",
 ]
 
@@ -55,12 +60,18 @@ log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
 Connect = Callable[[str, int], Awaitable[trio.abc.Stream]]
+Serializer = Callable[[Any], bytes]
 
 
 class ProduceError(Exception):
     def __init__(self, message: str, error_code: ErrorCode) -> None:
         super().__init__(message)
         self.error_code = error_code
+
+
+class NotAwaited(RuntimeError):
+    """A ``send``/``enqueue`` call was never awaited, so its record was never sent: raised when
+    the producer's block ends (or at ``flush``) instead of losing the record silently."""
 
 
 @attrs.frozen(kw_only=True)
@@ -164,47 +175,104 @@ class Producer:
     _metadata_lock: trio.Lock = attrs.field(factory=trio.Lock)
     _first_lookup: trio.Lock = attrs.field(factory=trio.Lock)
     _bootstrap_start: int = 0
+    _not_awaited: dict[int, tuple[str, Coroutine[Any, Any, Any]]] = attrs.field(factory=dict)
+    """The coroutines ``send`` / ``enqueue`` returned that have not started: each removes
+    itself as it starts, so that a forgotten ``await`` is an error at ``flush`` and at the end
+    of the ``open_producer`` block, not a record lost with only a "never awaited" warning.
+    They are real coroutines, so ``nursery.start_soon(producer.send, ...)`` works too."""
+    _calls: itertools.count[int] = attrs.field(factory=itertools.count)
+    key_serializer: Serializer | None = None
+    """Turns each key (not None) into bytes, e.g. ``str.encode``."""
+    value_serializer: Serializer | None = None
+    """Turns each value (not None) into bytes, e.g. ``lambda v: json.dumps(v).encode()``."""
 
-    async def send(
+    def send(
         self,
         topic: str,
-        value: bytes | None,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         *,
         timestamp_ms: int = -1,
+        headers: Sequence[Header] = (),
+    ) -> Coroutine[Any, Any, tuple[int, int]]:
+        """``await producer.send(...)``: send one record and wait until the broker acknowledged
+        it, ``(partition, offset)``. ``headers``: ``(name, value)`` pairs the consumer gets as
+        ``record.headers``. Not awaiting it is an error (:class:`NotAwaited`)."""
+        call = next(self._calls)
+        coroutine = self._send(call, topic, value, key, timestamp_ms, headers)
+        self._not_awaited[call] = (f"send to {topic!r}", coroutine)
+        return coroutine
+
+    def send_and_wait(
+        self,
+        topic: str,
+        value: Any,
+        key: Any = None,
+        *,
+        timestamp_ms: int = -1,
+        headers: Sequence[Header] = (),
+    ) -> Coroutine[Any, Any, tuple[int, int]]:
+        """aiokafka's name for :meth:`send`."""
+        return self.send(topic, value, key, timestamp_ms=timestamp_ms, headers=headers)
+
+    async def _send(
+        self,
+        call: int,
+        topic: str,
+        value: Any,
+        key: Any,
+        timestamp_ms: int,
+        headers: Sequence[Header],
     ) -> tuple[int, int]:
-        """Send one record and wait until the broker acknowledged it: ``(partition, offset)``."""
-        delivery = await self.enqueue(topic, value, key, timestamp_ms=timestamp_ms)
+        delivery = await self._enqueue(call, topic, value, key, timestamp_ms, headers)
         return await delivery.wait()
 
-    async def enqueue(
+    def enqueue(
         self,
         topic: str,
-        value: bytes | None,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         *,
         timestamp_ms: int = -1,
-    ) -> Delivery:
-        """Hand a record to its partition's batch without waiting for the acknowledgement.
+        headers: Sequence[Header] = (),
+    ) -> Coroutine[Any, Any, Delivery]:
+        """``await producer.enqueue(...)``: hand a record to its partition's batch without waiting
+        for the acknowledgement; the :class:`Delivery` says when it is.
 
         Waits only while ``max_pending_records`` are unacknowledged, and otherwise does not even
         yield to the scheduler (a checkpoint per record would cost more than the record), so a loop
         of enqueues should await something now and then. ``timestamp_ms`` -1: the broker stamps
-        its own time.
+        its own time. Not awaiting it is an error (:class:`NotAwaited`).
         """
+        call = next(self._calls)
+        coroutine = self._enqueue(call, topic, value, key, timestamp_ms, headers)
+        self._not_awaited[call] = (f"enqueue to {topic!r}", coroutine)
+        return coroutine
+
+    async def _enqueue(
+        self,
+        call: int,
+        topic: str,
+        value: Any,
+        key: Any,
+        timestamp_ms: int,
+        headers: Sequence[Header],
+    ) -> Delivery:
+        self._not_awaited.pop(call, None)  # started: awaited (or started as a task)
         if topic not in self.placement:
             await self._placement(topic)
         while self._pending >= self.config.max_pending_records:
             await self._room.wait()
-        return self.enqueue_nowait(topic, value, key, timestamp_ms=timestamp_ms)
+        return self.enqueue_nowait(topic, value, key, timestamp_ms=timestamp_ms, headers=headers)
 
     def enqueue_nowait(
         self,
         topic: str,
-        value: bytes | None,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         *,
         timestamp_ms: int = -1,
+        headers: Sequence[Header] = (),
     ) -> Delivery:
         """:meth:`enqueue` without awaiting anything: the fast path of a loop that sends many
         records (no coroutine, no checkpoint per record). Raises ``trio.WouldBlock`` when
@@ -213,6 +281,10 @@ class Producer:
         partitions = self.placement.get(topic)
         if not partitions or self._pending >= self.config.max_pending_records:
             raise trio.WouldBlock
+        if self.key_serializer is not None and key is not None:
+            key = self.key_serializer(key)
+        if self.value_serializer is not None and value is not None:
+            value = self.value_serializer(value)
         if key is not None:
             partition = zlib.crc32(key) % len(partitions)
         else:
@@ -227,9 +299,9 @@ class Producer:
             tp = TopicPartition(topic=topic, partition=partition)
             self.nursery.start_soon(self._drain, tp, batcher)
         batch = batcher.open
-        if batch is None or not batch.builder.append(value, key, timestamp_ms):
+        if batch is None or not batch.builder.append(value, key, timestamp_ms, headers):
             batch = self._open_batch(batcher)
-            batch.builder.append(value, key, timestamp_ms)
+            batch.builder.append(value, key, timestamp_ms, headers)
         builder = batch.builder
         if builder.full:
             batcher.seal()
@@ -253,9 +325,26 @@ class Producer:
         return batch
 
     async def flush(self) -> None:
-        """Wait until every record sent so far is acknowledged or failed."""
+        """Wait until every record sent so far is acknowledged or failed; raises
+        :class:`NotAwaited` if a ``send``/``enqueue`` was never awaited (its record was never
+        sent)."""
+        self._check_awaited()
+        await self._acknowledged()
+
+    async def _acknowledged(self) -> None:
         for batch in list(self._unacknowledged):
             await batch.done.wait()
+
+    def _check_awaited(self) -> None:
+        forgotten, self._not_awaited = self._not_awaited, {}
+        if forgotten:
+            for _, coroutine in forgotten.values():
+                coroutine.close()  # no second "never awaited" warning: NotAwaited says it
+            example = next(iter(forgotten.values()))[0]
+            raise NotAwaited(
+                f"{len(forgotten)} producer call(s) were never awaited (e.g. {example}), so their "
+                "records were not sent: write `await producer.send(...)`"
+            )
 
     async def partitions_for(self, topic: str) -> int:
         return len(await self._placement(topic))
@@ -374,30 +463,45 @@ async def _tcp(host: str, port: int) -> trio.abc.Stream:
 
 @asynccontextmanager
 async def open_producer(
-    bootstrap: Sequence[Address],
+    bootstrap: str | Sequence[Address],
     *,
     config: ProducerConfig | None = None,
     connect: Connect | None = None,
     security: ClientSecurity | None = None,
+    key_serializer: Serializer | None = None,
+    value_serializer: Serializer | None = None,
 ) -> AsyncIterator[Producer]:
     """A producer for the block's span; on a normal exit it first waits for every record sent.
-    It connects as ``security`` says (default: plaintext, no authentication)."""
+
+    ``bootstrap`` is ``"host:port[,host:port...]"`` or a list of ``(host, port)``. It connects as
+    ``security`` says (default: plaintext, no authentication). A ``send``/``enqueue`` that was
+    never awaited makes the block's end raise :class:`NotAwaited`. ``key_serializer`` and
+    ``value_serializer`` turn what is sent into bytes (without them keys and values are
+    bytes)."""
+    require_trio("open_producer")
+    addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
     config = config or ProducerConfig()
     connect = connect or (security or ClientSecurity()).connector(_tcp)
-    async with trio.open_nursery() as nursery:
-        connections = BrokerConnections(
-            nursery=nursery,
-            connect=connect,
-            client_id=config.client_id,
-            max_frame_size=config.max_frame_size,
-        )
-        producer = Producer(
-            bootstrap=list(bootstrap),
-            config=config,
-            nursery=nursery,
-            connections=connections,
-            connect=connect,
-        )
-        yield producer
-        await producer.flush()
-        nursery.cancel_scope.cancel()
+    with unwrap_single():
+        async with trio.open_nursery() as nursery:
+            connections = BrokerConnections(
+                nursery=nursery,
+                connect=connect,
+                client_id=config.client_id,
+                max_frame_size=config.max_frame_size,
+            )
+            producer = Producer(
+                bootstrap=addresses,
+                config=config,
+                nursery=nursery,
+                connections=connections,
+                connect=connect,
+                key_serializer=key_serializer,
+                value_serializer=value_serializer,
+            )
+            try:
+                yield producer
+                await producer._acknowledged()
+            finally:
+                nursery.cancel_scope.cancel()
+    producer._check_awaited()

@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 import attrs
 import trio
 
-from protocol.batches import RecordBatch
+from protocol.batches import Header, RecordBatch
 from protocol.errors import ErrorCode
 from protocol.types import TopicPartition
 
@@ -82,6 +82,22 @@ class PartitionClaim:
     """The next offset the application has not finished (see the module docstring); None until
     the start position is known."""
     active: bool = True
+    delivered: int | None = None
+    """The offset after the last record handed to the application since the start or the latest
+    seek; None if none was."""
+    seeks: int = 0
+    """Counts seeks (and pauses): a fetch asked for before one is answered too late to deliver."""
+    reset: str | None = None
+    """Where a seek to the beginning or end resolves ``position`` -1 (else auto_offset_reset)."""
+    paused: bool = False
+    unpaused: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def next_offset(self) -> int | None:
+        """The offset of the next record the application is handed (None: not yet resolved)."""
+        if self.delivered is not None:
+            return self.delivered
+        return self.consumed
 
     def finish(self, offset: int) -> None:
         """The application finished the record at ``offset`` (and so every earlier one)."""
@@ -98,6 +114,8 @@ class ConsumerRecord:
     key: bytes | None
     value: bytes | None
     _claim: PartitionClaim = attrs.field(eq=False, repr=False)
+    headers: tuple[Header, ...] = ()
+    """``(name, value)`` pairs the producer attached, in its order."""
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -149,6 +167,10 @@ class ConsumerBatch:
         timestamps = self.batch.timestamps()
         return timestamps[self._skip :] if self._skip else timestamps
 
+    def headers(self) -> list[tuple[Header, ...]]:
+        headers = self.batch.headers()
+        return headers[self._skip :] if self._skip else headers
+
     def records(self) -> list[ConsumerRecord]:
         claim = self._claim
         return [
@@ -160,9 +182,15 @@ class ConsumerBatch:
                 key=key,
                 value=value,
                 claim=claim,
+                headers=headers,
             )
-            for offset, ts, key, value in zip(
-                self.offsets, self.timestamps(), self.keys(), self.values(), strict=True
+            for offset, ts, key, value, headers in zip(
+                self.offsets,
+                self.timestamps(),
+                self.keys(),
+                self.values(),
+                self.headers(),
+                strict=True,
             )
         ]
 
@@ -197,6 +225,8 @@ class RecordStream:
     _closed: bool = False
     _error: Callable[[], Exception] | None = None
     """Set when closed by a failure (being fenced): iteration raises what it makes."""
+    _on_change: Callable[[], None] | None = None
+    """Told of every change too: the consumer's iteration over all its streams waits on it."""
 
     @property
     def partitions(self) -> frozenset[TopicPartition]:
@@ -208,17 +238,44 @@ class RecordStream:
 
     async def __anext__(self) -> ConsumerRecord:
         self._finish_held()
+        while (record := self._ready_record()) is None:
+            if self._ended():
+                raise StopAsyncIteration
+            await self._changed.wait()
+        return record
+
+    def _ready_record(self) -> ConsumerRecord | None:
+        """The next record if one is buffered, without waiting; it is held (finished when the
+        application asks for more)."""
         while True:
             while self._records:
                 record = self._records.popleft()
-                if record._claim.active:
+                claim = record._claim
+                if claim.active:
                     self._held = record
+                    claim.delivered = record.offset + 1
                     return record
-            batch = await self._next_buffered()
+            batch = self._ready_batch()
             if batch is None:
-                raise StopAsyncIteration
+                return None
             self._current = batch
             self._records.extend(batch.records())
+
+    def _ready_batch(self) -> ConsumerBatch | None:
+        while self._buffer:
+            batch = self._buffer.popleft()
+            self._buffered -= len(batch)
+            self._notify()
+            if batch._claim.active:
+                return batch
+        return None
+
+    def _ended(self) -> bool:
+        """True once closed (and drained: closing clears the buffer); raises the failure that
+        closed the stream, if one did."""
+        if self._closed and self._error is not None:
+            raise self._error()
+        return self._closed
 
     async def next_batch(self) -> ConsumerBatch | None:
         """The next batch of records (finishing every record handed out before); None once the
@@ -231,10 +288,13 @@ class RecordStream:
             current = self._current
             if current is not None and current._claim.active:
                 rest = attrs.evolve(current, first_offset=first_offset)
-                self._held = rest
-                return rest
+                return self._hand_out(rest)
         batch = await self._next_buffered()
+        return None if batch is None else self._hand_out(batch)
+
+    def _hand_out(self, batch: ConsumerBatch) -> ConsumerBatch:
         self._held = batch
+        batch._claim.delivered = batch.batch.next_offset
         return batch
 
     async def batches(self) -> AsyncIterator[ConsumerBatch]:
@@ -249,27 +309,26 @@ class RecordStream:
             self._held = None
 
     async def _next_buffered(self) -> ConsumerBatch | None:
-        while True:
-            while self._buffer:
-                batch = self._buffer.popleft()
-                self._buffered -= len(batch)
-                self._notify()
-                if batch._claim.active:
-                    return batch
-            if self._closed:
-                if self._error is not None:
-                    raise self._error()
+        while (batch := self._ready_batch()) is None:
+            if self._ended():
                 return None
             await self._changed.wait()
+        return batch
 
     # --- the consumer's side --------------------------------------------------------------------
 
-    async def put(self, claim: PartitionClaim, batches: Iterable[ConsumerBatch]) -> bool:
-        """Append fetched batches once there is room; False (nothing appended) if the claim
-        became inactive meanwhile: a stopped fetcher must not deliver."""
+    async def _put(
+        self, claim: PartitionClaim, batches: Iterable[ConsumerBatch], seeks: int | None = None
+    ) -> bool | None:
+        """Append fetched batches once there is room: True. None (nothing appended) if the claim
+        became inactive meanwhile: a stopped fetcher must not deliver. False (nothing appended)
+        if the partition was sought since the fetch was asked for (``seeks`` no longer
+        matches): the batches are from the old position."""
         while self._buffered >= self.max_buffered and claim.active and not self._closed:
             await self._changed.wait()
         if not claim.active or self._closed:
+            return None
+        if seeks is not None and claim.seeks != seeks:
             return False
         for batch in batches:
             self._buffer.append(batch)
@@ -304,6 +363,13 @@ class RecordStream:
             self._buffered += len(batch)
         self._notify()
 
+    def reposition(self, claim: PartitionClaim) -> None:
+        """Forget what is buffered of ``claim`` and what the application holds of it (not
+        finished: a seek decides the next offset): a seek or a pause."""
+        self.take(claim)
+        if self._held is not None and self._held._claim is claim:
+            self._held = None
+
     def drop_inactive(self) -> None:
         """Clear the queue of stopped partitions (seed 03: stop fetchers, clean their queues)."""
         self._buffer = collections.deque(b for b in self._buffer if b._claim.active)
@@ -324,3 +390,5 @@ class RecordStream:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+        if self._on_change is not None:
+            self._on_change()

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from coordinator.limits import RequestLimits
+from statemachine.slots import DEFAULT_SLOTS
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -56,6 +57,17 @@ class CoordinatorConfig:
     store_retry_backoff: float = attrs.field(default=0.2, validator=_positive)
     #: Bounds on what one request may ask for (coordinator.limits).
     limits: RequestLimits = attrs.field(factory=RequestLimits)
+    #: The coordinator slots the cluster's groups are hashed onto. The first broker on a ZooKeeper
+    #: store pins the count there, and a broker configured otherwise refuses to start; the
+    #: embedded store's one broker holds every slot (docs/design.md#coordinator-slots).
+    coordinator_slots: int = attrs.field(default=DEFAULT_SLOTS, validator=_positive)
+    #: A group that has had no member for this long is removed with its offsets, so that groups
+    #: nobody uses (every ``coordinator consume`` without ``--group`` makes one) do not pile up:
+    #: Kafka's ``offsets.retention.minutes``, 7 days (docs/design.md#group-retention).
+    group_retention: float = attrs.field(default=7 * 24 * 3600.0, validator=_positive)
+    #: How often the coordinator looks for such groups (Kafka's
+    #: ``offsets.retention.check.interval.ms``, 10 minutes).
+    group_retention_check_interval: float = attrs.field(default=600.0, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.min_session_timeout_ms > self.max_session_timeout_ms:

@@ -42,7 +42,14 @@ from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine import group as group_sm
 from statemachine import member as member_sm
 from statemachine import ownership
-from store import GroupRecord, MemberRecord, MetadataStore, StoreError, TopicPlacement
+from store import (
+    GroupRecord,
+    MemberRecord,
+    MetadataStore,
+    StoreError,
+    StoreUnavailable,
+    TopicPlacement,
+)
 from transport.channel import Channel, ChannelClosed
 
 log = logging.getLogger(__name__)
@@ -139,6 +146,7 @@ class GroupCoordinator:
             group.streams -= validation.stream_count(away.record.subscription)
             log.info("group %s: %s is back", group.group_id, member_id)
         group.members[member_id] = member
+        group.last_member_at = trio.current_time()
         if member.static:
             group.processes[member.consumer_id] = member
         group.streams += validation.stream_count(record.subscription)
@@ -395,6 +403,7 @@ class GroupCoordinator:
         self._departed(group, member_id)
 
     def _departed(self, group: Group, member_id: str) -> None:
+        group.last_member_at = trio.current_time()
         remaining = len(group.members) + len(group.away)
         self.apply(group, group_sm.MemberDeparted(member_id=member_id, remaining=remaining))
 
@@ -845,6 +854,34 @@ class GroupCoordinator:
             self._retire(group)
         return ErrorCode.NONE
 
+    async def expire_groups(self) -> None:
+        """Every check interval, remove the groups that have had no member for the retention
+        period, with their offsets, in memory, in the store and their driver task, as DeleteGroup
+        does (docs/design.md#group-retention). A group under a lease is not deletable and waits
+        for a later check; a store that cannot answer is asked again at the next one."""
+        await self.loaded.wait()
+        interval = self.config.group_retention_check_interval
+        while True:
+            await trio.sleep(interval)
+            now = trio.current_time()
+            for group in list(self.groups.values()):
+                if (
+                    not _deletable(group)
+                    or now < group.last_member_at + self.config.group_retention
+                ):
+                    continue
+                try:
+                    error = await self.delete_group(group.group_id)
+                except StoreUnavailable as exc:
+                    log.warning("cannot remove group %s yet: %s", group.group_id, exc)
+                    continue
+                if error is ErrorCode.NONE:
+                    log.info(
+                        "group %s had no member since %.3f: removed with its offsets",
+                        group.group_id,
+                        group.last_member_at,
+                    )
+
     def _retire(self, group: Group) -> None:
         """Forget a group that holds nothing, and end its driver task."""
         if self.groups.get(group.group_id) is group:
@@ -983,6 +1020,7 @@ async def open_group_coordinator(
         await nursery.start(coordinator.watch_topics)
         await nursery.start(offsets.run)
         await nursery.start(coordinator.pinger.run)
+        nursery.start_soon(coordinator.expire_groups)
         # No group exists before its record is read: requests that would make one wait.
         nursery.start_soon(_recover_groups, coordinator)
         log.info("broker %d is coordinator, epoch %d", broker.broker_id, epoch)

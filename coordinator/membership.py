@@ -103,6 +103,10 @@ class Group:
     #: coordinator may have begun attempts that it never persisted, and generations must still
     #: only increase.
     highest_reported_generation: int = -1
+    #: The latest instant the group had a member (a registration, a departure; its creation in
+    #: this coordinator): it is removed ``group_retention`` after this once it has none
+    #: (docs/design.md#group-retention).
+    last_member_at: float = attrs.field(factory=trio.current_time)
     #: (state, generation) after every input, for those who wait on a group (tools and tests).
     status: AsyncValue[tuple[GroupState, int]] = attrs.field(
         factory=lambda: AsyncValue((GroupState.EMPTY, 0))

@@ -36,7 +36,7 @@ from pyspark.sql.types import StructType
 from pipeline import offsets as om
 from pipeline.arrow import ARROW_SCHEMA, arrow_batch
 from pipeline.sink import TopicWriter
-from pipeline.wire import Cluster, Placement, client_security
+from pipeline.wire import Cluster, PipelineError, Placement, check_options, client_security
 from protocol import ErrorCode, TopicPartition
 from protocol.batches import read_batches
 from transport.security import ClientSecurity
@@ -45,6 +45,20 @@ SCHEMA = "topic string, partition int, offset long, key binary, value binary, ti
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 #: Bytes asked for per Fetch; the broker caps a response at 2 MiB.
 FETCH_BYTES = 1024 * 1024
+#: A read's options, as documented (besides the security options of ``pipeline.wire``).
+READ_OPTIONS = (
+    "bootstrap",
+    "topic",
+    "topics",
+    "pattern",
+    "group",
+    "startingOffsets",
+    "endingOffsets",
+    "minPartitions",
+    "maxRecordsPerTrigger",
+)
+#: A write's options; Spark passes a streaming write's checkpoint location along.
+WRITE_OPTIONS = ("bootstrap", "topic", "checkpointLocation")
 
 
 @attrs.frozen(kw_only=True)
@@ -84,6 +98,7 @@ class _Planner:
     """What the driver asks the cluster: the partitions a read covers and their bounds."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        check_options(options, READ_OPTIONS, "reading format coordinator")
         # Spark hands the options over with lowercased keys
         self.options = {key.lower(): value for key, value in options.items()}
         self.bootstrap = options.get("bootstrap", DEFAULT_BOOTSTRAP)
@@ -92,8 +107,15 @@ class _Planner:
         self.security = client_security(self.options)
 
     def placements(self, cluster: Cluster) -> dict[TopicPartition, Placement]:
+        """The partitions to read; PipelineError if a topic named by ``topic``/``topics`` does
+        not exist (a pattern may match none)."""
         names = self.selector.names
         found = cluster.placements(list(names) if names is not None else None)
+        missing = sorted(set(names or ()) - {tp.topic for tp in found})
+        if missing:
+            raise PipelineError(
+                f"topic {', '.join(map(repr, missing))} does not exist at {self.bootstrap}"
+            )
         return {tp: p for tp, p in found.items() if self.selector.matches(tp.topic)}
 
     def resolve_start(
@@ -264,6 +286,7 @@ class BatchWriter(DataSourceWriter):
     """``df.write.format("coordinator").option("topic", T).mode("append").save()``."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        check_options(options, WRITE_OPTIONS, "writing format coordinator")
         self.options = options
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
@@ -274,6 +297,7 @@ class StreamWriter(DataSourceStreamWriter):
     """``writeStream.format("coordinator")``: at least once (a retried batch is produced again)."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        check_options(options, WRITE_OPTIONS, "writing format coordinator")
         self.options = options
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:

@@ -51,6 +51,31 @@ CLIENT_ID = "spark-pipeline"
 Address = tuple[str, int]
 
 
+#: The security options of the source and the sink, as documented.
+SECURITY_OPTIONS = (
+    "tls",
+    "tls.ca",
+    "tls.cert",
+    "tls.key",
+    "sasl.mechanism",
+    "sasl.user",
+    "sasl.password",
+)
+
+
+def check_options(options: Mapping[str, str], known: Sequence[str], what: str) -> None:
+    """ValueError naming every unknown option and the known ones: a misspelt option
+    (``groupId``, ``startingOffset``) must not be ignored, which would silently read from
+    elsewhere. Spark hands the keys over lowercased, so they are compared lowercased."""
+    by_key = {name.lower(): name for name in (*known, *SECURITY_OPTIONS)}
+    unknown = sorted(key for key in options if key.lower() not in by_key)
+    if unknown:
+        raise ValueError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"for {what}; the known options are {', '.join(sorted(by_key.values()))}"
+        )
+
+
 def client_security(options: Mapping[str, str]) -> ClientSecurity:
     """The source's and sink's security options (keys lowercased, as Spark hands them over):
     ``tls`` (true/false), ``tls.ca``, ``tls.cert``, ``tls.key``, ``sasl.mechanism``,
@@ -72,10 +97,10 @@ def client_security(options: Mapping[str, str]) -> ClientSecurity:
 
 
 class PipelineError(Exception):
-    """The cluster refused an operation (``error_code``) or could not be reached."""
+    """The cluster refused an operation (``error_code``) or could not be reached (no code)."""
 
-    def __init__(self, what: str, error_code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR) -> None:
-        super().__init__(f"{what}: {error_code.name}")
+    def __init__(self, what: str, error_code: ErrorCode | None = None) -> None:
+        super().__init__(what if error_code is None else f"{what}: {error_code.name}")
         self.error_code = error_code
 
 
@@ -141,22 +166,30 @@ class Cluster:
         return connection
 
     def call(self, address: Address, message: RequestMessage) -> ResponseMessage:
-        """One request; a broken connection is reopened once before giving up."""
+        """One request; a broken connection is reopened once before giving up. PipelineError
+        when the broker cannot be reached."""
         try:
-            return self.connection(address).call(message)
-        except (OSError, PipelineError):
-            self._connections.pop(address).close()
-            return self.connection(address).call(message)
+            try:
+                return self.connection(address).call(message)
+            except (OSError, PipelineError):
+                broken = self._connections.pop(address, None)
+                if broken is None:
+                    raise  # it never connected: nothing to reopen
+                broken.close()
+                return self.connection(address).call(message)
+        except OSError as exc:
+            self._connections.pop(address, None)
+            raise PipelineError(f"cannot reach broker {address[0]}:{address[1]}: {exc}") from exc
 
     def call_any(self, message: RequestMessage) -> ResponseMessage:
         errors = []
         for address in self.bootstrap:
             try:
                 return self.call(address, message)
-            except (OSError, PipelineError) as exc:
+            except PipelineError as exc:
                 self._connections.pop(address, None)
-                errors.append(f"{address[0]}:{address[1]}: {exc}")
-        raise PipelineError("cannot reach any broker (" + "; ".join(errors) + ")")
+                errors.append(str(exc))
+        raise PipelineError("cannot reach any broker of the bootstrap list: " + "; ".join(errors))
 
     # --- metadata ---------------------------------------------------------------------------------
 

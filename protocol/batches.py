@@ -46,6 +46,7 @@ _INT64 = struct.Struct(">q")
 _CRC = struct.Struct(">I")
 _LAST_DELTA_AT = 27
 _I32 = struct.Struct(">i")
+_LE_I32 = struct.Struct("<i")
 
 MAGIC = 2
 """The batch format's version (Kafka's v2 RecordBatch is magic 2, and this is its sibling)."""
@@ -69,7 +70,12 @@ class Compression(enum.IntEnum):
 COMPRESSION_MASK = 0x07
 #: Bit 3: the records carry no timestamps of their own; each one's is the batch's append time.
 APPEND_TIME = 0x08
-_KNOWN_ATTRIBUTES = COMPRESSION_MASK | APPEND_TIME
+HEADERS = 0x10
+"""Attributes bit 4: the records section ends with a headers column (SPEC.md §6.2)."""
+_KNOWN_ATTRIBUTES = COMPRESSION_MASK | APPEND_TIME | HEADERS
+
+Header = tuple[str, bytes | None]
+"""A record header: a name and a value (Kafka's record headers)."""
 
 
 def _int32_array(values: Sequence[int]) -> bytes:
@@ -163,6 +169,8 @@ class BatchBuilder:
     _keyed: bool = False
     _null_values: bool = False
     _size: int = HEADER_SIZE
+    _headers: list[bytes] | None = None
+    """Each record's encoded headers (b"": none); None while no record has any."""
 
     @property
     def count(self) -> int:
@@ -173,8 +181,20 @@ class BatchBuilder:
         """The uncompressed size the batch has so far."""
         return self._size
 
-    def append(self, value: bytes | None, key: bytes | None = None, timestamp_ms: int = -1) -> bool:
+    def append(
+        self,
+        value: bytes | None,
+        key: bytes | None = None,
+        timestamp_ms: int = -1,
+        headers: Sequence[Header] = (),
+    ) -> bool:
         size = self._size + 12
+        encoded = b""
+        if headers:
+            encoded = encode_headers(headers)
+            size += 4 + len(encoded)
+        elif self._headers is not None:
+            size += 4
         if value is not None:
             if type(value) is not bytes:
                 value = _as_bytes(value)
@@ -199,6 +219,11 @@ class BatchBuilder:
                 return False
         elif timestamp_ms >= 0:
             self._timestamps.append(timestamp_ms)
+        if headers and self._headers is None:
+            self._headers = [b""] * len(values)
+            size += 4 * len(values)
+        if self._headers is not None:
+            self._headers.append(encoded)
         values.append(value)
         self._keys.append(key)
         self._size = size
@@ -224,13 +249,60 @@ class BatchBuilder:
             key_lengths, key_bytes = _column(self._keys, None in self._keys)
         else:
             key_lengths, key_bytes = _int32_array([-1]) * count, b""
+        columns = [deltas, key_lengths, value_lengths, key_bytes, value_bytes]
+        if self._headers is not None:
+            columns += [_int32_array(list(map(len, self._headers))), b"".join(self._headers)]
         return encode_batch(
-            (deltas, key_lengths, value_lengths, key_bytes, value_bytes),
+            columns,
             count,
             first_timestamp_ms=first_ts,
             max_timestamp_ms=max_ts,
             compression=self.compression,
+            headers=self._headers is not None,
         )
+
+
+def encode_headers(headers: Sequence[Header]) -> bytes:
+    """One record's headers as the headers column holds them (SPEC.md §6.2): per header the
+    name's length and UTF-8 bytes, then the value's length (-1: null) and bytes, lengths as
+    little-endian int32s."""
+    out = bytearray()
+    for name, value in headers:
+        if not isinstance(name, str):
+            raise LocalProtocolError("a header's name is a str", ErrorCode.INVALID_REQUEST)
+        raw = name.encode()
+        out += _LE_I32.pack(len(raw)) + raw
+        if value is None:
+            out += _LE_I32.pack(-1)
+        else:
+            value = _as_bytes(value)
+            out += _LE_I32.pack(len(value)) + value
+    return bytes(out)
+
+
+def decode_headers(block: bytes) -> tuple[Header, ...]:
+    """The inverse of :func:`encode_headers`; RemoteProtocolError for a block that does not
+    parse."""
+    headers: list[Header] = []
+    pos = 0
+    try:
+        while pos < len(block):
+            (n,) = _LE_I32.unpack_from(block, pos)
+            if n < 0 or pos + 4 + n > len(block):
+                raise ValueError(f"a header name of {n} bytes")
+            name = block[pos + 4 : pos + 4 + n].decode()
+            pos += 4 + n
+            (m,) = _LE_I32.unpack_from(block, pos)
+            pos += 4
+            if m < -1 or pos + max(m, 0) > len(block):
+                raise ValueError(f"a header value of {m} bytes")
+            headers.append((name, None if m < 0 else block[pos : pos + m]))
+            pos += max(m, 0)
+    except (ValueError, struct.error) as exc:  # UnicodeDecodeError is a ValueError
+        raise RemoteProtocolError(
+            f"record headers do not parse: {exc}", ErrorCode.CORRUPT_MESSAGE
+        ) from exc
+    return tuple(headers)
 
 
 def _as_bytes(data: object) -> bytes:
@@ -261,10 +333,14 @@ def encode_batch(
     compression: Compression = Compression.NONE,
     base_offset: int = 0,
     append_time_ms: int = NO_TIMESTAMP,
+    headers: bool = False,
 ) -> bytes:
     """A whole batch around an (uncompressed) records section of ``count`` records, given whole
-    or in parts (joined once, with the header, when not compressed)."""
+    or in parts (joined once, with the header, when not compressed); ``headers``: the section
+    ends with a headers column."""
     attributes = int(compression) | (APPEND_TIME if first_timestamp_ms < 0 else 0)
+    if headers:
+        attributes |= HEADERS
     parts = [section] if isinstance(section, bytes) else list(section)
     if compression is not Compression.NONE:
         parts = [compress(compression, b"".join(parts))]
@@ -301,6 +377,7 @@ def build_batch(
     timestamps_ms: Sequence[int] | None = None,
     compression: Compression = Compression.NONE,
     base_offset: int = 0,
+    headers: Sequence[Sequence[Header]] | None = None,
 ) -> bytes:
     """One batch of these records (no size limit); ``timestamps_ms`` None: the broker's time.
     ``base_offset``: as a broker would have stamped it (producers leave it 0)."""
@@ -310,6 +387,7 @@ def build_batch(
             value,
             None if keys is None else keys[i],
             -1 if timestamps_ms is None else timestamps_ms[i],
+            () if headers is None else headers[i],
         )
         if not ok:
             raise LocalProtocolError(
@@ -567,6 +645,21 @@ class RecordBatch:
         section, _, value_lengths_at, _, values_at = self.columns()
         n = self.record_count
         return self._slices(section, _int32s(section, value_lengths_at, n), values_at)
+
+    def headers(self) -> list[tuple[Header, ...]]:
+        """Each record's headers (empty for a record, or a batch, without any)."""
+        n = self.record_count
+        if not self.attributes & HEADERS:
+            return [()] * n
+        section, _, value_lengths_at, _, values_at = self.columns()
+        lengths_at = values_at + sum(v for v in _int32s(section, value_lengths_at, n) if v > 0)
+        if lengths_at + 4 * n > len(section):
+            raise RemoteProtocolError(
+                f"batch at offset {self.base_offset}: no room for its headers column",
+                ErrorCode.CORRUPT_MESSAGE,
+            )
+        blocks = self._slices(section, _int32s(section, lengths_at, n), lengths_at + 4 * n)
+        return [decode_headers(block) if block else () for block in blocks]
 
     def _slices(self, section: bytes, lengths: array[int], start: int) -> list[bytes | None]:
         out: list[bytes | None] = []

@@ -196,6 +196,9 @@ class ClusterMetadataResponse:
     coordinator_epoch: Int64
     brokers: tuple[BrokerInfo, ...]
     topics: tuple[TopicMetadata, ...]
+    slot_holders: tuple[Int32, ...] = attrs.field(default=(), metadata=since(1))
+    """By slot number, the broker coordinating that slot's groups (-1: none now); its length is
+    the cluster's coordinator slot count (docs/design.md#coordinator-slots)."""
 
 
 # --- 4 REGISTER_CONSUMER ------------------------------------------------------------------------
@@ -574,6 +577,7 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
     {key: 0 for key in ApiKey}
     | {
         ApiKey.PRODUCE: 1,
+        ApiKey.CLUSTER_METADATA: 1,
         ApiKey.FETCH: 1,
         ApiKey.REGISTER_CONSUMER: 1,
         ApiKey.CREATE_TOPIC: 1,

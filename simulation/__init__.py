@@ -7,23 +7,30 @@ from simulation.cluster import (
     InvariantViolation,
     LeaseInterval,
     OwnershipLedger,
+    ProcessKilled,
     RecordingStore,
     SimulatedCluster,
     SimulatedConsumer,
+    SimulatedProcess,
     StoreContact,
     StoreHistory,
     open_simulated_cluster,
 )
+from simulation.log import MemoryLog, StoredRecord
 
 __all__ = [
     "ContactStore",
     "InvariantViolation",
     "LeaseInterval",
+    "MemoryLog",
     "OwnershipLedger",
+    "ProcessKilled",
     "RecordingStore",
     "SimulatedCluster",
     "SimulatedConsumer",
+    "SimulatedProcess",
     "StoreContact",
     "StoreHistory",
+    "StoredRecord",
     "open_simulated_cluster",
 ]

@@ -72,6 +72,8 @@ from store import (
 from transport.channel import Channel, ChannelClosed, ReadBounds, acknowledged_frames
 from transport.limits import ConnectionLimits
 
+from .log import MemoryLog
+
 log = logging.getLogger(__name__)
 
 #: :meth:`SimulatedCluster.wait_settled` looks again at least this often, in (virtual) seconds.
@@ -336,6 +338,24 @@ class SimulatedHost:
         for link in self.links:
             link.wake()
 
+    def cut(self, seconds: float, nursery: trio.Nursery) -> None:
+        """Carry no byte either way and refuse new connections for ``seconds`` from now."""
+        until = trio.current_time() + seconds
+        if until > self.down_until:
+            self.down_until = until
+            nursery.start_soon(self.heal_at, until)
+
+    def delay(
+        self, seconds: float, nursery: trio.Nursery, *, to_client: bool, to_server: bool
+    ) -> None:
+        """Hold the bytes sent towards the client and/or the server for ``seconds`` from now."""
+        until = trio.current_time() + seconds
+        if to_client:
+            self.to_client_held_until = max(self.to_client_held_until, until)
+        if to_server:
+            self.to_server_held_until = max(self.to_server_held_until, until)
+        nursery.start_soon(self.heal_at, until)
+
 
 @attrs.define(eq=False)
 class _Pipe:
@@ -426,6 +446,10 @@ class LinkEnd(trio.abc.Stream):
                 if self.incoming.eof:
                     return b""
             await self.link.park()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def abort(self) -> None:
         """Close with a reset (TCP's SO_LINGER zero): the peer reads a broken connection, not an
@@ -636,10 +660,7 @@ class SimulatedConsumer:
 
     def cut_network(self, seconds: float) -> None:
         """Neither this process nor the broker gets a byte from the other for ``seconds``."""
-        until = trio.current_time() + seconds
-        if until > self.host.down_until:
-            self.host.down_until = until
-            self.cluster.nursery.start_soon(self.host.heal_at, until)
+        self.host.cut(seconds, self.cluster.nursery)
 
     def delay_delivery(
         self, seconds: float, *, to_consumer: bool = True, to_broker: bool = False
@@ -650,13 +671,7 @@ class SimulatedConsumer:
         last. Unlike :meth:`cut_network`, connections still open and each direction is held on its
         own: TCP retransmitting over a path that lost everything for a while. A request held past
         the lease margin must not stretch the lease (docs/design.md#ownership-lease)."""
-        until = trio.current_time() + seconds
-        host = self.host
-        if to_consumer:
-            host.to_client_held_until = max(host.to_client_held_until, until)
-        if to_broker:
-            host.to_server_held_until = max(host.to_server_held_until, until)
-        self.cluster.nursery.start_soon(host.heal_at, until)
+        self.host.delay(seconds, self.cluster.nursery, to_client=to_consumer, to_server=to_broker)
 
     # --- the application ----------------------------------------------------------------------
 
@@ -1007,6 +1022,86 @@ class SimulatedConsumer:
 # --- the cluster ------------------------------------------------------------------------------
 
 
+# --- the user's own code ----------------------------------------------------------------------
+
+
+class ProcessKilled(trio.BrokenResourceError):
+    """What a killed process's connections raise, should its code still run."""
+
+
+@attrs.define(eq=False)
+class SimulatedProcess:
+    """The user's own code (``open_consumer`` / ``open_producer``, the real library) run as one
+    process of the simulated cluster. Its connections are made by :meth:`connect`, which the
+    cluster passes to its main function; they are the ones its faults act on.
+
+    Faults: :meth:`kill` (the process dies: its sockets close, its code stops where it is and
+    its ``finally`` blocks reach nobody), :meth:`freeze` (nothing is read or written on its
+    connections, and no connection opens, until it thaws; its own timers run on, as a lease's
+    must), :meth:`cut_network`, :meth:`delay_delivery` and :meth:`drop_connections`.
+    """
+
+    name: str
+    cluster: SimulatedCluster
+    host: SimulatedHost = attrs.field(factory=SimulatedHost)
+    frozen_until: float = -math.inf
+    killed: bool = False
+    done: trio.Event = attrs.field(factory=trio.Event)
+    """Set once its main function returned, raised or was killed."""
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _ends: list[LinkEnd] = attrs.field(factory=list)
+
+    async def connect(self, host: str, port: int) -> trio.abc.Stream:
+        """The ``connect=`` for ``open_consumer`` / ``open_producer``: every address reaches
+        the simulated broker."""
+        await trio.lowlevel.checkpoint()
+        await self._hold()
+        stream, _link = self.cluster.open_link(self.host, hold=self._hold)
+        assert isinstance(stream, LinkEnd)
+        self._ends = [end for end in self._ends if not end.closed]
+        self._ends.append(stream)
+        return stream
+
+    async def _hold(self) -> None:
+        while trio.current_time() < self.frozen_until:
+            await trio.sleep_until(self.frozen_until)
+        if self.killed:
+            raise ProcessKilled(f"process {self.name} was killed")
+
+    async def run(self, main: Callable[..., Awaitable[object]], *args: object) -> None:
+        try:
+            with self._scope:
+                await main(*args, connect=self.connect)
+        finally:
+            self.done.set()
+
+    async def kill(self) -> None:
+        """The process dies: the kernel closes its connections (the broker reads an end of
+        stream) and its code runs no further; returns once it is gone."""
+        self.killed = True
+        for end in self._ends:
+            await end.aclose()
+        self._scope.cancel()
+        await self.done.wait()
+
+    def freeze(self, seconds: float) -> None:
+        """Stop reading and writing for ``seconds`` (a GC pause, as the coordinator sees it)."""
+        self.frozen_until = max(self.frozen_until, trio.current_time() + seconds)
+
+    def cut_network(self, seconds: float) -> None:
+        self.host.cut(seconds, self.cluster.nursery)
+
+    def delay_delivery(
+        self, seconds: float, *, to_process: bool = True, to_broker: bool = False
+    ) -> None:
+        self.host.delay(seconds, self.cluster.nursery, to_client=to_process, to_server=to_broker)
+
+    def drop_connections(self) -> None:
+        """Reset every connection it has; the process lives on and connects again."""
+        for link in self.host.links:
+            link.break_()
+
+
 @attrs.define(eq=False)
 class SimulatedCluster:
     """One broker on the embedded store, serving in-memory connections, and its consumers.
@@ -1027,6 +1122,9 @@ class SimulatedCluster:
     latency: StoreLatency = attrs.field(factory=StoreLatency)
     generations: dict[str, list[int]] = attrs.field(factory=lambda: defaultdict(list))
     consumers: dict[str, SimulatedConsumer] = attrs.field(factory=dict)
+    processes: dict[str, SimulatedProcess] = attrs.field(factory=dict)
+    log: MemoryLog = attrs.field(init=False)
+    """The partitions' records: what the broker serves Produce, Fetch and ListOffsets from."""
     #: How many times a coordinator took office in this cluster (1 before any restart) and
     #: loaded its groups.
     incarnation: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
@@ -1043,6 +1141,13 @@ class SimulatedCluster:
     _down_for: float = 0.0
     _accepted: dict[tuple[str, TopicPartition], int] = attrs.field(factory=dict)
     _generations_seen: dict[tuple[int, str, int], int] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        self.log = MemoryLog(partition_count=self._partition_count)
+
+    def _partition_count(self, topic: str) -> int | None:
+        placement = self.coordinator.topics.get(topic)
+        return None if placement is None else placement.partition_count
 
     # --- topics -------------------------------------------------------------------------------
 
@@ -1151,7 +1256,9 @@ class SimulatedCluster:
         client = LinkEnd(link=link, outgoing=link.to_server, incoming=link.to_client, hold=hold)
         server = LinkEnd(link=link, outgoing=link.to_client, incoming=link.to_server)
         self._connections.start_soon(
-            partial(handle_connection, bounds=self.bounds), self.coordinator, server
+            partial(handle_connection, data_plane=self.log, bounds=self.bounds),
+            self.coordinator,
+            server,
         )
         return client, link
 
@@ -1160,6 +1267,23 @@ class SimulatedCluster:
         await trio.lowlevel.checkpoint()
         stream, _ = self.open_link()
         return stream
+
+    async def connect_to(self, host: str, port: int) -> trio.abc.Stream:
+        """A ``connect=`` for ``open_consumer`` / ``open_producer`` that no fault touches."""
+        return await self.connect()
+
+    def start_process(
+        self, name: str, main: Callable[..., Awaitable[object]], *args: object
+    ) -> SimulatedProcess:
+        """Run ``await main(*args, connect=process.connect)`` as a process of its own: the
+        user's code, with the library's real consumer and producer, whose faults the test
+        injects through the returned :class:`SimulatedProcess`. An exception it raises (not
+        being killed) ends the cluster's block with it."""
+        if name in self.processes and not self.processes[name].done.is_set():
+            raise ValueError(f"process {name} is running")
+        process = self.processes[name] = SimulatedProcess(name=name, cluster=self)
+        self.nursery.start_soon(process.run, main, *args)
+        return process
 
     @asynccontextmanager
     async def open_client(self) -> AsyncIterator[Channel]:

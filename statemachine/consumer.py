@@ -607,6 +607,9 @@ class ConsumerMachine:
     failover_retries: int = 0
     """Quick retries after :data:`FAILOVER_CODES` since the last registration."""
     last_error: ErrorCode | None = None
+    """The latest reason this consumer is not registered, kept across retries until a
+    registration succeeds: COORDINATOR_NOT_AVAILABLE after a discovery pass found no
+    coordinator, else the registration's or coordinator's error."""
 
     # --- time -----------------------------------------------------------------------------------
 
@@ -680,6 +683,7 @@ class ConsumerMachine:
                     )
                 )
             case DiscoveryFailed():
+                self.last_error = ErrorCode.COORDINATOR_NOT_AVAILABLE
                 effects += self._failed_discovery()
             case Registered(anchor=anchor, epoch=epoch):
                 # The answer's generation is the group's, not one this process was started

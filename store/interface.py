@@ -149,6 +149,12 @@ class EpochFenced(StoreError):
     """
 
 
+class LayoutMismatch(StoreError):
+    """The shared store was created for another layout version or another coordinator slot count
+    than this broker runs (docs/design.md#coordinator-slots). Two counts would put one group under
+    two coordinators, so the broker must not start; the message says what the store holds."""
+
+
 class TopicExists(StoreError):
     pass
 

@@ -9,6 +9,9 @@ Layout (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds keep t
     /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
     /consumers/coordinator                            ephemeral {"broker_id": id}; czxid = epoch
     /coordinator_epoch                                persistent; its version counts terms
+    /coordinator_layout                               {"version": v, "slots": n}, written once
+    /coordinator_slots/<slot>                         ephemeral {"broker_id": id}; czxid = epoch
+    /coordinator_slot_epochs/<slot>                   persistent; its version counts its terms
     /config/users/<user>                              {mechanism: {"salt", "stored_key",
                                                       "server_key", "iterations"}} (SCRAM)
     /config/acls                                      [{"principal", "resource_type", "name",
@@ -76,6 +79,7 @@ import trio_util
 from protocol.sasl import ScramCredential
 from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
 from statemachine.acl import Acl
+from statemachine.slots import slot_of
 
 from .codec import (
     decode_acl,
@@ -91,6 +95,7 @@ from .interface import (
     EpochFenced,
     GroupRecord,
     InvalidPartitions,
+    LayoutMismatch,
     MetadataStore,
     OffsetBatch,
     StoreUnavailable,
@@ -116,6 +121,8 @@ __all__ = [
     "CONSUMERS",
     "ELECTION",
     "EPOCH_COUNTER",
+    "LAYOUT",
+    "LAYOUT_VERSION",
     "TOPICS",
     "DigestAuth",
     "ZooKeeperStore",
@@ -132,8 +139,18 @@ TOPICS = "/brokers/topics"
 CONSUMERS = "/consumers"
 ELECTION = "/consumers/coordinator"
 EPOCH_COUNTER = "/coordinator_epoch"
+LAYOUT = "/coordinator_layout"
+#: Per coordinator slot: ephemeral ``<slot>`` election nodes, and persistent counters whose
+#: versions count each slot's terms (docs/design.md#coordinator-slots).
+SLOT_ELECTIONS = "/coordinator_slots"
+SLOT_EPOCHS = "/coordinator_slot_epochs"
 USERS = "/config/users"
 ACLS = "/config/acls"
+
+#: The layout of the nodes above that this code reads and writes: one election node whose holder
+#: coordinates every slot. A layout that elects a holder per slot takes another number, so that a
+#: broker of either refuses to start beside the other (docs/design.md#coordinator-slots).
+LAYOUT_VERSION = 1
 
 DEFAULT_SESSION_TIMEOUT = 6.0
 DEFAULT_CALL_BOUND = 10.0
@@ -166,6 +183,15 @@ class _Office:
     counter_version: int
     #: The session that holds the election node: contact under any other proves nothing.
     session: int | None
+    #: The election node and the counter whose version fences this office's writes.
+    election: str = ELECTION
+    counter: str = EPOCH_COUNTER
+    #: A slot's office: the slot and the count, so that it writes only its slot's groups
+    #: (docs/design.md#coordinator-slots). None: the office of every group.
+    slot: tuple[int, int] | None = None
+
+    def admits(self, group_id: str) -> bool:
+        return self.slot is None or slot_of(group_id, self.slot[1]) == self.slot[0]
 
 
 @attrs.frozen
@@ -279,6 +305,8 @@ class ZooKeeperStore:
     _election_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
     _session_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
     _office: _Office | None = None
+    #: The slot offices this handle holds, by slot (``take_slot``).
+    _slot_offices: dict[int, _Office] = attrs.Factory(dict)
     #: (session, instant) of the latest request the server answered within one session, asked
     #: at that instant: the session lives at least a session timeout past it.
     _contact: tuple[int, float] | None = None
@@ -351,6 +379,32 @@ class ZooKeeperStore:
             }
         found.sort(key=lambda broker: broker.broker_id)
         return on_listener(found, advertised, listener)
+
+    # The cluster's layout
+
+    async def check_layout(self, slots: int) -> None:
+        """Pin the cluster's layout version and coordinator slot count if this is the first
+        broker to ask, or raise ``LayoutMismatch`` if the store holds others: the count is fixed
+        when the cluster's store is created (docs/design.md#coordinator-slots)."""
+        wanted = {"version": LAYOUT_VERSION, "slots": slots}
+        try:
+            await self._wait(self._client.create_async(LAYOUT, _json(wanted)))
+            return
+        except NodeExistsError:
+            pass
+        data, _stat = await self._wait(self._client.get_async(LAYOUT))
+        found = self._decode(data)
+        if found.get("version") != LAYOUT_VERSION:
+            raise LayoutMismatch(
+                f"the cluster's ZooKeeper store has layout version {found.get('version')}, "
+                f"this broker runs version {LAYOUT_VERSION}"
+            )
+        if found.get("slots") != slots:
+            raise LayoutMismatch(
+                f"the cluster's ZooKeeper store has {found.get('slots')} coordinator slots, "
+                f"this broker is configured with {slots} "
+                f"(start it with --coordinator-slots {found.get('slots')})"
+            )
 
     # Topics
 
@@ -449,33 +503,87 @@ class ZooKeeperStore:
     # The coordinator's office
 
     async def take_office(self, broker_id: int) -> int:
+        self._office = office = await self._elect(broker_id, ELECTION, EPOCH_COUNTER)
+        log.info("broker %d took office, epoch %d", broker_id, office.epoch)
+        return office.epoch
+
+    async def take_slot(self, broker_id: int, slot: int, slots: int) -> int:
+        """Take the office of one coordinator slot, waiting while another session holds it, and
+        return its epoch: the zxid of the transaction that created the slot's election node and
+        bumped the slot's counter, so larger than every earlier epoch of any slot. Writes under
+        it are fenced by that slot's counter and node, and admit only the slot's groups."""
+        election, counter = f"{SLOT_ELECTIONS}/{slot}", f"{SLOT_EPOCHS}/{slot}"
+        for path in (SLOT_ELECTIONS, counter):
+            await self._wait(self._client.ensure_path_async(path))
+        office = await self._elect(broker_id, election, counter, slot=(slot, slots))
+        self._slot_offices[slot] = office
+        log.info("broker %d took slot %d, epoch %d", broker_id, slot, office.epoch)
+        return office.epoch
+
+    async def _elect(
+        self, broker_id: int, election: str, counter: str, *, slot: tuple[int, int] | None = None
+    ) -> _Office:
+        """Create ``election`` (ephemeral) and bump ``counter`` in one transaction, waiting while
+        another session holds the node; the office that transaction began."""
         data = _json({"broker_id": broker_id})
         while True:
             seen = self._election_events.value
-            stat = await self._wait(self._client.exists_async(ELECTION, watch=self._on_election))
+            stat = await self._wait(self._client.exists_async(election, watch=self._on_election))
             tx = self._client.transaction()
             if stat is not None:
                 if stat.ephemeralOwner != self._session_id():
                     # Someone else's office: stand again once it is gone.
                     await self._election_event_after(seen)
                     continue
-                tx.delete(ELECTION)  # ours already: a new term, with a new epoch
-            tx.create(ELECTION, data, ephemeral=True)
-            tx.set_data(EPOCH_COUNTER, data)
+                tx.delete(election)  # ours already: a new term, with a new epoch
+            tx.create(election, data, ephemeral=True)
+            tx.set_data(counter, data)
             session, asked_at = self._session_id(), trio.current_time()
             results = await self._wait(tx.commit_async())
             if _failure(results) is not None:
                 continue  # lost the race to another broker
-            counter = results[-1]
+            stamp = results[-1]
             # One transaction, one zxid: the election node's czxid is the counter's mzxid.
             owner = self._session_id()
-            self._office = _Office(
-                epoch=counter.mzxid, counter_version=counter.version, session=owner
-            )
             if owner is not None and owner == session:
                 self._heard(owner, asked_at)
-            log.info("broker %d took office, epoch %d", broker_id, counter.mzxid)
-            return int(counter.mzxid)
+            return _Office(
+                epoch=int(stamp.mzxid),
+                counter_version=stamp.version,
+                session=owner,
+                election=election,
+                counter=counter,
+                slot=slot,
+            )
+
+    async def release_slot(self, slot: int) -> None:
+        """Give the slot's office up (a handoff: the caller stopped renewing leases and flushed
+        its offsets first); its writes are fenced from here on, and another may take it."""
+        office = self._slot_offices.pop(slot, None)
+        if office is None:
+            return
+        self._count_election_event()  # wakes wait_slot_lost
+        # Fenced like a write: if the node is no longer this office's (the session ended and
+        # another broker took the slot), the counter moved on and nothing is deleted.
+        tx = self._fenced_transaction(office)
+        tx.delete(office.election)
+        failed = _failure(await self._wait(tx.commit_async()))
+        if failed is not None:
+            log.info("slot %d was no longer this broker's to release: %r", slot, failed[1])
+
+    async def slot_holders(self) -> dict[int, int]:
+        """Who holds each slot's office now (slot -> broker id); a slot nobody holds is left
+        out."""
+        slots = await self._children(SLOT_ELECTIONS)
+        pending = [(int(s), self._client.get_async(f"{SLOT_ELECTIONS}/{s}")) for s in slots]
+        holders = {}
+        for slot, result in pending:
+            try:
+                data, _stat = await self._wait(result)
+            except NoNodeError:
+                continue
+            holders[slot] = int(self._decode(data)["broker_id"])
+        return dict(sorted(holders.items()))
 
     def _on_election(self, _event: object) -> None:
         self._bridge.soon(self._count_election_event)
@@ -487,7 +595,15 @@ class ZooKeeperStore:
         await self._election_events.wait_value(lambda count: count != seen)
 
     def in_contact_until(self) -> float:
-        office, contact = self._office, self._contact
+        return self._contact_until(self._office)
+
+    def slot_in_contact_until(self, slot: int) -> float:
+        """``in_contact_until`` for the office of ``slot`` (``take_slot``): the same session
+        rule, for the slot's office alone."""
+        return self._contact_until(self._slot_offices.get(slot))
+
+    def _contact_until(self, office: _Office | None) -> float:
+        contact = self._contact
         if self._closed or office is None or contact is None or contact[0] != office.session:
             return -math.inf
         return contact[1] + self._session_timeout * (1 - CONTACT_MARGIN_FRACTION)
@@ -532,9 +648,27 @@ class ZooKeeperStore:
         timeout; a coordinator that steps down within the grace has long stopped pinging when
         its successor starts moving partitions.
         """
+        await self._wait_lost(lambda: self._office is not None, ELECTION, suspended_grace)
+        self._office = None
+
+    async def wait_slot_lost(self, slot: int, *, suspended_grace: float | None = None) -> None:
+        """``wait_office_lost`` for the office of ``slot``: it may be over once another session
+        holds the slot's node, the session ended, the connection stayed lost for the grace, or
+        this handle released the slot or was fenced in it."""
+        office = self._slot_offices.get(slot)
+        if office is None:
+            return
+        await self._wait_lost(
+            lambda: self._slot_offices.get(slot) is office, office.election, suspended_grace
+        )
+        self._drop(office)
+
+    async def _wait_lost(
+        self, holding: Callable[[], bool], election: str, suspended_grace: float | None
+    ) -> None:
         if suspended_grace is None:
             suspended_grace = self._session_timeout / 3
-        while self._office is not None:
+        while holding():
             seen = self._election_events.value
             if self._client.state == KazooState.LOST:
                 break
@@ -546,18 +680,25 @@ class ZooKeeperStore:
                 continue
             with contextlib.suppress(StoreUnavailable):
                 stat = await self._wait(
-                    self._client.exists_async(ELECTION, watch=self._on_election)
+                    self._client.exists_async(election, watch=self._on_election)
                 )
                 if stat is None or stat.ephemeralOwner != self._session_id():
                     break
             await self._election_event_after(seen)
-        self._office = None
 
     # Groups
 
     async def groups(self) -> Mapping[str, GroupRecord]:
+        return await self._groups(lambda _group_id: True)
+
+    async def slot_groups(self, slot: int, slots: int) -> Mapping[str, GroupRecord]:
+        """``groups`` of one coordinator slot: only their records are read."""
+        return await self._groups(lambda group_id: slot_of(group_id, slots) == slot)
+
+    async def _groups(self, admit: Callable[[str], bool]) -> Mapping[str, GroupRecord]:
         children = await self._children(CONSUMERS)
         names = [segment_name(child) for child in children if child != "coordinator"]
+        names = [name for name in names if admit(name)]
         pending = [(n, self._client.get_async(group_path(n, "registry"))) for n in names]
         registries = []
         for name, result in pending:
@@ -605,7 +746,7 @@ class ZooKeeperStore:
         is the commit point readers trust, so a write cut short (a crash, a lost connection, the
         office lost between two transactions) leaves the previous record whole. The owner nodes
         follow, and the owners node names the record they mirror once every one is written."""
-        office = self._check_epoch(epoch)
+        office = self._check_epoch(epoch, group.group_id)
         group_id = group.group_id
         data = _json(encode_group(group))
         chunks = [data[i : i + _CHUNK_BYTES] for i in range(0, len(data), _CHUNK_BYTES)]
@@ -749,7 +890,7 @@ class ZooKeeperStore:
         return ops
 
     async def delete_group(self, epoch: int, group_id: str) -> None:
-        office = self._check_epoch(epoch)
+        office = self._check_epoch(epoch, group_id)
         root = group_path(group_id)
         registry = group_path(group_id, "registry")
         records = group_path(group_id, "records")
@@ -757,7 +898,7 @@ class ZooKeeperStore:
             nodes = await self._group_subtree(group_id)
             if not nodes:
                 # Nothing to delete, but still only from office.
-                await self._commit_fenced(self._fenced_transaction(office))
+                await self._commit_fenced(self._fenced_transaction(office), office)
                 return
             # Offsets and owners first, then the registry before the chunks it names: cut short,
             # a delete leaves a group with fewer offsets (deleting it again finishes the job) or
@@ -775,7 +916,7 @@ class ZooKeeperStore:
     # Offsets
 
     async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
-        office = self._check_epoch(epoch)
+        office = self._check_epoch(epoch, *{batch.group_id for batch in batches})
         latest: dict[tuple[str, str, int], tuple[int, int]] = {}
         for batch in batches:
             for tp, offset in batch.offsets.items():
@@ -932,20 +1073,33 @@ class ZooKeeperStore:
         if self._closed:
             raise StoreUnavailable("the store is closed")
 
-    def _check_epoch(self, epoch: int) -> _Office:
+    def _check_epoch(self, epoch: int, *group_ids: str) -> _Office:
+        """The office of ``epoch``, which must admit every group written under it: the whole
+        cluster's office, or a slot's for the slot's groups alone."""
         office = self._office
         if office is None or office.epoch != epoch:
-            current = None if office is None else office.epoch
+            office = next((o for o in self._slot_offices.values() if o.epoch == epoch), None)
+        if office is None:
+            current = None if self._office is None else self._office.epoch
             raise EpochFenced(f"epoch {epoch} is not this store's coordinator epoch {current}")
+        for group_id in group_ids:
+            if not office.admits(group_id):
+                raise EpochFenced(f"group {group_id!r} is not in the slot of epoch {epoch}")
         return office
 
     def _fenced_transaction(self, office: _Office) -> Any:
         tx = self._client.transaction()
-        tx.check(EPOCH_COUNTER, office.counter_version)
-        tx.check(ELECTION, 0)  # exists: the election node is never written after its creation
+        tx.check(office.counter, office.counter_version)
+        tx.check(office.election, 0)  # exists: an election node is never written after creation
         return tx
 
-    async def _commit_fenced(self, tx: Any) -> bool:
+    def _drop(self, office: _Office) -> None:
+        if self._office is office:
+            self._office = None
+        elif office.slot is not None and self._slot_offices.get(office.slot[0]) is office:
+            del self._slot_offices[office.slot[0]]
+
+    async def _commit_fenced(self, tx: Any, office: _Office) -> bool:
         """Commit a transaction from ``_fenced_transaction``: True if it happened, False if it
         lost a race with another write (retry), ``EpochFenced`` if the office is over."""
         failed = _failure(await self._wait(tx.commit_async()))
@@ -953,7 +1107,7 @@ class ZooKeeperStore:
             return True
         index, exc = failed
         if index < 2:
-            self._office = None
+            self._drop(office)
             raise EpochFenced(f"the coordinator office of this store is over ({exc!r})")
         if isinstance(exc, NoNodeError | NodeExistsError | BadVersionError | NotEmptyError):
             return False
@@ -973,7 +1127,7 @@ class ZooKeeperStore:
                 ops[end].add_to(tx)
                 size += ops[end].size + overhead
                 end += 1
-            if not await self._commit_fenced(tx):
+            if not await self._commit_fenced(tx, office):
                 return done
             done = end
         return done
@@ -1089,6 +1243,7 @@ async def open_zookeeper_store(
     session_timeout: float = DEFAULT_SESSION_TIMEOUT,
     call_bound: float = DEFAULT_CALL_BOUND,
     auth: DigestAuth | None = None,
+    coordinator_slots: int | None = None,
 ) -> AsyncIterator[ZooKeeperStore]:
     """Connect to ``hosts`` (``host:port,...`` with an optional ``/chroot``, created if missing)
     and open a store on it for the duration of the block; one ZooKeeper session.
@@ -1098,6 +1253,8 @@ async def open_zookeeper_store(
     call waits before ``StoreUnavailable``. With ``auth`` (ZooKeeper digest authentication) the
     nodes this store creates are readable and writable by that user alone; nodes made before
     without it keep their open ACL, so protect a cluster's metadata from its first start on.
+    A broker passes its ``coordinator_slots``: the first pins the cluster's count, and a store
+    pinned to another count (or layout) raises ``LayoutMismatch`` before anything is served.
     """
     bridge = kazoo_bridge(hosts, session_timeout=session_timeout, call_bound=call_bound, auth=auth)
     store = ZooKeeperStore(
@@ -1108,6 +1265,8 @@ async def open_zookeeper_store(
         try:
             for path in (BROKER_IDS, TOPICS, CONSUMERS, EPOCH_COUNTER, USERS):
                 await store._wait(store._client.ensure_path_async(path))
+            if coordinator_slots is not None:
+                await store.check_layout(coordinator_slots)
             async with trio.open_nursery() as nursery:
                 await nursery.start(store._watch_topics)
                 nursery.start_soon(store._keep_registrations)

@@ -219,7 +219,7 @@ async def test_offsets_reset_per_auto_offset_reset(
             )
             assert isinstance(response, OffsetCommitResponse)
             assert response.error_code is ErrorCode.NONE
-        settings = ConsumerSettings(auto_offset_reset="largest")
+        settings = ConsumerSettings(auto_offset_reset="latest")
         async with open_consumer(
             "b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect
         ) as c:
@@ -228,8 +228,8 @@ async def test_offsets_reset_per_auto_offset_reset(
                 first.setdefault(record.topic_partition, record.offset)
                 if len(first) == 2:
                     break
-            # t-1 had nothing committed: "largest" starts at the end it found; t-0 was out of
-            # range: "largest" moves it to the end at that moment
+            # t-1 had nothing committed: "latest" starts at the end it found; t-0 was out of
+            # range: "latest" moves it to the end at that moment
             (listed,) = net.log.listed
             assert first[tp1] == listed
             out_of_range = [(at, o) for at, tp, o in net.log.fetches if tp == tp0 and o == 10_000]
@@ -383,7 +383,7 @@ async def test_after_losing_its_coordinator_a_consumer_believes_the_follower_nam
             await c.assignment.wait_value(lambda owned: len(owned) == 2)
             assert asked == [(0.0, "f2")]
             assert [at for at, line in coordinator_lines if line.carries_registration] == [0.0]
-            assert c.machine.epoch >= 0
+            assert c.coordinator_epoch >= 0
             (registration,) = (line for line in net.lines if line.carries_registration)
             await trio.sleep(0.5)  # into the stable generation
             lost = trio.current_time()

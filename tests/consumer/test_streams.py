@@ -29,7 +29,7 @@ async def test_records_and_batches_come_from_the_same_buffer_and_finish_what_cam
     claim = PartitionClaim(partition=TP, generation=1, broker_id=0, position=3, consumed=3)
     stream = RecordStream(index=0, topic="t")
     # a fetch from offset 3 answers the whole batch holding it: [0, 5), then [5, 10)
-    assert await stream.put(claim, [batch(claim, 0, 5, first=3), batch(claim, 5, 5)])
+    assert await stream._put(claim, [batch(claim, 0, 5, first=3), batch(claim, 5, 5)])
 
     record = await stream.__anext__()
     assert (record.offset, record.key, record.value, record.timestamp_ms) == (3, None, b"v3", 1003)
@@ -63,10 +63,10 @@ async def test_a_stopped_partitions_batches_are_not_handed_out() -> None:
         consumed=0,
     )
     stream = RecordStream(index=0, topic="t", max_buffered=100)
-    assert await stream.put(stopped, [batch(stopped, 0, 3)])
-    assert await stream.put(kept, [batch(kept, 0, 2)])
+    assert await stream._put(stopped, [batch(stopped, 0, 3)])
+    assert await stream._put(kept, [batch(kept, 0, 2)])
     stopped.active = False
     stream.drop_inactive()
     got = await stream.next_batch()
     assert got is not None and got.values() == [b"v0", b"v1"] and got._claim is kept
-    assert not await stream.put(stopped, [batch(stopped, 3, 1)])
+    assert not await stream._put(stopped, [batch(stopped, 3, 1)])

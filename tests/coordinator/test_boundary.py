@@ -481,9 +481,11 @@ async def test_offsets_a_member_reports_past_the_log_end_are_dropped(tmp_path: P
         assert await _committed(broker) == {TopicPartition(topic="t", partition=0): 4}
 
 
-async def test_offset_requests_are_bounded_and_answered_in_chunks(tmp_path: Path) -> None:
-    """One OffsetFetch of the most partitions allowed does not hold the event loop: other tasks
-    run every few milliseconds while it is answered (11 s at once for 250,000 before)."""
+async def test_offset_requests_are_bounded_and_answered_whole(tmp_path: Path) -> None:
+    """One partition over the bound is refused; an OffsetFetch of the most partitions allowed, in
+    reverse order and over two topics, is answered whole and sorted. (The answer is built a
+    chunk at a time, so that it does not hold the event loop; at the bound of 10,000 a single
+    step would take about 25 ms here, too little for a test to tell apart on a busy machine.)"""
     async with open_broker(tmp_path) as broker:
         await _create(broker, partitions=1)
         n = LIMITS.max_partitions_per_request
@@ -497,33 +499,17 @@ async def test_offset_requests_are_bounded_and_answered_in_chunks(tmp_path: Path
             offsets=tuple(PartitionOffset(topic="t", partition=0, offset=0) for _ in range(n + 1)),
         )
         assert (await broker.request(commit)).error_code is ErrorCode.INVALID_REQUEST
-        # the largest allowed, in reverse order, every partition twice over two topics
         wanted = tuple(
             TopicPartition(topic=f"t{i % 2}", partition=i // 2) for i in reversed(range(n))
         )
-        stall = 0.0
-        async with broker.client() as channel, trio.open_nursery() as nursery:
-
-            async def ticker() -> None:
-                nonlocal stall
-                last = time.perf_counter()
-                while True:
-                    await trio.sleep(0)
-                    now = time.perf_counter()
-                    stall, last = max(stall, now - last), now
-
-            nursery.start_soon(ticker)
-            await trio.sleep(0.01)
+        async with broker.client() as channel:
             with trio.fail_after(DEADLINE):
                 answer = await channel.request(OffsetFetchRequest(group_id="g", partitions=wanted))
-            nursery.cancel_scope.cancel()
         assert isinstance(answer, OffsetFetchResponse)
         assert [(po.topic, po.partition) for po in answer.offsets] == sorted(
             (tp.topic, tp.partition) for tp in wanted
         )
         assert all(po.offset == -1 for po in answer.offsets)
-        # decoding the request frame is one step of its own (about 25 ms here)
-        assert stall < 0.25, stall
 
 
 # --- the data plane and metadata ------------------------------------------------------------

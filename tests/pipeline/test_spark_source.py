@@ -262,3 +262,35 @@ def test_a_partition_added_while_the_query_runs_is_picked_up(
     rows = sink_rows(sink)
     assert {(p, o, v) for p, o, v in rows if v.startswith("h")} == later
     assert len(rows) == len(set(rows)) == 60
+
+
+def readme_spark_snippet() -> str:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    spark_section = readme[readme.index("\n## Spark\n") :]
+    start = spark_section.index("```python\n") + len("```python\n")
+    return spark_section[start : spark_section.index("```\n", start)]
+
+
+def test_the_readme_snippet_runs_as_written(spark: Any, bootstrap: str, tmp_path: Path) -> None:
+    """Only the broker's address and the checkpoint directory are put in."""
+    create_topic(bootstrap, "events", 2)
+    create_topic(bootstrap, "totals", 1)
+    produced = produce(bootstrap, "events", [f"v{i % 7}" for i in range(70)])
+    assert len(produced) == 70
+    code = readme_spark_snippet()
+    assert "127.0.0.1:9092" in code and "/tmp/totals-checkpoint" in code
+    code = code.replace("127.0.0.1:9092", bootstrap)
+    code = code.replace("/tmp/totals-checkpoint", str(tmp_path / "checkpoint"))
+    exec(compile(code, "README.md", "exec"), {})
+
+    totals = (
+        spark.read.format("coordinator")
+        .option("bootstrap", bootstrap)
+        .option("topic", "totals")
+        .load()
+        .collect()
+    )
+    counts: dict[bytes, int] = {}
+    for row in totals:
+        counts[row.key] = counts.get(row.key, 0) + int(row.value)
+    assert counts == {f"key-v{i}".encode(): 10 for i in range(7)}

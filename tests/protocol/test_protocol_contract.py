@@ -41,7 +41,7 @@ CONTRACT = {
     "ListOffsetsResponse": "error_code:int16 log_start_offset:int64 high_watermark:int64",
     "ClusterMetadataRequest": "group_id:string? topics:array[string]?",
     "ClusterMetadataResponse": "error_code:int16 coordinator_id:int32 coordinator_epoch:int64"
-    " brokers:array[BrokerInfo] topics:array[TopicMetadata]",
+    " brokers:array[BrokerInfo] topics:array[TopicMetadata] slot_holders:array[int32]",
     "RegisterConsumerRequest": "group_id:string consumer_id:string subscription:Subscription"
     " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
     " owned_partitions:array[TopicPartition] instance_id:string?",
@@ -83,6 +83,8 @@ CONTRACT = {
 }
 # The layouts of older versions, where they differ from the newest (the class's whole field list).
 OLDER_VERSIONS = {
+    ("ClusterMetadataResponse", 0): "error_code:int16 coordinator_id:int32"
+    " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]",
     ("ProduceRequest", 0): "topic:string partition:int32 records:array[Record]",
     ("FetchResponse", 0): "error_code:int16 high_watermark:int64 log_start_offset:int64"
     " records:array[Record]",

@@ -113,6 +113,15 @@ STORED_BATCH = (
 )
 
 
+HEADERS_BATCH = bytes.fromhex(
+    "00 00 00 00 00 00 00 00 00 00 00 52 ff ff ff ff ff ff ff ff 2c 5a 6f 16 02 00 10"
+    " 00 00 00 00 00 00 00 00 00 00 03 e8 00 00 00 00 00 00 03 e8"
+    " ff ff ff ff ff ff ff ff ff ff ff ff ff ff 00 00 00 01"
+    " 00 00 00 00 01 00 00 00 01 00 00 00 6b 76"
+    " 0b 00 00 00 02 00 00 00 69 64 01 00 00 00 37"
+)
+
+
 def _spec_blocks() -> list[bytes]:
     """The hex of every code block in SPEC.md's worked-example section, comments dropped."""
     section = SPEC.read_text().split("## 10. Worked example", 1)[1]
@@ -249,4 +258,15 @@ def test_spec_shows_the_same_bytes() -> None:
         RECORD,
         BATCH,
         STORED_BATCH,
+        HEADERS_BATCH,
     ]
+
+
+def test_headers_bytes_as_a_producer_builds_them_and_a_consumer_reads_them() -> None:
+    assert build_batch([b"v"], [b"k"], [1000], headers=[[("id", b"7")]]) == HEADERS_BATCH
+    (batch,) = read_batches(HEADERS_BATCH)
+    assert batch.headers() == [(("id", b"7"),)]
+    assert list(batch) == [(0, 1000, b"k", b"v")]
+    # a batch without headers has no headers column: the bytes it always had
+    (plain,) = read_batches(BATCH)
+    assert plain.headers() == [(), ()]

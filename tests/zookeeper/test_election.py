@@ -101,8 +101,8 @@ async def test_the_group_is_whole_again_after_the_coordinator_goes(
                 # Registered with the successor, which either adopted what they fetched on
                 # through the failover (the same generation) or rebalanced (a newer one).
                 return await whole() and all(
-                    c.machine.coordinator is not None
-                    and c.machine.coordinator.broker_id == survivor.broker_id
+                    c.coordinator is not None
+                    and c.coordinator.broker_id == survivor.broker_id
                     and c.state is ConsumerState.FETCHING
                     for c in consumers
                 )

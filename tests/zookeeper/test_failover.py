@@ -395,7 +395,7 @@ async def test_a_coordinator_paused_past_its_session_steps_down_when_it_wakes(
                 lambda: whole_and_stable(consumers, first, after_generation=0), deadline=DEADLINE
             )
             generation = max(c.generation for c in consumers)
-            old_epoch = max(c.machine.epoch for c in consumers)
+            old_epoch = max(c.coordinator_epoch for c in consumers)
             first.running.process.send_signal(signal.SIGSTOP)
             try:
                 elected = await agreed_coordinator(ids([second]), deadline=DEADLINE)
@@ -408,7 +408,7 @@ async def test_a_coordinator_paused_past_its_session_steps_down_when_it_wakes(
                 written = await settled_group_znodes(zookeeper_hosts)
             finally:
                 first.running.process.send_signal(signal.SIGCONT)
-            new_epoch = max(c.machine.epoch for c in consumers)
+            new_epoch = max(c.coordinator_epoch for c in consumers)
             assert new_epoch > old_epoch
 
             # Awake, it learns it was deposed and names its successor like everyone else.
@@ -433,12 +433,12 @@ async def test_a_coordinator_paused_past_its_session_steps_down_when_it_wakes(
 
             print(
                 f"epochs {old_epoch} -> {new_epoch}; accepted (first, last) per epoch: "
-                f"{[c.accepted_span for c in consumers]}; {len(after)} group znodes unchanged"
+                f"{[c._accepted_span for c in consumers]}; {len(after)} group znodes unchanged"
             )
             # And no consumer obeyed it once its successor had been heard.
             for consumer in consumers:
-                spans = consumer.accepted_span
-                assert consumer.accepted_by_epoch[new_epoch] > 0, spans
+                spans = consumer._accepted_span
+                assert consumer._accepted_by_epoch[new_epoch] > 0, spans
                 assert set(spans) <= {old_epoch, new_epoch}, spans
                 if old_epoch in spans:
                     assert spans[old_epoch][1] < spans[new_epoch][0], spans
