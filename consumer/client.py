@@ -67,7 +67,7 @@ from transport.security import ClientSecurity
 from .discovery import Discovery
 from .fetcher import BrokerConnections, FetchSettings, run_fetcher
 from .runtime import require_trio, unwrap_single
-from .streams import ConsumerRecord, InstanceFenced, PartitionClaim, RecordStream
+from .streams import ConsumerRecord, Deserializer, InstanceFenced, PartitionClaim, RecordStream
 
 __all__ = [
     "CommitFailed",
@@ -153,6 +153,12 @@ class ConsumerSettings:
     """How long a new consumer looks for its coordinator before giving up: its streams then
     raise :class:`CoordinatorUnavailable` (a wrong bootstrap address or a cluster that is down).
     None: look forever. Once registered, a consumer looks for a lost coordinator forever."""
+    key_deserializer: Deserializer | None = None
+    """Turns each record's key (not None) into what ``async for`` and ``getmany`` hand over, as
+    kafka-python's ``key_deserializer`` does: ``bytes.decode``; None: the bytes. The batch API
+    always hands over bytes."""
+    value_deserializer: Deserializer | None = None
+    """As ``key_deserializer``, for values: ``json.loads``."""
     instance_id: str | None = None
     """Static membership (SPEC.md §11.11): the name of this member, which outlives its processes.
     A process that starts again under it within ``session_timeout`` gets its partitions back with
@@ -1058,17 +1064,20 @@ async def open_consumer(
     subscription = _subscription(topics, pattern, pattern_streams, pattern_is_blacklist)
     member_id = consumer_id or f"{settings.client_id}-{uuid.uuid4().hex[:12]}"
     connect = connect or (security or ClientSecurity()).connector(_open_tcp)
+
+    def stream(index: int, topic: str | None) -> RecordStream:
+        return RecordStream(
+            index=index,
+            topic=topic,
+            max_buffered=settings.max_buffered_records,
+            key_deserializer=settings.key_deserializer,
+            value_deserializer=settings.value_deserializer,
+        )
+
     if topics is not None:
-        streams = tuple(
-            RecordStream(index=i, topic=topic, max_buffered=settings.max_buffered_records)
-            for topic, n in sorted(topics.items())
-            for i in range(n)
-        )
+        streams = tuple(stream(i, topic) for topic, n in sorted(topics.items()) for i in range(n))
     else:
-        streams = tuple(
-            RecordStream(index=i, topic=None, max_buffered=settings.max_buffered_records)
-            for i in range(pattern_streams)
-        )
+        streams = tuple(stream(i, None) for i in range(pattern_streams))
     machine = sm.ConsumerMachine(
         config=sm.ConsumerConfig(
             session_timeout=settings.session_timeout,

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
 
 import attrs
 import trio
@@ -67,6 +68,10 @@ class InstanceFenced(Exception):
     def __init__(self, instance_id: str | None) -> None:
         self.instance_id = instance_id
         super().__init__(f"instance id {instance_id!r} was taken over by a newer process")
+
+
+#: Turns a record's key or value bytes into what the application reads (``json.loads``).
+Deserializer = Callable[[bytes], Any]
 
 
 @attrs.define(eq=False)
@@ -111,8 +116,10 @@ class ConsumerRecord:
     partition: int
     offset: int
     timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
+    key: Any
+    """``bytes`` (or None), or what the consumer's ``key_deserializer`` made of them."""
+    value: Any
+    """``bytes`` (or None), or what the consumer's ``value_deserializer`` made of them."""
     _claim: PartitionClaim = attrs.field(eq=False, repr=False)
     headers: tuple[Header, ...] = ()
     """``(name, value)`` pairs the producer attached, in its order."""
@@ -171,8 +178,20 @@ class ConsumerBatch:
         headers = self.batch.headers()
         return headers[self._skip :] if self._skip else headers
 
-    def records(self) -> list[ConsumerRecord]:
+    def records(
+        self,
+        key_deserializer: Deserializer | None = None,
+        value_deserializer: Deserializer | None = None,
+    ) -> list[ConsumerRecord]:
+        """One record each, keys and values passed through the deserializers given (a None key
+        or value stays None)."""
         claim = self._claim
+        keys: list[Any] = self.keys()
+        values: list[Any] = self.values()
+        if key_deserializer is not None:
+            keys = [None if key is None else key_deserializer(key) for key in keys]
+        if value_deserializer is not None:
+            values = [None if value is None else value_deserializer(value) for value in values]
         return [
             ConsumerRecord(
                 topic=self.topic,
@@ -187,8 +206,8 @@ class ConsumerBatch:
             for offset, ts, key, value, headers in zip(
                 self.offsets,
                 self.timestamps(),
-                self.keys(),
-                self.values(),
+                keys,
+                values,
                 self.headers(),
                 strict=True,
             )
@@ -212,6 +231,10 @@ class RecordStream:
     topic: str | None
     """None for a wildcard subscription's streams, which take every matching topic."""
     max_buffered: int = 1000
+    key_deserializer: Deserializer | None = None
+    value_deserializer: Deserializer | None = None
+    """What ``async for`` and ``getmany`` pass keys and values through (the batch API hands over
+    the bytes)."""
     claims: dict[TopicPartition, PartitionClaim] = attrs.field(factory=dict)
     """The partitions assigned to this stream by the latest StartFetcher (active or not)."""
     _buffer: collections.deque[ConsumerBatch] = attrs.field(factory=collections.deque)
@@ -259,7 +282,7 @@ class RecordStream:
             if batch is None:
                 return None
             self._current = batch
-            self._records.extend(batch.records())
+            self._records.extend(batch.records(self.key_deserializer, self.value_deserializer))
 
     def _ready_batch(self) -> ConsumerBatch | None:
         while self._buffer:

@@ -185,3 +185,13 @@ async def test_headers_and_serializers_go_from_producer_to_consumer(
         assert (second.key, second.headers) == (b"user-2", ())
         (stored_first, _) = cluster.log.records("a", 0)
         assert stored_first.value == b'{"n": 1}'
+
+        # A consumer with deserializers reads back what was sent, through both ways of reading.
+        settings = ConsumerSettings(key_deserializer=bytes.decode, value_deserializer=json.loads)
+        async with open_consumer(
+            "simulated:9092", "h", topics="a", settings=settings, connect=cluster.connect_to
+        ) as c:
+            first = await c.__anext__()
+            rest = await c.getmany()
+        assert (first.key, first.value) == ("user-1", {"n": 1})
+        assert [(r.key, r.value) for r in rest[A0]] == [("user-2", {"n": 2})]

@@ -96,6 +96,37 @@ async def test_a_static_member_restarted_after_a_clean_stop_gets_exactly_its_par
 
 
 @pytest.mark.parametrize("protocol", list(RebalanceProtocol))
+async def test_a_rolling_restart_of_every_static_member_moves_no_partition(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, protocol: RebalanceProtocol
+) -> None:
+    """a, b and c restart one after the other (a clean stop, back 1 s later, the next one 2 s
+    after that): each new process is started at once on exactly its member's partitions, and
+    under the incremental protocol nobody else hears anything but Pings; under the eager one
+    every return stops and starts the two others."""
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+        members = list(await _static_trio(cluster))
+        owned = {m.member_id: m.owned for m in members}
+        for turn, old in enumerate(list(members)):
+            await trio.sleep_until(5.0 + 3 * turn)
+            name = old.member_id
+            new = await cluster.restart_consumer(old, f"{name}-2", end="stop", down_for=1.0)
+            with trio.fail_after(10):
+                await cluster.wait_settled()
+            assert trio.current_time() == 6.0 + 3 * turn
+            assert new.owned == owned[name]
+            assert _starts(cluster, f"{name}-2") == {6.0 + 3 * turn}
+            members[turn] = new
+        assert {m.member_id: m.owned for m in members} == owned
+        if protocol is RebalanceProtocol.INCREMENTAL:
+            # each new process got its one start and nothing else
+            assert _handovers(*members) == [(0, 1)] * 3
+        else:
+            # every return stops and starts every live process, the returning one included
+            assert _handovers(*members) == [(3, 3), (2, 2), (1, 1)]
+        await cluster.check_invariants(settled=True)
+
+
+@pytest.mark.parametrize("protocol", list(RebalanceProtocol))
 async def test_a_static_member_killed_with_a_reset_gets_its_partitions_back_at_its_lease_end(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, protocol: RebalanceProtocol
 ) -> None:
