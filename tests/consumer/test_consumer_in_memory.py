@@ -881,3 +881,53 @@ async def test_a_rebalance_that_does_not_touch_a_consumer_leaves_it_fetching_and
         assert max(y - x for x, y in itertools.pairwise(instants)) <= 0.1 + 1e-9
         # every record once, in order: up to 48, the last below the log's end at 4.9 s
         assert delivered(seen, tp) == list(range(49))
+
+
+async def test_a_static_member_restarts_into_its_partitions_and_a_newer_process_fences_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The real coordinator's static membership (SPEC.md §11.11) with the consumer library: a
+    static member that closes and starts again within T gets exactly its partitions back, and a
+    third process under its instance id fences the second, which ends with InstanceFenced; the
+    dynamic member beside them hears nothing after the group formed."""
+    static = ConsumerSettings(session_timeout=6.0, instance_id="s1")
+    events: list[tuple[float, str, frozenset[TopicPartition]]] = []
+    revoked, assigned = recorders(events)
+    errors: list[BaseException] = []
+    async with (
+        open_in_memory_cluster(tmp_path, CONFIG, {"t": 4}) as net,
+        open_consumer(
+            "b:1",
+            "g",
+            topics={"t": 1},
+            settings=ConsumerSettings(session_timeout=6.0),
+            connect=net.connect,
+            on_revoked=revoked,
+            on_assigned=assigned,
+        ) as dynamic,
+    ):
+        async with open_consumer(
+            "b:1", "g", topics={"t": 1}, settings=static, connect=net.connect
+        ) as first:
+            await first.assignment.wait_value(lambda owned: len(owned) == 2)
+            held = first.assignment.value
+        assert trio.current_time() == 1.0  # formed after the initial delay, closed at once
+        await trio.sleep(1.0)
+        async with (
+            open_consumer(
+                "b:1", "g", topics={"t": 1}, settings=static, connect=net.connect
+            ) as second,
+            trio.open_nursery() as app,
+        ):
+            await second.assignment.wait_value(lambda owned: owned == held)
+            assert trio.current_time() == 2.0  # no rebalance delay: its partitions were waiting
+            app.start_soon(read_until_fenced, second.streams[0], errors)
+            async with open_consumer(
+                "b:1", "g", topics={"t": 1}, settings=static, connect=net.connect
+            ) as third:
+                await third.assignment.wait_value(lambda owned: owned == held)
+                assert trio.current_time() == 2.0  # the second answered its fence at once
+                assert second.state is ConsumerState.FENCED
+                assert second.last_error is ErrorCode.FENCED_INSTANCE_ID
+                assert [type(e) for e in errors] == [InstanceFenced]
+        assert events == [(1.0, "assigned", dynamic.assignment.value)]
