@@ -191,8 +191,12 @@ async def test_consumer_crash_broker_crash_and_garbage(tmp_path: Path) -> None:
             await until_stable(broker, members=2)
             stable = await describe_group(broker, GROUP)
             assert stable["state"] == "Stable" and len(stable["members"]) == 2, stable
-            owned = sorted(tp for member in stable["members"] for tp in member["partitions"])
-            assert owned == sorted(f"{TOPIC}-{p}" for p in range(PARTITIONS))
+            owned = sorted(
+                (tp["topic"], tp["partition"])
+                for member in stable["members"]
+                for tp in member["partitions"]
+            )
+            assert owned == [(TOPIC, p) for p in range(PARTITIONS)]
             await check_garbage_is_refused(broker, stable)
 
             for survivor in survivors:
