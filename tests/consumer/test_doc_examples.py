@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from consumer.admin import open_admin
+from launch.cluster import eventually
 from launch.processes import run_broker
 
 pytestmark = pytest.mark.realtime
@@ -56,7 +57,8 @@ async def count_until(sig: signal.Signals, bootstrap: str, events: int) -> tuple
             *complete, buffer = buffer.split(b"\n")
             lines += [line.decode() for line in complete]
         if events == 0:
-            await trio.sleep(2.0)  # let it register: nothing to read must stay nothing
+            # registered and started, so that its reading nothing is what the signal ends
+            await eventually(lambda: _started(bootstrap), deadline=WAIT)
         process.send_signal(sig)
         rest = b""
         async for chunk in process.stdout:
@@ -68,6 +70,12 @@ async def count_until(sig: signal.Signals, bootstrap: str, events: int) -> tuple
     assert b"Traceback" not in errors and b"ExceptionGroup" not in errors, errors.decode()
     lines += (buffer + rest).decode().splitlines()
     return status, lines
+
+
+async def _started(bootstrap: str) -> bool:
+    async with open_admin(bootstrap) as admin:
+        report = await admin.describe_group("counters")
+    return report.state == "Stable" and all(p.owner is not None for p in report.partitions)
 
 
 async def test_the_documented_producer_and_consumer_run_and_stop_cleanly(tmp_path: Path) -> None:
