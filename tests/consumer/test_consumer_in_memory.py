@@ -462,10 +462,10 @@ async def test_an_admin_asks_again_while_the_coordinator_loads(
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
         took_office = await restart_slowly_with_a_group(net, settings)
         async with (
-            AsyncExitStack() as stack,
             open_channel(await net.connect("b", 1), client_id="admin") as channel,
+            AsyncExitStack() as stack,
         ):
-            admin = Admin(channel=channel, address=("b", 1), stack=stack)
+            admin = Admin(channel=channel, address=("b", 1), stack=stack, connect=net.connect)
             groups = await admin.groups()
         # asked every LOAD_RETRY (50 ms): the first time after the load ended, at 1.99 s
         assert trio.current_time() == pytest.approx(took_office + 2.0, abs=1e-9)
