@@ -8,6 +8,8 @@ Layout (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds keep t
                                                       {name: {"host": h, "port": p}, ...}}
     /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
     /consumers/coordinator                            ephemeral {"broker_id": id}; czxid = epoch
+                                                      (take_office); under layout 2 persistent
+                                                      {"broker_id": -1} (occupy_single_office)
     /coordinator_epoch                                persistent; its version counts terms
     /coordinator_layout                               {"version": v, "slots": n}, written once
     /coordinator_slots/<slot>                         ephemeral {"broker_id": id}; czxid = epoch
