@@ -1,6 +1,6 @@
 """A cluster of three brokers as a user meets it: a topic's partitions spread over the brokers,
-and every CLI verb works with each broker as the only bootstrap (issue 18). Brokers run in this
-process on real ZooKeeper; the CLI runs as real processes."""
+and every CLI verb works with each broker as the only bootstrap (issue 18). Brokers and the CLI
+run as real processes, on the test run's ZooKeeper server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import trio
@@ -16,29 +16,40 @@ import trio
 from consumer.admin import AdminError, open_admin
 from coordinator.config import CoordinatorConfig
 from launch.cluster import eventually
+from launch.processes import stop_process
 from tests.cli.cli_process import run_cli
-from tests.support.node_cluster import Broker, cluster
+from tests.zookeeper.test_failover import broker_processes
 from transport.channel import ChannelClosed
 from transport.connect import Address
 
 pytestmark = pytest.mark.realtime
 
 DEADLINE = 60  # generous: CI has two busy cores, ZooKeeper's JVM among them
+#: What the tests that run brokers in this process give them (the broker processes of
+#: test_failover.broker_processes run with the same options).
 CONFIG = CoordinatorConfig(initial_rebalance_delay=0.2, commit_interval=0.2)
 
 
-def bootstrap(broker: Broker) -> str:
-    return f"127.0.0.1:{broker.port}"
+class Reachable(Protocol):
+    """A broker of a test cluster, in this process or a process of its own."""
+
+    @property
+    def address(self) -> Address: ...
 
 
-async def cli(broker: Broker, *args: str, stdin: bytes = b"") -> str:
+def bootstrap(broker: Reachable) -> str:
+    host, port = broker.address
+    return f"{host}:{port}"
+
+
+async def cli(broker: Reachable, *args: str, stdin: bytes = b"") -> str:
     """``coordinator ARGS... --bootstrap BROKER``, which must succeed; its stdout."""
     done = await run_cli(*args, "--bootstrap", bootstrap(broker), stdin=stdin)
     assert done.returncode == 0, (args, done.stderr.decode(errors="replace"))
     return done.stdout.decode()
 
 
-async def cli_json(broker: Broker, *args: str) -> Any:
+async def cli_json(broker: Reachable, *args: str) -> Any:
     return json.loads(await cli(broker, *args, "--json"))
 
 
@@ -59,7 +70,7 @@ async def every_broker_sees(addresses: list[Address], wanted: set[int]) -> bool:
 async def test_every_verb_works_through_each_broker_and_partitions_spread(
     zookeeper_hosts: str, tmp_path: Path
 ) -> None:
-    async with cluster(zookeeper_hosts, tmp_path, CONFIG, 3) as brokers:
+    async with broker_processes(zookeeper_hosts, tmp_path, 3) as brokers:
         one, two, three = brokers
         everyone = {b.broker_id for b in brokers}
         await eventually(
@@ -118,7 +129,7 @@ async def test_every_verb_works_through_each_broker_and_partitions_spread(
         assert await cli_json(one, "groups", "list") == []
 
         # A broker that stops takes its partitions with it, and topics describe says so.
-        three.scope.cancel()
+        await stop_process(three.running.process)
 
         async def three_is_down() -> bool:
             rows = await cli_json(one, "topics", "describe", "u")

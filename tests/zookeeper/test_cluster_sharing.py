@@ -127,13 +127,14 @@ class Member(RebalanceListener):
     peers: list[Member] = attrs.field(factory=list)
     #: (member index, partitions fetched by it and another member at once), shared by the group.
     overlaps: list[tuple[int, frozenset[TopicPartition]]] = attrs.field(factory=list)
-
-    async def connect(self, host: str, port: int) -> trio.abc.Stream:
-        return TappedStream(inner=await trio.open_tcp_stream(host, port), requests=self.requests)
-
+    #: How many times it checked its group for overlaps (once per start of its fetchers).
+    checks: int = 0
     #: What it had heard when the test took its baseline: (StopFetcher + StartFetcher, Ping,
     #: coordinator epoch).
     _baseline: tuple[int, int, int] = (0, 0, -1)
+
+    async def connect(self, host: str, port: int) -> trio.abc.Stream:
+        return TappedStream(inner=await trio.open_tcp_stream(host, port), requests=self.requests)
 
     def _stops_and_starts(self) -> int:
         return self.requests[ApiKey.STOP_FETCHER] + self.requests[ApiKey.START_FETCHER]
@@ -164,6 +165,7 @@ class Member(RebalanceListener):
         return frozenset() if self.consumer is None else self.consumer.assignment.value
 
     async def on_partitions_assigned(self, assigned: frozenset[TopicPartition]) -> None:
+        self.checks += 1
         for index, other in enumerate(self.peers):
             if other is not self and (both := self.fetching & other.fetching):
                 self.overlaps.append((index, both))
@@ -440,6 +442,7 @@ async def test_a_broker_kill_fails_over_only_the_groups_of_its_slots(
                 assert now is not None and then is not None and now[-1] == then[-1]  # generation
             for group in groups:
                 assert group.overlaps == [], group.group_id
+                assert all(m.checks > 0 for m in group.members)
             print(
                 f"kill -9 of broker {victim.broker_id}: slots balanced over the survivors "
                 f"{balanced_at - killed_at:.3f}s later, its {len(failed_over)} groups whole and "
