@@ -16,7 +16,6 @@ started, before any other task runs), that no other member of its group fetches 
 from __future__ import annotations
 
 import contextlib
-import functools
 import socket
 import struct
 import zlib
@@ -300,12 +299,28 @@ def groups_on(holders: Mapping[int, int], broker_id: int) -> list[str]:
     return [next(mine) for _ in range(GROUPS_PER_BROKER)]
 
 
-async def settled(group: Group, address: Address, ends: Mapping[int, int]) -> bool:
-    """Whole and Stable, each partition's offset committed up to ``ends``."""
-    if not group.whole():
+async def settled(group: Group, address: Address, ends: Mapping[int, int]) -> dict[int, int]:
+    """Once the group is whole and Stable with each partition's offset committed up to
+    ``ends``: its committed offsets and generation (as :func:`committed`)."""
+    found: list[dict[int, int]] = []
+
+    async def check() -> bool:
+        if group.whole() and (offsets := await committed(address, group.group_id)) is not None:
+            found[:] = [offsets]
+            return all(offsets.get(p) == end for p, end in ends.items())
         return False
-    offsets = await committed(address, group.group_id)
-    return offsets is not None and all(offsets.get(p) == end for p, end in ends.items())
+
+    await eventually(check, deadline=DEADLINE)
+    return found[0]
+
+
+async def named_by_all(addresses: list[Address], group_id: str, holder_id: int) -> None:
+    """Wait until ClusterMetadata(group_id) names ``holder_id`` at every one of ``addresses``."""
+
+    async def named() -> bool:
+        return all([await coordinator_seen_by(a, group_id) == holder_id for a in addresses])
+
+    await eventually(named, deadline=DEADLINE)
 
 
 async def placement_of(addresses: list[Address]) -> dict[int, int]:
@@ -360,8 +375,7 @@ async def test_a_broker_kill_fails_over_only_the_groups_of_its_slots(
             group_id: b.broker_id for b in brokers for group_id in groups_on(holders, b.broker_id)
         }
         for group_id, holder_id in coordinator_of.items():
-            for address in addresses:
-                assert await coordinator_seen_by(address, group_id) == holder_id
+            await named_by_all(addresses, group_id, holder_id)
 
         async with open_admin(addresses) as admin:
             await admin.create_topic(TOPIC, PARTITIONS)
@@ -375,13 +389,11 @@ async def test_a_broker_kill_fails_over_only_the_groups_of_its_slots(
                 await stack.enter_async_context(open_group(group_id, addresses))
                 for group_id in sorted(coordinator_of)
             ]
+            before: dict[str, dict[int, int]] = {}
             for group in groups:
                 holder = by_id(brokers, coordinator_of[group.group_id])
-                await eventually(
-                    functools.partial(settled, group, holder.address, ends), deadline=DEADLINE
-                )
+                before[group.group_id] = await settled(group, holder.address, ends)
                 assert group.coordinators() == {holder.broker_id}
-            before = {g.group_id: await committed(addresses[0], g.group_id) for g in groups}
             for group in groups:
                 for member in group.members:
                     member.note_baseline()
@@ -407,17 +419,10 @@ async def test_a_broker_kill_fails_over_only_the_groups_of_its_slots(
             ends += await produce([b.address for b in survivors], 30, live)
             for group in failed_over:
                 holder = by_id(survivors, after[slot_of(group.group_id, DEFAULT_SLOTS)])
-                for broker in survivors:
-                    assert await coordinator_seen_by(broker.address, group.group_id) == (
-                        holder.broker_id
-                    )
-                await eventually(
-                    functools.partial(settled, group, holder.address, ends), deadline=DEADLINE
-                )
+                await named_by_all([b.address for b in survivors], group.group_id, holder.broker_id)
+                now, then = await settled(group, holder.address, ends), before[group.group_id]
                 assert group.coordinators() == {holder.broker_id}
                 assert all(m.epoch_grew for m in group.members)
-                now, then = await committed(holder.address, group.group_id), before[group.group_id]
-                assert now is not None and then is not None
                 assert all(now[p] >= offset for p, offset in then.items() if p >= 0), (now, then)
             stable_at = trio.current_time()
 
@@ -435,11 +440,8 @@ async def test_a_broker_kill_fails_over_only_the_groups_of_its_slots(
                 assert group.coordinators() == {coordinator_of[group.group_id]}
                 assert not any(m.epoch_grew for m in group.members)
                 holder = by_id(survivors, coordinator_of[group.group_id])
-                await eventually(
-                    functools.partial(settled, group, holder.address, ends), deadline=DEADLINE
-                )
-                now, then = await committed(holder.address, group.group_id), before[group.group_id]
-                assert now is not None and then is not None and now[-1] == then[-1]  # generation
+                now, then = await settled(group, holder.address, ends), before[group.group_id]
+                assert now[-1] == then[-1]  # the generation
             for group in groups:
                 assert group.overlaps == [], group.group_id
                 assert all(m.checks > 0 for m in group.members)
