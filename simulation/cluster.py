@@ -195,6 +195,14 @@ class StoreHistory:
             )
         self.group_generations[record.group_id] = max(record.generation, before)
 
+    def topic_offsets_deleted(self, topic: str, group_id: str | None = None) -> None:
+        """A deleted topic's offsets (every group's, or one group's): a topic created again
+        under the name starts its offsets anew, as a topic that never existed."""
+        for key in [
+            k for k in self.durable_offsets if k[1].topic == topic and group_id in (None, k[0])
+        ]:
+            del self.durable_offsets[key]
+
     def group_deleted(self, group_id: str) -> None:
         self.deletions[group_id] = self.deletions.get(group_id, 0) + 1
         self.group_generations.pop(group_id, None)
@@ -226,6 +234,14 @@ class RecordingStore:
     async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
         await self.inner.commit_offsets(epoch, batches)
         self.history.offsets_written(batches)
+
+    async def delete_topic(self, topic: str) -> None:
+        await self.inner.delete_topic(topic)
+        self.history.topic_offsets_deleted(topic)
+
+    async def delete_offsets(self, epoch: int, group_id: str, topic: str) -> None:
+        await self.inner.delete_offsets(epoch, group_id, topic)
+        self.history.topic_offsets_deleted(topic, group_id)
 
 
 def recording_store(inner: MetadataStore, history: StoreHistory) -> MetadataStore:
