@@ -4,13 +4,19 @@ It answers whatever the coordinator's session does not (``handle_connection``'s 
 Partitions are opened — recovered, a torn tail cut — before the broker serves them: those already
 placed here when it starts are opened before ``open_broker_log`` yields, and new ones as soon as the
 store's topic watch shows them (or on the first request for one, whichever comes first, because a
-client may produce right after its CreateTopic, before the watch has caught up).
+client may produce right after its CreateTopic, before the watch has caught up). A partition
+whose topic the watch shows deleted is closed and its directory removed, once a fresh read of the
+topics agrees (the watch may lag a topic created again under the name, whose new partition a
+request may have opened already).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager, suppress
 from pathlib import Path
@@ -229,14 +235,36 @@ class BrokerLog:
 
     async def open_placed(self, placement: Mapping[str, TopicPlacement]) -> None:
         """Open every partition placed here, side by side: a recovery scan is a CRC over a
-        segment (zlib releases the GIL for it), so the I/O threads overlap them."""
+        segment (zlib releases the GIL for it), so the I/O threads overlap them; delete those
+        of deleted topics."""
         self.placement = placement
+        if any(tp.topic not in placement for tp in self.partitions):
+            await self._delete_unplaced()
         async with trio.open_nursery() as nursery:
             for topic, where in sorted(placement.items()):
                 for p, broker in enumerate(where.brokers):
                     tp = TopicPartition(topic=topic, partition=p)
                     if broker == self.broker_id and tp not in self.partitions:
                         nursery.start_soon(self._open, tp)
+
+    async def _delete_unplaced(self) -> None:
+        """Close and delete the open partitions whose topic the store no longer has. Each
+        directory is renamed aside at once, on this thread, before anything waits: a topic
+        created again under the name opens a new, empty directory, never the old one."""
+        self.placement = await self.store.topics()
+        gone = [tp for tp in self.partitions if tp.topic not in self.placement]
+        aside = []
+        for tp in gone:
+            partition = self.partitions.pop(tp)
+            self._opening.pop(tp, None)
+            path = self.directory / f"{tp.topic}-{tp.partition}"
+            deleted = path.with_name(f"{path.name}.{uuid.uuid4().hex}.deleted")
+            os.rename(path, deleted)
+            aside.append((tp, partition, deleted))
+        for tp, partition, deleted in aside:
+            await partition.aclose()
+            await trio.to_thread.run_sync(shutil.rmtree, deleted, limiter=self.limiter)
+            log.info("partition %s deleted with its topic", tp)
 
     async def enforce_retention(self) -> int:
         deleted = 0
@@ -278,6 +306,13 @@ class BrokerLog:
             await partition.aclose()
 
 
+def _remove_deleted(directory: Path) -> None:
+    """Finish the deletions a stop cut short: directories renamed aside (``_delete_unplaced``)."""
+    if directory.is_dir():
+        for path in directory.glob("*.deleted"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def log_directory(data_dir: Path) -> Path:
     """Where a broker with ``data_dir`` keeps its partitions' logs."""
     return data_dir / "log"
@@ -300,6 +335,7 @@ async def open_broker_log(
         observer=observer,
     )
     await trio.to_thread.run_sync(check_log_format, broker.directory)
+    await trio.to_thread.run_sync(_remove_deleted, broker.directory)
     try:
         await broker.open_placed(await store.topics())
         async with trio.open_nursery() as nursery:

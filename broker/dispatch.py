@@ -34,6 +34,8 @@ from protocol import (
     CreateTopicResponse,
     DeleteGroupRequest,
     DeleteGroupResponse,
+    DeleteTopicRequest,
+    DeleteTopicResponse,
     DescribeGroupRequest,
     ErrorCode,
     LeaveGroupRequest,
@@ -177,6 +179,10 @@ class _Session:
                 return CreateTopicResponse(error_code=await self._create_topic(message))
             case CreatePartitionsRequest() as message:
                 return CreatePartitionsResponse(error_code=await self._add_partitions(message))
+            case DeleteTopicRequest() as message:
+                return DeleteTopicResponse(
+                    error_code=await delete_topic(coordinator.store, message, self.limits)
+                )
             case ListGroupsRequest():
                 return ListGroupsResponse(
                     error_code=ErrorCode.NONE, groups=coordinator.list_groups()
@@ -337,6 +343,22 @@ async def create_topic(
         await store.create_topic(message.topic, placed)
     except TopicExists:
         return ErrorCode.TOPIC_ALREADY_EXISTS
+    return ErrorCode.NONE
+
+
+async def delete_topic(
+    store: MetadataStore, message: DeleteTopicRequest, limits: RequestLimits
+) -> ErrorCode:
+    """Delete the topic and every group's offsets for it (the store's ``delete_topic``); each
+    broker's data plane then deletes its partitions, and the coordinator rebalances the groups
+    subscribed to it, as their topic watches show it gone."""
+    error = validation.request_error(message, "", limits)
+    if error is not ErrorCode.NONE:
+        return error
+    try:
+        await store.delete_topic(message.topic)
+    except UnknownTopic:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     return ErrorCode.NONE
 
 

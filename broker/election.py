@@ -32,6 +32,7 @@ from broker.dispatch import (
     add_partitions,
     cluster_metadata,
     create_topic,
+    delete_topic,
     handle_connection,
 )
 from coordinator.config import CoordinatorConfig
@@ -46,6 +47,8 @@ from protocol import (
     CreateTopicRequest,
     CreateTopicResponse,
     DeleteGroupRequest,
+    DeleteTopicRequest,
+    DeleteTopicResponse,
     DescribeGroupRequest,
     ErrorCode,
     LeaveGroupRequest,
@@ -268,6 +271,10 @@ async def _follower_answer(
             case CreatePartitionsRequest() as message:
                 return CreatePartitionsResponse(
                     error_code=await add_partitions(store, message, elector.config.limits)
+                )
+            case DeleteTopicRequest() as message:
+                return DeleteTopicResponse(
+                    error_code=await delete_topic(store, message, elector.config.limits)
                 )
     except StoreUnavailable as exc:
         log.warning("cannot answer %s: %s", type(request.message).__name__, exc)

@@ -43,6 +43,8 @@ from broker.dispatch import handle_connection
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from protocol import (
+    DeleteTopicRequest,
+    DeleteTopicResponse,
     ErrorCode,
     LeaveGroupRequest,
     LeaveGroupResponse,
@@ -1175,6 +1177,20 @@ class SimulatedCluster:
     async def add_partitions(self, name: str, *, added: int) -> None:
         placement = await self.store.add_partitions(name, (self.broker.broker_id,) * added)
         await self._topics_seen(name, placement.partition_count)
+
+    async def delete_topic(self, name: str) -> ErrorCode:
+        """Send DeleteTopic, and once it succeeded return when the coordinator's topic watch
+        has seen the topic gone."""
+        async with self.open_client() as client:
+            response = await client.request(DeleteTopicRequest(topic=name))
+        assert isinstance(response, DeleteTopicResponse)
+        if response.error_code is not ErrorCode.NONE:
+            return response.error_code
+        for attempt in itertools.count():
+            if name not in self.coordinator.topics:
+                break
+            await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
+        return ErrorCode.NONE
 
     async def _topics_seen(self, name: str, partitions: int) -> None:
         # The watch normally catches up within the same instant; after that, let virtual time

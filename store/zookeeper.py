@@ -466,7 +466,7 @@ class ZooKeeperStore:
         group's directory of them after its nodes."""
         dirs = [f"{CONSUMERS}/{group}/offsets/{_segment(topic)}" for group in group_segments]
         listings = [(d, self._client.get_children_async(d)) for d in dirs]
-        ops = []
+        ops: list[_Op] = []
         for directory, result in listings:
             try:
                 partitions = await self._wait(result)
@@ -998,9 +998,7 @@ class ZooKeeperStore:
         for _ in range(_RETRIES):
             ops = await self._topic_offset_ops([_segment(group_id)], topic)
             if await self._commit_in_parts(office, ops) == len(ops):
-                self._offset_nodes = {
-                    n for n in self._offset_nodes if n[:2] != (group_id, topic)
-                }
+                self._offset_nodes = {n for n in self._offset_nodes if n[:2] != (group_id, topic)}
                 return
         raise StoreUnavailable(f"cannot delete the offsets of {group_id!r} for {topic!r}")
 
