@@ -248,21 +248,24 @@ class BrokerLog:
                         nursery.start_soon(self._open, tp)
 
     async def _delete_unplaced(self) -> None:
-        """Close and delete the open partitions whose topic the store no longer has. Each
-        directory is renamed aside at once, on this thread, before anything waits: a topic
-        created again under the name opens a new, empty directory, never the old one."""
+        """Close and delete the open partitions whose topic the store no longer has. Each is
+        taken out of service with its open lock held until its directory is renamed aside, so a
+        topic created again under the name meanwhile opens a new, empty directory, never the
+        old one."""
         self.placement = await self.store.topics()
-        gone = [tp for tp in self.partitions if tp.topic not in self.placement]
-        aside = []
-        for tp in gone:
-            partition = self.partitions.pop(tp)
-            self._opening.pop(tp, None)
+        gone = []
+        for tp in [tp for tp in self.partitions if tp.topic not in self.placement]:
+            lock = self._opening.setdefault(tp, trio.Lock())
+            lock.acquire_nowait()  # free: only opening a partition not open yet holds it
+            gone.append((tp, self.partitions.pop(tp), lock))
+        for tp, partition, lock in gone:
             path = self.directory / f"{tp.topic}-{tp.partition}"
             deleted = path.with_name(f"{path.name}.{uuid.uuid4().hex}.deleted")
-            os.rename(path, deleted)
-            aside.append((tp, partition, deleted))
-        for tp, partition, deleted in aside:
-            await partition.aclose()
+            try:
+                await partition.aclose()
+                os.rename(path, deleted)
+            finally:
+                lock.release()
             await trio.to_thread.run_sync(shutil.rmtree, deleted, limiter=self.limiter)
             log.info("partition %s deleted with its topic", tp)
 
