@@ -15,8 +15,8 @@ from coordinator.validation import (
 from protocol import (
     ClusterMetadataRequest,
     CreatePartitionsRequest,
-    DeleteTopicRequest,
     CreateTopicRequest,
+    DeleteTopicRequest,
     DescribeGroupRequest,
     ErrorCode,
     FetchRequest,

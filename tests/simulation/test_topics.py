@@ -146,3 +146,29 @@ async def test_a_deleted_topic_leaves_its_groups_and_takes_their_offsets_for_it_
             await cluster.wait_settled()
         assert a.owned | b.owned == _partitions("orders", 2) | _partitions("events", 2)
         await cluster.check_invariants(settled=True)
+
+
+async def test_offsets_the_committer_wrote_after_the_store_deleted_their_topic_are_deleted_too(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=2)
+        await cluster.start_consumer("a", group="g", topics={"events": 1})
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        coordinator = cluster.coordinator
+        generation = coordinator.groups["g"].machine.generation
+        # An offset accepted before the delete, and written by the committer after the store
+        # deleted the topic with its offsets but before the coordinator's watch saw it gone.
+        reported = {TopicPartition(topic="events", partition=0): 7}
+        assert coordinator.offsets.accept_nowait("g", generation, reported, monotonic=True)
+        await cluster.store.delete_topic("events")
+        await coordinator.offsets.flush()
+        for _ in range(1000):  # the watch and the coordinator's clean-up, at this same instant
+            if "events" not in coordinator.topics and not await cluster.store.fetch_offsets("g"):
+                break
+            await trio.sleep(0)
+        assert trio.current_time() == 3.0  # the group's first rebalance, after its 3 s delay
+        assert await cluster.store.fetch_offsets("g") == {}
+        assert await _offset_fetch(cluster, "g") == set()
+        await cluster.check_invariants()
