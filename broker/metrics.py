@@ -142,6 +142,8 @@ class Snapshot:
     groups: tuple[GroupView, ...]
     rebalances: tuple[Rebalance, ...]
     taken_at: float
+    #: The coordinator slots this broker holds (docs/design.md#coordinator-slots).
+    slots: tuple[int, ...] = ()
 
 
 #: A partition's record at an offset, read from this broker's log: its timestamp in ms, or None.
@@ -340,12 +342,17 @@ class _SnapshotCollector(Collector):
         away.add_metric([], sum(1 for g in snapshot.groups for m in g.members if m.away))
         yield away
         is_coordinator = GaugeMetricFamily(
-            "broker_is_coordinator", "1 while this broker runs the group coordinator"
+            "broker_is_coordinator", "1 while this broker coordinates any group"
         )
         is_coordinator.add_metric(
             [], 1 if snapshot.coordinator_id == snapshot.broker.broker_id else 0
         )
         yield is_coordinator
+        slots = GaugeMetricFamily(
+            "broker_coordinator_slots", "Coordinator slots this broker holds (groups hashed onto)"
+        )
+        slots.add_metric([], len(snapshot.slots))
+        yield slots
         ends = GaugeMetricFamily(
             "broker_log_end_offset",
             "High watermark of each partition whose log is on this broker",
@@ -419,77 +426,79 @@ class _SnapshotCollector(Collector):
 async def take_snapshot(
     metrics: BrokerMetrics,
     broker: BrokerInfo,
-    coordinator: GroupCoordinator | None,
+    by_slot: Mapping[int, GroupCoordinator],
     store: MetadataStore,
     log_ends: Mapping[TopicPartition, int],
     read_timestamp: ReadTimestamp,
 ) -> Snapshot:
     """Read what the gauges and the page show; ``read_timestamp(tp, offset)`` awaits the
-    timestamp in ms of the record at ``offset`` of a partition on this broker (None if absent)."""
+    timestamp in ms of the record at ``offset`` of a partition on this broker (None if absent);
+    ``by_slot``: the coordinators this broker runs, by the coordinator slot each holds (one
+    coordinator may hold every slot)."""
+    coordinators = list({id(c): c for c in by_slot.values()}.values())
     now_ms = time.time() * 1000  # real-clock: record timestamps are wall time
     groups: list[GroupView] = []
-    if coordinator is not None:
-        brokers = coordinator.brokers
-        topics: Mapping[str, TopicPlacement] = coordinator.topics
-        for group_id in sorted(coordinator.groups):
-            group = coordinator.groups.get(group_id)
-            if group is None:
-                continue
-            view = await coordinator.offsets.view(group_id)
-            holding = group.ownership.holding
-            members = [
-                MemberView(
-                    member_id=m.member_id,
-                    client_id=m.record.client_id,
-                    partitions=tuple(sorted(holding(m.incarnation).partitions)),
-                )
-                for m in sorted(group.members.values(), key=lambda m: m.member_id)
-            ]
-            members.extend(
-                MemberView(
-                    member_id=member_id,
-                    client_id=a.record.client_id,
-                    partitions=(),
-                    away=True,
-                )
-                for member_id, a in sorted(group.away.items())
-            )
-            lags = []
-            for tp, offset in sorted(view.accepted.items()):
-                end = log_ends.get(tp)
-                if end is None:
-                    end = _log_end(coordinator, tp)
-                if end is None:
-                    continue
-                behind = max(0, end - offset)
-                seconds: float | None = 0.0
-                if behind:
-                    ts = await read_timestamp(tp, offset) if tp in log_ends else None
-                    seconds = None if ts is None else max(0.0, (now_ms - ts) / 1000)
-                lags.append(PartitionLag(group_id=group_id, tp=tp, records=behind, seconds=seconds))
-            groups.append(
-                GroupView(
-                    group_id=group_id,
-                    state=group.machine.state.value,
-                    generation=group.machine.generation,
-                    members=tuple(members),
-                    lag=tuple(lags),
-                )
-            )
+    if coordinators:
+        brokers = coordinators[0].brokers
+        topics: Mapping[str, TopicPlacement] = coordinators[0].topics
     else:
         brokers = await store.brokers()
         topics = await store.topics()
-    try:
-        coordinator_id = (
-            coordinator.broker.broker_id
-            if coordinator is not None
-            else await store.coordinator_id()
+    by_group = {g: c for c in coordinators for g in c.groups}
+    for group_id in sorted(by_group):
+        coordinator = by_group[group_id]
+        group = coordinator.groups.get(group_id)
+        if group is None:
+            continue
+        view = await coordinator.offsets.view(group_id)
+        holding = group.ownership.holding
+        members = [
+            MemberView(
+                member_id=m.member_id,
+                client_id=m.record.client_id,
+                partitions=tuple(sorted(holding(m.incarnation).partitions)),
+            )
+            for m in sorted(group.members.values(), key=lambda m: m.member_id)
+        ]
+        members.extend(
+            MemberView(
+                member_id=member_id,
+                client_id=a.record.client_id,
+                partitions=(),
+                away=True,
+            )
+            for member_id, a in sorted(group.away.items())
         )
+        lags = []
+        for tp, offset in sorted(view.accepted.items()):
+            end = log_ends.get(tp)
+            if end is None:
+                end = _log_end(coordinator, tp)
+            if end is None:
+                continue
+            behind = max(0, end - offset)
+            seconds: float | None = 0.0
+            if behind:
+                ts = await read_timestamp(tp, offset) if tp in log_ends else None
+                seconds = None if ts is None else max(0.0, (now_ms - ts) / 1000)
+            lags.append(PartitionLag(group_id=group_id, tp=tp, records=behind, seconds=seconds))
+        groups.append(
+            GroupView(
+                group_id=group_id,
+                state=group.machine.state.value,
+                generation=group.machine.generation,
+                members=tuple(members),
+                lag=tuple(lags),
+            )
+        )
+    try:
+        coordinator_id = broker.broker_id if coordinators else await store.coordinator_id()
     except StoreError:
         coordinator_id = None
     snapshot = Snapshot(
         broker=broker,
         coordinator_id=coordinator_id,
+        slots=tuple(sorted(by_slot)),
         brokers=brokers,
         topics=topics,
         log_ends=log_ends,

@@ -1,5 +1,5 @@
-"""``topics delete`` on a cluster of three brokers on ZooKeeper, asked of a broker that is not the
-coordinator: the topic leaves every broker's listing, each broker removes its partitions' files,
+"""``topics delete`` on a cluster of three brokers on ZooKeeper, asked of a broker that does not
+coordinate the group: the topic leaves every broker's listing, each broker removes its partitions' files,
 and the group's offsets for it leave ``groups describe``. Brokers run in this process on real
 ZooKeeper; the CLI runs as real processes."""
 
@@ -20,7 +20,7 @@ async def test_a_topic_deleted_through_a_follower_goes_from_every_broker(
     zookeeper_hosts: str, tmp_path: Path
 ) -> None:
     async with cluster(zookeeper_hosts, tmp_path, CONFIG, 3) as brokers:
-        coordinator_id = await agreed_coordinator(ids(brokers), deadline=DEADLINE)
+        coordinator_id = await agreed_coordinator(ids(brokers), group="g", deadline=DEADLINE)
         follower = next(b for b in brokers if b.broker_id != coordinator_id)
         await cli(follower, "topics", "create", "t", "--partitions", "6")
         await cli(follower, "topics", "create", "kept", "--partitions", "1")
