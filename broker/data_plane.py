@@ -249,23 +249,20 @@ class BrokerLog:
 
     async def _delete_unplaced(self) -> None:
         """Close and delete the open partitions whose topic the store no longer has. Each is
-        taken out of service with its open lock held until its directory is renamed aside, so a
-        topic created again under the name meanwhile opens a new, empty directory, never the
+        taken out of service under its open lock, held until its directory is renamed aside, so
+        a topic created again under the name meanwhile opens a new, empty directory, never the
         old one."""
         self.placement = await self.store.topics()
-        gone = []
         for tp in [tp for tp in self.partitions if tp.topic not in self.placement]:
-            lock = self._opening.setdefault(tp, trio.Lock())
-            lock.acquire_nowait()  # free: only opening a partition not open yet holds it
-            gone.append((tp, self.partitions.pop(tp), lock))
-        for tp, partition, lock in gone:
             path = self.directory / f"{tp.topic}-{tp.partition}"
             deleted = path.with_name(f"{path.name}.{uuid.uuid4().hex}.deleted")
-            try:
+            async with self._opening.setdefault(tp, trio.Lock()):
+                partition = self.partitions.get(tp)
+                if partition is None or tp.topic in self.placement:
+                    continue  # deleted by another watch value, or read again since
+                del self.partitions[tp]
                 await partition.aclose()
                 os.rename(path, deleted)
-            finally:
-                lock.release()
             await trio.to_thread.run_sync(shutil.rmtree, deleted, limiter=self.limiter)
             log.info("partition %s deleted with its topic", tp)
 
