@@ -1,7 +1,7 @@
 """``topics delete`` on a cluster of three brokers on ZooKeeper, asked of a broker that does not
-coordinate the group: the topic leaves every broker's listing, each broker removes its partitions' files,
-and the group's offsets for it leave ``groups describe``. Brokers run in this process on real
-ZooKeeper; the CLI runs as real processes."""
+coordinate the group: the topic leaves every broker's listing, each broker removes its
+partitions' files, and the group's offsets for it leave ``groups describe``. Brokers run in this
+process on real ZooKeeper; the CLI runs as real processes."""
 
 from __future__ import annotations
 
