@@ -7,7 +7,8 @@ store's topic watch shows them (or on the first request for one, whichever comes
 client may produce right after its CreateTopic, before the watch has caught up). A partition
 whose topic the watch shows deleted is closed and its directory removed, once a fresh read of the
 topics agrees (the watch may lag a topic created again under the name, whose new partition a
-request may have opened already).
+request may have opened already); at a start, directories of topics the store does not have
+(deleted while this broker was down) are renamed aside (docs/design.md#deleting-a-topic).
 """
 
 from __future__ import annotations
@@ -313,6 +314,25 @@ def _remove_deleted(directory: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _set_strays_aside(directory: Path, topics: frozenset[str]) -> None:
+    """Rename aside the partition directories of topics the store does not have: deleted while
+    this broker was down. Renamed, not deleted, in case the store is not the one the data
+    belongs to; either way a topic created again under the name starts empty."""
+    if not directory.is_dir():
+        return
+    for path in directory.iterdir():
+        topic, _, partition = path.name.rpartition("-")
+        if path.is_dir() and partition.isdigit() and topic not in topics:
+            stray = path.with_name(f"{path.name}.{uuid.uuid4().hex}.stray")
+            os.rename(path, stray)
+            log.warning(
+                "partition directory %s names a topic the store does not have: renamed to %s "
+                "(delete it if its topic was deleted)",
+                path.name,
+                stray.name,
+            )
+
+
 def log_directory(data_dir: Path) -> Path:
     """Where a broker with ``data_dir`` keeps its partitions' logs."""
     return data_dir / "log"
@@ -336,8 +356,10 @@ async def open_broker_log(
     )
     await trio.to_thread.run_sync(check_log_format, broker.directory)
     await trio.to_thread.run_sync(_remove_deleted, broker.directory)
+    placement = await store.topics()
+    await trio.to_thread.run_sync(_set_strays_aside, broker.directory, frozenset(placement))
     try:
-        await broker.open_placed(await store.topics())
+        await broker.open_placed(placement)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker._watch_topics)
             if config.retention_ms is not None or config.retention_bytes is not None:

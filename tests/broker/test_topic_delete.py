@@ -59,3 +59,23 @@ async def test_a_deleted_topics_partitions_are_closed_and_their_files_removed(
             0,
             b"",
         )
+
+
+async def test_a_topic_deleted_while_the_broker_was_down_is_set_aside_when_it_starts(
+    tmp_path: Path,
+) -> None:
+    log_dir = tmp_path / "log"
+    config = LogConfig(fsync=FsyncPolicy.NEVER)
+    async with open_embedded_store(tmp_path / "metadata") as store:
+        await store.create_topic("t", (1,))
+        async with open_broker_log(store, 1, tmp_path, config) as broker:
+            produced = await broker.produce(_produce("t", 0, b"a", b"b"))
+            assert produced.error_code is ErrorCode.NONE
+        await store.delete_topic("t")  # while the broker is down
+        async with open_broker_log(store, 1, tmp_path, config) as broker:
+            (stray,) = log_dir.glob("t-0.*.stray")  # kept, in case the store was the wrong one
+            assert any(stray.glob("*.log"))
+            assert not (log_dir / "t-0").exists()
+            await store.create_topic("t", (1,))
+            fetched = await broker.fetch(_fetch("t", 0))
+            assert (fetched.error_code, fetched.high_watermark) == (ErrorCode.NONE, 0)
