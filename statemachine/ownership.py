@@ -14,9 +14,13 @@ partition is
   re-registration under the lease's generation (a coordinator has one member per id in a
   generation, so that is the process that held it). A lease two different claims put on one
   partition (a rebuild that finds another owner in the record than in memory) ends only with time.
-* **Adopted** by a member incarnation that re-registered under its lease's generation still
-  fetching the partition: Held, and still leased until the lease's instant, so that an attempt
-  that did not stop the adopter does not start the partition elsewhere before then.
+* **Adopted** by a member incarnation that re-registered still fetching the partition: Held, and
+  still leased until the lease's instant, so that an attempt that did not stop the adopter does
+  not start the partition elsewhere before then. Under the lease's generation that is the lease's
+  own process; under any other the registration proves nothing about the lease, which stands,
+  but accepting it renews the registrant's lease on what it fetches, so the registrant holds it
+  too, and its StopFetcher answer frees it: only the lease's own process can fetch a partition
+  under a lease in force (docs/design.md#adoption-after-a-failover).
 
 A *member incarnation* is one registration of a member id: an int the coordinator hands out per
 registration, so that two processes under one member id are never taken for each other.
@@ -268,7 +272,7 @@ Event = (
 
 
 # Per-partition inputs: what one of the inputs above means to one partition. OwnerRegistered reads
-# as one of the first two; AttemptCompleted, and any input past a lease's instant, as the third.
+# as one of the first three; AttemptCompleted, and any input past a lease's instant, as the last.
 
 
 @attrs.frozen(kw_only=True)
@@ -279,6 +283,13 @@ class StillFetching:
 @attrs.frozen(kw_only=True)
 class NoLongerFetching:
     """The lease's owner re-registered under its generation and no longer fetches the partition."""
+
+
+@attrs.frozen(kw_only=True)
+class FetchingUnproven:
+    """A registrant that does not name the lease's owner and generation still fetches the
+    partition: it proves nothing about the lease, but its registration, once accepted, renews its
+    own lease on what it fetches, so it holds the partition as well until the lease's instant."""
 
 
 @attrs.frozen(kw_only=True)
@@ -320,6 +331,7 @@ def _build_table() -> TransitionTable[PartitionState]:
         (P.ADOPTED, OwnerDied): P.LEASED,
         (P.LEASED, StillFetching): P.ADOPTED,
         (P.LEASED, NoLongerFetching): P.FREE,
+        (P.LEASED, FetchingUnproven): P.ADOPTED,
         (P.FREE, Recovered): P.LEASED,
         (P.LEASED, Recovered): P.LEASED,
         (P.LEASED, LeaseRanOut): P.FREE,
@@ -579,31 +591,43 @@ class Ownership:
         return self._stop_answered(StopAnswered(incarnation=event.incarnation, now=event.now))
 
     def _owner_registered(self, event: OwnerRegistered) -> list[Effect]:
+        """Under its lease's generation the registrant is the lease's process: what it no longer
+        fetches is free now, what it still fetches it adopts. Whatever else it says it still
+        fetches under a lease in force it adopts as well, though the lease stands: this
+        coordinator renews the registrant's lease from its registration on, so the partition
+        waits for its stop answer, or for its own lease after its death."""
         if event.incarnation in self._holdings:
             raise ValueError(f"incarnation {event.incarnation} registered twice")
-        claimed = self._claims.get((event.owner, event.generation))
-        if not claimed:
-            return []
+        claimed = self._claims.get((event.owner, event.generation), ())
         in_force = {
             tp: value
             for tp in claimed
             if (value := self._timed[tp]).until > event.now and type(value) is Leased
         }
         still = set(event.holding).intersection(in_force)
-        adopted = frozenset(still)
         freed = frozenset(in_force.keys() - still)
-        if adopted:
+        unproven = {
+            tp: value
+            for tp, value in self._timed_among(set(event.holding).difference(in_force)).items()
+            if value.until > event.now and type(value) is Leased
+        }
+        if still:
             _next(P.LEASED, StillFetching())
         if freed:
             _next(P.LEASED, NoLongerFetching())
+        if unproven:
+            _next(P.LEASED, FetchingUnproven())
         self._forget(in_force)
-        for tp in adopted:
+        self._forget(unproven)
+        kept = {tp: in_force[tp] for tp in still} | unproven
+        for tp, value in kept.items():
             self._timed[tp] = Adopted(
                 owner=event.owner,
                 incarnation=event.incarnation,
                 generation=event.generation,
-                until=in_force[tp].until,
+                until=value.until,
             )
+        adopted = frozenset(kept)
         if adopted:
             self._holdings[event.incarnation] = Holding(
                 owner=event.owner,

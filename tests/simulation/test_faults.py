@@ -232,6 +232,38 @@ async def test_a_new_process_under_an_old_member_id_proves_nothing_and_the_lease
         await cluster.check_invariants(settled=True)
 
 
+async def test_a_member_back_under_its_generation_before_a_start_it_missed_keeps_its_partitions(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """a answers 3 s late from 10.0, when new partitions start it (generation 2) just after the
+    Ping of 10.0: it answers that Ping at 13.0, and misses the start's deadline at 14.0. Dead,
+    its partitions leased under generation 2 until the last request sent to it (the Ping of
+    13.0) + T + margin = 19.5. It fetches on under its lease and registers again at 16.0 under
+    generation 1, the start it never carried out, holding 0-2. That proves nothing about the
+    lease, which stands; but accepting the registration renews a's lease on what it fetches, so
+    a holds those partitions from then on (docs/design.md#adoption-after-a-failover), and a
+    start waits for them no longer than for a stop. A coordinator that left them to the lease
+    started them on b at 19.5, while a, renewed by the registration and its Pings, fetched them
+    until it carried out its next start at 20.5 (it answers 1 s late from 17.0)."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, _b = await _pair(cluster, fetch_through_failover=True)
+        held = a.owned
+        await trio.sleep_until(10.0)
+        a.answer_slowly(3.0)
+        await cluster.add_partitions("events", added=2)
+        await trio.sleep_until(17.0)
+        assert (a.registrations, a.generation, a.owned) == (2, 1, held)
+        a.answer_slowly(1.0)
+        with trio.fail_after(30):
+            await cluster.wait_settled()
+        # The attempt in flight failed at once; the next one (18.0) started a at 19.5, once the
+        # lease of what a was to gain ran out, and a answered a second later.
+        assert trio.current_time() == 20.5
+        await cluster.check_invariants(settled=True)
+        assert held <= a.owned
+        assert not any(i.partition in held for i in cluster.ledger.closed)  # a never stopped them
+
+
 # --- delayed delivery: a request late past the lease margin cannot stretch a lease ---------------
 #
 # Every Ping names the frame of the consumer's answer to the Ping before it, so after the Ping of

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -43,6 +44,7 @@ INPUTS: dict[str, type] = {
     "OwnerDied": o.OwnerDied,
     "StillFetching": o.StillFetching,
     "NoLongerFetching": o.NoLongerFetching,
+    "FetchingUnproven": o.FetchingUnproven,
     "Recovered": o.Recovered,
     "LeaseRanOut": o.LeaseRanOut,
     "OwnerClosed": o.OwnerClosed,
@@ -50,17 +52,18 @@ INPUTS: dict[str, type] = {
 # fmt: off
 TABLE_EXPECTED: dict[S, dict[str, S | None]] = {
     S.FREE: {"Started": S.HELD, "StartUnsent": X, "StopAnswered": S.FREE, "OwnerDied": X,
-             "StillFetching": X, "NoLongerFetching": X, "Recovered": S.LEASED, "LeaseRanOut": X,
-             "OwnerClosed": S.FREE},
+             "StillFetching": X, "NoLongerFetching": X, "FetchingUnproven": X,
+             "Recovered": S.LEASED, "LeaseRanOut": X, "OwnerClosed": S.FREE},
     S.HELD: {"Started": X, "StartUnsent": S.FREE, "StopAnswered": S.FREE, "OwnerDied": S.LEASED,
-             "StillFetching": X, "NoLongerFetching": X, "Recovered": X, "LeaseRanOut": X,
-             "OwnerClosed": X},
+             "StillFetching": X, "NoLongerFetching": X, "FetchingUnproven": X, "Recovered": X,
+             "LeaseRanOut": X, "OwnerClosed": X},
     S.ADOPTED: {"Started": X, "StartUnsent": X, "StopAnswered": S.FREE, "OwnerDied": S.LEASED,
-                "StillFetching": X, "NoLongerFetching": X, "Recovered": X,
-                "LeaseRanOut": S.HELD, "OwnerClosed": X},
+                "StillFetching": X, "NoLongerFetching": X, "FetchingUnproven": X,
+                "Recovered": X, "LeaseRanOut": S.HELD, "OwnerClosed": X},
     S.LEASED: {"Started": X, "StartUnsent": X, "StopAnswered": S.FREE, "OwnerDied": X,
-               "StillFetching": S.ADOPTED, "NoLongerFetching": S.FREE, "Recovered": S.LEASED,
-               "LeaseRanOut": S.FREE, "OwnerClosed": S.FREE},
+               "StillFetching": S.ADOPTED, "NoLongerFetching": S.FREE,
+               "FetchingUnproven": S.ADOPTED, "Recovered": S.LEASED, "LeaseRanOut": S.FREE,
+               "OwnerClosed": S.FREE},
 }
 # fmt: on
 
@@ -145,6 +148,13 @@ EVENTS: dict[str, Callable[[int], o.Event]] = {
     "OtherOwner": lambda _: o.OwnerRegistered(
         owner="b", incarnation=8, generation=1, holding=(), now=5
     ),
+    # Still fetching under another claim: its registration renews its own lease on P.
+    "OtherGenerationKept": lambda _: o.OwnerRegistered(
+        owner="a", incarnation=8, generation=2, holding=(P,), now=5
+    ),
+    "OtherOwnerKept": lambda _: o.OwnerRegistered(
+        owner="b", incarnation=8, generation=1, holding=(P,), now=5
+    ),
     "Recovered": lambda _: o.Recovered(
         claims=(o.Claim(owner="a", generation=1, partitions=frozenset({P})),),
         since=5,
@@ -159,24 +169,30 @@ EVENTS: dict[str, Callable[[int], o.Event]] = {
 MACHINE_EXPECTED: dict[str, dict[str, S | None]] = {
     "free": {"Start": S.HELD, "Unsent": X, "Stop": S.FREE, "Died": S.FREE, "Kept": S.FREE,
              "Released": S.FREE, "OtherGeneration": S.FREE, "OtherOwner": S.FREE,
+             "OtherGenerationKept": S.FREE, "OtherOwnerKept": S.FREE,
              "Recovered": S.LEASED, "Completed": S.FREE, "Closed": S.FREE},
     "held": {"Start": X, "Unsent": S.FREE, "Stop": S.FREE, "Died": S.LEASED, "Kept": S.HELD,
              "Released": S.HELD, "OtherGeneration": S.HELD, "OtherOwner": S.HELD,
+             "OtherGenerationKept": S.HELD, "OtherOwnerKept": S.HELD,
              "Recovered": X, "Completed": S.HELD, "Closed": X},
     "adopted": {"Start": X, "Unsent": X, "Stop": S.FREE, "Died": S.LEASED, "Kept": S.ADOPTED,
                 "Released": S.ADOPTED, "OtherGeneration": S.ADOPTED, "OtherOwner": S.ADOPTED,
+                "OtherGenerationKept": S.ADOPTED, "OtherOwnerKept": S.ADOPTED,
                 "Recovered": X, "Completed": S.ADOPTED, "Closed": X},
     "adopted, lease ran out": {"Start": X, "Unsent": X, "Stop": S.FREE, "Died": S.LEASED,
                                "Kept": S.HELD, "Released": S.HELD, "OtherGeneration": S.HELD,
-                               "OtherOwner": S.HELD, "Recovered": X, "Completed": S.HELD,
+                               "OtherOwner": S.HELD, "OtherGenerationKept": S.HELD,
+                               "OtherOwnerKept": S.HELD, "Recovered": X, "Completed": S.HELD,
                                "Closed": X},
     "leased": {"Start": X, "Unsent": X, "Stop": S.FREE, "Died": X, "Kept": S.ADOPTED,
                "Released": S.FREE, "OtherGeneration": S.LEASED, "OtherOwner": S.LEASED,
+               "OtherGenerationKept": S.ADOPTED, "OtherOwnerKept": S.ADOPTED,
                "Recovered": S.LEASED, "Completed": S.LEASED, "Closed": S.FREE},
     "leased, lease ran out": {"Start": S.HELD, "Unsent": X, "Stop": S.FREE, "Died": X,
                               "Kept": S.FREE, "Released": S.FREE, "OtherGeneration": S.FREE,
-                              "OtherOwner": S.FREE, "Recovered": S.LEASED, "Completed": S.FREE,
-                              "Closed": S.FREE},
+                              "OtherOwner": S.FREE, "OtherGenerationKept": S.FREE,
+                              "OtherOwnerKept": S.FREE, "Recovered": S.LEASED,
+                              "Completed": S.FREE, "Closed": S.FREE},
 }
 # fmt: on
 KIND = {o.Free: S.FREE, o.Held: S.HELD, o.Adopted: S.ADOPTED, o.Leased: S.LEASED}
@@ -207,6 +223,30 @@ def test_a_lease_ends_early_only_by_its_owners_word_and_says_so() -> None:
     stop = o.StopAnswered(incarnation=incarnation, now=5)
     assert machine.handle(stop) == [o.LeaseEnded(partitions=frozenset({P}))]
     assert machine.free_at({P}) == -math.inf
+
+
+def test_a_registrant_still_fetching_under_another_claim_holds_it_with_the_lease_standing() -> None:
+    """a held P under generation 1 and was started under 2 (P kept), a start it never carried
+    out; it died with P leased under 2 until 20, and registers again under 1 still fetching P.
+    That names another claim, so it ends nothing early; but accepting the registration renews
+    a's lease on P, so a holds P: nobody else is started on it, even after the lease's instant,
+    until a answers its stop (docs/design.md#adoption-after-a-failover)."""
+    machine = o.Ownership()
+    machine.handle(_start(owner="a", incarnation=1, generation=1, partitions=frozenset({P}), now=0))
+    machine.handle(_start(owner="a", incarnation=1, generation=2, partitions=frozenset({P}), now=1))
+    machine.handle(o.OwnerDied(incarnation=1, until=20, now=2))
+    back = o.OwnerRegistered(owner="a", incarnation=2, generation=1, holding=(P, Q), now=5)
+    assert machine.handle(back) == [o.LeaseAdopted(partitions=frozenset({P}))]
+    assert machine.state(P, now=5) == o.Adopted(owner="a", incarnation=2, generation=1, until=20)
+    assert machine.free_at({P}) == 20
+    assert machine.holding(2).partitions == frozenset({P})
+    assert machine.holding(1) == o.NOTHING
+    b_gains_p = _start(owner="b", incarnation=3, generation=3, partitions=frozenset({P}), now=21)
+    with pytest.raises(IllegalTransition):
+        machine.handle(b_gains_p)
+    machine.handle(o.StopAnswered(incarnation=2, now=22))
+    machine.handle(attrs.evolve(b_gains_p, now=22))
+    assert machine.state(P, now=22) == o.Held(owner="b", incarnation=3, generation=3)
 
 
 def test_a_fenced_process_that_closes_cleanly_ends_its_lease_and_says_so() -> None:
@@ -560,11 +600,13 @@ def test_no_partition_has_two_holders_and_a_lease_ends_early_only_by_its_owners_
             registered = [(w, i) for w, i in registered if i != event.incarnation]
             dead.add(event.incarnation)
 
-        # A lease ends before its instant only by its own process's word.
+        # A lease ends before its instant only by its own process's word: a registrant that
+        # still fetches the partition adopts it with the instant (under another claim too, as
+        # accepting it renews its own lease), and is its process from then on.
         for tp in PARTITIONS:
             lease = leases.get(tp)
             state = machine.state(tp, now)
-            if lease is not None and now < lease[3] and not isinstance(state, o.Leased):
+            if lease is not None and now < lease[3] and not isinstance(state, o.Leased | o.Adopted):
                 owner, gen, inc, _ = lease
                 own_word = (
                     isinstance(event, o.OwnerRegistered)
@@ -574,7 +616,9 @@ def test_no_partition_has_two_holders_and_a_lease_ends_early_only_by_its_owners_
             # free_at never decreases except by the owner's word
             if not isinstance(event, o.OwnerRegistered | o.StopAnswered):
                 assert max(machine.free_at({tp}), now) >= free_before[tp]
-            if isinstance(state, o.Leased):
+            if isinstance(state, o.Leased | o.Adopted):
+                if isinstance(state, o.Adopted) and lease is not None and now < lease[3]:
+                    assert state.until == lease[3], (tp, lease, event, state)
                 leases[tp] = (state.owner, state.generation, state.incarnation, state.until)
             else:
                 leases.pop(tp, None)
