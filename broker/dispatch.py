@@ -549,10 +549,13 @@ async def _serve(
             now = trio.current_time()
             if violation:
                 event: object = member_sm.ProtocolViolation(now=now)
-            elif channel.broken:
-                event = member_sm.ConnectionBroken(now=now)
-            else:
+            elif peer_ended:
                 event = member_sm.ConnectionClosed(now=now)
+            else:
+                # Reset, or ended by this side (its coordinator stopping, its slot moving): the
+                # member's own end of stream is the only proof that it stopped fetching
+                # (docs/design.md#ownership-lease).
+                event = member_sm.ConnectionBroken(now=now)
             coordinator.member_event(member, event)
         elif (
             member is not None

@@ -232,6 +232,29 @@ async def test_a_new_process_under_an_old_member_id_proves_nothing_and_the_lease
         await cluster.check_invariants(settled=True)
 
 
+async def test_a_coordinator_that_stops_does_not_take_the_connections_it_ends_for_closes(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Stopping at 10.5 for a restart, the coordinator ends a's and b's connections itself. That
+    is no end of stream from them, so no proof that they stopped (docs/design.md#ownership-lease):
+    they fetch on under their leases, and the stopping coordinator counts their partitions
+    leased (until the Ping of 10.0 + T + margin = 16.5), not free, whatever it does with them
+    before it is gone (a rebalance, a record written for a successor)."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster, fetch_through_failover=True)
+        await trio.sleep_until(10.5)
+        stopping = cluster.coordinator.groups["g"]
+        with trio.fail_after(5):
+            await cluster.restart_coordinator(down_for=1.0)
+        assert trio.current_time() == 11.5
+        assert a.fetching and b.fetching
+        assert not stopping.members
+        assert stopping.ownership.free_at(ALL) == 16.5
+        with trio.fail_after(20):
+            await cluster.wait_settled()
+        await cluster.check_invariants(settled=True)
+
+
 async def test_a_member_back_under_its_generation_before_a_start_it_missed_keeps_its_partitions(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
