@@ -348,7 +348,7 @@ class GroupCoordinator:
         (death,) = effects
         self.observer.member_died(group.group_id, death.cause)
         now = trio.current_time()
-        generation = group.ownership.holding(member.incarnation).generation
+        holding = group.ownership.holding(member.incarnation)
         del group.members[member.member_id]
         group.processes.pop(member.consumer_id, None)
         died = ownership.OwnerDied(
@@ -361,8 +361,8 @@ class GroupCoordinator:
             # No rebalance: its partitions wait for a restart within T
             # (docs/design.md#static-members).
             # Its record keeps its own generation, under which a successor claims its partitions.
-            record = attrs.evolve(member.record, generation=generation)
-            away = self.away(group, record, since=now)
+            record = attrs.evolve(member.record, generation=holding.generation)
+            away = self.away(group, record, since=now, partitions=holding.partitions)
             log.info(
                 "group %s: %s's process ended (%s); away until %.3f, its partitions free at %.3f",
                 group.group_id,
@@ -383,11 +383,18 @@ class GroupCoordinator:
         )
         self._departed(group, member.member_id)
 
-    def away(self, group: Group, record: MemberRecord, *, since: float) -> Away:
+    def away(
+        self,
+        group: Group,
+        record: MemberRecord,
+        *,
+        since: float,
+        partitions: frozenset[TopicPartition] = frozenset(),
+    ) -> Away:
         """The static member ``record`` names has no process from ``since`` on: it stays in the
-        group, away, for its session timeout."""
+        group, away, for its session timeout; its last process held ``partitions``."""
         away = group.away[record.member_id] = Away(
-            record=record, until=since + record.session_timeout_ms / 1000
+            record=record, until=since + record.session_timeout_ms / 1000, partitions=partitions
         )
         self.nursery.start_soon(self._away_ends, group, record.member_id, away)
         return away
@@ -719,7 +726,8 @@ class GroupCoordinator:
             # partitions back (docs/design.md#static-members).
             for member in record.members:
                 if member.instance_id is not None:
-                    self.away(group, member, since=since)
+                    given = frozenset(owners.get(member.member_id, ()))
+                    self.away(group, member, since=since, partitions=given)
                     group.streams += validation.stream_count(member.subscription)
         recovered = ownership.Recovered(
             claims=tuple(claims),

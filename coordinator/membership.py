@@ -58,6 +58,9 @@ class Away:
 
     record: MemberRecord
     until: float
+    #: What its last process held under the record's generation (or a recovered record gave it):
+    #: all that generation may claim (docs/design.md#static-members).
+    partitions: frozenset[TopicPartition] = frozenset()
 
 
 @attrs.define(eq=False)

@@ -346,7 +346,7 @@ async def _start_all(
                     )
                     for m in members
                 ),
-                *(a.record for a in group.away.values()),
+                *_away_records(group, assignment, generation),
             ),
             assignment=assignment,
         )
@@ -409,6 +409,29 @@ async def _start_all(
     if failures:
         raise AttemptFailed("; ".join(failures))
     return record
+
+
+def _away_records(
+    group: Group, assignment: Assignment, generation: int
+) -> tuple[MemberRecord, ...]:
+    """The away members' records. A record's claim under a member's own generation is one its
+    next process may free at once by registering under it without those partitions
+    (docs/design.md#adoption-after-a-failover), so it may name only what the member's last
+    process held: an away member given more than that (the partitions of members that departed,
+    whose leases may still run) is recorded under this attempt's generation, which no process of
+    it ever held, and a successor waits out its lease on them."""
+    if not group.away:
+        return ()
+    given: dict[str, set[TopicPartition]] = {member_id: set() for member_id in group.away}
+    for tp, thread in assignment.items():
+        if (mine := given.get(thread.member_id)) is not None:
+            mine.add(tp)
+    return tuple(
+        away.record
+        if given[member_id] <= away.partitions
+        else attrs.evolve(away.record, generation=generation)
+        for member_id, away in group.away.items()
+    )
 
 
 async def _record_completed(coordinator: RebalanceHost, record: GroupRecord) -> None:

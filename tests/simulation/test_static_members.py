@@ -388,3 +388,51 @@ async def test_a_dynamic_member_may_not_take_a_static_members_id(
             "a", group="g", subscription=subscription, rejoin=False
         )
         assert intruder.last_register_error is ErrorCode.INVALID_REQUEST
+
+
+async def test_a_partition_given_to_a_member_away_is_not_freed_by_its_return_after_a_failover(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Under the eager protocol: s (static) and x (dynamic) fetch through lost connections. s's
+    connection breaks at 10.5 (away); x's at 11.0 (departed), so the group, with no live member
+    left, gives x's partitions to s, away, and writes that record at 11.0. The coordinator
+    restarts at 11.25 and takes office again at 11.75. s, back at 12.5 under its generation 1,
+    never held x's partitions, so its word cannot free them: the record names s under the
+    attempt's generation (docs/design.md#static-members), and they stay leased (until 11.75 +
+    T + margin = 18.25) until x, back at 13.0 still fetching them, adopts them; the attempt of
+    15.0 stops both and starts them again. A record that named s under generation 1 let s's
+    registration free them at 12.5 and start them on s while x still fetched them."""
+    async with open_simulated_cluster(tmp_path, under(RebalanceProtocol.EAGER, CONFIG)) as cluster:
+        await cluster.create_topic("events", partitions=6)
+        s, x = [
+            await cluster.start_consumer(
+                name,
+                group="g",
+                topics={"events": 1},
+                instance_id="s" if name == "s-1" else None,
+                fetch_through_failover=True,
+            )
+            for name in ("s-1", "x")
+        ]
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        assert trio.current_time() == 3.0
+        theirs = x.owned
+        await trio.sleep_until(10.5)
+        s.drop_connection()
+        await trio.sleep_until(11.0)
+        x.drop_connection()
+        await trio.sleep_until(11.25)
+        record = (await cluster.store.groups())["g"]
+        assert {thread.member_id for thread in record.assignment.values()} == {"s"}
+        with trio.fail_after(5):
+            await cluster.restart_coordinator(down_for=0.5)
+        assert trio.current_time() == 11.75
+        with trio.fail_after(30):
+            await cluster.wait_settled()
+        await cluster.check_invariants(settled=True)
+        assert trio.current_time() == 15.0
+        assert x.owned == theirs and s.owned == ALL - theirs
+        assert {(i.start, i.end) for i in cluster.ledger.closed if i.partition in theirs} == {
+            (3.0, 15.0)
+        }
