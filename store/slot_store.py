@@ -3,8 +3,8 @@ store a group coordinator runs on when it coordinates that slot alone.
 
 The coordinator takes office, waits for the office to end, checks contact and reads its groups
 (and those with offsets only) through this view, which turns each into the slot's counterpart;
-every other call goes to the store as it is. Its writes carry the slot's epoch, which the store admits only for the slot's
-groups, so a coordinator of one slot cannot write another slot's group.
+every other call goes to the store as it is. Its writes carry the slot's epoch, which the store
+admits only for the slot's groups, so a coordinator of one slot cannot write another slot's group.
 """
 
 from __future__ import annotations
