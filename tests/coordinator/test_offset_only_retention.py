@@ -6,12 +6,13 @@ every 10 s from the coordinator's load (at 0.0, or when it took office again).""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
 import trio.testing
 
-from coordinator.config import CoordinatorConfig
 from protocol import (
     DescribeGroupRequest,
     DescribeGroupResponse,
@@ -21,16 +22,9 @@ from protocol import (
     OffsetCommitRequest,
     OffsetCommitResponse,
 )
-from protocol.types import PartitionOffset, TopicPartition
+from protocol.types import PartitionOffset
 from simulation import SimulatedCluster, open_simulated_cluster
-
-CONFIG = CoordinatorConfig(
-    initial_rebalance_delay=3.0,
-    lease_margin=0.5,
-    group_retention=100.0,
-    group_retention_check_interval=10.0,
-)
-TP = TopicPartition(topic="events", partition=0)
+from tests.coordinator.test_group_retention import CONFIG, TP
 
 
 async def _commit(cluster: SimulatedCluster, group: str, offset: int) -> None:
@@ -41,6 +35,16 @@ async def _commit(cluster: SimulatedCluster, group: str, offset: int) -> None:
         )
     assert isinstance(response, OffsetCommitResponse)
     assert response.error_code is ErrorCode.NONE
+
+
+@asynccontextmanager
+async def _committed_at_5(tmp_path: Path, group: str) -> AsyncIterator[SimulatedCluster]:
+    """A cluster in which a standalone committer committed offset 10 for ``group`` at 5.0."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic(TP.topic, partitions=1)
+        await trio.sleep_until(5.0)
+        await _commit(cluster, group, 10)
+        yield cluster
 
 
 async def _listed(cluster: SimulatedCluster) -> dict[str, str]:
@@ -76,10 +80,7 @@ async def _removed_at(cluster: SimulatedCluster, group: str, at: float) -> None:
 async def test_a_standalone_committers_group_is_listed_and_removed_after_its_last_commit(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
-        await cluster.create_topic("events", partitions=1)
-        await trio.sleep_until(5.0)
-        await _commit(cluster, "reset", 10)
+    async with _committed_at_5(tmp_path, "reset") as cluster:
         assert await _listed(cluster) == {"reset": "Empty"}
         described = await _described(cluster, "reset")
         assert (described.state, described.offsets) == (
@@ -93,10 +94,7 @@ async def test_a_standalone_committers_group_is_listed_and_removed_after_its_las
 async def test_a_later_commit_puts_the_removal_off(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
-        await cluster.create_topic("events", partitions=1)
-        await trio.sleep_until(5.0)
-        await _commit(cluster, "sink", 10)
+    async with _committed_at_5(tmp_path, "sink") as cluster:
         await trio.sleep_until(50.0)
         await _commit(cluster, "sink", 20)
         await trio.sleep_until(130.0)  # past 5.0 + 100: kept for the commit at 50.0
@@ -107,10 +105,7 @@ async def test_a_later_commit_puts_the_removal_off(
 async def test_after_a_restart_the_group_is_known_and_counted_from_taking_office(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
-        await cluster.create_topic("events", partitions=1)
-        await trio.sleep_until(5.0)
-        await _commit(cluster, "reset", 10)
+    async with _committed_at_5(tmp_path, "reset") as cluster:
         await trio.sleep_until(60.0)
         await cluster.restart_coordinator(down_for=1.0)  # in office again at 61.0
         assert cluster.coordinator.took_office_at == 61.0
@@ -124,10 +119,7 @@ async def test_after_a_restart_the_group_is_known_and_counted_from_taking_office
 async def test_a_group_that_gets_a_member_is_counted_by_its_members(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
-        await cluster.create_topic("events", partitions=1)
-        await trio.sleep_until(5.0)
-        await _commit(cluster, "g", 10)
+    async with _committed_at_5(tmp_path, "g") as cluster:
         assert await _listed(cluster) == {"g": "Empty"}
         await trio.sleep_until(50.0)
         a = await cluster.start_consumer("a", group="g", topics={"events": 1})
