@@ -88,10 +88,22 @@ class ServerProcess:
         fields = text[text.rindex(")") + 2 :].split()
         return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
-    def rss_bytes(self) -> int:
+    def rss_bytes(self, field: str = "VmRSS") -> int:
+        """Resident memory now; ``field="VmHWM"``: its peak over the process's life."""
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
+        return 0
+
+    def open_files(self) -> int:
+        """Descriptors the process holds now (sockets included): what its file limit caps."""
+        return len(os.listdir(f"/proc/{self.process.pid}/fd"))
+
+    def file_limit(self) -> int:
+        """The process's soft limit of open files, from /proc/<pid>/limits."""
+        for line in Path(f"/proc/{self.process.pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                return int(line.split()[3])
         return 0
 
 
@@ -194,9 +206,12 @@ async def open_consumers(
     first: int = 0,
     per_worker: int = PER_WORKER,
     tls_ca: Path | None = None,
+    bootstrap: Sequence[ServerProcess] = (),
 ) -> AsyncIterator[list[Worker]]:
     """``count`` consumers over ceil(count / per_worker) workers; member i is in group
-    i // group_size; over TLS trusting ``tls_ca`` if given."""
+    i // group_size; over TLS trusting ``tls_ca`` if given. With ``bootstrap``, each consumer
+    registers with its group's coordinator as these brokers name it, not with ``server``."""
+    found_through = ",".join(f"{b.host}:{b.port}" for b in bootstrap)
     workers: list[Worker] = []
     async with trio.open_nursery() as nursery:
         try:
@@ -224,6 +239,7 @@ async def open_consumers(
                     "--session-timeout-ms",
                     str(session_timeout_ms),
                     *([] if tls_ca is None else ["--tls-ca", str(tls_ca)]),
+                    *(["--bootstrap", found_through] if bootstrap else []),
                 ]
                 workers.append(
                     await _start(nursery, arguments, work_dir / f"{member_prefix}{index}.log")
