@@ -41,6 +41,7 @@ from bench.harness import (
     Worker,
     all_groups_stable,
     bench_arguments,
+    cpu_seconds,
     figure,
     open_bare_clients,
     open_bare_server,
@@ -227,6 +228,9 @@ async def main() -> None:
                     for broker in brokers:
                         broker.cpu_at_start = broker.server.cpu_seconds()
                         broker.sample()
+                    (zookeeper,) = ensemble.nodes
+                    assert zookeeper.process is not None
+                    zookeeper_cpu0 = cpu_seconds(zookeeper.process.pid)
                     t0 = now()
                     deadline = trio.current_time() + hold
                     worst_live = n
@@ -238,6 +242,7 @@ async def main() -> None:
                             broker.sample()
                     wall = now() - t0
                     cpu = {b.broker_id: b.server.cpu_seconds() - b.cpu_at_start for b in brokers}
+                    zookeeper_cpu = cpu_seconds(zookeeper.process.pid) - zookeeper_cpu0
                     st = await stats(workers)
                     moved = [await w.command(f"handoffs {t0}") for w in workers]
                     told = sum(len(m["consumers"]) for m in moved)
@@ -362,6 +367,7 @@ async def main() -> None:
             sum(bare.cpu) / bare.round_trips * 1e6 if bare.round_trips else None,
             **common,
         )
+        figure(BENCH, "zookeeper_cpu_share", zookeeper_cpu / wall, "cores", None, **common)
         lateness = [s["lateness_p99"] or 0.0 for s in st]
         figure(BENCH, "ping_lateness_p99", max(lateness) * 1e3, "ms", None, **common)
         figure(

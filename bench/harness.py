@@ -75,6 +75,13 @@ def figure(
 # --- the parent's handles -----------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid``, from /proc/<pid>/stat."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
 @attrs.define(eq=False)
 class ServerProcess:
     process: trio.Process
@@ -83,10 +90,7 @@ class ServerProcess:
     log_path: Path
 
     def cpu_seconds(self) -> float:
-        """utime + stime of the server process, from /proc/<pid>/stat."""
-        text = Path(f"/proc/{self.process.pid}/stat").read_text()
-        fields = text[text.rindex(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        return cpu_seconds(self.process.pid)
 
     def rss_bytes(self, field: str = "VmRSS") -> int:
         """Resident memory now; ``field="VmHWM"``: its peak over the process's life."""
