@@ -6,7 +6,7 @@ The cluster: a standalone ZooKeeper server and three real brokers (``cli serve -
 --broker-id N``), each coordinating the groups of the coordinator slots it holds
 (docs/design.md#coordinator-slots). The load: ``--consumers`` consumers in ``--groups`` groups of
 equal size, in load-generator processes of at most 5,000 each (a process may hold 20,000 open
-files). Each consumer finds its group's coordinator as the consumer library does, by asking a
+files), started one at a time once the previous one's consumers are registered. Each consumer finds its group's coordinator as the consumer library does, by asking a
 broker (each consumer starts at another) for ClusterMetadata naming its group, and registers there;
 a topic of one partition per member of a group gives every member one partition.
 
@@ -53,7 +53,7 @@ from bench.harness import (
     stats,
     wait_until,
 )
-from bench.loadgen import frame_sizes, now
+from bench.loadgen import PER_WORKER, frame_sizes, now
 from consumer.admin import ClusterReport, open_admin
 from launch.cluster import eventually
 from launch.zookeeper import free_ports, open_ensemble
@@ -207,19 +207,30 @@ async def main() -> None:
             async with open_cluster(f"{ensemble.hosts}/{BENCH}", work) as brokers:
                 view, shared = await shared_view(brokers)
                 await create_topic(brokers, group_size)
-                async with open_consumers(
-                    brokers[0].server,
-                    n,
-                    work,
-                    group_size=group_size,
-                    session_timeout_ms=SESSION_TIMEOUT_MS,
-                    bootstrap=[b.server for b in brokers],
-                ) as workers:
+                async with contextlib.AsyncExitStack() as stack:
+                    # One worker's consumers at a time, each registered before the next joins:
+                    # the hold is measured, not how the brokers weather a stampede.
+                    workers: list[Worker] = []
                     started = now()
-                    await wait_until(workers, registered(n), timeout=120 + n / 20)
+                    for first in range(0, n, PER_WORKER):
+                        count = min(PER_WORKER, n - first)
+                        workers += await stack.enter_async_context(
+                            open_consumers(
+                                brokers[0].server,
+                                count,
+                                work,
+                                group_size=group_size,
+                                session_timeout_ms=SESSION_TIMEOUT_MS,
+                                first=first,
+                                bootstrap=[b.server for b in brokers],
+                            )
+                        )
+                        await wait_until(
+                            workers, registered(first + count), timeout=120 + count / 20
+                        )
                     connect_time = now() - started
                     try:
-                        await wait_until(workers, all_groups_stable, timeout=180)
+                        await wait_until(workers, all_groups_stable, timeout=300)
                         formed = True
                     except RuntimeError:
                         formed = False  # some group never finished forming: said, not hidden
