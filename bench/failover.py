@@ -362,7 +362,7 @@ async def one_scenario(
 ) -> Outcome:
     observed = Observed()
     async with open_brokers(hosts, work_dir) as brokers:
-        first_id = await agreed_coordinator(ids(brokers), deadline=DEADLINE)
+        first_id = await agreed_coordinator(ids(brokers), group=GROUP, deadline=DEADLINE)
         first = next(b for b in brokers if b[0] == first_id)
         survivors = [b for b in brokers if b is not first]
         for broker in brokers:  # each topic lives on one broker
@@ -400,7 +400,7 @@ async def one_scenario(
             before = await stable_report(first, everything)  # the generation at the fault
             fault = time.monotonic()
             first[1].process.send_signal(signal.SIGKILL if scenario == "kill_9" else signal.SIGSTOP)
-            second_id = await agreed_coordinator(ids(survivors), deadline=DEADLINE)
+            second_id = await agreed_coordinator(ids(survivors), group=GROUP, deadline=DEADLINE)
             elected = time.monotonic() - fault
             if scenario == "sigstop":
                 first[1].process.send_signal(signal.SIGCONT)

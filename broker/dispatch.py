@@ -15,12 +15,15 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 
 import attrs
 import trio
+import trio_util
 
 from broker import authorization, placement
 from broker.authorization import Access
+from broker.offices import BySlot, Offices, coordinator_of, whole_office
 from coordinator import validation
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.limits import RequestLimits
@@ -56,6 +59,7 @@ from protocol import (
 )
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine import member as member_sm
+from statemachine.slots import slot_of
 from store import (
     InvalidPartitions,
     MetadataStore,
@@ -84,21 +88,35 @@ COMMITS_IN_FLIGHT = 16
 DataPlane = Callable[[Request], Awaitable[ResponseMessage | None]]
 
 
+#: Requests about one group: answered by the coordinator of the group's slot, if this broker
+#: holds it (docs/design.md#coordinator-slots), NOT_COORDINATOR otherwise.
+GroupRequest = (
+    RegisterConsumerRequest
+    | OffsetCommitRequest
+    | OffsetFetchRequest
+    | LeaveGroupRequest
+    | DescribeGroupRequest
+    | DeleteGroupRequest
+)
+
+
 @attrs.define(eq=False)
 class _Session:
-    coordinator: GroupCoordinator
+    offices: Offices
     channel: Channel
     nursery: trio.Nursery
     data_plane: DataPlane | None
     #: The access rules in force; None: everyone may do everything.
     access: Access | None = None
     member: Member | None = None
+    #: The coordinator ``member`` registered with.
+    member_coordinator: GroupCoordinator | None = None
+    #: The coordinators this connection asked: it closes when one of them leaves this broker.
+    used: set[GroupCoordinator] = attrs.Factory(set)
     _commits: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(COMMITS_IN_FLIGHT))
 
     async def work(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
         async for request in requests:
-            if isinstance(request.message, OffsetCommitRequest):
-                await self._commits.acquire()  # released by _commit
             response = await self.answer(request)
             if self.member is not None:
                 self.channel.never_idle()
@@ -125,16 +143,63 @@ class _Session:
             return None
         return authorization.visible(access.current, principal, request.message, response)
 
+    def _route(self, group_id: str) -> GroupCoordinator | None:
+        coordinator = coordinator_of(self.offices, group_id)
+        if coordinator is not None:
+            self.used.add(coordinator)
+        return coordinator
+
     async def _answer(self, request: Request) -> ResponseMessage | None:
-        coordinator = self.coordinator
-        if not isinstance(request.message, RegisterConsumerRequest):  # answered with its epoch
-            error = validation.request_error(request.message, request.client_id, self.limits)
-            if error is ErrorCode.NONE and _loading(coordinator, request.message):
-                error = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-            if error is not ErrorCode.NONE:
-                return error_response(request.message, error)
-        match request.message:
-            case RegisterConsumerRequest() as message:
+        message = request.message
+        if isinstance(message, GroupRequest):
+            if not isinstance(message, RegisterConsumerRequest):  # answered with its epoch
+                error = validation.request_error(message, request.client_id, self.limits)
+                if error is not ErrorCode.NONE:
+                    return error_response(message, error)
+            coordinator = self._route(message.group_id)
+            if coordinator is None:
+                return error_response(message, ErrorCode.NOT_COORDINATOR)
+            if not isinstance(message, RegisterConsumerRequest) and coordinator.loading(
+                message.group_id
+            ):
+                return error_response(message, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+            return await self._answer_group(request, message, coordinator)
+        error = validation.request_error(message, request.client_id, self.limits)
+        if (
+            error is ErrorCode.NONE
+            and isinstance(message, ListGroupsRequest)
+            and any(c.loading(None) for c in self._coordinators())
+        ):
+            error = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        if error is not ErrorCode.NONE:
+            return error_response(message, error)
+        match message:
+            case ClusterMetadataRequest():
+                return await self._metadata(message)
+            case CreateTopicRequest():
+                return CreateTopicResponse(
+                    error_code=await create_topic(self.offices.store, message, self.limits)
+                )
+            case CreatePartitionsRequest():
+                return CreatePartitionsResponse(error_code=await self._add_partitions(message))
+            case ListGroupsRequest():
+                coordinators = self._coordinators()
+                self.used.update(coordinators)
+                groups = [group for c in coordinators for group in c.list_groups()]
+                return ListGroupsResponse(error_code=ErrorCode.NONE, groups=tuple(groups))
+        if self.data_plane is not None:
+            return await self.data_plane(request)
+        return error_response(message, ErrorCode.INVALID_REQUEST)
+
+    def _coordinators(self) -> list[GroupCoordinator]:
+        """Each coordinator this broker runs, once."""
+        return list({id(c): c for c in self.offices.by_slot.value.values()}.values())
+
+    async def _answer_group(
+        self, request: Request, message: GroupRequest, coordinator: GroupCoordinator
+    ) -> ResponseMessage | None:
+        match message:
+            case RegisterConsumerRequest():
                 if self.member is not None:
                     return RegisterConsumerResponse(
                         error_code=ErrorCode.INVALID_REQUEST,
@@ -146,15 +211,18 @@ class _Session:
                 )
                 if member is not None:
                     self.member = member
+                    self.member_coordinator = coordinator
                 return response
-            case OffsetCommitRequest() as message:
+            case OffsetCommitRequest():
                 # Waits for durability: answered from its own task so later requests go on.
-                self.nursery.start_soon(self._commit, request, message)
+                await self._commits.acquire()  # released by _commit
+                self.nursery.start_soon(self._commit, request, message, coordinator)
                 return None
-            case LeaveGroupRequest() as message:
+            case LeaveGroupRequest():
                 member = self.member
                 if (
                     member is None
+                    or self.member_coordinator is not coordinator
                     or message.consumer_id not in (member.consumer_id, member.member_id)
                     or member.group_id != message.group_id
                 ):
@@ -169,38 +237,27 @@ class _Session:
                 await self.channel.respond(request, LeaveGroupResponse(error_code=ErrorCode.NONE))
                 await self.channel.flush()
                 return None
-            case OffsetFetchRequest() as message:
-                return await self._offset_fetch(message)
-            case ClusterMetadataRequest() as message:
-                return await self._metadata(message)
-            case CreateTopicRequest() as message:
-                return CreateTopicResponse(error_code=await self._create_topic(message))
-            case CreatePartitionsRequest() as message:
-                return CreatePartitionsResponse(error_code=await self._add_partitions(message))
-            case ListGroupsRequest():
-                return ListGroupsResponse(
-                    error_code=ErrorCode.NONE, groups=coordinator.list_groups()
-                )
-            case DescribeGroupRequest() as message:
+            case OffsetFetchRequest():
+                return await self._offset_fetch(message, coordinator)
+            case DescribeGroupRequest():
                 return await coordinator.describe(message.group_id)
-            case DeleteGroupRequest() as message:
+            case DeleteGroupRequest():
                 return DeleteGroupResponse(
                     error_code=await coordinator.delete_group(message.group_id)
                 )
-        if self.data_plane is not None:
-            return await self.data_plane(request)
-        return error_response(request.message, ErrorCode.INVALID_REQUEST)
 
     @property
     def limits(self) -> RequestLimits:
-        return self.coordinator.config.limits
+        return self.offices.config.limits
 
-    async def _offset_fetch(self, message: OffsetFetchRequest) -> OffsetFetchResponse:
+    async def _offset_fetch(
+        self, message: OffsetFetchRequest, coordinator: GroupCoordinator
+    ) -> OffsetFetchResponse:
         """The answer is built a chunk at a time with a checkpoint between chunks, so a
         request naming its maximum of partitions (or a group holding offsets for as many) does
         not hold the event loop for other connections; sorting plain tuples, not
         TopicPartitions (attrs' ordering costs microseconds per comparison)."""
-        committed = (await self.coordinator.offsets.view(message.group_id)).durable
+        committed = (await coordinator.offsets.view(message.group_id)).durable
         wanted = committed.keys() if message.partitions is None else message.partitions
         keys = sorted({(tp.topic, tp.partition) for tp in wanted})
         offsets: list[PartitionOffset] = []
@@ -212,62 +269,60 @@ class _Session:
                 offsets.append(PartitionOffset(topic=topic, partition=partition, offset=offset))
         return OffsetFetchResponse(error_code=ErrorCode.NONE, offsets=tuple(offsets))
 
-    async def _commit(self, request: Request, message: OffsetCommitRequest) -> None:
+    async def _commit(
+        self, request: Request, message: OffsetCommitRequest, coordinator: GroupCoordinator
+    ) -> None:
         try:
-            error = await self.coordinator.commit(message, self.channel)
+            error = await coordinator.commit(message, self.channel)
             await self.channel.respond(request, OffsetCommitResponse(error_code=error))
         finally:
             self._commits.release()
 
     async def _metadata(self, message: ClusterMetadataRequest) -> ClusterMetadataResponse:
-        coordinator = self.coordinator
-        # Brokers of a cluster come and go after the coordinator took office; the cached list
-        # serves while the store cannot answer.
-        with contextlib.suppress(StoreUnavailable):
-            await refresh_brokers(coordinator, self.channel.listener)
+        offices = self.offices
+        try:
+            view = await offices.view(self.channel.listener)
+        except StoreUnavailable as exc:
+            log.warning("cannot answer ClusterMetadata: %s", exc)
+            return ClusterMetadataResponse(
+                error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                coordinator_id=-1,
+                coordinator_epoch=-1,
+                brokers=(),
+                topics=(),
+            )
+        topics = view.topics
+        if message.topics is not None and not topics.keys() >= set(message.topics):
+            # Perhaps created since the view was read (the topic watch lags a write elsewhere).
+            with contextlib.suppress(StoreUnavailable):
+                topics = await offices.store.topics()
+        slots = offices.config.coordinator_slots
+        holders = tuple(view.holders.get(slot, -1) for slot in range(slots))
+        coordinator_id, epoch = -1, -1
+        if message.group_id is not None:
+            slot = slot_of(message.group_id, slots)
+            coordinator_id = holders[slot]
+            coordinator = offices.by_slot.value.get(slot)
+            if coordinator is not None:
+                coordinator_id, epoch = offices.broker.broker_id, coordinator.epoch
+        elif len(set(holders)) == 1:
+            # One broker coordinates every group: it is the cluster's coordinator.
+            coordinator_id = holders[0]
+            running = self._coordinators()
+            if len(running) == 1:
+                epoch = running[0].epoch
         return cluster_metadata(
             message,
-            topics=coordinator.topics,
-            brokers=coordinator.brokers_by_listener.get(self.channel.listener, coordinator.brokers),
-            coordinator_id=coordinator.broker.broker_id,
-            coordinator_epoch=coordinator.epoch,
+            topics=topics,
+            brokers=view.brokers,
+            coordinator_id=coordinator_id,
+            coordinator_epoch=epoch,
             limits=self.limits,
-            # One office holds every slot (docs/design.md#coordinator-slots): this one.
-            slot_holders=(coordinator.broker.broker_id,) * coordinator.config.coordinator_slots,
+            slot_holders=holders,
         )
 
-    async def _create_topic(self, message: CreateTopicRequest) -> ErrorCode:
-        coordinator = self.coordinator
-        return await create_topic(coordinator.store, message, self.limits)
-
     async def _add_partitions(self, message: CreatePartitionsRequest) -> ErrorCode:
-        coordinator = self.coordinator
-        return await add_partitions(coordinator.store, message, self.limits, coordinator.topics)
-
-
-async def refresh_brokers(coordinator: GroupCoordinator, listener: str) -> None:
-    """Read the live brokers again, as the clients of ``listener`` reach them ("": as the
-    default listener's do)."""
-    coordinator.brokers = await coordinator.store.brokers()
-    if listener:
-        coordinator.brokers_by_listener[listener] = await coordinator.store.brokers(listener)
-
-
-def _loading(coordinator: GroupCoordinator, message: object) -> bool:
-    """Whether ``message`` is about a group whose record the coordinator is still reading
-    (docs/design.md#loading); RegisterConsumer is checked with the registration itself."""
-    match message:
-        case (
-            OffsetCommitRequest(group_id=group_id)
-            | OffsetFetchRequest(group_id=group_id)
-            | DescribeGroupRequest(group_id=group_id)
-            | LeaveGroupRequest(group_id=group_id)
-            | DeleteGroupRequest(group_id=group_id)
-        ):
-            return coordinator.loading(group_id)
-        case ListGroupsRequest():
-            return coordinator.loading(None)
-    return False
+        return await add_partitions(self.offices.store, message, self.limits)
 
 
 def cluster_metadata(
@@ -344,18 +399,14 @@ async def add_partitions(
     store: MetadataStore,
     message: CreatePartitionsRequest,
     limits: RequestLimits,
-    known: Mapping[str, TopicPlacement] | None = None,
 ) -> ErrorCode:
     """Grow the topic to ``total_partitions``, the new ones spread like a new topic's, within the
-    limits per topic and per broker; ``known`` is a cached view of the topics to try before
-    asking the store."""
+    limits per topic and per broker."""
     error = validation.request_error(message, "", limits)
     if error is not ErrorCode.NONE:
         return error
     topics = await store.topics()
-    current = None if known is None else known.get(message.topic)
-    if current is None:
-        current = topics.get(message.topic)
+    current = topics.get(message.topic)
     if current is None:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     count = message.total_partitions - current.partition_count
@@ -391,7 +442,7 @@ def _per_broker_error(
 
 
 async def handle_connection(
-    coordinator: GroupCoordinator,
+    offices: Offices | GroupCoordinator,
     stream: trio.abc.Stream,
     data_plane: DataPlane | None = None,
     *,
@@ -399,23 +450,46 @@ async def handle_connection(
     peer: Peer | None = None,
     access: Access | None = None,
 ) -> None:
-    """Serve one peer until it closes, breaks the protocol, or its member is declared dead.
+    """Serve one peer until it closes, breaks the protocol, or its member is declared dead;
+    group requests go to the coordinator of the group's slot among ``offices`` (a coordinator:
+    one that holds every slot).
 
     Nothing raised while serving it leaves this task: whatever went wrong ends this connection
-    (its member dies as if the connection broke) and nothing else. ``bounds``: the broker's
+    (its member dies as if the connection broke) and nothing else. A connection that asked a
+    coordinator closes when that coordinator leaves this broker (its slot moved or its office
+    ended), so that its client finds the group's coordinator afresh. ``bounds``: the broker's
     limits on reading (none: unbounded, for tests of other things); ``peer``: who the listener
     admitted, and on which listener (None: a connection no listener admitted, for tests);
     ``access``: the rules every request is checked against (None: none)."""
+    if isinstance(offices, GroupCoordinator):
+        offices = whole_office(offices)
     channel = Channel.open(
-        stream, Role.BROKER, max_frame_size=coordinator.config.max_frame_size, bounds=bounds
+        stream, Role.BROKER, max_frame_size=offices.config.max_frame_size, bounds=bounds
     )
     if peer is not None:
         channel.listener = peer.listener
         channel.principal = peer.principal
         channel.host = peer.host
-        if peer.listener not in coordinator.brokers_by_listener:
-            with contextlib.suppress(StoreUnavailable):
-                await refresh_brokers(coordinator, peer.listener)
+    used: set[GroupCoordinator] = set()
+    serve = partial(_serve, offices, channel, used, data_plane, access)
+    if offices.fixed:
+        await serve()
+        return
+
+    def gone(by_slot: BySlot) -> bool:
+        return not used.issubset(by_slot.values())
+
+    async with trio_util.move_on_when(offices.by_slot.wait_value, gone):
+        await serve()
+
+
+async def _serve(
+    offices: Offices,
+    channel: Channel,
+    used: set[GroupCoordinator],
+    data_plane: DataPlane | None,
+    access: Access | None,
+) -> None:
     send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
     violation = False
     #: The peer closed cleanly (end of stream), rather than this side ending the connection.
@@ -424,11 +498,12 @@ async def handle_connection(
     try:
         async with trio.open_nursery() as nursery:
             session = _Session(
-                coordinator=coordinator,
+                offices=offices,
                 channel=channel,
                 nursery=nursery,
                 data_plane=data_plane,
                 access=access,
+                used=used,
             )
             nursery.start_soon(session.work, receive_requests)
             try:
@@ -447,7 +522,8 @@ async def handle_connection(
         channel.broken = True
     finally:
         member = session.member if session is not None else None
-        if member is not None and member.machine.alive:
+        coordinator = session.member_coordinator if session is not None else None
+        if member is not None and coordinator is not None and member.machine.alive:
             now = trio.current_time()
             if violation:
                 event: object = member_sm.ProtocolViolation(now=now)
@@ -456,7 +532,13 @@ async def handle_connection(
             else:
                 event = member_sm.ConnectionClosed(now=now)
             coordinator.member_event(member, event)
-        elif member is not None and member.fenced and peer_ended and not channel.broken:
+        elif (
+            member is not None
+            and coordinator is not None
+            and member.fenced
+            and peer_ended
+            and not channel.broken
+        ):
             coordinator.fenced_closed(member)
         with trio.CancelScope(shield=True):
             await channel.aclose()

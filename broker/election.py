@@ -1,140 +1,199 @@
-"""Coordinator election for a cluster of brokers sharing a ZooKeeper store
-(docs/design.md#coordinator-epochs-and-the-election).
+"""The coordinator slots of a cluster of brokers sharing a ZooKeeper store: each broker
+coordinates the groups of the slots it holds (docs/design.md#coordinator-slots).
 
-Every broker stands. The one that takes office runs the group coordinator; the others answer group
-requests with NOT_COORDINATOR and name the coordinator in ClusterMetadata, so that consumers find
-it. A broker whose office ends — its session expired, its connection stayed lost beyond the grace,
-or a successor fenced its writes — closes its coordinator and every connection served under it,
-and stands again. Consumers then stop fetching within their ownership lease
-(docs/design.md#ownership-lease), and the successor, which starts no partition before that lease
-has run out, can move them safely.
+Every second the broker reads the live brokers and the slots' holders, plans who should hold each
+slot (``statemachine.slots.plan_slots``: the same plan on every broker from the same reads),
+stands for the slots the plan gives it and hands off the ones it holds beyond its share. Each
+slot it holds runs a group coordinator of its own on that slot's view of the store
+(store/slot_store.py), with the slot's own epoch, lease and office checks: when a broker dies or
+joins, only the slots that move change coordinator, and only their groups fail over.
 
-Connections are bound to the office as it was when they were accepted: when this broker takes or
-loses office they are closed, and clients reconnect and find the coordinator afresh.
+A handoff is a clean end of the slot's office: the coordinator stops (no more Pings, so no lease
+is renewed), flushes its offsets, and only then releases the slot, which the planned holder is
+waiting to take; like any successor, that one starts no partition before the leases granted
+before it took office have run out (docs/design.md#ownership-lease). A slot's office that ends
+without a handoff (the session expired, the connection stayed lost beyond the grace, a successor
+fenced its writes) closes its coordinator the same way, and the plan decides who stands again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Protocol
+import types
+from collections.abc import AsyncIterator, Mapping
+from functools import partial
 
 import attrs
 import trio
 import trio_util
 
-from broker import authorization
-from broker.authorization import Access
-from broker.dispatch import (
-    REQUEST_QUEUE,
-    DataPlane,
-    add_partitions,
-    cluster_metadata,
-    create_topic,
-    handle_connection,
-)
+from broker.offices import BySlot, ClusterView
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.validation import LogEnd
-from protocol import (
-    ClusterMetadataRequest,
-    ClusterMetadataResponse,
-    CreatePartitionsRequest,
-    CreatePartitionsResponse,
-    CreateTopicRequest,
-    CreateTopicResponse,
-    DeleteGroupRequest,
-    DescribeGroupRequest,
-    ErrorCode,
-    LeaveGroupRequest,
-    ListGroupsRequest,
-    OffsetCommitRequest,
-    OffsetFetchRequest,
-    RegisterConsumerRequest,
-    RemoteProtocolError,
-    Request,
-    ResponseMessage,
-    Role,
-    error_response,
-)
 from protocol.types import BrokerInfo
-from store import EpochFenced, MetadataStore, StoreUnavailable
-from transport.channel import Channel, ReadBounds
-from transport.security import Peer
+from statemachine.slots import plan_slots
+from store import EpochFenced, StoreError, StoreUnavailable, TopicPlacement
+from store.slot_store import SlotStore
+from store.zookeeper import ZooKeeperStore
 
-__all__ = ["ElectionStore", "Elector", "handle_elected_connection", "open_elector"]
+__all__ = ["Elector", "open_elector"]
 
 log = logging.getLogger(__name__)
 
-#: What only the coordinator answers; a follower says NOT_COORDINATOR, sending the client to
-#: ClusterMetadata to find it.
-COORDINATOR_REQUESTS = (
-    RegisterConsumerRequest,
-    OffsetCommitRequest,
-    OffsetFetchRequest,
-    LeaveGroupRequest,
-    ListGroupsRequest,
-    DescribeGroupRequest,
-    DeleteGroupRequest,
-)
-
-#: After the store failed while standing, wait this long before standing again.
-STAND_AGAIN_BACKOFF = 1.0
+#: How often the broker reads the cluster and plans the slots again: a change is balanced within
+#: a few of these (docs/design.md#coordinator-slots).
+PLAN_INTERVAL = 1.0
+#: A clean stop or handoff releases the slot within this bound, or leaves it to the session.
+RELEASE_BOUND = 5.0
 
 
-class ElectionStore(MetadataStore, Protocol):
-    """A store shared by several brokers, whose office can end without the holder asking."""
+@attrs.define(eq=False)
+class _Standing:
+    """This broker standing for, or holding, one slot."""
 
-    async def wait_office_lost(self) -> None:
-        """Return once this handle's office may be over; it then holds none."""
-        ...
+    slot: int
+    #: Set to give the slot up: a handoff once held, giving up the wait before.
+    handoff: trio.Event = attrs.Factory(trio.Event)
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    coordinator: GroupCoordinator | None = None
+
+    def give_up(self) -> None:
+        self.handoff.set()
+        if self.coordinator is None:
+            self.scope.cancel()  # still waiting to take office: stop waiting
 
 
 @attrs.define(eq=False)
 class Elector:
-    """This broker's standing: ``coordinator`` holds its group coordinator while in office."""
+    """This broker's share of the coordinator slots, as its connections route to them
+    (broker/offices.py)."""
 
-    store: ElectionStore
+    store: ZooKeeperStore
     config: CoordinatorConfig
     broker: BrokerInfo
     #: This broker's partition log ends, for checking offsets (coordinator.validation.LogEnd).
     log_end: LogEnd | None = None
-    coordinator: trio_util.AsyncValue[GroupCoordinator | None] = attrs.Factory(
-        lambda: trio_util.AsyncValue(None)
-    )
     #: Told what each coordinator this broker runs sees (metrics): coordinator/observer.py.
     observer: CoordinatorObserver = NULL_OBSERVER
+    by_slot: trio_util.AsyncValue[BySlot] = attrs.Factory(
+        lambda: trio_util.AsyncValue(types.MappingProxyType({}))
+    )
+    #: The slots' holders as last read (slot -> broker id).
+    holders: Mapping[int, int] = attrs.Factory(dict)
+    topics: Mapping[str, TopicPlacement] = attrs.Factory(dict)
+    #: The live brokers as last read, by listener ("": the default one).
+    brokers: dict[str, tuple[BrokerInfo, ...]] = attrs.Factory(dict)
+    _standing: dict[int, _Standing] = attrs.Factory(dict)
 
-    async def _stand(self) -> None:
-        """Forever: take office (waiting while another broker holds it), coordinate until the
-        office is lost, and stand again."""
+    @property
+    def fixed(self) -> bool:
+        return False
+
+    async def view(self, listener: str) -> ClusterView:
+        brokers = self.brokers.get(listener)
+        if brokers is None:
+            brokers = self.brokers[listener] = await self.store.brokers(listener or None)
+        holders = dict(self.holders)
+        me = self.broker.broker_id
+        for slot in list(holders):
+            if holders[slot] == me and slot not in self.by_slot.value:
+                del holders[slot]  # given up since the last read
+        holders.update(dict.fromkeys(self.by_slot.value, me))
+        return ClusterView(topics=self.topics, brokers=brokers, holders=holders)
+
+    def coordinators(self) -> list[GroupCoordinator]:
+        """The coordinators this broker runs now, by slot."""
+        by_slot: BySlot = self.by_slot.value
+        return [by_slot[slot] for slot in sorted(by_slot)]
+
+    async def _watch_topics(self, *, task_status: trio.TaskStatus[None]) -> None:
+        async with contextlib.aclosing(self.store.topic_updates()) as updates:
+            async for topics in updates:
+                self.topics = topics
+                task_status.started()
+                task_status = trio.TASK_STATUS_IGNORED
+
+    async def _plan(self, nursery: trio.Nursery) -> None:
+        """Forever: read the cluster, stand for the slots the plan gives this broker and give up
+        the others."""
+        me = self.broker.broker_id
+        slots = self.config.coordinator_slots
         while True:
-            failed = False
             try:
+                live = await self.store.brokers()
+                holders = await self.store.slot_holders()
+                for listener in [name for name in self.brokers if name]:
+                    self.brokers[listener] = await self.store.brokers(listener)
+            except StoreUnavailable as exc:
+                log.warning("broker %d cannot read the cluster: %s", me, exc)
+            else:
+                self.brokers[""] = live
+                self.holders = holders
+                plan = plan_slots(slots, [b.broker_id for b in live], holders)
+                for slot in range(slots):
+                    standing = self._standing.get(slot)
+                    if plan.get(slot) == me and standing is None:
+                        self._standing[slot] = standing = _Standing(slot=slot)
+                        nursery.start_soon(self._hold, standing)
+                    elif plan.get(slot) != me and standing is not None:
+                        standing.give_up()
+                    elif holders.get(slot) == me and standing is None:
+                        # Taken by a wait given up as its transaction went through.
+                        nursery.start_soon(self._abandon, slot)
+            await trio.sleep(PLAN_INTERVAL)
+
+    async def _abandon(self, slot: int) -> None:
+        with contextlib.suppress(StoreError):
+            await self.store.abandon_slot(slot)
+
+    async def _hold(self, standing: _Standing) -> None:
+        """Take the slot's office and coordinate its groups until the office ends or is handed
+        off; then release it, so that the next holder need not wait for this session."""
+        slot = standing.slot
+        me = self.broker.broker_id
+        try:
+            with standing.scope:
                 async with open_group_coordinator(
-                    self.store,
+                    SlotStore(inner=self.store, slot=slot, slots=self.config.coordinator_slots),
                     self.config,
                     self.broker,
                     log_end=self.log_end,
                     observer=self.observer,
-                ) as elected:
-                    self.coordinator.value = elected
+                ) as coordinator:
+                    standing.coordinator = coordinator
+                    self._publish(slot, coordinator)
                     try:
-                        await self.store.wait_office_lost()
+                        await trio_util.wait_any(
+                            partial(self.store.wait_slot_lost, slot), standing.handoff.wait
+                        )
                     finally:
-                        self.coordinator.value = None
-                log.warning("broker %d lost the coordinator office", self.broker.broker_id)
-            except* EpochFenced as deposed:
-                log.warning("broker %d was deposed: %s", self.broker.broker_id, _first(deposed))
-            except* StoreUnavailable as unavailable:
-                log.warning(
-                    "broker %d cannot stand: %s", self.broker.broker_id, _first(unavailable)
-                )
-                failed = True
-            if failed:
-                await trio.sleep(STAND_AGAIN_BACKOFF)
+                        self._publish(slot, None)
+            if standing.handoff.is_set():
+                log.info("broker %d hands slot %d off", me, slot)
+            else:
+                log.warning("broker %d lost slot %d", me, slot)
+        except* EpochFenced as deposed:
+            log.warning("broker %d was deposed from slot %d: %s", me, slot, _first(deposed))
+        except* StoreUnavailable as unavailable:
+            log.warning("broker %d cannot hold slot %d: %s", me, slot, _first(unavailable))
+        finally:
+            del self._standing[slot]
+            with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_BOUND):
+                try:
+                    await self.store.release_slot(slot)
+                except StoreError as exc:
+                    log.warning("broker %d could not release slot %d: %s", me, slot, exc)
+
+    def _publish(self, slot: int, coordinator: GroupCoordinator | None) -> None:
+        by_slot = dict(self.by_slot.value)
+        if coordinator is None:
+            by_slot.pop(slot, None)
+        else:
+            by_slot[slot] = coordinator
+        self.by_slot.value = types.MappingProxyType(by_slot)
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -147,141 +206,21 @@ def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 @contextlib.asynccontextmanager
 async def open_elector(
-    store: ElectionStore,
+    store: ZooKeeperStore,
     config: CoordinatorConfig,
     broker: BrokerInfo,
     *,
     log_end: LogEnd | None = None,
     observer: CoordinatorObserver = NULL_OBSERVER,
 ) -> AsyncIterator[Elector]:
-    """Stand for coordinator for the duration of the block."""
+    """Take this broker's share of the coordinator slots for the duration of the block, and
+    hand them off at its end."""
     elector = Elector(store=store, config=config, broker=broker, log_end=log_end, observer=observer)
+    await store.occupy_single_office()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(elector._stand)
+        await nursery.start(elector._watch_topics)
+        nursery.start_soon(elector._plan, nursery)
         try:
             yield elector
         finally:
             nursery.cancel_scope.cancel()
-
-
-async def handle_elected_connection(
-    elector: Elector,
-    stream: trio.abc.Stream,
-    data_plane: DataPlane | None = None,
-    *,
-    bounds: ReadBounds | None = None,
-    peer: Peer | None = None,
-    access: Access | None = None,
-) -> None:
-    """Serve one peer as the coordinator or as a follower, whichever this broker is now, until
-    the peer leaves or the office changes hands; under ``bounds`` and ``access`` either way."""
-    coordinator = elector.coordinator.value
-    async with trio_util.move_on_when(
-        elector.coordinator.wait_value, lambda now: now is not coordinator
-    ):
-        if coordinator is not None:
-            await handle_connection(
-                coordinator, stream, data_plane, bounds=bounds, peer=peer, access=access
-            )
-        else:
-            await _handle_follower_connection(elector, stream, data_plane, bounds, peer, access)
-
-
-async def _handle_follower_connection(
-    elector: Elector,
-    stream: trio.abc.Stream,
-    data_plane: DataPlane | None,
-    bounds: ReadBounds | None,
-    peer: Peer | None,
-    access: Access | None = None,
-) -> None:
-    channel = Channel.open(
-        stream, Role.BROKER, max_frame_size=elector.config.max_frame_size, bounds=bounds
-    )
-    if peer is not None:
-        channel.listener = peer.listener
-        channel.principal = peer.principal
-    send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(
-                _answer_as_follower, elector, channel, receive_requests, data_plane, access
-            )
-            with contextlib.suppress(RemoteProtocolError):  # Channel.run told the peer why
-                await channel.run(send_requests.send)
-            nursery.cancel_scope.cancel()
-    except Exception:
-        log.exception("serving %s failed; closing that connection", channel.peer)
-    finally:
-        with trio.CancelScope(shield=True):
-            await channel.aclose()
-
-
-async def _answer_as_follower(
-    elector: Elector,
-    channel: Channel,
-    requests: trio.MemoryReceiveChannel[Request],
-    data_plane: DataPlane | None,
-    access: Access | None,
-) -> None:
-    async for request in requests:
-        refused = (
-            None
-            if access is None
-            else authorization.refusal(access.current, channel.principal, request.message)
-        )
-        if refused is not None:
-            await channel.respond(request, refused)
-            continue
-        response = await _follower_answer(elector, request, data_plane, channel.listener)
-        if response is not None and access is not None:
-            response = authorization.visible(
-                access.current, channel.principal, request.message, response
-            )
-        if response is not None:
-            await channel.respond(request, response)
-
-
-async def _follower_answer(
-    elector: Elector, request: Request, data_plane: DataPlane | None, listener: str = ""
-) -> ResponseMessage | None:
-    store = elector.store
-    try:
-        match request.message:
-            case ClusterMetadataRequest() as message:
-                coordinator_id = await store.coordinator_id()
-                holder = -1 if coordinator_id is None else coordinator_id
-                return cluster_metadata(
-                    message,
-                    topics=await store.topics(),
-                    brokers=await store.brokers(listener or None),
-                    coordinator_id=holder,
-                    coordinator_epoch=-1,  # the coordinator tells its epoch itself
-                    limits=elector.config.limits,
-                    # One office holds every slot (docs/design.md#coordinator-slots).
-                    slot_holders=(holder,) * elector.config.coordinator_slots,
-                )
-            case CreateTopicRequest() as message:
-                return CreateTopicResponse(
-                    error_code=await create_topic(store, message, elector.config.limits)
-                )
-            case CreatePartitionsRequest() as message:
-                return CreatePartitionsResponse(
-                    error_code=await add_partitions(store, message, elector.config.limits)
-                )
-    except StoreUnavailable as exc:
-        log.warning("cannot answer %s: %s", type(request.message).__name__, exc)
-        if isinstance(request.message, ClusterMetadataRequest):
-            return ClusterMetadataResponse(
-                error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                coordinator_id=-1,
-                coordinator_epoch=-1,
-                brokers=(),
-                topics=(),
-            )
-        return error_response(request.message, ErrorCode.COORDINATOR_NOT_AVAILABLE)
-    if isinstance(request.message, COORDINATOR_REQUESTS):
-        return error_response(request.message, ErrorCode.NOT_COORDINATOR)
-    if data_plane is not None:
-        return await data_plane(request)
-    return error_response(request.message, ErrorCode.INVALID_REQUEST)

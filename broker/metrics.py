@@ -419,72 +419,72 @@ class _SnapshotCollector(Collector):
 async def take_snapshot(
     metrics: BrokerMetrics,
     broker: BrokerInfo,
-    coordinator: GroupCoordinator | None,
+    coordinators: Sequence[GroupCoordinator],
     store: MetadataStore,
     log_ends: Mapping[TopicPartition, int],
     read_timestamp: ReadTimestamp,
 ) -> Snapshot:
     """Read what the gauges and the page show; ``read_timestamp(tp, offset)`` awaits the
-    timestamp in ms of the record at ``offset`` of a partition on this broker (None if absent)."""
+    timestamp in ms of the record at ``offset`` of a partition on this broker (None if absent);
+    ``coordinators``: those this broker runs, one per coordinator slot it holds (or one for
+    every slot)."""
     now_ms = time.time() * 1000  # real-clock: record timestamps are wall time
     groups: list[GroupView] = []
-    if coordinator is not None:
-        brokers = coordinator.brokers
-        topics: Mapping[str, TopicPlacement] = coordinator.topics
-        for group_id in sorted(coordinator.groups):
-            group = coordinator.groups.get(group_id)
-            if group is None:
-                continue
-            view = await coordinator.offsets.view(group_id)
-            holding = group.ownership.holding
-            members = [
-                MemberView(
-                    member_id=m.member_id,
-                    client_id=m.record.client_id,
-                    partitions=tuple(sorted(holding(m.incarnation).partitions)),
-                )
-                for m in sorted(group.members.values(), key=lambda m: m.member_id)
-            ]
-            members.extend(
-                MemberView(
-                    member_id=member_id,
-                    client_id=a.record.client_id,
-                    partitions=(),
-                    away=True,
-                )
-                for member_id, a in sorted(group.away.items())
-            )
-            lags = []
-            for tp, offset in sorted(view.accepted.items()):
-                end = log_ends.get(tp)
-                if end is None:
-                    end = _log_end(coordinator, tp)
-                if end is None:
-                    continue
-                behind = max(0, end - offset)
-                seconds: float | None = 0.0
-                if behind:
-                    ts = await read_timestamp(tp, offset) if tp in log_ends else None
-                    seconds = None if ts is None else max(0.0, (now_ms - ts) / 1000)
-                lags.append(PartitionLag(group_id=group_id, tp=tp, records=behind, seconds=seconds))
-            groups.append(
-                GroupView(
-                    group_id=group_id,
-                    state=group.machine.state.value,
-                    generation=group.machine.generation,
-                    members=tuple(members),
-                    lag=tuple(lags),
-                )
-            )
+    if coordinators:
+        brokers = coordinators[0].brokers
+        topics: Mapping[str, TopicPlacement] = coordinators[0].topics
     else:
         brokers = await store.brokers()
         topics = await store.topics()
-    try:
-        coordinator_id = (
-            coordinator.broker.broker_id
-            if coordinator is not None
-            else await store.coordinator_id()
+    by_group = {g: c for c in coordinators for g in c.groups}
+    for group_id in sorted(by_group):
+        coordinator = by_group[group_id]
+        group = coordinator.groups.get(group_id)
+        if group is None:
+            continue
+        view = await coordinator.offsets.view(group_id)
+        holding = group.ownership.holding
+        members = [
+            MemberView(
+                member_id=m.member_id,
+                client_id=m.record.client_id,
+                partitions=tuple(sorted(holding(m.incarnation).partitions)),
+            )
+            for m in sorted(group.members.values(), key=lambda m: m.member_id)
+        ]
+        members.extend(
+            MemberView(
+                member_id=member_id,
+                client_id=a.record.client_id,
+                partitions=(),
+                away=True,
+            )
+            for member_id, a in sorted(group.away.items())
         )
+        lags = []
+        for tp, offset in sorted(view.accepted.items()):
+            end = log_ends.get(tp)
+            if end is None:
+                end = _log_end(coordinator, tp)
+            if end is None:
+                continue
+            behind = max(0, end - offset)
+            seconds: float | None = 0.0
+            if behind:
+                ts = await read_timestamp(tp, offset) if tp in log_ends else None
+                seconds = None if ts is None else max(0.0, (now_ms - ts) / 1000)
+            lags.append(PartitionLag(group_id=group_id, tp=tp, records=behind, seconds=seconds))
+        groups.append(
+            GroupView(
+                group_id=group_id,
+                state=group.machine.state.value,
+                generation=group.machine.generation,
+                members=tuple(members),
+                lag=tuple(lags),
+            )
+        )
+    try:
+        coordinator_id = broker.broker_id if coordinators else await store.coordinator_id()
     except StoreError:
         coordinator_id = None
     snapshot = Snapshot(

@@ -21,7 +21,7 @@ import trio
 from broker.authorization import open_access
 from broker.data_plane import BrokerLog, log_directory, open_broker_log
 from broker.dispatch import handle_connection
-from broker.election import handle_elected_connection, open_elector
+from broker.election import open_elector
 from broker.log import CorruptSegment, LogConfig, OffsetOutOfRange, check_log_format
 from broker.metrics import (
     BrokerMetrics,
@@ -31,6 +31,7 @@ from broker.metrics import (
     first_timestamp,
     take_snapshot,
 )
+from broker.offices import whole_office
 from broker.status import serve_status
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
@@ -199,7 +200,7 @@ async def run_node(
 async def _snapshot(
     metrics: BrokerMetrics,
     broker: BrokerInfo,
-    coordinator: GroupCoordinator | None,
+    coordinators: list[GroupCoordinator],
     store: MetadataStore,
     data_plane: BrokerLog,
 ) -> Snapshot:
@@ -214,7 +215,7 @@ async def _snapshot(
         except (OffsetOutOfRange, CorruptSegment, RemoteProtocolError):
             return None  # gone by retention, or unreadable: the page says "?"
 
-    return await take_snapshot(metrics, broker, coordinator, store, log_ends, read_timestamp)
+    return await take_snapshot(metrics, broker, coordinators, store, log_ends, read_timestamp)
 
 
 def _listener_security(
@@ -278,17 +279,17 @@ async def _open_coordination(
     broker: BrokerInfo,
     log_end: LogEnd,
     observer: CoordinatorObserver,
-) -> AsyncIterator[tuple[ConnectionHandler, Callable[[], GroupCoordinator | None]]]:
-    """Alone on its store, a broker is the coordinator; sharing ZooKeeper, it stands for election
-    and serves each connection as whatever it is when the connection arrives. Also yields how
-    to find the coordinator this broker runs now, if any."""
+) -> AsyncIterator[tuple[ConnectionHandler, Callable[[], list[GroupCoordinator]]]]:
+    """Alone on its store, a broker coordinates every group; sharing ZooKeeper, it coordinates
+    the groups of the slots its election gives it (docs/design.md#coordinator-slots). Also
+    yields how to find the coordinators this broker runs now."""
     if isinstance(store, ZooKeeperStore):
         async with open_elector(
             store, config, broker, log_end=log_end, observer=observer
         ) as elector:
-            yield partial(handle_elected_connection, elector), lambda: elector.coordinator.value
+            yield partial(handle_connection, elector), elector.coordinators
     else:
         async with open_group_coordinator(
             coordination_store, config, broker, log_end=log_end, observer=observer
         ) as coordinator:
-            yield partial(handle_connection, coordinator), lambda: coordinator
+            yield partial(handle_connection, whole_office(coordinator)), lambda: [coordinator]

@@ -241,12 +241,10 @@ class Admin:
     async def call(self, request: RequestMessage) -> ResponseMessage:
         return await self.channel.request(request)
 
-    async def call_coordinator(
-        self, request: RequestMessage, group_id: str | None = None
-    ) -> ResponseMessage:
-        """A group request, sent to the coordinator of ``group_id`` (None: of the cluster), found
-        through whichever broker this admin bootstrapped from, as a consumer finds it (SPEC.md
-        §11.1): asked again while the coordinator is still loading or moving."""
+    async def call_coordinator(self, request: RequestMessage, group_id: str) -> ResponseMessage:
+        """A group request, sent to the coordinator of ``group_id``, found through whichever
+        broker this admin bootstrapped from, as a consumer finds it (SPEC.md §11.1): asked again
+        while the coordinator is still loading or moving."""
         response: ResponseMessage | None = None
         for _ in range(LOAD_RETRIES):
             channel = await self._coordinator(group_id)
@@ -259,7 +257,7 @@ class Admin:
             raise AdminError("find the coordinator", ErrorCode.COORDINATOR_NOT_AVAILABLE)
         return response
 
-    async def _coordinator(self, group_id: str | None) -> Channel | None:
+    async def _coordinator(self, group_id: str) -> Channel | None:
         """A channel to the broker the cluster names as ``group_id``'s coordinator now; None
         while it names none or that broker cannot be reached."""
         response = await self.call(ClusterMetadataRequest(group_id=group_id, topics=()))
@@ -277,9 +275,12 @@ class Admin:
         except NoBrokerAvailable:
             return None
 
-    async def metadata(self, topics: Sequence[str] | None = None) -> ClusterMetadataResponse:
+    async def metadata(
+        self, topics: Sequence[str] | None = None, *, group: str | None = None
+    ) -> ClusterMetadataResponse:
+        """``group``: also name that group's coordinator."""
         response = await self.call(
-            ClusterMetadataRequest(group_id=None, topics=None if topics is None else tuple(topics))
+            ClusterMetadataRequest(group_id=group, topics=None if topics is None else tuple(topics))
         )
         assert isinstance(response, ClusterMetadataResponse)
         return response
@@ -321,10 +322,23 @@ class Admin:
         return metadata.topics
 
     async def groups(self) -> tuple[GroupSummary, ...]:
-        response = await self.call_coordinator(ListGroupsRequest())
-        assert isinstance(response, ListGroupsResponse)
-        _check("list groups", response.error_code)
-        return response.groups
+        """Every broker of the cluster lists the groups of the coordinator slots it holds
+        (docs/design.md#coordinator-slots); a group whose slot is moving may be listed by
+        neither, or by both once."""
+        listed: dict[str, GroupSummary] = {}
+        for broker in (await self.metadata(())).brokers:
+            try:
+                channel = await self._channel_for(broker)
+            except NoBrokerAvailable:
+                raise AdminError(
+                    f"list the groups of broker {broker.broker_id}",
+                    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                ) from None
+            response = await _asked_again(channel, ListGroupsRequest())
+            assert isinstance(response, ListGroupsResponse)
+            _check("list groups", response.error_code)
+            listed.update((group.group_id, group) for group in response.groups)
+        return tuple(listed[group_id] for group_id in sorted(listed))
 
     async def delete_group(self, group: str) -> None:
         response = await self.call_coordinator(DeleteGroupRequest(group_id=group), group)
@@ -465,6 +479,17 @@ class Admin:
             )
             self._brokers[broker.broker_id] = channel
         return channel
+
+
+async def _asked_again(channel: Channel, request: RequestMessage) -> ResponseMessage:
+    """The broker's answer, asked again while it is still loading."""
+    response = await channel.request(request)
+    for _ in range(LOAD_RETRIES):
+        if getattr(response, "error_code", None) is not ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+            break
+        await trio.sleep(LOAD_RETRY)
+        response = await channel.request(request)
+    return response
 
 
 def _check(what: str, error_code: ErrorCode) -> None:

@@ -8,6 +8,8 @@ Layout (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds keep t
                                                       {name: {"host": h, "port": p}, ...}}
     /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
     /consumers/coordinator                            ephemeral {"broker_id": id}; czxid = epoch
+                                                      (take_office); under layout 2 persistent
+                                                      {"broker_id": -1} (occupy_single_office)
     /coordinator_epoch                                persistent; its version counts terms
     /coordinator_layout                               {"version": v, "slots": n}, written once
     /coordinator_slots/<slot>                         ephemeral {"broker_id": id}; czxid = epoch
@@ -147,10 +149,10 @@ SLOT_EPOCHS = "/coordinator_slot_epochs"
 USERS = "/config/users"
 ACLS = "/config/acls"
 
-#: The layout of the nodes above that this code reads and writes: one election node whose holder
-#: coordinates every slot. A layout that elects a holder per slot takes another number, so that a
-#: broker of either refuses to start beside the other (docs/design.md#coordinator-slots).
-LAYOUT_VERSION = 1
+#: The layout of the nodes above that this code reads and writes: version 1 was one election node
+#: whose holder coordinated every slot; version 2 elects a holder per slot, and a broker of either
+#: refuses to start on the other's store (docs/design.md#coordinator-slots).
+LAYOUT_VERSION = 2
 
 DEFAULT_SESSION_TIMEOUT = 6.0
 DEFAULT_CALL_BOUND = 10.0
@@ -571,10 +573,36 @@ class ZooKeeperStore:
         if failed is not None:
             log.info("slot %d was no longer this broker's to release: %r", slot, failed[1])
 
+    async def abandon_slot(self, slot: int) -> None:
+        """Delete the slot's election node if this session created it but holds no office for it
+        (a wait for the slot given up while its transaction went through): nobody else could
+        take the slot before the session ended. ZooKeeper answers one session's requests in
+        order, so the transaction has been applied when this read is answered."""
+        if slot in self._slot_offices:
+            return
+        election = f"{SLOT_ELECTIONS}/{slot}"
+        stat = await self._wait(self._client.exists_async(election))
+        if stat is None or stat.ephemeralOwner != self._session_id():
+            return
+        tx = self._client.transaction()
+        tx.check(election, stat.version)
+        tx.delete(election)
+        if _failure(await self._wait(tx.commit_async())) is None:
+            log.info("gave up slot %d, taken while no longer wanted", slot)
+
+    async def occupy_single_office(self) -> None:
+        """Keep the election node of layout 1 occupied by nobody's session, so that a broker of
+        a release before the layout check, which would elect itself coordinator of every group
+        there, waits for ever instead (docs/design.md#coordinator-slots)."""
+        with contextlib.suppress(NodeExistsError):
+            await self._wait(
+                self._client.create_async(ELECTION, _json({"broker_id": -1}), makepath=True)
+            )
+
     async def slot_holders(self) -> dict[int, int]:
         """Who holds each slot's office now (slot -> broker id); a slot nobody holds is left
         out."""
-        slots = await self._children(SLOT_ELECTIONS)
+        slots = await self._children(SLOT_ELECTIONS, missing_ok=True)
         pending = [(int(s), self._client.get_async(f"{SLOT_ELECTIONS}/{s}")) for s in slots]
         holders = {}
         for slot, result in pending:

@@ -15,7 +15,8 @@ import pytest
 import trio
 import trio.testing
 
-from broker.election import ElectionStore, Elector, handle_elected_connection
+from broker.dispatch import handle_connection
+from broker.election import Elector
 from consumer import (
     Consumer,
     ConsumerSettings,
@@ -31,6 +32,7 @@ from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine.consumer import ConsumerState
 from statemachine.group import GroupState
+from store.zookeeper import ZooKeeperStore
 from tests.consumer.inmemory import (
     InMemoryCluster,
     Line,
@@ -356,13 +358,17 @@ async def test_after_losing_its_coordinator_a_consumer_believes_the_follower_nam
     back off, pass after pass, until a pass happened to start at the coordinator itself, and
     recover seconds late."""
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
-        # The real follower code on the cluster's store (a mock ElectionStore: the embedded store
-        # has no office to lose, and a follower that never stands needs none).
+        # The real code of brokers that hold no slot, on the cluster's store (a mock
+        # ZooKeeperStore: a broker that never stands needs none), having read who holds them.
+        coordinator_id = net.cluster.coordinator.broker.broker_id
+        holders = dict.fromkeys(range(CONFIG.coordinator_slots), coordinator_id)
         followers = {
             host: Elector(
-                store=cast(ElectionStore, net.cluster.store),
+                store=cast(ZooKeeperStore, net.cluster.store),
                 config=CONFIG,
                 broker=BrokerInfo(broker_id=broker_id, host=host, port=1),
+                holders=holders,
+                topics=await net.cluster.store.topics(),
             )
             for broker_id, host in ((2, "f2"), (3, "f3"), (4, "f4"))
         }
@@ -376,7 +382,7 @@ async def test_after_losing_its_coordinator_a_consumer_believes_the_follower_nam
                 return line
             asked.append((trio.current_time(), host))
             client, server = trio.testing.memory_stream_pair()
-            net.nursery.start_soon(handle_elected_connection, followers[host], server)
+            net.nursery.start_soon(handle_connection, followers[host], server)
             return client
 
         async with open_consumer("f2:1,f3:1,f4:1", "g", topics={"t": 1}, connect=connect) as c:
@@ -456,10 +462,10 @@ async def test_an_admin_asks_again_while_the_coordinator_loads(
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
         took_office = await restart_slowly_with_a_group(net, settings)
         async with (
-            AsyncExitStack() as stack,
             open_channel(await net.connect("b", 1), client_id="admin") as channel,
+            AsyncExitStack() as stack,
         ):
-            admin = Admin(channel=channel, address=("b", 1), stack=stack)
+            admin = Admin(channel=channel, address=("b", 1), stack=stack, connect=net.connect)
             groups = await admin.groups()
         # asked every LOAD_RETRY (50 ms): the first time after the load ended, at 1.99 s
         assert trio.current_time() == pytest.approx(took_office + 2.0, abs=1e-9)

@@ -35,23 +35,33 @@ async def _run_broker(settings: NodeSettings, *, task_status: trio.TaskStatus[Br
             task_status.started(Broker(broker_id=settings.broker_id, port=port, scope=scope))
 
 
+async def add_broker(
+    nursery: trio.Nursery, hosts: str, tmp_path: Path, config: CoordinatorConfig, broker_id: int
+) -> Broker:
+    """Start broker ``broker_id`` on ZooKeeper at ``hosts``, on its own data dir, in
+    ``nursery``; it runs until its scope is cancelled."""
+    settings = NodeSettings(
+        broker_id=broker_id,
+        port=0,
+        data_dir=tmp_path / f"broker{broker_id}",
+        coordinator=config,
+        zookeeper=hosts,
+        zookeeper_session_timeout=SESSION,
+    )
+    broker: Broker = await nursery.start(_run_broker, settings)
+    return broker
+
+
 @contextlib.asynccontextmanager
 async def cluster(
     hosts: str, tmp_path: Path, config: CoordinatorConfig, size: int
 ) -> AsyncIterator[list[Broker]]:
     """``size`` brokers sharing ZooKeeper at ``hosts``, ids 1..size, each on its own data dir."""
     async with trio.open_nursery() as nursery:
-        brokers = []
-        for broker_id in range(1, size + 1):
-            settings = NodeSettings(
-                broker_id=broker_id,
-                port=0,
-                data_dir=tmp_path / f"broker{broker_id}",
-                coordinator=config,
-                zookeeper=hosts,
-                zookeeper_session_timeout=SESSION,
-            )
-            brokers.append(await nursery.start(_run_broker, settings))
+        brokers = [
+            await add_broker(nursery, hosts, tmp_path, config, broker_id)
+            for broker_id in range(1, size + 1)
+        ]
         yield brokers
         nursery.cancel_scope.cancel()
 

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from broker.dispatch import COMMITS_IN_FLIGHT, handle_connection
-from broker.election import ElectionStore, Elector, handle_elected_connection
+from broker.election import Elector
 from coordinator.config import CoordinatorConfig
 from protocol import (
     ClusterMetadataRequest,
@@ -43,6 +43,7 @@ from protocol.records import Record
 from protocol.types import BrokerInfo, TopicPartition
 from simulation import SimulatedCluster, open_simulated_cluster
 from store import StoreUnavailable
+from store.zookeeper import ZooKeeperStore
 from transport.channel import DECODE_OFF_LOOP, ReadBounds
 from transport.limits import ConnectionLimits
 
@@ -391,7 +392,7 @@ async def test_a_follower_brokers_connections_have_the_same_bounds(
         # A follower (it never stands) on the cluster's store, served as a ZooKeeper broker's
         # listener serves every connection.
         follower = Elector(
-            store=cast(ElectionStore, cluster.store),
+            store=cast(ZooKeeperStore, cluster.store),
             config=CONFIG,
             broker=BrokerInfo(broker_id=2, host="f", port=1),
         )
@@ -400,11 +401,11 @@ async def test_a_follower_brokers_connections_have_the_same_bounds(
             async with trio.open_nursery() as nursery:
                 silent, server = trio.testing.memory_stream_pair()
                 nursery.start_soon(
-                    partial(handle_elected_connection, bounds=cluster.bounds), follower, server
+                    partial(handle_connection, bounds=cluster.bounds), follower, server
                 )
                 slow, server = trio.testing.memory_stream_pair()
                 nursery.start_soon(
-                    partial(handle_elected_connection, bounds=cluster.bounds), follower, server
+                    partial(handle_connection, bounds=cluster.bounds), follower, server
                 )
                 await slow.send_all(frames(ListGroupsRequest())[:5])
                 events = await read_until_closed(slow)

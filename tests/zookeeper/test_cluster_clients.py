@@ -41,7 +41,7 @@ async def test_every_verb_works_through_any_broker_and_partitions_spread(
     zookeeper_hosts: str, tmp_path: Path
 ) -> None:
     async with cluster(zookeeper_hosts, tmp_path, CONFIG, 3) as brokers:
-        coordinator_id = await agreed_coordinator(ids(brokers), deadline=DEADLINE)
+        coordinator_id = await agreed_coordinator(ids(brokers), group="g", deadline=DEADLINE)
         followers = [b for b in brokers if b.broker_id != coordinator_id]
         one, two, three = brokers
 

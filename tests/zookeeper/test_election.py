@@ -35,7 +35,7 @@ async def test_one_coordinator_and_followers_refuse_group_requests(
     zookeeper_hosts: str, tmp_path: Path
 ) -> None:
     async with cluster(zookeeper_hosts, tmp_path, CONFIG, 3) as brokers:
-        leader_id = await agreed_coordinator(ids(brokers), deadline=DEADLINE)
+        leader_id = await agreed_coordinator(ids(brokers), group="g", deadline=DEADLINE)
         follower = next(b for b in brokers if b.broker_id != leader_id)
         async with open_admin([follower.address]) as admin:
             response = await admin.call(
@@ -52,7 +52,7 @@ async def test_one_coordinator_and_followers_refuse_group_requests(
             )
             assert isinstance(response, RegisterConsumerResponse)
             assert response.error_code == ErrorCode.NOT_COORDINATOR
-            metadata = await admin.metadata()
+            metadata = await admin.metadata(group="g")
             assert metadata.coordinator_id == leader_id
             assert {b.broker_id for b in metadata.brokers} == {1, 2, 3}
         for broker in brokers:
@@ -63,7 +63,7 @@ async def test_the_group_is_whole_again_after_the_coordinator_goes(
     zookeeper_hosts: str, tmp_path: Path
 ) -> None:
     async with cluster(zookeeper_hosts, tmp_path, CONFIG, 2) as brokers:
-        leader_id = await agreed_coordinator(ids(brokers), deadline=DEADLINE)
+        leader_id = await agreed_coordinator(ids(brokers), group="billing", deadline=DEADLINE)
         leader = next(b for b in brokers if b.broker_id == leader_id)
         survivor = next(b for b in brokers if b.broker_id != leader_id)
         # The partitions live on the survivor, so the group can fetch after the failover.
@@ -93,7 +93,8 @@ async def test_the_group_is_whole_again_after_the_coordinator_goes(
             leader.scope.cancel()  # a clean shutdown: its ZooKeeper session closes at once
 
             assert (
-                await agreed_coordinator(ids([survivor]), deadline=DEADLINE) == survivor.broker_id
+                await agreed_coordinator(ids([survivor]), group="billing", deadline=DEADLINE)
+                == survivor.broker_id
             )
             elected_at = trio.current_time()
 

@@ -1,0 +1,144 @@
+"""What a broker coordinates at a moment, as its connections see it: the group coordinators it
+runs, by the coordinator slot each holds, and the cluster as it last read it
+(docs/design.md#coordinator-slots).
+
+A broker alone on the embedded store runs one coordinator that holds every slot
+(``WholeOffice``); a broker of a ZooKeeper cluster holds the slots its election gave it
+(broker/election.py). A connection routes each group's request to the coordinator of the group's
+slot, and answers NOT_COORDINATOR when this broker holds no such slot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import weakref
+from collections.abc import Mapping
+from typing import Protocol
+
+import attrs
+import trio_util
+
+from coordinator.config import CoordinatorConfig
+from coordinator.group_coordinator import GroupCoordinator
+from protocol.types import BrokerInfo
+from statemachine.slots import slot_of
+from store import MetadataStore, StoreUnavailable, TopicPlacement
+
+__all__ = [
+    "BySlot",
+    "ClusterView",
+    "Offices",
+    "WholeOffice",
+    "coordinator_of",
+    "refresh_brokers",
+    "whole_office",
+]
+
+#: Slot -> the coordinator this broker runs for it.
+BySlot = Mapping[int, GroupCoordinator]
+
+
+@attrs.frozen(kw_only=True)
+class ClusterView:
+    """What a broker answers ClusterMetadata from."""
+
+    topics: Mapping[str, TopicPlacement]
+    brokers: tuple[BrokerInfo, ...]
+    #: Slot -> the broker holding it (a slot nobody holds now is left out).
+    holders: Mapping[int, int]
+
+
+class Offices(Protocol):
+    @property
+    def broker(self) -> BrokerInfo: ...
+
+    @property
+    def config(self) -> CoordinatorConfig: ...
+
+    @property
+    def store(self) -> MetadataStore: ...
+
+    @property
+    def by_slot(self) -> trio_util.AsyncValue[BySlot]:
+        """Changes only when this broker takes or gives up a slot."""
+        ...
+
+    @property
+    def fixed(self) -> bool:
+        """Whether ``by_slot`` never changes (no connection needs to watch it)."""
+        ...
+
+    async def view(self, listener: str) -> ClusterView:
+        """The cluster as the clients of ``listener`` reach it ("": the default listener's);
+        ``StoreUnavailable`` if it was never read and cannot be now."""
+        ...
+
+
+def coordinator_of(offices: Offices, group_id: str) -> GroupCoordinator | None:
+    """The coordinator this broker runs for ``group_id``'s slot, if it holds that slot."""
+    by_slot: BySlot = offices.by_slot.value
+    return by_slot.get(slot_of(group_id, offices.config.coordinator_slots))
+
+
+@attrs.define(eq=False)
+class WholeOffice:
+    """One coordinator holding every slot: a broker alone on its store."""
+
+    coordinator: GroupCoordinator
+    by_slot: trio_util.AsyncValue[BySlot] = attrs.field(init=False)
+    _holders: Mapping[int, int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        every = dict.fromkeys(range(self.coordinator.config.coordinator_slots), self.coordinator)
+        self.by_slot = trio_util.AsyncValue(types.MappingProxyType(every))
+        me = self.coordinator.broker.broker_id
+        self._holders = types.MappingProxyType(dict.fromkeys(every, me))
+
+    @property
+    def broker(self) -> BrokerInfo:
+        return self.coordinator.broker
+
+    @property
+    def config(self) -> CoordinatorConfig:
+        return self.coordinator.config
+
+    @property
+    def store(self) -> MetadataStore:
+        return self.coordinator.store
+
+    @property
+    def fixed(self) -> bool:
+        return True
+
+    async def view(self, listener: str) -> ClusterView:
+        coordinator = self.coordinator
+        # Brokers of a cluster come and go after the coordinator took office; the cached list
+        # serves while the store cannot answer.
+        with contextlib.suppress(StoreUnavailable):
+            await refresh_brokers(coordinator, listener)
+        return ClusterView(
+            topics=coordinator.topics,
+            brokers=coordinator.brokers_by_listener.get(listener, coordinator.brokers),
+            holders=self._holders,
+        )
+
+
+#: The one WholeOffice of each coordinator, so that its connections share it.
+_WHOLE: weakref.WeakKeyDictionary[GroupCoordinator, WholeOffice] = weakref.WeakKeyDictionary()
+
+
+def whole_office(coordinator: GroupCoordinator) -> WholeOffice:
+    """The offices of a broker whose one coordinator holds every slot."""
+    office = _WHOLE.get(coordinator)
+    if office is None:
+        office = _WHOLE[coordinator] = WholeOffice(coordinator=coordinator)
+    return office
+
+
+async def refresh_brokers(coordinator: GroupCoordinator, listener: str) -> None:
+    """Read the live brokers again, as the clients of ``listener`` reach them ("": as the
+    default listener's do)."""
+    coordinator.brokers = await coordinator.store.brokers()
+    if listener:
+        coordinator.brokers_by_listener[listener] = await coordinator.store.brokers(listener)
