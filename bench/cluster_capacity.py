@@ -6,9 +6,10 @@ The cluster: a standalone ZooKeeper server and three real brokers (``cli serve -
 --broker-id N``), each coordinating the groups of the coordinator slots it holds
 (docs/design.md#coordinator-slots). The load: ``--consumers`` consumers in ``--groups`` groups of
 equal size, in load-generator processes of at most 5,000 each (a process may hold 20,000 open
-files), started one at a time once the previous one's consumers are registered. Each consumer finds its group's coordinator as the consumer library does, by asking a
-broker (each consumer starts at another) for ClusterMetadata naming its group, and registers there;
-a topic of one partition per member of a group gives every member one partition.
+files), started one at a time once the previous one's consumers are registered. Each consumer
+finds its group's coordinator as the consumer library does, by asking a broker (each consumer
+starts at another) for ClusterMetadata naming its group, and registers there; a topic of one
+partition per member of a group gives every member one partition.
 
 Per run: consumers held (the fewest live at any poll of the hold, if nothing died), false deaths
 (connections the coordinator closed, failed registrations, consumers not live at some poll) and
