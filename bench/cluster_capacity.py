@@ -63,6 +63,9 @@ BENCH = "cluster_capacity"
 BROKERS = 3
 SESSION_TIMEOUT_MS = 30_000
 POLL = 5.0
+#: How often the workers are asked for their stats while consumers join: each answer walks all
+#: of a worker's consumers, and nine workers asked five times a second are load of their own.
+STATS_EVERY = 2.0
 TOPIC = "bench"
 #: How long the brokers have to register and share the slots (counts differing by at most one)
 #: before the run goes on and reports the shares as they are.
@@ -227,11 +230,14 @@ async def main() -> None:
                             )
                         )
                         await wait_until(
-                            workers, registered(first + count), timeout=120 + count / 20
+                            workers,
+                            registered(first + count),
+                            timeout=120 + count / 20,
+                            every=STATS_EVERY,
                         )
                     connect_time = now() - started
                     try:
-                        await wait_until(workers, all_groups_stable, timeout=300)
+                        await wait_until(workers, all_groups_stable, timeout=300, every=STATS_EVERY)
                         formed = True
                     except RuntimeError:
                         formed = False  # some group never finished forming: said, not hidden
