@@ -45,6 +45,9 @@ async def test_cluster_capacity_holds_every_consumer_with_no_false_death(tmp_pat
     assert sum(line["groups_coordinated"] for line in members) == GROUPS
     for line in members:
         assert line["broker_reports_members"] == line["value"], line
+        assert line["slots_shared_at_start"] and line["slots_unchanged"], line
+    # The groups' slots (9, 12, 26, 37, 39 and 47 of 50) are not all one broker's share.
+    assert len([line for line in members if line["value"] > 0]) >= 2, members
     for name in ("broker_open_files_peak", "broker_cpu_seconds", "broker_cpu_share"):
         assert len(figures[name]) == 3
     for line in figures["broker_peak_rss"]:
