@@ -25,6 +25,7 @@ from protocol import (
     CreatePartitionsRequest,
     CreateTopicRequest,
     DeleteGroupRequest,
+    DeleteTopicRequest,
     DescribeGroupRequest,
     ErrorCode,
     FetchRequest,
@@ -139,6 +140,8 @@ def refusal(
             error = None if allowed else _CLUSTER
         case CreatePartitionsRequest(topic=topic):
             error = None if may(Operation.ALTER, ResourceType.TOPIC, topic) else _TOPIC
+        case DeleteTopicRequest(topic=topic):
+            error = None if may(Operation.DELETE, ResourceType.TOPIC, topic) else _TOPIC
     return None if error is None else error_response(message, error)
 
 

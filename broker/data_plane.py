@@ -4,13 +4,20 @@ It answers whatever the coordinator's session does not (``handle_connection``'s 
 Partitions are opened — recovered, a torn tail cut — before the broker serves them: those already
 placed here when it starts are opened before ``open_broker_log`` yields, and new ones as soon as the
 store's topic watch shows them (or on the first request for one, whichever comes first, because a
-client may produce right after its CreateTopic, before the watch has caught up).
+client may produce right after its CreateTopic, before the watch has caught up). A partition
+whose topic the watch shows deleted is closed and its directory removed, once a fresh read of the
+topics agrees (the watch may lag a topic created again under the name, whose new partition a
+request may have opened already); at a start, directories of topics the store does not have
+(deleted while this broker was down) are renamed aside (docs/design.md#deleting-a-topic).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager, suppress
 from pathlib import Path
@@ -229,14 +236,36 @@ class BrokerLog:
 
     async def open_placed(self, placement: Mapping[str, TopicPlacement]) -> None:
         """Open every partition placed here, side by side: a recovery scan is a CRC over a
-        segment (zlib releases the GIL for it), so the I/O threads overlap them."""
+        segment (zlib releases the GIL for it), so the I/O threads overlap them; delete those
+        of deleted topics."""
         self.placement = placement
+        if any(tp.topic not in placement for tp in self.partitions):
+            await self._delete_unplaced()
         async with trio.open_nursery() as nursery:
             for topic, where in sorted(placement.items()):
                 for p, broker in enumerate(where.brokers):
                     tp = TopicPartition(topic=topic, partition=p)
                     if broker == self.broker_id and tp not in self.partitions:
                         nursery.start_soon(self._open, tp)
+
+    async def _delete_unplaced(self) -> None:
+        """Close and delete the open partitions whose topic the store no longer has. Each is
+        taken out of service under its open lock, held until its directory is renamed aside, so
+        a topic created again under the name meanwhile opens a new, empty directory, never the
+        old one."""
+        self.placement = await self.store.topics()
+        for tp in [tp for tp in self.partitions if tp.topic not in self.placement]:
+            path = self.directory / f"{tp.topic}-{tp.partition}"
+            deleted = path.with_name(f"{path.name}.{uuid.uuid4().hex}.deleted")
+            async with self._opening.setdefault(tp, trio.Lock()):
+                partition = self.partitions.get(tp)
+                if partition is None or tp.topic in self.placement:
+                    continue  # deleted by another watch value, or read again since
+                del self.partitions[tp]
+                await partition.aclose()
+                os.rename(path, deleted)
+            await trio.to_thread.run_sync(shutil.rmtree, deleted, limiter=self.limiter)
+            log.info("partition %s deleted with its topic", tp)
 
     async def enforce_retention(self) -> int:
         deleted = 0
@@ -278,6 +307,32 @@ class BrokerLog:
             await partition.aclose()
 
 
+def _remove_deleted(directory: Path) -> None:
+    """Finish the deletions a stop cut short: directories renamed aside (``_delete_unplaced``)."""
+    if directory.is_dir():
+        for path in directory.glob("*.deleted"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _set_strays_aside(directory: Path, topics: frozenset[str]) -> None:
+    """Rename aside the partition directories of topics the store does not have: deleted while
+    this broker was down. Renamed, not deleted, in case the store is not the one the data
+    belongs to; either way a topic created again under the name starts empty."""
+    if not directory.is_dir():
+        return
+    for path in directory.iterdir():
+        topic, _, partition = path.name.rpartition("-")
+        if path.is_dir() and partition.isdigit() and topic not in topics:
+            stray = path.with_name(f"{path.name}.{uuid.uuid4().hex}.stray")
+            os.rename(path, stray)
+            log.warning(
+                "partition directory %s names a topic the store does not have: renamed to %s "
+                "(delete it if its topic was deleted)",
+                path.name,
+                stray.name,
+            )
+
+
 def log_directory(data_dir: Path) -> Path:
     """Where a broker with ``data_dir`` keeps its partitions' logs."""
     return data_dir / "log"
@@ -300,8 +355,11 @@ async def open_broker_log(
         observer=observer,
     )
     await trio.to_thread.run_sync(check_log_format, broker.directory)
+    await trio.to_thread.run_sync(_remove_deleted, broker.directory)
+    placement = await store.topics()
+    await trio.to_thread.run_sync(_set_strays_aside, broker.directory, frozenset(placement))
     try:
-        await broker.open_placed(await store.topics())
+        await broker.open_placed(placement)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker._watch_topics)
             if config.retention_ms is not None or config.retention_bytes is not None:

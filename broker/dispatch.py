@@ -37,6 +37,8 @@ from protocol import (
     CreateTopicResponse,
     DeleteGroupRequest,
     DeleteGroupResponse,
+    DeleteTopicRequest,
+    DeleteTopicResponse,
     DescribeGroupRequest,
     ErrorCode,
     LeaveGroupRequest,
@@ -182,6 +184,10 @@ class _Session:
                 )
             case CreatePartitionsRequest():
                 return CreatePartitionsResponse(error_code=await self._add_partitions(message))
+            case DeleteTopicRequest():
+                return DeleteTopicResponse(
+                    error_code=await delete_topic(self.offices.store, message, self.limits)
+                )
             case ListGroupsRequest():
                 coordinators = self._coordinators()
                 self.used.update(coordinators)
@@ -392,6 +398,22 @@ async def create_topic(
         await store.create_topic(message.topic, placed)
     except TopicExists:
         return ErrorCode.TOPIC_ALREADY_EXISTS
+    return ErrorCode.NONE
+
+
+async def delete_topic(
+    store: MetadataStore, message: DeleteTopicRequest, limits: RequestLimits
+) -> ErrorCode:
+    """Delete the topic and every group's offsets for it (the store's ``delete_topic``); each
+    broker's data plane then deletes its partitions, and the coordinator rebalances the groups
+    subscribed to it, as their topic watches show it gone."""
+    error = validation.request_error(message, "", limits)
+    if error is not ErrorCode.NONE:
+        return error
+    try:
+        await store.delete_topic(message.topic)
+    except UnknownTopic:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     return ErrorCode.NONE
 
 

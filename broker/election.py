@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import types
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from functools import partial
+from typing import cast
 
 import attrs
 import trio
@@ -35,7 +36,7 @@ from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.validation import LogEnd
 from protocol.types import BrokerInfo
 from statemachine.slots import plan_slots
-from store import EpochFenced, StoreError, StoreUnavailable, TopicPlacement
+from store import EpochFenced, MetadataStore, StoreError, StoreUnavailable, TopicPlacement
 from store.slot_store import SlotStore
 from store.zookeeper import ZooKeeperStore
 
@@ -78,6 +79,8 @@ class Elector:
     log_end: LogEnd | None = None
     #: Told what each coordinator this broker runs sees (metrics): coordinator/observer.py.
     observer: CoordinatorObserver = NULL_OBSERVER
+    #: How each slot's coordinator sees its view of the store (the metrics time it).
+    timed: Callable[[MetadataStore], MetadataStore] = attrs.field(default=lambda store: store)
     by_slot: trio_util.AsyncValue[BySlot] = attrs.Factory(
         lambda: trio_util.AsyncValue(types.MappingProxyType({}))
     )
@@ -156,8 +159,11 @@ class Elector:
         me = self.broker.broker_id
         try:
             with standing.scope:
+                slot_store = SlotStore(
+                    inner=self.store, slot=slot, slots=self.config.coordinator_slots
+                )
                 async with open_group_coordinator(
-                    SlotStore(inner=self.store, slot=slot, slots=self.config.coordinator_slots),
+                    self.timed(cast(MetadataStore, slot_store)),
                     self.config,
                     self.broker,
                     log_end=self.log_end,
@@ -212,10 +218,18 @@ async def open_elector(
     *,
     log_end: LogEnd | None = None,
     observer: CoordinatorObserver = NULL_OBSERVER,
+    timed: Callable[[MetadataStore], MetadataStore] = lambda store: store,
 ) -> AsyncIterator[Elector]:
     """Take this broker's share of the coordinator slots for the duration of the block, and
     hand them off at its end."""
-    elector = Elector(store=store, config=config, broker=broker, log_end=log_end, observer=observer)
+    elector = Elector(
+        store=store,
+        config=config,
+        broker=broker,
+        log_end=log_end,
+        observer=observer,
+        timed=timed,
+    )
     await store.occupy_single_office()
     async with trio.open_nursery() as nursery:
         await nursery.start(elector._watch_topics)

@@ -142,6 +142,8 @@ class Snapshot:
     groups: tuple[GroupView, ...]
     rebalances: tuple[Rebalance, ...]
     taken_at: float
+    #: The coordinator slots this broker holds (docs/design.md#coordinator-slots).
+    slots: tuple[int, ...] = ()
 
 
 #: A partition's record at an offset, read from this broker's log: its timestamp in ms, or None.
@@ -340,12 +342,17 @@ class _SnapshotCollector(Collector):
         away.add_metric([], sum(1 for g in snapshot.groups for m in g.members if m.away))
         yield away
         is_coordinator = GaugeMetricFamily(
-            "broker_is_coordinator", "1 while this broker runs the group coordinator"
+            "broker_is_coordinator", "1 while this broker coordinates any group"
         )
         is_coordinator.add_metric(
             [], 1 if snapshot.coordinator_id == snapshot.broker.broker_id else 0
         )
         yield is_coordinator
+        slots = GaugeMetricFamily(
+            "broker_coordinator_slots", "Coordinator slots this broker holds (groups hashed onto)"
+        )
+        slots.add_metric([], len(snapshot.slots))
+        yield slots
         ends = GaugeMetricFamily(
             "broker_log_end_offset",
             "High watermark of each partition whose log is on this broker",
@@ -419,15 +426,16 @@ class _SnapshotCollector(Collector):
 async def take_snapshot(
     metrics: BrokerMetrics,
     broker: BrokerInfo,
-    coordinators: Sequence[GroupCoordinator],
+    by_slot: Mapping[int, GroupCoordinator],
     store: MetadataStore,
     log_ends: Mapping[TopicPartition, int],
     read_timestamp: ReadTimestamp,
 ) -> Snapshot:
     """Read what the gauges and the page show; ``read_timestamp(tp, offset)`` awaits the
     timestamp in ms of the record at ``offset`` of a partition on this broker (None if absent);
-    ``coordinators``: those this broker runs, one per coordinator slot it holds (or one for
-    every slot)."""
+    ``by_slot``: the coordinators this broker runs, by the coordinator slot each holds (one
+    coordinator may hold every slot)."""
+    coordinators = list({id(c): c for c in by_slot.values()}.values())
     now_ms = time.time() * 1000  # real-clock: record timestamps are wall time
     groups: list[GroupView] = []
     if coordinators:
@@ -490,6 +498,7 @@ async def take_snapshot(
     snapshot = Snapshot(
         broker=broker,
         coordinator_id=coordinator_id,
+        slots=tuple(sorted(by_slot)),
         brokers=brokers,
         topics=topics,
         log_ends=log_ends,

@@ -31,10 +31,10 @@ from broker.metrics import (
     first_timestamp,
     take_snapshot,
 )
-from broker.offices import whole_office
+from broker.offices import BySlot, whole_office
 from broker.status import serve_status
 from coordinator.config import CoordinatorConfig
-from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
+from coordinator.group_coordinator import open_group_coordinator
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.validation import LogEnd
 from protocol import RemoteProtocolError
@@ -146,12 +146,13 @@ async def run_node(
         )
         await store.register_broker(broker, advertised)
         metrics = None if settings.metrics.port is None else BrokerMetrics(config=settings.metrics)
-        # The coordinator sees the store through the metrics' timing, the election the store.
-        coordination_store = (
-            store
-            if metrics is None
-            else cast(MetadataStore, TimedStore(store=store, metrics=metrics))
-        )
+
+        # The coordinators see the store through the metrics' timing, the election the store.
+        def timed(store: MetadataStore) -> MetadataStore:
+            if metrics is None:
+                return store
+            return cast(MetadataStore, TimedStore(store=store, metrics=metrics))
+
         async with (
             open_access(
                 store, enabled=settings.authorization, super_users=settings.super_users
@@ -161,7 +162,7 @@ async def run_node(
             ) as data_plane,
             _open_coordination(
                 store,
-                coordination_store,
+                timed,
                 settings.coordinator,
                 broker,
                 data_plane.log_end_offset,
@@ -200,7 +201,7 @@ async def run_node(
 async def _snapshot(
     metrics: BrokerMetrics,
     broker: BrokerInfo,
-    coordinators: list[GroupCoordinator],
+    by_slot: BySlot,
     store: MetadataStore,
     data_plane: BrokerLog,
 ) -> Snapshot:
@@ -215,7 +216,7 @@ async def _snapshot(
         except (OffsetOutOfRange, CorruptSegment, RemoteProtocolError):
             return None  # gone by retention, or unreadable: the page says "?"
 
-    return await take_snapshot(metrics, broker, coordinators, store, log_ends, read_timestamp)
+    return await take_snapshot(metrics, broker, by_slot, store, log_ends, read_timestamp)
 
 
 def _listener_security(
@@ -274,22 +275,23 @@ ConnectionHandler = Callable[..., Awaitable[None]]
 @asynccontextmanager
 async def _open_coordination(
     store: MetadataStore,
-    coordination_store: MetadataStore,
+    timed: Callable[[MetadataStore], MetadataStore],
     config: CoordinatorConfig,
     broker: BrokerInfo,
     log_end: LogEnd,
     observer: CoordinatorObserver,
-) -> AsyncIterator[tuple[ConnectionHandler, Callable[[], list[GroupCoordinator]]]]:
+) -> AsyncIterator[tuple[ConnectionHandler, Callable[[], BySlot]]]:
     """Alone on its store, a broker coordinates every group; sharing ZooKeeper, it coordinates
     the groups of the slots its election gives it (docs/design.md#coordinator-slots). Also
-    yields how to find the coordinators this broker runs now."""
+    yields how to find the coordinators this broker runs now, by slot."""
     if isinstance(store, ZooKeeperStore):
         async with open_elector(
-            store, config, broker, log_end=log_end, observer=observer
+            store, config, broker, log_end=log_end, observer=observer, timed=timed
         ) as elector:
-            yield partial(handle_connection, elector), elector.coordinators
+            yield partial(handle_connection, elector), lambda: elector.by_slot.value
     else:
         async with open_group_coordinator(
-            coordination_store, config, broker, log_end=log_end, observer=observer
+            timed(store), config, broker, log_end=log_end, observer=observer
         ) as coordinator:
-            yield partial(handle_connection, whole_office(coordinator)), lambda: [coordinator]
+            offices = whole_office(coordinator)
+            yield partial(handle_connection, offices), lambda: offices.by_slot.value

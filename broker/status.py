@@ -138,7 +138,8 @@ def render_page(snapshot: Snapshot) -> str:
     add(f"<h1>Broker {me.broker_id} ({_e(me.host)}:{me.port})</h1>")
     coordinator = "unknown" if snapshot.coordinator_id is None else snapshot.coordinator_id
     shown = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.taken_at))
-    add(f"<p>Coordinator: broker <span id=coordinator>{_e(coordinator)}</span>. ")
+    add(f"<p>Coordinator: broker <span id=coordinator>{_e(coordinator)}</span>; ")
+    add(f"this broker holds <span id=slots>{len(snapshot.slots)}</span> coordinator slots. ")
     add(f"As of {shown}; this page reloads every {REFRESH_SECONDS} s.</p>")
 
     add("<h2>Brokers</h2><table id=brokers><tr><th>id</th><th>address</th></tr>")

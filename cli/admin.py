@@ -26,7 +26,7 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
         add_client_options(parser)
         return parser
 
-    topics = commands.add_parser("topics", help="create, list, describe or alter topics")
+    topics = commands.add_parser("topics", help="create, list, describe, alter or delete topics")
     verbs = topics.add_subparsers(dest="verb", required=True, metavar="VERB")
     create = client(verbs.add_parser("create", help="create a topic"))
     create.add_argument("topic")
@@ -49,6 +49,12 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
         metavar="ID[,ID...]",
         help="place the new partitions on these brokers (default: every live broker)",
     )
+    delete = client(
+        verbs.add_parser(
+            "delete", help="delete a topic, its partitions' files and every group's offsets for it"
+        )
+    )
+    delete.add_argument("topic")
 
     cluster = client(
         commands.add_parser(
@@ -127,6 +133,11 @@ async def _topics_alter(admin: Admin, args: argparse.Namespace) -> None:
         {"topic": args.topic, "partitions": args.partitions},
         f"topic {args.topic} now has {args.partitions} partitions",
     )
+
+
+async def _topics_delete(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.delete_topic(args.topic)
+    _say(args, {"topic": args.topic, "deleted": True}, f"deleted topic {args.topic}")
 
 
 async def _topics_list(admin: Admin, args: argparse.Namespace) -> None:
@@ -268,6 +279,7 @@ _VERBS = {
     ("topics", "alter"): _topics_alter,
     ("topics", "list"): _topics_list,
     ("topics", "describe"): _topics_describe,
+    ("topics", "delete"): _topics_delete,
     ("groups", "list"): _groups_list,
     ("groups", "describe"): _groups_describe,
     ("groups", "delete"): _groups_delete,

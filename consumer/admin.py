@@ -22,6 +22,8 @@ from protocol import (
     CreateTopicResponse,
     DeleteGroupRequest,
     DeleteGroupResponse,
+    DeleteTopicRequest,
+    DeleteTopicResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     ErrorCode,
@@ -314,6 +316,13 @@ class Admin:
         )
         assert isinstance(response, CreatePartitionsResponse)
         _check(f"alter topic {topic}", response.error_code)
+
+    async def delete_topic(self, topic: str) -> None:
+        """Delete the topic, its partitions' files and every group's offsets for it; each
+        broker deletes its partitions of it as it hears, within moments (SPEC.md §8)."""
+        response = await self.call(DeleteTopicRequest(topic=topic))
+        assert isinstance(response, DeleteTopicResponse)
+        _check(f"delete topic {topic}", response.error_code)
 
     async def topics(self, names: Sequence[str] | None = None) -> tuple[TopicMetadata, ...]:
         metadata = await self.metadata(names)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from contextlib import asynccontextmanager
 
 import attrs
@@ -536,7 +536,13 @@ class GroupCoordinator:
         owned = group.ownership.holding(member.incarnation).counted_under(generation)
         if not owned:
             return {}
-        fenced = {po.topic_partition: po.offset for po in offsets if po.topic_partition in owned}
+        # A deleted topic's partitions count for nothing, though held until the rebalance.
+        topics = self.topics
+        fenced = {
+            po.topic_partition: po.offset
+            for po in offsets
+            if po.topic_partition in owned and po.topic in topics
+        }
         if self.log_end is not None and (beyond := validation.beyond_log_end(fenced, self.log_end)):
             # A report cannot be refused as a commit is: the offending partitions are dropped.
             log.warning(
@@ -582,6 +588,8 @@ class GroupCoordinator:
                 holding.counted_under(request.generation)
             ):
                 return ErrorCode.ILLEGAL_GENERATION
+            # A deleted topic's count for nothing: the rebalance takes its partitions away.
+            offsets = {tp: offset for tp, offset in offsets.items() if tp.topic in self.topics}
             version = await self.offsets.accept(
                 request.group_id, request.generation, offsets, monotonic=True
             )
@@ -894,17 +902,20 @@ class GroupCoordinator:
     async def watch_topics(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """A new topic or new partitions rebalance every interested group
-        (docs/design.md#rebalance-triggers)."""
+        """A new topic, new partitions or a deleted topic rebalance every interested group
+        (docs/design.md#rebalance-triggers); a deleted topic's offsets are forgotten first."""
         started = False
         async for topics in self.store.topic_updates():
-            changed = {
+            deleted = self.topics.keys() - topics.keys()
+            changed = deleted | {
                 name
                 for name, placement in topics.items()
                 if name not in self.topics
                 or self.topics[name].partition_count != placement.partition_count
             }
             self.topics = topics
+            if deleted:
+                await self._forget_topics(deleted)
             for group in list(self.groups.values()):
                 if changed and any(
                     m.record.subscription.streams_for(name) > 0
@@ -915,6 +926,24 @@ class GroupCoordinator:
             if not started:
                 started = True
                 task_status.started()
+
+    async def _forget_topics(self, deleted: Collection[str]) -> None:
+        """Forget deleted topics' offsets: in memory, and in the store those the committer wrote
+        after the store deleted the topic with every group's offsets for it (before this
+        coordinator saw it gone). A report or commit for them from now on counts for nothing
+        (``self.topics`` no longer has them), so none is written again."""
+        written = await self.offsets.forget_topics(deleted)
+        for group_id, topics in sorted(written.items()):
+            for topic in sorted(topics):
+                try:
+                    await self.store.delete_offsets(self.epoch, group_id, topic)
+                except StoreUnavailable as exc:
+                    log.warning(
+                        "group %r: offsets of deleted topic %r may remain in the store: %s",
+                        group_id,
+                        topic,
+                        exc,
+                    )
 
 
 def _identity_error(group: Group, request: RegisterConsumerRequest) -> ErrorCode:

@@ -16,7 +16,7 @@ returns and DescribeGroup calls committed. Between the two sit the offsets a cra
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import attrs
 import trio
@@ -161,6 +161,22 @@ class OffsetKeeper:
 
     def forget(self, group_id: str) -> None:
         self._groups.pop(group_id, None)
+
+    async def forget_topics(self, topics: Collection[str]) -> dict[str, set[str]]:
+        """Drop every offset of ``topics`` (deleted topics') from memory, accepted or durable,
+        so that no view shows them and the committer does not write them again. Returns, per
+        group, those of ``topics`` it had written: the store's delete of the topic may have come
+        before such a write, so the caller deletes them again. Waits for a write in flight,
+        which may hold them."""
+        async with self._write_lock:
+            written: dict[str, set[str]] = {}
+            for group_id, group in self._groups.items():
+                for offsets in (group.committed, group.durable, group.dirty):
+                    for tp in [tp for tp in offsets if tp.topic in topics]:
+                        if offsets is group.durable:
+                            written.setdefault(group_id, set()).add(tp.topic)
+                        del offsets[tp]
+            return written
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The committer task: write at each interval, or at once when someone waits."""

@@ -21,6 +21,7 @@ from protocol import (
     CreatePartitionsRequest,
     CreateTopicRequest,
     DeleteGroupRequest,
+    DeleteTopicRequest,
     DescribeGroupRequest,
     ErrorCode,
     FetchRequest,
@@ -107,6 +108,9 @@ def request_error(message: RequestMessage, client_id: str, limits: RequestLimits
             if not valid_topic_name(message.topic):
                 return ErrorCode.INVALID_TOPIC_EXCEPTION
             return partition_count_error(message.total_partitions, limits)
+        case DeleteTopicRequest():
+            if not valid_topic_name(message.topic):
+                return ErrorCode.INVALID_TOPIC_EXCEPTION
         case DescribeGroupRequest() | DeleteGroupRequest() | LeaveGroupRequest():
             if not valid_id(message.group_id, limits):
                 return ErrorCode.INVALID_GROUP_ID

@@ -44,6 +44,7 @@ class ApiKey(enum.IntEnum):
     LEAVE_GROUP = 14
     DELETE_GROUP = 15
     SASL_HANDSHAKE = 17
+    DELETE_TOPIC = 20
     SASL_AUTHENTICATE = 36
 
 
@@ -482,6 +483,22 @@ class SaslAuthenticateResponse:
     """The mechanism's next server message (server-first, then server-final)."""
 
 
+# --- 20 DELETE_TOPIC ---------------------------------------------------------------------------
+# Kafka's DeleteTopics number, for one topic.
+
+
+@attrs.frozen(kw_only=True)
+class DeleteTopicRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_TOPIC
+    topic: str
+
+
+@attrs.frozen(kw_only=True)
+class DeleteTopicResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_TOPIC
+    error_code: ErrorCode
+
+
 # --- tables -------------------------------------------------------------------------------------
 
 RequestMessage: TypeAlias = (
@@ -501,6 +518,7 @@ RequestMessage: TypeAlias = (
     | DescribeGroupRequest
     | LeaveGroupRequest
     | DeleteGroupRequest
+    | DeleteTopicRequest
     | SaslHandshakeRequest
     | SaslAuthenticateRequest
 )
@@ -521,6 +539,7 @@ ResponseMessage: TypeAlias = (
     | DescribeGroupResponse
     | LeaveGroupResponse
     | DeleteGroupResponse
+    | DeleteTopicResponse
     | SaslHandshakeResponse
     | SaslAuthenticateResponse
 )
@@ -542,6 +561,7 @@ _REQUESTS: tuple[type[RequestMessage], ...] = (
     DescribeGroupRequest,
     LeaveGroupRequest,
     DeleteGroupRequest,
+    DeleteTopicRequest,
     SaslHandshakeRequest,
     SaslAuthenticateRequest,
 )
@@ -562,6 +582,7 @@ _RESPONSES: tuple[type[ResponseMessage], ...] = (
     DescribeGroupResponse,
     LeaveGroupResponse,
     DeleteGroupResponse,
+    DeleteTopicResponse,
     SaslHandshakeResponse,
     SaslAuthenticateResponse,
 )

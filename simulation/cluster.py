@@ -43,6 +43,8 @@ from broker.dispatch import handle_connection
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from protocol import (
+    DeleteTopicRequest,
+    DeleteTopicResponse,
     ErrorCode,
     LeaveGroupRequest,
     LeaveGroupResponse,
@@ -195,6 +197,14 @@ class StoreHistory:
             )
         self.group_generations[record.group_id] = max(record.generation, before)
 
+    def topic_offsets_deleted(self, topic: str, group_id: str | None = None) -> None:
+        """A deleted topic's offsets (every group's, or one group's): a topic created again
+        under the name starts its offsets anew, as a topic that never existed."""
+        for key in [
+            k for k in self.durable_offsets if k[1].topic == topic and group_id in (None, k[0])
+        ]:
+            del self.durable_offsets[key]
+
     def group_deleted(self, group_id: str) -> None:
         self.deletions[group_id] = self.deletions.get(group_id, 0) + 1
         self.group_generations.pop(group_id, None)
@@ -226,6 +236,14 @@ class RecordingStore:
     async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
         await self.inner.commit_offsets(epoch, batches)
         self.history.offsets_written(batches)
+
+    async def delete_topic(self, topic: str) -> None:
+        await self.inner.delete_topic(topic)
+        self.history.topic_offsets_deleted(topic)
+
+    async def delete_offsets(self, epoch: int, group_id: str, topic: str) -> None:
+        await self.inner.delete_offsets(epoch, group_id, topic)
+        self.history.topic_offsets_deleted(topic, group_id)
 
 
 def recording_store(inner: MetadataStore, history: StoreHistory) -> MetadataStore:
@@ -1159,6 +1177,20 @@ class SimulatedCluster:
     async def add_partitions(self, name: str, *, added: int) -> None:
         placement = await self.store.add_partitions(name, (self.broker.broker_id,) * added)
         await self._topics_seen(name, placement.partition_count)
+
+    async def delete_topic(self, name: str) -> ErrorCode:
+        """Send DeleteTopic, and once it succeeded return when the coordinator's topic watch
+        has seen the topic gone."""
+        async with self.open_client() as client:
+            response = await client.request(DeleteTopicRequest(topic=name))
+        assert isinstance(response, DeleteTopicResponse)
+        if response.error_code is not ErrorCode.NONE:
+            return response.error_code
+        for attempt in itertools.count():
+            if name not in self.coordinator.topics:
+                break
+            await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
+        return ErrorCode.NONE
 
     async def _topics_seen(self, name: str, partitions: int) -> None:
         # The watch normally catches up within the same instant; after that, let virtual time

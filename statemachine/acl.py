@@ -37,7 +37,8 @@ class Operation(enum.Enum):
     DESCRIBE = "describe"
     """Topic: see it in metadata, list its offsets; group: describe it, fetch its offsets."""
     DELETE = "delete"
-    """Group: delete it and its offsets."""
+    """Topic: delete it (its partitions and every group's offsets for it); group: delete it and
+    its offsets."""
     ALL = "all"
     """Every operation."""
 
@@ -51,6 +52,7 @@ OPERATIONS: dict[ResourceType, frozenset[Operation]] = {
             Operation.CREATE,
             Operation.ALTER,
             Operation.DESCRIBE,
+            Operation.DELETE,
             Operation.ALL,
         }
     ),

@@ -60,6 +60,8 @@ from .state import (
     StoreState,
     acls_entry,
     delete_group_entry,
+    delete_offsets_entry,
+    delete_topic_entry,
     group_entry,
     office_entry,
     offsets_entry,
@@ -148,6 +150,13 @@ class EmbeddedStore:
             raise InvalidPartitions(f"no partitions to add to topic {topic!r}")
         return self._place(TopicPlacement(topic=topic, brokers=current.brokers + tuple(brokers)))
 
+    async def delete_topic(self, topic: str) -> None:
+        await self._enter()
+        if topic not in self._state.topics:
+            raise UnknownTopic(topic)
+        self._write(delete_topic_entry(topic))  # one entry: the topic and its offsets together
+        self._publish_topics()
+
     async def topics(self) -> Mapping[str, TopicPlacement]:
         await self._enter()
         return self._topics
@@ -197,6 +206,12 @@ class EmbeddedStore:
         if any(batch.offsets for batch in batches):
             self._write(offsets_entry(batches))
 
+    async def delete_offsets(self, epoch: int, group_id: str, topic: str) -> None:
+        await self._enter()
+        self._check_epoch(epoch)
+        if topic in self._state.offsets.get(group_id, {}):
+            self._write(delete_offsets_entry(group_id, topic))
+
     async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
         await self._enter()
         return types.MappingProxyType(self._state.fetch_offsets(group_id))
@@ -243,9 +258,12 @@ class EmbeddedStore:
 
     def _place(self, placement: TopicPlacement) -> TopicPlacement:
         self._write(topic_entry(placement))
+        self._publish_topics()
+        return self._state.topics[placement.topic]
+
+    def _publish_topics(self) -> None:
         self._topics = types.MappingProxyType(dict(self._state.topics))
         self._topic_watch.value = self._topics
-        return self._state.topics[placement.topic]
 
     def _write(self, entry: dict[str, Any]) -> None:
         """Journal the entry, then apply it: memory only ever holds what the disk holds."""

@@ -219,6 +219,15 @@ class MetadataStore(Protocol):
         """
         ...
 
+    async def delete_topic(self, topic: str) -> None:
+        """Forget the topic and every group's committed offsets for it, so that a topic created
+        again under the name starts with none; no epoch, as for creating one: any broker may
+        delete a topic. Raises ``UnknownTopic``.
+
+        The coordinator forgets the topic's offsets in memory when its topic watch shows the
+        topic gone, and removes those its committer wrote meanwhile (``delete_offsets``)."""
+        ...
+
     async def topics(self) -> Mapping[str, TopicPlacement]: ...
 
     def topic_updates(self) -> AsyncGenerator[Mapping[str, TopicPlacement], None]:
@@ -278,6 +287,11 @@ class MetadataStore(Protocol):
         Later batches of the same call win over earlier ones for the same partition. A group needs
         no record to have offsets: a standalone committer's group may never register members.
         """
+        ...
+
+    async def delete_offsets(self, epoch: int, group_id: str, topic: str) -> None:
+        """Forget the group's committed offsets for ``topic`` (a deleted topic's); none is not
+        an error."""
         ...
 
     async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:

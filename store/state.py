@@ -46,6 +46,8 @@ __all__ = [
     "StoreState",
     "acls_entry",
     "delete_group_entry",
+    "delete_offsets_entry",
+    "delete_topic_entry",
     "group_entry",
     "office_entry",
     "offsets_entry",
@@ -145,6 +147,15 @@ def delete_group_entry(group_id: str) -> JsonObject:
     return {"op": "delete_group", "group_id": group_id}
 
 
+def delete_topic_entry(topic: str) -> JsonObject:
+    """The topic and every group's offsets for it."""
+    return {"op": "delete_topic", "topic": topic}
+
+
+def delete_offsets_entry(group_id: str, topic: str) -> JsonObject:
+    return {"op": "delete_offsets", "group_id": group_id, "topic": topic}
+
+
 def offsets_entry(batches: Sequence[OffsetBatch]) -> JsonObject:
     """Offsets as [group, generation, {topic: [[partition, offset], ...]}] per batch: a batch's
     generation is written once, not once per offset, and no key names repeat per offset."""
@@ -189,6 +200,13 @@ class StoreState:
             group_id = str(entry["group_id"])
             self.groups.pop(group_id, None)
             self.offsets.pop(group_id, None)
+        elif op == "delete_topic":
+            topic = str(entry["topic"])
+            del self.topics[topic]
+            for group_offsets in self.offsets.values():
+                group_offsets.pop(topic, None)
+        elif op == "delete_offsets":
+            self.offsets.get(str(entry["group_id"]), {}).pop(str(entry["topic"]), None)
         elif op == "office":
             self.last_epoch = int(entry["epoch"])
         elif op == "acls":

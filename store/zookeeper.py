@@ -443,6 +443,41 @@ class ZooKeeperStore:
             return placement
         raise StoreUnavailable(f"cannot add partitions to {topic!r}: it keeps changing")
 
+    async def delete_topic(self, topic: str) -> None:
+        """Every group's offset nodes for the topic, then the topic's node last, with the version
+        read (partitions added meanwhile: read again). Cut short, a delete leaves the topic with
+        fewer offsets, and deleting it again finishes the job. Not fenced: no office is needed
+        to delete a topic, as none is to create one."""
+        path = topic_path(topic)
+        for _ in range(_RETRIES):
+            try:
+                _data, stat = await self._wait(self._client.get_async(path))
+            except NoNodeError:
+                raise UnknownTopic(topic) from None
+            groups = await self._children(CONSUMERS, missing_ok=True)
+            ops = await self._topic_offset_ops(groups, topic)
+            ops.append(_Op("delete", path, version=stat.version))
+            if await self._commit_in_parts(None, ops) == len(ops):
+                self._offset_nodes = {n for n in self._offset_nodes if n[1] != topic}
+                await self._refresh_topics()
+                return
+        raise StoreUnavailable(f"cannot delete topic {topic!r}: it keeps changing")
+
+    async def _topic_offset_ops(self, group_segments: Sequence[str], topic: str) -> list[_Op]:
+        """Deletes of the offset nodes of ``topic`` under each group (znode names), each
+        group's directory of them after its nodes."""
+        dirs = [f"{CONSUMERS}/{group}/offsets/{_segment(topic)}" for group in group_segments]
+        listings = [(d, self._client.get_children_async(d)) for d in dirs]
+        ops: list[_Op] = []
+        for directory, result in listings:
+            try:
+                partitions = await self._wait(result)
+            except NoNodeError:
+                continue  # the election node, or a group with no offsets for the topic
+            ops.extend(_Op("delete", f"{directory}/{p}") for p in partitions)
+            ops.append(_Op("delete", directory))
+        return ops
+
     async def topics(self) -> Mapping[str, TopicPlacement]:
         return await self._read_topics(watch=None)
 
@@ -454,7 +489,7 @@ class ZooKeeperStore:
             try:
                 data, _stat = await self._wait(result)
             except NoNodeError:
-                continue  # topics are never deleted by us; someone else's business
+                continue  # deleted since it was listed
             topics[name] = self._decode_placement(name, data)
         return types.MappingProxyType(topics)
 
@@ -986,6 +1021,15 @@ class ZooKeeperStore:
                 for partition in await self._wait(result):
                     self._offset_nodes.add((group, topic, int(partition)))
 
+    async def delete_offsets(self, epoch: int, group_id: str, topic: str) -> None:
+        office = self._check_epoch(epoch, group_id)
+        for _ in range(_RETRIES):
+            ops = await self._topic_offset_ops([_segment(group_id)], topic)
+            if await self._commit_in_parts(office, ops) == len(ops):
+                self._offset_nodes = {n for n in self._offset_nodes if n[:2] != (group_id, topic)}
+                return
+        raise StoreUnavailable(f"cannot delete the offsets of {group_id!r} for {topic!r}")
+
     async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
         base = group_path(group_id, "offsets")
         topics = await self._children(base, missing_ok=True)
@@ -1115,8 +1159,11 @@ class ZooKeeperStore:
                 raise EpochFenced(f"group {group_id!r} is not in the slot of epoch {epoch}")
         return office
 
-    def _fenced_transaction(self, office: _Office) -> Any:
+    def _fenced_transaction(self, office: _Office | None) -> Any:
+        """A transaction checking ``office`` first; None: a write any broker may make."""
         tx = self._client.transaction()
+        if office is None:
+            return tx
         tx.check(office.counter, office.counter_version)
         tx.check(office.election, 0)  # exists: an election node is never written after creation
         return tx
@@ -1127,21 +1174,21 @@ class ZooKeeperStore:
         elif office.slot is not None and self._slot_offices.get(office.slot[0]) is office:
             del self._slot_offices[office.slot[0]]
 
-    async def _commit_fenced(self, tx: Any, office: _Office) -> bool:
+    async def _commit_fenced(self, tx: Any, office: _Office | None) -> bool:
         """Commit a transaction from ``_fenced_transaction``: True if it happened, False if it
         lost a race with another write (retry), ``EpochFenced`` if the office is over."""
         failed = _failure(await self._wait(tx.commit_async()))
         if failed is None:
             return True
         index, exc = failed
-        if index < 2:
+        if office is not None and index < 2:
             self._drop(office)
             raise EpochFenced(f"the coordinator office of this store is over ({exc!r})")
         if isinstance(exc, NoNodeError | NodeExistsError | BadVersionError | NotEmptyError):
             return False
         raise StoreUnavailable(f"transaction failed: {exc!r}")
 
-    async def _commit_in_parts(self, office: _Office, ops: Sequence[_Op]) -> int:
+    async def _commit_in_parts(self, office: _Office | None, ops: Sequence[_Op]) -> int:
         """Commit ``ops`` in order, as fenced transactions that each fit well under ZooKeeper's
         request limit; how many of them (a prefix) are committed: all, or fewer when a part lost a
         race with another write. A part committed stays committed, so callers order ``ops`` such

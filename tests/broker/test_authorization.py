@@ -12,6 +12,7 @@ from protocol import (
     CreatePartitionsRequest,
     CreateTopicRequest,
     DeleteGroupRequest,
+    DeleteTopicRequest,
     DescribeGroupRequest,
     ErrorCode,
     FetchRequest,
@@ -99,6 +100,7 @@ DENIED: list[tuple[RequestMessage, ErrorCode]] = [
     (DescribeGroupRequest(group_id="h"), GROUP_DENIED),
     (CreateTopicRequest(topic="x", partitions=1), ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
     (CreatePartitionsRequest(topic="t", total_partitions=2), TOPIC_DENIED),
+    (DeleteTopicRequest(topic="t"), TOPIC_DENIED),  # reading a topic does not delete it
 ]
 
 
@@ -133,6 +135,11 @@ def test_wildcards_for_principal_and_name() -> None:
         enabled=True, acls=frozenset({rule(Operation.CREATE, ResourceType.CLUSTER, "cluster")})
     )
     assert refusal(creator, ALICE, CreateTopicRequest(topic="x", partitions=1)) is None
+    deleter = Authorizer(
+        enabled=True, acls=frozenset({rule(Operation.DELETE, ResourceType.TOPIC, "*")})
+    )
+    assert refusal(deleter, ALICE, DeleteTopicRequest(topic="any")) is None
+    assert refusal(creator, ALICE, DeleteTopicRequest(topic="x")) is not None
     with pytest.raises(ValueError, match="not an operation on a group"):
         rule(Operation.WRITE, ResourceType.GROUP, "g")
     with pytest.raises(ValueError, match="bad principal"):

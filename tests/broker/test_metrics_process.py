@@ -17,6 +17,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from launch.processes import BrokerProcess, run_broker
+from statemachine.slots import DEFAULT_SLOTS
 from tests.cli.cli_process import bootstrap, describe_group, open_cli, run_cli, stop
 
 pytestmark = pytest.mark.realtime
@@ -116,6 +117,8 @@ async def running_group(tmp_path: Path) -> AsyncIterator[Scene]:
                 lambda s: (
                     value(s, "coordinator_groups", state="Stable") == 1
                     and value(s, "coordinator_members") == 2
+                    # Alone on its store, the broker holds every coordinator slot.
+                    and value(s, "broker_coordinator_slots") == DEFAULT_SLOTS
                 ),
             )
             await scene.produce(200)

@@ -16,6 +16,7 @@ from protocol import (
     ClusterMetadataRequest,
     CreatePartitionsRequest,
     CreateTopicRequest,
+    DeleteTopicRequest,
     DescribeGroupRequest,
     ErrorCode,
     FetchRequest,
@@ -152,6 +153,10 @@ def test_ids(value: str, ok: bool) -> None:
         (CreateTopicRequest(topic="t", partitions=0), ErrorCode.INVALID_PARTITIONS),
         (CreateTopicRequest(topic="t", partitions=-(2**31)), ErrorCode.INVALID_PARTITIONS),
         (CreateTopicRequest(topic="..", partitions=1), ErrorCode.INVALID_TOPIC_EXCEPTION),
+        (DeleteTopicRequest(topic="t"), ErrorCode.NONE),
+        (DeleteTopicRequest(topic=""), ErrorCode.INVALID_TOPIC_EXCEPTION),
+        (DeleteTopicRequest(topic="a" * 250), ErrorCode.INVALID_TOPIC_EXCEPTION),
+        (DeleteTopicRequest(topic="../x"), ErrorCode.INVALID_TOPIC_EXCEPTION),
         (
             CreatePartitionsRequest(topic="t", total_partitions=2**31 - 1),
             ErrorCode.INVALID_PARTITIONS,

@@ -31,6 +31,7 @@ from protocol import (
     CreatePartitionsRequest,
     CreateTopicRequest,
     DeleteGroupRequest,
+    DeleteTopicRequest,
     DescribeGroupRequest,
     ErrorCode,
     FetchRequest,
@@ -300,6 +301,8 @@ def _builders() -> dict[ApiKey, Callable[[random.Random], RequestMessage]]:
             group_id=_group(rng), consumer_id=_member(rng), generation=rng.randrange(3)
         ),
         ApiKey.DELETE_GROUP: lambda rng: DeleteGroupRequest(group_id=_group(rng)),
+        # Only the fuzz's own topics: the served topic stays for the requests that read it.
+        ApiKey.DELETE_TOPIC: lambda rng: DeleteTopicRequest(topic=_topic(rng)),
         # On a plaintext listener without authentication both are refused (ILLEGAL_SASL_STATE).
         ApiKey.SASL_HANDSHAKE: lambda rng: SaslHandshakeRequest(
             mechanism=rng.choice(("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"))

@@ -14,6 +14,7 @@ from protocol import (
     CreatePartitionsRequest,
     CreateTopicRequest,
     DeleteGroupRequest,
+    DeleteTopicRequest,
     DescribeGroupRequest,
     Event,
     FetchRequest,
@@ -119,6 +120,7 @@ SAMPLE_REQUESTS: dict[ApiKey, RequestMessage] = {
     ApiKey.DESCRIBE_GROUP: DescribeGroupRequest(group_id="g"),
     ApiKey.LEAVE_GROUP: LeaveGroupRequest(group_id="g", consumer_id="c", generation=1),
     ApiKey.DELETE_GROUP: DeleteGroupRequest(group_id="g"),
+    ApiKey.DELETE_TOPIC: DeleteTopicRequest(topic="t"),
     ApiKey.SASL_HANDSHAKE: SaslHandshakeRequest(mechanism="SCRAM-SHA-256"),
     ApiKey.SASL_AUTHENTICATE: SaslAuthenticateRequest(auth_bytes=b"n,,n=alice,r=nonce"),
 }

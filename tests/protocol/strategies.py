@@ -27,6 +27,8 @@ from protocol import (
     CreateTopicResponse,
     DeleteGroupRequest,
     DeleteGroupResponse,
+    DeleteTopicRequest,
+    DeleteTopicResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     ErrorCode,
@@ -198,6 +200,7 @@ REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
         LeaveGroupRequest, group_id=texts, consumer_id=texts, generation=int32
     ),
     ApiKey.DELETE_GROUP: st.builds(DeleteGroupRequest, group_id=texts),
+    ApiKey.DELETE_TOPIC: st.builds(DeleteTopicRequest, topic=texts),
     ApiKey.SASL_HANDSHAKE: st.builds(SaslHandshakeRequest, mechanism=texts),
     ApiKey.SASL_AUTHENTICATE: st.builds(SaslAuthenticateRequest, auth_bytes=st.binary()),
 }
@@ -261,6 +264,7 @@ RESPONSE_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
     ),
     ApiKey.LEAVE_GROUP: st.builds(LeaveGroupResponse, error_code=error_codes),
     ApiKey.DELETE_GROUP: st.builds(DeleteGroupResponse, error_code=error_codes),
+    ApiKey.DELETE_TOPIC: st.builds(DeleteTopicResponse, error_code=error_codes),
     ApiKey.SASL_HANDSHAKE: st.builds(
         SaslHandshakeResponse, error_code=error_codes, mechanisms=tuples_of(texts)
     ),

@@ -76,6 +76,8 @@ CONTRACT = {
     "LeaveGroupResponse": "error_code:int16",
     "DeleteGroupRequest": "group_id:string",
     "DeleteGroupResponse": "error_code:int16",
+    "DeleteTopicRequest": "topic:string",
+    "DeleteTopicResponse": "error_code:int16",
     "SaslHandshakeRequest": "mechanism:string",
     "SaslHandshakeResponse": "error_code:int16 mechanisms:array[string]",
     "SaslAuthenticateRequest": "auth_bytes:bytes",
@@ -194,6 +196,7 @@ def test_api_keys_and_tables() -> None:
             )
         ),
         ("SASL_HANDSHAKE", 17),  # Kafka's numbers, as Kafka's layouts
+        ("DELETE_TOPIC", 20),
         ("SASL_AUTHENTICATE", 36),
     ]
     for key in ApiKey:

@@ -10,8 +10,10 @@ import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
+from protocol import ErrorCode, OffsetFetchRequest, OffsetFetchResponse
 from protocol.types import Subscription, TopicPartition
-from simulation import open_simulated_cluster
+from simulation import SimulatedCluster, open_simulated_cluster
+from statemachine.group import GroupState
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0)
 
@@ -90,3 +92,83 @@ async def test_a_blacklist_takes_every_topic_but_those_it_matches(
         assert not any(tp.topic.startswith("internal.") for tp in a.owned)
         assert cluster.coordinator.groups["g"].machine.generation == 2
         await cluster.check_invariants(settled=True)
+
+
+async def _offset_fetch(cluster: SimulatedCluster, group_id: str) -> set[TopicPartition]:
+    """The partitions OffsetFetch names a committed offset for, as a client asks."""
+    async with cluster.open_client() as client:
+        response = await client.request(OffsetFetchRequest(group_id=group_id, partitions=None))
+    assert isinstance(response, OffsetFetchResponse)
+    assert response.error_code is ErrorCode.NONE
+    return {po.topic_partition for po in response.offsets if po.offset >= 0}
+
+
+async def test_a_deleted_topic_leaves_its_groups_and_takes_their_offsets_for_it_along(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=4)
+        await cluster.create_topic("orders", partitions=2)
+        a = await cluster.start_consumer("a", group="g", topics={"events": 1, "orders": 1})
+        b = await cluster.start_consumer("b", group="g", topics={"events": 1, "orders": 1})
+        o = await cluster.start_consumer("o", group="orders-only", topics={"orders": 1})
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        await trio.sleep_until(20.0)  # Ping answers report offsets, the committer writes them
+        assert await _offset_fetch(cluster, "g") == _partitions("events", 4) | _partitions(
+            "orders", 2
+        )
+        assert ErrorCode.NONE is await cluster.delete_topic("events")
+        with trio.fail_after(5):
+            await cluster.coordinator.groups["g"].status.wait_value(
+                lambda status: status == (GroupState.STABLE, 2)
+            )
+            await cluster.wait_settled()
+        assert trio.current_time() == 20.0  # a deleted topic rebalances at once
+        assert cluster.coordinator.groups["g"].machine.generation == 2
+        assert cluster.coordinator.groups["orders-only"].machine.generation == 1
+        assert a.owned | b.owned == _partitions("orders", 2)
+        assert o.owned == _partitions("orders", 2)
+        assert await _offset_fetch(cluster, "g") == _partitions("orders", 2)
+        # Reports go on; none writes the deleted topic's offsets again.
+        await trio.sleep_until(40.0)
+        assert await _offset_fetch(cluster, "g") == _partitions("orders", 2)
+        assert {tp.topic for tp in await cluster.store.fetch_offsets("g")} == {"orders"}
+        await cluster.check_invariants(settled=True)
+        assert ErrorCode.UNKNOWN_TOPIC_OR_PARTITION is await cluster.delete_topic("events")
+
+        await cluster.restart_coordinator()
+        assert await _offset_fetch(cluster, "g") == _partitions("orders", 2)
+        # Created again under the name, the topic starts with no committed offsets.
+        await cluster.create_topic("events", partitions=2)
+        assert await _offset_fetch(cluster, "g") == _partitions("orders", 2)
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        assert a.owned | b.owned == _partitions("orders", 2) | _partitions("events", 2)
+        await cluster.check_invariants(settled=True)
+
+
+async def test_offsets_the_committer_wrote_after_the_store_deleted_their_topic_are_deleted_too(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=2)
+        await cluster.start_consumer("a", group="g", topics={"events": 1})
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        coordinator = cluster.coordinator
+        generation = coordinator.groups["g"].machine.generation
+        # An offset accepted before the delete, and written by the committer after the store
+        # deleted the topic with its offsets but before the coordinator's watch saw it gone.
+        reported = {TopicPartition(topic="events", partition=0): 7}
+        assert coordinator.offsets.accept_nowait("g", generation, reported, monotonic=True)
+        await cluster.store.delete_topic("events")
+        await coordinator.offsets.flush()
+        for _ in range(1000):  # the watch and the coordinator's clean-up, at this same instant
+            if "events" not in coordinator.topics and not await cluster.store.fetch_offsets("g"):
+                break
+            await trio.sleep(0)
+        assert trio.current_time() == 3.0  # the group's first rebalance, after its 3 s delay
+        assert await cluster.store.fetch_offsets("g") == {}
+        assert await _offset_fetch(cluster, "g") == set()
+        await cluster.check_invariants()

@@ -167,6 +167,68 @@ async def test_topics_survive_a_reopen(store_factory: StoreOpener) -> None:
         }
 
 
+async def test_deleting_a_topic_drops_it_and_every_groups_offsets_for_it(
+    store_factory: StoreOpener,
+) -> None:
+    async with store_factory() as store:
+        epoch = await store.take_office(1)
+        await store.create_topic("orders", (1, 2))
+        await store.create_topic("logs", (1,))
+        await store.write_group(epoch, sample_group("billing"))
+        await store.commit_offsets(
+            epoch,
+            [
+                batch("billing", 3, orders_0=17, orders_1=4, logs_0=5),
+                batch("standalone", -1, orders_1=8),  # offsets with no group record
+            ],
+        )
+        await store.delete_topic("orders")
+        assert await store.topics() == {"logs": TopicPlacement(topic="logs", brokers=(1,))}
+        assert await store.fetch_offsets("billing") == {tp("logs", 0): 5}
+        assert await store.fetch_offsets("standalone") == {}
+    async with store_factory() as store:
+        assert await everything(store, "billing", "standalone") == {
+            "topics": {"logs": TopicPlacement(topic="logs", brokers=(1,))},
+            "groups": {"billing": sample_group("billing")},  # records are the coordinator's
+            "offsets": {"billing": {tp("logs", 0): 5}, "standalone": {}},
+        }
+        # Created again under the name, the topic starts with no offsets.
+        await store.create_topic("orders", (2,))
+        assert await store.fetch_offsets("billing") == {tp("logs", 0): 5}
+
+
+async def test_deleting_an_unknown_topic(store: MetadataStore) -> None:
+    await store.create_topic("logs", (1,))
+    with pytest.raises(UnknownTopic):
+        await store.delete_topic("orders")
+    await store.delete_topic("logs")
+    with pytest.raises(UnknownTopic):
+        await store.delete_topic("logs")
+    assert await store.topics() == {}
+
+
+async def test_deleting_one_groups_offsets_for_a_topic(store: MetadataStore) -> None:
+    epoch = await store.take_office(1)
+    await store.commit_offsets(
+        epoch,
+        [batch("billing", 3, orders_0=17, logs_0=5), batch("audit", 1, orders_0=2)],
+    )
+    await store.delete_offsets(epoch, "billing", "orders")
+    await store.delete_offsets(epoch, "billing", "orders")  # none left: not an error
+    await store.delete_offsets(epoch, "never-existed", "orders")
+    assert await store.fetch_offsets("billing") == {tp("logs", 0): 5}
+    assert await store.fetch_offsets("audit") == {tp("orders", 0): 2}
+    # A deposed epoch changes nothing.
+    await store.take_office(2)
+    with pytest.raises(EpochFenced):
+        await store.delete_offsets(epoch, "audit", "orders")
+    assert await store.fetch_offsets("audit") == {tp("orders", 0): 2}
+    # The group commits for the topic again (a topic created again under the name).
+    await store.delete_offsets(epoch := await store.take_office(3), "billing", "logs")
+    await store.commit_offsets(epoch, [batch("billing", 4, orders_0=1)])
+    assert await store.fetch_offsets("billing") == {tp("orders", 0): 1}
+
+
 # Topic watch
 
 
@@ -211,6 +273,16 @@ async def test_topic_updates_coalesce_a_burst_to_the_latest(store: MetadataStore
                 seen.append(await anext(updates))
             assert len(seen) <= 3
             assert seen[-1] == latest
+
+
+async def test_topic_updates_see_a_deleted_topic(store: MetadataStore) -> None:
+    await store.create_topic("orders", (1,))
+    await store.create_topic("logs", (1,))
+    with trio.fail_after(WATCH_DEADLINE):
+        async with aclosing(store.topic_updates()) as updates:
+            assert set(await anext(updates)) == {"orders", "logs"}
+            await store.delete_topic("orders")
+            assert set(await anext(updates)) == {"logs"}
 
 
 async def test_topic_updates_see_added_partitions(store: MetadataStore) -> None:
