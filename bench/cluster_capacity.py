@@ -38,12 +38,15 @@ import attrs
 import trio
 
 from bench.harness import (
+    BareHold,
     ServerProcess,
     Worker,
     all_groups_stable,
     bench_arguments,
     cpu_seconds,
+    fewest_live,
     figure,
+    hold_bare,
     open_bare_clients,
     open_bare_server,
     open_consumers,
@@ -250,14 +253,12 @@ async def main() -> None:
                     assert zookeeper.process is not None
                     zookeeper_cpu0 = cpu_seconds(zookeeper.process.pid)
                     t0 = now()
-                    deadline = trio.current_time() + hold
-                    worst_live = n
-                    while trio.current_time() < deadline:
-                        await trio.sleep(min(POLL, max(0.0, deadline - trio.current_time())))
-                        st = await stats(workers)
-                        worst_live = min(worst_live, sum(s["live"] for s in st))
+
+                    def sample() -> None:
                         for broker in brokers:
                             broker.sample()
+
+                    worst_live = await fewest_live(workers, hold, every=POLL, each_poll=sample)
                     wall = now() - t0
                     cpu = {b.broker_id: b.server.cpu_seconds() - b.cpu_at_start for b in brokers}
                     zookeeper_cpu = cpu_seconds(zookeeper.process.pid) - zookeeper_cpu0
@@ -269,7 +270,8 @@ async def main() -> None:
                     own = {b.broker_id: await trio.to_thread.run_sync(b.metrics) for b in brokers}
                     view_after = await cluster_view(brokers)
 
-        bare = await bare_baseline(work, n, interval, sizes.ping, bare_hold)
+        async with open_bare(work / "bare", n, interval, sizes.ping) as servers:
+            bare = await hold_bare(servers, n, hold=bare_hold, connect_timeout=60 + n / 150)
 
         members = summed(st, "coordinators")
         groups_at: dict[str, set[str]] = {}
@@ -355,7 +357,7 @@ async def main() -> None:
                 "broker_cpu_seconds",
                 cpu[broker.broker_id],
                 "s",
-                bare.cpu_for(index, members.get(key, 0)) / bare.wall * wall,
+                bare_cpu_for(bare, index, members.get(key, 0)) / bare.wall * wall,
                 **per,
                 bare_connections=bare.held[index],
             )
@@ -364,7 +366,7 @@ async def main() -> None:
                 "broker_cpu_share",
                 cpu[broker.broker_id] / wall,
                 "cores",
-                bare.cpu_for(index, members.get(key, 0)) / bare.wall,
+                bare_cpu_for(bare, index, members.get(key, 0)) / bare.wall,
                 **per,
                 hold_cpu_percent=round(100 * cpu[broker.broker_id] / wall, 1),
             )
@@ -373,7 +375,7 @@ async def main() -> None:
                 "broker_peak_rss",
                 rss[broker.broker_id] / 2**20,
                 "MiB",
-                bare.rss[index] / 2**20,
+                bare.peak_rss[index] / 2**20,
                 **per,
                 bare_connections=bare.held[index],
             )
@@ -399,58 +401,10 @@ async def main() -> None:
         )
 
 
-@attrs.frozen(kw_only=True)
-class Bare:
-    """The bare baseline: per server, CPU seconds over the hold, peak RSS and connections held;
-    the hold's length, the time to connect them all (or as many as the servers took in time),
-    and the round trips of the hold."""
-
-    cpu: list[float]
-    rss: list[int]
-    held: list[int]
-    wall: float
-    connect: float
-    round_trips: int
-
-    def cpu_for(self, index: int, connections: int) -> float:
-        """Bare server ``index``'s CPU seconds over the hold per connection it held, times
-        ``connections``: the bare cost of what a broker held, whatever share it had."""
-        return self.cpu[index] / self.held[index] * connections if self.held[index] else math.nan
-
-
-async def bare_baseline(
-    work: Path, n: int, interval: float, sizes: tuple[int, int], hold: float
-) -> Bare:
-    async with open_bare(work / "bare", n, interval, sizes) as servers:
-        every = [w for _, clients in servers for w in clients]
-        started = now()
-        # Under load trio's accept loop takes one connection per scheduler pass, and a bare
-        # server may not get them all in time: what they then hold is the baseline.
-        with contextlib.suppress(RuntimeError):
-            await wait_until(
-                every,
-                lambda st: sum(s["connected"] for s in st) >= n,
-                timeout=60 + n / 150,
-            )
-        connect = now() - started
-        await trio.sleep(1.0)
-        for worker in every:
-            await worker.command("reset")
-        cpu0 = [bare.cpu_seconds() for bare, _ in servers]
-        t0 = now()
-        await trio.sleep(hold)
-        cpu = [bare.cpu_seconds() - c for (bare, _), c in zip(servers, cpu0, strict=True)]
-        wall = now() - t0
-        per_server = [await stats(clients) for _, clients in servers]
-        rss = [bare.rss_bytes("VmHWM") for bare, _ in servers]
-    return Bare(
-        cpu=cpu,
-        rss=rss,
-        held=[sum(s["connected"] - s["dropped"] for s in st) for st in per_server],
-        wall=wall,
-        connect=connect,
-        round_trips=sum(s["round_trips"] for st in per_server for s in st),
-    )
+def bare_cpu_for(bare: BareHold, index: int, connections: int) -> float:
+    """Bare server ``index``'s CPU seconds over the hold per connection it held, times
+    ``connections``: the bare cost of what a broker held, whatever its share."""
+    return bare.cpu[index] / bare.held[index] * connections if bare.held[index] else math.nan
 
 
 if __name__ == "__main__":

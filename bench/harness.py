@@ -9,6 +9,7 @@ when its block ends, whatever happened inside.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from bench.loadgen import (
     FrameReader,
     LineReader,
     bare_frame,
+    now,
     rounded,
 )
 from launch.processes import open_serving_process, stop_process
@@ -326,6 +328,77 @@ async def wait_until(
 def _summary(all_stats: list[dict[str, Any]]) -> str:
     keys = ("consumers", "registered", "live", "dropped", "error_count", "errors", "generations")
     return json.dumps([{k: s.get(k) for k in keys} for s in all_stats])[:2000]
+
+
+async def fewest_live(
+    workers: Sequence[Worker],
+    seconds: float,
+    *,
+    every: float,
+    each_poll: Callable[[], None] = lambda: None,
+) -> int:
+    """Hold for ``seconds``, asking the workers every ``every`` seconds how many of their
+    consumers are live (and calling ``each_poll``); the fewest seen at any poll."""
+    deadline = trio.current_time() + seconds
+    fewest = math.inf
+    while trio.current_time() < deadline:
+        await trio.sleep(min(every, max(0.0, deadline - trio.current_time())))
+        fewest = min(fewest, sum(s["live"] for s in await stats(workers)))
+        each_poll()
+    return int(fewest) if fewest < math.inf else sum(s["live"] for s in await stats(workers))
+
+
+@attrs.frozen(kw_only=True)
+class BareHold:
+    """What bare servers and their clients did: per server, CPU seconds over the hold, RSS at its
+    end and at its peak, and the connections it held; the round trips of the hold, its length,
+    and the time the clients took to connect (all, or as many as the servers took in time)."""
+
+    cpu: list[float]
+    rss: list[int]
+    peak_rss: list[int]
+    held: list[int]
+    round_trips: int
+    wall: float
+    connect: float
+
+
+async def hold_bare(
+    servers: Sequence[tuple[ServerProcess, Sequence[Worker]]],
+    count: int,
+    *,
+    hold: float,
+    connect_timeout: float,
+) -> BareHold:
+    """Wait (bounded) until ``count`` bare clients are connected over ``servers``, then hold
+    for ``hold`` seconds and measure each server."""
+    every = [w for _, clients in servers for w in clients]
+    started = now()
+    # Under load trio's accept loop takes one connection per scheduler pass, and a bare server
+    # may not get them all in time: what it then holds is the baseline.
+    with contextlib.suppress(RuntimeError):
+        await wait_until(
+            every, lambda st: sum(s["connected"] for s in st) >= count, timeout=connect_timeout
+        )
+    connect = now() - started
+    await trio.sleep(1.0)
+    for worker in every:
+        await worker.command("reset")
+    cpu0 = [server.cpu_seconds() for server, _ in servers]
+    t0 = now()
+    await trio.sleep(hold)
+    cpu = [server.cpu_seconds() - c for (server, _), c in zip(servers, cpu0, strict=True)]
+    wall = now() - t0
+    per_server = [await stats(clients) for _, clients in servers]
+    return BareHold(
+        cpu=cpu,
+        rss=[server.rss_bytes() for server, _ in servers],
+        peak_rss=[server.rss_bytes("VmHWM") for server, _ in servers],
+        held=[sum(s["connected"] - s["dropped"] for s in st) for st in per_server],
+        round_trips=sum(s["round_trips"] for st in per_server for s in st),
+        wall=wall,
+        connect=connect,
+    )
 
 
 def registered(expected: int) -> Any:
