@@ -160,9 +160,11 @@ async def create_topic(brokers: Sequence[Broker], partitions: int) -> None:
 
 @contextlib.asynccontextmanager
 async def open_bare(
-    work: Path, n: int, interval: float, sizes: tuple[int, int]
+    work: Path, n: int, interval: float, ping: tuple[int, int]
 ) -> AsyncIterator[list[tuple[ServerProcess, list[Worker]]]]:
-    """Three bare servers, each with a third of ``n`` clients."""
+    """Three bare servers, each with a third of ``n`` clients; ``ping``: the Ping's request and
+    answer sizes, of which a bare server receives the answer's and sends the request's, as a
+    coordinator does."""
     async with contextlib.AsyncExitStack() as stack:
         servers = []
         for index in range(BROKERS):
@@ -174,8 +176,8 @@ async def open_bare(
                     share,
                     work / f"bare{index}",
                     interval=interval,
-                    request_size=sizes[0],
-                    reply_size=sizes[1],
+                    request_size=ping[1],
+                    reply_size=ping[0],
                 )
             )
             servers.append((bare, clients))
