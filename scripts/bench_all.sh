@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every benchmark (docs/benchmarks.md), one JSON line per figure on stdout, also appended to
 # $BENCH_OUT when set. Installs the project with the `bench` extra (kafka-python, py-spy) first if
-# kafka-python is missing. `scripts/bench_all.sh --quick` runs the CI sizes in about two minutes;
+# kafka-python is missing. `scripts/bench_all.sh --quick` runs the CI sizes in about three minutes;
 # without it the full sizes take about an hour on 2 busy cores (capacity and cluster_capacity
 # each hold 5 minutes).
 set -euo pipefail
