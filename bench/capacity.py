@@ -12,16 +12,15 @@ hold time, not a soak test.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from pathlib import Path
-
-import trio
 
 from bench.harness import (
     all_groups_stable,
     bench_arguments,
+    fewest_live,
     figure,
+    hold_bare,
     open_bare_clients,
     open_bare_server,
     open_consumers,
@@ -84,12 +83,7 @@ async def main() -> None:
             for worker in workers:
                 await worker.command("reset")
             cpu0, t0 = server.cpu_seconds(), now()
-            deadline = trio.current_time() + hold
-            worst_live = n
-            while trio.current_time() < deadline:
-                await trio.sleep(min(POLL, max(0.0, deadline - trio.current_time())))
-                st = await stats(workers)
-                worst_live = min(worst_live, sum(s["live"] for s in st))
+            worst_live = await fewest_live(workers, hold, every=POLL)
             cpu, wall = server.cpu_seconds() - cpu0, now() - t0
             st = await stats(workers)
             dropped = sum(s["dropped"] for s in st)
@@ -110,26 +104,9 @@ async def main() -> None:
                 reply_size=sizes.ping[0],
             ) as bare_workers,
         ):
-            started = now()
-            # Under load trio's accept loop takes one connection per scheduler pass, and the bare
-            # server may not get them all in time: what it then holds is the baseline.
-            with contextlib.suppress(RuntimeError):
-                await wait_until(
-                    bare_workers,
-                    lambda st: sum(s["connected"] for s in st) >= n,
-                    timeout=60 + n / 50,
-                )
-            bare_connect = now() - started
-            await trio.sleep(1.0)
-            for worker in bare_workers:
-                await worker.command("reset")
-            bare_cpu0, bare_t0 = bare.cpu_seconds(), now()
-            await trio.sleep(bare_hold)
-            bare_cpu, bare_wall = bare.cpu_seconds() - bare_cpu0, now() - bare_t0
-            bare_st = await stats(bare_workers)
-            bare_held = sum(s["connected"] - s["dropped"] for s in bare_st)
-            bare_trips = sum(s["round_trips"] for s in bare_st)
-            bare_rss = bare.rss_bytes()
+            baseline = await hold_bare(
+                [(bare, bare_workers)], n, hold=bare_hold, connect_timeout=60 + n / 50
+            )
 
         false_deaths = dropped + errors + (n - worst_live)
         common = {
@@ -144,22 +121,29 @@ async def main() -> None:
             "consumers_held",
             held,
             "consumers",
-            bare_held,
+            baseline.held[0],
             **common,
-            bare_hold_s=round(bare_wall, 1),
+            bare_hold_s=round(baseline.wall, 1),
         )
         figure(BENCH, "false_deaths", false_deaths, "consumers", 0, **common)
-        figure(BENCH, "connect_and_register_time", connect_time, "s", bare_connect, **common)
-        figure(BENCH, "server_cpu_share", cpu / wall, "cores", bare_cpu / bare_wall, **common)
+        figure(BENCH, "connect_and_register_time", connect_time, "s", baseline.connect, **common)
+        figure(
+            BENCH,
+            "server_cpu_share",
+            cpu / wall,
+            "cores",
+            baseline.cpu[0] / baseline.wall,
+            **common,
+        )
         figure(
             BENCH,
             "cpu_per_round_trip",
             cpu / pings * 1e6 if pings else None,
             "us",
-            bare_cpu / bare_trips * 1e6 if bare_trips else None,
+            baseline.cpu[0] / baseline.round_trips * 1e6 if baseline.round_trips else None,
             **common,
         )
-        figure(BENCH, "server_rss", rss / 2**20, "MiB", bare_rss / 2**20, **common)
+        figure(BENCH, "server_rss", rss / 2**20, "MiB", baseline.rss[0] / 2**20, **common)
         figure(BENCH, "ping_lateness_p99", lateness_p99 * 1e3, "ms", None, **common)
         figure(
             BENCH,

@@ -9,6 +9,7 @@ when its block ends, whatever happened inside.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from bench.loadgen import (
     FrameReader,
     LineReader,
     bare_frame,
+    now,
     rounded,
 )
 from launch.processes import open_serving_process, stop_process
@@ -75,6 +77,13 @@ def figure(
 # --- the parent's handles -----------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid``, from /proc/<pid>/stat."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
 @attrs.define(eq=False)
 class ServerProcess:
     process: trio.Process
@@ -83,15 +92,24 @@ class ServerProcess:
     log_path: Path
 
     def cpu_seconds(self) -> float:
-        """utime + stime of the server process, from /proc/<pid>/stat."""
-        text = Path(f"/proc/{self.process.pid}/stat").read_text()
-        fields = text[text.rindex(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        return cpu_seconds(self.process.pid)
 
-    def rss_bytes(self) -> int:
+    def rss_bytes(self, field: str = "VmRSS") -> int:
+        """Resident memory now; ``field="VmHWM"``: its peak over the process's life."""
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
+        return 0
+
+    def open_files(self) -> int:
+        """Descriptors the process holds now (sockets included): what its file limit caps."""
+        return len(os.listdir(f"/proc/{self.process.pid}/fd"))
+
+    def file_limit(self) -> int:
+        """The process's soft limit of open files, from /proc/<pid>/limits."""
+        for line in Path(f"/proc/{self.process.pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                return int(line.split()[3])
         return 0
 
 
@@ -194,9 +212,12 @@ async def open_consumers(
     first: int = 0,
     per_worker: int = PER_WORKER,
     tls_ca: Path | None = None,
+    bootstrap: Sequence[ServerProcess] = (),
 ) -> AsyncIterator[list[Worker]]:
     """``count`` consumers over ceil(count / per_worker) workers; member i is in group
-    i // group_size; over TLS trusting ``tls_ca`` if given."""
+    i // group_size; over TLS trusting ``tls_ca`` if given. With ``bootstrap``, each consumer
+    registers with its group's coordinator as these brokers name it, not with ``server``."""
+    found_through = ",".join(f"{b.host}:{b.port}" for b in bootstrap)
     workers: list[Worker] = []
     async with trio.open_nursery() as nursery:
         try:
@@ -224,6 +245,7 @@ async def open_consumers(
                     "--session-timeout-ms",
                     str(session_timeout_ms),
                     *([] if tls_ca is None else ["--tls-ca", str(tls_ca)]),
+                    *(["--bootstrap", found_through] if bootstrap else []),
                 ]
                 workers.append(
                     await _start(nursery, arguments, work_dir / f"{member_prefix}{index}.log")
@@ -306,6 +328,77 @@ async def wait_until(
 def _summary(all_stats: list[dict[str, Any]]) -> str:
     keys = ("consumers", "registered", "live", "dropped", "error_count", "errors", "generations")
     return json.dumps([{k: s.get(k) for k in keys} for s in all_stats])[:2000]
+
+
+async def fewest_live(
+    workers: Sequence[Worker],
+    seconds: float,
+    *,
+    every: float,
+    each_poll: Callable[[], None] = lambda: None,
+) -> int:
+    """Hold for ``seconds``, asking the workers every ``every`` seconds how many of their
+    consumers are live (and calling ``each_poll``); the fewest seen at any poll."""
+    deadline = trio.current_time() + seconds
+    fewest = math.inf
+    while trio.current_time() < deadline:
+        await trio.sleep(min(every, max(0.0, deadline - trio.current_time())))
+        fewest = min(fewest, sum(s["live"] for s in await stats(workers)))
+        each_poll()
+    return int(fewest) if fewest < math.inf else sum(s["live"] for s in await stats(workers))
+
+
+@attrs.frozen(kw_only=True)
+class BareHold:
+    """What bare servers and their clients did: per server, CPU seconds over the hold, RSS at its
+    end and at its peak, and the connections it held; the round trips of the hold, its length,
+    and the time the clients took to connect (all, or as many as the servers took in time)."""
+
+    cpu: list[float]
+    rss: list[int]
+    peak_rss: list[int]
+    held: list[int]
+    round_trips: int
+    wall: float
+    connect: float
+
+
+async def hold_bare(
+    servers: Sequence[tuple[ServerProcess, Sequence[Worker]]],
+    count: int,
+    *,
+    hold: float,
+    connect_timeout: float,
+) -> BareHold:
+    """Wait (bounded) until ``count`` bare clients are connected over ``servers``, then hold
+    for ``hold`` seconds and measure each server."""
+    every = [w for _, clients in servers for w in clients]
+    started = now()
+    # Under load trio's accept loop takes one connection per scheduler pass, and a bare server
+    # may not get them all in time: what it then holds is the baseline.
+    with contextlib.suppress(RuntimeError):
+        await wait_until(
+            every, lambda st: sum(s["connected"] for s in st) >= count, timeout=connect_timeout
+        )
+    connect = now() - started
+    await trio.sleep(1.0)
+    for worker in every:
+        await worker.command("reset")
+    cpu0 = [server.cpu_seconds() for server, _ in servers]
+    t0 = now()
+    await trio.sleep(hold)
+    cpu = [server.cpu_seconds() - c for (server, _), c in zip(servers, cpu0, strict=True)]
+    wall = now() - t0
+    per_server = [await stats(clients) for _, clients in servers]
+    return BareHold(
+        cpu=cpu,
+        rss=[server.rss_bytes() for server, _ in servers],
+        peak_rss=[server.rss_bytes("VmHWM") for server, _ in servers],
+        held=[sum(s["connected"] - s["dropped"] for s in st) for st in per_server],
+        round_trips=sum(s["round_trips"] for st in per_server for s in st),
+        wall=wall,
+        connect=connect,
+    )
 
 
 def registered(expected: int) -> Any:

@@ -6,7 +6,9 @@ Three kinds of process, all started by a benchmark (the parent):
 * the coordinator: a real ``python -m cli serve --port 0`` subprocess;
 * ``python -m bench.loadgen consumers ...``: a worker holding up to ~5,000 consumers that speak
   the real protocol (``transport.channel.Channel``): each registers with RegisterConsumer and
-  answers Ping, StopFetcher and StartFetcher, recording when each arrived;
+  answers Ping, StopFetcher and StartFetcher, recording when each arrived; with ``--bootstrap``
+  each first finds its group's coordinator as the consumer library does (ClusterMetadata naming
+  the group, :class:`consumer.discovery.Discovery`);
 * ``python -m bench.loadgen bare-serve`` and ``... bare ...``: the bare baseline, a trio server
   and clients exchanging length-prefixed frames of the protocol's sizes with no decoding, no
   state machine and no timers on the server (the limit trio itself sets on one core).
@@ -30,7 +32,7 @@ import random
 import signal
 import struct
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from typing import Any
 import attrs
 import trio
 
+from consumer.discovery import Discovery
 from protocol import (
     AssignedPartition,
     AssignedStream,
@@ -66,6 +69,10 @@ PER_WORKER = 5000
 #: Connections a worker opens at once (the listen backlog caps at 4096).
 CONNECT_CONCURRENCY = 200
 LATENESS_SAMPLES = 20_000
+#: With ``--bootstrap``: passes over the brokers, a second apart, before a consumer gives up
+#: finding its coordinator; and how long one broker has to answer.
+DISCOVERY_PASSES = 30
+DISCOVERY_TIMEOUT = 30.0
 _SIZE = struct.Struct(">i")
 
 
@@ -272,6 +279,8 @@ class _Consumer:
     last_answer: float | None = None
     generation: int = -1
     started_at: float | None = None
+    #: The broker id it registered with (found by discovery; -1 without ``--bootstrap``).
+    coordinator: int = -1
     #: The partitions it may fetch now ("topic/partition"), and what it was told when: each
     #: StopFetcher answer (the partitions it stopped), each StartFetcher (those it had not
     #: held before it), and its clean close (what it held), as (CLOCK_MONOTONIC, partitions).
@@ -303,15 +312,58 @@ class ConsumerWorker:
     limiter: trio.CapacityLimiter = attrs.field(
         factory=lambda: trio.CapacityLimiter(CONNECT_CONCURRENCY)
     )
+    #: Brokers to find each group's coordinator through; empty: register at host:port.
+    bootstrap: list[tuple[str, int]] = attrs.field(factory=list)
+    #: Consumers that found a coordinator which then did not take their registration (the
+    #: office moved in between) and looked again, as the consumer library does.
+    rediscovered: int = 0
 
-    async def run_consumer(self, consumer: _Consumer) -> None:
+    async def _find(self, consumer: _Consumer, index: int) -> tuple[str, int] | None:
+        """The coordinator's address as ``bootstrap`` names it for the consumer's group; each
+        consumer starts its round robin at another broker, so that every broker is asked."""
+        start = index % len(self.bootstrap)
+        discovery = Discovery(
+            group_id=consumer.group_id,
+            addresses=self.bootstrap[start:] + self.bootstrap[:start],
+            connect=self.connect,
+            client_id="loadgen",
+            max_frame_size=MAX_FRAME,
+            request_timeout=DISCOVERY_TIMEOUT,
+        )
+        for _ in range(DISCOVERY_PASSES):
+            async with self.limiter:
+                found = await discovery.find()
+            if found is not None:
+                consumer.coordinator = found.coordinator.broker_id
+                return found.coordinator.host, found.coordinator.port
+            await trio.sleep(1.0)
+        self.errors.append(f"discovery {consumer.group_id}: {discovery.last_problem}")
+        return None
+
+    async def run_consumer(self, consumer: _Consumer, index: int = 0) -> None:
+        """Run ``consumer`` until cancelled; with ``bootstrap``, look for the coordinator again
+        (a bounded number of times) while the one found answers NOT_COORDINATOR."""
+        for _ in range(DISCOVERY_PASSES if self.bootstrap else 1):
+            address = (
+                await self._find(consumer, index) if self.bootstrap else (self.host, self.port)
+            )
+            if address is None:
+                return
+            if not await self._run_at(consumer, *address):
+                return
+            self.rediscovered += 1
+
+    async def _run_at(self, consumer: _Consumer, host: str, port: int) -> bool:
+        """Register at ``host:port`` and answer until cancelled or dropped; True when the broker
+        refused the registration as not the group's coordinator (look again)."""
+        not_coordinator = False
         with consumer.scope:
             async with self.limiter:
                 try:
-                    stream = await self.connect(self.host, self.port)
+                    stream = await self.connect(host, port)
                 except OSError as exc:
                     self.errors.append(f"connect: {exc}")
-                    return
+                    return False
             channel = Channel.open(
                 stream, Role.CONSUMER, client_id="loadgen", max_frame_size=MAX_FRAME
             )
@@ -328,12 +380,24 @@ class ConsumerWorker:
                 response = await self._register(consumer, channel)
                 if response is not None and response.error_code is ErrorCode.NONE:
                     consumer.registered = True
+                elif (
+                    self.bootstrap
+                    and response is not None
+                    and response.error_code is ErrorCode.NOT_COORDINATOR
+                ):
+                    not_coordinator = True
+                    nursery.cancel_scope.cancel()
                 else:
                     self.errors.append(f"register {consumer.consumer_id}: {response}")
                     nursery.cancel_scope.cancel()
         if consumer.channel is not None:
             with trio.CancelScope(shield=True):
                 await consumer.channel.aclose()
+        if not_coordinator:
+            consumer.channel = None
+            consumer.dropped = False
+            consumer.scope = trio.CancelScope()
+        return not_coordinator
 
     async def _register(
         self, consumer: _Consumer, channel: Channel
@@ -428,6 +492,12 @@ class ConsumerWorker:
             "generations": {str(g): v for g, v in generations.items()},
             "last_answer": max(answers) if answers else None,
             "held": sum(len(c.held) for c in live),
+            "rediscovered": self.rediscovered,
+            "coordinators": dict(Counter(str(c.coordinator) for c in live)),
+            "groups_at": {
+                str(broker): sorted({c.group_id for c in live if c.coordinator == broker})
+                for broker in {c.coordinator for c in live}
+            },
             "max_generation": max((c.generation for c in live), default=-1),
             "lateness_p50": rounded(percentile(self.lateness, 50)),
             "lateness_p99": rounded(percentile(self.lateness, 99)),
@@ -457,7 +527,7 @@ class ConsumerWorker:
     def add(self, nursery: trio.Nursery, group_id: str, consumer_id: str) -> _Consumer:
         consumer = _Consumer(consumer_id=consumer_id, group_id=group_id)
         self.consumers.append(consumer)
-        nursery.start_soon(self.run_consumer, consumer)
+        nursery.start_soon(self.run_consumer, consumer, len(self.consumers))
         return consumer
 
 
@@ -468,6 +538,7 @@ async def run_consumer_worker(args: argparse.Namespace) -> None:
         topic=args.topic,
         session_timeout_ms=args.session_timeout_ms,
         connect=ClientSecurity(ca=args.tls_ca).connector(),
+        bootstrap=[_address(a) for a in args.bootstrap.split(",")] if args.bootstrap else [],
     )
     joined = 0
 
@@ -585,6 +656,11 @@ async def run_bare_worker(args: argparse.Namespace) -> None:
         nursery.cancel_scope.cancel()
 
 
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
 class LineReader:
     def __init__(self, stream: trio.abc.ReceiveStream) -> None:
         self.stream = stream
@@ -615,6 +691,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         sub.add_argument("--host", default="127.0.0.1")
         sub.add_argument("--port", type=int, required=True)
         sub.add_argument("--count", type=int, required=True)
+    consumers.add_argument(
+        "--bootstrap",
+        default=None,
+        help="HOST:PORT,...: find each group's coordinator through these brokers (ClusterMetadata) "
+        "instead of registering at --host:--port",
+    )
     consumers.add_argument("--first", type=int, default=0)
     consumers.add_argument("--group-size", type=int, default=100)
     consumers.add_argument("--group-prefix", default="g")

@@ -68,6 +68,10 @@ class GroupCoordinator:
     took_office_at: float
     pinger: Pinger = attrs.field(init=False)
     groups: dict[str, Group] = attrs.field(factory=dict)
+    #: Groups with committed offsets but no :class:`Group` in memory (a standalone committer's),
+    #: and the instant their retention counts from: their last standalone commit, or when this
+    #: coordinator took office (docs/design.md#group-retention).
+    offset_only: dict[str, float] = attrs.field(factory=dict)
     topics: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
     brokers: tuple[BrokerInfo, ...] = ()
     #: The brokers as the clients of each listener reach them (Kafka's advertised.listeners).
@@ -580,6 +584,8 @@ class GroupCoordinator:
             if not await self._partitions_exist(offsets):
                 return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             version = await self.offsets.accept(request.group_id, -1, offsets, monotonic=False)
+            if request.group_id not in self.groups:
+                self.offset_only[request.group_id] = trio.current_time()
         else:
             member = group.member_of(request.consumer_id) if group is not None else None
             if member is None or member.channel is not channel:
@@ -623,6 +629,8 @@ class GroupCoordinator:
         """The group's record, created (with its driver task) on first use."""
         group = self.groups.get(group_id)
         if group is None:
+            # A member group from now on: its members' instants count for its retention.
+            self.offset_only.pop(group_id, None)
             machine = group_sm.GroupMachine(group_id=group_id, generation=generation)
             group = self.groups[group_id] = Group(group_id=group_id, machine=machine)
             self.nursery.start_soon(self._drive, group)
@@ -799,9 +807,14 @@ class GroupCoordinator:
         return 0.0
 
     def list_groups(self) -> tuple[GroupSummary, ...]:
+        """Every group, in its state; one only a standalone committer used is Empty, as a group
+        whose members have all gone is (docs/design.md#group-retention)."""
+        states = {group_id: g.machine.state.value for group_id, g in self.groups.items()}
+        for group_id in self.offset_only.keys() - states.keys():
+            states[group_id] = group_sm.GroupState.EMPTY.value
         return tuple(
-            GroupSummary(group_id=g.group_id, state=g.machine.state.value)
-            for g in sorted(self.groups.values(), key=lambda g: g.group_id)
+            GroupSummary(group_id=group_id, state=state)
+            for group_id, state in sorted(states.items())
         )
 
     async def describe(self, group_id: str) -> DescribeGroupResponse:
@@ -860,9 +873,11 @@ class GroupCoordinator:
             return ErrorCode.NON_EMPTY_GROUP
         offsets = await self.offsets.view(group_id)
         if group is None and not offsets.accepted:
+            self.offset_only.pop(group_id, None)  # one whose topics were deleted has none left
             return ErrorCode.GROUP_ID_NOT_FOUND
         await self.store.delete_group(self.epoch, group_id)
         self.offsets.forget(group_id)
+        self.offset_only.pop(group_id, None)
         group = self.groups.get(group_id)
         # A member may have joined while the store deleted: its group lives on from empty.
         if group is not None and _deletable(group):
@@ -873,30 +888,38 @@ class GroupCoordinator:
     async def expire_groups(self) -> None:
         """Every check interval, remove the groups that have had no member for the retention
         period, with their offsets, in memory, in the store and their driver task, as DeleteGroup
-        does (docs/design.md#group-retention). A group under a lease is not deletable and waits
-        for a later check; a store that cannot answer is asked again at the next one."""
+        does (docs/design.md#group-retention); and the groups only a standalone committer used,
+        the retention period after their last commit. A group under a lease is not deletable and
+        waits for a later check; a store that cannot answer is asked again at the next one."""
         await self.loaded.wait()
         interval = self.config.group_retention_check_interval
         while True:
             await trio.sleep(interval)
             now = trio.current_time()
-            for group in list(self.groups.values()):
-                if (
-                    not _deletable(group)
-                    or now < group.last_member_at + self.config.group_retention
-                ):
+            offset_only = sorted(self.offset_only.keys() - self.groups.keys())
+            for group_id in [*self.groups, *offset_only]:
+                # Asked anew for each: a member or a commit may have come meanwhile.
+                since = self._idle_since(group_id)
+                if since is None or now < since + self.config.group_retention:
                     continue
                 try:
-                    error = await self.delete_group(group.group_id)
+                    error = await self.delete_group(group_id)
                 except StoreUnavailable as exc:
-                    log.warning("cannot remove group %s yet: %s", group.group_id, exc)
+                    log.warning("cannot remove group %s yet: %s", group_id, exc)
                     continue
                 if error is ErrorCode.NONE:
                     log.info(
                         "group %s had no member since %.3f: removed with its offsets",
-                        group.group_id,
-                        group.last_member_at,
+                        group_id,
+                        since,
                     )
+
+    def _idle_since(self, group_id: str) -> float | None:
+        """The instant the group's retention counts from; None while it may not be removed."""
+        group = self.groups.get(group_id)
+        if group is not None:
+            return group.last_member_at if _deletable(group) else None
+        return self.offset_only.get(group_id)
 
     def _retire(self, group: Group) -> None:
         """Forget a group that holds nothing, and end its driver task."""
@@ -1015,6 +1038,11 @@ async def _recover_groups(coordinator: GroupCoordinator) -> None:
         )
         awaiting = frozenset(m.member_id for m in record.members)
         coordinator.apply(group, group_sm.Recovered(awaiting=awaiting))
+    # A standalone committer's groups have no record: their last commit is unknown, so their
+    # retention counts from now, the safe side (docs/design.md#group-retention).
+    for group_id in await coordinator.store.offset_only_groups():
+        if group_id not in coordinator.groups:
+            coordinator.offset_only.setdefault(group_id, coordinator.took_office_at)
     coordinator.loaded.set()
     log.info("broker %d loaded %d groups", coordinator.broker.broker_id, len(records))
 

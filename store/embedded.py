@@ -189,6 +189,10 @@ class EmbeddedStore:
         await self._enter()
         return types.MappingProxyType(dict(self._state.groups))
 
+    async def offset_only_groups(self) -> frozenset[str]:
+        await self._enter()
+        return self._state.offset_only_groups()
+
     async def write_group(self, epoch: int, group: GroupRecord) -> None:
         await self._enter()
         self._check_epoch(epoch)

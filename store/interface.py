@@ -270,6 +270,13 @@ class MetadataStore(Protocol):
 
     async def groups(self) -> Mapping[str, GroupRecord]: ...
 
+    async def offset_only_groups(self) -> frozenset[str]:
+        """The groups that have committed offsets but no record: those only a standalone
+        committer ever used (``commit_offsets`` needs no record). ``groups`` leaves them out, so
+        a coordinator taking office learns them here, to list and expire them
+        (docs/design.md#group-retention)."""
+        ...
+
     async def write_group(self, epoch: int, group: GroupRecord) -> None:
         """Replace the group's whole record: readers see the old record or the new one whole, even
         if the call fails part-way."""

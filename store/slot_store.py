@@ -2,9 +2,9 @@
 store a group coordinator runs on when it coordinates that slot alone.
 
 The coordinator takes office, waits for the office to end, checks contact and reads its groups
-through this view, which turns each into the slot's counterpart; every other call goes to the
-store as it is. Its writes carry the slot's epoch, which the store admits only for the slot's
-groups, so a coordinator of one slot cannot write another slot's group.
+(and those with offsets only) through this view, which turns each into the slot's counterpart;
+every other call goes to the store as it is. Its writes carry the slot's epoch, which the store
+admits only for the slot's groups, so a coordinator of one slot cannot write another slot's group.
 """
 
 from __future__ import annotations
@@ -44,3 +44,6 @@ class SlotStore:
 
     async def groups(self) -> Mapping[str, GroupRecord]:
         return types.MappingProxyType(dict(await self.inner.slot_groups(self.slot, self.slots)))
+
+    async def offset_only_groups(self) -> frozenset[str]:
+        return await self.inner.slot_offset_only_groups(self.slot, self.slots)

@@ -274,6 +274,13 @@ class StoreState:
             for partition, (offset, _generation) in partitions.items()
         }
 
+    def offset_only_groups(self) -> frozenset[str]:
+        return frozenset(
+            group_id
+            for group_id, by_topic in self.offsets.items()
+            if group_id not in self.groups and any(by_topic.values())
+        )
+
     def has_group(self, group_id: str) -> bool:
         return group_id in self.groups or group_id in self.offsets
 

@@ -758,10 +758,45 @@ class ZooKeeperStore:
         """``groups`` of one coordinator slot: only their records are read."""
         return await self._groups(lambda group_id: slot_of(group_id, slots) == slot)
 
-    async def _groups(self, admit: Callable[[str], bool]) -> Mapping[str, GroupRecord]:
+    async def offset_only_groups(self) -> frozenset[str]:
+        return await self._offset_only_groups(lambda _group_id: True)
+
+    async def slot_offset_only_groups(self, slot: int, slots: int) -> frozenset[str]:
+        """``offset_only_groups`` of one coordinator slot."""
+        return await self._offset_only_groups(lambda group_id: slot_of(group_id, slots) == slot)
+
+    async def _group_names(self, admit: Callable[[str], bool]) -> list[str]:
         children = await self._children(CONSUMERS)
         names = [segment_name(child) for child in children if child != "coordinator"]
-        names = [name for name in names if admit(name)]
+        return [name for name in names if admit(name)]
+
+    async def _offset_only_groups(self, admit: Callable[[str], bool]) -> frozenset[str]:
+        names = await self._group_names(admit)
+        # Each level's questions are all asked before any answer is awaited: a round trip each.
+        registries = [(n, self._client.exists_async(group_path(n, "registry"))) for n in names]
+        unrecorded = [name for name, result in registries if await self._wait(result) is None]
+        listings = [
+            (name, self._client.get_children_async(group_path(name, "offsets")))
+            for name in unrecorded
+        ]
+        directories = []
+        for name, result in listings:
+            with contextlib.suppress(NoNodeError):  # nothing committed, or deleted meanwhile
+                base = group_path(name, "offsets")
+                directories += [
+                    (name, self._client.get_children_async(f"{base}/{topic}"))
+                    for topic in await self._wait(result)
+                ]
+        found = set()
+        for name, result in directories:
+            # An empty directory: made for offsets whose commit did not happen.
+            with contextlib.suppress(NoNodeError):
+                if await self._wait(result):
+                    found.add(name)
+        return frozenset(found)
+
+    async def _groups(self, admit: Callable[[str], bool]) -> Mapping[str, GroupRecord]:
+        names = await self._group_names(admit)
         pending = [(n, self._client.get_async(group_path(n, "registry"))) for n in names]
         registries = []
         for name, result in pending:

@@ -18,10 +18,19 @@ KEYS = {"benchmark", "figure", "value", "unit", "baseline", "ratio"}
 pytestmark = pytest.mark.realtime
 
 
-async def run_quick(name: str, tmp_path: Path) -> list[dict[str, Any]]:
+async def run_quick(name: str, tmp_path: Path, *arguments: str) -> list[dict[str, Any]]:
+    """The benchmark's ``--quick`` mode, with ``arguments`` (smaller sizes) after it."""
     with trio.fail_after(240):
         result = await trio.run_process(
-            [sys.executable, "-m", f"bench.{name}", "--quick", "--work-dir", str(tmp_path)],
+            [
+                sys.executable,
+                "-m",
+                f"bench.{name}",
+                "--quick",
+                "--work-dir",
+                str(tmp_path),
+                *arguments,
+            ],
             cwd=REPO,
             capture_stdout=True,
             capture_stderr=True,

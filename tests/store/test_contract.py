@@ -626,3 +626,35 @@ async def test_deleting_a_group_drops_its_offsets(store_factory: StoreOpener) ->
             "groups": {},
             "offsets": {"billing": {}, "standalone": {}, "audit": {tp("orders", 0): 2}},
         }
+
+
+async def test_groups_with_offsets_but_no_record_are_named(store_factory: StoreOpener) -> None:
+    """A standalone committer's groups: ``groups`` leaves them out, ``offset_only_groups``
+    names them, across a reopen; a group with a record, or with no offsets left, is not one."""
+    async with store_factory() as store:
+        epoch = await store.take_office(1)
+        await store.create_topic("orders", (1,))
+        await store.create_topic("logs", (1,))
+        assert await store.offset_only_groups() == frozenset()
+        await store.write_group(epoch, sample_group("billing"))
+        await store.commit_offsets(
+            epoch,
+            [
+                batch("billing", 3, orders_0=17),
+                batch("reset", -1, orders_0=4, logs_0=1),
+                batch("sink", -1, orders_0=9),
+                batch("gone", -1, logs_0=2),
+                batch("emptied", -1, orders_0=3),
+            ],
+        )
+        await store.delete_group(epoch, "gone")
+        await store.delete_offsets(epoch, "emptied", "orders")
+        assert await store.offset_only_groups() == {"reset", "sink"}
+        assert set(await store.groups()) == {"billing"}
+    async with store_factory() as store:
+        assert await store.offset_only_groups() == {"reset", "sink"}
+        await store.delete_topic("orders")
+        assert await store.offset_only_groups() == {"reset"}
+        epoch = await store.take_office(1)
+        await store.write_group(epoch, sample_group("reset", generation=1))
+        assert await store.offset_only_groups() == frozenset()

@@ -27,8 +27,8 @@ DEADLINE = 30
 TP = TopicPartition(topic="t", partition=0)
 
 
-def group_in(slot: int) -> str:
-    return next(g for g in (f"group-{i}" for i in range(1000)) if slot_of(g, SLOTS) == slot)
+def group_in(slot: int, prefix: str = "group") -> str:
+    return next(g for g in (f"{prefix}-{i}" for i in range(1000)) if slot_of(g, SLOTS) == slot)
 
 
 def offsets(group_id: str, offset: int) -> list[OffsetBatch]:
@@ -113,3 +113,42 @@ async def test_a_coordinator_of_one_slot_recovers_only_its_slots_groups(
                 await store.release_slot(1)  # the handoff: the office ends for this view alone
                 await SlotStore(inner=store, slot=1, slots=SLOTS).wait_office_lost()
                 assert view.in_contact_until() == -math.inf
+
+
+async def test_a_coordinator_of_one_slot_lists_and_expires_only_its_slots_standalone_groups(
+    zookeeper_hosts: str,
+) -> None:
+    """Groups with offsets but no record (a standalone committer's): the slot's coordinator
+    learns only its own when it takes office, lists them as Empty and removes them after the
+    retention period, leaving every other slot's (docs/design.md#group-retention)."""
+    async with (
+        open_zookeeper_store(zookeeper_hosts) as writer,
+        open_zookeeper_store(zookeeper_hosts) as store,
+    ):
+        await writer.create_topic(TP.topic, (2,))
+        standalone = {slot: group_in(slot, "sink") for slot in range(SLOTS)}
+        for slot, group_id in standalone.items():
+            epoch = await writer.take_slot(9, slot, SLOTS)
+            await writer.commit_offsets(
+                epoch, [OffsetBatch(group_id=group_id, generation=-1, offsets={TP: 4})]
+            )
+            await writer.release_slot(slot)
+        assert await writer.offset_only_groups() == set(standalone.values())
+        broker = BrokerInfo(broker_id=2, host="127.0.0.1", port=9092)
+        await store.register_broker(broker)
+        view = cast(MetadataStore, SlotStore(inner=store, slot=1, slots=SLOTS))
+        assert await view.offset_only_groups() == {standalone[1]}
+        config = CoordinatorConfig(group_retention=0.5, group_retention_check_interval=0.1)
+        with trio.fail_after(DEADLINE):
+            async with open_group_coordinator(view, config, broker) as coordinator:
+                await coordinator.loaded.wait()
+                assert [(g.group_id, g.state) for g in coordinator.list_groups()] == [
+                    (standalone[1], "Empty")
+                ]
+                while await store.fetch_offsets(standalone[1]):
+                    await trio.sleep(0.1)
+                assert coordinator.list_groups() == ()
+                await trio.sleep(1.0)  # more checks: none reaches for another slot's group
+                for slot in (0, 2, 3):
+                    assert await store.fetch_offsets(standalone[slot]) == {TP: 4}
+                assert await store.offset_only_groups() == {standalone[slot] for slot in (0, 2, 3)}

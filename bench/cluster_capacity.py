@@ -1,0 +1,413 @@
+"""Benchmark XI, cluster capacity: consumers three broker processes on one ZooKeeper hold for
+``--hold`` seconds with a 30 s session timeout and no false death, beyond what one process's file
+limit allows, next to three bare trio echo servers holding as many connections in the same run.
+
+The cluster: a standalone ZooKeeper server and three real brokers (``cli serve --zookeeper
+--broker-id N``), each coordinating the groups of the coordinator slots it holds
+(docs/design.md#coordinator-slots). The load: ``--consumers`` consumers in ``--groups`` groups of
+equal size, in load-generator processes of at most 5,000 each (a process may hold 20,000 open
+files), started one at a time once the previous one's consumers are registered. Each consumer
+finds its group's coordinator as the consumer library does, by asking a broker (each consumer
+starts at another) for ClusterMetadata naming its group, and registers there; a topic of one
+partition per member of a group gives every member one partition.
+
+Per run: consumers held (the fewest live at any poll of the hold, if nothing died), false deaths
+(connections the coordinator closed, failed registrations, consumers not live at some poll) and
+members told to stop or start during the hold (none should be: nothing changes); per broker: the
+members and groups it coordinates, the slots it holds, its open files (peak, against its limit),
+CPU seconds over the hold and the share of one core, and peak RSS. The baseline is three bare
+echo servers (``bench.loadgen bare-serve``), each with a third of the connections doing one
+round trip of the Ping's sizes per Ping interval (T/3): what trio itself costs to hold them.
+
+    python -m bench.cluster_capacity [--quick] [--consumers N] [--groups G] [--hold S]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import tempfile
+import urllib.request
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from bench.harness import (
+    BareHold,
+    ServerProcess,
+    Worker,
+    all_groups_stable,
+    bench_arguments,
+    cpu_seconds,
+    fewest_live,
+    figure,
+    hold_bare,
+    open_bare_clients,
+    open_bare_server,
+    open_consumers,
+    open_coordinator,
+    registered,
+    reporting_errors,
+    run,
+    stats,
+    wait_until,
+)
+from bench.loadgen import PER_WORKER, frame_sizes, now
+from consumer.admin import ClusterReport, open_admin
+from launch.cluster import eventually
+from launch.zookeeper import free_ports, open_ensemble
+
+BENCH = "cluster_capacity"
+BROKERS = 3
+SESSION_TIMEOUT_MS = 30_000
+POLL = 5.0
+#: How often the workers are asked for their stats while consumers join: each answer walks all
+#: of a worker's consumers, and nine workers asked five times a second are load of their own.
+STATS_EVERY = 2.0
+TOPIC = "bench"
+#: How long the brokers have to register and share the slots (counts differing by at most one)
+#: before the run goes on and reports the shares as they are.
+SHARE_DEADLINE = 60.0
+
+
+@attrs.define(eq=False)
+class Broker:
+    broker_id: int
+    server: ServerProcess
+    metrics_port: int
+    cpu_at_start: float = 0.0
+    peak_open_files: int = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.server.host, self.server.port)
+
+    def sample(self) -> None:
+        self.peak_open_files = max(self.peak_open_files, self.server.open_files())
+
+    def metrics(self) -> dict[str, float]:
+        """The broker's own count of what it holds, from its Prometheus endpoint."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=60) as answer:
+            text = answer.read().decode()
+        wanted = ("coordinator_members", "broker_connections")
+        found: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in wanted:
+                found[name] = float(value)
+        return found
+
+
+@contextlib.asynccontextmanager
+async def open_cluster(hosts: str, work: Path) -> AsyncIterator[list[Broker]]:
+    ports = free_ports(BROKERS)
+    async with contextlib.AsyncExitStack() as stack:
+        brokers = []
+        for broker_id, metrics_port in enumerate(ports, start=1):
+            server = await stack.enter_async_context(
+                open_coordinator(
+                    work / f"broker{broker_id}",
+                    f"--broker-id={broker_id}",
+                    f"--zookeeper={hosts}",
+                    "--initial-rebalance-delay=3",
+                    f"--metrics-port={metrics_port}",
+                )
+            )
+            brokers.append(Broker(broker_id=broker_id, server=server, metrics_port=metrics_port))
+        yield brokers
+
+
+async def cluster_view(brokers: Sequence[Broker]) -> ClusterReport:
+    async with open_admin([b.address for b in brokers]) as admin:
+        return await admin.cluster()
+
+
+async def shared_view(brokers: Sequence[Broker]) -> tuple[ClusterReport, bool]:
+    """The cluster once every broker is up and every slot held with counts differing by at
+    most one (True), or as it is at SHARE_DEADLINE (False)."""
+    seen: list[ClusterReport] = []
+
+    async def shared() -> bool:
+        with contextlib.suppress(Exception):
+            seen.append(await cluster_view(brokers))
+        if not seen:
+            return False
+        report = seen[-1]
+        up = {b.broker_id for b in report.brokers if b.address is not None}
+        counts = [len(b.slots) for b in report.brokers if b.broker_id in up]
+        held = sum(counts)
+        return len(up) == BROKERS and held == report.slots and max(counts) - min(counts) <= 1
+
+    try:
+        await eventually(shared, deadline=SHARE_DEADLINE)
+        return seen[-1], True
+    except trio.TooSlowError:
+        if not seen:
+            raise
+        return seen[-1], False
+
+
+async def create_topic(brokers: Sequence[Broker], partitions: int) -> None:
+    async with open_admin([b.address for b in brokers]) as admin:
+        await admin.create_topic(TOPIC, partitions)
+
+
+@contextlib.asynccontextmanager
+async def open_bare(
+    work: Path, n: int, interval: float, ping: tuple[int, int]
+) -> AsyncIterator[list[tuple[ServerProcess, list[Worker]]]]:
+    """Three bare servers, each with a third of ``n`` clients; ``ping``: the Ping's request and
+    answer sizes, of which a bare server receives the answer's and sends the request's, as a
+    coordinator does."""
+    async with contextlib.AsyncExitStack() as stack:
+        servers = []
+        for index in range(BROKERS):
+            share = n // BROKERS + (1 if index < n % BROKERS else 0)
+            bare = await stack.enter_async_context(open_bare_server(work / f"bare{index}"))
+            clients = await stack.enter_async_context(
+                open_bare_clients(
+                    bare,
+                    share,
+                    work / f"bare{index}",
+                    interval=interval,
+                    request_size=ping[1],
+                    reply_size=ping[0],
+                )
+            )
+            servers.append((bare, clients))
+        yield servers
+
+
+def summed(all_stats: list[dict[str, Any]], key: str) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for s in all_stats:
+        total.update(s[key])
+    return total
+
+
+async def main() -> None:
+    parser = bench_arguments(__doc__ or BENCH)
+    parser.add_argument("--consumers", type=int, default=None)
+    parser.add_argument("--groups", type=int, default=None)
+    parser.add_argument("--hold", type=float, default=None)
+    parser.add_argument("--bare-hold", type=float, default=None)
+    args = parser.parse_args()
+    n = args.consumers or (3_000 if args.quick else 45_000)
+    groups = args.groups or (30 if args.quick else 300)
+    hold = args.hold or (30.0 if args.quick else 300.0)
+    bare_hold = args.bare_hold or (4.0 if args.quick else 30.0)
+    group_size = math.ceil(n / groups)
+    interval = SESSION_TIMEOUT_MS / 3000
+    sizes = frame_sizes("m12345", TOPIC, 1)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-cluster-capacity-") as tmp,
+        reporting_errors(BENCH, "consumers_held", consumers=n, groups=groups),
+    ):
+        work = (args.work_dir or Path(tmp)) / BENCH
+        shutil.rmtree(work / "zookeeper", ignore_errors=True)
+        work.mkdir(parents=True, exist_ok=True)
+        with open_ensemble(1, base_dir=work / "zookeeper") as ensemble:
+            async with open_cluster(f"{ensemble.hosts}/{BENCH}", work) as brokers:
+                view, shared = await shared_view(brokers)
+                await create_topic(brokers, group_size)
+                async with contextlib.AsyncExitStack() as stack:
+                    # One worker's consumers at a time, each registered before the next joins:
+                    # the hold is measured, not how the brokers weather a stampede.
+                    workers: list[Worker] = []
+                    started = now()
+                    for first in range(0, n, PER_WORKER):
+                        count = min(PER_WORKER, n - first)
+                        workers += await stack.enter_async_context(
+                            open_consumers(
+                                brokers[0].server,
+                                count,
+                                work,
+                                group_size=group_size,
+                                session_timeout_ms=SESSION_TIMEOUT_MS,
+                                first=first,
+                                bootstrap=[b.server for b in brokers],
+                            )
+                        )
+                        await wait_until(
+                            workers,
+                            registered(first + count),
+                            timeout=120 + count / 20,
+                            every=STATS_EVERY,
+                        )
+                    connect_time = now() - started
+                    try:
+                        await wait_until(workers, all_groups_stable, timeout=300, every=STATS_EVERY)
+                        formed = True
+                    except RuntimeError:
+                        formed = False  # some group never finished forming: said, not hidden
+                    for worker in workers:
+                        await worker.command("reset")
+                    for broker in brokers:
+                        broker.cpu_at_start = broker.server.cpu_seconds()
+                        broker.sample()
+                    (zookeeper,) = ensemble.nodes
+                    assert zookeeper.process is not None
+                    zookeeper_cpu0 = cpu_seconds(zookeeper.process.pid)
+                    t0 = now()
+
+                    def sample() -> None:
+                        for broker in brokers:
+                            broker.sample()
+
+                    worst_live = await fewest_live(workers, hold, every=POLL, each_poll=sample)
+                    wall = now() - t0
+                    cpu = {b.broker_id: b.server.cpu_seconds() - b.cpu_at_start for b in brokers}
+                    zookeeper_cpu = cpu_seconds(zookeeper.process.pid) - zookeeper_cpu0
+                    st = await stats(workers)
+                    moved = [await w.command(f"handoffs {t0}") for w in workers]
+                    told = sum(len(m["consumers"]) for m in moved)
+                    rss = {b.broker_id: b.server.rss_bytes("VmHWM") for b in brokers}
+                    limits = {b.broker_id: b.server.file_limit() for b in brokers}
+                    own = {b.broker_id: await trio.to_thread.run_sync(b.metrics) for b in brokers}
+                    view_after = await cluster_view(brokers)
+
+        async with open_bare(work / "bare", n, interval, sizes.ping) as servers:
+            bare = await hold_bare(servers, n, hold=bare_hold, connect_timeout=60 + n / 150)
+
+        members = summed(st, "coordinators")
+        groups_at: dict[str, set[str]] = {}
+        for s in st:
+            for broker_id, names in s["groups_at"].items():
+                groups_at.setdefault(broker_id, set()).update(names)
+        dropped = sum(s["dropped"] for s in st)
+        errors = sum(s["error_count"] for s in st)
+        pings = sum(s["pings"] for s in st)
+        false_deaths = dropped + errors + (n - worst_live)
+        common = {
+            "consumers": n,
+            "groups": groups,
+            "brokers": BROKERS,
+            "session_timeout_ms": SESSION_TIMEOUT_MS,
+            "hold_s": round(wall, 1),
+            "all_groups_formed": formed,
+        }
+        held = worst_live if false_deaths == 0 else 0
+        figure(
+            BENCH,
+            "consumers_held",
+            held,
+            "consumers",
+            sum(bare.held),
+            **common,
+            bare_hold_s=round(bare.wall, 1),
+            members_by_broker=dict(sorted(members.items())),
+        )
+        figure(
+            BENCH,
+            "false_deaths",
+            false_deaths,
+            "consumers",
+            0,
+            **common,
+            dropped=dropped,
+            errors=errors,
+            not_live_at_a_poll=n - worst_live,
+            first_errors=[e for s in st for e in s["errors"]][:5],
+        )
+        figure(BENCH, "told_to_stop_or_start_in_hold", told, "consumers", 0, **common)
+        figure(
+            BENCH,
+            "rediscovered",
+            sum(s["rediscovered"] for s in st),
+            "consumers",
+            None,
+            **common,
+        )
+        figure(BENCH, "connect_and_register_time", connect_time, "s", bare.connect, **common)
+        slots_before = {b.broker_id: list(b.slots) for b in view.brokers}
+        slots_after = {b.broker_id: list(b.slots) for b in view_after.brokers}
+        for index, broker in enumerate(brokers):
+            key = str(broker.broker_id)
+            per = {**common, "broker": broker.broker_id}
+            figure(
+                BENCH,
+                "broker_members",
+                members.get(key, 0),
+                "consumers",
+                None,
+                **per,
+                groups_coordinated=len(groups_at.get(key, ())),
+                slots=len(slots_after.get(broker.broker_id, [])),
+                slots_shared_at_start=shared,
+                slots_unchanged=slots_before.get(broker.broker_id)
+                == slots_after.get(broker.broker_id),
+                broker_reports_members=own[broker.broker_id].get("coordinator_members"),
+            )
+            figure(
+                BENCH,
+                "broker_open_files_peak",
+                broker.peak_open_files,
+                "files",
+                None,
+                **per,
+                file_limit=limits[broker.broker_id],
+                connections_at_end=own[broker.broker_id].get("broker_connections"),
+            )
+            figure(
+                BENCH,
+                "broker_cpu_seconds",
+                cpu[broker.broker_id],
+                "s",
+                bare_cpu_for(bare, index, members.get(key, 0)) / bare.wall * wall,
+                **per,
+                bare_connections=bare.held[index],
+            )
+            figure(
+                BENCH,
+                "broker_cpu_share",
+                cpu[broker.broker_id] / wall,
+                "cores",
+                bare_cpu_for(bare, index, members.get(key, 0)) / bare.wall,
+                **per,
+                hold_cpu_percent=round(100 * cpu[broker.broker_id] / wall, 1),
+            )
+            figure(
+                BENCH,
+                "broker_peak_rss",
+                rss[broker.broker_id] / 2**20,
+                "MiB",
+                bare.peak_rss[index] / 2**20,
+                **per,
+                bare_connections=bare.held[index],
+            )
+        figure(
+            BENCH,
+            "cpu_per_round_trip",
+            sum(cpu.values()) / pings * 1e6 if pings else None,
+            "us",
+            sum(bare.cpu) / bare.round_trips * 1e6 if bare.round_trips else None,
+            **common,
+        )
+        figure(BENCH, "zookeeper_cpu_share", zookeeper_cpu / wall, "cores", None, **common)
+        lateness = [s["lateness_p99"] or 0.0 for s in st]
+        figure(BENCH, "ping_lateness_p99", max(lateness) * 1e3, "ms", None, **common)
+        figure(
+            BENCH,
+            "ping_lateness_max",
+            max(s["lateness_max"] or 0.0 for s in st) * 1e3,
+            "ms",
+            None,
+            **common,
+            deadline_ms=SESSION_TIMEOUT_MS * 2 / 3,
+        )
+
+
+def bare_cpu_for(bare: BareHold, index: int, connections: int) -> float:
+    """Bare server ``index``'s CPU seconds over the hold per connection it held, times
+    ``connections``: the bare cost of what a broker held, whatever its share."""
+    return bare.cpu[index] / bare.held[index] * connections if bare.held[index] else math.nan
+
+
+if __name__ == "__main__":
+    run(main)
