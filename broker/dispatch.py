@@ -23,7 +23,7 @@ import trio_util
 
 from broker import authorization, placement
 from broker.authorization import Access
-from broker.offices import BySlot, Offices, coordinator_of, whole_office
+from broker.offices import BySlot, Offices, coordinator_of, distinct, whole_office
 from coordinator import validation
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.limits import RequestLimits
@@ -199,7 +199,7 @@ class _Session:
 
     def _coordinators(self) -> list[GroupCoordinator]:
         """Each coordinator this broker runs, once."""
-        return list({id(c): c for c in self.offices.by_slot.value.values()}.values())
+        return distinct(self.offices.by_slot.value)
 
     async def _answer_group(
         self, request: Request, message: GroupRequest, coordinator: GroupCoordinator

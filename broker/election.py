@@ -99,18 +99,11 @@ class Elector:
         brokers = self.brokers.get(listener)
         if brokers is None:
             brokers = self.brokers[listener] = await self.store.brokers(listener or None)
-        holders = dict(self.holders)
+        # This broker's own slots as they are now, not as last read.
         me = self.broker.broker_id
-        for slot in list(holders):
-            if holders[slot] == me and slot not in self.by_slot.value:
-                del holders[slot]  # given up since the last read
+        holders = {slot: broker for slot, broker in self.holders.items() if broker != me}
         holders.update(dict.fromkeys(self.by_slot.value, me))
         return ClusterView(topics=self.topics, brokers=brokers, holders=holders)
-
-    def coordinators(self) -> list[GroupCoordinator]:
-        """The coordinators this broker runs now, by slot."""
-        by_slot: BySlot = self.by_slot.value
-        return [by_slot[slot] for slot in sorted(by_slot)]
 
     async def _watch_topics(self, *, task_status: trio.TaskStatus[None]) -> None:
         async with contextlib.aclosing(self.store.topic_updates()) as updates:

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from broker.offices import distinct
 from coordinator.group_coordinator import GroupCoordinator
 from protocol.batches import records_from_batches
 from protocol.types import BrokerInfo, TopicPartition
@@ -435,7 +436,7 @@ async def take_snapshot(
     timestamp in ms of the record at ``offset`` of a partition on this broker (None if absent);
     ``by_slot``: the coordinators this broker runs, by the coordinator slot each holds (one
     coordinator may hold every slot)."""
-    coordinators = list({id(c): c for c in by_slot.values()}.values())
+    coordinators = distinct(by_slot)
     now_ms = time.time() * 1000  # real-clock: record timestamps are wall time
     groups: list[GroupView] = []
     if coordinators:

@@ -31,6 +31,7 @@ __all__ = [
     "Offices",
     "WholeOffice",
     "coordinator_of",
+    "distinct",
     "refresh_brokers",
     "whole_office",
 ]
@@ -73,6 +74,11 @@ class Offices(Protocol):
         """The cluster as the clients of ``listener`` reach it ("": the default listener's);
         ``StoreUnavailable`` if it was never read and cannot be now."""
         ...
+
+
+def distinct(by_slot: BySlot) -> list[GroupCoordinator]:
+    """Each coordinator of ``by_slot`` once (one may hold every slot), in slot order."""
+    return list({id(c): c for _slot, c in sorted(by_slot.items())}.values())
 
 
 def coordinator_of(offices: Offices, group_id: str) -> GroupCoordinator | None:
