@@ -25,12 +25,11 @@ from transport.connect import parse_bootstrap
 
 
 async def consume(args: argparse.Namespace) -> None:
-    # Consumers look for a new coordinator at least every second, so the time is the cluster's.
+    # The library's defaults: what a user's consumer does while its coordinator fails over.
     settings = ConsumerSettings(
         session_timeout=args.session_timeout,
-        auto_offset_reset="smallest",
+        auto_offset_reset="earliest",
         client_id=args.client_id,
-        max_retry_backoff=1.0,
     )
     topics = {topic: 1 for topic in args.topics}
     out = sys.stdout.buffer

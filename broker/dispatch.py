@@ -305,19 +305,25 @@ class _Session:
         slots = offices.config.coordinator_slots
         holders = tuple(view.holders.get(slot, -1) for slot in range(slots))
         coordinator_id, epoch = -1, -1
+        error = ErrorCode.NONE
         if message.group_id is not None:
             slot = slot_of(message.group_id, slots)
             coordinator_id = holders[slot]
             coordinator = offices.by_slot.value.get(slot)
             if coordinator is not None:
                 coordinator_id, epoch = offices.broker.broker_id, coordinator.epoch
+            elif coordinator_id not in {b.broker_id for b in view.brokers}:
+                # The slot has no live holder: its holder's session ended (or it gave the slot
+                # up) and a survivor is about to take it. A failover is under way, which
+                # clients retry at the failover pace (SPEC.md §11.7), not "no coordinator".
+                coordinator_id, error = -1, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         elif len(set(holders)) == 1:
             # One broker coordinates every group: it is the cluster's coordinator.
             coordinator_id = holders[0]
             running = self._coordinators()
             if len(running) == 1:
                 epoch = running[0].epoch
-        return cluster_metadata(
+        answer = cluster_metadata(
             message,
             topics=topics,
             brokers=view.brokers,
@@ -326,6 +332,9 @@ class _Session:
             limits=self.limits,
             slot_holders=holders,
         )
+        if error is not ErrorCode.NONE and answer.error_code is ErrorCode.NONE:
+            answer = attrs.evolve(answer, error_code=error)
+        return answer
 
     async def _add_partitions(self, message: CreatePartitionsRequest) -> ErrorCode:
         return await add_partitions(self.offices.store, message, self.limits)

@@ -1,10 +1,12 @@
 """The coordinator slots of a cluster of brokers sharing a ZooKeeper store: each broker
 coordinates the groups of the slots it holds (docs/design.md#coordinator-slots).
 
-Every second the broker reads the live brokers and the slots' holders, plans who should hold each
-slot (``statemachine.slots.plan_slots``: the same plan on every broker from the same reads),
-stands for the slots the plan gives it and hands off the ones it holds beyond its share. Each
-slot it holds runs a group coordinator of its own on that slot's view of the store
+Whenever a broker registers or goes, or a slot's office is taken or given up (ZooKeeper child
+watches), and at least every second (the watches fire once and are armed again with each read, so
+the poll is the backstop), the broker reads the live brokers and the slots' holders, plans who
+should hold each slot (``statemachine.slots.plan_slots``: the same plan on every broker from the
+same reads), stands for the slots the plan gives it and hands off the ones it holds beyond its
+share. Each slot it holds runs a group coordinator of its own on that slot's view of the store
 (store/slot_store.py), with the slot's own epoch, lease and office checks: when a broker dies or
 joins, only the slots that move change coordinator, and only their groups fail over.
 
@@ -44,9 +46,13 @@ __all__ = ["Elector", "open_elector"]
 
 log = logging.getLogger(__name__)
 
-#: How often the broker reads the cluster and plans the slots again: a change is balanced within
-#: a few of these (docs/design.md#coordinator-slots).
+#: How often the broker reads the cluster and plans the slots again when no watch fired: the
+#: backstop for a change the watches missed (docs/design.md#coordinator-slots).
 PLAN_INTERVAL = 1.0
+#: After a watch fired, how long the broker lets further changes gather before it reads: a
+#: broker's death deletes its registration and its slots' nodes one by one, and taking many slots
+#: fires a watch for each; one read then serves them all.
+PLAN_GATHER = 0.02
 #: A clean stop or handoff releases the slot within this bound, or leaves it to the session.
 RELEASE_BOUND = 5.0
 
@@ -118,7 +124,9 @@ class Elector:
         me = self.broker.broker_id
         slots = self.config.coordinator_slots
         while True:
+            seen: int | None = None
             try:
+                seen = await self.store.watch_cluster()
                 live = await self.store.brokers()
                 holders = await self.store.slot_holders()
                 for listener in [name for name in self.brokers if name]:
@@ -139,7 +147,12 @@ class Elector:
                     elif holders.get(slot) == me and standing is None:
                         # Taken by a wait given up as its transaction went through.
                         nursery.start_soon(self._abandon, slot)
-            await trio.sleep(PLAN_INTERVAL)
+            with trio.move_on_after(PLAN_INTERVAL):
+                if seen is not None:
+                    await self.store.cluster_changed(seen)
+                    await trio.sleep(PLAN_GATHER)
+                else:
+                    await trio.sleep_forever()
 
     async def _abandon(self, slot: int) -> None:
         with contextlib.suppress(StoreError):

@@ -215,9 +215,11 @@ async def _groups_describe(admin: Admin, args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(report.as_json()))
         return
+    waiting = sum(m.awaiting for m in report.members)
     print(
         f"group {report.group}: {report.state}, generation {report.generation}, "
-        f"{len(report.members)} members"
+        f"{len(report.members) - waiting} members"
+        + (f", awaiting {waiting} after a coordinator failover" if waiting else "")
     )
     if report.members:
         _table(
@@ -226,7 +228,7 @@ async def _groups_describe(admin: Admin, args: argparse.Namespace) -> None:
                 (
                     m.id,
                     m.client_id or "-",
-                    m.host or "-",
+                    "(awaiting)" if m.awaiting else m.host or "-",
                     ",".join(f"{tp.topic}-{tp.partition}" for tp in m.partitions) or "-",
                 )
                 for m in report.members
@@ -256,8 +258,19 @@ async def _groups_delete(admin: Admin, args: argparse.Namespace) -> None:
 
 
 async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
-    await admin.topics([args.topic])  # an unknown topic has no bounds: nothing would be reset
+    (topic,) = await admin.topics([args.topic])  # an unknown topic has no bounds: refused here
     bounds = await admin.log_bounds([args.topic])
+    unread = sorted(
+        p.partition
+        for p in topic.partitions
+        if TopicPartition(topic=args.topic, partition=p.partition) not in bounds
+    )
+    if unread:
+        # All or nothing: a reset that skipped a partition would leave the group half moved.
+        named = ", ".join(f"{args.topic}-{p}" for p in unread)
+        raise ValueError(
+            f"cannot read the log bounds of {named} (is its broker down?): nothing was reset"
+        )
     if args.to_offset is not None:
         for tp, (start, end) in sorted(bounds.items()):
             if not start <= args.to_offset <= end:

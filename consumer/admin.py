@@ -91,9 +91,11 @@ _HINTS = {
     ),
     ErrorCode.OFFSET_OUT_OF_RANGE: "an offset lies past its partition's log end",
     ErrorCode.GROUP_ID_NOT_FOUND: "no such group",
-    ErrorCode.NON_EMPTY_GROUP: (
-        "the group has live members, or a dead one may still be fetching until its lease "
-        "runs out; stop its consumers first, and retry after their session timeout"
+    ErrorCode.NON_EMPTY_GROUP: "the group has live members; stop its consumers first",
+    ErrorCode.REBALANCE_IN_PROGRESS: (
+        "a partition of the group is under a consumer's lease (one that died, or one a "
+        "coordinator failover is waiting for, may still be fetching it); retry after the "
+        "consumers' session timeout"
     ),
 }
 
@@ -132,12 +134,16 @@ class MemberReport:
     client_id: str = ""
     #: The address its connection comes from ("": a broker older than DescribeGroup v2).
     host: str = ""
+    #: A member of the group's record that a new coordinator still waits for after a failover:
+    #: not registered with it yet, though it may be fetching what it holds under its lease.
+    awaiting: bool = False
 
     def as_json(self) -> dict[str, object]:
         return {
             "id": self.id,
             "client_id": self.client_id,
             "host": self.host,
+            "awaiting": self.awaiting,
             # objects, as in the top-level "partitions": a topic name may hold a dash
             "partitions": [
                 {"topic": tp.topic, "partition": tp.partition} for tp in self.partitions
@@ -364,6 +370,7 @@ class Admin:
         reported = {po.topic_partition: po.offset for po in response.reported_offsets}
         known = committed.keys() | reported.keys()
         hosts = {h.member_id: h.host for h in response.member_hosts}
+        awaiting = frozenset(response.awaiting)
         subscribed = {tp.topic for tp in owners} | {tp.topic for tp in known}
         ends = {tp: end for tp, (_, end) in (await self.log_bounds(sorted(subscribed))).items()}
         behind = {
@@ -400,6 +407,7 @@ class Admin:
                     client_id=m.client_id,
                     host=hosts.get(m.member_id, ""),
                     partitions=tuple(sorted(m.partitions)),
+                    awaiting=m.member_id in awaiting,
                 )
                 for m in response.members
             ),

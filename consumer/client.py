@@ -26,6 +26,7 @@ import collections
 import contextlib
 import logging
 import math
+import random
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -81,6 +82,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Chooses each discovery's jitter (``statemachine.consumer.Discover``): its only job is to keep a
+#: group's consumers from looking all at once, so one generator for the process serves.
+_JITTER = random.Random()
 
 RebalanceCallback = Callable[[frozenset[TopicPartition]], Awaitable[None]]
 """Called with the partitions revoked (their fetchers already stopped, before the coordinator is
@@ -141,7 +146,14 @@ class ConsumerSettings:
     failover_retry: float = 0.05
     """Delay before looking for the coordinator again after NOT_COORDINATOR or
     COORDINATOR_LOAD_IN_PROGRESS: a failover is under way and the new coordinator is about to
-    answer (docs/design.md#loading). The backoff applies after 100 of them in a row."""
+    answer (docs/design.md#loading). The backoff applies after 250 of them in a row (12.5 s,
+    beyond the brokers' default ZooKeeper session and a tick). While the consumer fetches under
+    its lease it looks at least this often whatever it is answered, with jitter, and less often
+    the larger its group (docs/design.md#finding-the-coordinator-again)."""
+    failover_jitter: float = 0.5
+    """While fetching under its lease, each look for the coordinator comes at the failover pace
+    moved at random by up to this share of it either way, so a group's consumers do not look all
+    at once (0: exactly at the pace)."""
     request_timeout: float = 5.0
     """Bound on each discovery, registration, commit and LeaveGroup round trip."""
     fetch_max_bytes: int = 1024 * 1024
@@ -618,8 +630,9 @@ class Consumer:
     async def _perform_each(self, effects: list[sm.Effect]) -> None:
         for effect in effects:
             match effect:
-                case sm.Discover(delay=delay):
+                case sm.Discover(delay=delay, jitter=jitter):
                     run = self._discovery_run = _DiscoveryRun()
+                    delay = max(0.0, delay + _JITTER.uniform(-jitter, jitter)) if jitter else delay
                     self._nursery.start_soon(self._discover, run, delay)
                 case sm.Register() as register:
                     session = self._session = _Session(coordinator=register.coordinator)
@@ -667,7 +680,8 @@ class Consumer:
             found = await self._discovery.find()
             now = trio.current_time()
             if found is None:
-                await self._send.send((run, sm.DiscoveryFailed(now=now)))
+                failed = sm.DiscoveryFailed(now=now, error_code=self._discovery.last_code)
+                await self._send.send((run, failed))
                 return
             self._brokers.update(found.brokers)
             event = sm.CoordinatorFound(now=now, coordinator=found.coordinator, epoch=found.epoch)
@@ -775,6 +789,7 @@ class Consumer:
                     generation=start.generation,
                     streams=start.streams,
                     incremental=start.incremental,
+                    topic_partitions=self._topic_partitions(start.streams),
                 )
         raise AssertionError(f"the protocol let {request.message!r} through to a consumer")
 
@@ -991,6 +1006,16 @@ class Consumer:
                 )
         return tuple(offsets)
 
+    def _topic_partitions(self, streams: Sequence[AssignedStream]) -> int:
+        """The partitions of the assigned topics as discovery last counted them (a topic it never
+        counted contributes what is assigned of it): the machine's estimate of the group's size
+        comes from it."""
+        counts = self._discovery.partition_counts
+        assigned: collections.Counter[str] = collections.Counter(
+            p.topic for stream in streams for p in stream.partitions
+        )
+        return sum(max(counts.get(topic, 0), n) for topic, n in assigned.items())
+
     def _reported(self, partitions: Sequence[TopicPartition]) -> tuple[PartitionOffset, ...]:
         """What Ping and StopFetcher responses carry: nothing without auto-commit."""
         return self._offsets(partitions) if self.settings.auto_commit else ()
@@ -1084,6 +1109,7 @@ async def open_consumer(
             retry_backoff=settings.retry_backoff,
             max_retry_backoff=settings.max_retry_backoff,
             failover_retry=settings.failover_retry,
+            failover_jitter=settings.failover_jitter,
             instance_id=settings.instance_id,
         )
     )

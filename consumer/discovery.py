@@ -44,6 +44,12 @@ class Discovery:
     """The subscription's named topics: each pass asks about them too, to warn of missing ones."""
     last_problem: str | None = None
     """Why the latest broker asked did not name a coordinator (for the application's logs)."""
+    last_code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    """COORDINATOR_LOAD_IN_PROGRESS when a broker of the latest pass said the group's
+    coordinator slot has no live holder yet (a failover under way); COORDINATOR_NOT_AVAILABLE
+    otherwise."""
+    partition_counts: dict[str, int] = attrs.field(factory=dict)
+    """Each topic's partition count, as the latest answer naming it said."""
     _next: int = 0
     _warned_missing: set[str] = attrs.field(factory=set)
 
@@ -51,14 +57,18 @@ class Discovery:
         """One round-robin pass: the first broker that names a coordinator it also lists wins."""
         start = self._next
         self._next = (self._next + 1) % len(self.addresses)
+        self.last_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
         for i in range(len(self.addresses)):
             host, port = self.addresses[(start + i) % len(self.addresses)]
             response = await self._ask(host, port)
             if response is None:
                 continue
             self._learn(response.brokers)
+            self._count_partitions(response)
             self._warn_missing(response)
             if response.error_code is not ErrorCode.NONE:
+                if response.error_code is ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+                    self.last_code = response.error_code
                 self._problem(f"{host}:{port}: no coordinator ({response.error_code.name})")
                 continue
             coordinator = next(
@@ -104,6 +114,11 @@ class Discovery:
     def _problem(self, text: str) -> None:
         self.last_problem = text
         log.info("%s", text)
+
+    def _count_partitions(self, response: ClusterMetadataResponse) -> None:
+        for topic in response.topics:
+            if topic.error_code is ErrorCode.NONE:
+                self.partition_counts[topic.topic] = len(topic.partitions)
 
     def _warn_missing(self, response: ClusterMetadataResponse) -> None:
         """Warn once per topic of the subscription that does not exist: the group assigns

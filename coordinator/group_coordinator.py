@@ -579,8 +579,9 @@ class GroupCoordinator:
         if request.consumer_id is None:
             if request.generation != -1:
                 return ErrorCode.ILLEGAL_GENERATION
-            if group is not None and (group.members or group.away):
-                return ErrorCode.NON_EMPTY_GROUP
+            refusal = _admin_refusal(group)
+            if refusal is not ErrorCode.NONE:
+                return refusal
             if not await self._partitions_exist(offsets):
                 return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             version = await self.offsets.accept(request.group_id, -1, offsets, monotonic=False)
@@ -809,7 +810,7 @@ class GroupCoordinator:
     def list_groups(self) -> tuple[GroupSummary, ...]:
         """Every group, in its state; one only a standalone committer used is Empty, as a group
         whose members have all gone is (docs/design.md#group-retention)."""
-        states = {group_id: g.machine.state.value for group_id, g in self.groups.items()}
+        states = {group_id: _shown_state(g) for group_id, g in self.groups.items()}
         for group_id in self.offset_only.keys() - states.keys():
             states[group_id] = group_sm.GroupState.EMPTY.value
         return tuple(
@@ -850,27 +851,30 @@ class GroupCoordinator:
             )
             for m in live
         )
+        awaiting = _awaiting(group) if group else ()
         return DescribeGroupResponse(
             error_code=ErrorCode.NONE,
             group_id=group_id,
-            state=group.machine.state.value if group else group_sm.GroupState.EMPTY.value,
+            state=_shown_state(group) if group else group_sm.GroupState.EMPTY.value,
             generation=group.machine.generation if group else -1,
-            members=members,
+            members=members + awaiting,
             offsets=listed(offsets.durable),
             reported_offsets=listed(offsets.pending),
             member_hosts=tuple(
                 MemberHost(member_id=m.member_id, host=m.channel.host) for m in live
             ),
+            awaiting=tuple(m.member_id for m in awaiting),
         )
 
     async def delete_group(self, group_id: str) -> ErrorCode:
-        """DeleteGroup, refused (NON_EMPTY_GROUP) while the group has members or while a
-        partition of it is under a lease: a member that died silently may still be fetching,
-        and deleting the group would forget the lease, so the next member to join would be
-        started on that partition at once (docs/failure-domains.md)."""
+        """DeleteGroup, refused while the group has members (NON_EMPTY_GROUP) or while a
+        partition of it is under a lease (REBALANCE_IN_PROGRESS): a member that died silently
+        may still be fetching, and deleting the group would forget the lease, so the next member
+        to join would be started on that partition at once (docs/failure-domains.md)."""
         group = self.groups.get(group_id)
-        if group is not None and not _deletable(group):
-            return ErrorCode.NON_EMPTY_GROUP
+        refusal = _admin_refusal(group)
+        if refusal is not ErrorCode.NONE:
+            return refusal
         offsets = await self.offsets.view(group_id)
         if group is None and not offsets.accepted:
             self.offset_only.pop(group_id, None)  # one whose topics were deleted has none left
@@ -997,6 +1001,58 @@ def _identity_error(group: Group, request: RegisterConsumerRequest) -> ErrorCode
     if existing.consumer_id == request.consumer_id:
         return ErrorCode.DUPLICATE_MEMBER_ID
     return ErrorCode.NONE  # a newer process: it fences the older
+
+
+#: How DescribeGroup names a group a new coordinator recovered from its record while none of the
+#: members the record names has come back yet: never Empty, since they may still be fetching
+#: under their leases (docs/design.md#adoption-after-a-failover).
+AWAITING_MEMBERS = "AwaitingMembers"
+
+
+def _awaiting(group: Group) -> tuple[MemberDescription, ...]:
+    """The members of the group's recovered record that have not come back yet, with what the
+    record gives them, while their partitions may still be under their leases."""
+    record, names = group.recovered, group.machine.awaiting
+    if record is None or not names or not group.ownership.under_lease(trio.current_time()):
+        return ()
+    given: dict[str, list[TopicPartition]] = {}
+    for tp, thread in sorted(record.assignment.items()):
+        given.setdefault(thread.member_id, []).append(tp)
+    return tuple(
+        MemberDescription(
+            member_id=m.member_id,
+            client_id=m.client_id,
+            session_timeout_ms=m.session_timeout_ms,
+            subscription=m.subscription,
+            partitions=tuple(given.get(m.member_id, ())),
+        )
+        for m in sorted(record.members, key=lambda m: m.member_id)
+        if m.member_id in names and m.member_id not in group.members
+    )
+
+
+def _shown_state(group: Group) -> str:
+    """The group's state as ListGroups and DescribeGroup name it: the machine's, except that a
+    recovered group none of whose awaited members is back yet is AwaitingMembers."""
+    if not group.members and _awaiting(group):
+        return AWAITING_MEMBERS
+    return group.machine.state.value
+
+
+def _admin_refusal(group: Group | None) -> ErrorCode:
+    """Why a standalone commit (a reset) or a DeleteGroup may not touch ``group`` now: it has
+    members (NON_EMPTY_GROUP), or a partition of it is under a lease, a member that died silently
+    or one a failover awaits may still be fetching it (REBALANCE_IN_PROGRESS, retriable once the
+    lease has run out). Such a member comes back with the partitions it holds, and its next
+    report would undo a reset (docs/failure-domains.md#admin-operations-never-cut-a-lease-short).
+    """
+    if group is None:
+        return ErrorCode.NONE
+    if group.members or group.away:
+        return ErrorCode.NON_EMPTY_GROUP
+    if not _deletable(group):
+        return ErrorCode.REBALANCE_IN_PROGRESS
+    return ErrorCode.NONE
 
 
 def _deletable(group: Group) -> bool:

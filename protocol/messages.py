@@ -416,6 +416,10 @@ class DescribeGroupResponse:
     loses them. Version 1 on; a version-0 answer has ``offsets`` alone."""
     member_hosts: tuple[MemberHost, ...] = attrs.field(default=(), metadata=since(2))
     """Each live member's address, in the order of ``members``. Version 2 on."""
+    awaiting: tuple[str, ...] = attrs.field(default=(), metadata=since(3))
+    """The members of ``members`` that a new coordinator is still waiting for: its store record
+    names them, with what they hold, but they have not registered with it since it took office
+    (docs/design.md#adoption-after-a-failover). Version 3 on."""
 
 
 # --- 14 LEAVE_GROUP, 15 DELETE_GROUP ------------------------------------------------------------
@@ -606,7 +610,7 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
         ApiKey.PING: 1,
         ApiKey.STOP_FETCHER: 2,
         ApiKey.START_FETCHER: 2,
-        ApiKey.DESCRIBE_GROUP: 2,
+        ApiKey.DESCRIBE_GROUP: 3,
     }
 )
 """Every api is served in versions 0 .. its newest; clients here send the newest. SPEC.md §3 has

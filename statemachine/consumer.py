@@ -45,11 +45,19 @@ with reason FENCED_INSTANCE_ID, or that code answering its registration or a com
 ``FENCED``), stops everything, answers, closes cleanly and ends in FENCED, which never registers
 again; a static member closing sends no LeaveGroup, since a restart is expected.
 
-NOT_COORDINATOR and COORDINATOR_LOAD_IN_PROGRESS (a registration refused, or a commit or leave
-answered so) mean a coordinator failover is under way: the next discovery goes after the short
-``failover_retry``, not the backoff, for at most ``max_failover_retries`` in a row (the guard
-``FAILOVER``; the state is the same either way), so the consumer reaches a new coordinator within
-milliseconds of its load ending (docs/design.md#loading).
+NOT_COORDINATOR and COORDINATOR_LOAD_IN_PROGRESS (a registration refused, a commit or leave
+answered so, or a discovery pass told that the group's coordinator slot has no live holder) mean a
+coordinator failover is under way: the next discovery goes after the short ``failover_retry``, not
+the backoff, for at most ``max_failover_retries`` in a row (the guard ``FAILOVER``; the state is
+the same either way), so the consumer reaches a new coordinator within milliseconds of its load
+ending (docs/design.md#loading).
+
+A consumer that fetches under its lease has more at stake than one that holds nothing: until the
+lease runs out it looks for the coordinator at the *failover pace* whatever went wrong (no holder
+yet, a refused connection to a dead broker, NOT_COORDINATOR), with jitter, and the doubling backoff
+starts only after the lease (docs/design.md#finding-the-coordinator-again). The pace grows with the
+group's size as the consumer estimates it (:meth:`ConsumerMachine.failover_pace`), so a large
+group's looks do not overload the brokers that survived.
 
 While in DISCOVERING or REDISCOVERING exactly one discovery is in flight (one round-robin pass over
 the known brokers, reported as :class:`CoordinatorFound` or :class:`DiscoveryFailed`); every
@@ -161,6 +169,10 @@ class DiscoveryFailed:
     """A whole round-robin pass over the known brokers found no coordinator."""
 
     now: float
+    error_code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    """COORDINATOR_LOAD_IN_PROGRESS when a broker said the group's coordinator slot has no live
+    holder yet (a failover under way, the guard ``FAILOVER``); COORDINATOR_NOT_AVAILABLE
+    otherwise."""
 
 
 @attrs.frozen(kw_only=True)
@@ -223,6 +235,9 @@ class StartFetcherReceived:
     streams: tuple[AssignedStream, ...]
     incremental: bool = False
     """Partitions of ``streams`` already fetched go on without a stop (SPEC.md §11.6)."""
+    topic_partitions: int = 0
+    """How many partitions the topics of ``streams`` have, as this consumer last learned (0:
+    unknown): with its own share, an estimate of its group's size (``group_size``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -295,10 +310,12 @@ _FROM_CONNECTION = (
 
 @attrs.frozen(kw_only=True)
 class Discover:
-    """After ``delay`` seconds, ask the known brokers round-robin for the coordinator; report one
-    CoordinatorFound, or DiscoveryFailed after a full pass."""
+    """After ``delay`` seconds, give or take up to ``jitter`` chosen at random (so a group's
+    consumers do not look all at once), ask the known brokers round-robin for the coordinator;
+    report one CoordinatorFound, or DiscoveryFailed after a full pass."""
 
     delay: float
+    jitter: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -433,7 +450,7 @@ the backoff (docs/design.md#loading)."""
 
 
 def _failover_retry(
-    machine: ConsumerMachine, event: RegistrationRejected | CoordinatorMoved
+    machine: ConsumerMachine, event: RegistrationRejected | CoordinatorMoved | DiscoveryFailed
 ) -> bool:
     return (
         event.error_code in FAILOVER_CODES
@@ -512,7 +529,7 @@ def _build_table() -> TransitionTable[ConsumerState]:
         (S.IDLE, Start): S.DISCOVERING,
         # Stale metadata is a failed discovery; a deposed coordinator's acceptance, a rejection.
         (S.DISCOVERING, CoordinatorFound): _epoch_checked(S.REGISTERING, S.DISCOVERING),
-        (S.DISCOVERING, DiscoveryFailed): S.DISCOVERING,
+        (S.DISCOVERING, DiscoveryFailed): _retried(S.DISCOVERING),
         (S.REGISTERING, Registered): _epoch_checked(S.STOPPED, S.DISCOVERING),
         (S.REGISTERING, RegistrationRejected): _registration_refused(S.DISCOVERING),
         (S.REGISTERING, ConnectionLost): S.DISCOVERING,
@@ -540,7 +557,7 @@ def _build_table() -> TransitionTable[ConsumerState]:
         (S.FETCHING, ConnectionLost): S.REDISCOVERING,
         (S.FETCHING, LeaseExpired): _lease_checked(S.FETCHING),
         (S.REDISCOVERING, CoordinatorFound): _epoch_checked(S.REREGISTERING, S.REDISCOVERING),
-        (S.REDISCOVERING, DiscoveryFailed): S.REDISCOVERING,
+        (S.REDISCOVERING, DiscoveryFailed): _retried(S.REDISCOVERING),
         (S.REDISCOVERING, LeaseExpired): _lease_checked(S.REDISCOVERING),
         (S.REREGISTERING, Registered): _epoch_checked(S.FETCHING, S.REDISCOVERING),
         (S.REREGISTERING, RegistrationRejected): _registration_refused(S.REDISCOVERING),
@@ -577,9 +594,19 @@ class ConsumerConfig:
     failover_retry: float = attrs.field(default=0.05, validator=attrs.validators.ge(0))
     """Delay before looking for the coordinator again after NOT_COORDINATOR or
     COORDINATOR_LOAD_IN_PROGRESS (:data:`FAILOVER_CODES`), instead of the backoff."""
-    max_failover_retries: int = attrs.field(default=100, validator=attrs.validators.ge(0))
+    max_failover_retries: int = attrs.field(default=250, validator=attrs.validators.ge(0))
     """How many such quick retries in a row before the backoff applies again: a broker that keeps
-    saying so is misconfigured, not in a failover."""
+    saying so is misconfigured, not in a failover. The default outlasts the brokers' default
+    ZooKeeper session (8 s) and a tick (2 s) at 50 ms."""
+    failover_jitter: float = attrs.field(
+        default=0.5, validator=[attrs.validators.ge(0), attrs.validators.le(1)]
+    )
+    """The share of the failover pace by which each look is moved at random, either way, so that a
+    group's consumers spread their looks (0: none, for tests that assert exact instants)."""
+    failover_looks_per_second: float = attrs.field(default=500.0, validator=attrs.validators.gt(0))
+    """How often a whole group may look for its coordinator while its consumers fetch under their
+    leases: each consumer's pace is its estimate of the group's size divided by this, at least
+    ``failover_retry`` and at most T/6 (:meth:`ConsumerMachine.failover_pace`)."""
     instance_id: str | None = None
     """A static member's name, which outlives its processes (SPEC.md §11.11): registrations carry
     it, and closing sends no LeaveGroup. None: a dynamic member."""
@@ -606,6 +633,10 @@ class ConsumerMachine:
     """Discovery or registration failures in a row; drives the backoff."""
     failover_retries: int = 0
     """Quick retries after :data:`FAILOVER_CODES` since the last registration."""
+    group_size: int = 1
+    """The group's size as this consumer estimates it from its latest StartFetcher: the
+    partitions of the assigned topics over its own share (1 while it holds nothing or knows no
+    count). It sets the failover pace."""
     last_error: ErrorCode | None = None
     """The latest reason this consumer is not registered, kept across retries until a
     registration succeeds: COORDINATOR_NOT_AVAILABLE after a discovery pass found no
@@ -626,6 +657,14 @@ class ConsumerMachine:
         if deadline is None or now < deadline:
             return []
         return self._step(LeaseExpired(now=now))
+
+    def failover_pace(self) -> float:
+        """The delay between looks for the coordinator while fetching under the lease: the
+        group's looks spread to ``failover_looks_per_second`` (at least ``failover_retry``), and
+        at most T/6, so a consumer looks several times before its lease can run out."""
+        config = self.config
+        pace = max(config.failover_retry, self.group_size / config.failover_looks_per_second)
+        return min(pace, config.session_timeout / 6)
 
     # --- inputs ---------------------------------------------------------------------------------
 
@@ -664,10 +703,10 @@ class ConsumerMachine:
                 effects.append(Ignored(event=event, reason=reason))
             case LeaseExpired() if transition.guard == RENEWED.name:
                 effects.append(Ignored(event=event, reason="the lease was renewed since"))
-            case CoordinatorFound() if stale:
-                effects += self._failed_discovery()
-            case Registered() if stale:
-                effects += self._rejected(ErrorCode.STALE_COORDINATOR_EPOCH)
+            case CoordinatorFound(now=now) if stale:
+                effects += self._failed_discovery(now)
+            case Registered(now=now) if stale:
+                effects += self._rejected(ErrorCode.STALE_COORDINATOR_EPOCH, now)
             case Start():
                 self.failures = self.failover_retries = 0
                 effects.append(Discover(delay=0.0))
@@ -682,9 +721,9 @@ class ConsumerMachine:
                         instance_id=self.config.instance_id,
                     )
                 )
-            case DiscoveryFailed():
-                self.last_error = ErrorCode.COORDINATOR_NOT_AVAILABLE
-                effects += self._failed_discovery()
+            case DiscoveryFailed(now=now, error_code=code):
+                self.last_error = code
+                effects += self._failed_discovery(now, failover=transition.guard == FAILOVER.name)
             case Registered(anchor=anchor, epoch=epoch):
                 # The answer's generation is the group's, not one this process was started
                 # under: taking it would let a re-registration claim what another process under
@@ -694,8 +733,11 @@ class ConsumerMachine:
                 self.last_error = None
             case RegistrationRejected() | Fenced() if next_state is S.FENCED:
                 effects += self._fenced()
-            case RegistrationRejected(error_code=code) | CoordinatorMoved(error_code=code):
-                effects += self._rejected(code, failover=transition.guard == FAILOVER.name)
+            case (
+                RegistrationRejected(now=now, error_code=code)
+                | CoordinatorMoved(now=now, error_code=code)
+            ):
+                effects += self._rejected(code, now, failover=transition.guard == FAILOVER.name)
             case PingReceived(anchor=anchor, correlation_id=cid, epoch=epoch):
                 self._heard(anchor, epoch)
                 effects.append(RespondPing(correlation_id=cid, partitions=self.owned))
@@ -746,17 +788,17 @@ class ConsumerMachine:
                     effects.append(StopFetchers())
                 self.generation = generation
                 self.owned = assigned
+                self.group_size = _group_size(event.topic_partitions, len(assigned))
                 effects += [
                     StartFetchers(generation=generation, streams=streams, kept=kept),
                     RespondStart(correlation_id=cid),
                 ]
-            case ConnectionLost() if self.state in (S.FETCHING, S.REREGISTERING):
+            case ConnectionLost(now=now) if self.state in (S.FETCHING, S.REREGISTERING):
                 # Fetch on under the lease while finding the coordinator again; the connection
-                # is abandoned with a reset, since fetching goes on.
-                if self.state is S.REREGISTERING:
-                    self.failures += 1
+                # is abandoned with a reset, since fetching goes on. The first look is at once.
+                look = Discover(delay=0.0) if self.state is S.FETCHING else self._leased_look(now)
                 self.coordinator = None
-                effects += [CloseConnection(reset=True), Discover(delay=self._backoff())]
+                effects += [CloseConnection(reset=True), look or self._backed_off()]
             case ConnectionLost() | LeaseExpired():
                 if self.state is S.REGISTERING:
                     self.failures += 1
@@ -795,23 +837,45 @@ class ConsumerMachine:
         effects.append(CloseConnection())
         return effects
 
-    def _failed_discovery(self) -> list[Effect]:
-        self.failures += 1
-        return [Discover(delay=self._backoff())]
+    def _failed_discovery(self, now: float, *, failover: bool = False) -> list[Effect]:
+        return [self._look_again(now, failover=failover)]
 
-    def _rejected(self, code: ErrorCode, *, failover: bool = False) -> list[Effect]:
+    def _rejected(self, code: ErrorCode, now: float, *, failover: bool = False) -> list[Effect]:
         """The broker we registered with is not (or no longer) our coordinator: look again, soon
         if it said a failover is under way (``failover``), else after the backoff."""
-        if failover:
-            self.failover_retries += 1
-            delay = self.config.failover_retry
-        else:
-            self.failures += 1
-            delay = self._backoff()
         self.last_error = code
+        look = self._look_again(now, failover=failover)
         self.coordinator = None
         fetching = self.state in (ConsumerState.FETCHING, ConsumerState.REREGISTERING)
-        return [CloseConnection(reset=fetching), Discover(delay=delay)]
+        return [CloseConnection(reset=fetching), look]
+
+    def _look_again(self, now: float, *, failover: bool) -> Discover:
+        """The next look after a failed one: at the failover pace while fetching under the lease
+        (whatever failed), else soon after an answer that a failover is under way, else after
+        the backoff."""
+        leased = self._leased_look(now)
+        if leased is not None:
+            return leased
+        if failover:
+            self.failover_retries += 1
+            return Discover(delay=self.config.failover_retry)
+        return self._backed_off()
+
+    def _leased_look(self, now: float) -> Discover | None:
+        """While fetching under a lease that has not run out, the next look at the failover pace
+        with jitter; the failures in a row are not counted, so the backoff starts afresh after
+        the lease (docs/design.md#finding-the-coordinator-again)."""
+        S = ConsumerState
+        deadline = self.lease_deadline()
+        fetching = self.state in (S.FETCHING, S.REDISCOVERING, S.REREGISTERING) and self.owned
+        if not fetching or deadline is None or now >= deadline:
+            return None
+        pace = self.failover_pace()
+        return Discover(delay=pace, jitter=pace * self.config.failover_jitter)
+
+    def _backed_off(self) -> Discover:
+        self.failures += 1
+        return Discover(delay=self._backoff())
 
     def _stop_and_disconnect(self) -> list[Effect]:
         """Stop fetching (if still fetching), then close the coordinator connection (if any)."""
@@ -837,3 +901,11 @@ class ConsumerMachine:
             return 0.0
         delay = self.config.retry_backoff * 2 ** (self.failures - 1)
         return float(min(delay, self.config.max_retry_backoff))
+
+
+def _group_size(topic_partitions: int, share: int) -> int:
+    """The group's size that a share of ``share`` of ``topic_partitions`` partitions suggests
+    (the assignors give each member about as many); 1 when either is unknown."""
+    if topic_partitions <= 0 or share <= 0:
+        return 1
+    return max(1, -(-topic_partitions // share))

@@ -306,6 +306,8 @@ class ZooKeeperStore:
     #: it looks, then waits for the count to move, so no event between the two is lost.
     _election_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
     _session_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
+    #: Counts child watch events on the live brokers and the slots' offices (``watch_cluster``).
+    _cluster_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
     _office: _Office | None = None
     #: The slot offices this handle holds, by slot (``take_slot``).
     _slot_offices: dict[int, _Office] = attrs.Factory(dict)
@@ -647,6 +649,26 @@ class ZooKeeperStore:
                 continue
             holders[slot] = int(self._decode(data)["broker_id"])
         return dict(sorted(holders.items()))
+
+    async def watch_cluster(self) -> int:
+        """Arm one-shot watches on the live brokers and on the slots' offices, and return the
+        count of such events before them: ``cluster_changed`` with it returns once a broker
+        registered or went, or a slot's office was taken or given up, after the arming. A watch
+        fires once, so each call arms them again; arming reads two child lists."""
+        seen: int = self._cluster_events.value
+        await self._children(BROKER_IDS, watch=self._on_cluster)
+        await self._children(SLOT_ELECTIONS, watch=self._on_cluster, missing_ok=True)
+        return seen
+
+    async def cluster_changed(self, seen: int) -> None:
+        """Return once a watch armed after ``seen`` (``watch_cluster``) has fired."""
+        await self._cluster_events.wait_value(lambda count: count != seen)
+
+    def _on_cluster(self, _event: object) -> None:
+        self._bridge.soon(self._count_cluster_event)
+
+    def _count_cluster_event(self) -> None:
+        self._cluster_events.value += 1
 
     def _on_election(self, _event: object) -> None:
         self._bridge.soon(self._count_election_event)

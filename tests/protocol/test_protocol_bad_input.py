@@ -154,7 +154,7 @@ def test_unsupported_version(version: int) -> None:
 
 def test_a_version_past_an_apis_newest_is_unsupported() -> None:
     broker = Connection(Role.BROKER)
-    broker.receive_data(raw_frame(api_key=13, version=3, correlation_id=3, body=string("g")))
+    broker.receive_data(raw_frame(api_key=13, version=4, correlation_id=3, body=string("g")))
     error = _expect_error(broker, ErrorCode.UNSUPPORTED_VERSION)
     assert (error.correlation_id, error.api_key) == (3, 13)
 

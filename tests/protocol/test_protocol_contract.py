@@ -70,7 +70,8 @@ CONTRACT = {
     "DescribeGroupRequest": "group_id:string",
     "DescribeGroupResponse": "error_code:int16 group_id:string state:string generation:int32"
     " members:array[MemberDescription] offsets:array[PartitionOffset]"
-    " reported_offsets:array[PartitionOffset] member_hosts:array[MemberHost]",
+    " reported_offsets:array[PartitionOffset] member_hosts:array[MemberHost]"
+    " awaiting:array[string]",
     "MemberHost": "member_id:string host:string",
     "LeaveGroupRequest": "group_id:string consumer_id:string generation:int32",
     "LeaveGroupResponse": "error_code:int16",
@@ -109,6 +110,9 @@ OLDER_VERSIONS = {
     ("DescribeGroupResponse", 1): "error_code:int16 group_id:string state:string generation:int32"
     " members:array[MemberDescription] offsets:array[PartitionOffset]"
     " reported_offsets:array[PartitionOffset]",
+    ("DescribeGroupResponse", 2): "error_code:int16 group_id:string state:string generation:int32"
+    " members:array[MemberDescription] offsets:array[PartitionOffset]"
+    " reported_offsets:array[PartitionOffset] member_hosts:array[MemberHost]",
 }
 
 Layout = list[tuple[str, str]]

@@ -89,6 +89,11 @@ DESCRIBED_V2_FRAME = (
     + DESCRIBED_V1_FRAME[13:]
     + bytes.fromhex("00 00 00 00")  # no member_hosts
 )
+DESCRIBED_V3_FRAME = (
+    bytes.fromhex("00 00 00 4c 01 00 0d 00 03 00 00 00 07")  # size 76, v3
+    + DESCRIBED_V2_FRAME[13:]
+    + bytes.fromhex("00 00 00 00")  # no member awaited
+)
 DESCRIBED_V0_FRAME = bytes.fromhex(
     "00 00 00 31 01 00 0d 00 00 00 00 00 07"  # size 49, response, DESCRIBE_GROUP, v0, corr. 7
     "00 00 00 01 67 00 06 53 74 61 62 6c 65 00 00 00 03 00 00 00 00"
@@ -188,6 +193,7 @@ def _describe_request_frame(version: int) -> bytes:
 
 def test_describe_group_is_answered_in_the_version_it_was_asked_in() -> None:
     for version, frame in [
+        (3, DESCRIBED_V3_FRAME),
         (2, DESCRIBED_V2_FRAME),
         (1, DESCRIBED_V1_FRAME),
         (0, DESCRIBED_V0_FRAME),
@@ -202,8 +208,8 @@ def test_describe_group_is_answered_in_the_version_it_was_asked_in() -> None:
 
 def test_a_client_sends_the_newest_describe_group_and_reads_either_version() -> None:
     client = Connection(Role.CONSUMER)
-    assert client.send(Request(correlation_id=7, message=DESCRIBE)) == _describe_request_frame(2)
-    client.receive_data(DESCRIBED_V2_FRAME)
+    assert client.send(Request(correlation_id=7, message=DESCRIBE)) == _describe_request_frame(3)
+    client.receive_data(DESCRIBED_V3_FRAME)
     assert client.next_event() == Response(correlation_id=7, message=DESCRIBED, request=DESCRIBE)
 
     old_client = Connection(Role.CONSUMER)

@@ -12,6 +12,18 @@ from pathlib import Path
 import trio
 import trio.testing
 
+from protocol import (
+    DeleteGroupRequest,
+    DeleteGroupResponse,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    ErrorCode,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+)
+from protocol.types import PartitionOffset
 from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from tests.simulation.test_faults import ALL, CONFIG, _spans
 from tests.simulation.test_faults import _pair as _any_pair
@@ -197,4 +209,52 @@ async def test_members_of_different_generations_are_adopted_each_under_its_own(
         assert (group.machine.generation, group.attempts) == (2, 0)
         assert {"a": a.owned, "b": b.owned, "c": c.owned} == held
         assert [(x.stops_received, x.starts_received) for x in (a, b, c)] == handovers
+        await cluster.check_invariants(settled=True)
+
+
+async def test_a_group_awaiting_its_members_after_a_failover_is_described_so_and_not_reset(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Between the new coordinator's load (11.5) and its members' return (12.5) the group was
+    described Empty with no members, and a reset of its offsets was accepted, which the members'
+    next reports then undid (issue 28). Now it is AwaitingMembers, naming the members its record
+    awaits with what they hold, and resets and deletes are refused with a retriable code."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        a, b = await _pair(cluster)
+        held = {"a": a.owned, "b": b.owned}
+        await _restart(cluster)
+        reset = OffsetCommitRequest(
+            group_id="g",
+            consumer_id=None,
+            generation=-1,
+            offsets=tuple(
+                PartitionOffset(topic=tp.topic, partition=tp.partition, offset=0)
+                for tp in sorted(ALL)
+            ),
+        )
+        async with cluster.open_client() as admin:
+            described = await admin.request(DescribeGroupRequest(group_id="g"))
+            assert isinstance(described, DescribeGroupResponse)
+            assert (described.state, described.generation) == ("AwaitingMembers", 1)
+            assert described.awaiting == ("a", "b")
+            assert {m.member_id: frozenset(m.partitions) for m in described.members} == held
+            assert described.member_hosts == ()  # none of them is connected
+            refused = OffsetCommitResponse(error_code=ErrorCode.REBALANCE_IN_PROGRESS)
+            assert await admin.request(reset) == refused
+            deleted = await admin.request(DeleteGroupRequest(group_id="g"))
+            assert deleted == DeleteGroupResponse(error_code=ErrorCode.REBALANCE_IN_PROGRESS)
+            listed = await admin.request(ListGroupsRequest())
+            assert isinstance(listed, ListGroupsResponse)
+            assert [(g.group_id, g.state) for g in listed.groups] == [("g", "AwaitingMembers")]
+        assert trio.current_time() == 11.5
+        with trio.fail_after(20):
+            await cluster.wait_settled()
+        assert trio.current_time() == 12.5
+        async with cluster.open_client() as admin:
+            described = await admin.request(DescribeGroupRequest(group_id="g"))
+            assert isinstance(described, DescribeGroupResponse)
+            assert (described.state, described.awaiting) == ("Stable", ())
+            assert [m.member_id for m in described.members] == ["a", "b"]
+            refused = OffsetCommitResponse(error_code=ErrorCode.NON_EMPTY_GROUP)
+            assert await admin.request(reset) == refused
         await cluster.check_invariants(settled=True)

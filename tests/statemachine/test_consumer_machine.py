@@ -441,8 +441,8 @@ def test_registration_with_a_deposed_coordinator_counts_as_a_rejection() -> None
     m = machine_in(S.REREGISTERING, now=100.0)
     m.epoch = 8  # seen meanwhile; a newer coordinator exists
     effects = m.handle(Registered(now=101.0, anchor=101.0, generation=3, epoch=7))
-    # The first failure in a row; fetching on, it resets the connection.
-    assert effects == [CloseConnection(reset=True), Discover(delay=0.1)]
+    # Fetching on under its lease: it resets the connection and looks at the failover pace.
+    assert effects == [CloseConnection(reset=True), Discover(delay=0.05, jitter=0.025)]
     assert state_of(m) is S.REDISCOVERING
     assert m.last_error is ErrorCode.STALE_COORDINATOR_EPOCH
     assert m.owned == OWNED  # still fetching under the lease
@@ -451,8 +451,14 @@ def test_registration_with_a_deposed_coordinator_counts_as_a_rejection() -> None
 def test_stale_metadata_counts_as_a_failed_discovery() -> None:
     m = machine_in(S.REDISCOVERING, now=100.0)
     effects = m.handle(CoordinatorFound(now=101.0, coordinator=OLD, epoch=4))
-    assert effects == [Discover(delay=0.1)]  # the first failure in a row
+    assert effects == [
+        Discover(delay=0.05, jitter=0.025)
+    ]  # fetching under its lease: the failover pace
     assert state_of(m) is S.REDISCOVERING
+    m = machine_in(S.DISCOVERING, now=100.0)
+    m.epoch = 5
+    effects = m.handle(CoordinatorFound(now=101.0, coordinator=OLD, epoch=4))
+    assert effects == [Discover(delay=0.1)]  # holding nothing: the first failure in a row
 
 
 def test_a_follower_naming_the_coordinator_without_its_epoch_is_not_stale_metadata() -> None:
@@ -580,7 +586,7 @@ def test_an_unanswered_reregistration_is_reset_and_fetching_goes_on() -> None:
     m = machine_in(S.REREGISTERING, now=100.0)
     assert m.handle(ConnectionLost(now=101.0)) == [
         CloseConnection(reset=True),
-        Discover(delay=0.1),  # the first failure in a row
+        Discover(delay=0.05, jitter=0.025),  # fetching under its lease: the failover pace
     ]
     assert state_of(m) is S.REDISCOVERING
     assert m.owned == OWNED
@@ -590,7 +596,7 @@ def test_coordinator_moved_keeps_fetching_while_rediscovering() -> None:
     m = machine_in(S.FETCHING)
     assert m.handle(CoordinatorMoved(now=101.0, error_code=ErrorCode.NOT_COORDINATOR)) == [
         CloseConnection(reset=True),  # fetching on, it resets the connection
-        Discover(delay=0.05),  # a failover: the new coordinator is about to answer
+        Discover(delay=0.05, jitter=0.025),  # fetching under its lease: the failover pace
     ]
     assert state_of(m) is S.REDISCOVERING
     assert m.owned == OWNED
@@ -638,7 +644,7 @@ def test_a_fetching_consumer_told_of_a_failover_keeps_fetching_and_retries_at_on
     effects = m.handle(
         RegistrationRejected(now=101.0, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
     )
-    assert effects == [CloseConnection(reset=True), Discover(delay=0.05)]
+    assert effects == [CloseConnection(reset=True), Discover(delay=0.05, jitter=0.025)]
     assert state_of(m) is S.REDISCOVERING
     assert m.owned == OWNED  # still fetching under the lease
 
@@ -945,3 +951,81 @@ def test_random_walk_keeps_the_safety_rules(events: list[Input]) -> None:
         if fetching and not isinstance(event, Start | Close):
             deadline = m.lease_deadline()
             assert deadline is not None and event.now < deadline
+
+
+# --- looking for the coordinator under the lease (docs/design.md#finding-the-coordinator-again) --
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        DiscoveryFailed(now=0.0),  # no broker named a coordinator
+        DiscoveryFailed(now=0.0, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS),  # no holder
+        ConnectionLost(now=0.0),  # the named coordinator refused the connection (a dead broker)
+        RegistrationRejected(now=0.0, error_code=ErrorCode.NOT_COORDINATOR),
+        RegistrationRejected(now=0.0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE),
+    ],
+)
+def test_a_consumer_fetching_under_its_lease_looks_at_the_failover_pace_whatever_failed(
+    failure: DiscoveryFailed | ConnectionLost | RegistrationRejected,
+) -> None:
+    """Before: each failure doubled the backoff (0.1, 0.2, ... 3.2 s), so a group's consumers all
+    came back seconds after the successor took office (issue 28). Under the lease the pace stays
+    50 ms with jitter until the lease runs out; the backoff then starts afresh at 0.1 s."""
+    m = machine_in(S.FETCHING, now=100.0)  # the lease runs to 106.0
+    assert m.handle(ConnectionLost(now=100.5)) == [CloseConnection(reset=True), Discover(delay=0.0)]
+    now = 100.5
+    looks = []
+    while now < 105.9:
+        if isinstance(failure, ConnectionLost | RegistrationRejected):
+            m.handle(CoordinatorFound(now=now, coordinator=NEW, epoch=5))
+        effects = m.handle(attrs.evolve(failure, now=now))
+        looks.append(effects[-1])
+        assert state_of(m) is S.REDISCOVERING and m.owned == OWNED
+        now += 0.05
+    assert set(looks) == {Discover(delay=0.05, jitter=0.025)}
+    assert len(looks) > 100 and m.failures == 0  # more than the 100 quick retries of before
+    # The lease runs out: the fetchers stop, and the backoff starts from its first step.
+    effects = m.check_lease(106.0)
+    assert effects[0] == StopFetchers() and state_of(m) is S.DISCOVERING
+    m.handle(CoordinatorFound(now=106.1, coordinator=NEW, epoch=5))
+    effects = m.handle(RegistrationRejected(now=106.1, error_code=ErrorCode.REBALANCE_IN_PROGRESS))
+    assert effects[-1] == Discover(delay=0.1)
+
+
+def test_the_failover_pace_grows_with_the_group_and_stays_within_the_lease() -> None:
+    """The group's looks spread to ``failover_looks_per_second``: each consumer estimates the
+    group's size from its share of the assigned topics' partitions."""
+
+    def pace_with(topic_partitions: int, t: float = 45.0) -> Discover:
+        m = ConsumerMachine(config=ConsumerConfig(session_timeout=t))
+        m.handle(Start())
+        m.handle(CoordinatorFound(now=0.0, coordinator=OLD, epoch=5))
+        m.handle(Registered(now=0.0, anchor=0.0, generation=1, epoch=5))
+        m.handle(attrs.evolve(_started(0.0), topic_partitions=topic_partitions))
+        m.handle(ConnectionLost(now=1.0))
+        (look,) = m.handle(DiscoveryFailed(now=1.0))
+        assert isinstance(look, Discover)
+        return look
+
+    # Two partitions each: 2 of 2 is a group of one, 2 of 2,000 a group of 1,000 (2 s apart at
+    # 500 looks/s), 2 of 30,000 a group of 15,000 (30 s), but at most T/6 = 7.5 s apart.
+    assert pace_with(0) == pace_with(2) == Discover(delay=0.05, jitter=0.025)
+    assert pace_with(2_000) == Discover(delay=2.0, jitter=1.0)
+    assert pace_with(30_000) == Discover(delay=7.5, jitter=3.75)
+    assert pace_with(30_000, t=6.0) == Discover(delay=1.0, jitter=0.5)
+
+
+def test_a_discovery_told_that_a_failover_is_under_way_retries_quickly() -> None:
+    """A broker whose answer says the group's slot has no live holder yet (a failover under way)
+    is retried after ``failover_retry`` by a consumer that holds nothing, as NOT_COORDINATOR is;
+    the quick retries in a row outlast the brokers' default ZooKeeper session (8 s) and a tick."""
+    config = ConsumerConfig(session_timeout=T)
+    assert config.max_failover_retries * config.failover_retry >= 8.0 + 2.0
+    m = machine_in(S.DISCOVERING)
+    loading = DiscoveryFailed(now=100.0, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+    assert m.handle(loading) == [Discover(delay=0.05)]
+    errors = [m.last_error]
+    assert m.handle(DiscoveryFailed(now=100.1)) == [Discover(delay=0.1)]
+    errors.append(m.last_error)
+    assert errors == [ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE]

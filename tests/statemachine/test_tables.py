@@ -157,6 +157,7 @@ def consumer_events(now: float, epoch: int) -> list[c.Input]:
         c.Start(),
         c.CoordinatorFound(now=now, coordinator=COORDINATOR, epoch=epoch),
         c.DiscoveryFailed(now=now),
+        c.DiscoveryFailed(now=now, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS),
         c.Registered(now=now, anchor=now, generation=3, epoch=epoch),
         c.RegistrationRejected(now=now, error_code=ErrorCode.DUPLICATE_MEMBER_ID),
         c.RegistrationRejected(now=now, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS),
