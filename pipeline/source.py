@@ -57,8 +57,15 @@ READ_OPTIONS = (
     "minPartitions",
     "maxRecordsPerTrigger",
 )
-#: A write's options; Spark passes a streaming write's checkpoint location along.
-WRITE_OPTIONS = ("bootstrap", "topic", "checkpointLocation")
+#: A write's options. The last two are Spark's own, which it hands to a streaming sink with the
+#: user's: PySpark's ``DataStreamWriter.queryName`` (pyspark/sql/streaming/readwriter.py) calls
+#: the JVM writer's, which keeps the name among the query's options (``extraOptions +=
+#: ("queryName" -> ...)`` in Spark's sql/core .../classic/DataStreamWriter.scala, as
+#: ``checkpointLocation`` is kept), and ``startQuery`` gives those options to the sink's write,
+#: whose options pyspark/sql/worker/write_into_data_source.py passes to the DataSource. A batch
+#: write gets only the user's. ``path`` (from ``start(path)`` or ``save(path)``) is not accepted:
+#: this sink writes to ``topic``, and a path it ignored would be a mistake passed over.
+WRITE_OPTIONS = ("bootstrap", "topic", "checkpointLocation", "queryName")
 
 
 @attrs.frozen(kw_only=True)

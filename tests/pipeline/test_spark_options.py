@@ -13,7 +13,7 @@ import pytest
 
 from pipeline import register
 from pipeline.local import local_broker
-from pipeline.source import BatchReader, StreamWriter
+from pipeline.source import BatchReader, BatchWriter, StreamWriter
 from pipeline.wire import Cluster, PipelineError
 
 
@@ -33,6 +33,13 @@ def test_a_misspelt_read_option_is_an_error_naming_the_known_ones() -> None:
 def test_a_misspelt_write_option_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown option 'topics' for writing format coordinator"):
         StreamWriter({"topics": "out"})
+    with pytest.raises(ValueError, match="unknown option 'path' for writing format coordinator"):
+        BatchWriter({"topic": "out", "path": "/tmp/out"})  # save(path): the topic is the target
+
+
+def test_the_options_spark_hands_a_named_streaming_sink_are_accepted() -> None:
+    # as a named query's sink gets them (lowercased) besides the user's own
+    StreamWriter({"topic": "out", "checkpointlocation": "/tmp/c", "queryname": "totals"})
 
 
 def free_port() -> int:

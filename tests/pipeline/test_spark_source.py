@@ -1,8 +1,9 @@
 """The ``coordinator`` Spark data source against a real broker process and a real local Spark.
 
 One broker and one SparkSession (``local[2]``) serve the whole module; each test has its own
-topic. Sinks are ``foreachBatch`` functions that write one file per batch id (an idempotent sink:
-a batch Spark runs again overwrites its own file).
+topic. Most sinks are ``foreachBatch`` functions that write one file per batch id (an idempotent
+sink: a batch Spark runs again overwrites its own file); the project's own sink and batch writer
+write topics that a batch read then checks.
 """
 
 from __future__ import annotations
@@ -264,6 +265,91 @@ def test_a_partition_added_while_the_query_runs_is_picked_up(
     assert len(rows) == len(set(rows)) == 60
 
 
+def read_topic(spark: Any, bootstrap: str, topic: str) -> list[Any]:
+    """Every record of ``topic``, by a batch read."""
+    reader = spark.read.format("coordinator").option("bootstrap", bootstrap)
+    return list(reader.option("topic", topic).load().collect())
+
+
+def to_topic_with_the_sink(df: Any, bootstrap: str, topic: str) -> Any:
+    writer = df.writeStream.format("coordinator").option("bootstrap", bootstrap)
+    return writer.option("topic", topic)
+
+
+def to_topic_in_foreach_batch(df: Any, bootstrap: str, topic: str) -> Any:
+    def write(batch: Any, batch_id: int) -> None:
+        writer = batch.write.format("coordinator").option("bootstrap", bootstrap)
+        writer.option("topic", topic).mode("append").save()
+
+    return df.writeStream.foreachBatch(write)
+
+
+@pytest.mark.parametrize(
+    "to_topic",
+    [to_topic_with_the_sink, to_topic_in_foreach_batch],
+    ids=["writeStream", "foreachBatch"],
+)
+def test_a_named_query_copies_a_topic_and_its_committer_moves_the_group(
+    spark: Any, bootstrap: str, tmp_path: Path, to_topic: Callable[[Any, str, str], Any]
+) -> None:
+    """The README's pipeline with the committer finding its query by name, written both ways."""
+    name = to_topic.__name__.replace("_", "-")
+    source, target, group = f"{name}-in", f"{name}-out", f"{name}-job"
+    create_topic(bootstrap, source, 2)
+    create_topic(bootstrap, target, 2)
+    produced = produce(bootstrap, source, [f"n{i}" for i in range(120)])
+    committer = GroupOffsetCommitter(bootstrap, group, query_name=name)
+    spark.streams.addListener(committer)
+    try:
+        df = stream(spark, bootstrap, source, group=group, maxRecordsPerTrigger="50")
+        query = (
+            to_topic(df.select("key", "value"), bootstrap, target)
+            .queryName(name)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(WAIT), "the availableNow query did not finish"
+        assert query.name == name
+        committer.commit_last(query)
+    finally:
+        spark.streams.removeListener(committer)
+
+    copied = read_topic(spark, bootstrap, target)
+    assert all(r.key == b"key-" + r.value for r in copied)
+    # both topics have two partitions and the sink partitions keys as the producer does
+    assert sorted((r.partition, r.value.decode()) for r in copied) == sorted(
+        (p, v) for p, _, v in produced
+    )
+    # the listener may still be delivering earlier batches' progress
+    wait_until(
+        lambda: sum(p["committed"] for p in describe_group(bootstrap, group)["partitions"]) == 120,
+        "the group's offsets at the end of the query",
+    )
+    partitions = describe_group(bootstrap, group)["partitions"]
+    assert {p["topic"] for p in partitions} == {source}
+    assert [(p["committed"], p["lag"]) for p in partitions] == [(p["end"], 0) for p in partitions]
+
+
+def test_a_batch_job_copies_a_topic_with_the_batch_writer(spark: Any, bootstrap: str) -> None:
+    create_topic(bootstrap, "batch-in", 2)
+    create_topic(bootstrap, "batch-out", 3)
+    produced = produce(bootstrap, "batch-in", [f"w{i}" for i in range(60)])
+    df = (
+        spark.read.format("coordinator")
+        .option("bootstrap", bootstrap)
+        .option("topic", "batch-in")
+        .load()
+    )
+    writer = df.select("key", "value").write.format("coordinator")
+    writer.option("bootstrap", bootstrap).option("topic", "batch-out").mode("append").save()
+
+    copied = read_topic(spark, bootstrap, "batch-out")
+    assert sorted(r.value.decode() for r in copied) == sorted(v for _, _, v in produced)
+    assert {r.partition for r in copied} == {0, 1, 2}
+    assert all(r.key == b"key-" + r.value for r in copied)
+
+
 def readme_spark_snippet() -> str:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     spark_section = readme[readme.index("\n## Spark\n") :]
@@ -283,13 +369,7 @@ def test_the_readme_snippet_runs_as_written(spark: Any, bootstrap: str, tmp_path
     code = code.replace("/tmp/totals-checkpoint", str(tmp_path / "checkpoint"))
     exec(compile(code, "README.md", "exec"), {})
 
-    totals = (
-        spark.read.format("coordinator")
-        .option("bootstrap", bootstrap)
-        .option("topic", "totals")
-        .load()
-        .collect()
-    )
+    totals = read_topic(spark, bootstrap, "totals")
     counts: dict[bytes, int] = {}
     for row in totals:
         counts[row.key] = counts.get(row.key, 0) + int(row.value)
