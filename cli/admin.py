@@ -268,7 +268,7 @@ async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
     if unread:
         # All or nothing: a reset that skipped a partition would leave the group half moved.
         named = ", ".join(f"{args.topic}-{p}" for p in unread)
-        raise ValueError(
+        raise ConnectionError(
             f"cannot read the log bounds of {named} (is its broker down?): nothing was reset"
         )
     if args.to_offset is not None:
