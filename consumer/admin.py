@@ -61,8 +61,9 @@ CLIENT_ID = "coordinator-admin"
 #: taking office (docs/design.md#loading), and a broker that just lost the office
 #: NOT_COORDINATOR: a group request finds the coordinator and asks again this often...
 LOAD_RETRY = 0.05
-#: ...this many times (10 s) before the code is reported.
-LOAD_RETRIES = 200
+#: ...this many times (15 s: beyond the default ZooKeeper session of 8 s and a tick) before the
+#: code is reported.
+LOAD_RETRIES = 300
 
 
 class AdminError(Exception):

@@ -77,6 +77,7 @@ def test_the_json_gives_a_members_partitions_as_objects_like_the_top_level_list(
         "id": "m",
         "client_id": "app",
         "host": "10.1.2.3",
+        "awaiting": False,
         "partitions": [{"topic": "my-topic", "partition": 10}],
     }
     (row,) = described["partitions"]

@@ -86,8 +86,9 @@ EVERYTHING = {TopicPartition(topic="orders", partition=p) for p in range(PARTITI
 
 @contextlib.asynccontextmanager
 async def open_group(brokers: list[Broker], size: int) -> AsyncIterator[list[Consumer]]:
-    # Consumers look for the new coordinator at least every second (by default their backoff
-    # grows to 5 s while the dead one is still named), so the time measured is the cluster's.
+    # Their leases (T = 2 s) run out before a successor is elected, so they look for it with the
+    # backoff, which grows to 5 s by default: at least every second here, so the time measured
+    # is the cluster's.
     settings = ConsumerSettings(session_timeout=SESSION, client_id="c", max_retry_backoff=1.0)
     bootstrap = [b.address for b in brokers]
     async with contextlib.AsyncExitStack() as stack:
