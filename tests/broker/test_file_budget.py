@@ -7,8 +7,7 @@ from __future__ import annotations
 import contextlib
 import re
 import urllib.request
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -28,8 +27,7 @@ from protocol import (
 )
 from protocol.batches import records_from_batches
 from protocol.records import Record
-from transport.channel import Channel
-from transport.connect import open_channel
+from tests.broker.test_hostile_connections import DEADLINE, client
 
 pytestmark = pytest.mark.realtime
 
@@ -37,16 +35,7 @@ pytestmark = pytest.mark.realtime
 FILE_LIMIT = 256
 #: Partitions written, each with a file of its own: more than the whole file limit.
 PARTITIONS = 300
-DEADLINE = 10.0
 _METRICS_URL = re.compile(r"metrics and status page on http://([\d.]+):(\d+)/")
-
-
-@asynccontextmanager
-async def client(broker: BrokerProcess) -> AsyncIterator[Channel]:
-    with trio.fail_after(DEADLINE):
-        stream = await trio.open_tcp_stream(*broker.address)
-    async with open_channel(stream, client_id="test") as channel:
-        yield channel
 
 
 async def answers(broker: BrokerProcess, clients: int = 3) -> None:
