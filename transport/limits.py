@@ -23,6 +23,10 @@ FILE_RESERVE = 256
 #: Files of the budget kept for segment files, whatever the connections: enough for every I/O
 #: thread to hold one while the rest are reopened on demand.
 SEGMENT_FILES_FLOOR = 64
+#: Places in the budget segment files leave free for new connections, closing their own to keep
+#: them free: an idle segment file may not be closable at once (not yet fsynced), and the event
+#: loop that admits a connection does not wait for an fsync.
+CONNECTION_HEADROOM = 16
 
 
 def file_budget_size() -> int:
@@ -83,13 +87,15 @@ class FileBudget:
     demand, a connection cannot: so a connection that finds the budget used up first asks the
     log to give back an idle file (``reclaim``), down to ``floor`` files that connections never
     take, and is refused only when none can be given back. Segment files take what connections
-    leave. Counted from the event loop (connections) and from I/O threads (files), hence the
-    lock.
+    leave but ``headroom``, once they have ``floor``. Counted from the event loop (connections)
+    and from I/O threads (files), hence the lock.
     """
 
     limit: int
     #: Files kept for segment files: connections are refused before they would take these.
     floor: int
+    #: Places segment files beyond the floor leave free for new connections.
+    headroom: int = 0
     connections: int = 0
     files: int = 0
     #: Closes one segment file no thread is using (returning it here); False if none can be.
@@ -99,7 +105,11 @@ class FileBudget:
     @classmethod
     def of_process(cls) -> FileBudget:
         size = file_budget_size()
-        return cls(limit=size, floor=segment_files_floor(size))
+        return cls(
+            limit=size,
+            floor=segment_files_floor(size),
+            headroom=min(CONNECTION_HEADROOM, size // 8),
+        )
 
     def admit_connection(self) -> bool:
         while True:
@@ -120,7 +130,8 @@ class FileBudget:
         """Count one more segment file if the budget has room (with ``beyond``: in any case,
         for a file that must open while every open one is in use or not yet flushed)."""
         with self._lock:
-            if not beyond and self.connections + self.files >= self.limit:
+            room = self.limit - self.connections - self.files
+            if not beyond and (room <= 0 or (self.files >= self.floor and room <= self.headroom)):
                 return False
             self.files += 1
             return True

@@ -11,10 +11,12 @@ closing; a segment whose descriptor was evicted is reopened on its next use.
 
 Only a flushed descriptor is evicted: one whose bytes written through it an fsync covered (or
 under ``fsync=never``, which promises nothing, any). The fsync that acknowledges them must be
-the one that can report their write-back error, which Linux reports to the descriptors that
-were open when it happened. When every open descriptor is borrowed or unflushed, a file opens
-beyond the budget (into its reserve) rather than fail a produce: under ``fsync=always`` an
-append's own fsync follows at once, under ``interval`` within the interval.
+one that can report their write-back error, which Linux reports to the descriptors that were
+open when it happened. So when no idle descriptor is flushed (``fsync=interval``, more
+partitions written within an interval than the budget holds), the thread that needs a place
+fsyncs the least recently used idle one itself and closes it, keeping a failure on its segment
+for the partition's next flush to report. Only when every open descriptor is borrowed by a
+thread (one a thread at most) does a file open beyond the budget, into its reserve.
 """
 
 from __future__ import annotations
@@ -100,13 +102,14 @@ class SegmentFiles:
 
     def _acquire(self, segment: Segment) -> int:
         with self._lock:
-            handle = self._handles.get(segment)
-            if handle is None:
+            while (handle := self._handles.get(segment)) is None:
                 if segment.discarded:
                     raise FileNotFoundError(f"{segment.path} was deleted")
-                handle = self._open(segment)
-            else:
-                self._handles.move_to_end(segment)
+                if self._make_room():
+                    handle = self._open(segment)
+                    break
+                # the lock was let go for an fsync: the segment may be open by now
+            self._handles.move_to_end(segment)
             handle.borrowers += 1
             return handle.fd
 
@@ -117,12 +120,40 @@ class SegmentFiles:
             if handle.doomed and not handle.borrowers:
                 self._close(segment, handle)
 
-    def _open(self, segment: Segment) -> _Handle:
-        """(lock held)"""
-        if not self.budget.take_file() and not self._evict_one(keep_unit=True):
+    def _make_room(self) -> bool:
+        """(lock held) Take a place in the budget for one more file, closing an idle flushed one
+        if need be; True once it is taken. Else fsync the least recently used idle one, letting
+        the lock go meanwhile, and return False: the caller looks again."""
+        if self.budget.take_file() or self._evict_one(keep_unit=True):
+            return True
+        idle = next((s for s, h in self._handles.items() if not h.borrowers), None)
+        if idle is None:  # every one in use by a thread: at most one a thread
             self.budget.take_file(beyond=True)
             self.beyond_budget += 1
-            log.debug("%s opened beyond the file budget: every open one is in use", segment.path)
+            return True
+        self._sync(idle)
+        return False
+
+    def _sync(self, segment: Segment) -> None:
+        """(lock held, let go during the fsync) Flush an idle segment's file so that it can be
+        closed; a failure is kept on the segment for its partition's next flush to report."""
+        handle = self._handles[segment]
+        handle.borrowers += 1
+        size = segment.size
+        self._lock.release()
+        try:
+            os.fsync(handle.fd)
+            segment.synced_size = max(segment.synced_size, size)
+        except OSError as exc:
+            segment.sync_error = exc
+        finally:
+            self._lock.acquire()
+            handle.borrowers -= 1
+            if handle.doomed and not handle.borrowers:
+                self._close(segment, handle)
+
+    def _open(self, segment: Segment) -> _Handle:
+        """(lock held, a place in the budget taken for it)"""
         try:
             fd = os.open(segment.path, os.O_RDWR | os.O_APPEND)
         except BaseException:

@@ -84,6 +84,8 @@ class Segment:
     synced_size: int = 0
     #: Deleted or closed with its partition: its file opens no more.
     discarded: bool = False
+    #: An fsync made to close its file failed: the next flush reports it.
+    sync_error: OSError | None = None
     _scan_lock: threading.Lock = attrs.field(factory=threading.Lock)
     #: Held while an append updates size, next offset, timestamp and index together, so that a
     #: checkpoint (another thread) sees them agree.
@@ -97,7 +99,9 @@ class Segment:
 
     @property
     def flushed(self) -> bool:
-        return self.synced_size >= self.size
+        """Whether what was written is fsynced, or its fsync's failure recorded: its file may
+        close without losing a write-back error."""
+        return self.synced_size >= self.size or self.sync_error is not None
 
     @property
     def index_file(self) -> Path:
@@ -112,6 +116,8 @@ class Segment:
     ) -> None:
         """Write stamped batches, ``size`` bytes given in ``pieces``; ``spans`` say where each
         batch begins in them and its offsets."""
+        # the size grows before the file is given back: until then it is not flushed, so it
+        # cannot be closed before an fsync covers what was just written
         with files.borrow(self) as fd:
             try:
                 _write_all(fd, pieces, size)
@@ -119,14 +125,14 @@ class Segment:
                 # a half-written batch must not sit between whole ones (disk full, say)
                 os.ftruncate(fd, self.size)
                 raise
-        with self._state_lock:
-            for span in spans:
-                self._index(span.base_offset, self.size + span.position)
-                if span.max_timestamp_ms > self.max_timestamp_ms:
-                    self.max_timestamp_ms = span.max_timestamp_ms
-            self.size += size
-            last = spans[-1]
-            self.next_offset = last.base_offset + last.record_count
+            with self._state_lock:
+                for span in spans:
+                    self._index(span.base_offset, self.size + span.position)
+                    if span.max_timestamp_ms > self.max_timestamp_ms:
+                        self.max_timestamp_ms = span.max_timestamp_ms
+                self.size += size
+                last = spans[-1]
+                self.next_offset = last.base_offset + last.record_count
 
     def ensure_scanned(self) -> None:
         """Build a sealed segment's index and newest timestamp (blocking; once)."""
@@ -154,13 +160,14 @@ class Segment:
         made durable since the index file was last written, write it again for what this fsync
         covered: a recovery after a crash trusts that prefix and checks only the bytes after
         it."""
+        if self.sync_error is not None:
+            raise OSError(f"an fsync of {self.path} failed: {self.sync_error}")
         with self._state_lock:
             covered = (self.size, self.next_offset, self.max_timestamp_ms, list(self.index))
-        if covered[0] <= self.synced_size:
-            return
-        with files.borrow(self) as fd:
-            os.fsync(fd)
-        self.synced_size = max(self.synced_size, covered[0])
+        if covered[0] > self.synced_size:  # else another fsync covered it (broker/log/files.py)
+            with files.borrow(self) as fd:
+                os.fsync(fd)
+            self.synced_size = max(self.synced_size, covered[0])
         if checkpoint_bytes is not None and covered[0] - self.checkpointed_size >= checkpoint_bytes:
             self._write_index(*covered, durable=True)
 

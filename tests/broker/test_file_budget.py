@@ -52,11 +52,13 @@ def value(partition: int) -> bytes:
     return f"record of partition {partition}".encode()
 
 
+@pytest.mark.parametrize("fsync", ["always", "interval"])
 async def test_records_in_more_partitions_than_the_file_limit_are_written_and_read(
-    tmp_path: Path,
+    tmp_path: Path, fsync: str
 ) -> None:
+    """Under ``interval`` the files to close are not flushed yet: each is fsynced first."""
     async with (
-        run_broker(tmp_path / "data", file_limit=FILE_LIMIT) as broker,
+        run_broker(tmp_path / "data", "--fsync", fsync, file_limit=FILE_LIMIT) as broker,
         client(broker) as channel,
     ):
         assert f"file limit {FILE_LIMIT} (hard {FILE_LIMIT}): 128 files" in broker.log_text()

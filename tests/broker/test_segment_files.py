@@ -4,10 +4,12 @@ flushed."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
 
+import pytest
 import trio
 
 from broker.log import FsyncPolicy, LogConfig, SegmentFiles, open_partition_log
@@ -38,8 +40,8 @@ def is_open(fd: int) -> bool:
     return True
 
 
-def test_a_borrowed_descriptor_is_never_closed_and_an_unflushed_one_never_evicted(
-    tmp_path: Path,
+def test_a_borrowed_descriptor_is_never_closed_and_an_unflushed_one_closed_once_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = SegmentFiles(budget=FileBudget(limit=2, floor=2))
     a, b, c = (segment(tmp_path, n, n.encode() * 10) for n in "abc")
@@ -54,20 +56,44 @@ def test_a_borrowed_descriptor_is_never_closed_and_an_unflushed_one_never_evicte
     assert not is_open(fd_a)
     assert (files.open_count, files.budget.files) == (1, 1)
 
+    synced: list[int] = []
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(fd)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
     unflushed = segment(tmp_path, "d", b"d" * 10, synced=False)
+    with files.borrow(unflushed) as fd_d:
+        pass
+    # b: c, flushed, goes; then c: the only idle one is unflushed: fsynced first, then closed
+    with files.borrow(b), files.borrow(c):
+        assert synced == [fd_d] and unflushed.flushed and unflushed.sync_error is None
+        assert (files.open_count, files.budget.files, files.beyond_budget) == (2, 2, 0)
+        with files.borrow(unflushed):  # every open one in use: beyond the budget
+            assert (files.open_count, files.budget.files, files.beyond_budget) == (3, 3, 1)
+    assert files.evict_idle()
+    assert (files.open_count, files.budget.files) == (2, 2)
+
+
+def test_a_failed_fsync_to_close_a_file_is_reported_by_the_next_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = SegmentFiles(budget=FileBudget(limit=1, floor=1))
+    unflushed, other = segment(tmp_path, "a", b"a" * 10, synced=False), segment(tmp_path, "b", b"")
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
     with files.borrow(unflushed):
         pass
-    # b: c goes, the unflushed one stays; then c, with b in use and d unflushed: beyond it
-    with files.borrow(b), files.borrow(c):
-        pass
-    assert files.beyond_budget == 1 and files.open_count == 3 and files.budget.files == 3
-    unflushed.synced_size = unflushed.size  # an fsync covered it
-    assert files.evict_idle()  # the least recently used: the one that was unflushed
-    opened = files.opened
-    for still_open in (b, c):
-        with files.borrow(still_open):
-            pass
-    assert files.opened == opened and files.open_count == 2 and files.budget.files == 2
+    monkeypatch.setattr(os, "fsync", failing)
+    with files.borrow(other):  # the unflushed one's fsync fails: kept, and the file closed
+        assert files.open_count == 1 and files.beyond_budget == 0
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="Input/output error"):
+        unflushed.flush(files)
 
 
 async def test_a_thread_reading_keeps_its_descriptor_while_others_close_and_reuse_numbers(
@@ -117,8 +143,8 @@ async def test_partitions_beyond_the_budget_read_back_right_through_reopened_fil
         ]
         for round_ in range(3):  # ~1.2 KB a batch: a new segment every other round
             for p, log in enumerate(logs):
+                # under interval nothing flushes here but what the files need to close
                 await append(log, make_records(10, start=100 * p + 10 * round_))
-                await log.flush()
                 assert files.open_count <= 3 and budget.files <= 3
         for p, log in enumerate(logs):
             assert len(log.segments) == 3

@@ -122,3 +122,12 @@ async def test_connections_and_segment_files_share_the_budget_and_idle_files_giv
     assert not gate.admit("b")
     gate.leave("a")
     assert budget.connections == 3 and budget.take_file()
+
+
+async def test_segment_files_past_their_floor_leave_headroom_for_new_connections() -> None:
+    budget = FileBudget(limit=10, floor=2, headroom=3)
+    assert sum(budget.take_file() for _ in range(10)) == 7  # then 3 places are left
+    gate = ConnectionGate(limit=100, per_address=None, budget=budget)
+    assert gate.admit("a") and gate.admit("a") and gate.admit("a")  # nothing to reclaim
+    assert not gate.admit("a")
+    assert not budget.take_file() and budget.take_file(beyond=True)
