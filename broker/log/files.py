@@ -127,9 +127,13 @@ class SegmentFiles:
         if self.budget.take_file() or self._evict_one(keep_unit=True):
             return True
         idle = next((s for s, h in self._handles.items() if not h.borrowers), None)
-        if idle is None:  # every one in use by a thread: at most one a thread
+        if idle is None:  # every one in use by a thread (one a thread): only a tiny budget
             self.budget.take_file(beyond=True)
             self.beyond_budget += 1
+            log.warning(
+                "a segment file opens beyond the file budget (%d files): every open one is in use",
+                self.budget.limit,
+            )
             return True
         self._sync(idle)
         return False
