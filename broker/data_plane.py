@@ -33,6 +33,7 @@ from broker.log import (
     LogFailed,
     OffsetOutOfRange,
     PartitionLog,
+    SegmentFiles,
     check_log_format,
     open_partition_log,
 )
@@ -53,6 +54,7 @@ from protocol import (
 from protocol.batches import batch_spans, batches_from_records, records_from_batches
 from protocol.types import TopicPartition
 from store import MetadataStore, TopicPlacement
+from transport.limits import FileBudget
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,8 @@ class BrokerLog:
     store: MetadataStore
     directory: Path
     config: LogConfig
+    #: The segment files open, for all partitions together.
+    files: SegmentFiles
     limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(IO_THREADS))
     partitions: dict[TopicPartition, PartitionLog] = attrs.field(factory=dict)
     placement: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
@@ -224,7 +228,7 @@ class BrokerLog:
             found = self.partitions.get(tp)
             if found is None:
                 path = self.directory / f"{tp.topic}-{tp.partition}"
-                found = await open_partition_log(path, self.config, self.limiter)
+                found = await open_partition_log(path, self.config, self.limiter, self.files)
                 self.partitions[tp] = found
                 log.info(
                     "partition %s open: offsets [%d, %d)",
@@ -345,13 +349,17 @@ async def open_broker_log(
     data_dir: Path,
     config: LogConfig,
     observer: DataPlaneObserver | None = None,
+    budget: FileBudget | None = None,
 ) -> AsyncIterator[BrokerLog]:
-    """Recover every partition placed on this broker, then serve (``<data_dir>/log``)."""
+    """Recover every partition placed on this broker, then serve (``<data_dir>/log``), its
+    segment files open within ``budget`` (None: the process's file budget, shared with
+    nothing)."""
     broker = BrokerLog(
         broker_id=broker_id,
         store=store,
         directory=log_directory(data_dir),
         config=config,
+        files=SegmentFiles.of(budget or FileBudget.of_process(), config),
         observer=observer,
     )
     await trio.to_thread.run_sync(check_log_format, broker.directory)

@@ -8,6 +8,7 @@ the store, in that order.
 from __future__ import annotations
 
 import logging
+import resource
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -43,7 +44,7 @@ from protocol.types import BrokerInfo, TopicPartition
 from store import MetadataStore, open_embedded_store
 from store.zookeeper import DigestAuth, ZooKeeperStore, open_zookeeper_store
 from transport.channel import ReadBounds
-from transport.limits import ConnectionLimits
+from transport.limits import ConnectionLimits, FileBudget
 from transport.listener import ConnectionGate, SecuredListener, serve_listeners
 from transport.security import Endpoint, ListenerSecurity, Peer, SecurityProtocol, ServerTls
 
@@ -146,6 +147,7 @@ async def run_node(
         )
         await store.register_broker(broker, advertised)
         metrics = None if settings.metrics.port is None else BrokerMetrics(config=settings.metrics)
+        budget = _file_budget(settings.connections)
 
         # The coordinators see the store through the metrics' timing, the election the store.
         def timed(store: MetadataStore) -> MetadataStore:
@@ -158,7 +160,12 @@ async def run_node(
                 store, enabled=settings.authorization, super_users=settings.super_users
             ) as access,
             open_broker_log(
-                store, broker.broker_id, settings.data_dir, settings.log, observer=metrics
+                store,
+                broker.broker_id,
+                settings.data_dir,
+                settings.log,
+                observer=metrics,
+                budget=budget,
             ) as data_plane,
             _open_coordination(
                 store,
@@ -192,10 +199,29 @@ async def run_node(
                     return await _snapshot(metrics, broker, current(), store, data_plane)
 
                 await nursery.start(serve_status, metrics, snapshot)
-            gate = ConnectionGate.of(settings.connections)
+            gate = ConnectionGate.of(settings.connections, budget)
             await nursery.start(serve_listeners, handler, listeners, gate)
             log.info("broker %d serving, data in %s", broker.broker_id, settings.data_dir)
             task_status.started(listeners[0].listener.socket.getsockname()[1])
+
+
+def _file_budget(limits: ConnectionLimits) -> FileBudget:
+    """The process's file budget, said at start: what it allows is what an operator sizing a
+    broker's partitions and clients must know (docs/limits.md#files)."""
+    budget = FileBudget.of_process()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    log.info(
+        "file limit %d (hard %s): %d files for client connections and segment files together, "
+        "at least %d of them kept for segment files, %d kept back for the rest; at most %d "
+        "client connections",
+        soft,
+        "unlimited" if hard == resource.RLIM_INFINITY else hard,
+        budget.limit,
+        budget.floor,
+        soft - budget.limit,
+        min(limits.connection_limit(), budget.limit - budget.floor),
+    )
+    return budget
 
 
 async def _snapshot(

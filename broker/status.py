@@ -6,9 +6,12 @@ rebalances. The page is rendered here, refreshes itself every few seconds (a met
 script), and escapes every id and name, since those come from clients.
 
 The server is deliberately small: HTTP/1.0, GET and HEAD only, one request a connection, a
-bounded request head read under a deadline, a bounded number of connections at once. It has no
-authentication, which is why it listens on the loopback unless told otherwise (README:
-Metrics).
+request head of at most MAX_HEAD_BYTES read within HEAD_DEADLINE of the accept, the answer sent
+within ANSWER_DEADLINE, at most MAX_CONNECTIONS connections open (more are accepted and closed at
+once, as the broker's listener does) and MAX_CONCURRENT answered at once. Its connections are
+kept out of the broker's file budget (transport.limits.FILE_RESERVE holds them), so no number of
+clients of this port can take files from the broker's. It has no authentication, which is why it
+listens on the loopback unless told otherwise (README: Metrics).
 """
 
 from __future__ import annotations
@@ -23,15 +26,22 @@ import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker.metrics import BrokerMetrics, Snapshot
+from transport.channel import RateLimitedLog
+from transport.listener import ConnectionGate, serve_listeners
+from transport.security import Peer
 
 log = logging.getLogger(__name__)
 
 #: Seconds between the page's own reloads.
 REFRESH_SECONDS = 5
-#: The longest request head read, and how long a client may take to send it.
+#: The longest request head read, and how long a client may take to send it from its accept.
 MAX_HEAD_BYTES = 8192
 HEAD_DEADLINE = 10.0
-#: Requests served at once; more wait for a slot.
+#: How long the answer may take, waiting for a slot and being read by the client included.
+ANSWER_DEADLINE = 30.0
+#: Connections open at once; more are closed as soon as they are accepted.
+MAX_CONNECTIONS = 32
+#: Requests answered at once; more wait for a slot.
 MAX_CONCURRENT = 8
 
 TakeSnapshot = Callable[[], Awaitable[Snapshot]]
@@ -51,24 +61,43 @@ async def serve_status(
     log.info("metrics and status page on http://%s:%d/", config.host, port)
     slots = trio.CapacityLimiter(MAX_CONCURRENT)
 
-    async def handler(stream: trio.SocketStream) -> None:
-        async with slots, stream:
+    async def handler(stream: trio.abc.Stream, peer: Peer) -> None:
+        async with stream:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await _serve_one(stream, metrics, take_snapshot)
+                head = await _read_head(stream)
+                if head is None:
+                    return  # nothing whole within the deadline: closed unanswered
+                with trio.move_on_after(ANSWER_DEADLINE):
+                    async with slots:
+                        await _serve_one(stream, head, metrics, take_snapshot)
 
+    # its refusals logged under this module's name: they are the metrics port's
+    gate = ConnectionGate(limit=MAX_CONNECTIONS, per_address=None, refusals=RateLimitedLog(log))
     async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, handler, listeners)
+        await nursery.start(serve_listeners, handler, listeners, gate)
         task_status.started(port)
 
 
-async def _serve_one(stream: trio.SocketStream, metrics: BrokerMetrics, take: TakeSnapshot) -> None:
+async def _read_head(stream: trio.abc.Stream) -> bytes | None:
+    """The request head, or as much of it as MAX_HEAD_BYTES holds; None if the client closed
+    or the deadline passed before either."""
     head = b""
     with trio.move_on_after(HEAD_DEADLINE):
         while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < MAX_HEAD_BYTES:
             chunk = await stream.receive_some(MAX_HEAD_BYTES - len(head))
             if not chunk:
-                break
+                return None
             head += chunk
+        return head
+    return None
+
+
+async def _serve_one(
+    stream: trio.abc.Stream, head: bytes, metrics: BrokerMetrics, take: TakeSnapshot
+) -> None:
+    if b"\r\n\r\n" not in head and b"\n\n" not in head:
+        await _respond(stream, 431, "text/plain; charset=utf-8", b"request head too large\n")
+        return
     parts = head.split(b"\n", 1)[0].split()
     if len(parts) < 2:
         await _respond(stream, 400, "text/plain; charset=utf-8", b"bad request\n")
@@ -88,11 +117,17 @@ async def _serve_one(stream: trio.SocketStream, metrics: BrokerMetrics, take: Ta
     await _respond(stream, 200, kind, b"" if method == b"HEAD" else body, len(body))
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+}
 
 
 async def _respond(
-    stream: trio.SocketStream, status: int, kind: str, body: bytes, length: int | None = None
+    stream: trio.abc.Stream, status: int, kind: str, body: bytes, length: int | None = None
 ) -> None:
     head = (
         f"HTTP/1.0 {status} {_REASONS[status]}\r\nContent-Type: {kind}\r\n"

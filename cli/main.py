@@ -209,7 +209,8 @@ def _add_limit_options(serve: argparse.ArgumentParser) -> None:
         "--max-connections",
         type=int,
         default=connections.max_connections,
-        help="open client connections at once (default: the file limit less a reserve)",
+        help="open client connections at once (default: the file budget less the files kept "
+        "for segment files, docs/limits.md#files)",
     )
     group.add_argument(
         "--max-connections-per-address",

@@ -27,8 +27,10 @@ class RequestLimits:
     max_topics_per_subscription: int = attrs.field(default=1000, validator=positive)
     #: Partitions of one topic (CreateTopic, CreatePartitions).
     max_partitions_per_topic: int = attrs.field(default=10_000, validator=positive)
-    #: Partitions placed on one broker, over all topics: each is a directory and open files.
-    max_partitions_per_broker: int = attrs.field(default=50_000, validator=positive)
+    #: Partitions placed on one broker, over all topics: each is a directory, and one open
+    #: segment file while it is written or read. The default fits the file budget of a
+    #: 20,000-file limit with room for as many connections again (docs/limits.md#files).
+    max_partitions_per_broker: int = attrs.field(default=10_000, validator=positive)
     #: Members of one group (Kafka's ``group.max.size``).
     max_group_size: int = attrs.field(default=10_000, validator=positive)
     #: Streams (consumer threads) of one group, each member counting its widest topic: the

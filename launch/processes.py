@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -48,9 +50,10 @@ class BrokerProcess:
 
 @asynccontextmanager
 async def run_broker(
-    data_dir: Path, *args: str, log_path: Path | None = None
+    data_dir: Path, *args: str, log_path: Path | None = None, file_limit: int | None = None
 ) -> AsyncIterator[BrokerProcess]:
-    """``python -m cli serve --port 0 --data-dir DATA_DIR ARGS...`` for the block's span."""
+    """``python -m cli serve --port 0 --data-dir DATA_DIR ARGS...`` for the block's span; with
+    ``file_limit``, under that RLIMIT_NOFILE (soft and hard), as ``ulimit -n`` would start it."""
     log_path = log_path or data_dir.with_name(data_dir.name + ".log")
     command: Sequence[str] = [
         sys.executable,
@@ -63,13 +66,21 @@ async def run_broker(
         str(data_dir),
         *args,
     ]
-    async with open_serving_process(command, log_path) as (process, host, port):
+    async with open_serving_process(command, log_path, file_limit=file_limit) as (
+        process,
+        host,
+        port,
+    ):
         yield BrokerProcess(process=process, host=host, port=port, log_path=log_path)
 
 
 @asynccontextmanager
 async def open_serving_process(
-    command: Sequence[str], log_path: Path, *, startup_timeout: float = STARTUP_TIMEOUT
+    command: Sequence[str],
+    log_path: Path,
+    *,
+    startup_timeout: float = STARTUP_TIMEOUT,
+    file_limit: int | None = None,
 ) -> AsyncIterator[tuple[trio.Process, str, int]]:
     """Run ``command``, anything that prints ``serving on HOST:PORT`` once it listens (a broker,
     the benchmarks' bare server), for the block's span, its stderr appended to ``log_path``;
@@ -77,9 +88,19 @@ async def open_serving_process(
     ``startup_timeout`` fails with its log attached. The tests' brokers and the benchmarks'
     servers both start here."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    limit = (
+        None
+        if file_limit is None
+        else partial(resource.setrlimit, resource.RLIMIT_NOFILE, (file_limit, file_limit))
+    )
     with open(log_path, "ab") as log_file:
         process = await trio.lowlevel.open_process(
-            list(command), stdout=subprocess.PIPE, stderr=log_file, cwd=REPO, env=env
+            list(command),
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            cwd=REPO,
+            env=env,
+            preexec_fn=limit,
         )
     try:
         assert process.stdout is not None

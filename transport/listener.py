@@ -25,7 +25,7 @@ import attrs
 import trio
 
 from transport.channel import RateLimitedLog
-from transport.limits import ConnectionLimits
+from transport.limits import ConnectionLimits, FileBudget
 from transport.security import ListenerSecurity, Peer, admit
 
 __all__ = ["ConnectionGate", "SecuredListener", "serve_listeners"]
@@ -51,17 +51,24 @@ class SecuredListener:
 
 @attrs.define(eq=False)
 class ConnectionGate:
-    """Counts open connections, in total and by client address, and refuses those over a limit."""
+    """Counts open connections, in total and by client address, and refuses those over a limit
+    or beyond the file budget they share with the log's segment files."""
 
     limit: int
     per_address: int | None
+    #: None: connections are counted here only (the metrics port, tests).
+    budget: FileBudget | None = None
     open: int = 0
     by_address: Counter[str] = attrs.field(factory=Counter)
     refusals: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log))
 
     @classmethod
-    def of(cls, limits: ConnectionLimits) -> ConnectionGate:
-        return cls(limit=limits.connection_limit(), per_address=limits.max_connections_per_address)
+    def of(cls, limits: ConnectionLimits, budget: FileBudget | None = None) -> ConnectionGate:
+        return cls(
+            limit=limits.connection_limit(),
+            per_address=limits.max_connections_per_address,
+            budget=budget,
+        )
 
     def admit(self, address: str) -> bool:
         if self.open >= self.limit:
@@ -79,11 +86,23 @@ class ConnectionGate:
                 self.by_address[address],
             )
             return False
+        if self.budget is not None and not self.budget.admit_connection():
+            self.refusals.log(
+                "refused a connection from %s: the file budget is used up (%d connections and "
+                "%d segment files open, %d files in all)",
+                address,
+                self.budget.connections,
+                self.budget.files,
+                self.budget.limit,
+            )
+            return False
         self.open += 1
         self.by_address[address] += 1
         return True
 
     def leave(self, address: str) -> None:
+        if self.budget is not None:
+            self.budget.leave_connection()
         self.open -= 1
         self.by_address[address] -= 1
         if not self.by_address[address]:

@@ -1,7 +1,9 @@
 """One partition's log: an ordered list of segments, appended under a lock, read concurrently.
 
 The trio side owns the state (offsets, the segment list); worker threads only touch files, through
-one ``CapacityLimiter`` per broker so that a burst of fetches cannot starve appends of threads.
+one ``CapacityLimiter`` per broker so that a burst of fetches cannot starve appends of threads,
+and with the segment files the broker holds open (:mod:`broker.log.files`, shared by its
+partitions: a partition keeps no file of its own open).
 Appends to a partition are serialized by its lock; the fsync that makes them durable is shared
 (group commit): whoever flushes takes every append written so far along.
 """
@@ -17,8 +19,10 @@ import trio
 
 from protocol.batches import BatchSpan, stamped_pieces, stamped_spans
 from protocol.codec import ReadableBuffer
+from transport.limits import FileBudget
 
 from .config import FsyncPolicy, LogConfig
+from .files import SegmentFiles
 from .segment import (
     SUFFIX,
     CorruptSegment,
@@ -48,6 +52,7 @@ class PartitionLog:
     directory: Path
     config: LogConfig
     limiter: trio.CapacityLimiter
+    files: SegmentFiles
     segments: list[Segment]
     #: Offsets below this are fsynced.
     flushed_offset: int
@@ -90,7 +95,7 @@ class PartitionLog:
             if not active.empty and active.size + len(batches) > self.config.segment_bytes:
                 active = await self._roll()
             await trio.to_thread.run_sync(
-                active.append, pieces, len(batches), stamped, limiter=self.limiter
+                active.append, self.files, pieces, len(batches), stamped, limiter=self.limiter
             )
             end = self.log_end_offset
         if self.config.fsync is FsyncPolicy.ALWAYS:
@@ -98,13 +103,13 @@ class PartitionLog:
         return base
 
     async def _roll(self) -> Segment:
-        """Start a new segment (append lock held); the old one is made durable and closed."""
+        """Start a new segment (append lock held); the old one is made durable (its open file
+        stays among the broker's, for reads, until evicted)."""
         old = self.segments[-1]
         async with self._flush_lock:
             durable = self.config.fsync is not FsyncPolicy.NEVER
             if durable:
-                await trio.to_thread.run_sync(old.flush, limiter=self.limiter)
-            old.close()
+                await trio.to_thread.run_sync(old.flush, self.files, limiter=self.limiter)
             await trio.to_thread.run_sync(old.write_index, durable, limiter=self.limiter)
             new = await trio.to_thread.run_sync(
                 create_segment,
@@ -129,7 +134,10 @@ class PartitionLog:
             active = self.segments[-1]
             try:
                 await trio.to_thread.run_sync(
-                    active.flush, self.config.index_checkpoint_bytes, limiter=self.limiter
+                    active.flush,
+                    self.files,
+                    self.config.index_checkpoint_bytes,
+                    limiter=self.limiter,
                 )
             except OSError as exc:
                 self.failed = f"fsync of {active.path} failed: {exc}"
@@ -156,7 +164,7 @@ class PartitionLog:
                 break
             try:
                 got, after = await trio.to_thread.run_sync(
-                    segment.read, offset, budget, limit, not parts, limiter=self.limiter
+                    segment.read, self.files, offset, budget, limit, not parts, limiter=self.limiter
                 )
             except FileNotFoundError:
                 raise OffsetOutOfRange(offset) from None  # deleted by retention meanwhile
@@ -201,7 +209,9 @@ class PartitionLog:
                 return 0
             # forget them first: a fetch that starts now sees the new log start at once
             self.segments = self.segments[len(doomed) :]
-            await trio.to_thread.run_sync(_delete, self.directory, doomed, limiter=self.limiter)
+            await trio.to_thread.run_sync(
+                _delete, self.files, self.directory, doomed, limiter=self.limiter
+            )
         log.info(
             "%s: retention deleted %d segment(s), log start now %d",
             self.directory.name,
@@ -216,16 +226,17 @@ class PartitionLog:
                 durable = self.config.fsync is not FsyncPolicy.NEVER
                 if durable and self.failed is None:
                     await self.flush()
+                for segment in self.segments:
+                    self.files.discard(segment)
                 active = self.segments[-1]
-                active.close()
                 if self.failed is None:
                     # the next start opens from it instead of scanning the segment
                     await trio.to_thread.run_sync(active.write_index, durable, limiter=self.limiter)
 
 
-def _delete(directory: Path, segments: list[Segment]) -> None:
+def _delete(files: SegmentFiles, directory: Path, segments: list[Segment]) -> None:
     for segment in segments:
-        segment.close()
+        files.discard(segment)
         segment.path.unlink(missing_ok=True)
         segment.index_file.unlink(missing_ok=True)
     fsync_directory(directory)
@@ -249,15 +260,20 @@ def _open_segments(directory: Path, config: LogConfig) -> list[Segment]:
 
 
 async def open_partition_log(
-    directory: Path, config: LogConfig, limiter: trio.CapacityLimiter
+    directory: Path,
+    config: LogConfig,
+    limiter: trio.CapacityLimiter,
+    files: SegmentFiles | None = None,
 ) -> PartitionLog:
-    """Recover a partition's directory (creating it if new) and return its log, ready to serve."""
+    """Recover a partition's directory (creating it if new) and return its log, ready to serve,
+    its files open among ``files`` (None: files of its own, within the process's budget)."""
     segments = await trio.to_thread.run_sync(_open_segments, directory, config, limiter=limiter)
     end = segments[-1].next_offset
     return PartitionLog(
         directory=directory,
         config=config,
         limiter=limiter,
+        files=files or SegmentFiles.of(FileBudget.of_process(), config),
         segments=segments,
         flushed_offset=end,
     )

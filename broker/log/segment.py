@@ -1,8 +1,10 @@
 """One segment file: record batches back to back as the wire carries them, and its offset index.
 
-Everything here blocks (file I/O); the partition log calls it from a worker thread. The file is
-``<base_offset:020d>.log`` and holds nothing but :mod:`protocol.batches` batches, stamped with their
-offsets, so the on-disk format is the wire format and a fetch answers a byte range of the file.
+Everything here blocks (file I/O); the partition log calls it from a worker thread, with the
+broker's open segment files (:mod:`broker.log.files`), from which each call borrows the segment's
+descriptor. The file is ``<base_offset:020d>.log`` and holds nothing but :mod:`protocol.batches`
+batches, stamped with their offsets, so the on-disk format is the wire format and a fetch answers
+a byte range of the file.
 
 The sparse offset index, ``(offset, position)`` of a batch every ``index_interval`` bytes, is kept
 in memory and written to ``<base_offset:020d>.index``, with the segment's size, next offset and
@@ -25,12 +27,16 @@ import os
 import struct
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
 from protocol import RemoteProtocolError
 from protocol.batches import HEADER_SIZE, BatchSpan, batch_offsets, last_offset_delta, walk_batches
 from protocol.codec import ReadableBuffer
+
+if TYPE_CHECKING:
+    from .files import SegmentFiles
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +79,13 @@ class Segment:
     index: list[tuple[int, int]] = attrs.field(factory=list)
     #: False for a sealed segment opened without a usable index until its first read scans it.
     scanned: bool = True
-    _write_fd: int | None = None
+    #: Bytes an fsync covered (or that were on disk when the log opened): the segment's open
+    #: file may be closed only once this reaches ``size`` (broker/log/files.py).
+    synced_size: int = 0
+    #: Deleted or closed with its partition: its file opens no more.
+    discarded: bool = False
+    #: An fsync made to close its file failed: the next flush reports it.
+    sync_error: OSError | None = None
     _scan_lock: threading.Lock = attrs.field(factory=threading.Lock)
     #: Held while an append updates size, next offset, timestamp and index together, so that a
     #: checkpoint (another thread) sees them agree.
@@ -86,6 +98,12 @@ class Segment:
         return self.size == 0
 
     @property
+    def flushed(self) -> bool:
+        """Whether what was written is fsynced, or its fsync's failure recorded: its file may
+        close without losing a write-back error."""
+        return self.synced_size >= self.size or self.sync_error is not None
+
+    @property
     def index_file(self) -> Path:
         return self.path.with_suffix(INDEX_SUFFIX)
 
@@ -93,25 +111,28 @@ class Segment:
         if not self.index or position - self.index[-1][1] >= self.index_interval:
             self.index.append((offset, position))
 
-    def append(self, pieces: list[ReadableBuffer], size: int, spans: list[BatchSpan]) -> None:
+    def append(
+        self, files: SegmentFiles, pieces: list[ReadableBuffer], size: int, spans: list[BatchSpan]
+    ) -> None:
         """Write stamped batches, ``size`` bytes given in ``pieces``; ``spans`` say where each
         batch begins in them and its offsets."""
-        if self._write_fd is None:
-            self._write_fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            _write_all(self._write_fd, pieces, size)
-        except OSError:
-            # a half-written batch must not sit between whole ones (disk full, say)
-            os.ftruncate(self._write_fd, self.size)
-            raise
-        with self._state_lock:
-            for span in spans:
-                self._index(span.base_offset, self.size + span.position)
-                if span.max_timestamp_ms > self.max_timestamp_ms:
-                    self.max_timestamp_ms = span.max_timestamp_ms
-            self.size += size
-            last = spans[-1]
-            self.next_offset = last.base_offset + last.record_count
+        # the size grows before the file is given back: until then it is not flushed, so it
+        # cannot be closed before an fsync covers what was just written
+        with files.borrow(self) as fd:
+            try:
+                _write_all(fd, pieces, size)
+            except OSError:
+                # a half-written batch must not sit between whole ones (disk full, say)
+                os.ftruncate(fd, self.size)
+                raise
+            with self._state_lock:
+                for span in spans:
+                    self._index(span.base_offset, self.size + span.position)
+                    if span.max_timestamp_ms > self.max_timestamp_ms:
+                        self.max_timestamp_ms = span.max_timestamp_ms
+                self.size += size
+                last = spans[-1]
+                self.next_offset = last.base_offset + last.record_count
 
     def ensure_scanned(self) -> None:
         """Build a sealed segment's index and newest timestamp (blocking; once)."""
@@ -134,22 +155,21 @@ class Segment:
             self.max_timestamp_ms = scan.max_timestamp_ms
             self.scanned = True
 
-    def flush(self, checkpoint_bytes: int | None = None) -> None:
-        """fsync; then, if ``checkpoint_bytes`` have been made durable since the index file was
-        last written, write it again for what this fsync covered: a recovery after a crash
-        trusts that prefix and checks only the bytes after it."""
-        if self._write_fd is None:
-            return
+    def flush(self, files: SegmentFiles, checkpoint_bytes: int | None = None) -> None:
+        """fsync what was written since the last one; then, if ``checkpoint_bytes`` have been
+        made durable since the index file was last written, write it again for what this fsync
+        covered: a recovery after a crash trusts that prefix and checks only the bytes after
+        it."""
+        if self.sync_error is not None:
+            raise OSError(f"an fsync of {self.path} failed: {self.sync_error}")
         with self._state_lock:
             covered = (self.size, self.next_offset, self.max_timestamp_ms, list(self.index))
-        os.fsync(self._write_fd)
+        if covered[0] > self.synced_size:  # else another fsync covered it (broker/log/files.py)
+            with files.borrow(self) as fd:
+                os.fsync(fd)
+            self.synced_size = max(self.synced_size, covered[0])
         if checkpoint_bytes is not None and covered[0] - self.checkpointed_size >= checkpoint_bytes:
             self._write_index(*covered, durable=True)
-
-    def close(self) -> None:
-        if self._write_fd is not None:
-            os.close(self._write_fd)
-            self._write_fd = None
 
     def write_index(self, durable: bool) -> None:
         """Persist the index with what it describes (the segment's size, next offset, newest
@@ -187,15 +207,20 @@ class Segment:
         self.checkpointed_size = size
 
     def read(
-        self, offset: int, max_bytes: int, limit_offset: int, first_whole: bool = True
+        self,
+        files: SegmentFiles,
+        offset: int,
+        max_bytes: int,
+        limit_offset: int,
+        first_whole: bool = True,
     ) -> tuple[bytes, int]:
         """Whole batches holding ``offset`` and after (below ``limit_offset``), about
         ``max_bytes`` of them, as the file holds them: one read, no batch decoded.
 
         With ``first_whole`` the first batch is returned even when it alone exceeds
-        ``max_bytes`` (a fetch must always make progress). Opens its own descriptor so a
-        concurrent retention delete can never leave it reading a reused one. Returns the bytes
-        and the offset after their last record.
+        ``max_bytes`` (a fetch must always make progress). The descriptor it borrows stays open
+        until it is given back, whatever retention or an eviction does meanwhile. Returns the
+        bytes and the offset after their last record.
         """
         self.ensure_scanned()
         index = self.index
@@ -203,8 +228,7 @@ class Segment:
         position = index[i][1] if i >= 0 else 0
         end = self.size  # batches past this may be mid-write
         want = max_bytes + self.index_interval + HEADER_SIZE
-        with open(self.path, "rb", buffering=0) as f:
-            fd = f.fileno()
+        with files.borrow(self) as fd:
             buf = os.pread(fd, min(want, end - position), position)
             buf_at = position
             pos = position
@@ -358,14 +382,16 @@ def open_sealed_segment(
 ) -> Segment:
     """A segment before the active one: its index file if it has a usable one, else taken at
     its word until its first read scans it."""
+    size = path.stat().st_size
     segment = Segment(
         base_offset=base_offset,
         path=path,
-        size=path.stat().st_size,
+        size=size,
         next_offset=next_offset,
         max_timestamp_ms=-1,
         index_interval=index_interval,
         scanned=False,
+        synced_size=size,
     )
     if _load_index(segment, segment.size) and segment.next_offset != next_offset:
         log.warning(
@@ -400,12 +426,14 @@ def open_segment(
     )
     loaded = _load_index(segment, file_size, prefix=True)
     if loaded and segment.size == file_size:
+        segment.synced_size = file_size
         return segment, 0, None  # a clean stop: nothing after the index to check
     scan = _scan(path, base_offset, index_interval, start=segment if loaded else None)
     segment.size = scan.size
     segment.next_offset = scan.next_offset
     segment.max_timestamp_ms = scan.max_timestamp_ms
     segment.index = scan.index
+    segment.synced_size = scan.size
     cut = file_size - scan.size
     if cut:
         log.warning(

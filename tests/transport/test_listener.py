@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from transport.limits import ConnectionLimits
+from transport.limits import ConnectionLimits, FileBudget
 from transport.listener import ConnectionGate, serve_listeners
 from transport.security import Peer
 
@@ -86,10 +86,48 @@ async def test_at_the_file_limit_accepting_backs_off_and_logs_once_per_10_s(
     assert "Too many open files" in lines[0].getMessage()
 
 
-def test_under_a_small_file_limit_half_of_it_is_kept_for_connections(
+def test_the_file_budget_is_the_file_limit_less_a_reserve_or_half_of_a_small_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
-    assert ConnectionLimits().connection_limit() == 512
-    monkeypatch.setattr(resource, "getrlimit", lambda _: (65536, 65536))
-    assert ConnectionLimits().connection_limit() == 65536 - 1024
+    # (soft limit, budget for connections and segment files, connections when no file is open)
+    for soft, budget, connections in ((256, 128, 64), (1024, 768, 704), (65536, 65280, 65216)):
+        monkeypatch.setattr(resource, "getrlimit", lambda _, soft=soft: (soft, 65536))
+        assert FileBudget.of_process().limit == budget
+        assert ConnectionLimits().connection_limit() == connections
+
+
+async def test_connections_and_segment_files_share_the_budget_and_idle_files_give_way() -> None:
+    budget = FileBudget(limit=6, floor=2)
+    idle = [0]  # segment files open that no thread uses
+
+    def reclaim() -> bool:
+        if not idle[0]:
+            return False
+        idle[0] -= 1
+        budget.return_file()
+        return True
+
+    budget.reclaim = reclaim
+    gate = ConnectionGate(limit=100, per_address=None, budget=budget)
+    assert all(budget.take_file() for _ in range(6))
+    assert not budget.take_file()  # full: the log must close one of its own first
+    idle[0] = 4  # two of the six are in use
+    assert gate.admit("a")  # one idle file closed for it
+    assert (budget.connections, budget.files) == (1, 5)
+    assert gate.admit("a") and gate.admit("a")
+    assert (budget.connections, budget.files, idle[0]) == (3, 3, 1)
+    # the last idle file gives way, and then the floor of 2 is kept for segment files
+    assert gate.admit("a")
+    assert (budget.connections, budget.files, idle[0]) == (4, 2, 0)
+    assert not gate.admit("b")
+    gate.leave("a")
+    assert budget.connections == 3 and budget.take_file()
+
+
+async def test_segment_files_past_their_floor_leave_headroom_for_new_connections() -> None:
+    budget = FileBudget(limit=10, floor=2, headroom=3)
+    assert sum(budget.take_file() for _ in range(10)) == 7  # then 3 places are left
+    gate = ConnectionGate(limit=100, per_address=None, budget=budget)
+    assert gate.admit("a") and gate.admit("a") and gate.admit("a")  # nothing to reclaim
+    assert not gate.admit("a")
+    assert not budget.take_file() and budget.take_file(beyond=True)
