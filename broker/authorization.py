@@ -3,17 +3,19 @@
 before anything else looks at it; Kafka's mapping of requests to operations and error codes.
 
 A denied request is answered with Kafka's code for the resource it names (29 topic, 30 group,
-31 cluster) and nothing else. What lists things shows only what the principal may describe:
-ClusterMetadata the topics, ListGroups the groups. A subscription pattern matches only topics the
-principal may read: the member's pattern is narrowed, when it registers, to the readable topic
-names it matches, so rules added later apply to it from its next registration on.
+31 cluster) and nothing else. Every answer names only topics and groups the principal may
+describe: ClusterMetadata the topics, ListGroups the groups, OffsetFetch and DescribeGroup of a
+group it may describe the topics (their offsets, and its members' subscriptions and partitions).
+A subscription pattern matches only topics the principal may read: the member's pattern is
+narrowed, when it registers, to the readable topic names it matches, so rules added later apply
+to it from its next registration on.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import attrs
@@ -27,6 +29,7 @@ from protocol import (
     DeleteGroupRequest,
     DeleteTopicRequest,
     DescribeGroupRequest,
+    DescribeGroupResponse,
     ErrorCode,
     FetchRequest,
     LeaveGroupRequest,
@@ -34,6 +37,7 @@ from protocol import (
     ListOffsetsRequest,
     OffsetCommitRequest,
     OffsetFetchRequest,
+    OffsetFetchResponse,
     ProduceRequest,
     RegisterConsumerRequest,
     RequestMessage,
@@ -41,7 +45,7 @@ from protocol import (
     TopicMetadata,
     error_response,
 )
-from protocol.types import Subscription
+from protocol.types import PartitionOffset, Subscription
 from statemachine.acl import CLUSTER, Authorizer, Operation, ResourceType
 from store import MetadataStore, StoreUnavailable
 
@@ -153,38 +157,101 @@ def visible(
 ) -> ResponseMessage:
     """``response`` with what the principal may not describe left out: in ClusterMetadata, a
     topic it asked for by name is answered TOPIC_AUTHORIZATION_FAILED and one it did not ask for
-    is not shown; in ListGroups, such groups are not shown."""
+    is not shown; in OffsetFetch, a partition it asked for by name is answered -1 (no committed
+    offset, as for any partition the group never committed) and one it did not ask for is not
+    shown; in DescribeGroup, such topics' offsets, subscriptions and partitions are not shown; in
+    ListGroups, such groups are not shown."""
     if not authorizer.enabled or principal in authorizer.super_users:
         return response
+    decided: dict[tuple[ResourceType, str], bool] = {}
 
     def may(resource: ResourceType, name: str) -> bool:
-        return authorizer.allows(principal, Operation.DESCRIBE, resource, name)
+        # An answer names one topic for each of its partitions: each name is decided once.
+        key = (resource, name)
+        allowed = decided.get(key)
+        if allowed is None:
+            allowed = decided[key] = authorizer.allows(
+                principal, Operation.DESCRIBE, resource, name
+            )
+        return allowed
 
-    if isinstance(response, ClusterMetadataResponse):
-        named = isinstance(request, ClusterMetadataRequest) and request.topics is not None
-        topics = tuple(
-            topic
-            if may(ResourceType.TOPIC, topic.topic)
-            else TopicMetadata(topic=topic.topic, error_code=_TOPIC, partitions=())
-            for topic in response.topics
-            if named or may(ResourceType.TOPIC, topic.topic)
-        )
-        return attrs.evolve(response, topics=topics)
-    if isinstance(response, ListGroupsResponse):
-        groups = tuple(g for g in response.groups if may(ResourceType.GROUP, g.group_id))
-        return attrs.evolve(response, groups=groups)
+    def offsets(listed: tuple[PartitionOffset, ...]) -> tuple[PartitionOffset, ...]:
+        return tuple(o for o in listed if may(ResourceType.TOPIC, o.topic))
+
+    match response:
+        case ClusterMetadataResponse():
+            named = isinstance(request, ClusterMetadataRequest) and request.topics is not None
+            topics = tuple(
+                topic
+                if may(ResourceType.TOPIC, topic.topic)
+                else TopicMetadata(topic=topic.topic, error_code=_TOPIC, partitions=())
+                for topic in response.topics
+                if named or may(ResourceType.TOPIC, topic.topic)
+            )
+            return attrs.evolve(response, topics=topics)
+        case ListGroupsResponse():
+            groups = tuple(g for g in response.groups if may(ResourceType.GROUP, g.group_id))
+            return attrs.evolve(response, groups=groups)
+        case OffsetFetchResponse():
+            if isinstance(request, OffsetFetchRequest) and request.partitions is not None:
+                return attrs.evolve(
+                    response,
+                    offsets=tuple(
+                        o if may(ResourceType.TOPIC, o.topic) else attrs.evolve(o, offset=-1)
+                        for o in response.offsets
+                    ),
+                )
+            return attrs.evolve(response, offsets=offsets(response.offsets))
+        case DescribeGroupResponse():
+            members = tuple(
+                attrs.evolve(
+                    member,
+                    subscription=_described(authorizer, principal, member.subscription, may),
+                    partitions=tuple(
+                        tp for tp in member.partitions if may(ResourceType.TOPIC, tp.topic)
+                    ),
+                )
+                for member in response.members
+            )
+            return attrs.evolve(
+                response,
+                members=members,
+                offsets=offsets(response.offsets),
+                reported_offsets=offsets(response.reported_offsets),
+            )
     return response
 
 
-def narrowed(authorizer: Authorizer, principal: str, subscription: Subscription) -> Subscription:
-    """A wildcard subscription that matches only topics the principal may read: the readable
-    topic names its pattern takes, as a pattern of their own. Unchanged if the principal may
-    read every topic, or the subscription names its topics."""
-    if subscription.pattern is None or authorizer.reads_every_topic(principal):
+def _described(
+    authorizer: Authorizer,
+    principal: str,
+    subscription: Subscription,
+    may: Callable[[ResourceType, str], bool],
+) -> Subscription:
+    """A member's subscription as a principal that may describe only some topics sees it: the
+    topics it names that the principal may describe, and its pattern as the describable topic
+    names it matches (a pattern narrowed at registration names the topics it took)."""
+    topics = tuple(entry for entry in subscription.topics if may(ResourceType.TOPIC, entry.topic))
+    return attrs.evolve(
+        narrowed(authorizer, principal, subscription, Operation.DESCRIBE), topics=topics
+    )
+
+
+def narrowed(
+    authorizer: Authorizer,
+    principal: str,
+    subscription: Subscription,
+    operation: Operation = Operation.READ,
+) -> Subscription:
+    """A wildcard subscription that matches only topics the principal may read (or do
+    ``operation`` on): the topic names its pattern takes that the principal's rules name, as a
+    pattern of their own. Unchanged if the principal may do it on every topic, or the
+    subscription names its topics."""
+    if subscription.pattern is None or authorizer.every_topic(principal, operation):
         return subscription
     names = sorted(
         name
-        for name in authorizer.topics_readable_by_name(principal)
+        for name in authorizer.topics_by_name(principal, operation)
         if subscription.streams_for(name) > 0
     )
     # An empty pattern matches no topic: a topic's name is never empty.
