@@ -11,6 +11,7 @@ import pytest
 
 from cli.logformat import EscapingFormatter, configure_logging
 from cli.main import main
+from tests.support.invisible import DISGUISED, INVISIBLE, shown_escaped
 
 
 @pytest.fixture
@@ -46,6 +47,13 @@ def test_other_invisible_characters_are_escaped_and_printable_ones_kept(
     )
     (line,) = cli_log.getvalue().splitlines()
     assert line.endswith(r"\x1b[2Jcleared\r|a\u202eb\u2028c|größe\d+ ✓")
+
+
+def test_bidirectional_and_zero_width_characters_are_escaped(cli_log: io.StringIO) -> None:
+    logging.getLogger("coordinator").info("group %s: %s joined", DISGUISED, INVISIBLE)
+    (line,) = cli_log.getvalue().splitlines()
+    assert [c for c in INVISIBLE if c in line] == []
+    assert line.endswith(f"group {shown_escaped(DISGUISED)}: {shown_escaped(INVISIBLE)} joined")
 
 
 def test_a_traceback_keeps_its_lines_and_cannot_forge_one(cli_log: io.StringIO) -> None:
