@@ -25,6 +25,7 @@ import trio_util
 from broker import authorization, placement
 from broker.authorization import Access
 from broker.offices import BySlot, Offices, coordinator_of, distinct, topic_reads, whole_office
+from broker.pace import ANSWER_CHUNK, Pace
 from coordinator import validation
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.limits import RequestLimits
@@ -82,8 +83,6 @@ _RANDOM = random.Random()
 
 #: Requests a connection may have queued before its reader waits for the worker.
 REQUEST_QUEUE = 64
-#: Entries of an answer built between two checkpoints (about a millisecond of work).
-ANSWER_CHUNK = 1000
 #: OffsetCommits of one connection waiting for durability at once; the next waits (and with it
 #: the worker, then the reader): a peer that pipelines commits gets no task per commit.
 COMMITS_IN_FLIGHT = 16
@@ -144,7 +143,7 @@ class _Session:
         response = await self._answer(request)
         if response is None:
             return None
-        return authorization.visible(access.current, principal, request.message, response)
+        return await authorization.visible(access.current, principal, request.message, response)
 
     def _route(self, group_id: str) -> GroupCoordinator | None:
         coordinator = coordinator_of(self.offices, group_id)
@@ -358,12 +357,9 @@ async def cluster_metadata(
         return refusal
     names = sorted(topics) if message.topics is None else list(dict.fromkeys(message.topics))
     found = []
-    done = 0  # entries built since the last checkpoint
+    pace = Pace()
     for name in names:
-        done += 1
-        if done >= ANSWER_CHUNK:
-            done = 0
-            await trio.lowlevel.checkpoint()
+        await pace.did(1)
         placement = topics.get(name)
         if placement is None:
             found.append(
@@ -376,14 +372,11 @@ async def cluster_metadata(
         if described is None or described.topic != name:
             partitions: list[PartitionMetadata] = []
             for start in range(0, placement.partition_count, ANSWER_CHUNK):
-                if done:  # a topic's chunk of partitions is a chunk of its own
-                    done = 0
-                    await trio.lowlevel.checkpoint()
+                chunk = placement.brokers[start : start + ANSWER_CHUNK]
                 partitions.extend(
-                    PartitionMetadata(partition=p, broker_id=b)
-                    for p, b in enumerate(placement.brokers[start : start + ANSWER_CHUNK], start)
+                    PartitionMetadata(partition=p, broker_id=b) for p, b in enumerate(chunk, start)
                 )
-                done = ANSWER_CHUNK
+                await pace.did(len(chunk))
             described = _DESCRIBED[placement] = TopicMetadata(
                 topic=name, error_code=ErrorCode.NONE, partitions=tuple(partitions)
             )

@@ -14,12 +14,14 @@ import attrs
 import trio
 import trio.testing
 
-from broker.dispatch import ANSWER_CHUNK, cluster_metadata
+from broker.dispatch import cluster_metadata
 from broker.offices import TopicReads
+from broker.pace import ANSWER_CHUNK
 from coordinator.limits import RequestLimits
 from protocol import ClusterMetadataRequest, ErrorCode
 from protocol.types import BrokerInfo
 from store import TopicPlacement
+from tests.support.turns import turns_during
 
 BROKERS = (BrokerInfo(broker_id=1, host="b1", port=9092),)
 
@@ -32,20 +34,8 @@ async def _answered_with_turns(
     topics: Mapping[str, TopicPlacement], message: ClusterMetadataRequest
 ) -> int:
     """How often another task ran while the answer was built."""
-    turns = 0
-    done = False
-
-    async def other_client() -> None:
-        nonlocal turns
-        while not done:
-            turns += 1
-            await trio.lowlevel.checkpoint()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(other_client)
-        await trio.lowlevel.checkpoint()  # it is running
-        before = turns
-        answer = await cluster_metadata(
+    answer, turns = await turns_during(
+        cluster_metadata(
             message,
             topics=topics,
             brokers=BROKERS,
@@ -53,12 +43,12 @@ async def _answered_with_turns(
             coordinator_epoch=1,
             limits=RequestLimits(),
         )
-        done = True
+    )
     assert answer.error_code is ErrorCode.NONE
     assert sum(len(t.partitions) for t in answer.topics) == sum(
-        p.partition_count for p in topics.values()
+        topics[t.topic].partition_count for t in answer.topics
     )
-    return turns - before
+    return turns
 
 
 async def test_an_answer_for_every_partition_lets_others_run_between_chunks() -> None:
