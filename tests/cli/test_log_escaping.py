@@ -81,3 +81,26 @@ def test_the_cli_logs_through_the_escaping_formatter() -> None:
             if handler not in before:
                 root.removeHandler(handler)
         root.setLevel(level)
+
+
+def test_an_error_line_shows_invisible_characters_escaped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A verb's error may carry an id the broker or the user gave: its one line is escaped."""
+
+    async def refused(args: object) -> None:
+        raise ValueError(f"no group {DISGUISED}\nforged line")
+
+    monkeypatch.setattr("cli.main.run_admin", refused)
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    try:
+        assert main(["groups", "describe", "g"]) == 2
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in before:
+                root.removeHandler(handler)
+        root.setLevel(level)
+    assert capsys.readouterr().err == (
+        f"coordinator: no group {shown_escaped(DISGUISED)}\\nforged line\n"
+    )
