@@ -187,12 +187,12 @@ async def visible(
 
     async def kept(listed: tuple[_T, ...], shown: Callable[[_T], _T | None]) -> tuple[_T, ...]:
         """What ``shown`` makes of each entry, those it leaves out (None) left out."""
-        kept: list[_T] = []
+        out: list[_T] = []
         for start in range(0, len(listed), ANSWER_CHUNK):
             chunk = listed[start : start + ANSWER_CHUNK]
-            kept.extend(entry for entry in map(shown, chunk) if entry is not None)
+            out.extend(entry for entry in map(shown, chunk) if entry is not None)
             await pace.did(len(chunk))
-        return tuple(kept)
+        return tuple(out)
 
     def topic_named(entry: _Named) -> _Named | None:
         return entry if may(ResourceType.TOPIC, entry.topic) else None
