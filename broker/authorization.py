@@ -3,22 +3,26 @@
 before anything else looks at it; Kafka's mapping of requests to operations and error codes.
 
 A denied request is answered with Kafka's code for the resource it names (29 topic, 30 group,
-31 cluster) and nothing else. What lists things shows only what the principal may describe:
-ClusterMetadata the topics, ListGroups the groups. A subscription pattern matches only topics the
-principal may read: the member's pattern is narrowed, when it registers, to the readable topic
-names it matches, so rules added later apply to it from its next registration on.
+31 cluster) and nothing else. Every answer names only topics and groups the principal may
+describe: ClusterMetadata the topics, ListGroups the groups, OffsetFetch and DescribeGroup of a
+group it may describe the topics (their offsets, and its members' subscriptions and partitions).
+A subscription pattern matches only topics the principal may read: the member's pattern is
+narrowed, when it registers, to the readable topic names it matches, so rules added later apply
+to it from its next registration on.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 import attrs
 import trio
 
+from broker.pace import ANSWER_CHUNK, Pace
 from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
@@ -27,13 +31,16 @@ from protocol import (
     DeleteGroupRequest,
     DeleteTopicRequest,
     DescribeGroupRequest,
+    DescribeGroupResponse,
     ErrorCode,
     FetchRequest,
+    GroupSummary,
     LeaveGroupRequest,
     ListGroupsResponse,
     ListOffsetsRequest,
     OffsetCommitRequest,
     OffsetFetchRequest,
+    OffsetFetchResponse,
     ProduceRequest,
     RegisterConsumerRequest,
     RequestMessage,
@@ -41,7 +48,7 @@ from protocol import (
     TopicMetadata,
     error_response,
 )
-from protocol.types import Subscription
+from protocol.types import PartitionOffset, Subscription, TopicPartition
 from statemachine.acl import CLUSTER, Authorizer, Operation, ResourceType
 from store import MetadataStore, StoreUnavailable
 
@@ -55,6 +62,10 @@ ACL_REFRESH = 2.0
 _TOPIC = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 _GROUP = ErrorCode.GROUP_AUTHORIZATION_FAILED
 _CLUSTER = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+_T = TypeVar("_T")
+#: What names one topic: an entry of an answer left out where the topic is not to be shown.
+_Named = TypeVar("_Named", PartitionOffset, TopicPartition)
 
 
 @attrs.define(eq=False)
@@ -145,7 +156,7 @@ def refusal(
     return None if error is None else error_response(message, error)
 
 
-def visible(
+async def visible(
     authorizer: Authorizer,
     principal: str,
     request: RequestMessage,
@@ -153,26 +164,102 @@ def visible(
 ) -> ResponseMessage:
     """``response`` with what the principal may not describe left out: in ClusterMetadata, a
     topic it asked for by name is answered TOPIC_AUTHORIZATION_FAILED and one it did not ask for
-    is not shown; in ListGroups, such groups are not shown."""
+    is not shown; in OffsetFetch, a partition it asked for by name is answered -1 (no committed
+    offset, as for any partition the group never committed) and one it did not ask for is not
+    shown; in DescribeGroup, such topics' offsets, subscriptions and partitions are not shown; in
+    ListGroups, such groups are not shown. A chunk at a time (broker/pace.py): an answer may
+    name 100,000 partitions, or 10,000 members each with a pattern to narrow."""
     if not authorizer.enabled or principal in authorizer.super_users:
         return response
+    decided: dict[tuple[ResourceType, str], bool] = {}
 
     def may(resource: ResourceType, name: str) -> bool:
-        return authorizer.allows(principal, Operation.DESCRIBE, resource, name)
+        # An answer names one topic for each of its partitions: each name is decided once.
+        key = (resource, name)
+        allowed = decided.get(key)
+        if allowed is None:
+            allowed = decided[key] = authorizer.allows(
+                principal, Operation.DESCRIBE, resource, name
+            )
+        return allowed
 
-    if isinstance(response, ClusterMetadataResponse):
-        named = isinstance(request, ClusterMetadataRequest) and request.topics is not None
-        topics = tuple(
-            topic
-            if may(ResourceType.TOPIC, topic.topic)
-            else TopicMetadata(topic=topic.topic, error_code=_TOPIC, partitions=())
-            for topic in response.topics
-            if named or may(ResourceType.TOPIC, topic.topic)
-        )
-        return attrs.evolve(response, topics=topics)
-    if isinstance(response, ListGroupsResponse):
-        groups = tuple(g for g in response.groups if may(ResourceType.GROUP, g.group_id))
-        return attrs.evolve(response, groups=groups)
+    pace = Pace()
+
+    async def kept(listed: tuple[_T, ...], shown: Callable[[_T], _T | None]) -> tuple[_T, ...]:
+        """What ``shown`` makes of each entry, those it leaves out (None) left out."""
+        out: list[_T] = []
+        for start in range(0, len(listed), ANSWER_CHUNK):
+            chunk = listed[start : start + ANSWER_CHUNK]
+            out.extend(entry for entry in map(shown, chunk) if entry is not None)
+            await pace.did(len(chunk))
+        return tuple(out)
+
+    def topic_named(entry: _Named) -> _Named | None:
+        return entry if may(ResourceType.TOPIC, entry.topic) else None
+
+    match response:
+        case ClusterMetadataResponse():
+            named = isinstance(request, ClusterMetadataRequest) and request.topics is not None
+
+            def described(topic: TopicMetadata) -> TopicMetadata | None:
+                if may(ResourceType.TOPIC, topic.topic):
+                    return topic
+                return (
+                    TopicMetadata(topic=topic.topic, error_code=_TOPIC, partitions=())
+                    if named
+                    else None
+                )
+
+            return attrs.evolve(response, topics=await kept(response.topics, described))
+        case ListGroupsResponse():
+
+            def group_named(group: GroupSummary) -> GroupSummary | None:
+                return group if may(ResourceType.GROUP, group.group_id) else None
+
+            return attrs.evolve(response, groups=await kept(response.groups, group_named))
+        case OffsetFetchResponse():
+            if isinstance(request, OffsetFetchRequest) and request.partitions is not None:
+
+                def answered(offset: PartitionOffset) -> PartitionOffset:
+                    return (
+                        offset
+                        if may(ResourceType.TOPIC, offset.topic)
+                        else attrs.evolve(offset, offset=-1)
+                    )
+
+                return attrs.evolve(response, offsets=await kept(response.offsets, answered))
+            return attrs.evolve(response, offsets=await kept(response.offsets, topic_named))
+        case DescribeGroupResponse():
+            every = authorizer.every_topic(principal, Operation.DESCRIBE)
+            names = sorted(authorizer.topics_by_name(principal, Operation.DESCRIBE))
+            # A group's members mostly share one subscription: each is narrowed once.
+            subscriptions: dict[Subscription, Subscription] = {}
+            members = []
+            for member in response.members:
+                subscription = subscriptions.get(member.subscription)
+                if subscription is None:
+                    subscription = subscriptions[member.subscription] = attrs.evolve(
+                        member.subscription
+                        if every or member.subscription.pattern is None
+                        else _taking(member.subscription, names),
+                        topics=tuple(
+                            entry
+                            for entry in member.subscription.topics
+                            if may(ResourceType.TOPIC, entry.topic)
+                        ),
+                    )
+                    await pace.did(len(names) + len(member.subscription.topics))
+                partitions = await kept(member.partitions, topic_named)
+                members.append(
+                    attrs.evolve(member, subscription=subscription, partitions=partitions)
+                )
+                await pace.did(1)
+            return attrs.evolve(
+                response,
+                members=tuple(members),
+                offsets=await kept(response.offsets, topic_named),
+                reported_offsets=await kept(response.reported_offsets, topic_named),
+            )
     return response
 
 
@@ -180,16 +267,17 @@ def narrowed(authorizer: Authorizer, principal: str, subscription: Subscription)
     """A wildcard subscription that matches only topics the principal may read: the readable
     topic names its pattern takes, as a pattern of their own. Unchanged if the principal may
     read every topic, or the subscription names its topics."""
-    if subscription.pattern is None or authorizer.reads_every_topic(principal):
+    if subscription.pattern is None or authorizer.every_topic(principal, Operation.READ):
         return subscription
-    names = sorted(
-        name
-        for name in authorizer.topics_readable_by_name(principal)
-        if subscription.streams_for(name) > 0
-    )
+    return _taking(subscription, sorted(authorizer.topics_by_name(principal, Operation.READ)))
+
+
+def _taking(subscription: Subscription, names: Iterable[str]) -> Subscription:
+    """``subscription`` with its pattern replaced by those of ``names`` it takes."""
+    taken = [name for name in names if subscription.streams_for(name) > 0]
     # An empty pattern matches no topic: a topic's name is never empty.
     return attrs.evolve(
         subscription,
-        pattern="|".join(re.escape(name) for name in names),
+        pattern="|".join(re.escape(name) for name in taken),
         pattern_is_blacklist=False,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
@@ -23,7 +24,8 @@ import trio_util
 
 from broker import authorization, placement
 from broker.authorization import Access
-from broker.offices import BySlot, Offices, coordinator_of, distinct, whole_office
+from broker.offices import BySlot, Offices, coordinator_of, distinct, topic_reads, whole_office
+from broker.pace import ANSWER_CHUNK, Pace
 from coordinator import validation
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.limits import RequestLimits
@@ -81,8 +83,6 @@ _RANDOM = random.Random()
 
 #: Requests a connection may have queued before its reader waits for the worker.
 REQUEST_QUEUE = 64
-#: Entries of an answer built between two checkpoints (about a millisecond of work).
-ANSWER_CHUNK = 1000
 #: OffsetCommits of one connection waiting for durability at once; the next waits (and with it
 #: the worker, then the reader): a peer that pipelines commits gets no task per commit.
 COMMITS_IN_FLIGHT = 16
@@ -143,7 +143,7 @@ class _Session:
         response = await self._answer(request)
         if response is None:
             return None
-        return authorization.visible(access.current, principal, request.message, response)
+        return await authorization.visible(access.current, principal, request.message, response)
 
     def _route(self, group_id: str) -> GroupCoordinator | None:
         coordinator = coordinator_of(self.offices, group_id)
@@ -286,6 +286,7 @@ class _Session:
 
     async def _metadata(self, message: ClusterMetadataRequest) -> ClusterMetadataResponse:
         offices = self.offices
+        asked = trio.current_time()
         try:
             view = await offices.view(self.channel.listener)
         except StoreUnavailable as exc:
@@ -301,7 +302,7 @@ class _Session:
         if message.topics is not None and not topics.keys() >= set(message.topics):
             # Perhaps created since the view was read (the topic watch lags a write elsewhere).
             with contextlib.suppress(StoreUnavailable):
-                topics = await offices.store.topics()
+                topics = await topic_reads(offices.store).since(asked)
         slots = offices.config.coordinator_slots
         holders = tuple(view.holders.get(slot, -1) for slot in range(slots))
         coordinator_id, epoch = -1, -1
@@ -323,7 +324,7 @@ class _Session:
             running = self._coordinators()
             if len(running) == 1:
                 epoch = running[0].epoch
-        answer = cluster_metadata(
+        answer = await cluster_metadata(
             message,
             topics=topics,
             brokers=view.brokers,
@@ -340,7 +341,7 @@ class _Session:
         return await add_partitions(self.offices.store, message, self.limits)
 
 
-def cluster_metadata(
+async def cluster_metadata(
     message: ClusterMetadataRequest,
     *,
     topics: Mapping[str, TopicPlacement],
@@ -351,7 +352,13 @@ def cluster_metadata(
     slot_holders: tuple[int, ...] = (),
 ) -> ClusterMetadataResponse:
     """The answer to ClusterMetadata from a broker that knows these topics and brokers; each
-    topic named once however often it was asked for (the answer repeats its partitions)."""
+    topic named once however often it was asked for (the answer repeats its partitions).
+
+    A request of a few bytes asks for every partition of the cluster (or of a thousand named
+    topics): each topic is built once per placement and kept, and the answer is put together
+    with a checkpoint after about every :data:`ANSWER_CHUNK` entries (topics, and partitions of
+    a topic built anew), so no such request holds the event loop for other connections
+    (docs/limits.md)."""
     error = validation.request_error(message, "", limits)
     if error is not ErrorCode.NONE:
         refusal = error_response(message, error)
@@ -359,7 +366,9 @@ def cluster_metadata(
         return refusal
     names = sorted(topics) if message.topics is None else list(dict.fromkeys(message.topics))
     found = []
+    pace = Pace()
     for name in names:
+        await pace.did(1)
         placement = topics.get(name)
         if placement is None:
             found.append(
@@ -368,10 +377,19 @@ def cluster_metadata(
                 )
             )
             continue
-        partitions = tuple(
-            PartitionMetadata(partition=p, broker_id=b) for p, b in enumerate(placement.brokers)
-        )
-        found.append(TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=partitions))
+        described = _DESCRIBED.get(placement)
+        if described is None or described.topic != name:
+            partitions: list[PartitionMetadata] = []
+            for start in range(0, placement.partition_count, ANSWER_CHUNK):
+                chunk = placement.brokers[start : start + ANSWER_CHUNK]
+                partitions.extend(
+                    PartitionMetadata(partition=p, broker_id=b) for p, b in enumerate(chunk, start)
+                )
+                await pace.did(len(chunk))
+            described = _DESCRIBED[placement] = TopicMetadata(
+                topic=name, error_code=ErrorCode.NONE, partitions=tuple(partitions)
+            )
+        found.append(described)
     return ClusterMetadataResponse(
         error_code=ErrorCode.NONE,
         coordinator_id=coordinator_id,
@@ -380,6 +398,11 @@ def cluster_metadata(
         topics=tuple(found),
         slot_holders=slot_holders,
     )
+
+
+#: Each topic as ClusterMetadata answers it, for as long as a view of the topics holds its
+#: placement: built once, not for every request (a topic may have 10,000 partitions).
+_DESCRIBED: weakref.WeakKeyDictionary[TopicPlacement, TopicMetadata] = weakref.WeakKeyDictionary()
 
 
 async def create_topic(

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 import attrs
+import trio
 import trio_util
 
 from coordinator.config import CoordinatorConfig
@@ -29,10 +30,12 @@ __all__ = [
     "BySlot",
     "ClusterView",
     "Offices",
+    "TopicReads",
     "WholeOffice",
     "coordinator_of",
     "distinct",
     "refresh_brokers",
+    "topic_reads",
     "whole_office",
 ]
 
@@ -148,3 +151,53 @@ async def refresh_brokers(coordinator: GroupCoordinator, listener: str) -> None:
     coordinator.brokers = await coordinator.store.brokers()
     if listener:
         coordinator.brokers_by_listener[listener] = await coordinator.store.brokers(listener)
+
+
+@attrs.define(eq=False)
+class TopicReads:
+    """Reads of every topic from the store, shared among the requests that need one.
+
+    A ClusterMetadata naming a topic the broker's view lacks reads the topics again, in case it
+    was created elsewhere since the view was read (the topic watch lags a write on another
+    broker). A read costs the store one read per topic (ZooKeeper: a node each), so a small
+    request naming a topic that does not exist would otherwise cost as much as the cluster is
+    large, once per request, as many at once as clients send them. Here at most one read is in
+    flight per store, and it answers every request that arrived before it began: each still
+    sees every topic created before it asked."""
+
+    store: MetadataStore
+    #: The last read: when it began, and what it found.
+    _latest: tuple[float, Mapping[str, TopicPlacement]] | None = None
+    #: Set when the read in flight ends (None: none is).
+    _reading: trio.Event | None = None
+
+    async def since(self, moment: float) -> Mapping[str, TopicPlacement]:
+        """The topics as a read begun after ``moment`` (``trio.current_time()``) found them;
+        ``StoreUnavailable`` if the store cannot be read."""
+        while True:
+            latest = self._latest
+            if latest is not None and latest[0] > moment:
+                return latest[1]
+            if self._reading is not None:
+                await self._reading.wait()
+                continue  # that read may have begun too early, or failed
+            reading = self._reading = trio.Event()
+            began = trio.current_time()
+            try:
+                topics = await self.store.topics()
+            finally:
+                self._reading = None
+                reading.set()
+            self._latest = (began, topics)
+            return topics
+
+
+_READS: weakref.WeakKeyDictionary[MetadataStore, TopicReads] = weakref.WeakKeyDictionary()
+
+
+def topic_reads(store: MetadataStore) -> TopicReads:
+    """The one TopicReads of ``store``, shared by every connection of the broker."""
+    reads = _READS.get(store)
+    if reads is None:
+        reads = _READS[store] = TopicReads(store=store)
+    return reads

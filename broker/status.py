@@ -3,7 +3,8 @@
 ``/metrics`` is Prometheus' text format; ``/`` is a page a person reads: brokers, topics and
 where their partitions live, groups with their members, partitions and lag, and the last
 rebalances. The page is rendered here, refreshes itself every few seconds (a meta refresh, no
-script), and escapes every id and name, since those come from clients.
+script), and escapes every id and name, since those come from clients: HTML's specials, and every
+character a person cannot see (:mod:`protocol.shown`).
 
 The server is deliberately small: HTTP/1.0, GET and HEAD only, one request a connection, a
 request head of at most MAX_HEAD_BYTES read within HEAD_DEADLINE of the accept, the answer sent
@@ -26,6 +27,7 @@ import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from broker.metrics import BrokerMetrics, Snapshot
+from protocol.shown import escape_unprintable
 from transport.channel import RateLimitedLog
 from transport.listener import ConnectionGate, serve_listeners
 from transport.security import Peer
@@ -138,7 +140,7 @@ async def _respond(
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(escape_unprintable(str(value)), quote=True)
 
 
 def format_age(seconds: float | None, unknown: str = "?") -> str:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from broker.status import format_age
 from cli.security import add_client_options, client_security
 from consumer.admin import Admin, open_admin
+from protocol.shown import escape_unprintable
 from protocol.types import TopicPartition
 from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
 
@@ -217,8 +218,8 @@ async def _groups_describe(admin: Admin, args: argparse.Namespace) -> None:
         return
     waiting = sum(m.awaiting for m in report.members)
     print(
-        f"group {report.group}: {report.state}, generation {report.generation}, "
-        f"{len(report.members) - waiting} members"
+        f"group {escape_unprintable(report.group)}: {escape_unprintable(report.state)}, "
+        f"generation {report.generation}, {len(report.members) - waiting} members"
         + (f", awaiting {waiting} after a coordinator failover" if waiting else "")
     )
     if report.members:
@@ -309,7 +310,10 @@ def _say(args: argparse.Namespace, as_json: dict[str, object], text: str) -> Non
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    cells = [list(header)] + [[str(c) for c in row] for row in rows]
+    """Columns aligned, each cell escaped (:mod:`protocol.shown`): ids and names come from
+    clients, and one with a bidirectional override or a zero-width space would misalign or
+    disguise what an operator reads."""
+    cells = [list(header)] + [[escape_unprintable(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for row in cells:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

@@ -6,11 +6,12 @@ other control or invisible characters (an ANSI escape, a right-to-left override,
 or rewrite what an operator reads. Escaping every log call would need every call site to get it
 right, in code several people edit; the formatter escapes instead, once, for every record: after
 the message is interpolated, any character that is not printable is written as ``repr`` writes it
-(a newline as ``\\n``, ESC as ``\\x1b``). So one record is one line, except a traceback, which the
-formatter appends after the escaped line with every one of its lines indented: an exception message
-that carries a client's id may still hold a newline, but what follows it cannot start at column 0,
-where every record starts. Backslashes are left alone (regex patterns stay
-readable), so a literal backslash-n in an id looks like an escaped newline but cannot start a line.
+(a newline as ``\\n``, ESC as ``\\x1b``: :mod:`protocol.shown`, as on the status page and in the
+CLI's tables). So one record is one line, except a traceback, which the formatter appends after
+the escaped line with every one of its lines indented: an exception message that carries a
+client's id may still hold a newline, but what follows it cannot start at column 0, where every
+record starts. Backslashes are left alone (regex patterns stay readable), so a literal
+backslash-n in an id looks like an escaped newline but cannot start a line.
 
 The CLI installs it (``configure_logging``). A program that embeds the coordinator, or a test that
 wants the same lines, puts :class:`EscapingFormatter` on its own handler:
@@ -24,18 +25,13 @@ import logging
 from types import TracebackType
 from typing import TextIO, TypeAlias
 
+from protocol.shown import escape_unprintable
+
 _ExcInfo: TypeAlias = (
     tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 )
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def escape_unprintable(text: str) -> str:
-    """``text`` with every non-printable character escaped as ``repr`` escapes it."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class EscapingFormatter(logging.Formatter):

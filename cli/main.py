@@ -36,6 +36,7 @@ from consumer import ProduceError
 from consumer.admin import AdminError
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from coordinator.limits import RequestLimits
+from protocol.shown import escape_unprintable
 from store import StoreError
 from transport.channel import ChannelClosed
 from transport.limits import ConnectionLimits
@@ -382,7 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = _describe(cause)
         if args.command == "serve" and getattr(cause, "errno", None) == errno.EADDRINUSE:
             message = f"cannot listen on {args.host}:{args.port}: {message}"
-        print(f"coordinator: {message}", file=sys.stderr)
+        # One line, whatever an id or a name from the broker in it holds.
+        print(f"coordinator: {escape_unprintable(message)}", file=sys.stderr)
         return 2 if isinstance(cause, ValueError) else 1
     return 0
 

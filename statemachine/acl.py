@@ -136,22 +136,21 @@ class Authorizer:
         """Those of ``names`` (topics) the principal may read."""
         return [n for n in names if self.allows(principal, Operation.READ, ResourceType.TOPIC, n)]
 
-    def reads_every_topic(self, principal: str) -> bool:
-        """Whether the principal may read any topic, however named (a wildcard rule or a super
-        user), so that a subscription pattern needs no narrowing."""
+    def every_topic(self, principal: str, operation: Operation) -> bool:
+        """Whether the principal may do ``operation`` on any topic, however named (a wildcard rule
+        or a super user), so that a subscription pattern needs no narrowing."""
         if not self.enabled or principal in self.super_users:
             return True
         return any(
-            acl.allows(principal, Operation.READ, ResourceType.TOPIC, acl.name)
-            and acl.name == WILDCARD
+            acl.name == WILDCARD and acl.allows(principal, operation, ResourceType.TOPIC, acl.name)
             for acl in self.acls
         )
 
-    def topics_readable_by_name(self, principal: str) -> frozenset[str]:
-        """The literal topic names the principal's rules let it read."""
+    def topics_by_name(self, principal: str, operation: Operation) -> frozenset[str]:
+        """The literal topic names the principal's rules let it do ``operation`` on."""
         return frozenset(
             acl.name
             for acl in self.acls
             if acl.name != WILDCARD
-            and acl.allows(principal, Operation.READ, ResourceType.TOPIC, acl.name)
+            and acl.allows(principal, operation, ResourceType.TOPIC, acl.name)
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker.authorization import narrowed, refusal, visible
+from broker.pace import ANSWER_CHUNK
 from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
@@ -14,6 +15,7 @@ from protocol import (
     DeleteGroupRequest,
     DeleteTopicRequest,
     DescribeGroupRequest,
+    DescribeGroupResponse,
     ErrorCode,
     FetchRequest,
     GroupSummary,
@@ -21,6 +23,7 @@ from protocol import (
     ListGroupsRequest,
     ListGroupsResponse,
     ListOffsetsRequest,
+    MemberDescription,
     OffsetCommitRequest,
     OffsetFetchRequest,
     ProduceRequest,
@@ -28,8 +31,9 @@ from protocol import (
     RequestMessage,
     TopicMetadata,
 )
-from protocol.types import PartitionOffset, Subscription, TopicStreams
+from protocol.types import PartitionOffset, Subscription, TopicPartition, TopicStreams
 from statemachine.acl import Acl, Authorizer, Operation, ResourceType
+from tests.support.turns import turns_during
 
 ALICE = "User:alice"
 TOPIC_DENIED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
@@ -146,7 +150,7 @@ def test_wildcards_for_principal_and_name() -> None:
         rule(Operation.READ, ResourceType.TOPIC, "t", who="alice")
 
 
-def test_lists_show_only_what_the_principal_may_describe() -> None:
+async def test_lists_show_only_what_the_principal_may_describe() -> None:
     metadata = ClusterMetadataResponse(
         error_code=ErrorCode.NONE,
         coordinator_id=1,
@@ -157,10 +161,12 @@ def test_lists_show_only_what_the_principal_may_describe() -> None:
             for name in ("secret", "t")
         ),
     )
-    every = visible(READER, ALICE, ClusterMetadataRequest(group_id=None, topics=None), metadata)
+    every = await visible(
+        READER, ALICE, ClusterMetadataRequest(group_id=None, topics=None), metadata
+    )
     assert isinstance(every, ClusterMetadataResponse)
     assert [t.topic for t in every.topics] == ["t"]
-    named = visible(
+    named = await visible(
         READER, ALICE, ClusterMetadataRequest(group_id=None, topics=("secret", "t")), metadata
     )
     assert isinstance(named, ClusterMetadataResponse)
@@ -175,7 +181,7 @@ def test_lists_show_only_what_the_principal_may_describe() -> None:
             GroupSummary(group_id="h", state="Stable"),
         ),
     )
-    listed = visible(READER, ALICE, ListGroupsRequest(), groups)
+    listed = await visible(READER, ALICE, ListGroupsRequest(), groups)
     assert isinstance(listed, ListGroupsResponse)
     assert [g.group_id for g in listed.groups] == ["g"]
 
@@ -207,3 +213,38 @@ def test_a_pattern_matches_only_readable_topics() -> None:
     )
     unchanged = Subscription(pattern=".*")
     assert narrowed(everything, ALICE, unchanged) is unchanged
+
+
+async def test_a_large_answer_is_filtered_a_chunk_at_a_time() -> None:
+    """A group of 5,000 members with offsets on 20,000 partitions: others run between chunks,
+    and each member's pattern is narrowed as alice sees it."""
+    pattern = Subscription(pattern="t|u")
+    response = DescribeGroupResponse(
+        error_code=ErrorCode.NONE,
+        group_id="g",
+        state="Stable",
+        generation=1,
+        members=tuple(
+            MemberDescription(
+                member_id=f"m{i}",
+                client_id="c",
+                session_timeout_ms=6000,
+                subscription=pattern,
+                partitions=(TopicPartition(topic="u", partition=i),),
+            )
+            for i in range(5000)
+        ),
+        offsets=tuple(
+            PartitionOffset(topic=topic, partition=p, offset=1)
+            for topic in ("t", "u")
+            for p in range(10_000)
+        ),
+    )
+    shown, turns = await turns_during(
+        visible(READER, ALICE, DescribeGroupRequest(group_id="g"), response)
+    )
+    assert isinstance(shown, DescribeGroupResponse)
+    assert turns >= (5000 + 20_000) // (2 * ANSWER_CHUNK)
+    assert {m.subscription.pattern for m in shown.members} == {"t"}
+    assert not any(m.partitions for m in shown.members)
+    assert {o.topic for o in shown.offsets} == {"t"} and len(shown.offsets) == 10_000

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker.metrics import (
     BrokerMetrics,
     GroupView,
+    MemberView,
     MetricsConfig,
     PartitionLag,
     Snapshot,
@@ -22,6 +23,7 @@ from coordinator.config import CoordinatorConfig
 from protocol.types import BrokerInfo, Subscription, TopicPartition
 from simulation import open_simulated_cluster
 from statemachine.group import GroupState
+from tests.support.invisible import DISGUISED, INVISIBLE, shown_escaped
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -163,3 +165,14 @@ def test_the_page_escapes_every_id() -> None:
     # no offset reported yet: the lag is unknown, not zero
     assert "<td class='num lag-max'>-</td>" in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+
+
+def test_the_page_shows_invisible_characters_escaped() -> None:
+    """A bidirectional override or a zero-width space in an id would disguise it on the page:
+    each is shown as its escape."""
+    member = MemberView(member_id=DISGUISED, client_id=INVISIBLE, partitions=())
+    group = GroupView(group_id=DISGUISED, state="Stable", generation=1, members=(member,), lag=())
+    page = render_page(attrs.evolve(_snapshot(1), groups=(group,)))
+    assert [c for c in INVISIBLE if c in page] == []
+    assert page.count(shown_escaped(DISGUISED)) == 4  # the group's row (twice), heading; the member
+    assert shown_escaped(INVISIBLE) in page

@@ -10,6 +10,7 @@ import pytest
 from cli.admin import _groups_describe
 from consumer.admin import GroupReport, MemberReport, PartitionLag
 from protocol.types import TopicPartition
+from tests.support.invisible import DISGUISED, INVISIBLE, shown_escaped
 
 
 async def test_the_text_table_shows_a_reported_offset_apart_from_the_committed_one(
@@ -82,3 +83,27 @@ def test_the_json_gives_a_members_partitions_as_objects_like_the_top_level_list(
     }
     (row,) = described["partitions"]
     assert {k: row[k] for k in ("topic", "partition")} == member["partitions"][0]
+
+
+async def test_the_text_table_shows_invisible_characters_escaped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A member id with a right-to-left override or a zero-width space would disguise itself
+    and misalign the columns after it: each such character is shown as its escape."""
+    member = MemberReport(id=DISGUISED, partitions=(), client_id=INVISIBLE, host="h\u2066")
+    report = GroupReport(
+        group=DISGUISED, state="Empty", generation=1, members=(member,), partitions=()
+    )
+
+    class Described:
+        async def describe_group(self, group: str) -> GroupReport:
+            return report
+
+    await _groups_describe(Described(), argparse.Namespace(group="g", json=False))  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert [c for c in INVISIBLE if c in out] == []
+    header, member_header, row, *_ = out.splitlines()
+    assert header == f"group {shown_escaped(DISGUISED)}: Empty, generation 1, 1 members"
+    # The columns line up as the escapes are written.
+    assert row.split() == [shown_escaped(DISGUISED), shown_escaped(INVISIBLE), r"h\u2066", "-"]
+    assert row.index(shown_escaped(INVISIBLE)) == member_header.index("CLIENT ID")

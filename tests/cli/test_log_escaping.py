@@ -11,6 +11,7 @@ import pytest
 
 from cli.logformat import EscapingFormatter, configure_logging
 from cli.main import main
+from tests.support.invisible import DISGUISED, INVISIBLE, shown_escaped
 
 
 @pytest.fixture
@@ -48,6 +49,13 @@ def test_other_invisible_characters_are_escaped_and_printable_ones_kept(
     assert line.endswith(r"\x1b[2Jcleared\r|a\u202eb\u2028c|größe\d+ ✓")
 
 
+def test_bidirectional_and_zero_width_characters_are_escaped(cli_log: io.StringIO) -> None:
+    logging.getLogger("coordinator").info("group %s: %s joined", DISGUISED, INVISIBLE)
+    (line,) = cli_log.getvalue().splitlines()
+    assert [c for c in INVISIBLE if c in line] == []
+    assert line.endswith(f"group {shown_escaped(DISGUISED)}: {shown_escaped(INVISIBLE)} joined")
+
+
 def test_a_traceback_keeps_its_lines_and_cannot_forge_one(cli_log: io.StringIO) -> None:
     try:
         raise ValueError("boom for m\n2026-01-01 INFO forged line")
@@ -73,3 +81,26 @@ def test_the_cli_logs_through_the_escaping_formatter() -> None:
             if handler not in before:
                 root.removeHandler(handler)
         root.setLevel(level)
+
+
+def test_an_error_line_shows_invisible_characters_escaped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A verb's error may carry an id the broker or the user gave: its one line is escaped."""
+
+    async def refused(args: object) -> None:
+        raise ValueError(f"no group {DISGUISED}\nforged line")
+
+    monkeypatch.setattr("cli.main.run_admin", refused)
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    try:
+        assert main(["groups", "describe", "g"]) == 2
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in before:
+                root.removeHandler(handler)
+        root.setLevel(level)
+    assert capsys.readouterr().err == (
+        f"coordinator: no group {shown_escaped(DISGUISED)}\\nforged line\n"
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -14,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from broker.authorization import Access
 from broker.data_plane import BrokerLog, open_broker_log
 from broker.dispatch import handle_connection
 from broker.log import FsyncPolicy, LogConfig
@@ -61,6 +63,7 @@ from protocol.types import (
 )
 from store import open_embedded_store
 from transport.channel import Channel
+from transport.security import Peer
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -81,10 +84,21 @@ class Broker:
 
     @asynccontextmanager
     async def member(
-        self, on_request: Callable[[Channel, Request], Awaitable[None]], client_id: str = "m"
+        self,
+        on_request: Callable[[Channel, Request], Awaitable[None]],
+        client_id: str = "m",
+        *,
+        peer: Peer | None = None,
+        access: Access | None = None,
     ) -> AsyncIterator[Channel]:
+        """A connection whose requests from the broker go to ``on_request``; ``peer`` and
+        ``access``: who it authenticated as and the rules it is held to (None: none)."""
         client_end, server_end = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(handle_connection, self.coordinator, server_end, self.log)
+        self.nursery.start_soon(
+            partial(
+                handle_connection, self.coordinator, server_end, self.log, peer=peer, access=access
+            )
+        )
         channel = Channel.open(
             client_end, Role.CONSUMER, client_id=client_id, max_frame_size=CONFIG.max_frame_size
         )
