@@ -603,7 +603,7 @@ class ConsumerConfig:
     )
     """The share of the failover pace by which each look is moved at random, either way, so that a
     group's consumers spread their looks (0: none, for tests that assert exact instants)."""
-    failover_looks_per_second: float = attrs.field(default=500.0, validator=attrs.validators.gt(0))
+    failover_looks_per_second: float = attrs.field(default=200.0, validator=attrs.validators.gt(0))
     """How often a whole group may look for its coordinator while its consumers fetch under their
     leases: each consumer's pace is its estimate of the group's size divided by this, at least
     ``failover_retry`` and at most T/6 (:meth:`ConsumerMachine.failover_pace`)."""

@@ -1008,10 +1008,10 @@ def test_the_failover_pace_grows_with_the_group_and_stays_within_the_lease() -> 
         assert isinstance(look, Discover)
         return look
 
-    # Two partitions each: 2 of 2 is a group of one, 2 of 2,000 a group of 1,000 (2 s apart at
-    # 500 looks/s), 2 of 30,000 a group of 15,000 (30 s), but at most T/6 = 7.5 s apart.
+    # Two partitions each: 2 of 2 is a group of one, 2 of 200 a group of 100 (0.5 s apart at
+    # 200 looks/s), 2 of 30,000 a group of 15,000 (75 s), but at most T/6 = 7.5 s apart.
     assert pace_with(0) == pace_with(2) == Discover(delay=0.05, jitter=0.025)
-    assert pace_with(2_000) == Discover(delay=2.0, jitter=1.0)
+    assert pace_with(200) == Discover(delay=0.5, jitter=0.25)
     assert pace_with(30_000) == Discover(delay=7.5, jitter=3.75)
     assert pace_with(30_000, t=6.0) == Discover(delay=1.0, jitter=0.5)
 
