@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from collections.abc import Sequence
 
 from broker.status import format_age
@@ -11,6 +12,8 @@ from cli.security import add_client_options, client_security
 from consumer.admin import Admin, open_admin
 from protocol.types import TopicPartition
 from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
+
+log = logging.getLogger("coordinator")
 
 
 def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -75,6 +78,11 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     reset.add_argument("group")
     reset.add_argument("--topic", required=True)
+    reset.add_argument(
+        "--partition",
+        type=_non_negative_int,
+        help="only this partition (default: every one), e.g. to skip a corrupt batch",
+    )
     where = reset.add_mutually_exclusive_group(required=True)
     where.add_argument("--to-earliest", action="store_true")
     where.add_argument("--to-latest", action="store_true")
@@ -258,6 +266,11 @@ async def _groups_delete(admin: Admin, args: argparse.Namespace) -> None:
 async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
     await admin.topics([args.topic])  # an unknown topic has no bounds: nothing would be reset
     bounds = await admin.log_bounds([args.topic])
+    if args.partition is not None:
+        tp = TopicPartition(topic=args.topic, partition=args.partition)
+        if tp not in bounds:
+            raise ValueError(f"{tp} does not exist or its broker does not answer")
+        bounds = {tp: bounds[tp]}
     if args.to_offset is not None:
         for tp, (start, end) in sorted(bounds.items()):
             if not start <= args.to_offset <= end:
@@ -266,6 +279,8 @@ async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
     else:
         offsets = {tp: start if args.to_earliest else end for tp, (start, end) in bounds.items()}
     await admin.reset_offsets(args.group, offsets)
+    for tp, offset in sorted(offsets.items()):  # records skipped or read again: on the record
+        log.warning("group %s: committed offset of %s set to %d", args.group, tp, offset)
     rows = [(tp.topic, tp.partition, offset) for tp, offset in sorted(offsets.items())]
     if args.json:
         print(json.dumps([{"topic": t, "partition": p, "committed": o} for t, p, o in rows]))
