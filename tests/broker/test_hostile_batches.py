@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 import protocol.batches
+import protocol.records
 from broker.data_plane import MAX_FETCH_BYTES, BrokerLog, open_broker_log
 from broker.log import FsyncPolicy, LogConfig
 from protocol import ErrorCode, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse
@@ -99,8 +100,8 @@ async def test_a_batch_no_consumer_could_decode_is_refused_and_nothing_of_its_re
         assert partition.log_end_offset == 0
         assert partition.size_bytes == 0
         assert (await produce(log, good)).base_offset == 0
-        answer = await fetch(log, 0, 1 << 20, 1)
-        assert [v for b in read_batches(answer.batches) for v in b.values()] == [b"a", b"b"]
+        fetched = await fetch(log, 0, 1 << 20, 1)
+        assert [v for b in read_batches(fetched.batches) for v in b.values()] == [b"a", b"b"]
 
 
 def zstd_bomb(count: int) -> bytes:
@@ -115,7 +116,7 @@ async def test_a_version_0_fetch_of_a_million_record_batch_decodes_no_more_than_
     bomb = zstd_bomb(MILLION)
     assert len(bomb) < 2000
     made: list[int] = []
-    real_record = protocol.batches.Record
+    real_record = protocol.records.Record
 
     def counted(**fields: object) -> object:
         made.append(1)
