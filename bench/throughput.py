@@ -14,6 +14,10 @@ Figures (``--fsync`` never and always are separate runs):
 * ``consumer_library``: ``open_consumer`` end to end, decoding every record's key and value
   through ``RecordStream.batches()`` (``ConsumerBatch.keys()`` and ``.values()``);
 * ``producer_library``: ``Producer.enqueue`` (no checkpoint per record) then ``flush``;
+* ``produce_check``: the broker's check of a Produce's batches, per batch, in this process: the
+  CRC and header walk alone (all it did before issue 30) and with every record checked against
+  its section (decompressed, for the JSON batches), beside the broker's whole produce round trip
+  per batch from ``broker_produce``;
 * ``compression``: zstd (and lz4) on compressible JSON values through the producer library:
   bytes on disk and on the wire, and the rates, next to no compression;
 * ``broker_start_s`` (``--start-gib``, a run of its own): seconds from spawning a broker to every
@@ -36,6 +40,7 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -51,7 +56,14 @@ from protocol import (
     ProduceRequest,
     ProduceResponse,
 )
-from protocol.batches import Compression, build_batch, walk_batches
+from protocol.batches import (
+    BatchBuilder,
+    Compression,
+    batch_spans,
+    build_batch,
+    check_batches,
+    walk_batches,
+)
 from transport.connect import connect_any, open_channel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -463,6 +475,23 @@ def main() -> int:
         target_records_per_s=300_000,
         **common,
     )
+    round_trip_us = produce / count * 1e6
+    check_batches_of = [("raw", batch)] + [
+        (f"json-{codec.name.lower()}", _json_batch(events, args.batch_bytes, codec))
+        for codec in (Compression.NONE, Compression.ZSTD, Compression.LZ4)
+    ]
+    for name, checked in check_batches_of:
+        crc_us, whole_us = check_cost(checked)
+        emit(
+            figure="produce_check",
+            batch=name,
+            batch_bytes=len(checked),
+            crc_only_us=round(crc_us, 1),
+            whole_us=round(whole_us, 1),
+            ratio=round(whole_us / crc_us, 2),
+            broker_produce_round_trip_us=round(round_trip_us, 1) if name == "raw" else None,
+            fsync=args.fsync,
+        )
     raw = sum(len(v) for v in events)
     plain = compressed["none"]
     for name, (p, c, on_disk) in compressed.items():
@@ -481,6 +510,33 @@ def main() -> int:
             fsync=args.fsync,
         )
     return 0
+
+
+def _json_batch(values: list[bytes], batch_bytes: int, codec: Compression) -> bytes:
+    """The first batch the producer library would build of ``values``."""
+    builder = BatchBuilder(compression=codec, max_bytes=batch_bytes)
+    for value in values:
+        if not builder.append(value):
+            break
+    return builder.build()
+
+
+def check_cost(batch: bytes, rounds: int = 200) -> tuple[float, float]:
+    """Microseconds per batch (best of five runs of ``rounds``): what the broker checked before
+    issue 30 (headers and CRC), and what it checks now (that, and every record's section)."""
+
+    def best(check: Callable[[], object]) -> float:
+        runs = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(rounds):
+                check()
+            runs.append((time.perf_counter() - start) / rounds * 1e6)
+        return min(runs)
+
+    crc = best(lambda: batch_spans(batch))
+    whole = best(lambda: check_batches(batch, batch_spans(batch)))
+    return crc, whole
 
 
 if __name__ == "__main__":

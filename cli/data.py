@@ -233,7 +233,8 @@ async def run_consume(args: argparse.Namespace) -> int:
                     print(f"coordinator: consume: {exc}", file=sys.stderr)
                     return 1
                 except CorruptBatch as exc:
-                    print(f"coordinator: consume: {exc}{_skip_hint(exc, group)}", file=sys.stderr)
+                    line = f"coordinator: consume: {exc}{_skip_hint(exc, group)}"
+                    print(" ".join(line.split()), file=sys.stderr)  # one line, whatever the reason
                     return 1
                 finally:
                     nursery.cancel_scope.cancel()

@@ -227,10 +227,11 @@ async def run_fetcher(
         if failed is not None and not batches:
             failures += 1
             if failures < CORRUPT_ATTEMPTS:
-                log.warning("%s; fetching it again", failed)
+                log.info("%s; fetching it again", failed)
                 await trio.sleep(settings.retry_backoff)
                 continue
-            log.error("%s; the fetcher stops there until the partition is sought", failed)
+            # the application hears of it: CorruptBatch, when it reaches the batch
+            log.info("%s; the fetcher stops there until the partition is sought", failed)
         else:
             failed = None  # the batches before it first; the next fetch starts at it
             failures = 0
