@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from array import array
 
 import lz4.frame
 import pytest
@@ -129,3 +130,15 @@ def test_version_0_records_are_stored_in_batches_of_bounded_size() -> None:
     spans = batch_spans(batches_from_records(records))
     assert sum(s.record_count for s in spans) == 1000
     assert max(s.size for s in spans) <= RECORDS_BATCH_BYTES
+
+
+def test_length_columns_are_checked_across_the_chunks_a_check_takes_at_a_time() -> None:
+    from protocol.batches import _CHUNK, _column_total
+
+    n = 2 * _CHUNK + 5
+    lengths = array("i", [1, -1] * (n // 2) + [3])
+    assert _column_total(lengths) == n // 2 + 3
+    lengths[_CHUNK + 7] = -2  # in the second chunk
+    assert _column_total(lengths) is None
+    assert _column_total(array("i", [0, 5, -1]), lowest=0) is None
+    assert _column_total(array("i", [0, 5, 2]), lowest=0) == 7
