@@ -638,14 +638,15 @@ class _Layout:
 _CHUNK = 1 << 16
 
 
-def _column_total(lengths: array[int], lowest: int = -1) -> int | None:
-    """The bytes a length column says its items take (-1: null, when ``lowest`` is -1); None if a
-    length is below ``lowest``. ``min``, ``sum`` and ``count`` are C loops over the array, no
-    Python step per record, a chunk at a time so that a thread doing this for a batch of
-    millions of records holds the GIL for milliseconds at a time, not for a quarter second."""
+def _column_total(buf: ReadableBuffer, pos: int, count: int, lowest: int = -1) -> int | None:
+    """The bytes the ``count`` lengths at ``buf[pos:]`` say their items take (-1: null, when
+    ``lowest`` is -1); None if a length is below ``lowest``. ``min``, ``sum`` and ``count`` are C
+    loops over an array, no Python step per record, taken a chunk at a time: a thread checking a
+    batch of millions of records holds the GIL for milliseconds at a time, not a quarter second,
+    and copies no more than a chunk of the column."""
     total = 0
-    for at in range(0, len(lengths), _CHUNK):
-        part = lengths[at : at + _CHUNK]
+    for at in range(0, count, _CHUNK):
+        part = _int32s(buf, pos + 4 * at, min(_CHUNK, count - at))
         if min(part) < lowest:
             return None
         total += sum(part) + (part.count(-1) if lowest < 0 else 0)
@@ -708,8 +709,8 @@ class RecordBatch:
         size = len(section)
         if size < 12 * n:
             raise self._corrupt(f"{size} bytes of records section for {n} records")
-        keys_total = _column_total(_int32s(section, 4 * n, n))
-        values_total = _column_total(_int32s(section, 8 * n, n))
+        keys_total = _column_total(section, 4 * n, n)
+        values_total = _column_total(section, 8 * n, n)
         if keys_total is None or values_total is None:
             raise self._corrupt("a key or value length below -1")
         values_at = 12 * n + keys_total
@@ -718,15 +719,14 @@ class RecordBatch:
         if self.attributes & HEADERS:
             if end + 4 * n > size:
                 raise self._corrupt("no room for its headers column")
-            lengths = _int32s(section, end, n)
-            blocks_total = _column_total(lengths, lowest=0)
+            blocks_total = _column_total(section, end, n, lowest=0)
             if blocks_total is None:
                 raise self._corrupt("a headers block of negative length")
             blocks_at = end + 4 * n
-            end = blocks_at + blocks_total
-            if end == size:
-                blocks = self._slices(section, lengths, blocks_at)
+            if blocks_at + blocks_total == size:
+                blocks = self._slices(section, _int32s(section, end, n), blocks_at)
                 headers = [decode_headers(block) if block else () for block in blocks]
+            end = blocks_at + blocks_total
         if end != size:
             raise self._corrupt(f"its lengths add up to {end} bytes, its section has {size}")
         return _Layout(values_at=values_at, headers=headers)
@@ -782,13 +782,14 @@ class RecordBatch:
         i = max(0, first_offset - self.base_offset)
         if i >= n:
             return
-        key_lengths = _int32s(section, 4 * n, n)
-        value_lengths = _int32s(section, 8 * n, n)
-        deltas = None if self.attributes & APPEND_TIME else _int32s(section, 0, n)
-        key_at = 12 * n + (_column_total(key_lengths[:i]) or 0)
-        value_at = self.columns()[4] + (_column_total(value_lengths[:i]) or 0)
+        m = min(n - i, max_bytes // RECORD_OVERHEAD + 1)  # the most that can fit
+        key_lengths = _int32s(section, 4 * (n + i), m)
+        value_lengths = _int32s(section, 4 * (2 * n + i), m)
+        deltas = None if self.attributes & APPEND_TIME else _int32s(section, 4 * i, m)
+        key_at = 12 * n + (_column_total(section, 4 * n, i) or 0)
+        value_at = self.columns()[4] + (_column_total(section, 8 * n, i) or 0)
         used = 0
-        for j in range(i, n):
+        for j in range(m):
             k, v = key_lengths[j], value_lengths[j]
             size = RECORD_OVERHEAD + max(k, 0) + max(v, 0)
             if used and used + size > max_bytes:
@@ -799,7 +800,7 @@ class RecordBatch:
             key_at += max(k, 0)
             value_at += max(v, 0)
             ts = self.append_time_ms if deltas is None else self.first_timestamp_ms + deltas[j]
-            yield self.base_offset + j, ts, key, value, size
+            yield self.base_offset + i + j, ts, key, value, size
 
     def _slices(self, section: bytes, lengths: array[int], start: int) -> list[bytes | None]:
         out: list[bytes | None] = []
