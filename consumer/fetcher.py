@@ -189,6 +189,7 @@ async def run_fetcher(
         if trio.current_time() >= deadline:
             return  # answered after the lease ran out: not ours to deliver
         if claim.seeks != seeks:
+            failures = 0
             continue  # asked for before a seek or pause: the position it answers is gone
         if isinstance(response, ListOffsetsResponse):
             if response.error_code is not ErrorCode.NONE:

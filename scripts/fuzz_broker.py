@@ -65,7 +65,7 @@ ANSWER_TIMEOUT = 5.0
 frame cut short is the broker's to time out, after its --frame-timeout)."""
 _CAPPED = (
     "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit})); "
-    "sys.argv[0] = 'coordinator'; runpy.run_module('coordinator', run_name='__main__')"
+    "sys.argv[0] = 'coordinator'; runpy.run_module('cli', run_name='__main__')"
 )
 """``python -m cli`` with its address space capped."""
 HISTORY = 200
