@@ -191,19 +191,24 @@ def start_broker(data_dir: Path, fsync: str) -> tuple[subprocess.Popen[bytes], i
     return process, int(match.group(1))
 
 
-async def broker_rates(port: int, batch: bytes, count: int, records: int) -> tuple[float, float]:
+async def broker_rates(
+    port: int, batch: bytes, count: int, records: int, pid: int
+) -> tuple[float, float, float]:
     """Seconds to produce ``count`` ready-made batches one request at a time, and to fetch them
-    back as whole batches, walking only their headers."""
+    back as whole batches, walking only their headers; and the broker's CPU seconds (user and
+    system, ``pid``'s) for the produces."""
     stream, _ = await connect_any([("127.0.0.1", port)])
     async with open_channel(stream, client_id="bench", max_frame_size=8 * FETCH_BYTES) as channel:
         await channel.request(CreateTopicRequest(topic="raw", partitions=1))
         request = ProduceRequest(topic="raw", partition=0, records=(), batches=batch)
+        cpu_start = process_cpu_s(pid)
         start = time.perf_counter()
         for _ in range(count):
             response = await channel.request(request)
             assert isinstance(response, ProduceResponse), response
             assert response.error_code is ErrorCode.NONE, response
         produce = time.perf_counter() - start
+        produce_cpu = process_cpu_s(pid) - cpu_start
         start = time.perf_counter()
         offset = 0
         while offset < records:
@@ -214,7 +219,13 @@ async def broker_rates(port: int, batch: bytes, count: int, records: int) -> tup
             for _, _, base, n, _ in walk_batches(answer.batches, check_crc=False):
                 offset = base + n
         fetch = time.perf_counter() - start
-    return produce, fetch
+    return produce, fetch, produce_cpu
+
+
+def process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` so far (Linux's /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def library_rates(
@@ -431,7 +442,9 @@ def main() -> int:
         data_dir = tmp / "data"
         process, port = start_broker(data_dir, args.fsync)
         try:
-            produce, fetch = trio.run(broker_rates, port, batch, count, records)
+            produce, fetch, produce_cpu = trio.run(
+                broker_rates, port, batch, count, records, process.pid
+            )
             values = [value] * records
             lib_produce, lib_consume = trio.run(
                 library_rates, port, "lib", values, args.batch_bytes, Compression.NONE
@@ -461,6 +474,12 @@ def main() -> int:
             target_ratio=0.5,
             **common,
         )
+    emit(
+        figure="broker_produce_cpu",
+        cpu_us_per_produce=round(produce_cpu / count * 1e6, 1),
+        produces=count,
+        **common,
+    )
     emit(
         figure="consumer_library",
         api="RecordStream.batches(): ConsumerBatch.keys() and .values()",
