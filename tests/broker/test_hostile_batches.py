@@ -6,6 +6,7 @@ limit, under the broker's one decompression budget."""
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,6 +16,7 @@ import pytest
 import trio
 import trio.testing
 
+import broker.data_plane
 import protocol.batches
 import protocol.records
 from broker.data_plane import MAX_FETCH_BYTES, BrokerLog, open_broker_log
@@ -22,6 +24,7 @@ from broker.log import FsyncPolicy, LogConfig
 from protocol import ErrorCode, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse
 from protocol.batches import (
     HEADERS,
+    BatchSpan,
     Compression,
     build_batch,
     encode_batch,
@@ -89,8 +92,16 @@ POISONED = {
 
 @pytest.mark.parametrize("poison", list(POISONED), ids=list(POISONED))
 async def test_a_batch_no_consumer_could_decode_is_refused_and_nothing_of_its_request_written(
-    tmp_path: Path, poison: str
+    tmp_path: Path, poison: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    checked_in: list[int] = []
+    real_check = protocol.batches.check_batches
+
+    def check(buf: bytes, spans: list[BatchSpan]) -> None:
+        checked_in.append(threading.get_ident())
+        real_check(buf, spans)
+
+    monkeypatch.setattr(broker.data_plane, "check_batches", check)
     good = build_batch([b"a", b"b"])
     async with open_log(tmp_path) as log:
         # a good batch first in the same request: it is not written either
@@ -99,6 +110,7 @@ async def test_a_batch_no_consumer_could_decode_is_refused_and_nothing_of_its_re
         partition = log.partitions[next(iter(log.partitions))]
         assert partition.log_end_offset == 0
         assert partition.size_bytes == 0
+        assert checked_in and threading.main_thread().ident not in checked_in  # off the loop
         assert (await produce(log, good)).base_offset == 0
         fetched = await fetch(log, 0, 1 << 20, 1)
         assert [v for b in read_batches(fetched.batches) for v in b.values()] == [b"a", b"b"]
@@ -115,11 +127,11 @@ async def test_a_version_0_fetch_of_a_million_record_batch_decodes_no_more_than_
 ) -> None:
     bomb = zstd_bomb(MILLION)
     assert len(bomb) < 2000
-    made: list[int] = []
+    made: list[int] = []  # the thread that made each record
     real_record = protocol.records.Record
 
     def counted(**fields: object) -> object:
-        made.append(1)
+        made.append(threading.get_ident())
         return real_record(**fields)  # type: ignore[arg-type]
 
     monkeypatch.setattr(protocol.batches, "Record", counted)
@@ -134,6 +146,7 @@ async def test_a_version_0_fetch_of_a_million_record_batch_decodes_no_more_than_
             assert [r.offset for r in answer.records] == list(range(offset, offset + expected))
             assert sum(record_size(r) for r in answer.records) <= max(limit, RECORD_OVERHEAD)
             assert len(made) == expected  # the work: records made, not the batch's million
+            assert threading.main_thread().ident not in made  # off the event loop
         # version 1 answers the stored batch as it is: the consumer decodes it
         answer = await fetch(log, 0, 1024, 1)
         assert len(answer.batches) == len(bomb)
