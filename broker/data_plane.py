@@ -53,6 +53,7 @@ from protocol import (
 )
 from protocol.batches import (
     MAX_SECTION_BYTES,
+    BatchSpan,
     batch_spans,
     batches_from_records,
     check_batches,
@@ -177,13 +178,15 @@ class BrokerLog:
         except CorruptSegment as exc:
             log.error("fetch %s-%d: %s", message.topic, message.partition, exc)
             error = ErrorCode.CORRUPT_MESSAGE
+        # headers only, walked once for both uses: the records are not decoded
+        wanted = bool(data) and (self.observer is not None or api_version == 0)
+        spans = batch_spans(data, check_crc=False) if wanted else []
         if self.observer is not None and data:
-            # headers only: the records are not decoded
-            count = sum(span.record_count for span in batch_spans(data, check_crc=False))
+            count = sum(span.record_count for span in spans)
             self.observer.fetched(message.topic, count, len(data))
         if api_version == 0:
             try:
-                records = await self._records(data, message.offset, max_bytes)
+                records = await self._records(data, spans, message.offset, max_bytes)
             except RemoteProtocolError as exc:  # a stored batch whose records do not parse
                 log.error("fetch %s-%d (v0): %s", message.topic, message.partition, exc)
                 records, error = (), ErrorCode.CORRUPT_MESSAGE
@@ -201,14 +204,16 @@ class BrokerLog:
             batches=data,
         )
 
-    async def _records(self, data: bytes, offset: int, max_bytes: int) -> tuple[Record, ...]:
+    async def _records(
+        self, data: bytes, spans: list[BatchSpan], offset: int, max_bytes: int
+    ) -> tuple[Record, ...]:
         """A version-0 Fetch's records: at most ``max_bytes`` of them decoded (a batch that
         claims a million records makes no more than the Fetch asked for), in a worker thread
         (decompressing releases the GIL; the bounded decoding takes turns with the loop), under
         the broker's decompression budget."""
         if not data:
             return ()
-        claim = section_bound(data, batch_spans(data, check_crc=False))
+        claim = section_bound(data, spans)
         await self.decompressed.claim(0, claim)
         try:
             return await trio.to_thread.run_sync(
