@@ -636,7 +636,7 @@ class _Layout:
 #: Elements of a length column a check takes in one C call: ``min`` over 65,536 int32s takes
 #: about 3 ms, and the GIL can pass to the event loop only between calls.
 _CHUNK = 1 << 16
-_NULLS = _LE_I32.pack(-1)
+_NULLS = _LE_I32.pack(-1) * _CHUNK
 
 
 def _column_total(buf: ReadableBuffer, pos: int, count: int, lowest: int = -1) -> int | None:
@@ -644,12 +644,15 @@ def _column_total(buf: ReadableBuffer, pos: int, count: int, lowest: int = -1) -
     ``lowest`` is -1); None if a length is below ``lowest``. ``min``, ``sum`` and ``count`` are C
     loops over an array, no Python step per record, taken a chunk at a time: a thread checking a
     batch of millions of records holds the GIL for milliseconds at a time, not a quarter second,
-    and copies no more than a chunk of the column."""
-    if lowest < 0 and buf[pos : pos + 4 * count] == _NULLS * count:
-        return 0  # every item null (a batch without keys): one comparison of bytes
+    and copies no more than a chunk of the column. A chunk of nulls (a batch without keys) is
+    one comparison of bytes."""
     total = 0
     for at in range(0, count, _CHUNK):
-        part = _int32s(buf, pos + 4 * at, min(_CHUNK, count - at))
+        n = min(_CHUNK, count - at)
+        raw = buf[pos + 4 * at : pos + 4 * (at + n)]
+        if lowest < 0 and raw == _NULLS[: 4 * n]:
+            continue
+        part = _int32s(raw, 0, n)
         low = min(part)
         if low < lowest:
             return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import tracemalloc
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -178,3 +179,20 @@ async def test_decompression_waits_for_the_brokers_budget(tmp_path: Path) -> Non
             budget.release(budget.limit)
         assert [a.error_code for a in answers] == [ErrorCode.NONE]
         assert budget.used == 0
+
+
+async def test_a_version_0_fetch_of_a_million_record_batch_takes_memory_for_its_section_only(
+    tmp_path: Path,
+) -> None:
+    section_bytes = 12 * MILLION  # what the batch decompresses to
+    async with open_log(tmp_path) as log:
+        assert (await produce(log, zstd_bomb(MILLION))).error_code is ErrorCode.NONE
+        tracemalloc.start()
+        try:
+            answer = await fetch(log, 0, 1024, 0)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert len(answer.records) == 1024 // RECORD_OVERHEAD
+        # the section, and a little: not a Python object per record of the million
+        assert peak < section_bytes + 4 * 1024 * 1024
