@@ -215,7 +215,8 @@ async def run_fetcher(
             continue
         failed: CorruptBatch | None = None
         if response.error_code is ErrorCode.CORRUPT_MESSAGE:  # the broker cannot read its file
-            failed = CorruptBatch(tp.topic, tp.partition, claim.position, None, "unreadable")
+            reason = "the broker cannot read it: CORRUPT_MESSAGE"
+            failed = CorruptBatch(tp.topic, tp.partition, claim.position, None, reason)
             batches: list[ConsumerBatch] = []
         elif response.error_code is not ErrorCode.NONE:
             log.info("%s: Fetch failed: %s", tp, response.error_code.name)

@@ -9,6 +9,7 @@ import logging
 import struct
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -17,9 +18,10 @@ import simulation.log
 from consumer import ConsumerSettings, CorruptBatch, open_consumer, open_producer
 from consumer.fetcher import CORRUPT_ATTEMPTS
 from coordinator.config import CoordinatorConfig
-from protocol.batches import HEADER_SIZE, encode_batch
+from protocol import ErrorCode, FetchRequest
+from protocol.batches import HEADER_SIZE, batch_spans, build_batch, encode_batch
 from protocol.types import TopicPartition
-from simulation import SimulatedCluster, open_simulated_cluster
+from simulation import MemoryLog, SimulatedCluster, open_simulated_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
 TP = TopicPartition(topic="t", partition=0)
@@ -49,6 +51,22 @@ def damage(cluster: SimulatedCluster, how: str, monkeypatch: pytest.MonkeyPatch)
             encode_batch(section, 1, first_timestamp_ms=-1, max_timestamp_ms=-1),
             monkeypatch,
         )
+    elif how == "unreadable":  # the broker cannot read it: Fetch answers CORRUPT_MESSAGE
+        store_unchecked(cluster, build_batch([b"d"]), monkeypatch)
+        real_fetch = simulation.log.MemoryLog._fetch
+
+        def fetch(log: MemoryLog, partition: object, message: FetchRequest, version: int) -> object:
+            answer = real_fetch(log, partition, message, version)  # type: ignore[arg-type]
+            if message.offset < 3:  # the read stops before the batch it cannot read
+                end = [s.position for s in batch_spans(answer.batches) if s.base_offset == 3]
+                return attrs.evolve(
+                    answer, batches=answer.batches[: end[0]] if end else answer.batches
+                )
+            if message.offset > 3:
+                return answer
+            return attrs.evolve(answer, error_code=ErrorCode.CORRUPT_MESSAGE, batches=b"")
+
+        monkeypatch.setattr(simulation.log.MemoryLog, "_fetch", fetch)
     else:  # a disk fault: a byte of a good batch's records changed after it was stored
         partition = cluster.log.partitions[TP]
         at = len(partition.data)
@@ -65,7 +83,7 @@ def damage(cluster: SimulatedCluster, how: str, monkeypatch: pytest.MonkeyPatch)
         partition.data[at + HEADER_SIZE + 12] ^= 0xFF
 
 
-@pytest.mark.parametrize("how", ["lengths", "crc"])
+@pytest.mark.parametrize("how", ["lengths", "crc", "unreadable"])
 async def test_a_corrupt_stored_batch_raises_a_named_error_until_sought_past(
     tmp_path: Path,
     autojump_clock: trio.testing.MockClock,
@@ -89,7 +107,13 @@ async def test_a_corrupt_stored_batch_raises_a_named_error_until_sought_past(
                     seen.append(record.value)
             assert seen == [b"a", b"b", b"c"]  # everything before it
             error = caught.value
-            assert (error.topic, error.partition, error.offset, error.next_offset) == ("t", 0, 3, 4)
+            after = None if how == "unreadable" else 4  # unknown when nothing of it was read
+            assert (error.topic, error.partition, error.offset, error.next_offset) == (
+                "t",
+                0,
+                3,
+                after,
+            )
             assert "t-0: the batch at offset 3 is corrupt" in str(error)
 
             await trio.sleep(600)  # the fetcher stopped there: no fetch of it for ever
