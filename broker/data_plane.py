@@ -124,7 +124,11 @@ class BrokerLog:
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
         if message.records and message.batches:
             return ProduceResponse(error_code=ErrorCode.INVALID_REQUEST, base_offset=-1)
-        payload = batches_from_records(message.records) if message.records else message.batches
+        payload = message.batches
+        if message.records:  # version 0: batches built in proportion to the records, off the loop
+            payload = await trio.to_thread.run_sync(
+                batches_from_records, message.records, limiter=self.limiter
+            )
         if not payload:
             return ProduceResponse(error_code=ErrorCode.NONE, base_offset=partition.log_end_offset)
         try:
