@@ -14,6 +14,10 @@ Figures (``--fsync`` never and always are separate runs):
 * ``consumer_library``: ``open_consumer`` end to end, decoding every record's key and value
   through ``RecordStream.batches()`` (``ConsumerBatch.keys()`` and ``.values()``);
 * ``producer_library``: ``Producer.enqueue`` (no checkpoint per record) then ``flush``;
+* ``produce_check``: the broker's check of a Produce's batches, per batch, in this process: the
+  CRC and header walk alone (all it did before issue 30) and with every record checked against
+  its section (decompressed, for the JSON batches), beside the broker's whole produce round trip
+  per batch from ``broker_produce``;
 * ``compression``: zstd (and lz4) on compressible JSON values through the producer library:
   bytes on disk and on the wire, and the rates, next to no compression;
 * ``broker_start_s`` (``--start-gib``, a run of its own): seconds from spawning a broker to every
@@ -36,6 +40,7 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -51,7 +56,14 @@ from protocol import (
     ProduceRequest,
     ProduceResponse,
 )
-from protocol.batches import Compression, build_batch, walk_batches
+from protocol.batches import (
+    BatchBuilder,
+    Compression,
+    batch_spans,
+    build_batch,
+    check_batches,
+    walk_batches,
+)
 from transport.connect import connect_any, open_channel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,19 +191,24 @@ def start_broker(data_dir: Path, fsync: str) -> tuple[subprocess.Popen[bytes], i
     return process, int(match.group(1))
 
 
-async def broker_rates(port: int, batch: bytes, count: int, records: int) -> tuple[float, float]:
+async def broker_rates(
+    port: int, batch: bytes, count: int, records: int, pid: int
+) -> tuple[float, float, float]:
     """Seconds to produce ``count`` ready-made batches one request at a time, and to fetch them
-    back as whole batches, walking only their headers."""
+    back as whole batches, walking only their headers; and the broker's CPU seconds (user and
+    system, ``pid``'s) for the produces."""
     stream, _ = await connect_any([("127.0.0.1", port)])
     async with open_channel(stream, client_id="bench", max_frame_size=8 * FETCH_BYTES) as channel:
         await channel.request(CreateTopicRequest(topic="raw", partitions=1))
         request = ProduceRequest(topic="raw", partition=0, records=(), batches=batch)
+        cpu_start = process_cpu_s(pid)
         start = time.perf_counter()
         for _ in range(count):
             response = await channel.request(request)
             assert isinstance(response, ProduceResponse), response
             assert response.error_code is ErrorCode.NONE, response
         produce = time.perf_counter() - start
+        produce_cpu = process_cpu_s(pid) - cpu_start
         start = time.perf_counter()
         offset = 0
         while offset < records:
@@ -202,7 +219,13 @@ async def broker_rates(port: int, batch: bytes, count: int, records: int) -> tup
             for _, _, base, n, _ in walk_batches(answer.batches, check_crc=False):
                 offset = base + n
         fetch = time.perf_counter() - start
-    return produce, fetch
+    return produce, fetch, produce_cpu
+
+
+def process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` so far (Linux's /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def library_rates(
@@ -419,7 +442,9 @@ def main() -> int:
         data_dir = tmp / "data"
         process, port = start_broker(data_dir, args.fsync)
         try:
-            produce, fetch = trio.run(broker_rates, port, batch, count, records)
+            produce, fetch, produce_cpu = trio.run(
+                broker_rates, port, batch, count, records, process.pid
+            )
             values = [value] * records
             lib_produce, lib_consume = trio.run(
                 library_rates, port, "lib", values, args.batch_bytes, Compression.NONE
@@ -450,6 +475,12 @@ def main() -> int:
             **common,
         )
     emit(
+        figure="broker_produce_cpu",
+        cpu_us_per_produce=round(produce_cpu / count * 1e6, 1),
+        produces=count,
+        **common,
+    )
+    emit(
         figure="consumer_library",
         api="RecordStream.batches(): ConsumerBatch.keys() and .values()",
         records_per_s=round(records / lib_consume),
@@ -463,6 +494,23 @@ def main() -> int:
         target_records_per_s=300_000,
         **common,
     )
+    round_trip_us = produce / count * 1e6
+    check_batches_of = [("raw", batch)] + [
+        (f"json-{codec.name.lower()}", _json_batch(events, args.batch_bytes, codec))
+        for codec in (Compression.NONE, Compression.ZSTD, Compression.LZ4)
+    ]
+    for name, checked in check_batches_of:
+        crc_us, whole_us = check_cost(checked)
+        emit(
+            figure="produce_check",
+            batch=name,
+            batch_bytes=len(checked),
+            crc_only_us=round(crc_us, 1),
+            whole_us=round(whole_us, 1),
+            ratio=round(whole_us / crc_us, 2),
+            broker_produce_round_trip_us=round(round_trip_us, 1) if name == "raw" else None,
+            fsync=args.fsync,
+        )
     raw = sum(len(v) for v in events)
     plain = compressed["none"]
     for name, (p, c, on_disk) in compressed.items():
@@ -481,6 +529,33 @@ def main() -> int:
             fsync=args.fsync,
         )
     return 0
+
+
+def _json_batch(values: list[bytes], batch_bytes: int, codec: Compression) -> bytes:
+    """The first batch the producer library would build of ``values``."""
+    builder = BatchBuilder(compression=codec, max_bytes=batch_bytes)
+    for value in values:
+        if not builder.append(value):
+            break
+    return builder.build()
+
+
+def check_cost(batch: bytes, rounds: int = 200) -> tuple[float, float]:
+    """Microseconds per batch (best of five runs of ``rounds``): what the broker checked before
+    issue 30 (headers and CRC), and what it checks now (that, and every record's section)."""
+
+    def best(check: Callable[[], object]) -> float:
+        runs = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(rounds):
+                check()
+            runs.append((time.perf_counter() - start) / rounds * 1e6)
+        return min(runs)
+
+    crc = best(lambda: batch_spans(batch))
+    whole = best(lambda: check_batches(batch, batch_spans(batch)))
+    return crc, whole
 
 
 if __name__ == "__main__":

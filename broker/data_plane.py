@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager, suppress
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -51,9 +52,19 @@ from protocol import (
     ResponseMessage,
     error_response,
 )
-from protocol.batches import batch_spans, batches_from_records, records_from_batches
+from protocol.batches import (
+    MAX_SECTION_BYTES,
+    BatchSpan,
+    batch_spans,
+    batches_from_records,
+    check_batches,
+    records_from_batches,
+    section_bound,
+)
+from protocol.records import Record
 from protocol.types import TopicPartition
 from store import MetadataStore, TopicPlacement
+from transport.channel import ReadBudget
 from transport.limits import FileBudget
 
 log = logging.getLogger(__name__)
@@ -64,6 +75,10 @@ IO_THREADS = 8
 #: A fetch answers at most this much (beyond one whole batch), whatever it asks for, so that the
 #: response fits the default 4 MiB frame limit.
 MAX_FETCH_BYTES = 2 * 1024 * 1024
+#: What the records sections a broker decompresses at once (checking a Produce's batches,
+#: converting batches for a version-0 Fetch) may take together: four of the largest a batch may
+#: decompress to (``protocol.batches.MAX_SECTION_BYTES``).
+DECOMPRESSION_BUDGET = 4 * MAX_SECTION_BYTES
 
 
 def _now_ms() -> int:
@@ -90,6 +105,8 @@ class BrokerLog:
     _opening: dict[TopicPartition, trio.Lock] = attrs.field(factory=dict)
     #: Told of each append and fetch (broker/metrics.py); None: nobody.
     observer: DataPlaneObserver | None = None
+    #: Bytes of records sections being decompressed, by every request together.
+    decompressed: ReadBudget = attrs.field(factory=lambda: ReadBudget(limit=DECOMPRESSION_BUDGET))
 
     async def __call__(self, request: Request) -> ResponseMessage | None:
         message = request.message
@@ -111,22 +128,37 @@ class BrokerLog:
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
         if message.records and message.batches:
             return ProduceResponse(error_code=ErrorCode.INVALID_REQUEST, base_offset=-1)
-        payload = batches_from_records(message.records) if message.records else message.batches
+        payload = message.batches
+        if message.records:  # version 0: batches built in proportion to the records, off the loop
+            payload = await trio.to_thread.run_sync(
+                batches_from_records, message.records, limiter=self.limiter
+            )
         if not payload:
             return ProduceResponse(error_code=ErrorCode.NONE, base_offset=partition.log_end_offset)
         try:
-            spans = batch_spans(payload)  # one CRC call a batch; no record is decoded
+            spans = batch_spans(payload)  # headers and one CRC call a batch
         except RemoteProtocolError as exc:
             log.warning("produce to %s-%d refused: %s", message.topic, message.partition, exc)
             return ProduceResponse(error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1)
         if any(span.size > self.config.max_batch_bytes for span in spans):
             return ProduceResponse(error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1)
+        # Every record is checked as a consumer will decode it, in the worker that writes, before
+        # it writes: what is acknowledged can be read (docs/design.md#the-partition-log).
+        claim = section_bound(payload, spans)
+        await self.decompressed.claim(0, claim)
         try:
-            base = await partition.append(payload, spans, _now_ms())
+            base = await partition.append(
+                payload, spans, _now_ms(), partial(check_batches, payload, spans)
+            )
+        except RemoteProtocolError as exc:
+            log.warning("produce to %s-%d refused: %s", message.topic, message.partition, exc)
+            return ProduceResponse(error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1)
         except (OSError, LogFailed) as exc:
             # not acknowledged: the producer may retry; the log is unchanged or refuses appends
             log.error("produce to %s-%d failed: %s", message.topic, message.partition, exc)
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR, base_offset=-1)
+        finally:
+            self.decompressed.release(claim)
         if self.observer is not None:
             count = sum(span.record_count for span in spans)
             self.observer.produced(message.topic, count, len(payload))
@@ -143,10 +175,10 @@ class BrokerLog:
                 records=(),
             )
         data = b""
+        # At least one whole batch is answered whatever max_bytes says (zero or negative
+        # included), so a consumer always moves on; at most MAX_FETCH_BYTES beyond it.
+        max_bytes = max(1, min(message.max_bytes, MAX_FETCH_BYTES))
         try:
-            # At least one whole batch is answered whatever max_bytes says (zero or negative
-            # included), so a consumer always moves on; at most MAX_FETCH_BYTES beyond it.
-            max_bytes = max(1, min(message.max_bytes, MAX_FETCH_BYTES))
             data = await partition.read(message.offset, max_bytes)
             error = ErrorCode.NONE
         except OffsetOutOfRange:
@@ -154,14 +186,16 @@ class BrokerLog:
         except CorruptSegment as exc:
             log.error("fetch %s-%d: %s", message.topic, message.partition, exc)
             error = ErrorCode.CORRUPT_MESSAGE
+        # headers only, walked once for both uses: the records are not decoded
+        wanted = bool(data) and (self.observer is not None or api_version == 0)
+        spans = batch_spans(data, check_crc=False) if wanted else []
         if self.observer is not None and data:
-            # headers only: the records are not decoded
-            count = sum(span.record_count for span in batch_spans(data, check_crc=False))
+            count = sum(span.record_count for span in spans)
             self.observer.fetched(message.topic, count, len(data))
         if api_version == 0:
             try:
-                records = records_from_batches(data, message.offset)
-            except RemoteProtocolError as exc:  # a producer's batch whose records do not parse
+                records = await self._records(data, spans, message.offset, max_bytes)
+            except RemoteProtocolError as exc:  # a stored batch whose records do not parse
                 log.error("fetch %s-%d (v0): %s", message.topic, message.partition, exc)
                 records, error = (), ErrorCode.CORRUPT_MESSAGE
             return FetchResponse(
@@ -177,6 +211,24 @@ class BrokerLog:
             records=(),
             batches=data,
         )
+
+    async def _records(
+        self, data: bytes, spans: list[BatchSpan], offset: int, max_bytes: int
+    ) -> tuple[Record, ...]:
+        """A version-0 Fetch's records: at most ``max_bytes`` of them decoded (a batch that
+        claims a million records makes no more than the Fetch asked for), in a worker thread
+        (decompressing releases the GIL; the bounded decoding takes turns with the loop), under
+        the broker's decompression budget."""
+        if not data:
+            return ()
+        claim = section_bound(data, spans)
+        await self.decompressed.claim(0, claim)
+        try:
+            return await trio.to_thread.run_sync(
+                records_from_batches, data, offset, max_bytes, limiter=self.limiter
+            )
+        finally:
+            self.decompressed.release(claim)
 
     async def list_offsets(self, message: ListOffsetsRequest) -> ListOffsetsResponse:
         partition = await self.partition(message.topic, message.partition)

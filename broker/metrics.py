@@ -518,7 +518,7 @@ def _log_end(coordinator: GroupCoordinator, tp: TopicPartition) -> int | None:
 async def first_timestamp(read: Callable[[int], Any], offset: int) -> int | None:
     """The timestamp of the record at ``offset`` in the batches ``await read(offset)`` gives."""
     data = await read(offset)
-    for record in records_from_batches(data, offset):
+    for record in records_from_batches(data, offset, max_bytes=1):  # the first record only
         return int(record.timestamp_ms)
     return None
 

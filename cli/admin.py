@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from collections.abc import Sequence
 
 from broker.status import format_age
@@ -12,6 +13,8 @@ from consumer.admin import Admin, open_admin
 from protocol.shown import escape_unprintable
 from protocol.types import TopicPartition
 from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
+
+log = logging.getLogger("coordinator")
 
 
 def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,6 +79,11 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     reset.add_argument("group")
     reset.add_argument("--topic", required=True)
+    reset.add_argument(
+        "--partition",
+        type=_non_negative_int,
+        help="only this partition (default: every one), e.g. to skip a corrupt batch",
+    )
     where = reset.add_mutually_exclusive_group(required=True)
     where.add_argument("--to-earliest", action="store_true")
     where.add_argument("--to-latest", action="store_true")
@@ -261,11 +269,14 @@ async def _groups_delete(admin: Admin, args: argparse.Namespace) -> None:
 async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
     (topic,) = await admin.topics([args.topic])  # an unknown topic has no bounds: refused here
     bounds = await admin.log_bounds([args.topic])
-    unread = sorted(
-        p.partition
-        for p in topic.partitions
-        if TopicPartition(topic=args.topic, partition=p.partition) not in bounds
-    )
+    partitions = sorted(p.partition for p in topic.partitions)
+    if args.partition is not None:
+        if args.partition not in partitions:
+            raise ValueError(f"{args.topic} has no partition {args.partition}")
+        partitions = [args.partition]
+    wanted = [TopicPartition(topic=args.topic, partition=p) for p in partitions]
+    unread = [tp.partition for tp in wanted if tp not in bounds]
+    bounds = {tp: bounds[tp] for tp in wanted if tp in bounds}
     if unread:
         # All or nothing: a reset that skipped a partition would leave the group half moved.
         named = ", ".join(f"{args.topic}-{p}" for p in unread)
@@ -280,6 +291,8 @@ async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
     else:
         offsets = {tp: start if args.to_earliest else end for tp, (start, end) in bounds.items()}
     await admin.reset_offsets(args.group, offsets)
+    for tp, offset in sorted(offsets.items()):  # records skipped or read again: on the record
+        log.warning("group %s: committed offset of %s set to %d", args.group, tp, offset)
     rows = [(tp.topic, tp.partition, offset) for tp, offset in sorted(offsets.items())]
     if args.json:
         print(json.dumps([{"topic": t, "partition": p, "committed": o} for t, p, o in rows]))

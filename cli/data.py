@@ -23,6 +23,7 @@ import trio
 from cli.security import add_client_options, client_security
 from consumer import (
     ConsumerSettings,
+    CorruptBatch,
     Delivery,
     InstanceFenced,
     ProducerConfig,
@@ -159,6 +160,17 @@ async def _lines(fd: int) -> AsyncIterator[bytes]:
         yield pending
 
 
+def _skip_hint(exc: CorruptBatch, group: str) -> str:
+    """How an operator skips the batch (docs/consumer.md#a-corrupt-batch): the group's offset
+    is left at it, so every run stops there until it is moved."""
+    if exc.next_offset is None:
+        return ""
+    return (
+        f"; to skip it: coordinator groups reset-offsets {group} --topic {exc.topic}"
+        f" --partition {exc.partition} --to-offset {exc.next_offset}"
+    )
+
+
 def _offset_reset(args: argparse.Namespace) -> str:
     if args.from_beginning and args.auto_offset_reset == "latest":
         raise ValueError("--from-beginning contradicts --auto-offset-reset latest")
@@ -219,6 +231,10 @@ async def run_consume(args: argparse.Namespace) -> int:
                     pass  # the reader went away (| head): leave the group cleanly
                 except InstanceFenced as exc:
                     print(f"coordinator: consume: {exc}", file=sys.stderr)
+                    return 1
+                except CorruptBatch as exc:
+                    line = f"coordinator: consume: {exc}{_skip_hint(exc, group)}"
+                    print(" ".join(line.split()), file=sys.stderr)  # one line, whatever the reason
                     return 1
                 finally:
                     nursery.cancel_scope.cancel()

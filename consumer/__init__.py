@@ -20,7 +20,7 @@ from .producer import (
     open_producer,
 )
 from .runtime import Stop, WrongEventLoop, stop_on_signals
-from .streams import ConsumerBatch, ConsumerRecord, RecordStream
+from .streams import ConsumerBatch, ConsumerRecord, CorruptBatch, RecordStream
 
 __all__ = [
     "CommitFailed",
@@ -30,6 +30,7 @@ __all__ = [
     "ConsumerRecord",
     "ConsumerSettings",
     "CoordinatorUnavailable",
+    "CorruptBatch",
     "Delivery",
     "InstanceFenced",
     "NotAwaited",

@@ -460,7 +460,7 @@ class Admin:
             if not isinstance(response, FetchResponse) or response.error_code:
                 continue
             try:
-                records = response.records or records_from_batches(response.batches, offset)
+                records = response.records or records_from_batches(response.batches, offset, 1)
             except RemoteProtocolError:
                 continue
             first = next((r for r in records if r.offset >= offset), None)

@@ -475,6 +475,13 @@ class Consumer:
 
     def _reposition(self, tp: TopicPartition, offset: int, reset: str | None) -> None:
         claim, stream = self._claim(tp)
+        failed = claim.failed
+        if failed is not None:
+            claim.failed = None
+            if offset > failed.offset:
+                log.warning("%s; the application skipped it, to offset %d", failed, offset)
+        claim.sought.set()  # a fetcher stopped at a corrupt batch goes on
+        claim.sought = trio.Event()
         claim.seeks += 1  # a fetch in flight answers the old position: its fetcher drops it
         claim.position = offset
         claim.reset = reset

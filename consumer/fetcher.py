@@ -7,6 +7,11 @@ lease still runs, and every request is cut off at the lease's deadline, so that 
 coordinator has gone silent has stopped fetching by the time its partitions may start elsewhere,
 even if the task that expires the lease has not run yet.
 
+Every batch is checked whole (CRC, then its records against its section, as decoding them will)
+before it is handed to the stream. A batch that fails is fetched again a few times (a CRC may
+have been hurt on the way) and then handed over as :class:`~consumer.streams.CorruptBatch`: the
+fetcher stops there until the partition is sought, never fetching the same batch for ever.
+
 Connections to brokers are shared by every fetcher of a broker (requests are multiplexed by
 correlation id); a broken one is dropped and reopened by the next request.
 """
@@ -31,12 +36,19 @@ from protocol import (
     ResponseMessage,
     Role,
 )
-from protocol.batches import read_batches
+from protocol.batches import (
+    HEADER_SIZE,
+    RecordBatch,
+    batch_at,
+    batch_offsets,
+    last_offset_delta,
+    walk_batches,
+)
 from protocol.types import BrokerInfo
 from transport.channel import Channel, ChannelClosed
 from transport.connect import Connector
 
-from .streams import ConsumerBatch, PartitionClaim, RecordStream
+from .streams import ConsumerBatch, CorruptBatch, PartitionClaim, RecordStream
 
 __all__ = [
     "BrokerConnections",
@@ -49,6 +61,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 LeaseDeadline = Callable[[], float | None]
+
+#: Fetches of a batch that does not check out before it counts as corrupt where it is stored: one
+#: hurt on the way comes right the next time.
+CORRUPT_ATTEMPTS = 3
 
 
 class BrokerUnavailable(Exception):
@@ -132,6 +148,7 @@ async def run_fetcher(
 ) -> None:
     """Fetch ``claim``'s partition into ``stream`` until cancelled or the lease runs out."""
     tp = claim.partition
+    failures = 0  # fetches in a row from this position that found it corrupt
     while claim.active:
         deadline = lease_deadline()
         if deadline is None or trio.current_time() >= deadline:
@@ -140,6 +157,11 @@ async def run_fetcher(
         if claim.paused:
             with trio.move_on_at(deadline):
                 await claim.unpaused.wait()
+            continue
+        if claim.failed is not None:
+            with trio.move_on_at(deadline):
+                await claim.sought.wait()
+            failures = 0
             continue
         seeks = claim.seeks
         response: ResponseMessage | None = None
@@ -167,6 +189,7 @@ async def run_fetcher(
         if trio.current_time() >= deadline:
             return  # answered after the lease ran out: not ours to deliver
         if claim.seeks != seeks:
+            failures = 0
             continue  # asked for before a seek or pause: the position it answers is gone
         if isinstance(response, ListOffsetsResponse):
             if response.error_code is not ErrorCode.NONE:
@@ -190,44 +213,77 @@ async def run_fetcher(
             )
             claim.position = claim.consumed = reset
             continue
-        if response.error_code is not ErrorCode.NONE:
+        failed: CorruptBatch | None = None
+        if response.error_code is ErrorCode.CORRUPT_MESSAGE:  # the broker cannot read its file
+            reason = "the broker cannot read it: CORRUPT_MESSAGE"
+            failed = CorruptBatch(tp.topic, tp.partition, claim.position, None, reason)
+            batches: list[ConsumerBatch] = []
+        elif response.error_code is not ErrorCode.NONE:
             log.info("%s: Fetch failed: %s", tp, response.error_code.name)
             await trio.sleep(settings.retry_backoff)
             continue
+        else:
+            batches, failed = _claimed_batches(claim, response)
         if claim.consumed is None:
             claim.consumed = claim.position
-        try:
-            batches = _claimed_batches(claim, response)
-        except RemoteProtocolError as exc:  # a batch whose CRC does not match: fetch it again
-            log.warning("%s: %s", tp, exc)
-            await trio.sleep(settings.retry_backoff)
-            continue
-        if not batches:
+        if failed is not None and not batches:
+            failures += 1
+            if failures < CORRUPT_ATTEMPTS:
+                log.info("%s; fetching it again", failed)
+                await trio.sleep(settings.retry_backoff)
+                continue
+            # the application hears of it: CorruptBatch, when it reaches the batch
+            log.info("%s; the fetcher stops there until the partition is sought", failed)
+        else:
+            failed = None  # the batches before it first; the next fetch starts at it
+            failures = 0
+        if not batches and failed is None:
             await trio.sleep(settings.idle_interval)
             continue
         with trio.move_on_at(deadline):  # a full stream must not hold a batch past the lease
-            delivered = await stream._put(claim, batches, seeks)
+            delivered = await stream._put(claim, batches, seeks, failed)
             if delivered is None:
                 return
-            if delivered:
+            if delivered and batches:
                 claim.position = batches[-1].batch.next_offset
 
 
-def _claimed_batches(claim: PartitionClaim, response: FetchResponse) -> list[ConsumerBatch]:
-    """The answer's batches from the claim's position on, each CRC checked, records undecoded."""
+def _claimed_batches(
+    claim: PartitionClaim, response: FetchResponse
+) -> tuple[list[ConsumerBatch], CorruptBatch | None]:
+    """The answer's batches from the claim's position on, each checked whole (its CRC, and its
+    records against its section: decompressed once, here, and kept for decoding), up to the
+    first that does not check out, which is returned as the error it makes."""
     tp = claim.partition
-    position = claim.position
-    return [
-        ConsumerBatch(
-            topic=tp.topic,
-            partition=tp.partition,
-            batch=batch,
-            first_offset=max(position, batch.base_offset),
-            claim=claim,
-        )
-        for batch in read_batches(response.batches)
-        if batch.next_offset > position
-    ]
+    buf = response.batches
+    batches: list[ConsumerBatch] = []
+    at = 0  # where the batch being checked starts
+    try:
+        for position, size, _, _, _ in walk_batches(buf):
+            at = position
+            batch = batch_at(buf, position, size)
+            if batch.next_offset > claim.position:
+                batch.section()
+                batches.append(_consumer_batch(claim, batch))
+            at = position + size
+    except RemoteProtocolError as exc:
+        offset, after = claim.position, None
+        if len(buf) - at >= HEADER_SIZE:  # base offset and count as the broker stamped them
+            base = batch_offsets(buf, at)[0]
+            offset, after = max(base, offset), base + last_offset_delta(buf, at) + 1
+        return batches, CorruptBatch(tp.topic, tp.partition, offset, after, str(exc))
+    return batches, None
+
+
+def _consumer_batch(claim: PartitionClaim, batch: RecordBatch) -> ConsumerBatch:
+    tp = claim.partition
+    return ConsumerBatch(
+        topic=tp.topic,
+        partition=tp.partition,
+        batch=batch,
+        first_offset=max(claim.position, batch.base_offset),
+        claim=claim,
+    )
 
 
 def _reset_offset(response: ListOffsetsResponse | FetchResponse, reset: str) -> int:

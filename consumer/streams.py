@@ -35,6 +35,12 @@ the StopFetcher response; the partition may already be elsewhere).
 
 A consumer fenced out of its group (a newer process took its instance id, SPEC.md §11.11) closes
 its streams with :class:`InstanceFenced`, which iterating them then raises.
+
+**A corrupt batch** (a disk fault on the broker, or a log written before brokers checked what they
+acknowledge) is never handed out and never fetched for ever: the records before it are handed
+out, then asking the stream for more raises :class:`CorruptBatch`, naming its topic, partition
+and offset, again at every ask, until the application seeks past it (``Consumer.seek``, logged) or
+an operator moves the group's offset past it (docs/consumer.md#a-corrupt-batch).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from protocol.types import TopicPartition
 __all__ = [
     "ConsumerBatch",
     "ConsumerRecord",
+    "CorruptBatch",
     "InstanceFenced",
     "PartitionClaim",
     "RecordStream",
@@ -68,6 +75,26 @@ class InstanceFenced(Exception):
     def __init__(self, instance_id: str | None) -> None:
         self.instance_id = instance_id
         super().__init__(f"instance id {instance_id!r} was taken over by a newer process")
+
+
+class CorruptBatch(Exception):
+    """The stored batch at ``offset`` of ``topic``-``partition`` cannot be decoded (its CRC does
+    not match, or its records do not fit its section) every time it is fetched. Nothing at or
+    after it is handed out until the partition is sought elsewhere; ``next_offset`` is the offset
+    after it as its header says (None if the broker could not read it at all)."""
+
+    def __init__(
+        self, topic: str, partition: int, offset: int, next_offset: int | None, reason: str
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.next_offset = next_offset
+        self.reason = reason
+        after = "" if next_offset is None else f"; the records after it start at {next_offset}"
+        super().__init__(
+            f"{topic}-{partition}: the batch at offset {offset} is corrupt ({reason}){after}"
+        )
 
 
 #: Turns a record's key or value bytes into what the application reads (``json.loads``).
@@ -96,6 +123,10 @@ class PartitionClaim:
     """Where a seek to the beginning or end resolves ``position`` -1 (else auto_offset_reset)."""
     paused: bool = False
     unpaused: trio.Event = attrs.field(factory=trio.Event)
+    failed: CorruptBatch | None = None
+    """The corrupt batch its fetcher stopped at: no fetching until a seek clears it."""
+    sought: trio.Event = attrs.field(factory=trio.Event)
+    """Set by a seek (then replaced): what a fetcher stopped at a corrupt batch waits for."""
 
     @property
     def next_offset(self) -> int | None:
@@ -219,6 +250,21 @@ class ConsumerBatch:
         self._claim.finish(self.batch.last_offset if offset is None else offset)
 
 
+@attrs.frozen(eq=False)
+class _Failed:
+    """Where a partition's records stop at a corrupt batch: in the stream's queue after the
+    batches before it, raising its error (and staying) when the application reaches it."""
+
+    error: CorruptBatch
+    _claim: PartitionClaim
+
+    def __len__(self) -> int:
+        return 0
+
+
+_Entry = ConsumerBatch | _Failed
+
+
 @attrs.define(eq=False)
 class RecordStream:
     """An async iterator over the records of the partitions currently assigned to this stream.
@@ -237,7 +283,7 @@ class RecordStream:
     the bytes)."""
     claims: dict[TopicPartition, PartitionClaim] = attrs.field(factory=dict)
     """The partitions assigned to this stream by the latest StartFetcher (active or not)."""
-    _buffer: collections.deque[ConsumerBatch] = attrs.field(factory=collections.deque)
+    _buffer: collections.deque[_Entry] = attrs.field(factory=collections.deque)
     _buffered: int = 0
     """Records in ``_buffer``."""
     _records: collections.deque[ConsumerRecord] = attrs.field(factory=collections.deque)
@@ -286,10 +332,13 @@ class RecordStream:
 
     def _ready_batch(self) -> ConsumerBatch | None:
         while self._buffer:
-            batch = self._buffer.popleft()
+            batch = self._buffer[0]
+            if isinstance(batch, _Failed) and batch._claim.active:
+                raise batch.error  # and stays: the partition goes on only once sought
+            self._buffer.popleft()
             self._buffered -= len(batch)
             self._notify()
-            if batch._claim.active:
+            if batch._claim.active and isinstance(batch, ConsumerBatch):
                 return batch
         return None
 
@@ -341,7 +390,11 @@ class RecordStream:
     # --- the consumer's side --------------------------------------------------------------------
 
     async def _put(
-        self, claim: PartitionClaim, batches: Iterable[ConsumerBatch], seeks: int | None = None
+        self,
+        claim: PartitionClaim,
+        batches: Iterable[ConsumerBatch],
+        seeks: int | None = None,
+        failed: CorruptBatch | None = None,
     ) -> bool | None:
         """Append fetched batches once there is room: True. None (nothing appended) if the claim
         became inactive meanwhile: a stopped fetcher must not deliver. False (nothing appended)
@@ -356,17 +409,20 @@ class RecordStream:
         for batch in batches:
             self._buffer.append(batch)
             self._buffered += len(batch)
+        if failed is not None:
+            claim.failed = failed
+            self._buffer.append(_Failed(error=failed, claim=claim))
         self._notify()
         return True
 
     def assign(self, claims: Iterable[PartitionClaim]) -> None:
         self.claims = {claim.partition: claim for claim in claims}
 
-    def take(self, claim: PartitionClaim) -> list[ConsumerBatch]:
+    def take(self, claim: PartitionClaim) -> list[_Entry]:
         """Remove and return the buffered records of ``claim`` (the rest of the batch being
         iterated first), which moves to another stream of this consumer with them, so nothing is
         skipped or delivered twice."""
-        taken: list[ConsumerBatch] = []
+        taken: list[_Entry] = []
         current = self._current
         if current is not None and current._claim is claim and self._records:
             rest = [r for r in self._records if r._claim is claim]
@@ -379,7 +435,7 @@ class RecordStream:
         self._notify()
         return taken
 
-    def give(self, batches: Iterable[ConsumerBatch]) -> None:
+    def give(self, batches: Iterable[_Entry]) -> None:
         """Append batches taken from another stream (before any fetched for them here)."""
         for batch in batches:
             self._buffer.append(batch)

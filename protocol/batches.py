@@ -2,9 +2,10 @@
 
 A batch is a 65-byte header and a records section. The header carries the two fields a broker
 writes, ``base_offset`` and ``append_time_ms``, *before* the CRC, so a broker stamps a batch
-without recomputing anything: it checks one CRC over the rest, writes those 16 bytes and appends
-the whole batch to its log as it came. It never looks at a record. The records section is stored
-as the producer built it, compressed or not (``attributes``), and only a consumer decodes it.
+without recomputing anything: it checks one CRC over the rest, checks the records section as a
+reader will decode it (:meth:`RecordBatch.section`), writes those 16 bytes and appends the whole
+batch to its log as it came. The records section is stored as the producer built it, compressed or
+not (``attributes``): what a broker acknowledged, every reader can decode.
 
 The records section is columnar: every record's timestamp delta, then every key length, then every
 value length (little-endian int32 arrays, so a reader maps them as arrays without swapping), then
@@ -29,7 +30,7 @@ import attrs
 
 from .codec import ReadableBuffer, malformed
 from .errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from .records import Record
+from .records import RECORD_OVERHEAD, Record
 
 #: base_offset, batch_length, append_time_ms, crc, magic, attributes, last_offset_delta,
 #: first_timestamp_ms, max_timestamp_ms, producer_id, producer_epoch, base_sequence, record_count
@@ -45,6 +46,8 @@ _OFFSET_AND_LENGTH = struct.Struct(">qi")
 _INT64 = struct.Struct(">q")
 _CRC = struct.Struct(">I")
 _LAST_DELTA_AT = 27
+_ATTRIBUTES_AT = 25
+_I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _LE_I32 = struct.Struct("<i")
 
@@ -141,6 +144,28 @@ def decompress(codec: int, data: ReadableBuffer) -> bytes:
             f"a batch's records do not decompress ({codec}): {exc}", ErrorCode.CORRUPT_MESSAGE
         ) from exc
     raise RemoteProtocolError(f"unknown compression codec {codec}", ErrorCode.CORRUPT_MESSAGE)
+
+
+def decompressed_bound(codec: int, data: ReadableBuffer) -> int:
+    """The most :func:`decompress` can make of ``data``, read from its frame header: what a
+    reader claims from a memory budget before decompressing (0 uncompressed: nothing is made)."""
+    if codec == Compression.ZSTD:
+        import zstandard
+
+        try:
+            size = zstandard.frame_content_size(bytes(data[:18]))  # a frame header's most
+        except zstandard.ZstdError:
+            return 0  # decompress refuses it before making anything
+        return size if 0 <= size <= MAX_SECTION_BYTES else 0
+    if codec == Compression.LZ4:
+        import lz4.frame
+
+        try:
+            size = int(lz4.frame.get_frame_info(bytes(data[:19]))["content_size"])
+        except RuntimeError:
+            return 0
+        return size if 0 < size <= MAX_SECTION_BYTES else MAX_SECTION_BYTES
+    return 0
 
 
 # --- building (producers) -----------------------------------------------------------------------
@@ -416,14 +441,26 @@ def batches_from_records(records: Sequence[Record]) -> bytes:
     return bytes(out)
 
 
-def records_from_batches(buf: ReadableBuffer, min_offset: int = 0) -> tuple[Record, ...]:
-    """Batches decoded into version-0 records, those from ``min_offset`` on."""
-    return tuple(
-        Record(offset=offset, timestamp_ms=ts, key=key, value=value)
-        for batch in read_batches(buf, check_crc=False)
-        for offset, ts, key, value in batch
-        if offset >= min_offset
-    )
+def records_from_batches(
+    buf: ReadableBuffer, min_offset: int = 0, max_bytes: int | None = None
+) -> tuple[Record, ...]:
+    """Batches decoded into version-0 records, those from ``min_offset`` on, while their
+    :func:`~protocol.records.record_size` adds up to at most ``max_bytes`` (None: all; at least
+    one record): a Fetch's limit bounds the decoding, not only the bytes read, so the last batch
+    may give only its first records. Each batch's section is dropped once its records are made."""
+    out: list[Record] = []
+    budget = -1 if max_bytes is None else max_bytes
+    for batch in read_batches(buf, check_crc=False):
+        if batch.next_offset <= min_offset:
+            continue
+        limit = 2**63 if budget < 0 else budget
+        for offset, ts, key, value, size in batch.records(min_offset, limit):
+            out.append(Record(offset=offset, timestamp_ms=ts, key=key, value=value))
+            if budget >= 0:
+                budget = max(0, budget - size)
+        if budget == 0:
+            break
+    return tuple(out)
 
 
 # --- checking and stamping (brokers) ------------------------------------------------------------
@@ -517,6 +554,27 @@ def batch_spans(buf: ReadableBuffer, check_crc: bool = True) -> list[BatchSpan]:
 _CODECS = frozenset(int(c) for c in Compression)
 
 
+def check_batches(buf: ReadableBuffer, spans: Sequence[BatchSpan]) -> None:
+    """Decode-check every batch of ``spans`` as a reader will (:meth:`RecordBatch.section`):
+    RemoteProtocolError (CORRUPT_MESSAGE) at the first that a reader could not decode. One
+    section is held at a time, so the memory this takes is :func:`section_bound`'s."""
+    for span in spans:
+        batch_at(buf, span.position, span.size).section()
+
+
+def section_bound(buf: ReadableBuffer, spans: Sequence[BatchSpan]) -> int:
+    """The most memory decompressing one of these batches takes (:func:`decompressed_bound`):
+    read from their frame headers, before any is decompressed."""
+    bound = 0
+    with memoryview(buf) as view:
+        for span in spans:
+            codec = _I16.unpack_from(view, span.position + _ATTRIBUTES_AT)[0] & COMPRESSION_MASK
+            if codec:
+                body = view[span.position + HEADER_SIZE : span.position + span.size]
+                bound = max(bound, decompressed_bound(codec, body))
+    return bound
+
+
 def stamp(buf: bytearray, spans: Sequence[BatchSpan], base_offset: int, now_ms: int) -> int:
     """Write offsets from ``base_offset`` and the append time into checked batches; returns the
     offset after the last record. The CRCs stay valid: neither field is covered."""
@@ -566,6 +624,42 @@ def stamped_spans(spans: Sequence[BatchSpan], base_offset: int, now_ms: int) -> 
 # --- reading (consumers) ------------------------------------------------------------------------
 
 
+@attrs.frozen
+class _Layout:
+    """What checking a records section found: where its values begin, and its headers (None: the
+    batch has no headers column)."""
+
+    values_at: int
+    headers: list[tuple[Header, ...]] | None
+
+
+#: Elements of a length column a check takes in one C call: ``min`` over 65,536 int32s takes
+#: about 3 ms, and the GIL can pass to the event loop only between calls.
+_CHUNK = 1 << 16
+_NULLS = _LE_I32.pack(-1) * _CHUNK
+
+
+def _column_total(buf: ReadableBuffer, pos: int, count: int, lowest: int = -1) -> int | None:
+    """The bytes the ``count`` lengths at ``buf[pos:]`` say their items take (-1: null, when
+    ``lowest`` is -1); None if a length is below ``lowest``. ``min``, ``sum`` and ``count`` are C
+    loops over an array, no Python step per record, taken a chunk at a time: a thread checking a
+    batch of millions of records holds the GIL for milliseconds at a time, not a quarter second,
+    and copies no more than a chunk of the column. A chunk of nulls (a batch without keys) is
+    one comparison of bytes."""
+    total = 0
+    for at in range(0, count, _CHUNK):
+        n = min(_CHUNK, count - at)
+        raw = buf[pos + 4 * at : pos + 4 * (at + n)]
+        if lowest < 0 and raw == _NULLS[: 4 * n]:
+            continue
+        part = _int32s(raw, 0, n)
+        low = min(part)
+        if low < lowest:
+            return None
+        total += sum(part) + (part.count(-1) if low < 0 else 0)
+    return total
+
+
 @attrs.define(eq=False)
 class RecordBatch:
     """One received batch, decoded on demand: the header at once, the records on first use.
@@ -585,6 +679,7 @@ class RecordBatch:
     record_count: int
     _body: ReadableBuffer = attrs.field(repr=False)
     _section: bytes | None = attrs.field(default=None, repr=False)
+    _layout: _Layout | None = attrs.field(default=None, repr=False)
 
     @property
     def compression(self) -> int:
@@ -599,20 +694,49 @@ class RecordBatch:
         return self.base_offset + self.record_count
 
     def section(self) -> bytes:
-        """The records section, decompressed (once)."""
+        """The records section, decompressed and checked (once): every length column against
+        the section's size, and every header block walked. A reader that gets it past here
+        can decode every record; RemoteProtocolError (CORRUPT_MESSAGE) otherwise."""
         if self._section is None:
-            self._section = decompress(self.compression, self._body)
-            self._check_section()
+            section = decompress(self.compression, self._body)
+            self._layout = self._check(section)
+            self._section = section
         return self._section
 
-    def _check_section(self) -> None:
-        assert self._section is not None
+    def _corrupt(self, what: str) -> RemoteProtocolError:
+        return RemoteProtocolError(
+            f"batch at offset {self.base_offset}: {what}", ErrorCode.CORRUPT_MESSAGE
+        )
+
+    def _check(self, section: bytes) -> _Layout:
+        """Where the section's columns are, after checking that they fill it exactly. The length
+        columns are checked with array operations (one C loop each, whatever the record count);
+        the header blocks, which only a walk can check, one by one."""
         n = self.record_count
-        if len(self._section) < 12 * n:
-            raise RemoteProtocolError(
-                f"batch at offset {self.base_offset}: records section too short",
-                ErrorCode.CORRUPT_MESSAGE,
-            )
+        size = len(section)
+        if size < 12 * n:
+            raise self._corrupt(f"{size} bytes of records section for {n} records")
+        keys_total = _column_total(section, 4 * n, n)
+        values_total = _column_total(section, 8 * n, n)
+        if keys_total is None or values_total is None:
+            raise self._corrupt("a key or value length below -1")
+        values_at = 12 * n + keys_total
+        end = values_at + values_total
+        headers: list[tuple[Header, ...]] | None = None
+        if self.attributes & HEADERS:
+            if end + 4 * n > size:
+                raise self._corrupt("no room for its headers column")
+            blocks_total = _column_total(section, end, n, lowest=0)
+            if blocks_total is None:
+                raise self._corrupt("a headers block of negative length")
+            blocks_at = end + 4 * n
+            if blocks_at + blocks_total == size:
+                blocks = self._slices(section, _int32s(section, end, n), blocks_at)
+                headers = [decode_headers(block) if block else () for block in blocks]
+            end = blocks_at + blocks_total
+        if end != size:
+            raise self._corrupt(f"its lengths add up to {end} bytes, its section has {size}")
+        return _Layout(values_at=values_at, headers=headers)
 
     def columns(self) -> tuple[bytes, int, int, int, int]:
         """``(section, key_lengths_at, value_lengths_at, keys_at, values_at)``: byte positions of
@@ -620,9 +744,8 @@ class RecordBatch:
         the decompressed section (timestamp deltas are at 0)."""
         section = self.section()
         n = self.record_count
-        key_lengths = _int32s(section, 4 * n, n)
-        keys_total = sum(k for k in key_lengths if k > 0)
-        return section, 4 * n, 8 * n, 12 * n, 12 * n + keys_total
+        assert self._layout is not None
+        return section, 4 * n, 8 * n, 12 * n, self._layout.values_at
 
     @property
     def offsets(self) -> range:
@@ -648,18 +771,43 @@ class RecordBatch:
 
     def headers(self) -> list[tuple[Header, ...]]:
         """Each record's headers (empty for a record, or a batch, without any)."""
+        self.section()
+        assert self._layout is not None
+        headers = self._layout.headers
+        return [()] * self.record_count if headers is None else list(headers)
+
+    def records(
+        self, first_offset: int, max_bytes: int
+    ) -> Iterator[tuple[int, int, bytes | None, bytes | None, int]]:
+        """``(offset, timestamp_ms, key, value, size)`` of the records from ``first_offset`` on,
+        ``size`` being :func:`~protocol.records.record_size`'s, while their sizes add up to at
+        most ``max_bytes`` (the first one whatever its size). The work is in proportion to the
+        records made, not to the batch's record count: a batch of a million empty records
+        gives a Fetch of 1 KiB its 36 records without making the rest."""
+        section = self.section()
         n = self.record_count
-        if not self.attributes & HEADERS:
-            return [()] * n
-        section, _, value_lengths_at, _, values_at = self.columns()
-        lengths_at = values_at + sum(v for v in _int32s(section, value_lengths_at, n) if v > 0)
-        if lengths_at + 4 * n > len(section):
-            raise RemoteProtocolError(
-                f"batch at offset {self.base_offset}: no room for its headers column",
-                ErrorCode.CORRUPT_MESSAGE,
-            )
-        blocks = self._slices(section, _int32s(section, lengths_at, n), lengths_at + 4 * n)
-        return [decode_headers(block) if block else () for block in blocks]
+        i = max(0, first_offset - self.base_offset)
+        if i >= n:
+            return
+        m = min(n - i, max_bytes // RECORD_OVERHEAD + 1)  # the most that can fit
+        key_lengths = _int32s(section, 4 * (n + i), m)
+        value_lengths = _int32s(section, 4 * (2 * n + i), m)
+        deltas = None if self.attributes & APPEND_TIME else _int32s(section, 4 * i, m)
+        key_at = 12 * n + (_column_total(section, 4 * n, i) or 0)
+        value_at = self.columns()[4] + (_column_total(section, 8 * n, i) or 0)
+        used = 0
+        for j in range(m):
+            k, v = key_lengths[j], value_lengths[j]
+            size = RECORD_OVERHEAD + max(k, 0) + max(v, 0)
+            if used and used + size > max_bytes:
+                return
+            used += size
+            key = None if k < 0 else section[key_at : key_at + k]
+            value = None if v < 0 else section[value_at : value_at + v]
+            key_at += max(k, 0)
+            value_at += max(v, 0)
+            ts = self.append_time_ms if deltas is None else self.first_timestamp_ms + deltas[j]
+            yield self.base_offset + i + j, ts, key, value, size
 
     def _slices(self, section: bytes, lengths: array[int], start: int) -> list[bytes | None]:
         out: list[bytes | None] = []
@@ -685,24 +833,25 @@ class RecordBatch:
 
 def read_batches(buf: ReadableBuffer, check_crc: bool = True) -> list[RecordBatch]:
     """Every batch in ``buf`` (a fetch answer's ``batches``), headers decoded, records not yet."""
-    out = []
-    for span in batch_spans(buf, check_crc):
-        fields = HEADER.unpack_from(buf, span.position)
-        out.append(
-            RecordBatch(
-                base_offset=fields[0],
-                append_time_ms=fields[2],
-                attributes=fields[5],
-                first_timestamp_ms=fields[7],
-                max_timestamp_ms=fields[8],
-                producer_id=fields[9],
-                producer_epoch=fields[10],
-                base_sequence=fields[11],
-                record_count=fields[12],
-                body=memoryview(buf)[span.position + HEADER_SIZE : span.position + span.size],
-            )
-        )
-    return out
+    return [batch_at(buf, p, s) for p, s, _, _, _ in walk_batches(buf, check_crc=check_crc)]
+
+
+def batch_at(buf: ReadableBuffer, position: int, size: int) -> RecordBatch:
+    """The batch of ``size`` bytes at ``position`` of ``buf``, its header as found (see
+    :func:`walk_batches` for the checks), its records not decoded yet."""
+    fields = HEADER.unpack_from(buf, position)
+    return RecordBatch(
+        base_offset=fields[0],
+        append_time_ms=fields[2],
+        attributes=fields[5],
+        first_timestamp_ms=fields[7],
+        max_timestamp_ms=fields[8],
+        producer_id=fields[9],
+        producer_epoch=fields[10],
+        base_sequence=fields[11],
+        record_count=fields[12],
+        body=memoryview(buf)[position + HEADER_SIZE : position + size],
+    )
 
 
 def batch_offsets(buf: ReadableBuffer, position: int) -> tuple[int, int]:
@@ -729,15 +878,18 @@ __all__ = [
     "BatchSpan",
     "Compression",
     "RecordBatch",
+    "batch_at",
     "batch_offsets",
     "batch_spans",
     "batches_from_records",
     "build_batch",
+    "check_batches",
     "count_records",
     "encode_batch",
     "last_offset_delta",
     "read_batches",
     "records_from_batches",
+    "section_bound",
     "stamp",
     "stamped_pieces",
     "stamped_spans",

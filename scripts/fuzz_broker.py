@@ -9,8 +9,9 @@ group is being served on it, and say whether the broker survived.
 The frames are those of the suite's fuzz test (``tests/fuzz/frames.py``): every request type,
 valid ones and ones with a field changed (numeric extremes, huge counts, long strings, bad regexes,
 control characters in ids), bytes mutated, size fields of -1, 0 or huge, good requests pipelined
-before a bad frame, written whole, several to a write, or a byte at a time, over ``--connections``
-concurrent connections to 127.0.0.1 only. Three ``consume`` processes keep a group served meanwhile.
+before a bad frame, Produce of hostile record batches then version-0 Fetches, written whole,
+several to a write, or a byte at a time, over ``--connections`` concurrent connections to
+127.0.0.1 only. Three ``consume`` processes keep a group served meanwhile.
 
 It prints progress every few seconds and, at the end, one JSON line of figures. It exits 1 if the
 broker died, logged a traceback or an ERROR line, or stopped serving the group, printing the
@@ -65,7 +66,7 @@ ANSWER_TIMEOUT = 5.0
 frame cut short is the broker's to time out, after its --frame-timeout)."""
 _CAPPED = (
     "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit})); "
-    "sys.argv[0] = 'coordinator'; runpy.run_module('coordinator', run_name='__main__')"
+    "sys.argv[0] = 'coordinator'; runpy.run_module('cli', run_name='__main__')"
 )
 """``python -m cli`` with its address space capped."""
 HISTORY = 200

@@ -2,10 +2,11 @@
 trio's clock, so that a user's own ``open_producer`` / ``open_consumer`` code runs against the
 simulated cluster with exact virtual times (docs/testing.md).
 
-It answers as the real broker's log does (``broker.data_plane``): producer batches are CRC
-checked, stamped with their offsets and the append time (virtual milliseconds) and kept whole; a
-Fetch answers whole batches from the one holding the requested offset, at least one whatever
-``max_bytes`` says; version 0 clients get records. Nothing is written to disk (the real log's
+It answers as the real broker's log does (``broker.data_plane``): producer batches are checked
+as a consumer will decode them, stamped with their offsets and the append time (virtual
+milliseconds) and kept whole; a Fetch answers whole batches from the one holding the requested
+offset, at least one whatever ``max_bytes`` says; version 0 clients get records, as many as
+``max_bytes`` holds (one at least). Nothing is written to disk (the real log's
 file I/O runs in threads, and virtual time would jump while a thread works), nothing is deleted,
 and the log outlives :meth:`SimulatedCluster.restart_coordinator`, as a broker's files do.
 """
@@ -36,6 +37,7 @@ from protocol import (
 from protocol.batches import (
     batch_spans,
     batches_from_records,
+    check_batches,
     read_batches,
     records_from_batches,
     stamp,
@@ -65,6 +67,7 @@ class _Partition:
 
     def append(self, payload: bytes, now_ms: int) -> int:
         spans = batch_spans(payload)  # raises RemoteProtocolError for a bad batch
+        check_batches(payload, spans)  # and for records a consumer could not decode
         base = self.high_watermark
         batches = bytearray(payload)
         self.high_watermark = stamp(batches, spans, base, now_ms)
@@ -148,14 +151,15 @@ class MemoryLog:
     def _fetch(self, partition: _Partition, message: FetchRequest, version: int) -> FetchResponse:
         tp = TopicPartition(topic=message.topic, partition=message.partition)
         self.fetches.append((trio.current_time(), tp, message.offset))
-        data = partition.read(message.offset, max(1, min(message.max_bytes, MAX_FETCH_BYTES)))
+        max_bytes = max(1, min(message.max_bytes, MAX_FETCH_BYTES))
+        data = partition.read(message.offset, max_bytes)
         error = ErrorCode.NONE if data is not None else ErrorCode.OFFSET_OUT_OF_RANGE
         data = data or b""
         return FetchResponse(
             error_code=error,
             high_watermark=partition.high_watermark,
             log_start_offset=0,
-            records=records_from_batches(data, message.offset) if version == 0 else (),
+            records=records_from_batches(data, message.offset, max_bytes) if version == 0 else (),
             batches=b"" if version == 0 else data,
         )
 

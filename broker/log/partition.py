@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -80,11 +81,19 @@ class PartitionLog:
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
 
-    async def append(self, batches: ReadableBuffer, spans: list[BatchSpan], now_ms: int) -> int:
+    async def append(
+        self,
+        batches: ReadableBuffer,
+        spans: list[BatchSpan],
+        now_ms: int,
+        check: Callable[[], object] | None = None,
+    ) -> int:
         """Append checked batches (``spans``: where each is in ``batches``) and return the first
         record's offset once the fsync policy says they are acknowledged. Their offsets and
-        append time are stamped on the way to the file, without copying the batches; no record
-        is looked at."""
+        append time are stamped on the way to the file, without copying the batches.
+
+        ``check`` runs in the worker thread that writes, before it writes (one hand-off for
+        both): what it raises is raised here, and nothing is written."""
         async with self._append_lock:
             if self.failed is not None:
                 raise LogFailed(self.failed)
@@ -94,9 +103,13 @@ class PartitionLog:
             active = self.segments[-1]
             if not active.empty and active.size + len(batches) > self.config.segment_bytes:
                 active = await self._roll()
-            await trio.to_thread.run_sync(
-                active.append, self.files, pieces, len(batches), stamped, limiter=self.limiter
-            )
+
+            def checked_append() -> None:
+                if check is not None:
+                    check()
+                active.append(self.files, pieces, len(batches), stamped)
+
+            await trio.to_thread.run_sync(checked_append, limiter=self.limiter)
             end = self.log_end_offset
         if self.config.fsync is FsyncPolicy.ALWAYS:
             await self._flush_to(end)

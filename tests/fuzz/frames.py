@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import math
 import random
 import struct
+import zlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -51,6 +53,13 @@ from protocol import (
     SaslHandshakeRequest,
     StartFetcherRequest,
     StopFetcherRequest,
+)
+from protocol.batches import (
+    HEADERS,
+    MAX_SECTION_BYTES,
+    Compression,
+    build_batch,
+    encode_batch,
 )
 from protocol.codec import STRING, Reader
 from protocol.framing import HEADER, SIZE, FrameKind, encode_frame
@@ -129,6 +138,10 @@ class Kind(enum.Enum):
     """A frame whose end never comes: the broker must give up on it (case 7's frame deadline)."""
     PIPELINED = "pipelined"
     """Good requests and then a bad frame in the same write: case 1."""
+    BATCHES = "batches"
+    """Produce of CRC-valid batches no consumer could decode (lengths past the section, bad
+    header blocks, a compression bomb), or of a million empty records in a few hundred bytes of
+    zstd, then a version-0 Fetch (the one path on which the broker decodes records): issue 30."""
 
 
 ALL_KINDS = tuple(Kind)
@@ -444,11 +457,16 @@ def _mutate_field(rng: random.Random, kind: Kind, message: RequestMessage) -> Re
     raise ValueError(kind)
 
 
-def encode_request(message: RequestMessage, correlation_id: int, client_id: str = "fuzz") -> bytes:
-    """A request frame, whatever the values (the codec refuses only what its wire type cannot
-    carry: LocalProtocolError)."""
+def encode_request(
+    message: RequestMessage,
+    correlation_id: int,
+    client_id: str = "fuzz",
+    version: int | None = None,
+) -> bytes:
+    """A request frame (at the newest version unless told), whatever the values (the codec
+    refuses only what its wire type cannot carry: LocalProtocolError)."""
     key = message.API_KEY
-    version = NEWEST_VERSION[key]
+    version = NEWEST_VERSION[key] if version is None else version
     frame = encode_frame(
         FrameKind.REQUEST,
         key,
@@ -640,6 +658,8 @@ def connection_script(
         frames = [_valid_frame(rng, next(correlation_ids)) for _ in range(rng.randint(1, 6))]
     elif kind in (Kind.BYTES, Kind.SIZE, Kind.ROLE, Kind.TRUNCATED):
         frames = [_bad_frame(rng, kind, next(correlation_ids), max_frame_size)]
+    elif kind is Kind.BATCHES:
+        frames = _batch_frames(rng, correlation_ids)
     elif kind is Kind.PIPELINED:
         frames = [_valid_frame(rng, next(correlation_ids)) for _ in range(rng.randint(1, 4))]
         frames.append(_bad_frame(rng, kind, next(correlation_ids), max_frame_size))
@@ -661,6 +681,86 @@ def connection_script(
         ]
     linger = rng.choice((0.0, 0.0, 1.0, 5.0, 12.0))
     return Script(kind=kind, frames=tuple(frames), writes=_chunk(rng, frames), linger=linger)
+
+
+@functools.cache
+def _bomb() -> bytes:
+    return _raw_batch(bytes(MAX_SECTION_BYTES + 12), 1, Compression.ZSTD)
+
+
+@functools.cache
+def _million_empty_records() -> bytes:
+    count = 1_000_000
+    section = bytes(4 * count) + b"\xff" * (4 * count) + bytes(4 * count)
+    return _raw_batch(section, count, Compression.ZSTD)
+
+
+def _raw_batch(section: bytes, count: int, codec: Compression = Compression.NONE) -> bytes:
+    return encode_batch(
+        section, count, first_timestamp_ms=-1, max_timestamp_ms=-1, compression=codec
+    )
+
+
+def _hostile_batch(rng: random.Random) -> tuple[bytes, str]:
+    how = rng.choice(("past", "key", "tail", "count", "header", "bomb", "million"))
+    if how == "million":
+        return _million_empty_records(), how
+    codec = rng.choice((Compression.NONE, Compression.ZSTD, Compression.LZ4))
+    if how == "past":  # a value length past the section
+        n = rng.choice((8, 1000, 2**31 - 1))
+        return _raw_batch(struct.pack("<iii", 0, -1, n) + b"short", 1, codec), how
+    if how == "key":
+        return _raw_batch(struct.pack("<iii", 0, rng.choice((-2, -(2**31))), 0), 1, codec), how
+    if how == "tail":
+        return _raw_batch(
+            struct.pack("<iii", 0, -1, 0) + rng.randbytes(rng.randint(1, 9)), 1, codec
+        ), how
+    if how == "count":  # a section for two records, a header claiming more
+        return _raw_batch(struct.pack("<iii", 0, -1, 0) * 2, rng.choice((3, 5000)), codec), how
+    if how == "header":
+        block = struct.pack("<i", 2) + rng.choice((b"\xff\xfe", b"\xc3(")) + struct.pack("<i", -1)
+        section = struct.pack("<iii", 0, -1, 0) + struct.pack("<i", len(block)) + block
+        batch = bytearray(_raw_batch(section, 1))
+        struct.pack_into(">h", batch, 25, 0x08 | HEADERS)
+        struct.pack_into(">I", batch, 20, zlib.crc32(bytes(batch[24:])))
+        return bytes(batch), how
+    return _bomb(), how  # a zstd frame that decompresses past what a section may hold
+
+
+def _batch_frames(rng: random.Random, correlation_ids: Iterator[int]) -> list[Frame]:
+    """A Produce of a hostile batch (after a good one, sometimes), then Fetches of the
+    partition from its start: version 0, which the broker decodes, and the newest."""
+    topic = SERVED_TOPIC if rng.random() < 0.5 else rng.choice(FUZZ_TOPICS)
+    partition = rng.randrange(4)
+    batch, how = _hostile_batch(rng)
+    if rng.random() < 0.3:
+        batch = build_batch([b"good"]) + batch
+    produce = ProduceRequest(topic=topic, partition=partition, records=(), batches=batch)
+    frames = [
+        Frame(
+            data=encode_request(produce, next(correlation_ids)),
+            intact=True,
+            correlation_id=next(correlation_ids) - 1,
+            label=f"Produce of a hostile batch ({how})",
+        )
+    ]
+    for version in (0, NEWEST_VERSION[ApiKey.FETCH]):
+        fetch = FetchRequest(
+            topic=topic,
+            partition=partition,
+            offset=0,
+            max_bytes=rng.choice((0, 1024, 2**31 - 1)),
+        )
+        correlation_id = next(correlation_ids)
+        frames.append(
+            Frame(
+                data=encode_request(fetch, correlation_id, version=version),
+                intact=True,
+                correlation_id=correlation_id,
+                label=f"Fetch v{version} after a hostile batch",
+            )
+        )
+    return frames
 
 
 def partial_field(kind: Kind) -> Callable[[random.Random, int], Frame]:

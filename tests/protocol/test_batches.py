@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from array import array
 
 import lz4.frame
 import pytest
@@ -26,7 +27,9 @@ from protocol.batches import (
     build_batch,
     encode_batch,
     read_batches,
+    records_from_batches,
 )
+from protocol.records import record_size
 
 maybe_bytes = st.none() | st.binary(max_size=64)
 
@@ -129,3 +132,31 @@ def test_version_0_records_are_stored_in_batches_of_bounded_size() -> None:
     spans = batch_spans(batches_from_records(records))
     assert sum(s.record_count for s in spans) == 1000
     assert max(s.size for s in spans) <= RECORDS_BATCH_BYTES
+
+
+def test_length_columns_are_checked_across_the_chunks_a_check_takes_at_a_time() -> None:
+    from protocol.batches import _CHUNK, _column_total
+
+    n = 2 * _CHUNK + 5
+    lengths = array("i", [1, -1] * (n // 2) + [3])
+    assert _column_total(lengths.tobytes(), 0, n) == n // 2 + 3
+    assert _column_total(lengths.tobytes(), 4 * 3, n - 3) == n // 2 + 3 - 2  # 1, null, 1 left out
+    lengths[_CHUNK + 7] = -2  # in the second chunk
+    assert _column_total(lengths.tobytes(), 0, n) is None
+    assert _column_total(array("i", [0, 5, -1]).tobytes(), 0, 3, lowest=0) is None
+    assert _column_total(array("i", [0, 5, 2]).tobytes(), 0, 3, lowest=0) == 7
+
+
+def test_bounded_records_from_inside_a_batch_are_the_records_a_whole_decode_gives() -> None:
+    values = [None if i % 5 == 0 else b"v" * (i % 7) for i in range(50)]
+    keys = [None if i % 3 == 0 else b"k%d" % i for i in range(50)]
+    stamps = [1_000 + i for i in range(50)]
+    batch = build_batch(values, keys, stamps, base_offset=100)
+    whole = records_from_batches(batch)
+    for first in (100, 117, 149):
+        for max_bytes in (1, 100, 10_000):
+            part = records_from_batches(batch, first, max_bytes)
+            assert part == whole[first - 100 : first - 100 + len(part)]
+            assert len(part) == 1 or sum(map(record_size, part)) <= max_bytes
+            if max_bytes == 10_000:
+                assert part[-1] == whole[-1]
