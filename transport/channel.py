@@ -294,15 +294,22 @@ class Channel:
             raise ChannelClosed(f"connection to {self.peer} closed before the response")
         return answers[0]
 
-    def request_nowait(self, message: RequestMessage, on_response: ResponseHandler) -> int:
+    def request_nowait(
+        self,
+        message: RequestMessage,
+        on_response: ResponseHandler,
+        *,
+        api_version: int | None = None,
+    ) -> int:
         """Queue a request; the reader calls ``on_response`` from its own task when the answer
         comes (or with None if the connection ends first). For the coordinator's Pings: one
         scheduler sends thousands of them without a task, a cancel scope or an Event each.
+        ``api_version`` None: the newest; the coordinator sends a member what it serves.
 
         Returns the correlation id, for :meth:`abandon`."""
         if self.closed or self.connection.state is not ConnectionState.OPEN:
             raise ChannelClosed(f"connection to {self.peer} is closed")
-        event = self.connection.new_request(message)
+        event = self.connection.new_request(message, api_version)
         self._handlers[event.correlation_id] = on_response
         self._queue(self.connection.send(event))
         return event.correlation_id
