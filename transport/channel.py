@@ -275,8 +275,11 @@ class Channel:
         if len(times) > SENT_TIMES_KEPT:
             del times[next(iter(times))]
 
-    async def request(self, message: RequestMessage) -> ResponseMessage:
-        """Send a request and wait for its response (the caller's cancel scope is the deadline)."""
+    async def request(
+        self, message: RequestMessage, *, api_version: int | None = None
+    ) -> ResponseMessage:
+        """Send a request and wait for its response (the caller's cancel scope is the deadline);
+        ``api_version`` None: the newest."""
         done = trio.Event()
         answers: list[ResponseMessage | None] = []
 
@@ -284,7 +287,7 @@ class Channel:
             answers.append(response)
             done.set()
 
-        correlation_id = self.request_nowait(message, on_response)
+        correlation_id = self.request_nowait(message, on_response, api_version=api_version)
         try:
             await self._wait_for_room()
             await done.wait()
