@@ -222,7 +222,7 @@ class Connection:
                 elif kind == REQUEST:
                     frame.string()  # client_id
                     try:
-                        self.on_request(api_key, version, cid, frame)
+                        self.on_request(self, api_key, version, cid, frame)
                     except Failed as exc:  # §3: refuse the version with an error frame, close
                         self.error = (35, str(exc))
                         body = i16(35) + string(str(exc))
@@ -235,6 +235,7 @@ class Connection:
         except (EOFError, OSError):
             pass
         finally:
+            self.sock.close()
             self.closed.set()
             for slot in list(self.waiting.values()):
                 slot[0].set()
@@ -277,6 +278,9 @@ class Admin:
         r.end()
         return [(o, v) for o, v in records if o >= offset]
 
+    def close(self):
+        self.conn.close()
+
     def coordinator(self, group):
         r = self.conn.request(CLUSTER_METADATA, 0, string(group) + array(None, string))
         check(r.i16(), "ClusterMetadata")
@@ -296,34 +300,103 @@ class Admin:
         return {(t, p): o for t, p, o in r.array(read_partition_offset)}
 
 
+def find_coordinator(bootstrap, group):
+    """§11.1: ask the brokers in turn until one names a coordinator."""
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        for address in bootstrap:
+            try:
+                admin = Admin(address)
+            except OSError:
+                continue
+            try:
+                return admin.coordinator(group)
+            except Failed:
+                continue
+            finally:
+                admin.close()
+        time.sleep(0.2)
+    raise Failed(f"no coordinator for {group}")
+
+
+def committed(bootstrap, group):
+    admin = Admin(find_coordinator(bootstrap, group))
+    try:
+        return admin.committed(group)
+    finally:
+        admin.close()
+
+
 class Member:
     """A consumer of level 0: it registers, carries out Ping/StopFetcher/StartFetcher as they
-    come, fetches what it holds and commits."""
+    come, fetches what it holds and commits. When its coordinator connection ends it stops
+    fetching and registers again (§5), with whichever broker is the coordinator then."""
 
-    def __init__(self, admin, address, group, consumer_id, topic):
-        self.admin = admin
+    def __init__(self, bootstrap, group, consumer_id, topic, admin):
+        self.bootstrap = bootstrap
+        self.admin = admin  # fetches go to the broker of the partitions
         self.group = group
         self.consumer_id = consumer_id
+        self.topic = topic
         self.state = threading.Condition()
         self.generation = -1
         self.holding = {}  # (topic, partition) -> next offset to read
         self.requests = []
-        self.conn = Connection(address, self._on_request)
-        subscription = array([topic], lambda t: string(t) + i32(1)) + string(None) + i8(0) + i32(1)
-        body = (
-            string(group)
-            + string(consumer_id)
-            + subscription
+        self.registrations = 0
+        self.leaving = False
+        self._register()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _registration(self):
+        topics = array([self.topic], lambda t: string(t) + i32(1))
+        return (
+            string(self.group)
+            + string(self.consumer_id)
+            + topics
+            + string(None)
+            + i8(0)
+            + i32(1)
             + i8(0)  # auto_commit: commits go in OffsetCommit
             + string("smallest")
             + i32(SESSION_TIMEOUT_MS)
-            + i32(-1)
-            + array([], topic_partition)
+            + i32(self.generation)
+            + array([], topic_partition)  # it holds nothing: it stopped when it lost the last
         )
-        r = self.conn.request(REGISTER_CONSUMER, 0, body)
-        check(r.i16(), "RegisterConsumer")
 
-    def _on_request(self, api_key, version, cid, r):
+    def _register(self):
+        """§11.1: find the coordinator, register over a new connection; §11.7: try again."""
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            try:
+                conn = Connection(find_coordinator(self.bootstrap, self.group), self._on_request)
+                code = conn.request(REGISTER_CONSUMER, 0, self._registration()).i16()
+            except (OSError, Failed):
+                time.sleep(0.2)
+                continue
+            if code == 0:
+                with self.state:
+                    self.conn = conn
+                    self.registrations += 1
+                    self.state.notify_all()
+                return
+            conn.close()
+            # 1004: the coordinator has not yet seen its last connection end
+            if code not in (14, 15, 16, 27, 1004):
+                raise Failed(f"RegisterConsumer: error code {code}")
+            time.sleep(0.05)
+        raise Failed(f"{self.consumer_id} could not register")
+
+    def _watch(self):
+        while True:
+            self.conn.closed.wait()
+            if self.leaving:
+                return
+            with self.state:  # §5: it stops its fetchers, then registers again
+                self.holding = {}
+                self.state.notify_all()
+            self._register()
+
+    def _on_request(self, conn, api_key, version, cid, r):
         self.requests.append((api_key, version))
         _epoch, generation, consumer_id = r.i64(), r.i32(), r.string()
         if version != 0:
@@ -353,11 +426,14 @@ class Member:
             body = i16(0) + string(consumer_id)
         else:
             raise Failed(f"unexpected request {api_key}")
-        self.conn.respond(api_key, version, cid, body)
+        conn.respond(api_key, version, cid, body)
 
-    def wait_holding(self, count):
+    def wait_holding(self, count, registrations=1):
+        def ready():
+            return len(self.holding) == count and self.registrations >= registrations
+
         with self.state:
-            if not self.state.wait_for(lambda: len(self.holding) == count, DEADLINE):
+            if not self.state.wait_for(ready, DEADLINE):
                 raise Failed(f"{self.consumer_id} holds {sorted(self.holding)}, not {count}")
             return dict(self.holding)
 
@@ -383,6 +459,7 @@ class Member:
         return read
 
     def leave(self):
+        self.leaving = True
         with self.state:
             self.holding = {}
             generation = self.generation
@@ -392,36 +469,75 @@ class Member:
         self.conn.close()
 
 
+def disjoint(members, partitions):
+    held = [set(m.holding) for m in members]
+    if sum(len(h) for h in held) != partitions or len(set().union(*held)) != partitions:
+        raise Failed(f"the members hold {held}")
+
+
 def run(address, name, partitions=4):
+    """A whole group on one broker: alone, a join, a leave."""
     topic = group = f"frozen-{name}"
     admin = Admin(address)
     admin.create_topic(topic, partitions)
     for p in range(partitions):
         admin.produce(topic, p, [f"{p}-{i}".encode() for i in range(10)])
-    coordinator = admin.coordinator(group)
-    a = Member(admin, coordinator, group, "a", topic)
+    a = Member([address], group, "a", topic, admin)
     alone = a.wait_holding(partitions)
     read_alone = a.consume()
-    b = Member(admin, coordinator, group, "b", topic)
+    b = Member([address], group, "b", topic, admin)
     half = partitions // 2
-    held_b = set(b.wait_holding(half))
-    held_a = set(a.wait_holding(partitions - half))
-    if held_a & held_b or len(held_a | held_b) != partitions:
-        raise Failed(f"a holds {sorted(held_a)}, b holds {sorted(held_b)}")
+    b.wait_holding(half)
+    a.wait_holding(partitions - half)
+    disjoint([a, b], partitions)
     for p in range(partitions):
         admin.produce(topic, p, [f"{p}-{i}".encode() for i in range(10, 15)])
     read_shared = a.consume() + b.consume()
     b.leave()
     a.wait_holding(partitions)
     a.consume()
-    committed = admin.committed(group)
+    offsets = committed([address], group)
     a.leave()
     return {
         "level": LEVEL,
         "alone": len(alone),
         "read_alone": read_alone,
         "read_shared": read_shared,
-        "committed": sorted(committed.values()),
+        "committed": sorted(offsets.values()),
+        "versions_received": sorted(set(a.requests + b.requests)),
+    }
+
+
+def run_failover(bootstrap, data_address, topic, kill_coordinator, partitions=4):
+    """A group of two through its coordinator's death: ``topic`` exists on the broker at
+    ``data_address``, which lives; ``kill_coordinator`` kills the group's coordinator."""
+    group = topic
+    admin = Admin(data_address)
+    for p in range(partitions):
+        admin.produce(topic, p, [f"{p}-{i}".encode() for i in range(10)])
+    a = Member(bootstrap, group, "a", topic, admin)
+    b = Member(bootstrap, group, "b", topic, admin)
+    half = partitions // 2
+    a.wait_holding(half)
+    b.wait_holding(partitions - half)
+    disjoint([a, b], partitions)
+    read_before = a.consume() + b.consume()
+    kill_coordinator()
+    # Both lose their connection, stop, and register with the successor, which gives the
+    # group back its partitions.
+    a.wait_holding(half, registrations=2)
+    b.wait_holding(partitions - half, registrations=2)
+    disjoint([a, b], partitions)
+    for p in range(partitions):
+        admin.produce(topic, p, [f"{p}-{i}".encode() for i in range(10, 15)])
+    read_after = a.consume() + b.consume()
+    offsets = committed(bootstrap, group)
+    a.leave()
+    b.leave()
+    return {
+        "read_before": read_before,
+        "read_after": read_after,
+        "committed": sorted(offsets.values()),
         "versions_received": sorted(set(a.requests + b.requests)),
     }
 

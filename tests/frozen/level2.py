@@ -230,7 +230,7 @@ class Connection:
                 elif kind == REQUEST:
                     frame.string()  # client_id
                     try:
-                        self.on_request(api_key, version, cid, frame)
+                        self.on_request(self, api_key, version, cid, frame)
                     except Failed as exc:  # §3: refuse the version with an error frame, close
                         self.error = (35, str(exc))
                         body = i16(35) + string(str(exc))
@@ -335,7 +335,7 @@ class Member:
         with self.state:
             self.lease_until = self.conn.last_request_queued + SESSION_TIMEOUT_MS / 1000
 
-    def _on_request(self, api_key, version, cid, r):
+    def _on_request(self, conn, api_key, version, cid, r):
         self.requests.append((api_key, version))
         _epoch, generation, consumer_id = r.i64(), r.i32(), r.string()
         newest = {PING: 1, STOP_FETCHER: 2, START_FETCHER: 2}[api_key]
@@ -381,7 +381,7 @@ class Member:
             body = i16(0) + string(consumer_id)
         else:
             raise Failed(f"unexpected request {api_key}")
-        self.conn.respond(api_key, version, cid, body)
+        conn.respond(api_key, version, cid, body)
 
     def _renew(self, acknowledged):
         """SPEC.md §1: the lease runs to the queue time of the frame acknowledged plus T."""
