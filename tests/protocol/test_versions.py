@@ -5,6 +5,7 @@ import attrs
 import pytest
 
 from protocol import (
+    NEWEST_VERSION,
     ApiKey,
     ApiVersionRange,
     ErrorCode,
@@ -108,3 +109,28 @@ def test_fit_drops_only_the_frame_count_an_older_version_lacks() -> None:
     )
     # a partial stop keeps its partitions, which the Connection then refuses to drop
     assert fit(partial, 0).partitions == partial.partitions
+
+
+#: The newest version of each api at the latest level of SPEC.md's table (§3). A version is
+#: added, never removed: the broker must still serve each, and a frozen client of each level
+#: (tests/frozen) speaks them.
+EVER = {
+    ApiKey.PRODUCE: 1,
+    ApiKey.FETCH: 1,
+    ApiKey.CLUSTER_METADATA: 1,
+    ApiKey.REGISTER_CONSUMER: 2,
+    ApiKey.PING: 1,
+    ApiKey.STOP_FETCHER: 2,
+    ApiKey.START_FETCHER: 2,
+    ApiKey.CREATE_TOPIC: 1,
+    ApiKey.CREATE_PARTITIONS: 1,
+    ApiKey.DESCRIBE_GROUP: 2,
+}
+
+
+def test_no_version_is_ever_removed() -> None:
+    for key in ApiKey:
+        assert NEWEST_VERSION[key] >= EVER.get(key, 0), key.name
+    for version in range(NEWEST_VERSION[ApiKey.REGISTER_CONSUMER] + 1):
+        # every RegisterConsumer version is still served, each with a rule
+        assert isinstance(negotiate(REQUEST, version), PeerVersions)
