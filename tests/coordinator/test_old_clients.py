@@ -5,6 +5,7 @@ registration no rule can serve is refused with a code and a message, never accep
 
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -19,8 +20,8 @@ from protocol import (
     RegisterConsumerRequest,
     Role,
 )
-from protocol.types import Subscription, TopicStreams
 from simulation import open_simulated_cluster
+from tests.protocol.test_versions import REQUEST
 from transport.channel import Channel
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, lease_margin=0.5)
@@ -90,20 +91,6 @@ async def _refusal(tmp_path: Path, request: RegisterConsumerRequest) -> PeerErro
         return event
 
 
-def _registration(**fields: object) -> RegisterConsumerRequest:
-    return RegisterConsumerRequest(
-        group_id="g",
-        consumer_id="c",
-        subscription=Subscription(topics=(TopicStreams(topic="events", streams=1),)),
-        auto_commit=True,
-        auto_offset_reset="smallest",
-        session_timeout_ms=6000,
-        generation=-1,
-        owned_partitions=(),
-        **fields,  # type: ignore[arg-type]
-    )
-
-
 async def test_a_static_member_that_cannot_be_fenced_is_refused_by_name(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -112,7 +99,9 @@ async def test_a_static_member_that_cannot_be_fenced_is_refused_by_name(
         ApiVersionRange(api_key=ApiKey.STOP_FETCHER, min_version=0, max_version=1),
         ApiVersionRange(api_key=ApiKey.START_FETCHER, min_version=0, max_version=2),
     )
-    refusal = await _refusal(tmp_path, _registration(instance_id="s", served_versions=reads))
+    refusal = await _refusal(
+        tmp_path, attrs.evolve(REQUEST, instance_id="s", served_versions=reads)
+    )
     assert refusal.error_code is ErrorCode.UNSUPPORTED_VERSION
     assert "STOP_FETCHER version 2 or newer" in refusal.message
 
@@ -121,6 +110,6 @@ async def test_a_client_reading_only_versions_the_broker_lacks_is_refused(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     reads = (ApiVersionRange(api_key=ApiKey.PING, min_version=7, max_version=9),)
-    refusal = await _refusal(tmp_path, _registration(served_versions=reads))
+    refusal = await _refusal(tmp_path, attrs.evolve(REQUEST, served_versions=reads))
     assert refusal.error_code is ErrorCode.UNSUPPORTED_VERSION
     assert refusal.message == "PING: the consumer reads versions 7-9, this broker sends 0-1"
