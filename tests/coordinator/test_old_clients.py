@@ -113,3 +113,26 @@ async def test_a_client_reading_only_versions_the_broker_lacks_is_refused(
     refusal = await _refusal(tmp_path, attrs.evolve(REQUEST, served_versions=reads))
     assert refusal.error_code is ErrorCode.UNSUPPORTED_VERSION
     assert refusal.message == "PING: the consumer reads versions 7-9, this broker sends 0-1"
+
+
+async def test_a_member_without_a_lease_is_cut_off_when_the_coordinator_may_be_deposed(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Out of contact with its store, the coordinator renews no lease; a member that keeps none
+    would fetch on while a successor counts T from taking office, so its connection ends at the
+    next Ping it would have sent, and it stops. A member with a lease fetches on under it."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=2)
+        new = await cluster.start_consumer("new", group="g", topics={"events": 1})
+        old = await cluster.start_consumer("old", group="g", topics={"events": 1}, level0=True)
+        await cluster.wait_stable("g", members=2)
+        cluster.lose_store_contact(3.0)
+        with trio.fail_after(6.0 / 3):  # at the next Ping, due every T/3
+            await old.fetching_state.wait_value(False)
+        assert new.fetching
+        registrations = old.registrations
+        with trio.fail_after(30):
+            while old.registrations == registrations or not old.fetching:
+                await trio.sleep(0.1)
+        await cluster.wait_stable("g", members=2)
+        await cluster.check_invariants(settled=True)
