@@ -62,6 +62,7 @@ from protocol import (
     error_response,
 )
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
+from protocol.versions import Refusal, negotiate
 from statemachine import member as member_sm
 from statemachine.slots import slot_of
 from store import (
@@ -212,8 +213,20 @@ class _Session:
                         coordinator_epoch=coordinator.epoch,
                         generation=-1,
                     )
+                versions = negotiate(message, request.api_version)
+                if isinstance(versions, Refusal):
+                    # Never accepted and then lost: docs/design.md#old-clients.
+                    log.info(
+                        "refusing %s's registration in %s: %s",
+                        self.channel.peer,
+                        message.group_id,
+                        versions.message,
+                    )
+                    await self.channel.refuse(versions.error_code, versions.message)
+                    self.nursery.cancel_scope.cancel()
+                    return None
                 response, member = coordinator.register(
-                    message, request.client_id, self.channel, self.nursery.cancel_scope
+                    message, request.client_id, self.channel, self.nursery.cancel_scope, versions
                 )
                 if member is not None:
                     self.member = member

@@ -39,6 +39,7 @@ from protocol import (
     StopFetcherResponse,
 )
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
+from protocol.versions import NEWEST, PeerVersions
 from statemachine import group as group_sm
 from statemachine import member as member_sm
 from statemachine import ownership
@@ -107,9 +108,11 @@ class GroupCoordinator:
         client_id: str,
         channel: Channel,
         connection_scope: trio.CancelScope,
+        versions: PeerVersions = NEWEST,
     ) -> tuple[RegisterConsumerResponse, Member | None]:
         """Check the registration, add the member, and let the group rebalance
-        (docs/design.md#generations-and-fencing)."""
+        (docs/design.md#generations-and-fencing). ``versions``: what it reads of our requests
+        (``protocol.versions.negotiate``), which says which rules it is served by."""
         error = self._registration_error(request, client_id)
         if error is not ErrorCode.NONE:
             return self._register_response(error, request.group_id), None
@@ -130,6 +133,7 @@ class GroupCoordinator:
             session_timeout=request.session_timeout_ms / 1000,
             max_missed=self.config.max_missed_pings,
             lease_margin=self.config.lease_margin,
+            follows_lease=versions.follows_lease,
         )
         machine = member_sm.MemberMachine(
             member_id=member_id, timeouts=timeouts, last_heard=trio.current_time()
@@ -142,6 +146,7 @@ class GroupCoordinator:
             connection_scope=connection_scope,
             incarnation=next(self._incarnations),
             consumer_id=request.consumer_id,
+            versions=versions,
         )
         replaced = group.members.get(member_id)
         if replaced is not None:
@@ -157,7 +162,12 @@ class GroupCoordinator:
         group.highest_reported_generation = max(
             group.highest_reported_generation, request.generation
         )
-        log.info("group %s: %s joined", group.group_id, member.member_id)
+        if versions != NEWEST:
+            log.info(
+                "group %s: %s joined, reading %s", group.group_id, member.member_id, versions.level
+            )
+        else:
+            log.info("group %s: %s joined", group.group_id, member.member_id)
         self._adopt(group, member, request)
         self.pinger.add(member)
         if replaced is not None:
@@ -454,9 +464,7 @@ class GroupCoordinator:
 
         for member, request in requests.items():
             try:
-                correlation_id = member.channel.request_nowait(
-                    request, functools.partial(answered, member)
-                )
+                correlation_id = member.request_nowait(request, functools.partial(answered, member))
             except ChannelClosed:
                 silent.append(member)
                 continue

@@ -114,7 +114,12 @@ class Pinger:
         if now >= self.coordinator.store.in_contact_until():
             # Perhaps deposed: renew no lease (docs/design.md#coordinator-epochs-and-the-election).
             # No deadline runs, since nothing was sent; the Ping is tried again soon, so that it
-            # reaches the member within its lease once contact comes back.
+            # reaches the member within its lease once contact comes back. A member that keeps
+            # no lease would fetch on while a successor counts its lease from taking office:
+            # its connection ends now, which it stops at (docs/design.md#old-clients).
+            if not machine.timeouts.follows_lease:
+                member.connection_scope.cancel()
+                return False
             self._schedule(now + machine.timeouts.ping_interval * OUT_OF_CONTACT_RETRY, member)
             return False
         # A member whose lease ran out stopped by its own rule; a Ping would restart it, so the
@@ -135,7 +140,7 @@ class Pinger:
             self._answered(ping, response)
 
         try:
-            ping.correlation_id = member.channel.request_nowait(request, on_response)
+            ping.correlation_id = member.request_nowait(request, on_response)
         except ChannelClosed:
             return False  # the connection task declares the member dead
         except LocalProtocolError as exc:

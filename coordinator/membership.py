@@ -13,12 +13,14 @@ import attrs
 import trio
 from trio_util import AsyncValue
 
+from protocol import RequestMessage
 from protocol.types import ConsumerThread, TopicPartition
+from protocol.versions import NEWEST, PeerVersions, fit
 from statemachine.group import GroupMachine, GroupState
 from statemachine.member import MemberMachine
 from statemachine.ownership import Ownership
 from store import GroupRecord, MemberRecord
-from transport.channel import Channel
+from transport.channel import Channel, ResponseHandler
 
 
 @attrs.define(eq=False)
@@ -40,6 +42,14 @@ class Member:
     consumer_id: str
     #: A newer process registered under its instance id: it is no longer in its group.
     fenced: bool = False
+    #: What it reads of the coordinator's requests (SPEC.md §3, docs/design.md#old-clients):
+    #: each goes in that version, and the rules it cannot follow are not asked of it.
+    versions: PeerVersions = NEWEST
+
+    def request_nowait(self, message: RequestMessage, on_response: ResponseHandler) -> int:
+        """Send a coordinator request in the version this member reads."""
+        version = self.versions.of(message.API_KEY)
+        return self.channel.request_nowait(fit(message, version), on_response, api_version=version)
 
     @property
     def member_id(self) -> str:

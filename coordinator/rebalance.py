@@ -238,6 +238,11 @@ def _changes(
                 for tp in kept
             )
         )
+        if not member.versions.incremental and (start or held - target):
+            # It cannot read a partial stop or an incremental start: stopped and started whole,
+            # the eager protocol for it alone (docs/design.md#old-clients).
+            changes[member] = _Change(target=target, revoked=None, start=True)
+            continue
         changes[member] = _Change(target=target, revoked=held - target, start=start)
     return changes
 
@@ -380,7 +385,7 @@ async def _start_all(
                 member.channel.listener, coordinator.brokers
             ),
             acknowledged_frames=member.channel.frames_received,
-            incremental=incremental,
+            incremental=incremental and member.versions.incremental,
         )
 
     # A start the machine refuses (a partition someone else may fetch) raises here, before any

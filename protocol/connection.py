@@ -39,6 +39,7 @@ from .messages import (
     ApiKey,
     RequestMessage,
 )
+from .schema import dropped_fields
 
 __all__ = ["NEED_DATA", "Connection", "ConnectionState", "Role"]
 
@@ -330,14 +331,20 @@ class Connection:
 
     # --- sending ---------------------------------------------------------------------------------
 
-    def new_request(self, message: RequestMessage) -> Request:
-        """A Request with the next free correlation id of our direction; ``send`` sends it."""
-        self._check_may_send(message)
+    def new_request(self, message: RequestMessage, api_version: int | None = None) -> Request:
+        """A Request with the next free correlation id of our direction; ``send`` sends it.
+        ``api_version`` None: the newest; else the version the peer serves (SPEC.md §3)."""
+        api_key = self._check_may_send(message)
         correlation_id = self._next_correlation_id
         while correlation_id in self._outstanding:
             correlation_id = (correlation_id + 1) % CORRELATION_ID_LIMIT
         self._next_correlation_id = (correlation_id + 1) % CORRELATION_ID_LIMIT
-        return Request(correlation_id=correlation_id, message=message, client_id=self._client_id)
+        return Request(
+            correlation_id=correlation_id,
+            message=message,
+            client_id=self._client_id,
+            api_version=NEWEST_VERSION[api_key] if api_version is None else api_version,
+        )
 
     def send(self, event: Request | Response) -> bytes:
         """The bytes of ``event``, recording what it changes (a request becomes outstanding, a
@@ -372,6 +379,13 @@ class Connection:
         if not 0 <= version <= NEWEST_VERSION[api_key]:
             raise LocalProtocolError(
                 f"{api_key.name} has no version {version} (0 to {NEWEST_VERSION[api_key]})",
+                ErrorCode.UNSUPPORTED_VERSION,
+                correlation_id=correlation_id,
+                api_key=api_key,
+            )
+        if version < NEWEST_VERSION[api_key] and (lost := dropped_fields(message, version)):
+            raise LocalProtocolError(
+                f"{api_key.name} version {version} cannot carry {', '.join(lost)}",
                 ErrorCode.UNSUPPORTED_VERSION,
                 correlation_id=correlation_id,
                 api_key=api_key,

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeAlias
 
 import attrs
 
-from .codec import Codec, Int32, Int64
+from .codec import Codec, Int16, Int32, Int64
 from .errors import ErrorCode
 from .records import Record
 from .schema import since, struct_codec
@@ -99,6 +99,17 @@ class MemberDescription:
     session_timeout_ms: Int32
     subscription: Subscription
     partitions: tuple[TopicPartition, ...]
+
+
+@attrs.frozen(kw_only=True)
+class ApiVersionRange:
+    """The versions of one api a peer serves, as in Kafka's ApiVersions (api key 18): a consumer
+    lists the coordinator requests it can read in RegisterConsumer, so the coordinator sends it
+    only those (SPEC.md §3, "Versions both ways")."""
+
+    api_key: Int16
+    min_version: Int16
+    max_version: Int16
 
 
 @attrs.frozen(kw_only=True)
@@ -221,6 +232,13 @@ class RegisterConsumerRequest:
     instance_id: str | None = attrs.field(default=None, metadata=since(1))
     """Static membership: the name of this member that outlives its processes (SPEC.md §11.11).
     None: a dynamic member, which is only ever one process."""
+    served_versions: tuple[ApiVersionRange, ...] = attrs.field(
+        factory=lambda: coordinator_versions_served(), metadata=since(2)
+    )
+    """The versions of the coordinator requests this consumer can read (SPEC.md §3); an api it
+    does not list: version 0 only. The default is what this package reads, every version. A
+    coordinator reads it only from a version-2 request: an older request lists nothing, whatever
+    its decoded default (:func:`protocol.versions.negotiate`)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -604,7 +622,7 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
         ApiKey.PRODUCE: 1,
         ApiKey.CLUSTER_METADATA: 1,
         ApiKey.FETCH: 1,
-        ApiKey.REGISTER_CONSUMER: 1,
+        ApiKey.REGISTER_CONSUMER: 2,
         ApiKey.CREATE_TOPIC: 1,
         ApiKey.CREATE_PARTITIONS: 1,
         ApiKey.PING: 1,
@@ -615,6 +633,16 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
 )
 """Every api is served in versions 0 .. its newest; clients here send the newest. SPEC.md §3 has
 the version table (what each version changed)."""
+
+
+def coordinator_versions_served() -> tuple[ApiVersionRange, ...]:
+    """What a consumer built on this package reads of the coordinator's requests: every
+    version of each (its Connection decodes them all)."""
+    return tuple(
+        ApiVersionRange(api_key=key, min_version=0, max_version=NEWEST_VERSION[key])
+        for key in sorted(COORDINATOR_REQUESTS)
+    )
+
 
 REQUEST_CODECS: Mapping[tuple[ApiKey, int], Codec[Any]] = MappingProxyType(
     {

@@ -117,6 +117,27 @@ def struct_codec(cls: type[T], version: int | None = None) -> Codec[T]:
     return codec
 
 
+_later_cache: dict[tuple[type, int], tuple[tuple[str, Any], ...]] = {}
+
+
+def dropped_fields(value: object, version: int) -> list[str]:
+    """The fields of ``value`` that version ``version`` of its message lacks and that hold
+    something other than their default: encoding it in that version would lose them, and with
+    them what the message means (a partial StopFetcher would read as a stop of everything)."""
+    cls = type(value)
+    key = (cls, version)
+    later = _later_cache.get(key)
+    if later is None:
+        later = tuple(
+            # attrs keeps a factory default as an object with the factory (and no instance here)
+            (a.name, a.default.factory() if hasattr(a.default, "factory") else a.default)
+            for a in attrs.fields(typing.cast(Any, cls))
+            if a.metadata.get(SINCE, 0) > version
+        )
+        _later_cache[key] = later
+    return [name for name, default in later if getattr(value, name) != default]
+
+
 def _generate(
     cls: type, label: str, fields: list[tuple[str, Codec[Any]]]
 ) -> tuple[Encoder, Decoder]:

@@ -517,6 +517,11 @@ class SimulatedConsumer:
     #: coordinator had received before sending them, so the lease still ends before the
     #: coordinator's count (docs/design.md#ownership-lease).
     fetch_through_failover: bool = False
+    #: A client of SPEC.md's level 0 (docs/design.md#old-clients): it registers in
+    #: RegisterConsumer version 0, reads only version 0 of the coordinator requests (any other
+    #: fails the run), and keeps no lease: it fetches until a StopFetcher or until it learns that
+    #: its coordinator connection ended, never through a failover.
+    level0: bool = False
     answer_delay: float = 0.0
     #: A static member's instance id (docs/design.md#static-members): the group knows the
     #: member by it, whatever process carries it; None: a dynamic member.
@@ -581,6 +586,8 @@ class SimulatedConsumer:
 
     @property
     def lease_end(self) -> float:
+        if self.level0:
+            return math.inf  # no lease: it never stops on its own clock
         return self.last_request_at + self.session_timeout
 
     # --- faults -------------------------------------------------------------------------------
@@ -765,7 +772,9 @@ class SimulatedConsumer:
                 # queued before request() first yields: the registration frame's queue time
                 registered_from = trio.current_time()
                 try:
-                    response = await channel.request(self._registration())
+                    response = await channel.request(
+                        self._registration(), api_version=0 if self.level0 else None
+                    )
                 except ChannelClosed:
                     scope.cancel()
                     return error
@@ -787,7 +796,7 @@ class SimulatedConsumer:
             return error
         finally:
             # Seed 03 onLostConnection: stop fetchers first, then drop the connection.
-            if self._killed or not self.fetch_through_failover:
+            if self._killed or not self.fetch_through_failover or self.level0:
                 self._stop_fetching(min(trio.current_time(), self.lease_end))
             with trio.CancelScope(shield=True):
                 if self.fetching:
@@ -819,6 +828,11 @@ class SimulatedConsumer:
         """Read until the connection ends, then end the session (seed 03's onLostConnection)."""
 
         async def on_request(request: Request) -> None:
+            if self.level0 and request.api_version != 0:
+                raise AssertionError(
+                    f"{self.consumer_id} reads version 0 only, and was sent"
+                    f" {type(request.message).__name__} version {request.api_version}"
+                )
             now = trio.current_time()
             if now >= self.lease_end:
                 # Read after a pause longer than the lease: the session is over.

@@ -185,7 +185,8 @@ LIMIT = Guard("misses used up", _uses_up_misses, otherwise="misses left")
 
 
 def _lease_lapsed(machine: MemberMachine, event: PingSent) -> bool:
-    return event.now >= machine.lease_end()
+    # A member that does not keep the lease does not stop by itself: a Ping restarts nothing.
+    return machine.timeouts.follows_lease and event.now >= machine.lease_end()
 
 
 def _start_follows(machine: MemberMachine, event: StopFetcherAnswered) -> bool:
@@ -249,6 +250,11 @@ class MemberTimeouts:
     session_timeout: float
     max_missed: int = 1
     lease_margin: float = 0.5
+    #: False: a client older than the ownership lease (it reads no version-1 Ping), which
+    #: fetches until told to stop or until its connection ends: whatever way it goes, its
+    #: partitions wait T plus the margin after now, unless its StopFetcher answer freed them
+    #: (docs/design.md#old-clients).
+    follows_lease: bool = True
 
     @property
     def ping_interval(self) -> float:
@@ -372,4 +378,8 @@ class MemberMachine:
         # connection broke under it, or that broke the protocol may still be fetching until its
         # lease runs out.
         free_at = max(now, self.lease_end()) if silent else now
+        if not self.timeouts.follows_lease:
+            # No lease of its own: it stops when it learns that its connection ended, which
+            # the coordinator closes now (docs/design.md#old-clients).
+            free_at = max(free_at, now + self.timeouts.session_timeout + self.timeouts.lease_margin)
         return DeclaredDead(cause=cause, partitions_free_at=free_at)

@@ -275,8 +275,11 @@ class Channel:
         if len(times) > SENT_TIMES_KEPT:
             del times[next(iter(times))]
 
-    async def request(self, message: RequestMessage) -> ResponseMessage:
-        """Send a request and wait for its response (the caller's cancel scope is the deadline)."""
+    async def request(
+        self, message: RequestMessage, *, api_version: int | None = None
+    ) -> ResponseMessage:
+        """Send a request and wait for its response (the caller's cancel scope is the deadline);
+        ``api_version`` None: the newest."""
         done = trio.Event()
         answers: list[ResponseMessage | None] = []
 
@@ -284,7 +287,7 @@ class Channel:
             answers.append(response)
             done.set()
 
-        correlation_id = self.request_nowait(message, on_response)
+        correlation_id = self.request_nowait(message, on_response, api_version=api_version)
         try:
             await self._wait_for_room()
             await done.wait()
@@ -294,15 +297,22 @@ class Channel:
             raise ChannelClosed(f"connection to {self.peer} closed before the response")
         return answers[0]
 
-    def request_nowait(self, message: RequestMessage, on_response: ResponseHandler) -> int:
+    def request_nowait(
+        self,
+        message: RequestMessage,
+        on_response: ResponseHandler,
+        *,
+        api_version: int | None = None,
+    ) -> int:
         """Queue a request; the reader calls ``on_response`` from its own task when the answer
         comes (or with None if the connection ends first). For the coordinator's Pings: one
         scheduler sends thousands of them without a task, a cancel scope or an Event each.
+        ``api_version`` None: the newest; the coordinator sends a member what it serves.
 
         Returns the correlation id, for :meth:`abandon`."""
         if self.closed or self.connection.state is not ConnectionState.OPEN:
             raise ChannelClosed(f"connection to {self.peer} is closed")
-        event = self.connection.new_request(message)
+        event = self.connection.new_request(message, api_version)
         self._handlers[event.correlation_id] = on_response
         self._queue(self.connection.send(event))
         return event.correlation_id

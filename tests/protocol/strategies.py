@@ -16,6 +16,7 @@ from protocol import (
     REQUEST_TYPES,
     RESPONSE_TYPES,
     ApiKey,
+    ApiVersionRange,
     AssignedPartition,
     AssignedStream,
     BrokerInfo,
@@ -144,6 +145,9 @@ REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
         generation=int32,
         owned_partitions=tuples_of(topic_partitions),
         instance_id=nullable_texts,
+        served_versions=tuples_of(
+            st.builds(ApiVersionRange, api_key=int16, min_version=int16, max_version=int16)
+        ),
     ),
     ApiKey.PING: st.builds(
         PingRequest,

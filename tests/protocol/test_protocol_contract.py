@@ -44,7 +44,9 @@ CONTRACT = {
     " brokers:array[BrokerInfo] topics:array[TopicMetadata] slot_holders:array[int32]",
     "RegisterConsumerRequest": "group_id:string consumer_id:string subscription:Subscription"
     " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
-    " owned_partitions:array[TopicPartition] instance_id:string?",
+    " owned_partitions:array[TopicPartition] instance_id:string?"
+    " served_versions:array[ApiVersionRange]",
+    "ApiVersionRange": "api_key:int16 min_version:int16 max_version:int16",
     "RegisterConsumerResponse": "error_code:int16 coordinator_epoch:int64 generation:int32",
     "PingRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string num_retries:int32"
     " acknowledged_frames:int64",
@@ -96,6 +98,9 @@ OLDER_VERSIONS = {
     ("RegisterConsumerRequest", 0): "group_id:string consumer_id:string subscription:Subscription"
     " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
     " owned_partitions:array[TopicPartition]",
+    ("RegisterConsumerRequest", 1): "group_id:string consumer_id:string subscription:Subscription"
+    " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
+    " owned_partitions:array[TopicPartition] instance_id:string?",
     ("CreateTopicRequest", 0): "topic:string partitions:int32",
     ("CreatePartitionsRequest", 0): "topic:string total_partitions:int32",
     ("StopFetcherRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string",

@@ -6,12 +6,14 @@ import pathlib
 import re
 
 import attrs
+import pytest
 
 from protocol import (
     Connection,
     DescribeGroupRequest,
     DescribeGroupResponse,
     ErrorCode,
+    LocalProtocolError,
     PartitionOffset,
     PingRequest,
     PingResponse,
@@ -22,6 +24,7 @@ from protocol import (
     encode_record,
 )
 from protocol.batches import batch_spans, build_batch, read_batches, stamp
+from protocol.versions import fit
 
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "protocol" / "SPEC.md"
 
@@ -176,9 +179,11 @@ def test_a_version_0_ping_names_no_frame_and_is_answered_in_version_0() -> None:
     )
     assert isinstance(request, Request)
     assert consumer.send(request.response(PONG)) == PONG_V0_FRAME
-    old_coordinator = Connection(Role.BROKER, client_id="b1")
-    sent = old_coordinator.send(
-        Request(correlation_id=42, message=PING, client_id="b1", api_version=0)
+    coordinator = Connection(Role.BROKER, client_id="b1")
+    with pytest.raises(LocalProtocolError, match="cannot carry acknowledged_frames"):
+        coordinator.send(Request(correlation_id=42, message=PING, client_id="b1", api_version=0))
+    sent = coordinator.send(
+        Request(correlation_id=42, message=fit(PING, 0), client_id="b1", api_version=0)
     )
     assert sent == PING_V0_FRAME
 

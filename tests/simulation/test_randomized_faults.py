@@ -12,7 +12,10 @@ members (docs/design.md#static-members): each start of one is a new process unde
 and their faults include restarts (a clean stop, a kill, a kill with a reset, or a second live
 process that fences the first). Every consumer fetches through a lost connection or a restart under
 its lease and re-registers holding what it fetches, which a recovered group adopts
-(docs/design.md#adoption-after-a-failover). Then the faults end,
+(docs/design.md#adoption-after-a-failover); but three consumers of each group are clients of
+level 0 (docs/design.md#old-clients), in the same groups: version 0 of every request, no lease,
+stopped only by a StopFetcher or their connection's end, under faults within their stated
+assumption. Then the faults end,
 killed consumers start again, and the cluster must settle within two minutes of virtual time, after
 which every subscribed partition has exactly one owner among the live members. A monitor checks the
 invariants that hold at every instant (no two fetch leases at once, offsets and generations never
@@ -58,6 +61,10 @@ VICTIMS = [i for i, (c, _) in enumerate(CONSUMERS) if c.endswith(("-00", "-01"))
 #: Consumers that are static members, named by their instance id; a process of one has the
 #: consumer id ``<instance id>#<n>``.
 STATIC = frozenset(c for c, _ in CONSUMERS if c.endswith(("-01", "-04", "-09", "-14")))
+#: Consumers of SPEC.md's level 0 (docs/design.md#old-clients): version 0 of every request, no
+#: lease. Their faults last at most a third of their session timeout, the assumption their
+#: weaker guarantee states: each learns that its connection ended within T.
+LEVEL0 = frozenset(c for c, _ in CONSUMERS if c.endswith(("-02", "-07", "-12")))
 STATIC_RESTARTS: tuple[Literal["stop", "kill", "reset", "keep"], ...] = (
     "stop",
     "kill",
@@ -141,14 +148,19 @@ async def _start_missing(cluster: SimulatedCluster) -> None:
                 group=group,
                 subscription=subscription,
                 session_timeout_ms=timeout_ms,
-                fetch_through_failover=True,
+                fetch_through_failover=consumer_id not in LEVEL0,
                 instance_id=consumer_id if static else None,
+                level0=consumer_id in LEVEL0,
             )
 
 
 async def _consumer_fault(cluster: SimulatedCluster, fault: Fault) -> None:
     await trio.sleep(fault.at)
-    consumer = _latest(cluster, CONSUMERS[fault.target][0])
+    name, group = CONSUMERS[fault.target]
+    consumer = _latest(cluster, name)
+    if name in LEVEL0:
+        third = GROUPS[group][1] / 3000
+        fault = attrs.evolve(fault, duration=min(fault.duration, third))
     match fault.kind:
         case "restart_static":
             # a static member's process ends (or not: a second one fences it) and a new one

@@ -1,0 +1,52 @@
+"""Every level of client ever documented in SPEC.md runs a whole group against the current
+broker (SPEC.md §3, docs/design.md#old-clients). Each level's client is a frozen script under
+this directory, written with the standard library only and run as its own process with nothing
+of this repository on its path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from launch.processes import BrokerProcess, run_broker
+
+pytestmark = pytest.mark.realtime
+
+HERE = Path(__file__).resolve().parent
+LEVELS = sorted(path.stem for path in HERE.glob("level*.py"))
+
+
+async def run_frozen(level: str, broker: BrokerProcess, name: str) -> dict[str, object]:
+    with trio.fail_after(120):
+        done = await trio.run_process(
+            [sys.executable, "-I", str(HERE / f"{level}.py"), f"{broker.host}:{broker.port}", name],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    assert done.returncode == 0, done.stderr.decode()[-4000:]
+    result: dict[str, object] = json.loads(done.stdout.decode().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_a_frozen_client_runs_a_whole_group(level: str, tmp_path: Path) -> None:
+    async with run_broker(tmp_path / "data", "--initial-rebalance-delay", "0.2") as broker:
+        result = await run_frozen(level, broker, level)
+    partitions = 4
+    assert result["alone"] == partitions
+    assert result["read_alone"] == 10 * partitions
+    assert result["read_shared"] == 5 * partitions
+    assert result["committed"] == [15] * partitions
+    if "described" in result:  # level 7 on: DescribeGroup 3 names the members it awaits
+        assert result["described"] == {
+            "state": "Stable",
+            "members": {"a": partitions // 2, "b": partitions // 2},
+            "awaiting": [],
+        }
