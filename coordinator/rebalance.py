@@ -542,6 +542,11 @@ def _streams_by_member(
         if thread.member_id in only:
             by_thread[thread.member_id, thread.index].append(tp)
     brokers = {topic: placement.brokers for topic, placement in coordinator.topics.items()}
+    gone = sorted({tp.topic for tps in by_thread.values() for tp in tps} - brokers.keys())
+    if gone:
+        # Deleted while the attempt waited (for leases, the store): nothing is started yet, and
+        # the retry plans without them (the topic watch has asked for one).
+        raise AttemptFailed(f"topics deleted during the attempt: {', '.join(gone)}")
     streams: dict[str, list[AssignedStream]] = defaultdict(list)
     for (member_id, index), tps in sorted(by_thread.items(), key=_first):
         tps.sort(key=_topic_partition_key)

@@ -4,8 +4,10 @@ wildcard subscriptions — and no group that is not interested (docs/design.md#r
 T = 6 s; a new group's first rebalance waits the initial delay of 3 s.
 """
 
+import logging
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
@@ -171,4 +173,38 @@ async def test_offsets_the_committer_wrote_after_the_store_deleted_their_topic_a
         assert trio.current_time() == 3.0  # the group's first rebalance, after its 3 s delay
         assert await cluster.store.fetch_offsets("g") == {}
         assert await _offset_fetch(cluster, "g") == set()
+        await cluster.check_invariants()
+
+
+async def test_a_topic_deleted_while_an_attempt_waits_for_a_lease_fails_the_attempt_not_the_group(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The attempt after a's death plans with ``events`` and waits for a's lease; ``events`` is
+    deleted meanwhile. Building its StartFetchers for a partition of a topic that is gone raised
+    KeyError, which failed the whole group (rebuilt from its record, a traceback at ERROR; found
+    by scripts/fuzz_broker.py). Now the attempt fails and is retried without the topic."""
+    caplog.set_level(logging.INFO)
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=4)
+        await cluster.create_topic("orders", partitions=2)
+        a = await cluster.start_consumer("a", group="g", topics={"events": 1, "orders": 1})
+        b = await cluster.start_consumer("b", group="g", topics={"events": 1, "orders": 1})
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        await trio.sleep_until(10.0)
+        a.freeze(60)
+        a.drop_connection()  # dead at once, but it may fetch on until its lease has run out
+        group = cluster.coordinator.groups["g"]
+        with trio.fail_after(5):
+            await group.status.wait_value(lambda status: status[0] is not GroupState.STABLE)
+        assert ErrorCode.NONE is await cluster.delete_topic("events")
+        with trio.fail_after(60):
+            await cluster.wait_stable("g", members=1)
+        # Attempt 2 (generation 2) waited for a's lease until 16.5 and then failed; attempt 3
+        # came a third of T later without the topic.
+        assert trio.current_time() == 18.5
+        assert (group.attempts, group.machine.generation) == (3, 3)
+        assert b.owned == _partitions("orders", 2)
+        assert group is cluster.coordinator.groups["g"]  # never failed and rebuilt
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         await cluster.check_invariants()
