@@ -44,6 +44,19 @@ async def test_a_frozen_client_runs_a_whole_group(level: str, tmp_path: Path) ->
     assert result["read_alone"] == 10 * partitions
     assert result["read_shared"] == 5 * partitions
     assert result["committed"] == [15] * partitions
+    if "slot_holders" in result:  # level 4 on: ClusterMetadata 1, the broker holds every slot
+        slot_holders = result["slot_holders"]
+        assert isinstance(slot_holders, dict)
+        assert slot_holders["slots"] >= 1
+        assert len(slot_holders["holders"]) == 1
+    if "described_hosts" in result:  # level 5 on: DescribeGroup 2 names each member's address
+        assert result["described_hosts"] == {
+            "state": "Stable",
+            "members": {"a": partitions // 2, "b": partitions // 2},
+            "hosts": {"a": True, "b": True},
+        }
+    if "deleted" in result:  # level 5 on: DeleteTopic 0, then again: no such topic
+        assert result["deleted"] == [0, 3]
     if "described" in result:  # level 7 on: DescribeGroup 3 names the members it awaits
         assert result["described"] == {
             "state": "Stable",
