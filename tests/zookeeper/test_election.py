@@ -13,7 +13,7 @@ import trio
 from consumer import Consumer, ConsumerSettings, open_consumer
 from consumer.admin import open_admin
 from coordinator.config import CoordinatorConfig
-from launch.cluster import agreed_coordinator, eventually
+from launch.cluster import agreed_coordinator, eventually, slots_shared
 from protocol import ErrorCode, RegisterConsumerRequest, RegisterConsumerResponse
 from protocol.types import Subscription, TopicPartition, TopicStreams
 from statemachine.consumer import ConsumerState
@@ -35,6 +35,9 @@ async def test_one_coordinator_and_followers_refuse_group_requests(
     zookeeper_hosts: str, tmp_path: Path
 ) -> None:
     async with cluster(zookeeper_hosts, tmp_path, CONFIG, 3) as brokers:
+        # Once the slots are shared: while a slot is handed off it has no holder for a moment,
+        # and a broker asked about its groups then answers that a failover is under way.
+        await eventually(lambda: slots_shared(brokers[0].address, [1, 2, 3]), deadline=DEADLINE)
         leader_id = await agreed_coordinator(ids(brokers), group="g", deadline=DEADLINE)
         follower = next(b for b in brokers if b.broker_id != leader_id)
         async with open_admin([follower.address]) as admin:

@@ -21,7 +21,7 @@ import trio
 
 from consumer import open_producer
 from consumer.admin import AdminError, GroupReport, open_admin
-from launch.cluster import agreed_coordinator, eventually
+from launch.cluster import agreed_coordinator, eventually, slots_shared
 from launch.zookeeper import Ensemble
 from tests.cli.cli_process import open_cli_piped, run_cli, stop
 from tests.zookeeper.test_failover import DEADLINE, GROUP, broker_processes, ids
@@ -80,6 +80,8 @@ async def test_kill_9_of_the_coordinator_keeps_the_consume_processes_group_and_r
 ) -> None:
     hosts = zookeeper_ensemble.hosts + "/failover-consume"
     async with broker_processes(hosts, tmp_path, 3) as brokers:
+        # Once the slots are shared, so that the group's coordinator stays where it is named.
+        await eventually(lambda: slots_shared(brokers[0].address, [1, 2, 3]), deadline=DEADLINE)
         first_id = await agreed_coordinator(ids(brokers), group=GROUP, deadline=DEADLINE)
         first = next(b for b in brokers if b.broker_id == first_id)
         survivors = [b for b in brokers if b is not first]
