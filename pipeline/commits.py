@@ -10,13 +10,15 @@ Why a query listener: Spark reports progress after a micro-batch's commit-log en
 for every batch including the last one under ``availableNow``; the stream reader's ``commit``
 runs one batch late and not at all for that last one. Listener events are delivered
 asynchronously, so after ``awaitTermination`` call :meth:`GroupOffsetCommitter.commit_last` to
-commit the final batch synchronously.
+commit the final batch synchronously. An event delivered after that (or after a later batch's)
+names an earlier batch: it is skipped, so the group's offsets never move back to it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
@@ -75,6 +77,10 @@ class GroupOffsetCommitter(StreamingQueryListener):
         self.security = security
         self.group = group
         self.query_name = query_name
+        #: The latest batch committed, by query id (which a restart from the checkpoint keeps):
+        #: the listener's thread and ``commit_last``'s both commit, and an event may come late.
+        self._committed: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def onQueryStarted(self, event: Any) -> None:
         pass
@@ -83,7 +89,7 @@ class GroupOffsetCommitter(StreamingQueryListener):
         progress = event.progress
         if progress.name != self.query_name:
             return
-        self._commit(progress.sources)
+        self._commit(str(progress.id), progress.batchId, progress.sources)
 
     def onQueryIdle(self, event: Any) -> None:
         pass
@@ -95,14 +101,28 @@ class GroupOffsetCommitter(StreamingQueryListener):
         """Commit the query's last reported batch now (the listener may not have caught up)."""
         progress = query.lastProgress
         if progress is not None:
-            self._commit(progress.sources if hasattr(progress, "sources") else progress["sources"])
+            query_id, batch_id, sources = (
+                _field(progress, n) for n in ("id", "batchId", "sources")
+            )
+            self._commit(str(query_id), batch_id, sources)
 
-    def _commit(self, sources: Any) -> None:
-        for source in sources:
-            offsets = _source_offsets(source)
-            if offsets is None:
-                continue
-            try:
-                commit_group_offsets(self.bootstrap, self.group, offsets, self.security)
-            except Exception:  # the listener bus must survive an unreachable coordinator
-                log.exception("committing offsets of group %s failed", self.group)
+    def _commit(self, query_id: str, batch_id: int, sources: Any) -> None:
+        with self._lock:  # one batch at a time, and never one older than the latest committed
+            if batch_id <= self._committed.get(query_id, -1):
+                return
+            for source in sources:
+                offsets = _source_offsets(source)
+                if offsets is None:
+                    continue
+                try:
+                    commit_group_offsets(self.bootstrap, self.group, offsets, self.security)
+                except Exception:  # the listener bus must survive an unreachable coordinator
+                    log.exception("committing offsets of group %s failed", self.group)
+                    return  # the next batch's event commits again
+            self._committed[query_id] = batch_id
+
+
+def _field(progress: Any, name: str) -> Any:
+    """A field of a progress report: an object from a listener, a dict from ``lastProgress`` in
+    some PySpark versions."""
+    return getattr(progress, name) if hasattr(progress, name) else progress[name]
