@@ -126,9 +126,7 @@ class Elector:
         while True:
             seen: int | None = None
             try:
-                seen = await self.store.watch_cluster()
-                live = await self.store.brokers()
-                holders = await self.store.slot_holders()
+                seen, live, holders = await self.store.read_cluster()
                 for listener in [name for name in self.brokers if name]:
                     self.brokers[listener] = await self.store.brokers(listener)
             except StoreUnavailable as exc:

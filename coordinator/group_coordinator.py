@@ -859,13 +859,27 @@ class GroupCoordinator:
             )
             for m in live
         )
-        awaiting = _awaiting(group) if group else ()
+        awaiting = _awaiting(group) if group else []
+        given: dict[str, list[TopicPartition]] = {}
+        if awaiting and group is not None and group.recovered is not None:
+            for tp, thread in sorted(group.recovered.assignment.items()):
+                given.setdefault(thread.member_id, []).append(tp)
+        awaited = tuple(
+            MemberDescription(
+                member_id=m.member_id,
+                client_id=m.client_id,
+                session_timeout_ms=m.session_timeout_ms,
+                subscription=m.subscription,
+                partitions=tuple(given.get(m.member_id, ())),
+            )
+            for m in awaiting
+        )
         return DescribeGroupResponse(
             error_code=ErrorCode.NONE,
             group_id=group_id,
             state=_shown_state(group) if group else group_sm.GroupState.EMPTY.value,
             generation=group.machine.generation if group else -1,
-            members=members + awaiting,
+            members=members + awaited,
             offsets=listed(offsets.durable),
             reported_offsets=listed(offsets.pending),
             member_hosts=tuple(
@@ -1017,25 +1031,15 @@ def _identity_error(group: Group, request: RegisterConsumerRequest) -> ErrorCode
 AWAITING_MEMBERS = "AwaitingMembers"
 
 
-def _awaiting(group: Group) -> tuple[MemberDescription, ...]:
-    """The members of the group's recovered record that have not come back yet, with what the
-    record gives them, while their partitions may still be under their leases."""
+def _awaiting(group: Group) -> list[MemberRecord]:
+    """The members of the group's recovered record that have not come back yet, while their
+    partitions may still be under their leases."""
     record, names = group.recovered, group.machine.awaiting
     if record is None or not names or not group.ownership.under_lease(trio.current_time()):
-        return ()
-    given: dict[str, list[TopicPartition]] = {}
-    for tp, thread in sorted(record.assignment.items()):
-        given.setdefault(thread.member_id, []).append(tp)
-    return tuple(
-        MemberDescription(
-            member_id=m.member_id,
-            client_id=m.client_id,
-            session_timeout_ms=m.session_timeout_ms,
-            subscription=m.subscription,
-            partitions=tuple(given.get(m.member_id, ())),
-        )
-        for m in sorted(record.members, key=lambda m: m.member_id)
-        if m.member_id in names and m.member_id not in group.members
+        return []
+    return sorted(
+        (m for m in record.members if m.member_id in names and m.member_id not in group.members),
+        key=lambda m: m.member_id,
     )
 
 

@@ -284,6 +284,31 @@ def topic_path(topic: str) -> str:
     return f"{TOPICS}/{_segment(topic)}"
 
 
+@attrs.define(eq=False)
+class _Events:
+    """A count of events a waiter must not miss: it notes the count (``seen``) before it looks,
+    then waits for the count to move (``after``), so no event between the two is lost.
+    ``watch`` is a kazoo watch callback: called on a kazoo thread, it counts on the trio thread
+    through the bridge, and never blocks."""
+
+    bridge: KazooBridge
+    count: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
+
+    @property
+    def seen(self) -> int:
+        seen: int = self.count.value
+        return seen
+
+    def watch(self, _event: object) -> None:
+        self.bridge.soon(self.note)
+
+    def note(self) -> None:
+        self.count.value += 1
+
+    async def after(self, seen: int) -> None:
+        await self.count.wait_value(lambda count: count != seen)
+
+
 @attrs.define(eq=False, repr=False)
 class ZooKeeperStore:
     """A ``MetadataStore`` on a ZooKeeper ensemble; obtain one from ``open_zookeeper_store``.
@@ -302,12 +327,15 @@ class ZooKeeperStore:
     )
     _topics_wake: trio.Event = attrs.Factory(trio.Event)
     _topics_lock: trio.Lock = attrs.Factory(trio.Lock)
-    #: Counts election watch events and session state changes: a waiter notes the count before
-    #: it looks, then waits for the count to move, so no event between the two is lost.
-    _election_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
+    #: Election watch events and session state changes.
+    _election_events: _Events = attrs.field(
+        init=False, default=attrs.Factory(lambda self: _Events(self._bridge), takes_self=True)
+    )
     _session_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
-    #: Counts child watch events on the live brokers and the slots' offices (``watch_cluster``).
-    _cluster_events: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
+    #: Child watch events on the live brokers and the slots' offices (``read_cluster``).
+    _cluster_events: _Events = attrs.field(
+        init=False, default=attrs.Factory(lambda self: _Events(self._bridge), takes_self=True)
+    )
     _office: _Office | None = None
     #: The slot offices this handle holds, by slot (``take_slot``).
     _slot_offices: dict[int, _Office] = attrs.Factory(dict)
@@ -366,7 +394,12 @@ class ZooKeeperStore:
         raise StoreUnavailable(f"cannot register broker {broker.broker_id}: {path} keeps changing")
 
     async def brokers(self, listener: str | None = None) -> tuple[BrokerInfo, ...]:
-        ids = await self._children(BROKER_IDS)
+        return await self._read_brokers(listener, watch=None)
+
+    async def _read_brokers(
+        self, listener: str | None, watch: Callable[[Any], None] | None
+    ) -> tuple[BrokerInfo, ...]:
+        ids = await self._children(BROKER_IDS, watch=watch)
         pending = [(int(i), self._client.get_async(f"{BROKER_IDS}/{i}")) for i in ids]
         found = []
         advertised: dict[int, dict[str, tuple[str, int]]] = {}
@@ -566,13 +599,15 @@ class ZooKeeperStore:
         another session holds the node; the office that transaction began."""
         data = _json({"broker_id": broker_id})
         while True:
-            seen = self._election_events.value
-            stat = await self._wait(self._client.exists_async(election, watch=self._on_election))
+            seen = self._election_events.seen
+            stat = await self._wait(
+                self._client.exists_async(election, watch=self._election_events.watch)
+            )
             tx = self._client.transaction()
             if stat is not None:
                 if stat.ephemeralOwner != self._session_id():
                     # Someone else's office: stand again once it is gone.
-                    await self._election_event_after(seen)
+                    await self._election_events.after(seen)
                     continue
                 tx.delete(election)  # ours already: a new term, with a new epoch
             tx.create(election, data, ephemeral=True)
@@ -601,7 +636,7 @@ class ZooKeeperStore:
         office = self._slot_offices.pop(slot, None)
         if office is None:
             return
-        self._count_election_event()  # wakes wait_slot_lost
+        self._election_events.note()  # wakes wait_slot_lost
         # Fenced like a write: if the node is no longer this office's (the session ended and
         # another broker took the slot), the counter moved on and nothing is deleted.
         tx = self._fenced_transaction(office)
@@ -639,7 +674,10 @@ class ZooKeeperStore:
     async def slot_holders(self) -> dict[int, int]:
         """Who holds each slot's office now (slot -> broker id); a slot nobody holds is left
         out."""
-        slots = await self._children(SLOT_ELECTIONS, missing_ok=True)
+        return await self._read_slot_holders(watch=None)
+
+    async def _read_slot_holders(self, watch: Callable[[Any], None] | None) -> dict[int, int]:
+        slots = await self._children(SLOT_ELECTIONS, watch=watch, missing_ok=True)
         pending = [(int(s), self._client.get_async(f"{SLOT_ELECTIONS}/{s}")) for s in slots]
         holders = {}
         for slot, result in pending:
@@ -650,34 +688,19 @@ class ZooKeeperStore:
             holders[slot] = int(self._decode(data)["broker_id"])
         return dict(sorted(holders.items()))
 
-    async def watch_cluster(self) -> int:
-        """Arm one-shot watches on the live brokers and on the slots' offices, and return the
-        count of such events before them: ``cluster_changed`` with it returns once a broker
-        registered or went, or a slot's office was taken or given up, after the arming. A watch
-        fires once, so each call arms them again; arming reads two child lists."""
-        seen: int = self._cluster_events.value
-        await self._children(BROKER_IDS, watch=self._on_cluster)
-        await self._children(SLOT_ELECTIONS, watch=self._on_cluster, missing_ok=True)
-        return seen
+    async def read_cluster(self) -> tuple[int, tuple[BrokerInfo, ...], dict[int, int]]:
+        """The live brokers and the slots' holders, each list read with a one-shot watch on it,
+        and the count of cluster events before the reads: ``cluster_changed`` with that count
+        returns once a broker registered or went, or a slot's office was taken or given up,
+        after they were read. A watch fires once: each read arms it again."""
+        seen = self._cluster_events.seen
+        brokers = await self._read_brokers(None, watch=self._cluster_events.watch)
+        holders = await self._read_slot_holders(watch=self._cluster_events.watch)
+        return seen, brokers, holders
 
     async def cluster_changed(self, seen: int) -> None:
-        """Return once a watch armed after ``seen`` (``watch_cluster``) has fired."""
-        await self._cluster_events.wait_value(lambda count: count != seen)
-
-    def _on_cluster(self, _event: object) -> None:
-        self._bridge.soon(self._count_cluster_event)
-
-    def _count_cluster_event(self) -> None:
-        self._cluster_events.value += 1
-
-    def _on_election(self, _event: object) -> None:
-        self._bridge.soon(self._count_election_event)
-
-    def _count_election_event(self) -> None:
-        self._election_events.value += 1
-
-    async def _election_event_after(self, seen: int) -> None:
-        await self._election_events.wait_value(lambda count: count != seen)
+        """Return once a watch armed after ``seen`` (``read_cluster``) has fired."""
+        await self._cluster_events.after(seen)
 
     def in_contact_until(self) -> float:
         return self._contact_until(self._office)
@@ -754,22 +777,22 @@ class ZooKeeperStore:
         if suspended_grace is None:
             suspended_grace = self._session_timeout / 3
         while holding():
-            seen = self._election_events.value
+            seen = self._election_events.seen
             if self._client.state == KazooState.LOST:
                 break
             if self._client.state == KazooState.SUSPENDED:
                 with trio.move_on_after(suspended_grace) as grace:
-                    await self._election_event_after(seen)
+                    await self._election_events.after(seen)
                 if grace.cancelled_caught:
                     break
                 continue
             with contextlib.suppress(StoreUnavailable):
                 stat = await self._wait(
-                    self._client.exists_async(election, watch=self._on_election)
+                    self._client.exists_async(election, watch=self._election_events.watch)
                 )
                 if stat is None or stat.ephemeralOwner != self._session_id():
                     break
-            await self._election_event_after(seen)
+            await self._election_events.after(seen)
 
     # Groups
 
@@ -1307,7 +1330,7 @@ class ZooKeeperStore:
         """The session's state listener (``KazooBridge.listen``), on the trio thread."""
         log.info("ZooKeeper session %s", state)
         self._topics_wake.set()
-        self._count_election_event()
+        self._election_events.note()
         self._session_events.value += 1
 
     async def _keep_registrations(self) -> None:
