@@ -24,12 +24,20 @@ import trio_util
 
 from broker import authorization, placement
 from broker.authorization import Access
-from broker.offices import BySlot, Offices, coordinator_of, distinct, topic_reads, whole_office
+from broker.offices import (
+    BySlot,
+    Offices,
+    coordinator_of,
+    distinct,
+    group_slot,
+    topic_reads,
+    whole_office,
+)
 from broker.pace import ANSWER_CHUNK, Pace
 from coordinator import validation
+from coordinator.driver import Ending, Member
 from coordinator.group_coordinator import GroupCoordinator
 from coordinator.limits import RequestLimits
-from coordinator.membership import Member
 from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
@@ -63,8 +71,6 @@ from protocol import (
 )
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from protocol.versions import Refusal, negotiate
-from statemachine import member as member_sm
-from statemachine.slots import slot_of
 from store import (
     InvalidPartitions,
     MetadataStore,
@@ -238,20 +244,10 @@ class _Session:
                 self.nursery.start_soon(self._commit, request, message, coordinator)
                 return None
             case LeaveGroupRequest():
-                member = self.member
-                if (
-                    member is None
-                    or self.member_coordinator is not coordinator
-                    or message.consumer_id not in (member.consumer_id, member.member_id)
-                    or member.group_id != message.group_id
-                ):
-                    fenced = coordinator.is_fenced(message.group_id, message.consumer_id)
-                    error = ErrorCode.FENCED_INSTANCE_ID if fenced else ErrorCode.UNKNOWN_MEMBER_ID
+                member = self.member if self.member_coordinator is coordinator else None
+                error = coordinator.leave(member, message)
+                if error is not ErrorCode.NONE:
                     return LeaveGroupResponse(error_code=error)
-                if member.fenced:
-                    # A newer process is the member now: docs/design.md#static-members.
-                    return LeaveGroupResponse(error_code=ErrorCode.FENCED_INSTANCE_ID)
-                coordinator.member_event(member, member_sm.Left(now=trio.current_time()))
                 # The connection is closing (its writer with it): the answer leaves from here.
                 await self.channel.respond(request, LeaveGroupResponse(error_code=ErrorCode.NONE))
                 await self.channel.flush()
@@ -321,7 +317,7 @@ class _Session:
         coordinator_id, epoch = -1, -1
         error = ErrorCode.NONE
         if message.group_id is not None:
-            slot = slot_of(message.group_id, slots)
+            slot = group_slot(offices, message.group_id)
             coordinator_id = holders[slot]
             coordinator = offices.by_slot.value.get(slot)
             if coordinator is not None:
@@ -590,26 +586,17 @@ async def _serve(
     finally:
         member = session.member if session is not None else None
         coordinator = session.member_coordinator if session is not None else None
-        if member is not None and coordinator is not None and member.machine.alive:
-            now = trio.current_time()
+        if member is not None and coordinator is not None:
             if violation:
-                event: object = member_sm.ProtocolViolation(now=now)
-            elif peer_ended:
-                event = member_sm.ConnectionClosed(now=now)
+                ending = Ending.VIOLATION
+            elif peer_ended and not channel.broken:
+                ending = Ending.CLOSED
             else:
                 # Reset, or ended by this side (its coordinator stopping, its slot moving): the
                 # member's own end of stream is the only proof that it stopped fetching
                 # (docs/design.md#ownership-lease).
-                event = member_sm.ConnectionBroken(now=now)
-            coordinator.member_event(member, event)
-        elif (
-            member is not None
-            and coordinator is not None
-            and member.fenced
-            and peer_ended
-            and not channel.broken
-        ):
-            coordinator.fenced_closed(member)
+                ending = Ending.BROKEN
+            coordinator.connection_ended(member, ending)
         with trio.CancelScope(shield=True):
             await channel.aclose()
 

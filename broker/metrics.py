@@ -452,24 +452,17 @@ async def take_snapshot(
         if group is None:
             continue
         view = await coordinator.offsets.view(group_id)
-        holding = group.ownership.holding
+        statistics = group.statistics()
         members = [
             MemberView(
                 member_id=m.member_id,
-                client_id=m.record.client_id,
-                partitions=tuple(sorted(holding(m.incarnation).partitions)),
+                client_id=m.client_id,
+                partitions=m.partitions,
+                away=m.away,
             )
-            for m in sorted(group.members.values(), key=lambda m: m.member_id)
+            for m in statistics.members
+            if not m.awaiting
         ]
-        members.extend(
-            MemberView(
-                member_id=member_id,
-                client_id=a.record.client_id,
-                partitions=(),
-                away=True,
-            )
-            for member_id, a in sorted(group.away.items())
-        )
         lags = []
         for tp, offset in sorted(view.accepted.items()):
             end = log_ends.get(tp)
@@ -486,8 +479,8 @@ async def take_snapshot(
         groups.append(
             GroupView(
                 group_id=group_id,
-                state=group.machine.state.value,
-                generation=group.machine.generation,
+                state=statistics.machine_state,
+                generation=statistics.generation,
                 members=tuple(members),
                 lag=tuple(lags),
             )

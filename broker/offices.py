@@ -84,10 +84,15 @@ def distinct(by_slot: BySlot) -> list[GroupCoordinator]:
     return list({id(c): c for _slot, c in sorted(by_slot.items())}.values())
 
 
+def group_slot(offices: Offices, group_id: str) -> int:
+    """The coordinator slot ``group_id`` hashes onto (docs/design.md#coordinator-slots)."""
+    return slot_of(group_id, offices.config.coordinator_slots)
+
+
 def coordinator_of(offices: Offices, group_id: str) -> GroupCoordinator | None:
     """The coordinator this broker runs for ``group_id``'s slot, if it holds that slot."""
     by_slot: BySlot = offices.by_slot.value
-    return by_slot.get(slot_of(group_id, offices.config.coordinator_slots))
+    return by_slot.get(group_slot(offices, group_id))
 
 
 @attrs.define(eq=False)

@@ -14,17 +14,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from typing import Protocol
 
 import attrs
 import trio
 
-from coordinator.membership import Member
-from coordinator.observer import CoordinatorObserver
+from coordinator.context import CoordinatorContext
+from coordinator.driver import Member
 from protocol import LocalProtocolError, PingRequest, PingResponse, ResponseMessage
-from protocol.types import PartitionOffset
-from statemachine import member as member_sm
-from store import MetadataStore
 from transport.channel import ChannelClosed
 
 #: Due Pings sent before the scheduler lets other tasks run: a crowd whose Pings fall due
@@ -46,33 +42,11 @@ class _Ping:
     correlation_id: int
 
 
-class PingerHost(Protocol):
-    """What the scheduler needs of the coordinator it serves: the epoch its Pings carry, the
-    store that says whether it may still renew leases, where a Ping answer's offsets and a
-    member's inputs go, and how a member that cannot be sent a Ping is closed."""
-
-    epoch: int
-    store: MetadataStore
-    nursery: trio.Nursery
-    observer: CoordinatorObserver
-
-    def member_event(self, member: Member, event: object) -> None: ...
-
-    def accept_reported_offsets_nowait(
-        self,
-        member: Member,
-        generation: int,
-        offsets: tuple[PartitionOffset, ...],
-        *,
-        final: bool = False,
-    ) -> None: ...
-
-    async def close_unsendable(self, member: Member, exc: LocalProtocolError) -> None: ...
-
-
 @attrs.define(eq=False)
 class Pinger:
-    coordinator: PingerHost
+    """Sends the Pings and posts what becomes of each to the member's group driver."""
+
+    context: CoordinatorContext
     #: (when, tie-breaker, what): a Member whose next Ping is due then, or a _Ping whose deadline
     #: passes then. Entries that no longer apply (a dead member, an answered Ping) are skipped.
     _due: list[tuple[float, int, Member | _Ping]] = attrs.field(factory=list)
@@ -111,7 +85,7 @@ class Pinger:
         if not machine.alive or member in self._outstanding:
             return False
         now = trio.current_time()
-        if now >= self.coordinator.store.in_contact_until():
+        if now >= self.context.store.in_contact_until():
             # Perhaps deposed: renew no lease (docs/design.md#coordinator-epochs-and-the-election).
             # No deadline runs, since nothing was sent; the Ping is tried again soon, so that it
             # reaches the member within its lease once contact comes back. A member that keeps
@@ -122,13 +96,12 @@ class Pinger:
                 return False
             self._schedule(now + machine.timeouts.ping_interval * OUT_OF_CONTACT_RETRY, member)
             return False
-        # A member whose lease ran out stopped by its own rule; a Ping would restart it, so the
-        # machine declares it dead instead (docs/design.md#ownership-lease).
-        self.coordinator.member_event(member, member_sm.PingSent(now=now))
-        if not machine.alive:
+        # A member whose lease ran out stopped by its own rule; a Ping would restart it, so its
+        # group declares it dead instead (docs/design.md#ownership-lease).
+        if not member.driver.ping_sent(member):
             return False
         request = PingRequest(
-            coordinator_epoch=self.coordinator.epoch,
+            coordinator_epoch=self.context.epoch,
             generation=machine.generation,
             consumer_id=member.member_id,
             num_retries=machine.missed,
@@ -145,7 +118,7 @@ class Pinger:
             return False  # the connection task declares the member dead
         except LocalProtocolError as exc:
             # Only this member's failure: the scheduler serves every member of the broker.
-            self.coordinator.nursery.start_soon(self.coordinator.close_unsendable, member, exc)
+            self.context.nursery.start_soon(member.driver.close_unsendable, member, exc)
             return False
         self._outstanding[member] = ping
         self._schedule(now + machine.timeouts.response_deadline, ping)
@@ -160,11 +133,8 @@ class Pinger:
             return  # the connection ended; its task declares the member dead
         now = trio.current_time()
         if isinstance(response, PingResponse) and member.machine.alive:
-            member.machine.handle(member_sm.PingAnswered(now=now))
-            self.coordinator.observer.ping_answered(now - ping.sent_at)
-            self.coordinator.accept_reported_offsets_nowait(
-                member, ping.generation, response.offsets
-            )
+            member.driver.ping_answered(member, ping.generation, response.offsets)
+            self.context.observer.ping_answered(now - ping.sent_at)
         self._schedule(max(ping.sent_at + member.machine.timeouts.ping_interval, now), member)
 
     def _deadline_passed(self, ping: _Ping) -> None:
@@ -175,8 +145,7 @@ class Pinger:
         member.channel.abandon(ping.correlation_id)
         if not member.machine.alive:
             return
-        self.coordinator.observer.ping_missed()
-        now = trio.current_time()
-        self.coordinator.member_event(member, member_sm.DeadlineMissed(now=now))
+        self.context.observer.ping_missed()
+        member.driver.ping_missed(member)
         if member.machine.alive:  # more misses allowed: the next Ping goes now
-            self._schedule(now, member)
+            self._schedule(trio.current_time(), member)

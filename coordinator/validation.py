@@ -172,15 +172,6 @@ def subscription_error(subscription: Subscription, limits: RequestLimits) -> Err
     return ErrorCode.NONE
 
 
-def stream_count(subscription: Subscription) -> int:
-    """The threads a member with this subscription adds to its group: its threads are shared by
-    its topics, so its widest topic (or wildcard) counts."""
-    widest = max((entry.streams for entry in subscription.topics), default=0)
-    if subscription.pattern is not None:
-        widest = max(widest, subscription.pattern_streams)
-    return widest
-
-
 def valid_streams(streams: int, limits: RequestLimits) -> bool:
     return 1 <= streams <= limits.max_streams_per_topic
 

@@ -102,6 +102,15 @@ class Subscription:
     def is_wildcard(self) -> bool:
         return self.pattern is not None
 
+    @property
+    def stream_count(self) -> int:
+        """The threads a member with this subscription adds to its group: its threads are shared
+        by its topics, so its widest topic (or wildcard) counts."""
+        widest = max((entry.streams for entry in self.topics), default=0)
+        if self.pattern is not None:
+            widest = max(widest, self.pattern_streams)
+        return widest
+
 
 @attrs.frozen(kw_only=True, order=True)
 class ConsumerThread:

@@ -15,8 +15,9 @@ from typing import Protocol
 import attrs
 
 from protocol.sasl import ScramCredential
-from protocol.types import BrokerInfo, ConsumerThread, Subscription, TopicPartition
+from protocol.types import BrokerInfo, TopicPartition
 from statemachine.acl import Acl
+from statemachine.records import GroupRecord, MemberRecord
 
 __all__ = [
     "EpochFenced",
@@ -41,16 +42,6 @@ def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _member_tuple(values: Iterable[MemberRecord]) -> tuple[MemberRecord, ...]:
-    return tuple(values)
-
-
-def _frozen_assignment(
-    assignment: Mapping[TopicPartition, ConsumerThread],
-) -> Mapping[TopicPartition, ConsumerThread]:
-    return types.MappingProxyType(dict(assignment))
-
-
 def _frozen_offsets(offsets: Mapping[TopicPartition, int]) -> Mapping[TopicPartition, int]:
     return types.MappingProxyType(dict(offsets))
 
@@ -70,50 +61,6 @@ class TopicPlacement:
     @property
     def partition_count(self) -> int:
         return len(self.brokers)
-
-
-@attrs.frozen(kw_only=True)
-class MemberRecord:
-    """What a newly elected coordinator needs to know about a member to adopt it when it
-    re-registers, without asking it again (docs/design.md#adoption-after-a-failover)."""
-
-    member_id: str
-    client_id: str
-    subscription: Subscription
-    session_timeout_ms: int
-    auto_commit: bool
-    auto_offset_reset: str
-    #: The member's own generation, that of the last StartFetcher the group's record gave it:
-    #: under the incremental protocol a member the latest rebalance left alone keeps an older
-    #: one, and a successor adopts it under that (docs/design.md#adoption-after-a-failover).
-    #: -1 in a record written before members had their own (read as the group's generation).
-    generation: int = -1
-    #: A static member's instance id (equal to ``member_id``, which names the member rather than
-    #: one of its processes); None for a dynamic member. A successor coordinator reads it to know
-    #: that the member outlives its processes (docs/design.md#static-members).
-    instance_id: str | None = None
-
-
-@attrs.frozen(kw_only=True)
-class GroupRecord:
-    """A group's registry: its members, the generation of its latest rebalance *attempt*, and the
-    assignment that attempt intends (the seeds' owners).
-
-    It is written before StartFetcher is sent (docs/design.md#rebalance, step 6), so a
-    coordinator elected mid-rebalance knows both who was meant to own what and which generation
-    to fence against.
-
-    ``complete`` says that every member named answered its StartFetcher under ``generation``:
-    the coordinator writes the record once more after the attempt completed. Only such a record
-    says who fetches what; one written before the starts says only who was meant to
-    (docs/design.md#adoption-after-a-failover).
-    """
-
-    group_id: str
-    generation: int
-    members: tuple[MemberRecord, ...] = attrs.field(converter=_member_tuple)
-    assignment: Mapping[TopicPartition, ConsumerThread] = attrs.field(converter=_frozen_assignment)
-    complete: bool = False
 
 
 @attrs.frozen(kw_only=True)

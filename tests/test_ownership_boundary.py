@@ -6,7 +6,8 @@ import pathlib
 
 import attrs
 
-from coordinator.membership import Group, Member
+from coordinator.driver import GroupDriver, Member
+from statemachine.consumer_group import ConsumerGroup, GroupMember
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Packages with trio code that handles groups and members.
@@ -80,5 +81,6 @@ def test_no_trio_code_writes_ownership_state() -> None:
 
 
 def test_members_and_groups_keep_no_ownership_state_of_their_own() -> None:
-    assert not {f.name for f in attrs.fields(Member)} & OWNERSHIP_STATE
-    assert {f.name for f in attrs.fields(Group)} & OWNERSHIP_STATE == {"ownership"}
+    for member in (Member, GroupMember, GroupDriver):
+        assert not {f.name for f in attrs.fields(member)} & OWNERSHIP_STATE
+    assert {f.name for f in attrs.fields(ConsumerGroup)} & OWNERSHIP_STATE == {"ownership"}

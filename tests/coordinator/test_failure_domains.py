@@ -6,16 +6,14 @@ T/3 = 2 s later.
 """
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
-from coordinator import rebalance
 from coordinator.config import CoordinatorConfig
-from coordinator.group_coordinator import GroupCoordinator
-from coordinator.membership import Group
 from protocol import (
     DeleteGroupRequest,
     DeleteGroupResponse,
@@ -25,6 +23,7 @@ from protocol import (
 )
 from protocol.types import PartitionOffset, TopicPartition
 from simulation import RecordingStore, SimulatedCluster, open_simulated_cluster
+from statemachine.consumer_group import Assignment, ConsumerGroup
 from statemachine.group import Effect, GroupMachine, GroupState, MemberDeparted
 from store import EpochFenced, OffsetBatch, StoreUnavailable
 
@@ -38,15 +37,15 @@ def _inject_assignor_bug(
     """An injected bug: the assignment of ``group_id`` raises ``error`` once the returned switch
     is turned on, then works again."""
     armed = [False]
-    real = rebalance.compute_assignment
+    real = ConsumerGroup.compute_assignment
 
-    def compute(coordinator: GroupCoordinator, group: Group) -> rebalance.Assignment:
+    def compute(group: ConsumerGroup, partition_counts: Mapping[str, int]) -> Assignment:
         if group.group_id == group_id and armed[0]:
             armed[0] = False
             raise error
-        return real(coordinator, group)
+        return real(group, partition_counts)
 
-    monkeypatch.setattr(rebalance, "compute_assignment", compute)
+    monkeypatch.setattr(ConsumerGroup, "compute_assignment", compute)
     return armed
 
 

@@ -46,7 +46,7 @@ async def test_a_group_without_members_for_the_retention_period_is_removed(
         assert "old" not in await cluster.store.groups()
         assert await cluster.store.fetch_offsets("old") == {}
         await trio.sleep(0)
-        assert group.driver is None  # its driver task ended
+        assert group.scope is None  # its driver task ended
 
 
 async def test_a_member_within_the_retention_period_keeps_the_group(

@@ -370,7 +370,7 @@ async def test_a_group_being_rebuilt_answers_load_in_progress_until_its_record_i
         await _pair(cluster)
         cluster.slow_group_reads(1.5)
         group = cluster.coordinator.groups["g"]
-        cluster.coordinator.fail_group(group, RuntimeError("injected"))
+        group.fail(RuntimeError("injected"))
         await trio.sleep(0.5)  # the rebuild reads the group's record until 4.5
         late = await cluster.start_consumer("c", group="g", topics={"events": 1}, rejoin=False)
         assert trio.current_time() == 3.5

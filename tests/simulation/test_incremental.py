@@ -20,7 +20,6 @@ from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode
 from protocol.types import TopicPartition
 from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
-from statemachine import group as group_sm
 from statemachine.group import GroupState
 from tests.support.protocols import under
 
@@ -322,13 +321,13 @@ async def test_a_trigger_that_moves_nothing_costs_no_attempt(
     protocol: RebalanceProtocol, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """A trigger after which the assignment computed is the one in force, every member Stable
-    (the group machine's TopicsChanged, which the topic watch feeds, fed here directly): neither
+    (the group's topics_changed, which the topic watch feeds, fed here directly): neither
     protocol takes a new generation or asks anyone anything."""
     async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         group = cluster.coordinator.groups["g"]
         await trio.sleep_until(10.5)
-        cluster.coordinator.apply(group, group_sm.TopicsChanged())
+        group.feed(group.group.topics_changed, ["events"], trio.current_time())
         await trio.sleep_until(12.0)
         assert (group.attempts, group.machine.generation) == (1, 1)
         assert group.machine.state is GroupState.STABLE
