@@ -161,8 +161,6 @@ class BrokerMetrics:
         factory=lambda: collections.deque(maxlen=HISTORY)
     )
     _pending: dict[str, _Pending] = attrs.field(factory=dict)
-    #: The cause of a death just announced, until its group hears of the departure.
-    _departing: dict[str, str] = attrs.field(factory=dict)
     snapshot: Snapshot | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -246,7 +244,9 @@ class BrokerMetrics:
 
     # --- the coordinator's observer (coordinator/observer.py) ------------------------------
 
-    def group_event(self, group_id: str, event: object, now: float) -> None:
+    def group_event(
+        self, group_id: str, event: object, now: float, death: DeathCause | None = None
+    ) -> None:
         pending = self._pending.get(group_id)
         if pending is None:
             pending = self._pending[group_id] = _Pending()
@@ -254,12 +254,11 @@ class BrokerMetrics:
             case group_sm.MemberJoined() | group_sm.MemberReplaced():
                 pending.cause = pending.cause or "join"
             case group_sm.MemberDeparted(remaining=remaining):
-                cause = self._departing.pop(group_id, "death")  # a static member away too long
+                # None: a static member away too long, which counts as a death.
+                cause = "leave" if death is DeathCause.LEFT else "death"
                 pending.cause = pending.cause or cause
                 if remaining == 0:  # nothing left to rebalance; the group may be forgotten
                     del self._pending[group_id]
-            case group_sm.MemberAway():
-                self._departing.pop(group_id, None)
             case group_sm.TopicsChanged():
                 pending.cause = pending.cause or "topic_change"
             case group_sm.Recovered():
@@ -291,10 +290,8 @@ class BrokerMetrics:
     def member_died(self, group_id: str, cause: DeathCause) -> None:
         if cause is DeathCause.LEFT:
             self.leaves.inc()
-            self._departing[group_id] = "leave"
         else:
             self.deaths.labels(DEATH_CAUSES[cause]).inc()
-            self._departing[group_id] = "death"
 
     def ping_answered(self, round_trip: float) -> None:
         self.ping_seconds.observe(round_trip)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -163,7 +163,9 @@ class GroupDriver:
 
     # --- the door ---------------------------------------------------------------------------
 
-    def perform(self, effects: Iterable[cg.Effect]) -> None:
+    def perform(self, effects: list[cg.Effect]) -> None:
+        if not effects:  # the group's state and schedule change only with an effect
+            return
         for effect in effects:
             match effect:
                 case cg.Note(message=message, args=args):
@@ -171,8 +173,9 @@ class GroupDriver:
                 case cg.CloseConnection(incarnation=incarnation):
                     if (handle := self.handles.get(incarnation)) is not None:
                         handle.connection_scope.cancel()
-                case cg.GroupInput(event=event):
-                    self.context.observer.group_event(self.group_id, event, trio.current_time())
+                case cg.GroupInput(event=event, death=death):
+                    now = trio.current_time()
+                    self.context.observer.group_event(self.group_id, event, now, death)
                 case cg.MemberDied(cause=cause):
                     self.context.observer.member_died(self.group_id, cause)
                 case cg.LeasesFreed():
@@ -369,6 +372,9 @@ class GroupDriver:
         """A Ping to ``member`` leaves now, unless its lease ran out: whether it still lives."""
         self.feed(self.group.ping_sent, member.state, trio.current_time())
         return member.machine.alive
+
+    def ping_withheld(self, member: Member) -> None:
+        self.feed(self.group.ping_withheld, member.state)
 
     def ping_answered(
         self, member: Member, generation: int, offsets: tuple[PartitionOffset, ...]

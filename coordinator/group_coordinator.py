@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 
 import attrs
 import trio
 
-from coordinator import rebalance, validation
+from coordinator import describe, rebalance, topic_watch, validation
 from coordinator.config import CoordinatorConfig
 from coordinator.context import CoordinatorContext
 from coordinator.driver import GroupDriver, Member
@@ -30,15 +30,13 @@ from protocol import (
     ErrorCode,
     GroupSummary,
     LeaveGroupRequest,
-    MemberDescription,
-    MemberHost,
     OffsetCommitRequest,
     RegisterConsumerRequest,
     RegisterConsumerResponse,
 )
-from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
+from protocol.types import BrokerInfo, TopicPartition
 from protocol.versions import NEWEST, PeerVersions
-from statemachine.consumer_group import ConsumerGroup, Ending, MemberStatistics
+from statemachine.consumer_group import ConsumerGroup, Ending
 from statemachine.group import GroupState
 from statemachine.ownership import Claim
 from store import (
@@ -414,53 +412,10 @@ class GroupCoordinator:
         )
 
     async def describe(self, group_id: str) -> DescribeGroupResponse:
-        """Committed offsets are the durable ones; what was accepted but not yet written is
-        reported apart, so that no restart can make a shown committed offset go backwards."""
         driver = self.groups.get(group_id)
         offsets = await self.offsets.view(group_id)
-
-        def listed(offsets: Mapping[TopicPartition, int]) -> tuple[PartitionOffset, ...]:
-            keys = sorted((tp.topic, tp.partition, offset) for tp, offset in offsets.items())
-            return tuple(PartitionOffset(topic=t, partition=p, offset=o) for t, p, o in keys)
-
-        if driver is None and not offsets.accepted:
-            return DescribeGroupResponse(
-                error_code=ErrorCode.GROUP_ID_NOT_FOUND,
-                group_id=group_id,
-                state="",
-                generation=-1,
-                members=(),
-                offsets=(),
-            )
-        shown: tuple[MemberStatistics, ...] = ()
-        if driver is None:
-            state, generation = GroupState.EMPTY.value, -1
-        else:
-            view = driver.statistics()
-            state, generation = view.state, view.generation
-            shown = tuple(m for m in view.members if not m.away)
-        return DescribeGroupResponse(
-            error_code=ErrorCode.NONE,
-            group_id=group_id,
-            state=state,
-            generation=generation,
-            members=tuple(
-                MemberDescription(
-                    member_id=m.member_id,
-                    client_id=m.client_id,
-                    session_timeout_ms=m.session_timeout_ms,
-                    subscription=m.subscription,
-                    partitions=m.partitions,
-                )
-                for m in shown
-            ),
-            offsets=listed(offsets.durable),
-            reported_offsets=listed(offsets.pending),
-            member_hosts=tuple(
-                MemberHost(member_id=m.member_id, host=m.host) for m in shown if not m.awaiting
-            ),
-            awaiting=tuple(m.member_id for m in shown if m.awaiting),
-        )
+        statistics = driver.statistics() if driver is not None else None
+        return describe.described(group_id, statistics, offsets)
 
     async def delete_group(self, group_id: str) -> ErrorCode:
         """DeleteGroup, refused while the group has members (NON_EMPTY_GROUP) or while a
@@ -521,49 +476,10 @@ class GroupCoordinator:
             return driver.group.idle_since(trio.current_time())
         return self.offset_only.get(group_id)
 
-    # --- topics ---------------------------------------------------------------------------
-
     async def watch_topics(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """A new topic, new partitions or a deleted topic rebalance every interested group
-        (docs/design.md#rebalance-triggers); a deleted topic's offsets are forgotten first."""
-        started = False
-        async for topics in self.store.topic_updates():
-            deleted = self.topics.keys() - topics.keys()
-            changed = deleted | {
-                name
-                for name, placement in topics.items()
-                if name not in self.topics
-                or self.topics[name].partition_count != placement.partition_count
-            }
-            self.context.topics = topics
-            if deleted:
-                await self._forget_topics(deleted)
-            if changed:
-                for driver in list(self.groups.values()):
-                    driver.feed(driver.group.topics_changed, changed, trio.current_time())
-            if not started:
-                started = True
-                task_status.started()
-
-    async def _forget_topics(self, deleted: Collection[str]) -> None:
-        """Forget deleted topics' offsets: in memory, and in the store those the committer wrote
-        after the store deleted the topic with every group's offsets for it (before this
-        coordinator saw it gone). A report or commit for them from now on counts for nothing
-        (``self.topics`` no longer has them), so none is written again."""
-        written = await self.offsets.forget_topics(deleted)
-        for group_id, topics in sorted(written.items()):
-            for topic in sorted(topics):
-                try:
-                    await self.store.delete_offsets(self.epoch, group_id, topic)
-                except StoreUnavailable as exc:
-                    log.warning(
-                        "group %r: offsets of deleted topic %r may remain in the store: %s",
-                        group_id,
-                        topic,
-                        exc,
-                    )
+        await topic_watch.watch_topics(self.context, self.groups, task_status=task_status)
 
 
 def _is_shared_failure(exc: BaseException) -> bool:

@@ -88,11 +88,9 @@ class Pinger:
         if now >= self.context.store.in_contact_until():
             # Perhaps deposed: renew no lease (docs/design.md#coordinator-epochs-and-the-election).
             # No deadline runs, since nothing was sent; the Ping is tried again soon, so that it
-            # reaches the member within its lease once contact comes back. A member that keeps
-            # no lease would fetch on while a successor counts its lease from taking office:
-            # its connection ends now, which it stops at (docs/design.md#old-clients).
+            # reaches the member within its lease once contact comes back.
+            member.driver.ping_withheld(member)
             if not machine.timeouts.follows_lease:
-                member.connection_scope.cancel()
                 return False
             self._schedule(now + machine.timeouts.ping_interval * OUT_OF_CONTACT_RETRY, member)
             return False

@@ -16,8 +16,11 @@ from statemachine.member import DeathCause
 
 
 class CoordinatorObserver(Protocol):
-    def group_event(self, group_id: str, event: object, now: float) -> None:
-        """``event`` was fed to the group's machine at ``now`` (trio's clock)."""
+    def group_event(
+        self, group_id: str, event: object, now: float, death: DeathCause | None = None
+    ) -> None:
+        """``event`` was fed to the group's machine at ``now`` (trio's clock); ``death``: what
+        ended the member a departure is about (None: a static member away too long)."""
 
     def member_died(self, group_id: str, cause: DeathCause) -> None:
         """A member of ``group_id`` was declared dead (or left), before its group hears of it."""
@@ -32,7 +35,9 @@ class CoordinatorObserver(Protocol):
 class NullObserver:
     """Watches nothing: the default."""
 
-    def group_event(self, group_id: str, event: object, now: float) -> None:
+    def group_event(
+        self, group_id: str, event: object, now: float, death: DeathCause | None = None
+    ) -> None:
         pass
 
     def member_died(self, group_id: str, cause: DeathCause) -> None:

@@ -165,9 +165,11 @@ class MemberDied:
 
 @attrs.frozen(kw_only=True)
 class GroupInput:
-    """``event`` was fed to the group's machine (for whoever watches: metrics)."""
+    """``event`` was fed to the group's machine (for whoever watches: metrics); a departure
+    carries the death that caused it (None: a static member away past its session timeout)."""
 
     event: object
+    death: member_sm.DeathCause | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -630,6 +632,15 @@ class ConsumerGroup:
         Ping would restart it, so it is dead instead (docs/design.md#ownership-lease)."""
         return self._member_input(member, member_sm.PingSent(now=now), now)
 
+    def ping_withheld(self, member: GroupMember) -> list[Effect]:
+        """A Ping was held back: this coordinator is out of contact with its store, perhaps
+        deposed, and renews no lease. A member that keeps no lease would fetch on while a
+        successor counts its lease from taking office: its connection ends now, which it stops
+        at (docs/design.md#old-clients)."""
+        if member.machine.timeouts.follows_lease:
+            return []
+        return [CloseConnection(incarnation=member.incarnation)]
+
     def ping_answered(self, member: GroupMember, now: float) -> None:
         if member.machine.alive:
             member.machine.handle(member_sm.PingAnswered(now=now))
@@ -697,7 +708,7 @@ class ConsumerGroup:
                 (self.group_id, member.member_id, death.cause.value, death.partitions_free_at),
             )
         )
-        effects += self._departed(member.member_id, now)
+        effects += self._departed(member.member_id, now, death.cause)
         return effects
 
     def _set_away(
@@ -724,12 +735,13 @@ class ConsumerGroup:
         ]
         return effects + self._departed(member_id, now)
 
-    def _departed(self, member_id: str, now: float) -> list[Effect]:
+    def _departed(
+        self, member_id: str, now: float, death: member_sm.DeathCause | None = None
+    ) -> list[Effect]:
         self.last_member_at = now
         remaining = len(self.members) + len(self.away)
-        return self._group_input(
-            group_sm.MemberDeparted(member_id=member_id, remaining=remaining), now
-        )
+        departed = group_sm.MemberDeparted(member_id=member_id, remaining=remaining)
+        return self._group_input(departed, now, death)
 
     # --- offsets ------------------------------------------------------------------------------
 
@@ -874,7 +886,9 @@ class ConsumerGroup:
 
     # --- the machine's schedule -----------------------------------------------------------------
 
-    def _group_input(self, event: object, now: float) -> list[Effect]:
+    def _group_input(
+        self, event: object, now: float, death: member_sm.DeathCause | None = None
+    ) -> list[Effect]:
         """Feed the group's machine and turn its effects into the next attempt's instant."""
         effects: list[Effect] = []
         for decided in self.machine.handle(event):
@@ -895,7 +909,7 @@ class ConsumerGroup:
                 self.next_attempt_at = due if current is None else min(current, due)
         if self.machine.state is group_sm.GroupState.EMPTY:
             self.next_attempt_at = None
-        effects.append(GroupInput(event=event))
+        effects.append(GroupInput(event=event, death=death))
         if (
             self.machine.state is group_sm.GroupState.EMPTY
             and self.machine.generation == 0
