@@ -31,6 +31,7 @@ from coordinator.group_coordinator import GroupCoordinator
 from protocol.batches import records_from_batches
 from protocol.types import BrokerInfo, TopicPartition
 from statemachine import group as group_sm
+from statemachine.consumer_group import MemberStatistics
 from statemachine.member import DeathCause
 from store import MetadataStore, OffsetBatch, StoreError, TopicPlacement
 
@@ -103,19 +104,12 @@ class PartitionLag:
 
 
 @attrs.frozen(kw_only=True)
-class MemberView:
-    member_id: str
-    client_id: str
-    partitions: tuple[TopicPartition, ...]
-    away: bool = False
-
-
-@attrs.frozen(kw_only=True)
 class GroupView:
     group_id: str
     state: str
     generation: int
-    members: tuple[MemberView, ...]
+    #: As the group's one view shows them (``ConsumerGroup.statistics``), live and away.
+    members: tuple[MemberStatistics, ...]
     lag: tuple[PartitionLag, ...]
 
     @property
@@ -450,16 +444,7 @@ async def take_snapshot(
             continue
         view = await coordinator.offsets.view(group_id)
         statistics = group.statistics()
-        members = [
-            MemberView(
-                member_id=m.member_id,
-                client_id=m.client_id,
-                partitions=m.partitions,
-                away=m.away,
-            )
-            for m in statistics.members
-            if not m.awaiting
-        ]
+        members = [m for m in statistics.members if not m.awaiting]
         lags = []
         for tp, offset in sorted(view.accepted.items()):
             end = log_ends.get(tp)

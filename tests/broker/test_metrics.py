@@ -13,7 +13,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker.metrics import (
     BrokerMetrics,
     GroupView,
-    MemberView,
     MetricsConfig,
     PartitionLag,
     Snapshot,
@@ -22,6 +21,7 @@ from broker.status import render_page
 from coordinator.config import CoordinatorConfig
 from protocol.types import BrokerInfo, Subscription, TopicPartition
 from simulation import open_simulated_cluster
+from statemachine.consumer_group import MemberStatistics
 from statemachine.group import GroupState
 from tests.support.invisible import DISGUISED, INVISIBLE, shown_escaped
 
@@ -170,7 +170,13 @@ def test_the_page_escapes_every_id() -> None:
 def test_the_page_shows_invisible_characters_escaped() -> None:
     """A bidirectional override or a zero-width space in an id would disguise it on the page:
     each is shown as its escape."""
-    member = MemberView(member_id=DISGUISED, client_id=INVISIBLE, partitions=())
+    member = MemberStatistics(
+        member_id=DISGUISED,
+        client_id=INVISIBLE,
+        session_timeout_ms=6000,
+        subscription=Subscription(),
+        partitions=(),
+    )
     group = GroupView(group_id=DISGUISED, state="Stable", generation=1, members=(member,), lag=())
     page = render_page(attrs.evolve(_snapshot(1), groups=(group,)))
     assert [c for c in INVISIBLE if c in page] == []
