@@ -30,8 +30,10 @@ comes next: the machine reads every state at the input's ``now``, and ``AttemptC
 leases that ran out. Inputs name members and incarnations; the machine turns each into a
 per-partition input looked up in ``TABLE``, all before changing anything, so an input that is
 illegal for any partition it touches raises :class:`~statemachine.table.IllegalTransition` and
-changes nothing. The only effects, ``LeaseEnded`` and ``LeaseAdopted``, tell the trio layer that an
-attempt waiting on leases may go on, and what to log.
+changes nothing; then each partition goes to the state the table gave it (``Ownership._enter``),
+so the table drives the transitions, not only checks them. The only effects, ``LeaseEnded`` and
+``LeaseAdopted``, tell the group (``statemachine.consumer_group``) that an attempt waiting on
+leases may go on, and what to log.
 
 Cost: an eager rebalance of 10,000 partitions starts and stops every one of them, so Held
 partitions are kept per incarnation as the frozensets the attempt built, in one set of every held
@@ -359,7 +361,7 @@ def _next(kind: PartitionState, event: object) -> PartitionState:
 
 
 #: Read once from the table for the common case of a stop, a live member's Held partitions.
-_STOP_FREES_HELD = _TRANSITIONS.get((P.HELD, StopAnswered)) is P.FREE
+_STOP_OF_HELD = _next(P.HELD, StopAnswered(incarnation=-1, now=0.0))
 
 
 def _untimed_kind(value: _Timed) -> PartitionState:
@@ -373,10 +375,12 @@ def _kind(value: _Timed, now: float) -> PartitionState:
     return _untimed_kind(value)
 
 
-def _check(kinds: Iterable[PartitionState], event: object) -> None:
-    """Look every kind the input meets up before anything changes."""
-    for kind in set(kinds):
-        _next(kind, event)
+def _targets(
+    kinds: Iterable[PartitionState], event: object
+) -> dict[PartitionState, PartitionState]:
+    """Where the input takes each kind of partition it meets, all looked up before anything
+    changes: the handlers move partitions where this says (:meth:`Ownership._enter`)."""
+    return {kind: _next(kind, event) for kind in set(kinds)}
 
 
 @attrs.define
@@ -491,10 +495,9 @@ class Ownership:
         if len(partitions) != sum(map(len, gained)) or not partitions.isdisjoint(self._held):
             _next(P.HELD, event)  # started twice in one attempt, or held by someone else
         timed = self._timed_among(partitions)
-        if timed:
-            _check((_kind(value, event.now) for value in timed.values()), event)
-            self._forget(timed)  # leases that ran out
-        self._held |= partitions
+        targets = _targets([P.FREE, *(_kind(value, event.now) for value in timed.values())], event)
+        # A lease that ran out leaves the dead holding it came from.
+        self._enter(targets[P.FREE], held=partitions.difference(timed), timed=timed)
         generation = event.generation
         for (incarnation, (owner, target)), holding, added in zip(
             event.starts.items(), previous, gained, strict=True
@@ -517,8 +520,8 @@ class Ownership:
         added = holding.partitions.difference(before.partitions)
         timed = self._timed_among(added)
         # Adopted or leased partitions were not given by a start: reverting one is a bug.
-        _check([P.HELD, *(_untimed_kind(value) for value in timed.values())], event)
-        self._held -= added
+        targets = _targets([P.HELD, *(_untimed_kind(value) for value in timed.values())], event)
+        self._enter(targets[P.HELD], held=added)
         self._holdings[event.incarnation] = attrs.evolve(
             holding.without(added), generation=before.generation, before=None
         )
@@ -537,15 +540,18 @@ class Ownership:
         left = holding.without(stopped) if event.partitions is not None else NOTHING
         left = attrs.evolve(left, owner=holding.owner, generation=holding.generation, before=None)
         timed = self._timed_among(stopped)
-        if not timed and _STOP_FREES_HELD:  # the common case: a live member's Held partitions
-            self._held -= stopped
+        if not timed:  # the common case: a live member's Held partitions
+            self._enter(_STOP_OF_HELD, held=stopped)
             self._holdings[event.incarnation] = left
             return []
         kinds = {tp: _kind(value, event.now) for tp, value in timed.items()}
-        _check([P.HELD, *kinds.values()], event)
-        self._held -= stopped
-        self._forget(timed)
-        ended = frozenset(tp for tp, kind in kinds.items() if kind is P.LEASED)
+        targets = _targets([P.HELD, *kinds.values()], event)
+        self._enter(targets[P.HELD], held=stopped.difference(timed))
+        for kind, target in targets.items():
+            self._enter(target, timed={tp: timed[tp] for tp, k in kinds.items() if k is kind})
+        ended = frozenset(
+            tp for tp, kind in kinds.items() if kind is P.LEASED and targets[kind] is P.FREE
+        )
         if holding.dead and not left.partitions:
             self._holdings.pop(event.incarnation, None)
         else:
@@ -560,21 +566,25 @@ class Ownership:
             del self._holdings[event.incarnation]
             return []
         timed = self._timed_among(holding.partitions)
-        _check([P.HELD, *(_kind(value, event.now) for value in timed.values())], event)
+        kinds = {tp: _kind(value, event.now) for tp, value in timed.items()}
+        targets = _targets([P.HELD, *kinds.values()], event)
         lease = Leased(
             owner=holding.owner,
             generation=holding.generation,
             incarnation=event.incarnation,
             until=event.until,
         )
-        held = holding.partitions.difference(timed)
-        self._held -= held
-        self._timed.update(dict.fromkeys(held, lease))
-        for tp, value in timed.items():  # adopted: its lease stands if it ends later
-            self._timed[tp] = attrs.evolve(lease, until=max(value.until, event.until))
-        self._claims.setdefault((holding.owner, holding.generation), set()).update(
-            holding.partitions
-        )
+
+        def leased(value: _Timed | None) -> _Timed:
+            # An adopted partition's lease stands if it ends later.
+            return (
+                lease if value is None else attrs.evolve(lease, until=max(value.until, lease.until))
+            )
+
+        self._enter(targets[P.HELD], held=holding.partitions.difference(timed), value=leased)
+        for kind, target in targets.items():
+            chosen = {tp: timed[tp] for tp, k in kinds.items() if k is kind}
+            self._enter(target, timed=chosen, value=leased)
         self._holdings[event.incarnation] = attrs.evolve(holding, dead=True)
         return []
 
@@ -587,7 +597,7 @@ class Ownership:
         kinds = [_kind(value, event.now) for value in timed.values()]
         if len(timed) < len(holding.partitions):
             kinds.append(P.HELD)  # a live holding: its close is a death, not this input
-        _check(kinds, event)
+        _targets(kinds, event)
         return self._stop_answered(StopAnswered(incarnation=event.incarnation, now=event.now))
 
     def _owner_registered(self, event: OwnerRegistered) -> list[Effect]:
@@ -605,29 +615,32 @@ class Ownership:
             if (value := self._timed[tp]).until > event.now and type(value) is Leased
         }
         still = set(event.holding).intersection(in_force)
-        freed = frozenset(in_force.keys() - still)
         unproven = {
             tp: value
             for tp, value in self._timed_among(set(event.holding).difference(in_force)).items()
             if value.until > event.now and type(value) is Leased
         }
-        if still:
-            _next(P.LEASED, StillFetching())
-        if freed:
-            _next(P.LEASED, NoLongerFetching())
-        if unproven:
-            _next(P.LEASED, FetchingUnproven())
-        self._forget(in_force)
-        self._forget(unproven)
-        kept = {tp: in_force[tp] for tp in still} | unproven
-        for tp, value in kept.items():
-            self._timed[tp] = Adopted(
+        # Each group of partitions as its per-partition input reads it, all looked up first.
+        readings: list[tuple[object, dict[TopicPartition, _Timed]]] = [
+            (StillFetching(), {tp: in_force[tp] for tp in still}),
+            (NoLongerFetching(), {tp: v for tp, v in in_force.items() if tp not in still}),
+            (FetchingUnproven(), dict(unproven)),
+        ]
+        moves = [(_next(P.LEASED, reading), chosen) for reading, chosen in readings if chosen]
+
+        def adopted_by_registrant(value: _Timed | None) -> _Timed:
+            assert value is not None
+            return Adopted(
                 owner=event.owner,
                 incarnation=event.incarnation,
                 generation=event.generation,
                 until=value.until,
             )
-        adopted = frozenset(kept)
+
+        for target, chosen in moves:
+            self._enter(target, timed=chosen, value=adopted_by_registrant)
+        freed = frozenset(tp for target, chosen in moves if target is P.FREE for tp in chosen)
+        adopted = frozenset(tp for target, chosen in moves if target is P.ADOPTED for tp in chosen)
         if adopted:
             self._holdings[event.incarnation] = Holding(
                 owner=event.owner,
@@ -649,45 +662,92 @@ class Ownership:
             if not claim.partitions.isdisjoint(self._held):
                 _next(P.HELD, event)
             timed = self._timed_among(claim.partitions)
-            _check((_kind(value, event.since) for value in timed.values()), event)
+            _targets([P.FREE, *(_kind(value, event.since) for value in timed.values())], event)
         for claim in claims:
             until = max(base, claim.until)
             fresh = Leased(
                 owner=claim.owner, generation=claim.generation, incarnation=None, until=until
             )
-            timed = self._timed_among(claim.partitions)
-            ran_out = {tp: value for tp, value in timed.items() if value.until <= event.since}
-            self._forget(ran_out)
-            for tp in ran_out:
-                del timed[tp]
-            self._timed.update(dict.fromkeys(claim.partitions.difference(timed), fresh))
-            if claim.owner is not None:
-                self._claims.setdefault((claim.owner, claim.generation), set()).update(
-                    claim.partitions
-                )
-            for tp, value in timed.items():
-                assert type(value) is Leased
-                merged = max(until, value.until)
+
+            def claimed(
+                value: _Timed | None, claim: Claim = claim, fresh: Leased = fresh
+            ) -> _Timed:
+                if value is None or value.until <= event.since:  # free, or its lease ran out
+                    return fresh
+                merged = max(fresh.until, value.until)
                 if (value.owner, value.generation) == (claim.owner, claim.generation):
-                    self._timed[tp] = attrs.evolve(value, until=merged)
-                else:
-                    # Neither claim's process may end it now, nor may the dead process it came from.
-                    self._forget({tp: value})
-                    if claim.owner is not None:
-                        self._claims[(claim.owner, claim.generation)].discard(tp)
-                    self._timed[tp] = Leased(
-                        owner=None, generation=-1, incarnation=None, until=merged
-                    )
+                    return attrs.evolve(value, until=merged)
+                # Neither claim's process may end it now, nor may the dead process it came from.
+                return Leased(owner=None, generation=-1, incarnation=None, until=merged)
+
+            timed = self._timed_among(claim.partitions)
+            free = claim.partitions.difference(timed)
+            self._enter(_next(P.FREE, event), held=free, value=claimed)
+            kinds = {tp: _kind(value, event.since) for tp, value in timed.items()}
+            for kind in set(kinds.values()):
+                chosen = {tp: timed[tp] for tp, k in kinds.items() if k is kind}
+                self._enter(_next(kind, event), timed=chosen, value=claimed)
         return []
 
     def _attempt_completed(self, event: AttemptCompleted) -> list[Effect]:
         ran_out = {tp: value for tp, value in self._timed.items() if value.until <= event.now}
-        if ran_out:
-            adopted = {tp: value for tp, value in ran_out.items() if type(value) is Adopted}
-            self._forget(adopted, release=False)  # an adopter keeps its partitions, now Held
-            self._forget({tp: value for tp, value in ran_out.items() if tp not in adopted})
-            self._held |= adopted.keys()
+        ending = LeaseRanOut()
+        for kind in (P.ADOPTED, P.LEASED):
+            chosen = {tp: v for tp, v in ran_out.items() if _untimed_kind(v) is kind}
+            if chosen:
+                # An adopter keeps its partitions, now Held; a dead owner's lease is over.
+                self._enter(_next(kind, ending), timed=chosen, keeps=True)
         return []
+
+    def _enter(
+        self,
+        target: PartitionState,
+        *,
+        held: Collection[TopicPartition] = (),
+        timed: Mapping[TopicPartition, _Timed] | None = None,
+        value: Callable[[_Timed | None], _Timed] | None = None,
+        keeps: bool = False,
+    ) -> None:
+        """Put partitions into ``target``, the state the table gave them: ``held`` have no timed
+        value (Held, or Free), ``timed`` are Leased or Adopted. ``value`` makes the Leased or
+        Adopted value of each from its old one (None for one of ``held``: the same for all of
+        them). A partition leaves the holding of the process its old value came from, unless
+        its new value names the same process, or (``keeps``) it becomes Held by that process.
+        """
+        timed = timed or {}
+        if target is P.FREE:
+            self._held.difference_update(held)
+            self._forget(timed)
+        elif target is P.HELD:
+            self._forget(timed, release=not keeps)
+            self._held.update(held)
+            self._held.update(timed)
+        else:
+            assert value is not None
+            self._held.difference_update(held)
+            moved = {tp: value(old) for tp, old in timed.items()}
+            self._forget(
+                {tp: v for tp, v in timed.items() if v.incarnation != moved[tp].incarnation}
+            )
+            self._forget(
+                {tp: v for tp, v in timed.items() if v.incarnation == moved[tp].incarnation},
+                release=False,
+            )
+            if held:
+                shared = value(None)
+                self._place(target, shared, held)
+            for tp, new in moved.items():
+                self._place(target, new, (tp,))
+
+    def _place(
+        self, target: PartitionState, value: _Timed, partitions: Collection[TopicPartition]
+    ) -> None:
+        """``partitions`` are ``value`` (of ``target``) from now on, in every index."""
+        if _untimed_kind(value) is not target:
+            raise ValueError(f"{value!r} is not a value of {target.value}")
+        self._timed.update(dict.fromkeys(partitions, value))
+        if type(value) is Leased and value.owner is not None:
+            self._claims.setdefault((value.owner, value.generation), set()).update(partitions)
 
     # --- bookkeeping ----------------------------------------------------------------------
 
