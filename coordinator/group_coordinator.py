@@ -233,7 +233,6 @@ class GroupCoordinator:
         member itself may leave, by its consumer id or member id."""
         if (
             member is None
-            or self.groups.get(member.group_id) is not member.driver
             or request.consumer_id not in (member.consumer_id, member.member_id)
             or member.group_id != request.group_id
         ):
@@ -242,6 +241,8 @@ class GroupCoordinator:
         if member.fenced:
             # A newer process is the member now: docs/design.md#static-members.
             return ErrorCode.FENCED_INSTANCE_ID
+        if not member.machine.alive:  # declared dead already: its connection is closing
+            return ErrorCode.UNKNOWN_MEMBER_ID
         member.driver.feed(member.driver.group.left, member.state, trio.current_time())
         return ErrorCode.NONE
 
