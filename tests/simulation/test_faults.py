@@ -287,6 +287,45 @@ async def test_a_member_back_under_its_generation_before_a_start_it_missed_keeps
         assert not any(i.partition in held for i in cluster.ledger.closed)  # a never stopped them
 
 
+async def test_a_member_back_during_the_stops_fails_the_attempt_though_its_lease_instant_passed(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """b answers 3 s late from 10.0. New partitions at 11.75 begin an eager attempt (generation
+    2), whose StopFetcher b takes up only after the Ping of 10.0: b is dead at its deadline,
+    15.75, its partitions leased until the last request sent to it (the Ping of 13.0) + T +
+    margin = 19.5. The next attempt begins at once without b and stops a, which answers 3.875 s
+    late, at 19.625. Meanwhile b, fetching on under its lease, registers again at 17.75 under
+    generation 1 still holding its partitions, and adopts them. When a's answer comes the
+    lease's instant has passed, so the attempt waits on no lease; but b holds those partitions,
+    renewed by this coordinator since its registration: the attempt fails rather than start them
+    on a, and the next one stops b first (docs/design.md#adoption-after-a-failover). Going on to
+    the starts, the group would have its start refused by the ownership table and be rebuilt,
+    every member's connection closed."""
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
+        a, b = await _pair(cluster, fetch_through_failover=True)
+        held = b.owned
+        await trio.sleep_until(10.0)
+        b.answer_slowly(3.0)
+        await trio.sleep_until(11.75)
+        await cluster.add_partitions("events", added=2)
+        await trio.sleep_until(15.0)
+        a.answer_slowly(3.875)
+        await trio.sleep_until(17.0)
+        a.answer_slowly(0)
+        b.answer_slowly(0)
+        await trio.sleep_until(18.0)
+        assert (b.registrations, b.generation, b.owned) == (2, 1, held)
+        with trio.fail_after(30):
+            await cluster.wait_settled()
+        # Generation 3 failed at 19.625; after the backoff (T/3), generation 4 stopped a and b
+        # and started both.
+        assert trio.current_time() == 21.625
+        assert cluster.coordinator.groups["g"].machine.generation == 4
+        assert a.registrations == 1  # the group was not rebuilt
+        assert {i.end for i in cluster.ledger.closed if i.partition in held} == {21.625}
+        await cluster.check_invariants(settled=True)
+
+
 # --- delayed delivery: a request late past the lease margin cannot stretch a lease ---------------
 #
 # Every Ping names the frame of the consumer's answer to the Ping before it, so after the Ping of
