@@ -117,6 +117,40 @@ async def test_a_member_back_late_within_its_lease_causes_no_rebalance(
         await cluster.check_invariants(settled=True)
 
 
+async def test_a_record_that_gave_a_member_nothing_is_not_adopted(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Three members, two partitions: the record gives c nothing. Paused from 10.4 to 15.4, c
+    lets its lease run out (at 14.0, T after the frame of 8.0) and so waits for a start. It
+    comes back at 17.4, within the recovered lease, under generation 1 holding nothing, as it
+    would if it still ran under that start: only a start tells it which, so the group rebalances
+    rather than adopt the record and leave c waiting for a start that never comes."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=2)
+        a, b, c = [
+            await cluster.start_consumer(
+                name, group="g", topics={"events": 1}, fetch_through_failover=True
+            )
+            for name in "abc"
+        ]
+        with trio.fail_after(10):
+            await cluster.wait_settled()
+        held = {"a": a.owned, "b": b.owned, "c": c.owned}
+        assert held["c"] == frozenset()
+        await trio.sleep_until(10.4)
+        c.freeze(5.0)
+        await _restart(cluster)
+        with trio.fail_after(20):
+            await cluster.wait_settled()
+        # a and b came back at 12.5 holding their partitions; the group waited for c.
+        assert trio.current_time() == 17.4
+        group = cluster.coordinator.groups["g"]
+        assert (group.attempts, group.machine.generation) == (1, 2)
+        assert c.started_generations == [1, 2] and c.fetching
+        assert {"a": a.owned, "b": b.owned, "c": c.owned} == held
+        await cluster.check_invariants(settled=True)
+
+
 async def test_a_record_written_before_its_starts_were_answered_is_not_adopted(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
