@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 import attrs
+import pytest
 import trio
 import trio.testing
 from hypothesis import example, given, settings
@@ -273,8 +274,14 @@ async def _scenario(data_dir: Path, phases: list[list[Fault]], protocol: Rebalan
 # The CI profile's 60 examples of up to three phases would take over a minute; 40 take ~50 s and
 # mix every fault kind with every other. Examples that once broke an invariant run every time.
 # Outside CI, run far more after a change to leases, deaths or ownership: FAULT_EXAMPLES=2000
-# (the two-owner bugs were found by long runs, never by CI's few).
-@settings(max_examples=int(os.environ.get("FAULT_EXAMPLES", "40")))
+# (the two-owner bugs were found by long runs, never by CI's few). A long run is bounded by its
+# examples, not by the suite's per-test timeout, which it would outlast.
+EXAMPLES = int(os.environ.get("FAULT_EXAMPLES", "40"))
+if "FAULT_EXAMPLES" in os.environ:
+    pytestmark = pytest.mark.timeout(0)
+
+
+@settings(max_examples=EXAMPLES)
 @given(phases=PHASES, protocol=st.sampled_from(list(RebalanceProtocol)))
 # A consumer paused while its connection is reset: the coordinator took the reset for the
 # consumer's own close and moved its partitions while it still fetched (found with 100 random
