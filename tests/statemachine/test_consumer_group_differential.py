@@ -168,6 +168,13 @@ class NewSide:
         self.perform(effects)
         return member
 
+    def leave(self, group: ConsumerGroup, member: GroupMember, now: float) -> ErrorCode:
+        """``GroupCoordinator.leave`` from the member's own connection."""
+        if member.fenced:
+            return ErrorCode.FENCED_INSTANCE_ID
+        self.feed(group.left, member, now)
+        return ErrorCode.NONE
+
     def accept_counted(
         self, group: ConsumerGroup, counted: dict[TopicPartition, int]
     ) -> dict[TopicPartition, int]:
@@ -417,6 +424,13 @@ class Proc:
     #: The Ping outstanding: (sent at, generation it carries, deadline).
     ping: tuple[float, int, float] | None = None
     told: bool = False
+
+    def __repr__(self) -> str:
+        return f"<process {self.consumer_id}, member {self.member_id}, #{self.incarnation}>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """How Hypothesis shows a falsifying example's draws: briefly."""
+        printer.text(repr(self))
 
 
 @attrs.define(eq=False)
@@ -733,12 +747,27 @@ class Differential(RuleBasedStateMachine):
     @precondition(lambda self: not self.failed and bool(self._live()))
     @rule(data=st.data())
     def leave(self, data: st.DataObject) -> None:
-        proc = data.draw(st.sampled_from(self._live()), label="proc")
-        self._answer(
-            ("leave", self.old.leave(proc.old, self.now)),
-            ("leave", ErrorCode.NONE),
-        )
-        self.new.feed(proc.new_group.left, proc.new, self.now)
+        self._leave(data.draw(st.sampled_from(self._live()), label="proc"))
+
+    def _leave(self, proc: Proc) -> None:
+        old = self.old.leave(proc.old, self.now)
+        new = self.new.leave(proc.new_group, proc.new, self.now)
+        if old is None:
+            # The old dispatch failed the request's task and closed the connection, which its
+            # death had closed already: the answer does not leave either way.
+            assert not proc.new.machine.alive
+            old = ErrorCode.NONE
+        self._answer(("leave", old), ("leave", new))
+
+    def _dead_but_connected(self) -> list[Proc]:
+        return [p for p in self.procs if p.open and not p.old.machine.alive and not p.old.fenced]
+
+    @precondition(lambda self: not self.failed and bool(self._dead_but_connected()))
+    @rule(data=st.data())
+    def leave_after_death(self, data: st.DataObject) -> None:
+        """A LeaveGroup already received when its member was declared dead (the member's last
+        Ping deadline passed in the same instant): the request's task goes on to it."""
+        self._leave(data.draw(st.sampled_from(self._dead_but_connected()), label="proc"))
 
     # --- Pings ----------------------------------------------------------------------------------
 

@@ -352,11 +352,17 @@ class Coordinator:
         elif member.fenced and ending == "closed":
             self.fenced_closed(member, now)
 
-    def leave(self, member: Member, now: float) -> ErrorCode:
-        """dispatch's LeaveGroup from the member's own connection."""
+    def leave(self, member: Member, now: float) -> ErrorCode | None:
+        """dispatch's LeaveGroup from the member's own connection. None: the request's task
+        raised, and dispatch closed that connection (``_serve``'s ``except Exception``), as for
+        a LeaveGroup that reaches a member declared dead since it arrived: ``Left`` is no input
+        of a Dead machine."""
         if member.fenced:
             return ErrorCode.FENCED_INSTANCE_ID
-        self.member_event(member, member_sm.Left(now=now), now)
+        try:
+            self.member_event(member, member_sm.Left(now=now), now)
+        except Exception:
+            return None
         return ErrorCode.NONE
 
     def member_event(self, member: Member, event: object, now: float) -> None:
