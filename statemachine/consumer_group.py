@@ -624,7 +624,13 @@ class ConsumerGroup:
         return []
 
     def left(self, member: GroupMember, now: float) -> list[Effect]:
-        """LeaveGroup: a graceful close after the member stopped its fetchers and committed."""
+        """LeaveGroup: a graceful close after the member stopped its fetchers and committed. One
+        that reaches a member declared dead since it arrived (its last Ping deadline passed in
+        the same instant) changes nothing: its death has decided, and its connection is closing.
+        The machine refuses ``Left`` in Dead, and a refusal here would fail the whole group for
+        one peer's request."""
+        if not member.machine.alive:
+            return []
         return self._member_input(member, member_sm.Left(now=now), now)
 
     def ping_sent(self, member: GroupMember, now: float) -> list[Effect]:
