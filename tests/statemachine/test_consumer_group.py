@@ -33,7 +33,8 @@ def test_a_leave_group_reaching_a_member_declared_dead_since_changes_nothing() -
     effects = group.deadline_missed(member, 6.0, handover=False)
     assert MemberDied(member_id="c1", cause=member_sm.DeathCause.MISSED_DEADLINES) in effects
     assert CloseConnection(incarnation=0) in effects
-    assert GroupInput(event=MemberDeparted(member_id="c1", remaining=0)) in effects
+    departed = MemberDeparted(member_id="c1", remaining=0)
+    assert GroupInput(event=departed, death=member_sm.DeathCause.MISSED_DEADLINES) in effects
     assert group.left(member, 6.0) == []
     assert group.state is GroupState.EMPTY
     assert member.machine.state is member_sm.MemberState.DEAD
