@@ -131,7 +131,7 @@ class CloseConnection:
 @attrs.frozen(kw_only=True)
 class TellFenced:
     """Send the fenced process its StopFetcher (reason FENCED_INSTANCE_ID) while in contact with
-    the store, wait for its answer (``fenced_stop_answered``), then close its connection."""
+    the store, wait for its answer (``stop_answered``, everything), then close its connection."""
 
     incarnation: int
 
@@ -600,10 +600,6 @@ class ConsumerGroup:
                 (self.group_id, member.member_id, generation, held, freed),
             ),
         ]
-
-    def fenced_stop_answered(self, older: GroupMember, now: float) -> list[Effect]:
-        """The fenced process answered its StopFetcher: it fetches nothing now."""
-        return self._own(ownership_sm.StopAnswered(incarnation=older.incarnation, now=now))
 
     def fenced_closed(self, older: GroupMember, now: float) -> list[Effect]:
         """A fenced process closed its connection cleanly (end of stream): it stopped fetching

@@ -871,14 +871,9 @@ class Differential(RuleBasedStateMachine):
         proc.told = False
         offsets = self._offsets(data, proc)
         old = self.old.fenced_stop_answered(proc.old, offsets, self.now)
-        if not offsets and data.draw(st.booleans(), label="fenced_stop_answered"):
-            # The group's own operation for it (the driver takes stop_answered's way).
-            self.new.feed(proc.new_group.fenced_stop_answered, proc.new, self.now)
-            new: dict[TopicPartition, int] = {}
-        else:
-            new = self.new.stop_answered(
-                proc.new_group, proc.new, offsets, revoked=None, attempt_live=False, now=self.now
-            )
+        new = self.new.stop_answered(
+            proc.new_group, proc.new, offsets, revoked=None, attempt_live=False, now=self.now
+        )
         self._answer(("counted", old), ("counted", new))
 
     # --- commits --------------------------------------------------------------------------------
