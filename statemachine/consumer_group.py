@@ -1,16 +1,17 @@
 """One consumer group on the coordinator, whole: its members, its rebalances, who owns what.
 
-The group's rules used to be spread over three machines (the group's, one per member, the
-ownership table) fed from the trio code in many places; here one object owns all of a group's
-state (the machines, the membership indexes, the assignment in force, the record a successor
-recovered it from) and offers the operations of the field: a member joins, its connection
-ends, it leaves, a Ping is sent or answered or missed, a StopFetcher or StartFetcher is answered,
-an attempt is planned, a report's offsets are counted. Each operation decides every transition
+A group's rules are those of three machines (the group's, one per member, the ownership table)
+and of what ties them together: which death frees what when, which join fences whom, which
+offsets count. One object owns all of a group's state (the machines, the membership indexes, the
+assignment in force, the record a successor recovered it from), so every rule that changes it is
+in one place and can be tested with no network, as ``statemachine.consumer`` is on the
+consumer's side. It offers the operations of the field: a member joins, its connection ends, it
+leaves, a Ping is sent or answered or missed, a StopFetcher or StartFetcher is answered, an
+attempt is planned, a report's offsets are counted. Each operation decides every transition
 itself and returns what the trio driver (``coordinator/driver.py``) must do: close a connection,
 tell a fenced process, cancel or schedule an attempt, wake an attempt waiting on leases. Nothing
 here reads a clock, sends a byte or knows a task: ``now`` is passed in, the instant the driver
-performs what the operation decides (a request's send time is the time it leaves), as
-``statemachine.consumer`` is on the consumer's side.
+performs what the operation decides (a request's send time is the time it leaves).
 
 An input a machine refuses raises before the operation changes that machine; the driver fails the
 group then (docs/failure-domains.md), as any bug in the group's work.
