@@ -369,9 +369,17 @@ class GroupDriver:
     # --- Pings (coordinator/heartbeat.py sends them) ---------------------------------------
 
     def ping_sent(self, member: Member) -> bool:
-        """A Ping to ``member`` leaves now, unless its lease ran out: whether it still lives."""
-        self.feed(self.group.ping_sent, member.state, trio.current_time())
-        return member.machine.alive
+        """A Ping to ``member`` leaves now, unless its lease ran out: whether it still lives.
+        Called once per Ping of every member: :meth:`feed` spelled out, without its generic
+        call."""
+        try:
+            effects = self.group.ping_sent(member.state, trio.current_time())
+        except Exception as exc:
+            self.fail(exc)
+            return False
+        if effects:
+            self.perform(effects)
+        return member.state.machine.alive
 
     def ping_withheld(self, member: Member) -> None:
         self.feed(self.group.ping_withheld, member.state)

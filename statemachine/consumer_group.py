@@ -668,6 +668,8 @@ class ConsumerGroup:
         handle its failure (docs/design.md#failure-detection): close its connection, remove it,
         cancel an attempt in flight, rebalance what is left."""
         deaths = member.machine.handle(event)
+        if not deaths and member.machine.alive:  # the common case: a Ping that renews nothing
+            return []
         effects: list[Effect] = []
         if not member.machine.alive and not member.fenced:
             effects.append(CloseConnection(incarnation=member.incarnation))
