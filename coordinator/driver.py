@@ -61,7 +61,7 @@ class Member:
 
     def request_nowait(self, message: RequestMessage, on_response: ResponseHandler) -> int:
         """Send a coordinator request in the version this member reads."""
-        version = self.versions.of(message.API_KEY)
+        version = self.state.versions.of(message.API_KEY)
         return self.channel.request_nowait(fit(message, version), on_response, api_version=version)
 
     @property
@@ -368,12 +368,12 @@ class GroupDriver:
 
     # --- Pings (coordinator/heartbeat.py sends them) ---------------------------------------
 
-    def ping_sent(self, member: Member) -> bool:
-        """A Ping to ``member`` leaves now, unless its lease ran out: whether it still lives.
+    def ping_sent(self, member: Member, now: float) -> bool:
+        """A Ping to ``member`` leaves ``now``, unless its lease ran out: whether it still lives.
         Called once per Ping of every member: :meth:`feed` spelled out, without its generic
         call."""
         try:
-            effects = self.group.ping_sent(member.state, trio.current_time())
+            effects = self.group.ping_sent(member.state, now)
         except Exception as exc:
             self.fail(exc)
             return False
@@ -385,27 +385,18 @@ class GroupDriver:
         self.feed(self.group.ping_withheld, member.state)
 
     def ping_answered(
-        self, member: Member, generation: int, offsets: tuple[PartitionOffset, ...]
+        self, member: Member, generation: int, offsets: tuple[PartitionOffset, ...], now: float
     ) -> None:
-        self.group.ping_answered(member.state, trio.current_time())
-        self.accept_reported(member, generation, offsets)
+        counted = self.group.ping_answered(
+            member.state, generation, offsets, topics=self.context.topics, now=now
+        )
+        if counted:
+            self.accept_counted(member, generation, counted)
 
     def ping_missed(self, member: Member) -> None:
         self.feed(self.group.deadline_missed, member.state, trio.current_time(), handover=False)
 
     # --- offsets ------------------------------------------------------------------------------
-
-    def accept_reported(
-        self, member: Member, generation: int, offsets: tuple[PartitionOffset, ...]
-    ) -> None:
-        """A Ping response's offsets, as they arrive, for what counts of them
-        (``ConsumerGroup.counted_offsets``)."""
-        if not offsets:
-            return
-        counted = self.group.counted_offsets(
-            member.state, generation, offsets, topics=self.context.topics
-        )
-        self.accept_counted(member, generation, counted)
 
     def accept_counted(
         self, member: Member, generation: int, counted: dict[TopicPartition, int]

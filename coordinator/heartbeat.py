@@ -81,7 +81,8 @@ class Pinger:
             self._sleep.deadline = at
 
     def _send(self, member: Member) -> bool:
-        machine = member.machine
+        state = member.state
+        machine = state.machine
         if not machine.alive or member in self._outstanding:
             return False
         now = trio.current_time()
@@ -96,12 +97,12 @@ class Pinger:
             return False
         # A member whose lease ran out stopped by its own rule; a Ping would restart it, so its
         # group declares it dead instead (docs/design.md#ownership-lease).
-        if not member.driver.ping_sent(member):
+        if not member.driver.ping_sent(member, now):
             return False
         request = PingRequest(
             coordinator_epoch=self.context.epoch,
             generation=machine.generation,
-            consumer_id=member.member_id,
+            consumer_id=state.record.member_id,
             num_retries=machine.missed,
             acknowledged_frames=member.channel.frames_received,
         )
@@ -130,10 +131,11 @@ class Pinger:
         if response is None:
             return  # the connection ended; its task declares the member dead
         now = trio.current_time()
-        if isinstance(response, PingResponse) and member.machine.alive:
-            member.driver.ping_answered(member, ping.generation, response.offsets)
+        machine = member.state.machine
+        if isinstance(response, PingResponse) and machine.alive:
+            member.driver.ping_answered(member, ping.generation, response.offsets, now)
             self.context.observer.ping_answered(now - ping.sent_at)
-        self._schedule(max(ping.sent_at + member.machine.timeouts.ping_interval, now), member)
+        self._schedule(max(ping.sent_at + machine.timeouts.ping_interval, now), member)
 
     def _deadline_passed(self, ping: _Ping) -> None:
         member = ping.member

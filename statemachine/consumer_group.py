@@ -644,9 +644,24 @@ class ConsumerGroup:
             return []
         return [CloseConnection(incarnation=member.incarnation)]
 
-    def ping_answered(self, member: GroupMember, now: float) -> None:
-        if member.machine.alive:
-            member.machine.handle(member_sm.PingAnswered(now=now))
+    def ping_answered(
+        self,
+        member: GroupMember,
+        generation: int,
+        offsets: Iterable[PartitionOffset],
+        *,
+        topics: Mapping[str, object],
+        now: float,
+    ) -> dict[TopicPartition, int]:
+        """The member answered a Ping sent under ``generation``: it is heard from, and the
+        offsets its answer reports count as :meth:`counted_offsets` says (returned)."""
+        machine = member.machine
+        if not machine.alive:
+            return {}
+        machine.handle(member_sm.PingAnswered(now=now))
+        if not offsets:
+            return {}
+        return self.counted_offsets(member, generation, offsets, topics=topics)
 
     def deadline_missed(self, member: GroupMember, now: float, *, handover: bool) -> list[Effect]:
         """A Ping (or, ``handover``, a StopFetcher or StartFetcher) went unanswered for 2/3 of

@@ -223,10 +223,9 @@ class NewSide:
         now: float,
     ) -> dict[TopicPartition, int]:
         """``GroupDriver.ping_answered``."""
-        group.ping_answered(member, now)
-        if not offsets:
+        counted = group.ping_answered(member, generation, offsets, topics=self.topics, now=now)
+        if not counted:
             return {}
-        counted = group.counted_offsets(member, generation, offsets, topics=self.topics)
         return self.accept_counted(group, counted)
 
     def commit_refusal(
