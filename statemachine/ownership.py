@@ -714,28 +714,29 @@ class Ownership:
         them). A partition leaves the holding of the process its old value came from, unless
         its new value names the same process, or (``keeps``) it becomes Held by that process.
         """
-        timed = timed or {}
         if target is P.FREE:
             self._held.difference_update(held)
-            self._forget(timed)
+            if timed:
+                self._forget(timed)
         elif target is P.HELD:
-            self._forget(timed, release=not keeps)
+            if timed:
+                self._forget(timed, release=not keeps)
+                self._held.update(timed)
             self._held.update(held)
-            self._held.update(timed)
         else:
             assert value is not None
             self._held.difference_update(held)
-            moved = {tp: value(old) for tp, old in timed.items()}
-            self._forget(
-                {tp: v for tp, v in timed.items() if v.incarnation != moved[tp].incarnation}
-            )
-            self._forget(
-                {tp: v for tp, v in timed.items() if v.incarnation == moved[tp].incarnation},
-                release=False,
-            )
+            moved = {tp: value(old) for tp, old in timed.items()} if timed else {}
+            if timed:
+                self._forget(
+                    {tp: v for tp, v in timed.items() if v.incarnation != moved[tp].incarnation}
+                )
+                self._forget(
+                    {tp: v for tp, v in timed.items() if v.incarnation == moved[tp].incarnation},
+                    release=False,
+                )
             if held:
-                shared = value(None)
-                self._place(target, shared, held)
+                self._place(target, value(None), held)
             for tp, new in moved.items():
                 self._place(target, new, (tp,))
 
