@@ -2,21 +2,12 @@
 consumers that speak the real protocol over in-memory streams, on trio's clock, with injected
 faults and an invariant checker (docs/testing.md)."""
 
-from simulation.cluster import (
-    ContactStore,
-    InvariantViolation,
-    LeaseInterval,
-    OwnershipLedger,
-    ProcessKilled,
-    RecordingStore,
-    SimulatedCluster,
-    SimulatedConsumer,
-    SimulatedProcess,
-    StoreContact,
-    StoreHistory,
-    open_simulated_cluster,
-)
+from simulation.cluster import SimulatedCluster, open_simulated_cluster
+from simulation.consumer import SimulatedConsumer
+from simulation.invariants import InvariantViolation, LeaseInterval, OwnershipLedger, StoreHistory
 from simulation.log import MemoryLog, StoredRecord
+from simulation.process import ProcessKilled, SimulatedProcess
+from simulation.store_faults import ContactStore, RecordingStore, StoreContact
 
 __all__ = [
     "ContactStore",

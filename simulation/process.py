@@ -1,0 +1,97 @@
+"""The user's own code run as a process of the simulated cluster, with the faults a test injects
+into it."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+import trio.testing
+
+from .network import LinkEnd, SimulatedHost
+
+if TYPE_CHECKING:
+    from .cluster import SimulatedCluster
+
+log = logging.getLogger(__name__)
+
+
+class ProcessKilled(trio.BrokenResourceError):
+    """What a killed process's connections raise, should its code still run."""
+
+
+@attrs.define(eq=False)
+class SimulatedProcess:
+    """The user's own code (``open_consumer`` / ``open_producer``, the real library) run as one
+    process of the simulated cluster. Its connections are made by :meth:`connect`, which the
+    cluster passes to its main function; they are the ones its faults act on.
+
+    Faults: :meth:`kill` (the process dies: its sockets close, its code stops where it is and
+    its ``finally`` blocks reach nobody), :meth:`freeze` (nothing is read or written on its
+    connections, and no connection opens, until it thaws; its own timers run on, as a lease's
+    must), :meth:`cut_network`, :meth:`delay_delivery` and :meth:`drop_connections`.
+    """
+
+    name: str
+    cluster: SimulatedCluster
+    host: SimulatedHost = attrs.field(factory=SimulatedHost)
+    frozen_until: float = -math.inf
+    killed: bool = False
+    done: trio.Event = attrs.field(factory=trio.Event)
+    """Set once its main function returned, raised or was killed."""
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _ends: list[LinkEnd] = attrs.field(factory=list)
+
+    async def connect(self, host: str, port: int) -> trio.abc.Stream:
+        """The ``connect=`` for ``open_consumer`` / ``open_producer``: every address reaches
+        the simulated broker."""
+        await trio.lowlevel.checkpoint()
+        await self._hold()
+        stream, _link = self.cluster.open_link(self.host, hold=self._hold)
+        assert isinstance(stream, LinkEnd)
+        self._ends = [end for end in self._ends if not end.closed]
+        self._ends.append(stream)
+        return stream
+
+    async def _hold(self) -> None:
+        while trio.current_time() < self.frozen_until:
+            await trio.sleep_until(self.frozen_until)
+        if self.killed:
+            raise ProcessKilled(f"process {self.name} was killed")
+
+    async def run(self, main: Callable[..., Awaitable[object]], *args: object) -> None:
+        try:
+            with self._scope:
+                await main(*args, connect=self.connect)
+        finally:
+            self.done.set()
+
+    async def kill(self) -> None:
+        """The process dies: the kernel closes its connections (the broker reads an end of
+        stream) and its code runs no further; returns once it is gone."""
+        self.killed = True
+        for end in self._ends:
+            await end.aclose()
+        self._scope.cancel()
+        await self.done.wait()
+
+    def freeze(self, seconds: float) -> None:
+        """Stop reading and writing for ``seconds`` (a GC pause, as the coordinator sees it)."""
+        self.frozen_until = max(self.frozen_until, trio.current_time() + seconds)
+
+    def cut_network(self, seconds: float) -> None:
+        self.host.cut(seconds, self.cluster.nursery)
+
+    def delay_delivery(
+        self, seconds: float, *, to_process: bool = True, to_broker: bool = False
+    ) -> None:
+        self.host.delay(seconds, self.cluster.nursery, to_client=to_process, to_server=to_broker)
+
+    def drop_connections(self) -> None:
+        """Reset every connection it has; the process lives on and connects again."""
+        for link in self.host.links:
+            link.break_()

@@ -1,0 +1,135 @@
+"""Faults of the coordinator's metadata store, injected by wrapping the embedded store: writes
+recorded for the invariant checker, contact lost for a while, group reads slowed down."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import attrs
+import trio
+import trio.testing
+
+from store import (
+    GroupRecord,
+    MetadataStore,
+    OffsetBatch,
+)
+
+from .invariants import StoreHistory
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define(eq=False)
+class RecordingStore:
+    """The real store, with every durable offset and group write reported to a StoreHistory.
+
+    Everything else passes straight through, so the wrapper keeps up with the interface; use it
+    through :func:`recording_store`, which says it is a MetadataStore."""
+
+    inner: MetadataStore
+    history: StoreHistory
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def write_group(self, epoch: int, group: GroupRecord) -> None:
+        await self.inner.write_group(epoch, group)
+        self.history.group_written(group)
+
+    async def delete_group(self, epoch: int, group_id: str) -> None:
+        await self.inner.delete_group(epoch, group_id)
+        self.history.group_deleted(group_id)
+
+    async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
+        await self.inner.commit_offsets(epoch, batches)
+        self.history.offsets_written(batches)
+
+    async def delete_topic(self, topic: str) -> None:
+        await self.inner.delete_topic(topic)
+        self.history.topic_offsets_deleted(topic)
+
+    async def delete_offsets(self, epoch: int, group_id: str, topic: str) -> None:
+        await self.inner.delete_offsets(epoch, group_id, topic)
+        self.history.topic_offsets_deleted(topic, group_id)
+
+
+def recording_store(inner: MetadataStore, history: StoreHistory) -> MetadataStore:
+    return cast(MetadataStore, RecordingStore(inner=inner, history=history))
+
+
+@attrs.define
+class StoreContact:
+    """Whether the coordinator hears from its store, cut for a while by :meth:`lose_contact`.
+    The cluster keeps it, so a cut outlives a coordinator restart."""
+
+    lost_at: float = -math.inf
+    back_at: float = -math.inf
+
+    def lose_contact(self, seconds: float) -> None:
+        now = trio.current_time()
+        if now >= self.back_at:
+            self.lost_at = now
+        self.back_at = max(self.back_at, now + seconds)
+
+    def until(self, inner: MetadataStore) -> float:
+        if self.lost_at <= trio.current_time() < self.back_at:
+            return self.lost_at
+        return inner.in_contact_until()
+
+
+@attrs.define(eq=False)
+class ContactStore:
+    """A store whose contact with its coordinator can be cut: while it is, ``in_contact_until``
+    is the instant contact was lost, as for a ZooKeeper store whose session stopped answering
+    then (docs/design.md#coordinator-epochs-and-the-election). Its writes still go through, so a
+    test sees what the coordinator does with the answer alone. Use it through
+    :func:`contact_store`, which says it is a MetadataStore."""
+
+    inner: MetadataStore
+    contact: StoreContact
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def in_contact_until(self) -> float:
+        return self.contact.until(self.inner)
+
+
+def contact_store(inner: MetadataStore, contact: StoreContact) -> MetadataStore:
+    return cast(MetadataStore, ContactStore(inner=inner, contact=contact))
+
+
+@attrs.define
+class StoreLatency:
+    """How long the store takes to read the groups' records, set by
+    :meth:`SimulatedCluster.slow_group_reads`. The cluster keeps it, so it outlives a restart."""
+
+    group_reads: float = 0.0
+
+
+@attrs.define(eq=False)
+class SlowStore:
+    """A store whose reads of the groups' records take ``latency.group_reads`` seconds, as a big
+    group's do on ZooKeeper, so that a coordinator's load is long enough to be seen. Use it
+    through :func:`slow_store`, which says it is a MetadataStore."""
+
+    inner: MetadataStore
+    latency: StoreLatency
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def groups(self) -> Mapping[str, GroupRecord]:
+        await trio.sleep(self.latency.group_reads)
+        return await self.inner.groups()
+
+
+def slow_store(inner: MetadataStore, latency: StoreLatency) -> MetadataStore:
+    return cast(MetadataStore, SlowStore(inner=inner, latency=latency))
+
+
+# --- the in-memory network --------------------------------------------------------------------
