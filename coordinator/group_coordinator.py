@@ -151,7 +151,7 @@ class GroupCoordinator:
         versions: PeerVersions = NEWEST,
     ) -> tuple[RegisterConsumerResponse, Member | None]:
         """Check the registration, add the member, and let the group rebalance
-        (docs/design.md#generations-and-fencing). ``versions``: what it reads of our requests
+        (docs/design.md#generations-and-stale-offsets). ``versions``: what it reads of our requests
         (``protocol.versions.negotiate``), which says which rules it is served by."""
         error = self._registration_error(request, client_id)
         if error is not ErrorCode.NONE:
@@ -254,7 +254,7 @@ class GroupCoordinator:
     # --- offsets --------------------------------------------------------------------------
 
     async def commit(self, request: OffsetCommitRequest, channel: Channel) -> ErrorCode:
-        """OffsetCommit, fenced by member and generation, answered once durable; an offset
+        """OffsetCommit, checked by member and generation, answered once durable; an offset
         past its partition's log end is refused (OFFSET_OUT_OF_RANGE), since members only move
         offsets forward and one such commit would pin its group there. The request has passed
         the checks at the boundary (``validation.request_error``) already."""
@@ -295,8 +295,8 @@ class GroupCoordinator:
         return ErrorCode.NONE
 
     async def _partitions_exist(self, offsets: Mapping[TopicPartition, int]) -> bool:
-        """A standalone committer names its partitions itself (a member's are fenced by what it
-        owns): only partitions of existing topics may hold offsets, which also bounds what a
+        """A standalone committer names its partitions itself (a member's are checked against what
+        it owns): only partitions of existing topics may hold offsets, which also bounds what a
         group's offsets can grow to. The topic watch may lag a CreateTopic just answered."""
         for topics in (self.topics, None):
             if topics is None:

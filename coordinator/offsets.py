@@ -1,4 +1,4 @@
-"""Each group's committed offsets: kept in memory, fenced by the caller, written in batches.
+"""Each group's committed offsets: kept in memory, checked by the caller, written in batches.
 
 One committer task writes every group's changed offsets to the store at an interval; an
 OffsetCommit is answered only once its batch is durable, and a rebalance forces a commit before
@@ -7,7 +7,7 @@ records an update and, if they need durability, waits for the version they produ
 durable, which also asks the committer to write at once instead of at its next interval.
 
 So each group has two views. *Accepted* offsets (:meth:`OffsetKeeper.committed`) are everything
-fenced and recorded, durable or not: what later reports are compared against and what a rebalance
+checked and recorded, durable or not: what later reports are compared against and what a rebalance
 hands out (after forcing a commit). *Durable* offsets (:attr:`OffsetView.durable`) are those the
 store is known to hold, the only ones a restart or failover cannot take back: what OffsetFetch
 returns and DescribeGroup calls committed. Between the two sit the offsets a crash would lose.
@@ -40,7 +40,7 @@ class _GroupOffsets:
 
 @attrs.frozen(kw_only=True)
 class OffsetView:
-    #: Fenced and recorded, durable or not.
+    #: Checked and recorded, durable or not.
     accepted: Mapping[TopicPartition, int]
     #: What the store holds: the only offsets to call committed.
     durable: Mapping[TopicPartition, int]
@@ -88,7 +88,7 @@ class OffsetKeeper:
         *,
         monotonic: bool,
     ) -> int:
-        """Record offsets the caller has already fenced; returns the version to wait for.
+        """Record offsets the caller has already checked; returns the version to wait for.
 
         Members only ever move an offset forward (``monotonic``): a late report of an older
         position must not regress what a newer one committed. A standalone committer (a reset

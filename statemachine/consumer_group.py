@@ -232,7 +232,7 @@ class ConsumerGroup(RebalanceAttempts, FailureDetection):
         host: str = "",
     ) -> tuple[GroupMember, list[Effect]]:
         """Add the member (its registration passed :meth:`registration_refusal`) and let the
-        group rebalance (docs/design.md#generations-and-fencing); a newer process of a live
+        group rebalance (docs/design.md#generations-and-stale-offsets); a newer process of a live
         static member fences the older one."""
         timeouts = member_sm.MemberTimeouts(
             session_timeout=record.session_timeout_ms / 1000,
@@ -424,8 +424,8 @@ class ConsumerGroup(RebalanceAttempts, FailureDetection):
 
     def abandon(self, now: float) -> list[Effect]:
         """The group failed: nothing it kept can be trusted, and a rebuild from its record
-        replaces it. Its members are dead to the Ping scheduler and to offset fencing at once
-        (what their deaths would free the rebuild counts from the failure, with
+        replaces it. Its members are dead to the Ping scheduler and to the offsets' generation
+        check at once (what their deaths would free the rebuild counts from the failure, with
         ``ownership.carryover``), and their connections close."""
         members = list(self.members.values())
         self.members.clear()

@@ -120,7 +120,7 @@ class GroupCore:
         for partitions the member holds, given to it at or before the report's generation, which
         is not past its own (SPEC.md §11.8), and only while it is a member, or in its final
         report for what it stopped, accepted even if it left right after
-        (docs/design.md#generations-and-fencing). A deleted topic's partitions (not in
+        (docs/design.md#generations-and-stale-offsets). A deleted topic's partitions (not in
         ``topics``) count for nothing, though held until the rebalance."""
         if not final and not member.machine.alive:
             return {}
@@ -138,7 +138,7 @@ class GroupCore:
     ) -> ErrorCode:
         """An OffsetCommit by ``member`` (None: no live member of this group sent it) counts
         only for partitions it holds, given at or before the commit's generation, which is not
-        past its own (SPEC.md §11.8; docs/design.md#generations-and-fencing)."""
+        past its own (SPEC.md §11.8; docs/design.md#generations-and-stale-offsets)."""
         if member is None or not self.is_member(member):
             return ErrorCode.UNKNOWN_MEMBER_ID
         holding = self.holding(member)

@@ -292,7 +292,7 @@ class MemberMachine:
         match event:
             case StopFetcherSent(now=now, start_follows=start_follows):
                 # Its generation is that of the last start it was sent: Pings carry it, and a
-                # member only revoked keeps its own (docs/design.md#generations-and-fencing).
+                # member only revoked keeps its own (docs/design.md#generations-and-stale-offsets).
                 self.stop_answered = False
                 self.start_follows = start_follows
                 self._sent(now)

@@ -6,8 +6,8 @@ partition is
 
 * **Free**: nobody fetches it; an attempt may start it.
 * **Held** by a member incarnation under a generation: started for that process, whose offsets
-  for it count (offset fencing) until it answers StopFetcher, dies, or a start that never reached
-  it is reverted.
+  for it count (the generation check) until it answers StopFetcher, dies, or a start that never
+  reached it is reverted.
 * **Leased** until an instant: a process that may still be fetching it (a member whose connection
   broke, that fell silent, or that the record of a previous coordinator named) surely stopped by
   then. Only the process's own word ends the lease sooner: its StopFetcher answer, or its
@@ -109,11 +109,11 @@ _Timed = Adopted | Leased
 
 @attrs.frozen(kw_only=True)
 class Holding:
-    """What a member incarnation owns, for offset fencing: the partitions it holds (Held or
-    Adopted, or Leased after its death), its *member generation* (that of the last start it was
-    given) and each partition's *assignment generation* (that of the start that gave it: an
-    incremental start keeps what the member held and adds to it,
-    docs/design.md#generations-and-fencing). It holds nothing under the generation of its last
+    """What a member incarnation owns, for the generation check of its offsets: the partitions it
+    holds (Held or Adopted, or Leased after its death), its *member generation* (that of the last
+    start it was given) and each partition's *assignment generation* (that of the start that gave
+    it: an incremental start keeps what the member held and adds to it,
+    docs/design.md#generations-and-stale-offsets). It holds nothing under the generation of its last
     StopFetcher answer once it answered one for everything."""
 
     owner: str
@@ -399,7 +399,7 @@ class Ownership:
     # --- queries ------------------------------------------------------------------------
 
     def holding(self, incarnation: int) -> Holding:
-        """What ``incarnation`` owns and under which generation (offset fencing)."""
+        """What ``incarnation`` owns and under which generation (which of its offsets count)."""
         return self._holdings.get(incarnation, NOTHING)
 
     def free_at(self, partitions: Collection[TopicPartition]) -> float:

@@ -55,7 +55,7 @@ class GroupRecord:
 
     It is written before StartFetcher is sent (docs/design.md#rebalance, step 6), so a
     coordinator elected mid-rebalance knows both who was meant to own what and which generation
-    to fence against.
+    to check offsets against.
 
     ``complete`` says that every member named answered its StartFetcher under ``generation``:
     the coordinator writes the record once more after the attempt completed. Only such a record

@@ -31,6 +31,7 @@ def _anchors(markdown: str) -> set[str]:
 
 def test_citations_of_the_design_name_its_headings() -> None:
     # Code and docs cite the design by anchor; a renamed heading must not leave them dangling.
+    # The frozen copies of old code (tests/statemachine/reference_*) cite the design as it was.
     design = ROOT / "docs" / "design.md"
     anchors = _anchors(design.read_text())
     cited: list[tuple[str, str]] = [
@@ -38,6 +39,8 @@ def test_citations_of_the_design_name_its_headings() -> None:
     ]
     for path in ROOT.rglob("*"):
         if path.suffix not in {".py", ".md"} or {".venv", ".git"} & set(path.parts):
+            continue
+        if any(part.startswith("reference_") for part in path.parts):
             continue
         for anchor in re.findall(r"design\.md#([\w-]+)", path.read_text()):
             cited.append((str(path.relative_to(ROOT)), anchor))

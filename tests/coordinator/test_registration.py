@@ -1,4 +1,5 @@
-"""RegisterConsumer's checks (docs/design.md#generations-and-fencing) and clear error codes."""
+"""RegisterConsumer's checks (docs/design.md#generations-and-stale-offsets) and clear error
+codes."""
 
 from pathlib import Path
 
