@@ -6,7 +6,13 @@ is the byte-level reference.
 """
 
 from .connection import Connection, ConnectionState, Role
-from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
+from .errors import (
+    ErrorCode,
+    IllegalInput,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from .events import NEED_DATA, ConnectionClosed, Event, NeedData, PeerError, Request, Response
 from .messages import (
     COORDINATOR_REQUESTS,
@@ -98,6 +104,7 @@ __all__ = [
     "FetchRequest",
     "FetchResponse",
     "GroupSummary",
+    "IllegalInput",
     "LeaveGroupRequest",
     "LeaveGroupResponse",
     "ListGroupsRequest",

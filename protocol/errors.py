@@ -1,10 +1,16 @@
-"""Error codes and the two protocol exceptions.
+"""Error codes, the two protocol exceptions, and the one family of illegal inputs.
 
 Codes below 1000 are Kafka's numbers, reused only where Kafka means the same thing, so that anyone
 who knows Kafka reads them correctly; ours start above 1000 so the two ranges never collide. The
 exceptions follow h11: :class:`LocalProtocolError` means *we* were about to break the protocol (a
 bug on our side, nothing was sent), :class:`RemoteProtocolError` means the *peer* broke it (the
 connection is finished: tell the peer why with an error frame and close it).
+
+:class:`IllegalInput` is what every sans-IO layer raises for an input it does not take in its
+state, having changed nothing: the protocol connection (:class:`LocalProtocolError`), the SASL
+exchange (``protocol.sasl.IllegalSaslState``) and the state machines
+(``statemachine.table.IllegalTransition``, or the base itself where no table decides), so a
+caller catches one type for "the caller broke a rule", whichever layer it used.
 """
 
 from __future__ import annotations
@@ -85,6 +91,11 @@ class ErrorCode(enum.IntEnum):
 _BY_VALUE: dict[int, ErrorCode] = {code.value: code for code in ErrorCode}
 
 
+class IllegalInput(Exception):
+    """An input a sans-IO layer does not take in its state (a bug of the caller's): it raised
+    before changing anything."""
+
+
 class ProtocolError(Exception):
     """Base of the two protocol exceptions; never raised itself (which side is at fault matters).
 
@@ -108,7 +119,7 @@ class ProtocolError(Exception):
         self.api_key = api_key
 
 
-class LocalProtocolError(ProtocolError):
+class LocalProtocolError(ProtocolError, IllegalInput):
     """We tried to send something the protocol forbids; nothing was sent and no state changed."""
 
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import attrs
 
-from .errors import ErrorCode
+from .errors import ErrorCode, IllegalInput
 from .messages import (
     RequestMessage,
     ResponseMessage,
@@ -101,7 +101,7 @@ class AuthenticationFailed(Exception):
     knows them (a wrong server signature)."""
 
 
-class IllegalSaslState(Exception):
+class IllegalSaslState(IllegalInput):
     """A message that may not come now (any other request before the exchange is done, a second
     handshake); nothing changed."""
 

@@ -20,6 +20,7 @@ import enum
 
 import attrs
 
+from protocol.errors import IllegalInput
 from statemachine.table import Guard, Guarded, TransitionTable
 
 
@@ -264,7 +265,7 @@ class GroupMachine:
                     effects.append(ScheduleRebalance(delay=Delay.NONE))
             case AttemptBegan(generation=generation):
                 if generation <= self.generation:
-                    raise ValueError(f"generation {generation} is not above {self.generation}")
+                    raise IllegalInput(f"generation {generation} is not above {self.generation}")
                 self.generation = generation
                 self.rebalance_pending = False
                 self.forming = False

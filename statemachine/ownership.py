@@ -30,8 +30,10 @@ comes next: the machine reads every state at the input's ``now``, and ``AttemptC
 leases that ran out. Inputs name members and incarnations; the machine turns each into a
 per-partition input looked up in ``TABLE``, all before changing anything, so an input that is
 illegal for any partition it touches raises :class:`~statemachine.table.IllegalTransition` and
-changes nothing; then each partition goes to the state the table gave it (``Ownership._enter``),
-so the table drives the transitions, not only checks them. The only effects, ``LeaseEnded`` and
+changes nothing (an input no table decides, a start that is not newer than what its member holds,
+raises its base, :class:`~protocol.errors.IllegalInput`, as well before any change); then each
+partition goes to the state the table gave it (``Ownership._enter``), so the table drives the
+transitions, not only checks them. The only effects, ``LeaseEnded`` and
 ``LeaseAdopted``, tell the group (``statemachine.consumer_group``) that an attempt waiting on
 leases may go on, and what to log.
 
@@ -53,6 +55,7 @@ from typing import Any
 
 import attrs
 
+from protocol.errors import IllegalInput
 from protocol.types import TopicPartition
 from statemachine.table import IllegalTransition, TransitionTable
 
@@ -471,7 +474,7 @@ class Ownership:
         try:
             handler = _HANDLERS[type(event)]
         except KeyError:
-            raise TypeError(f"not an ownership input: {event!r}") from None
+            raise IllegalInput(f"not an ownership input: {event!r}") from None
         return handler(self, event)
 
     def _started(self, event: Started) -> list[Effect]:
@@ -481,12 +484,12 @@ class Ownership:
         for (incarnation, (_, target)), holding in zip(event.starts.items(), previous, strict=True):
             if holding.dead or not holding.partitions <= target:
                 # Revoked first, or new: an incarnation never holds what its start leaves out.
-                raise ValueError(
+                raise IllegalInput(
                     f"incarnation {incarnation} is started while holding partitions outside it"
                 )
             if holding.partitions and event.generation <= holding.generation:
                 # What it keeps was given under its generation: a start's is always newer.
-                raise ValueError(
+                raise IllegalInput(
                     f"incarnation {incarnation} is started under generation "
                     f"{event.generation}, not after the {holding.generation} it holds under"
                 )
@@ -515,7 +518,7 @@ class Ownership:
     def _start_unsent(self, event: StartUnsent) -> list[Effect]:
         holding = self._holdings.get(event.incarnation)
         if holding is None or holding.before is None:
-            raise ValueError(f"incarnation {event.incarnation} was never started")
+            raise IllegalInput(f"incarnation {event.incarnation} was never started")
         before = holding.before
         added = holding.partitions.difference(before.partitions)
         timed = self._timed_among(added)
@@ -607,7 +610,7 @@ class Ownership:
         coordinator renews the registrant's lease from its registration on, so the partition
         waits for its stop answer, or for its own lease after its death."""
         if event.incarnation in self._holdings:
-            raise ValueError(f"incarnation {event.incarnation} registered twice")
+            raise IllegalInput(f"incarnation {event.incarnation} registered twice")
         claimed = self._claims.get((event.owner, event.generation), ())
         in_force = {
             tp: value

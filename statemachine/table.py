@@ -20,11 +20,14 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from protocol.errors import IllegalInput
+
 S = TypeVar("S", bound=enum.Enum)
 
 
-class IllegalTransition(Exception):
-    """An input arrived that the machine's table does not allow in its current state."""
+class IllegalTransition(IllegalInput):
+    """An input arrived that the machine's table does not allow in its current state: the
+    machines' kind of :class:`~protocol.errors.IllegalInput`, the one family of illegal inputs."""
 
     def __init__(self, machine: str, state: enum.Enum, event: object) -> None:
         self.machine = machine

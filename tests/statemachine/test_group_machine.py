@@ -3,6 +3,7 @@
 import attrs
 import pytest
 
+from protocol.errors import IllegalInput
 from statemachine import group as g
 from statemachine.table import IllegalTransition
 
@@ -146,7 +147,7 @@ def test_a_failed_attempt_backs_off() -> None:
 
 def test_generations_only_increase() -> None:
     machine = g.GroupMachine(group_id="g", state=S.PENDING, generation=4)
-    with pytest.raises(ValueError):
+    with pytest.raises(IllegalInput):
         machine.handle(g.AttemptBegan(generation=4))
     assert (machine.state, machine.generation) == (S.PENDING, 4)
 
