@@ -13,8 +13,8 @@ tell a fenced process, cancel or schedule an attempt, wake an attempt waiting on
 here reads a clock, sends a byte or knows a task: ``now`` is passed in, the instant the driver
 performs what the operation decides (a request's send time is the time it leaves).
 
-An input a machine refuses raises before the operation changes that machine; the driver fails the
-group then (docs/failure-domains.md), as any bug in the group's work.
+An input a machine refuses raises (``protocol.IllegalInput``) before the operation changes that
+machine; the driver fails the group then (docs/failure-domains.md), as any bug in the group's work.
 """
 
 from __future__ import annotations
