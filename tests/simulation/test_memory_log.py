@@ -4,17 +4,13 @@ timestamps aside: the append time is wall-clock on one, virtual on the other).""
 
 from __future__ import annotations
 
-import struct
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
 import trio
 import trio.testing
 
-from broker.data_plane import BrokerLog, DataPlaneLog, open_broker_log
-from broker.log import FsyncPolicy, LogConfig
+from broker.data_plane import DataPlaneLog
 from protocol import (
     ErrorCode,
     FetchRequest,
@@ -24,16 +20,14 @@ from protocol import (
     Request,
     ResponseMessage,
 )
-from protocol.batches import batch_spans, build_batch, encode_batch, read_batches
+from protocol.batches import batch_spans, build_batch, read_batches
 from protocol.records import Record
-from protocol.types import BrokerInfo
 from simulation import MemoryLog
-from store.embedded import open_embedded_store
+from tests.broker import test_hostile_batches as hostile
+from tests.broker.test_hostile_batches import open_log
 
 #: A CRC-valid batch whose value length runs past its records section.
-POISONED = encode_batch(
-    struct.pack("<iii", 0, -1, 1000) + b"short", 1, first_timestamp_ms=-1, max_timestamp_ms=-1
-)
+POISONED = hostile.POISONED["value past its section"]
 GOOD = build_batch([b"a", b"b"], keys=[b"k", None])
 
 
@@ -94,23 +88,13 @@ def comparable(answer: ResponseMessage | None) -> object:
     return answer
 
 
-@asynccontextmanager
-async def open_file_log(tmp_path: Path) -> AsyncIterator[BrokerLog]:
-    async with open_embedded_store(tmp_path / "metadata") as store:
-        await store.register_broker(BrokerInfo(broker_id=1, host="memory", port=9092))
-        await store.create_topic("t", (1,))
-        config = LogConfig(fsync=FsyncPolicy.NEVER)
-        async with open_broker_log(store, 1, tmp_path, config) as log:
-            yield log
-
-
 async def answers(log: DataPlaneLog) -> list[object]:
     return [comparable(await log(request)) for request in STEPS]
 
 
 async def test_the_memory_log_answers_as_the_broker_log_does(tmp_path: Path) -> None:
     memory = MemoryLog(partition_count=lambda topic: 1 if topic == "t" else None)
-    async with open_file_log(tmp_path) as files:
+    async with open_log(tmp_path) as files:
         expected = await answers(files)
     assert await answers(memory) == expected
     assert [r.value for r in memory.records("t", 0)] == [b"a", b"b", b"c", b"d"]
@@ -134,7 +118,7 @@ async def test_a_stored_batch_no_consumer_can_decode_is_answered_alike(tmp_path:
     """A batch stored before brokers checked what they acknowledge: version 1 hands it on (the
     consumer names it), version 0 cannot make records of it and answers CORRUPT_MESSAGE."""
     memory = MemoryLog(partition_count=lambda topic: 1)
-    async with open_file_log(tmp_path) as files:
+    async with open_log(tmp_path) as files:
         got: list[list[ResponseMessage | None]] = []
         for log in (files, memory):
             partition = await log.partition("t", 0)
