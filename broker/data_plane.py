@@ -1,10 +1,11 @@
 """The broker's data plane: Produce, Fetch and ListOffsets over the partitions placed on it.
 
-:class:`DataPlaneLog` answers the requests — validation, the checks of a producer's batches,
-stamping, whole-batch and version-0 answers, error codes — over a storage of partition logs
-(:class:`StoredPartition`): :class:`BrokerLog` the broker's files, and the simulation's
-``MemoryLog`` memory on trio's clock, so that both answer alike. :class:`BrokerLog`
-answers whatever the coordinator's session does not (``handle_connection``'s ``data_plane``).
+:class:`DataPlaneLog` answers them — validation, the checks of a producer's batches, stamping,
+whole-batch and version-0 answers, error codes — over partition logs kept by a subclass
+(:class:`StoredPartition`): :class:`BrokerLog` in the broker's segment files, the simulation's
+``MemoryLog`` in memory on trio's clock, so that the simulated broker answers as the real one.
+:class:`BrokerLog` answers whatever the coordinator's session does not (``handle_connection``'s
+``data_plane``).
 Partitions are opened — recovered, a torn tail cut — before the broker serves them: those already
 placed here when it starts are opened before ``open_broker_log`` yields, and new ones as soon as the
 store's topic watch shows them (or on the first request for one, whichever comes first, because a
