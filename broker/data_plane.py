@@ -1,6 +1,11 @@
 """The broker's data plane: Produce, Fetch and ListOffsets over the partitions placed on it.
 
-It answers whatever the coordinator's session does not (``handle_connection``'s ``data_plane``).
+:class:`DataPlaneLog` answers them — validation, the checks of a producer's batches, stamping,
+whole-batch and version-0 answers, error codes — over partition logs kept by a subclass
+(:class:`StoredPartition`): :class:`BrokerLog` in the broker's segment files, the simulation's
+``MemoryLog`` in memory on trio's clock, so that the simulated broker answers as the real one.
+:class:`BrokerLog` answers whatever the coordinator's session does not (``handle_connection``'s
+``data_plane``).
 Partitions are opened — recovered, a torn tail cut — before the broker serves them: those already
 placed here when it starts are opened before ``open_broker_log`` yields, and new ones as soon as the
 store's topic watch shows them (or on the first request for one, whichever comes first, because a
@@ -13,16 +18,17 @@ request may have opened already); at a start, directories of topics the store do
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing, asynccontextmanager, suppress
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import attrs
 import trio
@@ -61,6 +67,7 @@ from protocol.batches import (
     records_from_batches,
     section_bound,
 )
+from protocol.codec import ReadableBuffer
 from protocol.records import Record
 from protocol.types import TopicPartition
 from store import MetadataStore, TopicPlacement
@@ -91,22 +98,65 @@ class DataPlaneObserver(Protocol):
     def fetched(self, topic: str, records: int, size: int) -> None: ...
 
 
+class StoredPartition(Protocol):
+    """One partition's log as the data plane appends to and reads it: ``PartitionLog`` (files),
+    or the simulation's in memory."""
+
+    @property
+    def log_start_offset(self) -> int: ...
+
+    @property
+    def log_end_offset(self) -> int: ...
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    async def append(
+        self,
+        batches: ReadableBuffer,
+        spans: list[BatchSpan],
+        now_ms: int,
+        check: Callable[[], object] | None = None,
+    ) -> int:
+        """Stamp and append checked batches (``check`` first: what it raises, nothing is
+        written); the first record's offset."""
+        ...
+
+    async def read(self, offset: int, max_bytes: int) -> bytes:
+        """Whole batches from the one holding ``offset``, at least one, about ``max_bytes``;
+        OffsetOutOfRange outside [log start, high watermark]; CorruptSegment for a stored batch
+        it cannot read."""
+        ...
+
+
+_T = TypeVar("_T")
+
+
 @attrs.define(eq=False)
-class BrokerLog:
-    broker_id: int
-    store: MetadataStore
-    directory: Path
-    config: LogConfig
-    #: The segment files open, for all partitions together.
-    files: SegmentFiles
-    limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(IO_THREADS))
-    partitions: dict[TopicPartition, PartitionLog] = attrs.field(factory=dict)
-    placement: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
-    _opening: dict[TopicPartition, trio.Lock] = attrs.field(factory=dict)
+class DataPlaneLog(abc.ABC):
+    """Produce, Fetch and ListOffsets answered as a broker answers them (``handle_connection``'s
+    ``data_plane``), over partitions a subclass stores and finds (:meth:`partition`), on its
+    clock (:meth:`now_ms`), its CPU-heavy steps run where it says (:meth:`run_sync`)."""
+
+    config: LogConfig = attrs.field(factory=LogConfig, kw_only=True)
     #: Told of each append and fetch (broker/metrics.py); None: nobody.
-    observer: DataPlaneObserver | None = None
+    observer: DataPlaneObserver | None = attrs.field(default=None, kw_only=True)
     #: Bytes of records sections being decompressed, by every request together.
-    decompressed: ReadBudget = attrs.field(factory=lambda: ReadBudget(limit=DECOMPRESSION_BUDGET))
+    decompressed: ReadBudget = attrs.field(
+        factory=lambda: ReadBudget(limit=DECOMPRESSION_BUDGET), kw_only=True
+    )
+
+    @abc.abstractmethod
+    async def partition(self, topic: str, partition: int) -> StoredPartition | None:
+        """The partition's log if this broker serves it; None: unknown here."""
+
+    @abc.abstractmethod
+    def now_ms(self) -> int:
+        """The append time stamped on produced batches, in milliseconds."""
+
+    @abc.abstractmethod
+    async def run_sync(self, fn: Callable[..., _T], *args: object) -> _T:
+        """``fn(*args)`` where this log runs its decoding: a worker thread, or the loop."""
 
     async def __call__(self, request: Request) -> ResponseMessage | None:
         message = request.message
@@ -130,9 +180,7 @@ class BrokerLog:
             return ProduceResponse(error_code=ErrorCode.INVALID_REQUEST, base_offset=-1)
         payload = message.batches
         if message.records:  # version 0: batches built in proportion to the records, off the loop
-            payload = await trio.to_thread.run_sync(
-                batches_from_records, message.records, limiter=self.limiter
-            )
+            payload = await self.run_sync(batches_from_records, message.records)
         if not payload:
             return ProduceResponse(error_code=ErrorCode.NONE, base_offset=partition.log_end_offset)
         try:
@@ -142,13 +190,14 @@ class BrokerLog:
             return ProduceResponse(error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1)
         if any(span.size > self.config.max_batch_bytes for span in spans):
             return ProduceResponse(error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1)
-        # Every record is checked as a consumer will decode it, in the worker that writes, before
-        # it writes: what is acknowledged can be read (docs/design.md#the-partition-log).
+        # Every record is checked as a consumer will decode it, by the append before it writes
+        # (in the worker that writes, for files): what is acknowledged can be read
+        # (docs/design.md#the-partition-log).
         claim = section_bound(payload, spans)
         await self.decompressed.claim(0, claim)
         try:
             base = await partition.append(
-                payload, spans, _now_ms(), partial(check_batches, payload, spans)
+                payload, spans, self.now_ms(), partial(check_batches, payload, spans)
             )
         except RemoteProtocolError as exc:
             log.warning("produce to %s-%d refused: %s", message.topic, message.partition, exc)
@@ -216,17 +265,15 @@ class BrokerLog:
         self, data: bytes, spans: list[BatchSpan], offset: int, max_bytes: int
     ) -> tuple[Record, ...]:
         """A version-0 Fetch's records: at most ``max_bytes`` of them decoded (a batch that
-        claims a million records makes no more than the Fetch asked for), in a worker thread
-        (decompressing releases the GIL; the bounded decoding takes turns with the loop), under
-        the broker's decompression budget."""
+        claims a million records makes no more than the Fetch asked for), by :meth:`run_sync`
+        (in a worker thread decompressing releases the GIL, and the bounded decoding takes turns
+        with the loop), under the broker's decompression budget."""
         if not data:
             return ()
         claim = section_bound(data, spans)
         await self.decompressed.claim(0, claim)
         try:
-            return await trio.to_thread.run_sync(
-                records_from_batches, data, offset, max_bytes, limiter=self.limiter
-            )
+            return await self.run_sync(records_from_batches, data, offset, max_bytes)
         finally:
             self.decompressed.release(claim)
 
@@ -243,6 +290,27 @@ class BrokerLog:
             log_start_offset=partition.log_start_offset,
             high_watermark=partition.high_watermark,
         )
+
+
+@attrs.define(eq=False)
+class BrokerLog(DataPlaneLog):
+    """The partitions placed on this broker, in segment files under ``directory``."""
+
+    broker_id: int
+    store: MetadataStore
+    directory: Path
+    #: The segment files open, for all partitions together.
+    files: SegmentFiles
+    limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(IO_THREADS))
+    partitions: dict[TopicPartition, PartitionLog] = attrs.field(factory=dict)
+    placement: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
+    _opening: dict[TopicPartition, trio.Lock] = attrs.field(factory=dict)
+
+    def now_ms(self) -> int:
+        return _now_ms()
+
+    async def run_sync(self, fn: Callable[..., _T], *args: object) -> _T:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     def log_end_offset(self, tp: TopicPartition) -> int | None:
         """The offset after the last record a consumer may have read (the high watermark), for

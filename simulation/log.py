@@ -1,50 +1,36 @@
-"""The simulated broker's partition logs: Produce, Fetch and ListOffsets served from memory, on
-trio's clock, so that a user's own ``open_producer`` / ``open_consumer`` code runs against the
-simulated cluster with exact virtual times (docs/testing.md).
+"""The simulated broker's partition logs: the real broker's Produce, Fetch and ListOffsets
+handling (``broker.data_plane.DataPlaneLog``) over partitions kept in memory, on trio's clock, so
+that a user's own ``open_producer`` / ``open_consumer`` code runs against the simulated cluster
+with exact virtual times (docs/testing.md).
 
-It answers as the real broker's log does (``broker.data_plane``): producer batches are checked
-as a consumer will decode them, stamped with their offsets and the append time (virtual
-milliseconds) and kept whole; a Fetch answers whole batches from the one holding the requested
-offset, at least one whatever ``max_bytes`` says; version 0 clients get records, as many as
-``max_bytes`` holds (one at least). Nothing is written to disk (the real log's
-file I/O runs in threads, and virtual time would jump while a thread works), nothing is deleted,
-and the log outlives :meth:`SimulatedCluster.restart_coordinator`, as a broker's files do.
+Everything is answered as the real broker answers it: producer batches checked as a consumer will
+decode them, stamped with their offsets and the append time (here virtual milliseconds) and kept
+whole; a Fetch answered with whole batches from the one holding the requested offset, at least one
+whatever ``max_bytes`` says; version 0 clients given records. What differs is the storage: nothing
+is written to disk (the real log's file I/O runs in worker threads, and virtual time would jump
+while a thread works; here every step runs on the loop), nothing is deleted, and the log outlives
+:meth:`SimulatedCluster.restart_coordinator`, as a broker's files do.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
 import trio
 
-from broker.data_plane import MAX_FETCH_BYTES
-from coordinator.validation import data_error
-from protocol import (
-    ErrorCode,
-    FetchRequest,
-    FetchResponse,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
-    ProduceRequest,
-    ProduceResponse,
-    RemoteProtocolError,
-    Request,
-    ResponseMessage,
-    error_response,
-)
-from protocol.batches import (
-    batch_spans,
-    batches_from_records,
-    check_batches,
-    read_batches,
-    records_from_batches,
-    stamp,
-)
+from broker.data_plane import DataPlaneLog
+from broker.log import OffsetOutOfRange
+from protocol import FetchRequest, FetchResponse
+from protocol.batches import BatchSpan, read_batches, stamp
+from protocol.codec import ReadableBuffer
 from protocol.types import TopicPartition
 
-__all__ = ["MemoryLog", "StoredRecord"]
+__all__ = ["MemoryLog", "MemoryPartition", "StoredRecord"]
+
+_T = TypeVar("_T")
 
 
 @attrs.frozen(kw_only=True)
@@ -58,31 +44,47 @@ class StoredRecord:
 
 
 @attrs.define(eq=False)
-class _Partition:
+class MemoryPartition:
+    """One partition's stored batches, back to back as the wire carries them (a
+    ``broker.data_plane.StoredPartition``)."""
+
     data: bytearray = attrs.field(factory=bytearray)
     #: Per stored batch: its base offset and where it starts in ``data``.
     bases: list[int] = attrs.field(factory=list)
     positions: list[int] = attrs.field(factory=list)
-    high_watermark: int = 0
+    log_end_offset: int = 0
 
-    def append(self, payload: bytes, now_ms: int) -> int:
-        spans = batch_spans(payload)  # raises RemoteProtocolError for a bad batch
-        check_batches(payload, spans)  # and for records a consumer could not decode
-        base = self.high_watermark
-        batches = bytearray(payload)
-        self.high_watermark = stamp(batches, spans, base, now_ms)
+    @property
+    def log_start_offset(self) -> int:
+        return 0
+
+    @property
+    def high_watermark(self) -> int:
+        return self.log_end_offset
+
+    async def append(
+        self,
+        batches: ReadableBuffer,
+        spans: list[BatchSpan],
+        now_ms: int,
+        check: Callable[[], object] | None = None,
+    ) -> int:
+        if check is not None:
+            check()
+        base = self.log_end_offset
+        stamped = bytearray(batches)
+        self.log_end_offset = stamp(stamped, spans, base, now_ms)
         offset = base
         for span in spans:
             self.bases.append(offset)
             self.positions.append(len(self.data) + span.position)
             offset += span.record_count
-        self.data += batches
+        self.data += stamped
         return base
 
-    def read(self, offset: int, max_bytes: int) -> bytes | None:
-        """Whole batches from the one holding ``offset``; None: out of range."""
-        if not 0 <= offset <= self.high_watermark:
-            return None
+    async def read(self, offset: int, max_bytes: int) -> bytes:
+        if not self.log_start_offset <= offset <= self.high_watermark:
+            raise OffsetOutOfRange(offset)
         if offset == self.high_watermark:
             return b""
         first = bisect.bisect_right(self.bases, offset) - 1
@@ -96,72 +98,36 @@ class _Partition:
 
 
 @attrs.define(eq=False)
-class MemoryLog:
+class MemoryLog(DataPlaneLog):
     """The data plane of the simulated broker (``handle_connection``'s ``data_plane``).
 
     ``partition_count`` says how many partitions a topic has now (None: no such topic), as the
     coordinator's topic watch knows them."""
 
     partition_count: Callable[[str], int | None]
-    partitions: dict[TopicPartition, _Partition] = attrs.field(factory=dict)
+    partitions: dict[TopicPartition, MemoryPartition] = attrs.field(factory=dict)
     fetches: list[tuple[float, TopicPartition, int]] = attrs.field(factory=list)
     """Every Fetch: when, of which partition, from which offset."""
 
-    async def __call__(self, request: Request) -> ResponseMessage | None:
+    async def partition(self, topic: str, partition: int) -> MemoryPartition | None:
         await trio.lowlevel.checkpoint()
-        message = request.message
-        if not isinstance(message, ProduceRequest | FetchRequest | ListOffsetsRequest):
-            return error_response(message, ErrorCode.INVALID_REQUEST)
-        error = data_error(message)
-        if error is not ErrorCode.NONE:
-            return error_response(message, error)
-        partition = self._partition(message.topic, message.partition)
-        if partition is None:
-            return error_response(message, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        match message:
-            case ProduceRequest():
-                return self._produce(partition, message)
-            case FetchRequest():
-                return self._fetch(partition, message, request.api_version)
-        return ListOffsetsResponse(
-            error_code=ErrorCode.NONE, log_start_offset=0, high_watermark=partition.high_watermark
-        )
-
-    def _partition(self, topic: str, partition: int) -> _Partition | None:
         count = self.partition_count(topic)
         if count is None or not 0 <= partition < count:
             return None
-        return self.partitions.setdefault(
-            TopicPartition(topic=topic, partition=partition), _Partition()
-        )
+        tp = TopicPartition(topic=topic, partition=partition)
+        return self.partitions.setdefault(tp, MemoryPartition())
 
-    def _produce(self, partition: _Partition, message: ProduceRequest) -> ProduceResponse:
-        if message.records and message.batches:
-            return ProduceResponse(error_code=ErrorCode.INVALID_REQUEST, base_offset=-1)
-        payload = batches_from_records(message.records) if message.records else message.batches
-        if not payload:
-            return ProduceResponse(error_code=ErrorCode.NONE, base_offset=partition.high_watermark)
-        now_ms = round(trio.current_time() * 1000)
-        try:
-            base = partition.append(payload, now_ms)
-        except RemoteProtocolError:
-            return ProduceResponse(error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1)
-        return ProduceResponse(error_code=ErrorCode.NONE, base_offset=base)
+    def now_ms(self) -> int:
+        return round(trio.current_time() * 1000)
 
-    def _fetch(self, partition: _Partition, message: FetchRequest, version: int) -> FetchResponse:
+    async def run_sync(self, fn: Callable[..., _T], *args: object) -> _T:
+        """On the loop: virtual time would jump ahead while a thread works."""
+        return fn(*args)
+
+    async def fetch(self, message: FetchRequest, api_version: int = 1) -> FetchResponse:
         tp = TopicPartition(topic=message.topic, partition=message.partition)
         self.fetches.append((trio.current_time(), tp, message.offset))
-        max_bytes = max(1, min(message.max_bytes, MAX_FETCH_BYTES))
-        data = partition.read(message.offset, max_bytes)
-        error = ErrorCode.NONE if data is not None else ErrorCode.OFFSET_OUT_OF_RANGE
-        data = data or b""
-        return FetchResponse(
-            error_code=error,
-            high_watermark=partition.high_watermark,
-            log_start_offset=0,
-            records=records_from_batches(data, message.offset, max_bytes) if version == 0 else (),
-            batches=b"" if version == 0 else data,
-        )
+        return await super().fetch(message, api_version)
 
     def records(self, topic: str, partition: int) -> list[StoredRecord]:
         """Every record of the partition, in offset order."""

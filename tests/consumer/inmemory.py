@@ -1,11 +1,12 @@
 """The real coordinator in memory, for deterministic consumer tests on trio's MockClock, and a
 coordinator the test plays by hand (:class:`ScriptedCoordinator`).
 
-Every connection the consumer opens is served by ``handle_connection`` over an in-memory stream,
-with the real coordinator of :func:`simulation.open_simulated_cluster`. The data plane is
-a stand-in (:class:`TickingLog`): the real broker log does its file I/O in worker threads, and
-MockClock's autojump jumps while a thread works, so a test with the real log could not assert exact
-instants. Tests that need the real log run against a real broker process instead.
+Every connection the consumer opens is a link of the simulated network
+(``SimulatedCluster.open_link``), served by ``handle_connection`` with the real coordinator of
+:func:`simulation.open_simulated_cluster` and the simulated broker's log: the broker's own
+Produce / Fetch / ListOffsets handling over partitions in memory, here ones that gain records
+over time (:class:`TickingLog`). Tests that need the real log's files run against a real broker
+process instead.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import trio
 import trio.testing
 from trio_util import AsyncValue
 
-from broker.dispatch import handle_connection
 from coordinator.config import CoordinatorConfig
 from protocol import (
     ApiKey,
@@ -30,8 +30,6 @@ from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
     ErrorCode,
-    FetchRequest,
-    FetchResponse,
     LeaveGroupRequest,
     LeaveGroupResponse,
     ListOffsetsRequest,
@@ -50,74 +48,85 @@ from protocol import (
     StartFetcherResponse,
     StopFetcherRequest,
     StopFetcherResponse,
-    error_response,
 )
-from protocol.batches import build_batch
+from protocol.batches import batch_spans, build_batch
 from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
-from simulation import SimulatedCluster, open_simulated_cluster
+from simulation import MemoryLog, SimulatedCluster, open_simulated_cluster
+from simulation.log import MemoryPartition
+from simulation.network import Link, LinkEnd, SimulatedHost
 from transport.channel import Channel
 
 
-@attrs.define(eq=False)
-class TickingLog:
-    """Every partition gains ``rate`` records per second of trio time from ``start``; Fetch returns
-    at most ``batch`` of them. Each Fetch is logged with its instant, so tests can see exactly
-    when a consumer fetched."""
+def _any_partition(topic: str) -> int:
+    """Every topic has this many partitions: a scripted coordinator names its own in its
+    StartFetcher requests, and its log serves whichever it names."""
+    return 1 << 20
 
-    start: float
-    rate: float = 10.0
+
+@attrs.define(eq=False)
+class _TickingPartition(MemoryPartition):
+    """A partition of one record per batch, whose reads stop after ``batch`` of them."""
+
     batch: int = 5
-    fetches: list[tuple[float, TopicPartition, int]] = attrs.field(factory=list)
+
+    async def read(self, offset: int, max_bytes: int) -> bytes:
+        data = await super().read(offset, max_bytes)
+        spans = batch_spans(data, check_crc=False)
+        return data[: spans[self.batch].position] if len(spans) > self.batch else data
+
+
+@attrs.define(eq=False)
+class TickingLog(MemoryLog):
+    """The simulated broker's log in which every partition gains ``rate`` records per second of
+    trio time from ``start`` (offset ``o`` holds ``b"<topic>/<partition>/<o>"``), as if a
+    producer kept up that rate: what has come due is appended, a batch a record, whenever a
+    request looks at the partition, so the log holds, at every instant, exactly what that rate
+    has made. A Fetch gets at most ``batch`` records. Each Fetch is logged with its instant
+    (``fetches``), so tests can see exactly when a consumer fetched, and each ListOffsets
+    answer's high watermark (``listed``)."""
+
+    start: float = attrs.field(kw_only=True)
+    rate: float = attrs.field(default=10.0, kw_only=True)
+    batch: int = attrs.field(default=5, kw_only=True)
     listed: list[int] = attrs.field(factory=list)
     """The high watermark each ListOffsets answered."""
 
-    def high_watermark(self) -> int:
-        return max(0, math.floor((trio.current_time() - self.start) * self.rate))
+    async def partition(self, topic: str, partition: int) -> MemoryPartition | None:
+        found = await super().partition(topic, partition)
+        if found is None:
+            return None
+        if not isinstance(found, _TickingPartition):  # made just now, empty
+            tp = TopicPartition(topic=topic, partition=partition)
+            found = self.partitions[tp] = _TickingPartition(batch=self.batch)
+        due = max(0, math.floor((trio.current_time() - self.start) * self.rate))
+        for offset in range(found.log_end_offset, due):
+            batch = build_batch([f"{topic}/{partition}/{offset}".encode()])
+            await found.append(batch, batch_spans(batch), self.now_ms())
+        return found
 
-    async def __call__(self, request: Request) -> ResponseMessage | None:
-        match request.message:
-            case ListOffsetsRequest():
-                self.listed.append(self.high_watermark())
-                return ListOffsetsResponse(
-                    error_code=ErrorCode.NONE, log_start_offset=0, high_watermark=self.listed[-1]
-                )
-            case FetchRequest(topic=topic, partition=partition, offset=offset):
-                now = trio.current_time()
-                self.fetches.append((now, TopicPartition(topic=topic, partition=partition), offset))
-                end = self.high_watermark()
-                if offset > end:
-                    return FetchResponse(
-                        error_code=ErrorCode.OFFSET_OUT_OF_RANGE,
-                        high_watermark=end,
-                        log_start_offset=0,
-                        records=(),
-                    )
-                values = [
-                    f"{topic}/{partition}/{o}".encode()
-                    for o in range(offset, min(end, offset + self.batch))
-                ]
-                return FetchResponse(
-                    error_code=ErrorCode.NONE,
-                    high_watermark=end,
-                    log_start_offset=0,
-                    records=(),
-                    batches=build_batch(values, timestamps_ms=[0] * len(values), base_offset=offset)
-                    if values
-                    else b"",
-                )
-        return error_response(request.message, ErrorCode.INVALID_REQUEST)
+    async def list_offsets(self, message: ListOffsetsRequest) -> ListOffsetsResponse:
+        answer = await super().list_offsets(message)
+        self.listed.append(answer.high_watermark)
+        return answer
 
 
 class Line(trio.abc.Stream):
-    """A client's end of an in-memory connection that the test can cut silently: once cut,
-    nothing more arrives and nothing sent is delivered, as when the peer process is stopped."""
+    """A client's connection over the simulated network (``SimulatedCluster.open_link``), on a
+    network of its own that the test can cut silently for good: once cut, nothing more arrives
+    and nothing sent is delivered, its close included, as when the peer process is stopped.
+    ``carries_registration``: its first request was a RegisterConsumer; ``aborted``: it was
+    closed with a reset (``Channel.abort``)."""
 
-    def __init__(self, inner: trio.abc.Stream) -> None:
+    def __init__(self, inner: trio.abc.Stream, network: SimulatedHost, nursery: trio.Nursery):
         self.inner = inner
-        self.cut = False
+        self.network = network
+        self._nursery = nursery
         self.carries_registration = False
         self.aborted = False
         self._first = True
+
+    def cut(self) -> None:
+        self.network.cut(math.inf, self._nursery)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._first:
@@ -126,39 +135,35 @@ class Line(trio.abc.Stream):
             self.carries_registration = bytes(
                 data[4:7]
             ) == b"\x00" + ApiKey.REGISTER_CONSUMER.to_bytes(2, "big")
-        if self.cut:
-            await trio.lowlevel.checkpoint()
-            return
         await self.inner.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self.cut:
-            await trio.sleep_forever()
-        data = await self.inner.receive_some(max_bytes)
-        if self.cut:
-            await trio.sleep_forever()
-        return data
+        return await self.inner.receive_some(max_bytes)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
 
     def abort(self) -> None:
-        """A reset (``Channel.abort``): in memory there is none, so the close is all there is."""
         self.aborted = True
+        abort = getattr(self.inner, "abort", None)
+        if callable(abort):
+            abort()
 
 
 @attrs.define(eq=False)
 class InMemoryCluster:
     cluster: SimulatedCluster
-    log: TickingLog
     nursery: trio.Nursery
     lines: list[Line] = attrs.field(factory=list)
     refusing: bool = False
-    #: The connections the broker serves: a restart ends them.
-    _serving: set[trio.CancelScope] = attrs.field(factory=set)
+
+    @property
+    def log(self) -> TickingLog:
+        assert isinstance(self.cluster.log, TickingLog)
+        return self.cluster.log
 
     async def connect(self, host: str, port: int) -> trio.abc.Stream:
         """The consumer's ``connect``: every address reaches the one simulated broker."""
@@ -167,26 +172,16 @@ class InMemoryCluster:
             raise ConnectionRefusedError(f"{host}:{port} refused (the test cut the network)")
         if not self.cluster.up:
             raise ConnectionRefusedError(f"{host}:{port} refused (the broker is restarting)")
-        client, server = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self._serve, server)
-        line = Line(client)
+        network = SimulatedHost()
+        stream, _ = self.cluster.open_link(network)
+        line = Line(stream, network, self.nursery)
         self.lines.append(line)
         return line
-
-    async def _serve(self, server: trio.abc.Stream) -> None:
-        with trio.CancelScope() as scope:
-            self._serving.add(scope)
-            try:
-                await handle_connection(self.cluster.coordinator, server, self.log)
-            finally:
-                self._serving.discard(scope)
 
     async def restart_broker(self, *, down_for: float) -> None:
         """The broker restarts on its data dir: every connection it served closes, it refuses
         connections for ``down_for``, then serves again with a new coordinator."""
         self.refusing = True
-        for scope in self._serving:
-            scope.cancel()
         await self.cluster.restart_coordinator(down_for=down_for)
         self.refusing = False
 
@@ -195,7 +190,7 @@ class InMemoryCluster:
         self.refusing = True
         for line in self.lines:
             if line.carries_registration:
-                line.cut = True
+                line.cut()
 
 
 @asynccontextmanager
@@ -205,9 +200,10 @@ async def open_in_memory_cluster(
     async with open_simulated_cluster(data_dir, config) as cluster, trio.open_nursery() as nursery:
         for name, partitions in topics.items():
             await cluster.create_topic(name, partitions=partitions)
-        yield InMemoryCluster(
-            cluster=cluster, log=TickingLog(start=trio.current_time()), nursery=nursery
+        cluster.log = TickingLog(
+            partition_count=cluster.log.partition_count, start=trio.current_time()
         )
+        yield InMemoryCluster(cluster=cluster, nursery=nursery)
         nursery.cancel_scope.cancel()
 
 
@@ -326,8 +322,11 @@ class ScriptedCoordinator:
 
     async def connect(self, host: str, port: int) -> trio.abc.Stream:
         await trio.lowlevel.checkpoint()
-        client, server = trio.testing.memory_stream_pair()
-        line = Line(client)
+        network = SimulatedHost()
+        link = Link(host=network)
+        client = LinkEnd(link=link, outgoing=link.to_server, incoming=link.to_client)
+        server = LinkEnd(link=link, outgoing=link.to_client, incoming=link.to_server)
+        line = Line(client, network, self.nursery)
         self.nursery.start_soon(self._serve, server, line)
         return line
 
@@ -396,5 +395,6 @@ class ScriptedCoordinator:
 @asynccontextmanager
 async def open_scripted_coordinator() -> AsyncIterator[ScriptedCoordinator]:
     async with trio.open_nursery() as nursery:
-        yield ScriptedCoordinator(log=TickingLog(start=trio.current_time()), nursery=nursery)
+        log = TickingLog(partition_count=_any_partition, start=trio.current_time())
+        yield ScriptedCoordinator(log=log, nursery=nursery)
         nursery.cancel_scope.cancel()

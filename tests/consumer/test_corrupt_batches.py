@@ -9,19 +9,18 @@ import logging
 import struct
 from pathlib import Path
 
-import attrs
 import pytest
 import trio
 import trio.testing
 
-import simulation.log
+from broker.log import CorruptSegment
 from consumer import ConsumerSettings, CorruptBatch, open_consumer, open_producer
 from consumer.fetcher import CORRUPT_ATTEMPTS
 from coordinator.config import CoordinatorConfig
-from protocol import ErrorCode, FetchRequest
 from protocol.batches import HEADER_SIZE, batch_spans, build_batch, encode_batch
 from protocol.types import TopicPartition
-from simulation import MemoryLog, SimulatedCluster, open_simulated_cluster
+from simulation import SimulatedCluster, open_simulated_cluster
+from simulation.log import MemoryPartition
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
 TP = TopicPartition(topic="t", partition=0)
@@ -33,44 +32,37 @@ async def produce(cluster: SimulatedCluster, values: list[bytes]) -> None:
             await producer.enqueue("t", value)
 
 
-def store_unchecked(
-    cluster: SimulatedCluster, payload: bytes, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def store_unchecked(cluster: SimulatedCluster, payload: bytes) -> None:
     """Store ``payload`` as a broker that did not check records would have."""
-    with monkeypatch.context() as patched:
-        patched.setattr(simulation.log, "check_batches", lambda buf, spans: None)
-        cluster.log.partitions[TP].append(payload, round(trio.current_time() * 1000))
+    now_ms = round(trio.current_time() * 1000)
+    await cluster.log.partitions[TP].append(payload, batch_spans(payload), now_ms)
 
 
-def damage(cluster: SimulatedCluster, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def damage(cluster: SimulatedCluster, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """One batch of one record at the log's end that no consumer can decode."""
     if how == "lengths":  # CRC-valid; its value length runs past its section (issue 30)
         section = struct.pack("<iii", 0, -1, 1000) + b"short"
-        store_unchecked(
-            cluster,
-            encode_batch(section, 1, first_timestamp_ms=-1, max_timestamp_ms=-1),
-            monkeypatch,
+        await store_unchecked(
+            cluster, encode_batch(section, 1, first_timestamp_ms=-1, max_timestamp_ms=-1)
         )
     elif how == "unreadable":  # the broker cannot read it: Fetch answers CORRUPT_MESSAGE
-        store_unchecked(cluster, build_batch([b"d"]), monkeypatch)
-        real_fetch = simulation.log.MemoryLog._fetch
+        await store_unchecked(cluster, build_batch([b"d"]))
+        real_read = MemoryPartition.read
 
-        def fetch(log: MemoryLog, partition: object, message: FetchRequest, version: int) -> object:
-            answer = real_fetch(log, partition, message, version)  # type: ignore[arg-type]
-            if message.offset < 3:  # the read stops before the batch it cannot read
-                end = [s.position for s in batch_spans(answer.batches) if s.base_offset == 3]
-                return attrs.evolve(
-                    answer, batches=answer.batches[: end[0]] if end else answer.batches
-                )
-            if message.offset > 3:
-                return answer
-            return attrs.evolve(answer, error_code=ErrorCode.CORRUPT_MESSAGE, batches=b"")
+        async def read(partition: MemoryPartition, offset: int, max_bytes: int) -> bytes:
+            data = await real_read(partition, offset, max_bytes)
+            if offset < 3:  # the read stops before the batch it cannot read
+                end = [s.position for s in batch_spans(data) if s.base_offset == 3]
+                return data[: end[0]] if end else data
+            if offset > 3:
+                return data
+            raise CorruptSegment(f"batch at offset {offset} unreadable")
 
-        monkeypatch.setattr(simulation.log.MemoryLog, "_fetch", fetch)
+        monkeypatch.setattr(MemoryPartition, "read", read)
     else:  # a disk fault: a byte of a good batch's records changed after it was stored
         partition = cluster.log.partitions[TP]
         at = len(partition.data)
-        store_unchecked(
+        await store_unchecked(
             cluster,
             encode_batch(
                 struct.pack("<iii", 0, -1, 3) + b"bad",
@@ -78,7 +70,6 @@ def damage(cluster: SimulatedCluster, how: str, monkeypatch: pytest.MonkeyPatch)
                 first_timestamp_ms=-1,
                 max_timestamp_ms=-1,
             ),
-            monkeypatch,
         )
         partition.data[at + HEADER_SIZE + 12] ^= 0xFF
 
@@ -95,7 +86,7 @@ async def test_a_corrupt_stored_batch_raises_a_named_error_until_sought_past(
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("t", partitions=1)
         await produce(cluster, [b"a", b"b", b"c"])
-        damage(cluster, how, monkeypatch)  # offset 3
+        await damage(cluster, how, monkeypatch)  # offset 3
         await produce(cluster, [b"e", b"f"])
         async with open_consumer(
             "simulated:9092", "g", topics={"t": 1}, settings=settings, connect=cluster.connect_to

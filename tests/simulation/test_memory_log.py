@@ -1,0 +1,132 @@
+"""The simulated broker's log answers every Produce, Fetch and ListOffsets exactly as the real
+broker's log does over its files: the same requests, side by side, get the same answers (record
+timestamps aside: the append time is wall-clock on one, virtual on the other)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import trio
+import trio.testing
+
+from broker.data_plane import DataPlaneLog
+from protocol import (
+    ErrorCode,
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ProduceRequest,
+    Request,
+    ResponseMessage,
+)
+from protocol.batches import batch_spans, build_batch, read_batches
+from protocol.records import Record
+from simulation import MemoryLog
+from tests.broker import test_hostile_batches as hostile
+from tests.broker.test_hostile_batches import open_log
+
+#: A CRC-valid batch whose value length runs past its records section.
+POISONED = hostile.POISONED["value past its section"]
+GOOD = build_batch([b"a", b"b"], keys=[b"k", None])
+
+
+def produce(batches: bytes = b"", records: tuple[Record, ...] = (), partition: int = 0) -> Request:
+    message = ProduceRequest(topic="t", partition=partition, records=records, batches=batches)
+    return Request(correlation_id=0, message=message)
+
+
+def fetch(offset: int, max_bytes: int = 1 << 20, version: int = 1, topic: str = "t") -> Request:
+    message = FetchRequest(topic=topic, partition=0, offset=offset, max_bytes=max_bytes)
+    return Request(correlation_id=0, message=message, api_version=version)
+
+
+def list_offsets(topic: str = "t") -> Request:
+    return Request(correlation_id=0, message=ListOffsetsRequest(topic=topic, partition=0))
+
+
+def v0(value: bytes) -> Record:
+    return Record(offset=0, timestamp_ms=5, key=None, value=value)
+
+
+#: What each step sends; in order, on one partition.
+STEPS = [
+    produce(GOOD),
+    produce(POISONED),  # refused: no consumer could decode it
+    produce(GOOD + POISONED),  # nothing of the request written
+    produce(b"\x00" * 70),  # not a batch
+    produce(build_batch([b"x" * (1024 * 1024)])),  # past LogConfig.max_batch_bytes
+    produce(records=(v0(b"c"), v0(b"d"))),  # version 0: records
+    produce(GOOD, records=(v0(b"e"),)),  # both: invalid
+    produce(),  # nothing: the log's end
+    produce(GOOD, partition=1),  # no such partition
+    produce(GOOD, partition=-1),
+    fetch(0, max_bytes=0),  # one whole batch whatever max_bytes says
+    fetch(1),  # from inside a batch: the whole batch
+    fetch(2, max_bytes=1),
+    fetch(4),  # the high watermark: nothing
+    fetch(5),  # past it
+    fetch(-1),
+    fetch(0, version=0),  # records, as many as max_bytes holds, one at least
+    fetch(1, max_bytes=1, version=0),
+    fetch(0, topic="u"),
+    list_offsets(),
+    list_offsets("u"),
+    list_offsets("bad/name"),
+]
+
+
+def comparable(answer: ResponseMessage | None) -> object:
+    """The answer with its append-time stamps taken out."""
+    if isinstance(answer, FetchResponse):
+        batches = [
+            [(offset, key, value) for offset, _, key, value in batch]
+            for batch in read_batches(answer.batches)
+        ]
+        records = [attrs.evolve(r, timestamp_ms=0) for r in answer.records]
+        return attrs.evolve(answer, batches=b"", records=tuple(records)), batches
+    return answer
+
+
+async def answers(log: DataPlaneLog) -> list[object]:
+    return [comparable(await log(request)) for request in STEPS]
+
+
+async def test_the_memory_log_answers_as_the_broker_log_does(tmp_path: Path) -> None:
+    memory = MemoryLog(partition_count=lambda topic: 1 if topic == "t" else None)
+    async with open_log(tmp_path) as files:
+        expected = await answers(files)
+    assert await answers(memory) == expected
+    assert [r.value for r in memory.records("t", 0)] == [b"a", b"b", b"c", b"d"]
+
+
+async def test_the_memory_log_stamps_virtual_milliseconds_and_logs_each_fetch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    memory = MemoryLog(partition_count=lambda topic: 1)
+    await trio.sleep(1.5)
+    await memory(produce(GOOD))
+    await trio.sleep(1.0)
+    await memory(fetch(1))
+    assert [(r.offset, r.timestamp_ms) for r in memory.records("t", 0)] == [(0, 1500), (1, 1500)]
+    (stored,) = memory.partitions.values()
+    assert [s.max_timestamp_ms for s in batch_spans(stored.data)] == [1500]
+    assert [(at, tp.topic, offset) for at, tp, offset in memory.fetches] == [(2.5, "t", 1)]
+
+
+async def test_a_stored_batch_no_consumer_can_decode_is_answered_alike(tmp_path: Path) -> None:
+    """A batch stored before brokers checked what they acknowledge: version 1 hands it on (the
+    consumer names it), version 0 cannot make records of it and answers CORRUPT_MESSAGE."""
+    memory = MemoryLog(partition_count=lambda topic: 1)
+    async with open_log(tmp_path) as files:
+        got: list[list[ResponseMessage | None]] = []
+        for log in (files, memory):
+            partition = await log.partition("t", 0)
+            assert partition is not None
+            await partition.append(POISONED, batch_spans(POISONED), 0)  # stamped alike
+            got.append([await log(fetch(0, version=v)) for v in (0, 1)])
+    assert got[0] == got[1]
+    version0, version1 = got[1]
+    assert isinstance(version0, FetchResponse) and isinstance(version1, FetchResponse)
+    assert (version0.error_code, version0.records) == (ErrorCode.CORRUPT_MESSAGE, ())
+    assert (version1.error_code, len(version1.batches)) == (ErrorCode.NONE, len(POISONED))
