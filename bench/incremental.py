@@ -56,7 +56,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -72,18 +71,18 @@ from bench.harness import (
     Worker,
     bench_arguments,
     create_topic,
-    figure,
     open_consumers,
     open_coordinator,
     profile_server,
     registered,
-    reporting_errors,
     run,
     stable_at,
     stats,
     top_frames,
     wait_until,
+    work_area,
 )
+from bench.measure import figure, reporting_errors
 from bench.rebalance import bare_latencies
 from bench.rebalance import settle as settle_server
 from consumer import open_producer
@@ -1002,45 +1001,29 @@ async def main() -> None:
     parser = bench_arguments(__doc__ or BENCH)
     parser.add_argument("--parts", default="loadgen,consumers")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
-    parser.add_argument("--members", type=int, default=None, help="default 1,000 (quick 20)")
-    parser.add_argument("--partitions", type=int, default=None, help="default 10,000 (quick 200)")
-    parser.add_argument("--consumers", type=int, default=None, help="default 10 (quick 4)")
-    parser.add_argument(
-        "--consumer-partitions", type=int, default=None, help="default 900 (quick 40)"
-    )
-    parser.add_argument("--session", type=float, default=None, help="consumers' T (default 6 s)")
-    parser.add_argument(
+    parser.sized("--members", quick=20, full=1000, kind=int)
+    parser.sized("--partitions", quick=200, full=10_000, kind=int)
+    parser.sized("--consumers", quick=4, full=10, kind=int)
+    parser.sized("--consumer-partitions", quick=40, full=900, kind=int)
+    parser.sized("--session", quick=3.0, full=6.0, help="consumers' T")
+    parser.sized(
         "--static-session",
-        type=float,
-        default=None,
-        help="the static members' T (default 20 s): a restart must fit in it, even on a busy "
-        "machine where an interpreter takes seconds to start",
+        quick=10.0,
+        full=20.0,
+        help="the static members' T: a restart must fit in it, even on a busy machine where an "
+        "interpreter takes seconds to start",
     )
-    parser.add_argument("--rate", type=float, default=None, help="records/s (default 300)")
+    parser.sized("--rate", quick=30.0, full=300.0, help="records/s")
     parser.add_argument("--fetch-idle-interval", type=float, default=0.5)
     parser.add_argument(
         "--profile", type=float, default=0, help="py-spy seconds on one more loadgen join"
     )
-    parser.add_argument(
-        "--repeats", type=int, default=None, help="loadgen joins and leaves (default 3, quick 1)"
-    )
-    args = parser.parse_args()
-    quick = args.quick
-    args.members = args.members or (20 if quick else 1000)
-    args.repeats = args.repeats or (1 if quick else 3)
-    args.partitions = args.partitions or (200 if quick else 10_000)
-    args.consumers = args.consumers or (4 if quick else 10)
-    args.consumer_partitions = args.consumer_partitions or (40 if quick else 900)
-    args.session = args.session or (3.0 if quick else 6.0)
-    args.static_session = args.static_session or (10.0 if quick else 20.0)
-    args.rate = args.rate or (30.0 if quick else 300.0)
+    parser.sized("--repeats", quick=1, full=3, kind=int, help="loadgen joins and leaves")
+    args = parser.parse()
     protocols = [p for p in args.protocols.split(",") if p]
     parts = [p for p in args.parts.split(",") if p]
     supported = broker_protocols()
-    with contextlib.ExitStack() as stack:
-        work = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        work = work / BENCH
-        work.mkdir(parents=True, exist_ok=True)
+    with work_area(args.work_dir, BENCH) as work:
         if "loadgen" in parts:
             await loadgen_part(work, protocols, supported, args)
         if "consumers" in parts:

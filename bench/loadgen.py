@@ -18,8 +18,7 @@ parent can freeze one (SIGSTOP) without losing the others. A process may hold at
 files, so the parent spreads consumers over several workers, apart from the server's process.
 
 Times that cross processes (a trigger in one worker, a StartFetcher receipt in another) are read
-from ``time.monotonic()``: CLOCK_MONOTONIC is one clock for every process on the machine, which
-trio's per-run clock is not.
+from :func:`bench.measure.now`, the one clock every process on the machine shares.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ import os
 import random
 import signal
 import struct
-import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
@@ -40,6 +38,7 @@ from typing import Any
 import attrs
 import trio
 
+from bench.measure import now, percentile, rounded
 from consumer.discovery import Discovery
 from protocol import (
     AssignedPartition,
@@ -75,26 +74,6 @@ LATENESS_SAMPLES = 20_000
 DISCOVERY_PASSES = 30
 DISCOVERY_TIMEOUT = 30.0
 _SIZE = struct.Struct(">i")
-
-
-def now() -> float:
-    # real-clock: compared across processes (CLOCK_MONOTONIC is shared, trio's clock is not)
-    return time.monotonic()
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile; NaN for no samples."""
-    if not samples:
-        return math.nan
-    ordered = sorted(samples)
-    rank = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[rank]
-
-
-def rounded(value: float | int | None) -> float | int | None:
-    if isinstance(value, float):
-        return None if math.isnan(value) else round(value, 6)
-    return value
 
 
 # --- frame sizes --------------------------------------------------------------------------------
