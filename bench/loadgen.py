@@ -5,10 +5,12 @@ Three kinds of process, all started by a benchmark (the parent):
 
 * the coordinator: a real ``python -m cli serve --port 0`` subprocess;
 * ``python -m bench.loadgen consumers ...``: a worker holding up to ~5,000 consumers that speak
-  the real protocol (``transport.channel.Channel``): each registers with RegisterConsumer and
-  answers Ping, StopFetcher and StartFetcher, recording when each arrived; with ``--bootstrap``
-  each first finds its group's coordinator as the consumer library does (ClusterMetadata naming
-  the group, :class:`consumer.discovery.Discovery`);
+  the real protocol (``transport.channel.Channel``), each the consumer library's own machine
+  (:class:`statemachine.consumer.ConsumerMachine`): it decides how to register and what to answer
+  to Ping, StopFetcher and StartFetcher, and the worker performs its effects (with no fetchers and
+  no lease timer: a request read after the lease ran out finds the member stopped), recording
+  when each request arrived; with ``--bootstrap`` each first finds its group's coordinator as the
+  consumer library does (ClusterMetadata naming the group, :class:`consumer.discovery.Discovery`);
 * ``python -m bench.loadgen bare-serve`` and ``... bare ...``: the bare baseline, a trio server
   and clients exchanging length-prefixed frames of the protocol's sizes with no decoding, no
   state machine and no timers on the server (the limit trio itself sets on one core).
