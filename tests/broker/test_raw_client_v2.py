@@ -21,6 +21,7 @@ from protocol import (
     Connection,
     ConnectionClosed,
     ErrorCode,
+    PingRequest,
     Request,
     Response,
     Role,
@@ -116,3 +117,25 @@ def test_a_fenced_stop_is_answered_then_the_client_closes_and_exits(
     assert isinstance(response, Response) and isinstance(response.message, StopFetcherResponse)
     assert isinstance(read(sock, coordinator), ConnectionClosed)  # then a clean close
     assert "fenced" in capsys.readouterr().out
+
+
+def test_a_request_read_after_the_lease_ran_out_is_not_answered_and_the_client_stops() -> None:
+    """The machine, not the script, decides: a Ping that comes after the lease ran out (the
+    coordinator was silent for longer than T) finds the member stopped; it closes and exits."""
+    module = raw_client_module()
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        client = module.RawClient(theirs, "g", "raw-1", sm.ConsumerMachine(config=CONFIG))
+        coordinator = Connection(Role.BROKER)
+        here = BrokerInfo(broker_id=1, host="127.0.0.1", port=9092)
+        now = time.monotonic()
+        client.machine.handle(sm.Start())
+        client.machine.handle(sm.CoordinatorFound(now=now, coordinator=here, epoch=1))
+        # Registered with a frame queued 2 T ago: the lease ran out T ago.
+        anchor = now - 2 * CONFIG.session_timeout
+        client.machine.handle(sm.Registered(now=now, anchor=anchor, generation=2, epoch=1))
+        ping = PingRequest(coordinator_epoch=1, generation=2, consumer_id="raw-1", num_retries=0)
+        request = ask(client, ours, coordinator, ping)
+        with pytest.raises(SystemExit):
+            client.answer(request)
+        assert isinstance(read(ours, coordinator), ConnectionClosed)  # closed, not answered
