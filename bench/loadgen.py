@@ -358,8 +358,8 @@ class ConsumerWorker:
         """Perform the machine's effects until the consumer closes, is dropped, or gives up:
         each Discover is one look (at ``bootstrap``, each consumer starting its round robin at
         another broker; else at host:port), each Register a session. A member whose
-        registered connection ended is done: the parent counts it dropped, and does not want
-        it back under another identity of the count."""
+        registered connection ended is done (the parent counts it dropped), and one that used up
+        its looks without registering is an error."""
         start = index % max(1, len(self.bootstrap))
         discovery = Discovery(
             group_id=consumer.group_id,
@@ -374,7 +374,11 @@ class ConsumerWorker:
         while effects:
             effect = effects.pop(0)
             if isinstance(effect, sm.Discover):
-                if consumer.registered or looks == 0:
+                if consumer.registered:
+                    return
+                if looks == 0:
+                    problem = discovery.last_problem or "registrations refused"
+                    self.errors.append(f"no coordinator for {consumer.consumer_id}: {problem}")
                     return
                 looks -= 1
                 jitter = random.uniform(-effect.jitter, effect.jitter)
@@ -392,7 +396,6 @@ class ConsumerWorker:
         async with self.limiter:
             found = await discovery.find()
         if found is None:
-            self.errors.append(f"discovery {consumer.group_id}: {discovery.last_problem}")
             return sm.DiscoveryFailed(now=trio.current_time(), error_code=discovery.last_code)
         consumer.coordinator = found.coordinator.broker_id
         return sm.CoordinatorFound(
