@@ -349,6 +349,9 @@ class ConsumerWorker:
     #: Consumers that found a coordinator which then did not take their registration (the
     #: office moved in between) and looked again, as the consumer library does.
     rediscovered: int = 0
+    #: Members whose machine closed their connection on a coordinator request: its lease ran
+    #: out before the request was read (the worker fell behind), or it was fenced.
+    closed_by_machine: int = 0
     config: sm.ConsumerConfig = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -410,6 +413,7 @@ class ConsumerWorker:
         consumer.scope = trio.CancelScope()
         consumer.reset = False
         looks: list[sm.Effect] = []
+        event: sm.Input | None = None
         with consumer.scope:
             async with self.limiter:
                 try:
@@ -444,6 +448,8 @@ class ConsumerWorker:
                     else:
                         self.errors.append(f"register {consumer.consumer_id}: {event}")
                     nursery.cancel_scope.cancel()
+        if event is None:
+            self.errors.append(f"register {consumer.consumer_id}: the connection closed first")
         # Registered, and not closed by the application: the peer closed the connection, or
         # the machine did (a lease that ran out, a fence).
         consumer.dropped = consumer.registered and not consumer.closing
@@ -485,7 +491,9 @@ class ConsumerWorker:
                 response = await channel.request(request)
             except ChannelClosed:
                 return sm.ConnectionLost(now=trio.current_time())
-        assert isinstance(response, RegisterConsumerResponse)
+        if not isinstance(response, RegisterConsumerResponse):  # an error frame's answer
+            code = getattr(response, "error_code", ErrorCode.UNKNOWN_SERVER_ERROR)
+            return sm.RegistrationRejected(now=trio.current_time(), error_code=code)
         if response.error_code is not ErrorCode.NONE:
             return sm.RegistrationRejected(now=trio.current_time(), error_code=response.error_code)
         return sm.Registered(
@@ -561,6 +569,8 @@ class ConsumerWorker:
                         error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id
                     )
                 case sm.CloseConnection():
+                    # A lease that ran out before the request was read (or a fence).
+                    self.closed_by_machine += 1
                     self._closing(consumer, [effect])
             if answer is not None:
                 try:
@@ -601,6 +611,7 @@ class ConsumerWorker:
             "last_answer": max(answers) if answers else None,
             "held": sum(len(c.machine.owned) for c in live),
             "rediscovered": self.rediscovered,
+            "closed_by_machine": self.closed_by_machine,
             "coordinators": dict(Counter(str(c.coordinator) for c in live)),
             "groups_at": {
                 str(broker): sorted({c.group_id for c in live if c.coordinator == broker})
