@@ -40,10 +40,8 @@ from kafka.protocol.consumer.metadata import (  # type: ignore[import-untyped,im
     ConsumerProtocolSubscription,
 )
 
-from bench.harness import (
-    bench_arguments,
-    figure,
-)
+from bench.harness import bench_arguments
+from bench.measure import figure
 from protocol.types import ConsumerThread, Subscription, TopicPartition, TopicStreams
 from statemachine.assignment import Assignment, imbalance, moved, range_assign, sticky_assign
 

@@ -12,29 +12,9 @@ hold time, not a soak test.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
-from bench.harness import (
-    all_groups_stable,
-    bench_arguments,
-    fewest_live,
-    figure,
-    hold_bare,
-    open_bare_clients,
-    open_bare_server,
-    open_consumers,
-    open_coordinator,
-    registered,
-    reporting_errors,
-    run,
-    stats,
-    wait_until,
-)
-from bench.loadgen import (
-    frame_sizes,
-    now,
-)
+from bench import harness
+from bench.loadgen import frame_sizes
+from bench.measure import figure, micros_per, now, reporting_errors
 
 BENCH = "capacity"
 SESSION_TIMEOUT_MS = 10_000
@@ -42,90 +22,56 @@ POLL = 5.0
 
 
 async def main() -> None:
-    parser = bench_arguments(__doc__ or BENCH)
-    parser.add_argument("--consumers", type=int, default=None)
-    parser.add_argument("--hold", type=float, default=None)
-    parser.add_argument("--bare-hold", type=float, default=None)
-    args = parser.parse_args()
-    n = args.consumers or (200 if args.quick else 19_000)
-    hold = args.hold or (6.0 if args.quick else 300.0)
-    bare_hold = args.bare_hold or (4.0 if args.quick else 30.0)
+    parser = harness.bench_arguments(__doc__ or BENCH)
+    parser.sized("--consumers", quick=200, full=19_000, kind=int)
+    parser.sized("--hold", quick=6.0, full=300.0, help="seconds")
+    parser.sized("--bare-hold", quick=4.0, full=30.0, help="seconds")
+    args = parser.parse()
+    n, hold, bare_hold = args.consumers, args.hold, args.bare_hold
     interval = SESSION_TIMEOUT_MS / 3000
     sizes = frame_sizes("m12345", "capacity", 0)
     with (
-        tempfile.TemporaryDirectory(prefix="bench-capacity-") as tmp,
+        harness.work_area(args.work_dir, BENCH) as work,
         reporting_errors(BENCH, "consumers_held", consumers=n),
     ):
-        work = (args.work_dir or Path(tmp)) / BENCH
-        work.mkdir(parents=True, exist_ok=True)
         async with (
             # As many connections as the file limit allows: the default keeps a reserve below
             # it, and this benchmark measures what one process holds at the limit.
-            open_coordinator(
+            harness.open_coordinator(
                 work / "coordinator",
                 "--initial-rebalance-delay",
                 "3",
                 "--max-connections",
                 str(n + 100),
             ) as server,
-            open_consumers(
+            harness.open_consumers(
                 server, n, work, group_size=100, session_timeout_ms=SESSION_TIMEOUT_MS
             ) as workers,
         ):
             started = now()
-            await wait_until(workers, registered(n), timeout=60 + n / 20)
+            await harness.wait_until(workers, harness.registered(n), timeout=60 + n / 20)
             connect_time = now() - started
-            try:
-                await wait_until(workers, all_groups_stable, timeout=120)
-                formed = True
-            except RuntimeError:
-                formed = False  # some group never finished forming: measured and said anyway
-            for worker in workers:
-                await worker.command("reset")
-            cpu0, t0 = server.cpu_seconds(), now()
-            worst_live = await fewest_live(workers, hold, every=POLL)
-            cpu, wall = server.cpu_seconds() - cpu0, now() - t0
-            st = await stats(workers)
-            dropped = sum(s["dropped"] for s in st)
-            errors = sum(s["error_count"] for s in st)
-            pings = sum(s["pings"] for s in st)
-            lateness_max = max(s["lateness_max"] or 0.0 for s in st)
-            lateness_p99 = max(s["lateness_p99"] or 0.0 for s in st)
+            formed = await harness.groups_formed(workers, timeout=120)
+            held = await harness.hold_consumers(
+                workers, n, hold, every=POLL, pids=[server.process.pid]
+            )
             rss = server.rss_bytes()
 
-        async with (
-            open_bare_server(work / "bare") as bare,
-            open_bare_clients(
-                bare,
-                n,
-                work,
-                interval=interval,
-                request_size=sizes.ping[1],
-                reply_size=sizes.ping[0],
-            ) as bare_workers,
-        ):
-            baseline = await hold_bare(
-                [(bare, bare_workers)], n, hold=bare_hold, connect_timeout=60 + n / 50
+        async with harness.open_bare(work, n, interval=interval, ping=sizes.ping) as servers:
+            baseline = await harness.hold_bare(
+                servers, n, hold=bare_hold, connect_timeout=60 + n / 50
             )
 
-        false_deaths = dropped + errors + (n - worst_live)
+        (cpu,), wall = held.cpu, held.wall
         common = {
             "consumers": n,
             "session_timeout_ms": SESSION_TIMEOUT_MS,
             "hold_s": round(wall, 1),
             "all_groups_formed": formed,
         }
-        held = worst_live if false_deaths == 0 else 0
-        figure(
-            BENCH,
-            "consumers_held",
-            held,
-            "consumers",
-            baseline.held[0],
-            **common,
-            bare_hold_s=round(baseline.wall, 1),
+        harness.report_hold(
+            BENCH, held, baseline, session_timeout_ms=SESSION_TIMEOUT_MS, common=common
         )
-        figure(BENCH, "false_deaths", false_deaths, "consumers", 0, **common)
         figure(BENCH, "connect_and_register_time", connect_time, "s", baseline.connect, **common)
         figure(
             BENCH,
@@ -138,23 +84,13 @@ async def main() -> None:
         figure(
             BENCH,
             "cpu_per_round_trip",
-            cpu / pings * 1e6 if pings else None,
+            micros_per(cpu, held.total("pings")),
             "us",
-            baseline.cpu[0] / baseline.round_trips * 1e6 if baseline.round_trips else None,
+            micros_per(baseline.cpu[0], baseline.round_trips),
             **common,
         )
         figure(BENCH, "server_rss", rss / 2**20, "MiB", baseline.rss[0] / 2**20, **common)
-        figure(BENCH, "ping_lateness_p99", lateness_p99 * 1e3, "ms", None, **common)
-        figure(
-            BENCH,
-            "ping_lateness_max",
-            lateness_max * 1e3,
-            "ms",
-            None,
-            **common,
-            deadline_ms=SESSION_TIMEOUT_MS * 2 / 3,
-        )
 
 
 if __name__ == "__main__":
-    run(main)
+    harness.run(main)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import math
 import shutil
-import tempfile
 import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -37,27 +36,9 @@ from typing import Any
 import attrs
 import trio
 
-from bench.harness import (
-    BareHold,
-    ServerProcess,
-    Worker,
-    all_groups_stable,
-    bench_arguments,
-    cpu_seconds,
-    fewest_live,
-    figure,
-    hold_bare,
-    open_bare_clients,
-    open_bare_server,
-    open_consumers,
-    open_coordinator,
-    registered,
-    reporting_errors,
-    run,
-    stats,
-    wait_until,
-)
-from bench.loadgen import PER_WORKER, frame_sizes, now
+from bench import harness
+from bench.loadgen import PER_WORKER, frame_sizes
+from bench.measure import figure, micros_per, now, reporting_errors
 from consumer.admin import ClusterReport, open_admin
 from launch.cluster import eventually
 from launch.zookeeper import free_ports, open_ensemble
@@ -78,9 +59,8 @@ SHARE_DEADLINE = 60.0
 @attrs.define(eq=False)
 class Broker:
     broker_id: int
-    server: ServerProcess
+    server: harness.ServerProcess
     metrics_port: int
-    cpu_at_start: float = 0.0
     peak_open_files: int = 0
 
     @property
@@ -111,7 +91,7 @@ async def open_cluster(hosts: str, work: Path) -> AsyncIterator[list[Broker]]:
         brokers = []
         for broker_id, metrics_port in enumerate(ports, start=1):
             server = await stack.enter_async_context(
-                open_coordinator(
+                harness.open_coordinator(
                     work / f"broker{broker_id}",
                     f"--broker-id={broker_id}",
                     f"--zookeeper={hosts}",
@@ -158,32 +138,6 @@ async def create_topic(brokers: Sequence[Broker], partitions: int) -> None:
         await admin.create_topic(TOPIC, partitions)
 
 
-@contextlib.asynccontextmanager
-async def open_bare(
-    work: Path, n: int, interval: float, ping: tuple[int, int]
-) -> AsyncIterator[list[tuple[ServerProcess, list[Worker]]]]:
-    """Three bare servers, each with a third of ``n`` clients; ``ping``: the Ping's request and
-    answer sizes, of which a bare server receives the answer's and sends the request's, as a
-    coordinator does."""
-    async with contextlib.AsyncExitStack() as stack:
-        servers = []
-        for index in range(BROKERS):
-            share = n // BROKERS + (1 if index < n % BROKERS else 0)
-            bare = await stack.enter_async_context(open_bare_server(work / f"bare{index}"))
-            clients = await stack.enter_async_context(
-                open_bare_clients(
-                    bare,
-                    share,
-                    work / f"bare{index}",
-                    interval=interval,
-                    request_size=ping[1],
-                    reply_size=ping[0],
-                )
-            )
-            servers.append((bare, clients))
-        yield servers
-
-
 def summed(all_stats: list[dict[str, Any]], key: str) -> Counter[str]:
     total: Counter[str] = Counter()
     for s in all_stats:
@@ -192,26 +146,21 @@ def summed(all_stats: list[dict[str, Any]], key: str) -> Counter[str]:
 
 
 async def main() -> None:
-    parser = bench_arguments(__doc__ or BENCH)
-    parser.add_argument("--consumers", type=int, default=None)
-    parser.add_argument("--groups", type=int, default=None)
-    parser.add_argument("--hold", type=float, default=None)
-    parser.add_argument("--bare-hold", type=float, default=None)
-    args = parser.parse_args()
-    n = args.consumers or (3_000 if args.quick else 45_000)
-    groups = args.groups or (30 if args.quick else 300)
-    hold = args.hold or (30.0 if args.quick else 300.0)
-    bare_hold = args.bare_hold or (4.0 if args.quick else 30.0)
+    parser = harness.bench_arguments(__doc__ or BENCH)
+    parser.sized("--consumers", quick=3_000, full=45_000, kind=int)
+    parser.sized("--groups", quick=30, full=300, kind=int)
+    parser.sized("--hold", quick=30.0, full=300.0, help="seconds")
+    parser.sized("--bare-hold", quick=4.0, full=30.0, help="seconds")
+    args = parser.parse()
+    n, groups, hold, bare_hold = args.consumers, args.groups, args.hold, args.bare_hold
     group_size = math.ceil(n / groups)
     interval = SESSION_TIMEOUT_MS / 3000
     sizes = frame_sizes("m12345", TOPIC, 1)
     with (
-        tempfile.TemporaryDirectory(prefix="bench-cluster-capacity-") as tmp,
+        harness.work_area(args.work_dir, BENCH) as work,
         reporting_errors(BENCH, "consumers_held", consumers=n, groups=groups),
     ):
-        work = (args.work_dir or Path(tmp)) / BENCH
         shutil.rmtree(work / "zookeeper", ignore_errors=True)
-        work.mkdir(parents=True, exist_ok=True)
         with open_ensemble(1, base_dir=work / "zookeeper") as ensemble:
             async with open_cluster(f"{ensemble.hosts}/{BENCH}", work) as brokers:
                 view, shared = await shared_view(brokers)
@@ -219,12 +168,12 @@ async def main() -> None:
                 async with contextlib.AsyncExitStack() as stack:
                     # One worker's consumers at a time, each registered before the next joins:
                     # the hold is measured, not how the brokers weather a stampede.
-                    workers: list[Worker] = []
+                    workers: list[harness.Worker] = []
                     started = now()
                     for first in range(0, n, PER_WORKER):
                         count = min(PER_WORKER, n - first)
                         workers += await stack.enter_async_context(
-                            open_consumers(
+                            harness.open_consumers(
                                 brokers[0].server,
                                 count,
                                 work,
@@ -234,37 +183,35 @@ async def main() -> None:
                                 bootstrap=[b.server for b in brokers],
                             )
                         )
-                        await wait_until(
+                        await harness.wait_until(
                             workers,
-                            registered(first + count),
+                            harness.registered(first + count),
                             timeout=120 + count / 20,
                             every=STATS_EVERY,
                         )
                     connect_time = now() - started
-                    try:
-                        await wait_until(workers, all_groups_stable, timeout=300, every=STATS_EVERY)
-                        formed = True
-                    except RuntimeError:
-                        formed = False  # some group never finished forming: said, not hidden
-                    for worker in workers:
-                        await worker.command("reset")
+                    formed = await harness.groups_formed(workers, timeout=300, every=STATS_EVERY)
                     for broker in brokers:
-                        broker.cpu_at_start = broker.server.cpu_seconds()
                         broker.sample()
                     (zookeeper,) = ensemble.nodes
                     assert zookeeper.process is not None
-                    zookeeper_cpu0 = cpu_seconds(zookeeper.process.pid)
                     t0 = now()
 
                     def sample() -> None:
                         for broker in brokers:
                             broker.sample()
 
-                    worst_live = await fewest_live(workers, hold, every=POLL, each_poll=sample)
-                    wall = now() - t0
-                    cpu = {b.broker_id: b.server.cpu_seconds() - b.cpu_at_start for b in brokers}
-                    zookeeper_cpu = cpu_seconds(zookeeper.process.pid) - zookeeper_cpu0
-                    st = await stats(workers)
+                    holding = await harness.hold_consumers(
+                        workers,
+                        n,
+                        hold,
+                        every=POLL,
+                        pids=[*(b.server.process.pid for b in brokers), zookeeper.process.pid],
+                        each_poll=sample,
+                    )
+                    *broker_cpu, zookeeper_cpu = holding.cpu
+                    cpu = {b.broker_id: c for b, c in zip(brokers, broker_cpu, strict=True)}
+                    wall, st = holding.wall, holding.stats
                     moved = [await w.command(f"handoffs {t0}") for w in workers]
                     told = sum(len(m["consumers"]) for m in moved)
                     rss = {b.broker_id: b.server.rss_bytes("VmHWM") for b in brokers}
@@ -272,18 +219,16 @@ async def main() -> None:
                     own = {b.broker_id: await trio.to_thread.run_sync(b.metrics) for b in brokers}
                     view_after = await cluster_view(brokers)
 
-        async with open_bare(work / "bare", n, interval, sizes.ping) as servers:
-            bare = await hold_bare(servers, n, hold=bare_hold, connect_timeout=60 + n / 150)
+        async with harness.open_bare(
+            work / "bare", n, interval=interval, ping=sizes.ping, servers=BROKERS
+        ) as servers:
+            bare = await harness.hold_bare(servers, n, hold=bare_hold, connect_timeout=60 + n / 150)
 
         members = summed(st, "coordinators")
         groups_at: dict[str, set[str]] = {}
         for s in st:
             for broker_id, names in s["groups_at"].items():
                 groups_at.setdefault(broker_id, set()).update(names)
-        dropped = sum(s["dropped"] for s in st)
-        errors = sum(s["error_count"] for s in st)
-        pings = sum(s["pings"] for s in st)
-        false_deaths = dropped + errors + (n - worst_live)
         common = {
             "consumers": n,
             "groups": groups,
@@ -292,28 +237,13 @@ async def main() -> None:
             "hold_s": round(wall, 1),
             "all_groups_formed": formed,
         }
-        held = worst_live if false_deaths == 0 else 0
-        figure(
+        harness.report_hold(
             BENCH,
-            "consumers_held",
-            held,
-            "consumers",
-            sum(bare.held),
-            **common,
-            bare_hold_s=round(bare.wall, 1),
+            holding,
+            bare,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            common=common,
             members_by_broker=dict(sorted(members.items())),
-        )
-        figure(
-            BENCH,
-            "false_deaths",
-            false_deaths,
-            "consumers",
-            0,
-            **common,
-            dropped=dropped,
-            errors=errors,
-            not_live_at_a_poll=n - worst_live,
-            first_errors=[e for s in st for e in s["errors"]][:5],
         )
         figure(BENCH, "told_to_stop_or_start_in_hold", told, "consumers", 0, **common)
         figure(
@@ -384,30 +314,19 @@ async def main() -> None:
         figure(
             BENCH,
             "cpu_per_round_trip",
-            sum(cpu.values()) / pings * 1e6 if pings else None,
+            micros_per(sum(cpu.values()), holding.total("pings")),
             "us",
-            sum(bare.cpu) / bare.round_trips * 1e6 if bare.round_trips else None,
+            micros_per(sum(bare.cpu), bare.round_trips),
             **common,
         )
         figure(BENCH, "zookeeper_cpu_share", zookeeper_cpu / wall, "cores", None, **common)
-        lateness = [s["lateness_p99"] or 0.0 for s in st]
-        figure(BENCH, "ping_lateness_p99", max(lateness) * 1e3, "ms", None, **common)
-        figure(
-            BENCH,
-            "ping_lateness_max",
-            max(s["lateness_max"] or 0.0 for s in st) * 1e3,
-            "ms",
-            None,
-            **common,
-            deadline_ms=SESSION_TIMEOUT_MS * 2 / 3,
-        )
 
 
-def bare_cpu_for(bare: BareHold, index: int, connections: int) -> float:
+def bare_cpu_for(bare: harness.BareHold, index: int, connections: int) -> float:
     """Bare server ``index``'s CPU seconds over the hold per connection it held, times
     ``connections``: the bare cost of what a broker held, whatever its share."""
     return bare.cpu[index] / bare.held[index] * connections if bare.held[index] else math.nan
 
 
 if __name__ == "__main__":
-    run(main)
+    harness.run(main)

@@ -18,26 +18,22 @@ from __future__ import annotations
 
 import signal
 import statistics
-import tempfile
 from functools import partial
 from pathlib import Path
 
 from bench.harness import (
     bench_arguments,
     create_topic,
-    figure,
     open_consumers,
     open_coordinator,
-    reporting_errors,
     run,
     stable_at,
     stable_generation,
     stats,
     wait_until,
+    work_area,
 )
-from bench.loadgen import (
-    now,
-)
+from bench.measure import figure, now, reporting_errors
 from bench.rebalance import bare_latencies
 
 BENCH = "detection"
@@ -92,9 +88,7 @@ async def main() -> None:
     # coordinator cannot know whether the Ping it sent after the freeze arrived: that Ping went
     # out T/3 after the last answered one, so the bound is T/3 + T + margin after the last answer.
     bound = session / 3 + session + LEASE_MARGIN
-    with tempfile.TemporaryDirectory(prefix="bench-detection-") as tmp:
-        work = (args.work_dir or Path(tmp)) / BENCH
-        work.mkdir(parents=True, exist_ok=True)
+    with work_area(args.work_dir, BENCH) as work:
         common = {"members": members, "session_timeout_ms": SESSION_TIMEOUT_MS}
         with reporting_errors(BENCH, "frozen_last_heard_to_stable", **common):
             stopped_at, last_answer, stable = await fail_one(work, members, "freeze")

@@ -44,13 +44,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import os
 import shutil
 import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -61,18 +57,18 @@ import attrs
 import trio
 
 from bench.harness import (
-    REPO,
     ServerProcess,
     bench_arguments,
-    figure,
     open_coordinator,
-    reporting_errors,
+    open_module,
     run,
+    work_area,
 )
+from bench.loadgen import LineReader
+from bench.measure import figure, percentile, reporting_errors
 from consumer import Delivery, open_producer
 from consumer.admin import AdminError, GroupReport, open_admin
 from launch.cluster import agreed_coordinator, eventually
-from launch.processes import stop_process
 from launch.zookeeper import open_ensemble
 from protocol.types import TopicPartition
 
@@ -209,12 +205,6 @@ def two_consumers_at_once(events: list[Consumed]) -> bool:
     return False
 
 
-def p99(samples: list[float]) -> float:
-    if len(samples) < 2:
-        return math.nan
-    return statistics.quantiles(samples, n=100, method="inclusive")[98]
-
-
 @attrs.define
 class Outcome:
     scenario: str
@@ -255,31 +245,18 @@ async def run_consumer(
     """One consumer process for as long as the caller's scope lasts; its lines go to
     ``observed``."""
     bootstrap = ",".join(f"{h}:{p}" for h, p in (address(b) for b in brokers))
-    command = [
-        sys.executable,
-        "-m",
-        "bench.failover_consumer",
+    arguments = [
         f"--bootstrap={bootstrap}",
         f"--group={GROUP}",
         f"--session-timeout={consumer_session}",
         f"--client-id=bench-{index}",
         *(topic_of(broker_id) for broker_id, _ in brokers),
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with open(log_path, "ab") as log_file:
-        process = await trio.lowlevel.open_process(
-            command, stdout=subprocess.PIPE, stderr=log_file, cwd=REPO, env=env
-        )
-    try:
+    async with open_module("bench.failover_consumer", arguments, log_path) as process:
         assert process.stdout is not None
-        pending = b""
-        while chunk := await process.stdout.receive_some(65536):
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
-                observed.take(index, line.decode())
-    finally:
-        with trio.CancelScope(shield=True):
-            await stop_process(process)
+        lines = LineReader(process.stdout)
+        while (line := await lines.next()) is not None:
+            observed.take(index, line)
 
 
 async def produce(topic: str, brokers: list[Broker], observed: Observed, stop: trio.Event) -> None:
@@ -455,7 +432,7 @@ def report(outcome: Outcome, run_: int) -> None:
         times = firsts(observed.consumed[key])
         steady_gaps += gaps_within(times, *outcome.steady)
         longest[f"{key[0]}/{key[1]}"] = longest_gap_after(times, outcome.fault, outcome.end) * 1000
-    baseline = p99(steady_gaps) * 1000
+    baseline = percentile(steady_gaps, 99) * 1000
     latencies = [
         e.received - e.sent
         for k in outcome.surviving
@@ -486,7 +463,7 @@ def report(outcome: Outcome, run_: int) -> None:
         steady_gaps=len(steady_gaps),
         # How long records took from the producer to the application in the steady window.
         steady_latency_p50_ms=round(statistics.median(latencies) * 1000, 1),
-        steady_latency_p99_ms=round(p99(latencies) * 1000, 1),
+        steady_latency_p99_ms=round(percentile(latencies, 99) * 1000, 1),
         **extra,
     )
     figure(BENCHMARK, f"{s}_to_elected", outcome.elected * 1000, "ms", ZK_SESSION * 1000, **extra)
@@ -572,21 +549,17 @@ def main() -> None:
         default=CONSUMER_SESSION,
         help=f"the consumers' session timeout T in seconds (default {CONSUMER_SESSION:g})",
     )
-    parser.add_argument(
-        "--runs", type=int, default=None, help="runs of each scenario (default 1 quick, else 2)"
-    )
+    parser.sized("--runs", quick=1, full=2, kind=int, help="runs of each scenario")
     parser.add_argument(
         "--scenario",
         choices=SCENARIOS,
         action="append",
         help="run only this scenario (repeatable; default: every one)",
     )
-    args = parser.parse_args()
-    runs, steady, settle = (1, 4.0, 2.0) if args.quick else (2, 15.0, 5.0)
-    runs = args.runs or runs
+    args = parser.parse()
+    runs, (steady, settle) = args.runs, (4.0, 2.0) if args.quick else (15.0, 5.0)
     scenarios = tuple(args.scenario or SCENARIOS)
-    with contextlib.ExitStack() as stack:
-        work_dir = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    with work_area(args.work_dir) as work_dir:
         run(lambda: bench(runs, steady, settle, work_dir, args.consumer_session, scenarios))
 
 

@@ -1,6 +1,7 @@
-"""The benchmarks' side of the load: start the coordinator, the bare server and the load
-generator's workers (:mod:`bench.loadgen`) as processes, drive the workers, read the servers'
-CPU and memory from /proc, and print each figure as one JSON line.
+"""What the benchmarks share: start the coordinator, the bare server and the load generator's
+workers (:mod:`bench.loadgen`) as processes, drive the workers (hold consumers, count false
+deaths, hold the bare baseline), read the servers' CPU and memory from /proc, and give each run
+its work directory. Figures are printed by :func:`bench.measure.figure`.
 
 Every process is owned by an async context manager and stopped (SIGCONT, SIGTERM, then SIGKILL)
 when its block ends, whatever happened inside.
@@ -19,7 +20,7 @@ import signal
 import struct
 import subprocess
 import sys
-import traceback
+import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
@@ -29,15 +30,8 @@ from typing import Any
 import attrs
 import trio
 
-from bench.loadgen import (
-    BROADCAST_SIZES,
-    PER_WORKER,
-    FrameReader,
-    LineReader,
-    bare_frame,
-    now,
-    rounded,
-)
+from bench.loadgen import BROADCAST_SIZES, PER_WORKER, FrameReader, LineReader, bare_frame
+from bench.measure import figure, now
 from launch.processes import open_serving_process, stop_process
 from protocol import ClusterMetadataRequest, CreateTopicRequest, CreateTopicResponse, ErrorCode
 from transport.connect import open_channel
@@ -45,33 +39,6 @@ from transport.connect import open_channel
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT = 60.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def figure(
-    benchmark: str,
-    name: str,
-    value: float | int | None,
-    unit: str,
-    baseline: float | int | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """One figure as the JSON line every benchmark prints (and flushes, so a pipe sees it now)."""
-    ratio = None
-    if value is not None and baseline and not math.isnan(float(baseline)):
-        ratio = round(float(value) / float(baseline), 3)
-    line: dict[str, Any] = {
-        "benchmark": benchmark,
-        "figure": name,
-        "value": rounded(value),
-        "unit": unit,
-        "baseline": rounded(baseline),
-        "ratio": ratio,
-        **extra,
-        # The machine is shared: its 1-minute load average says how much the figure competed.
-        "load_average": float(Path("/proc/loadavg").read_text().split()[0]),
-    }
-    print(json.dumps(line), flush=True)
-    return line
 
 
 # --- the parent's handles -----------------------------------------------------------------------
@@ -176,21 +143,23 @@ class Worker:
 
 
 @asynccontextmanager
-async def open_worker(arguments: Sequence[str], log_path: Path) -> AsyncIterator[Worker]:
+async def open_module(
+    module: str, arguments: Sequence[str], log_path: Path, *, stdin: bool = False
+) -> AsyncIterator[trio.Process]:
+    """``python -m module arguments`` from this checkout, its stdout a pipe (and its stdin, with
+    ``stdin``), its stderr appended to ``log_path``; stopped when the block ends."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "bench.loadgen", *arguments]
     with open(log_path, "ab") as log_file:
         process = await trio.lowlevel.open_process(
-            command,
-            stdin=subprocess.PIPE,
+            [sys.executable, "-m", module, *arguments],
+            stdin=subprocess.PIPE if stdin else None,
             stdout=subprocess.PIPE,
             stderr=log_file,
             cwd=REPO,
             env=env,
         )
-    assert process.stdout is not None
     try:
-        yield Worker(process=process, lines=LineReader(process.stdout))
+        yield process
     finally:
         with trio.CancelScope(shield=True):
             if process.stdin is not None:
@@ -199,7 +168,30 @@ async def open_worker(arguments: Sequence[str], log_path: Path) -> AsyncIterator
 
 
 @asynccontextmanager
-async def open_consumers(
+async def open_worker(arguments: Sequence[str], log_path: Path) -> AsyncIterator[Worker]:
+    async with open_module("bench.loadgen", arguments, log_path, stdin=True) as process:
+        assert process.stdout is not None
+        yield Worker(process=process, lines=LineReader(process.stdout))
+
+
+@asynccontextmanager
+async def _open_workers(
+    count: int, per_worker: int, command: Callable[[int, int], tuple[list[str], Path]]
+) -> AsyncIterator[list[Worker]]:
+    """Load workers for ``count`` of something, at most ``per_worker`` each (a process may hold
+    20,000 open files); ``command(first, share)``: one worker's arguments and log file."""
+    workers: list[Worker] = []
+    async with trio.open_nursery() as nursery:
+        try:
+            for first in range(0, count, per_worker):
+                arguments, log_path = command(first, min(per_worker, count - first))
+                workers.append(await _start(nursery, arguments, log_path))
+            yield workers
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def open_consumers(
     server: ServerProcess,
     count: int,
     work_dir: Path,
@@ -213,51 +205,26 @@ async def open_consumers(
     per_worker: int = PER_WORKER,
     tls_ca: Path | None = None,
     bootstrap: Sequence[ServerProcess] = (),
-) -> AsyncIterator[list[Worker]]:
+) -> AbstractAsyncContextManager[list[Worker]]:
     """``count`` consumers over ceil(count / per_worker) workers; member i is in group
     i // group_size; over TLS trusting ``tls_ca`` if given. With ``bootstrap``, each consumer
     registers with its group's coordinator as these brokers name it, not with ``server``."""
     found_through = ",".join(f"{b.host}:{b.port}" for b in bootstrap)
-    workers: list[Worker] = []
-    async with trio.open_nursery() as nursery:
-        try:
-            index = first
-            for _ in range(math.ceil(count / per_worker)):
-                share = min(per_worker, first + count - index)
-                arguments = [
-                    "consumers",
-                    "--host",
-                    server.host,
-                    "--port",
-                    str(server.port),
-                    "--count",
-                    str(share),
-                    "--first",
-                    str(index),
-                    "--group-size",
-                    str(group_size),
-                    "--group-prefix",
-                    group_prefix,
-                    "--member-prefix",
-                    member_prefix,
-                    "--topic",
-                    topic,
-                    "--session-timeout-ms",
-                    str(session_timeout_ms),
-                    *([] if tls_ca is None else ["--tls-ca", str(tls_ca)]),
-                    *(["--bootstrap", found_through] if bootstrap else []),
-                ]
-                workers.append(
-                    await _start(nursery, arguments, work_dir / f"{member_prefix}{index}.log")
-                )
-                index += share
-            yield workers
-        finally:
-            nursery.cancel_scope.cancel()
+
+    def command(offset: int, share: int) -> tuple[list[str], Path]:
+        index = first + offset
+        arguments = ["consumers", f"--host={server.host}", f"--port={server.port}"]
+        arguments += [f"--count={share}", f"--first={index}", f"--group-size={group_size}"]
+        arguments += [f"--group-prefix={group_prefix}", f"--member-prefix={member_prefix}"]
+        arguments += [f"--topic={topic}", f"--session-timeout-ms={session_timeout_ms}"]
+        arguments += [] if tls_ca is None else [f"--tls-ca={tls_ca}"]
+        arguments += [f"--bootstrap={found_through}"] if bootstrap else []
+        return arguments, work_dir / f"{member_prefix}{index}.log"
+
+    return _open_workers(count, per_worker, command)
 
 
-@asynccontextmanager
-async def open_bare_clients(
+def open_bare_clients(
     server: ServerProcess,
     count: int,
     work_dir: Path,
@@ -266,33 +233,36 @@ async def open_bare_clients(
     request_size: int = 64,
     reply_size: int = 64,
     per_worker: int = PER_WORKER,
-) -> AsyncIterator[list[Worker]]:
-    workers: list[Worker] = []
-    async with trio.open_nursery() as nursery:
-        try:
-            left = count
-            while left > 0:
-                share = min(per_worker, left)
-                arguments = [
-                    "bare",
-                    "--host",
-                    server.host,
-                    "--port",
-                    str(server.port),
-                    "--count",
-                    str(share),
-                    "--interval",
-                    str(interval),
-                    "--request-size",
-                    str(request_size),
-                    "--reply-size",
-                    str(reply_size),
-                ]
-                workers.append(await _start(nursery, arguments, work_dir / f"bare{left}.log"))
-                left -= share
-            yield workers
-        finally:
-            nursery.cancel_scope.cancel()
+) -> AbstractAsyncContextManager[list[Worker]]:
+    def command(first: int, share: int) -> tuple[list[str], Path]:
+        arguments = ["bare", f"--host={server.host}", f"--port={server.port}"]
+        arguments += [f"--count={share}", f"--interval={interval}"]
+        arguments += [f"--request-size={request_size}", f"--reply-size={reply_size}"]
+        return arguments, work_dir / f"bare{first}.log"
+
+    return _open_workers(count, per_worker, command)
+
+
+@asynccontextmanager
+async def open_bare(
+    work: Path, count: int, *, interval: float, ping: tuple[int, int], servers: int = 1
+) -> AsyncIterator[list[tuple[ServerProcess, list[Worker]]]]:
+    """``servers`` bare servers, each with its share of ``count`` clients doing one round trip
+    per ``interval``; ``ping``: the Ping's request and answer sizes, of which a bare server
+    receives the answer's and sends the request's, as a coordinator does."""
+    async with contextlib.AsyncExitStack() as stack:
+        held = []
+        for index in range(servers):
+            share = count // servers + (1 if index < count % servers else 0)
+            where = work / f"bare{index}" if servers > 1 else work / "bare"
+            bare = await stack.enter_async_context(open_bare_server(where))
+            clients = await stack.enter_async_context(
+                open_bare_clients(
+                    bare, share, where, interval=interval, request_size=ping[1], reply_size=ping[0]
+                )
+            )
+            held.append((bare, clients))
+        yield held
 
 
 async def _start(nursery: trio.Nursery, arguments: list[str], log_path: Path) -> Worker:
@@ -346,6 +316,117 @@ async def fewest_live(
         fewest = min(fewest, sum(s["live"] for s in await stats(workers)))
         each_poll()
     return int(fewest) if fewest < math.inf else sum(s["live"] for s in await stats(workers))
+
+
+@attrs.frozen(kw_only=True)
+class ConsumerHold:
+    """What ``consumers`` consumers did over a hold: the fewest live at any poll, the workers'
+    stats at its end, its length, and the CPU seconds of each process asked about over it."""
+
+    consumers: int
+    worst_live: int
+    stats: list[dict[str, Any]]
+    wall: float
+    cpu: list[float]
+
+    def total(self, key: str) -> int:
+        return sum(int(s[key]) for s in self.stats)
+
+    @property
+    def false_deaths(self) -> int:
+        """Connections the coordinator closed, failed registrations, consumers not live at some
+        poll."""
+        dropped, errors = self.total("dropped"), self.total("error_count")
+        return dropped + errors + self.consumers - self.worst_live
+
+    @property
+    def held(self) -> int:
+        """The consumers held: the fewest live, if none died falsely; else none."""
+        return self.worst_live if self.false_deaths == 0 else 0
+
+    def lateness(self, key: str) -> float:
+        """The worst of the workers' Ping lateness ``key`` (seconds)."""
+        return max(s[key] or 0.0 for s in self.stats)
+
+
+def report_hold(
+    benchmark: str,
+    holding: ConsumerHold,
+    baseline: BareHold | None,
+    *,
+    session_timeout_ms: int,
+    common: dict[str, Any],
+    **held: Any,
+) -> None:
+    """The figures of a hold: consumers held against what the bare servers held (if measured),
+    false deaths and what they were, and how late Pings came against their deadline (2T/3)."""
+    bare_held = None if baseline is None else sum(baseline.held)
+    bare_hold = {} if baseline is None else {"bare_hold_s": round(baseline.wall, 1)}
+    figure(
+        benchmark,
+        "consumers_held",
+        holding.held,
+        "consumers",
+        bare_held,
+        **common,
+        **bare_hold,
+        **held,
+    )
+    figure(
+        benchmark,
+        "false_deaths",
+        holding.false_deaths,
+        "consumers",
+        0,
+        **common,
+        dropped=holding.total("dropped"),
+        errors=holding.total("error_count"),
+        not_live_at_a_poll=holding.consumers - holding.worst_live,
+        first_errors=[e for s in holding.stats for e in s["errors"]][:5],
+    )
+    p99, worst = holding.lateness("lateness_p99"), holding.lateness("lateness_max")
+    figure(benchmark, "ping_lateness_p99", p99 * 1e3, "ms", None, **common)
+    figure(
+        benchmark,
+        "ping_lateness_max",
+        worst * 1e3,
+        "ms",
+        None,
+        **common,
+        deadline_ms=session_timeout_ms * 2 / 3,
+    )
+
+
+async def hold_consumers(
+    workers: Sequence[Worker],
+    count: int,
+    seconds: float,
+    *,
+    every: float,
+    pids: Sequence[int] = (),
+    each_poll: Callable[[], None] = lambda: None,
+) -> ConsumerHold:
+    """Reset the workers' counters, then hold ``count`` consumers for ``seconds`` (see
+    :func:`fewest_live`), measuring the CPU of the processes ``pids`` over the hold."""
+    for worker in workers:
+        await worker.command("reset")
+    cpu0, t0 = [cpu_seconds(pid) for pid in pids], now()
+    worst_live = await fewest_live(workers, seconds, every=every, each_poll=each_poll)
+    wall = now() - t0
+    cpu = [cpu_seconds(pid) - c for pid, c in zip(pids, cpu0, strict=True)]
+    return ConsumerHold(
+        consumers=count, worst_live=worst_live, stats=await stats(workers), wall=wall, cpu=cpu
+    )
+
+
+async def groups_formed(workers: Sequence[Worker], *, timeout: float, every: float = 0.2) -> bool:
+    """Whether every group finished its first rebalance within ``timeout``: a benchmark that
+    goes on without says so rather than hide it."""
+    try:
+        await wait_until(workers, all_groups_stable, timeout=timeout, every=every)
+    except RuntimeError:
+        return False
+    return True
 
 
 @attrs.frozen(kw_only=True)
@@ -524,28 +605,6 @@ def top_frames(path: Path, n: int = 12) -> dict[str, list[tuple[str, float]]]:
     }
 
 
-@contextmanager
-def reporting_errors(benchmark: str, name: str, **extra: Any) -> Iterator[None]:
-    """A size that fails (a server that fell over, a condition never reached) prints a "skipped"
-    line with the reason, and the benchmark goes on with the next size."""
-    try:
-        yield
-    except Exception as exc:  # any failure is reported, and the run goes on
-        reason = repr(exc)
-        if isinstance(exc, BaseExceptionGroup):
-            reason = "; ".join(repr(e) for e in _leaves(exc))
-        traceback.print_exc(file=sys.stderr)
-        line = {"benchmark": benchmark, "figure": name, "skipped": f"error: {reason[:1500]}"}
-        print(json.dumps({**line, **extra}), flush=True)
-
-
-def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
-    found: list[BaseException] = []
-    for exc in group.exceptions:
-        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return found
-
-
 def run(main: Callable[[], Awaitable[None]]) -> None:
     """``trio.run(main)``, cancelled by SIGTERM (a test that times out sends one) so that every
     server and worker this benchmark started is stopped on the way out, not left behind."""
@@ -575,10 +634,44 @@ def run(main: Callable[[], Awaitable[None]]) -> None:
         raise leaf from None
 
 
-def bench_arguments(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--quick", action="store_true", help="CI sizes: seconds, not minutes")
-    parser.add_argument(
-        "--work-dir", type=Path, default=None, help="data dirs and logs (default: a temp dir)"
-    )
-    return parser
+@contextmanager
+def work_area(work_dir: Path | None, name: str = "") -> Iterator[Path]:
+    """Where a benchmark's data dirs and logs go: ``work_dir`` (``--work-dir``: kept after the
+    run), else a temporary directory removed afterwards; the subdirectory ``name`` of it, made."""
+    with contextlib.ExitStack() as stack:
+        base = work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
+        work = base / name
+        work.mkdir(parents=True, exist_ok=True)
+        yield work
+
+
+class BenchArguments(argparse.ArgumentParser):
+    """Every benchmark's options: ``--quick`` (CI sizes: seconds, not minutes), ``--work-dir``,
+    and its own sizes, each with a default for either mode (:meth:`sized`)."""
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description=description)
+        self._sized: dict[str, tuple[object, object]] = {}
+        self.add_argument("--quick", action="store_true", help="CI sizes: seconds, not minutes")
+        self.add_argument(
+            "--work-dir", type=Path, default=None, help="data dirs and logs (default: a temp dir)"
+        )
+
+    def sized(
+        self, flag: str, *, quick: object, full: object, kind: type = float, help: str = ""
+    ) -> None:
+        """An option that defaults to ``quick`` with ``--quick``, else to ``full``."""
+        text = f"{help} (default {full}; {quick} with --quick)".strip()
+        action = self.add_argument(flag, type=kind, default=None, help=text)
+        self._sized[action.dest] = (quick, full)
+
+    def parse(self) -> argparse.Namespace:
+        args = self.parse_args()
+        for dest, (quick, full) in self._sized.items():
+            if getattr(args, dest) is None:
+                setattr(args, dest, quick if args.quick else full)
+        return args
+
+
+def bench_arguments(description: str) -> BenchArguments:
+    return BenchArguments(description)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import socket
 import statistics
-import tempfile
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -41,7 +40,6 @@ from bench.harness import (
     Worker,
     all_groups_stable,
     bench_arguments,
-    figure,
     open_bare_clients,
     open_bare_server,
     open_consumers,
@@ -50,17 +48,13 @@ from bench.harness import (
     probe_coordinator,
     profile_server,
     registered,
-    reporting_errors,
     run,
     stats,
     wait_until,
+    work_area,
 )
-from bench.loadgen import (
-    PER_WORKER,
-    frame_sizes,
-    now,
-    percentile,
-)
+from bench.loadgen import PER_WORKER, frame_sizes
+from bench.measure import figure, micros_per, now, percentile, reporting_errors
 
 BENCH = "heartbeat"
 SESSION_TIMEOUT_MS = 10_000
@@ -152,8 +146,7 @@ async def measure(
         round_trips = sum(s["round_trips"] for s in bare_stats)
         bare_rss = bare.rss_bytes()
 
-    per_ping = cpu / pings * 1e6 if pings else float("nan")
-    per_echo = bare_cpu / round_trips * 1e6 if round_trips else float("nan")
+    per_ping, per_echo = micros_per(cpu, pings), micros_per(bare_cpu, round_trips)
     common = {"consumers": n, "window_s": round(wall, 2)}
     figure(
         BENCH,
@@ -252,9 +245,7 @@ async def metrics_cost(
 
 async def main() -> None:
     parser = bench_arguments(__doc__ or BENCH)
-    parser.add_argument(
-        "--profile", type=float, default=None, help="py-spy seconds after each window (0: none)"
-    )
+    parser.sized("--profile", quick=0.0, full=10.0, help="py-spy seconds after each window")
     parser.add_argument("--consumers", type=int, nargs="+", help="sizes instead of the defaults")
     parser.add_argument("--per-worker", type=int, default=PER_WORKER, help="consumers per process")
     parser.add_argument(
@@ -263,16 +254,14 @@ async def main() -> None:
         metavar="RUNS",
         help="compare CPU per Ping with and without the metrics endpoint, RUNS each",
     )
-    args = parser.parse_args()
-    profile = args.profile if args.profile is not None else (0 if args.quick else 10)
+    args = parser.parse()
+    profile = args.profile
     sizes = args.consumers or ([200] if args.quick else [5000, 10000])
     # The window is a whole number of Ping periods: consumers registered in the same instant are
     # pinged in the same instant, so a window shorter than a period can hold no Ping at all (CI
     # measured none once, in a 3 s window), and a fraction of one counts a burst or not by chance.
     settle, window = (1.5, 2 * INTERVAL) if args.quick else (5.0, 6 * INTERVAL)
-    with tempfile.TemporaryDirectory(prefix="bench-heartbeat-") as tmp:
-        work = (args.work_dir or Path(tmp)) / BENCH
-        work.mkdir(parents=True, exist_ok=True)
+    with work_area(args.work_dir, BENCH) as work:
         if args.metrics_cost:
             n = args.consumers[0] if args.consumers else 2000
             await metrics_cost(

@@ -5,10 +5,12 @@ Three kinds of process, all started by a benchmark (the parent):
 
 * the coordinator: a real ``python -m cli serve --port 0`` subprocess;
 * ``python -m bench.loadgen consumers ...``: a worker holding up to ~5,000 consumers that speak
-  the real protocol (``transport.channel.Channel``): each registers with RegisterConsumer and
-  answers Ping, StopFetcher and StartFetcher, recording when each arrived; with ``--bootstrap``
-  each first finds its group's coordinator as the consumer library does (ClusterMetadata naming
-  the group, :class:`consumer.discovery.Discovery`);
+  the real protocol (``transport.channel.Channel``), each the consumer library's own machine
+  (:class:`statemachine.consumer.ConsumerMachine`): it decides how to register and what to answer
+  to Ping, StopFetcher and StartFetcher, and the worker performs its effects (with no fetchers and
+  no lease timer: a request read after the lease ran out finds the member stopped), recording
+  when each request arrived; with ``--bootstrap`` each first finds its group's coordinator as the
+  consumer library does (ClusterMetadata naming the group, :class:`consumer.discovery.Discovery`);
 * ``python -m bench.loadgen bare-serve`` and ``... bare ...``: the bare baseline, a trio server
   and clients exchanging length-prefixed frames of the protocol's sizes with no decoding, no
   state machine and no timers on the server (the limit trio itself sets on one core).
@@ -18,8 +20,7 @@ parent can freeze one (SIGSTOP) without losing the others. A process may hold at
 files, so the parent spreads consumers over several workers, apart from the server's process.
 
 Times that cross processes (a trigger in one worker, a StartFetcher receipt in another) are read
-from ``time.monotonic()``: CLOCK_MONOTONIC is one clock for every process on the machine, which
-trio's per-run clock is not.
+from :func:`bench.measure.now`, the one clock every process on the machine shares.
 """
 
 from __future__ import annotations
@@ -31,15 +32,15 @@ import os
 import random
 import signal
 import struct
-import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
+from bench.measure import now, percentile, rounded
 from consumer.discovery import Discovery
 from protocol import (
     AssignedPartition,
@@ -59,8 +60,9 @@ from protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from protocol.types import BrokerInfo, Subscription, TopicStreams
-from transport.channel import Channel, ChannelClosed
+from protocol.types import BrokerInfo, Subscription, TopicPartition, TopicStreams
+from statemachine import consumer as sm
+from transport.channel import Channel, ChannelClosed, acknowledged_frames
 from transport.security import ClientSecurity
 
 MAX_FRAME = 64 * 1024 * 1024
@@ -74,26 +76,6 @@ LATENESS_SAMPLES = 20_000
 DISCOVERY_PASSES = 30
 DISCOVERY_TIMEOUT = 30.0
 _SIZE = struct.Struct(">i")
-
-
-def now() -> float:
-    # real-clock: compared across processes (CLOCK_MONOTONIC is shared, trio's clock is not)
-    return time.monotonic()
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile; NaN for no samples."""
-    if not samples:
-        return math.nan
-    ordered = sorted(samples)
-    rank = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[rank]
-
-
-def rounded(value: float | int | None) -> float | int | None:
-    if isinstance(value, float):
-        return None if math.isnan(value) else round(value, 6)
-    return value
 
 
 # --- frame sizes --------------------------------------------------------------------------------
@@ -266,28 +248,78 @@ BROADCAST_SIZES: list[tuple[int, int]] = [(64, 64), (64, 64)]
 # --- workers ------------------------------------------------------------------------------------
 
 
+def coordinator_input(request: Request, now: float, anchor: float | None) -> sm.Input | None:
+    """The consumer machine's input for a coordinator request read at ``now`` (trio time);
+    ``anchor``: when this side queued the frame the request names (where the lease runs from).
+    None for any other request."""
+    cid = request.correlation_id
+    match request.message:
+        case PingRequest(coordinator_epoch=epoch, generation=generation):
+            return sm.PingReceived(
+                now=now, anchor=anchor, correlation_id=cid, epoch=epoch, generation=generation
+            )
+        case StopFetcherRequest(coordinator_epoch=epoch, generation=generation) as stop:
+            return sm.StopFetcherReceived(
+                now=now,
+                anchor=anchor,
+                correlation_id=cid,
+                epoch=epoch,
+                generation=generation,
+                partitions=stop.partitions,
+                reason=stop.reason,
+            )
+        case StartFetcherRequest(coordinator_epoch=epoch, generation=generation) as start:
+            return sm.StartFetcherReceived(
+                now=now,
+                anchor=anchor,
+                correlation_id=cid,
+                epoch=epoch,
+                generation=generation,
+                streams=start.streams,
+                incremental=start.incremental,
+            )
+    return None
+
+
+def _names(partitions: Iterable[TopicPartition]) -> list[str]:
+    return sorted(f"{p.topic}/{p.partition}" for p in partitions)
+
+
 @attrs.define(eq=False)
 class _Consumer:
+    """One member: the consumer library's own machine (:mod:`statemachine.consumer`), whose
+    effects the worker performs with no fetcher behind them, and what it was told when."""
+
     consumer_id: str
     group_id: str
-    channel: Channel | None = None
+    machine: sm.ConsumerMachine
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    #: Set once the registration answer is in the machine; a request read before waits for it.
+    answered: trio.Event | None = None
+    #: How the machine said to close the connection (CloseConnection); False: cleanly.
+    reset: bool = False
     registered: bool = False
     closing: bool = False
     dropped: bool = False
     last_ping: float | None = None
     last_answer: float | None = None
-    generation: int = -1
     started_at: float | None = None
     #: The broker id it registered with (found by discovery; -1 without ``--bootstrap``).
     coordinator: int = -1
-    #: The partitions it may fetch now ("topic/partition"), and what it was told when: each
-    #: StopFetcher answer (the partitions it stopped), each StartFetcher (those it had not
-    #: held before it), and its clean close (what it held), as (CLOCK_MONOTONIC, partitions).
-    held: set[str] = attrs.field(factory=set)
+    #: What it was told when: each StopFetcher answer (the partitions it stopped), each
+    #: StartFetcher (those it had not held before it), and its clean close (what it held), as
+    #: (CLOCK_MONOTONIC, partitions).
     stopped: list[tuple[float, list[str]]] = attrs.field(factory=list)
     started: list[tuple[float, list[str], int]] = attrs.field(factory=list)
     closed_at: float | None = None
+
+    @property
+    def generation(self) -> int:
+        return self.machine.generation
+
+    @property
+    def live(self) -> bool:
+        return self.registered and not self.dropped and not self.closing
 
 
 @attrs.define(eq=False)
@@ -317,11 +349,21 @@ class ConsumerWorker:
     #: Consumers that found a coordinator which then did not take their registration (the
     #: office moved in between) and looked again, as the consumer library does.
     rediscovered: int = 0
+    #: Members whose machine closed their connection on a coordinator request: its lease ran
+    #: out before the request was read (the worker fell behind), or it was fenced.
+    closed_by_machine: int = 0
+    config: sm.ConsumerConfig = attrs.field(init=False)
 
-    async def _find(self, consumer: _Consumer, index: int) -> tuple[str, int] | None:
-        """The coordinator's address as ``bootstrap`` names it for the consumer's group; each
-        consumer starts its round robin at another broker, so that every broker is asked."""
-        start = index % len(self.bootstrap)
+    def __attrs_post_init__(self) -> None:
+        self.config = sm.ConsumerConfig(session_timeout=self.session_timeout_ms / 1000)
+
+    async def run_consumer(self, consumer: _Consumer, index: int = 0) -> None:
+        """Perform the machine's effects until the consumer closes, is dropped, or gives up:
+        each Discover is one look (at ``bootstrap``, each consumer starting its round robin at
+        another broker; else at host:port), each Register a session. A member whose
+        registered connection ended is done (the parent counts it dropped), and one that used up
+        its looks without registering is an error."""
+        start = index % max(1, len(self.bootstrap))
         discovery = Discovery(
             group_id=consumer.group_id,
             addresses=self.bootstrap[start:] + self.bootstrap[:start],
@@ -330,78 +372,107 @@ class ConsumerWorker:
             max_frame_size=MAX_FRAME,
             request_timeout=DISCOVERY_TIMEOUT,
         )
-        for _ in range(DISCOVERY_PASSES):
-            async with self.limiter:
-                found = await discovery.find()
-            if found is not None:
-                consumer.coordinator = found.coordinator.broker_id
-                return found.coordinator.host, found.coordinator.port
-            await trio.sleep(1.0)
-        self.errors.append(f"discovery {consumer.group_id}: {discovery.last_problem}")
-        return None
+        looks = DISCOVERY_PASSES if self.bootstrap else 1
+        effects = consumer.machine.handle(sm.Start())
+        while effects:
+            effect = effects.pop(0)
+            if isinstance(effect, sm.Discover):
+                if consumer.registered:
+                    return
+                if looks == 0:
+                    problem = discovery.last_problem or "registrations refused"
+                    self.errors.append(f"no coordinator for {consumer.consumer_id}: {problem}")
+                    return
+                looks -= 1
+                jitter = random.uniform(-effect.jitter, effect.jitter)
+                await trio.sleep(max(0.0, effect.delay + jitter))
+                effects = consumer.machine.handle(await self._look(consumer, discovery))
+            elif isinstance(effect, sm.Register):
+                effects = await self._session(consumer, effect)
 
-    async def run_consumer(self, consumer: _Consumer, index: int = 0) -> None:
-        """Run ``consumer`` until cancelled; with ``bootstrap``, look for the coordinator again
-        (a bounded number of times) while the one found answers NOT_COORDINATOR."""
-        for _ in range(DISCOVERY_PASSES if self.bootstrap else 1):
-            address = (
-                await self._find(consumer, index) if self.bootstrap else (self.host, self.port)
+    async def _look(self, consumer: _Consumer, discovery: Discovery) -> sm.Input:
+        if not self.bootstrap:
+            here = BrokerInfo(broker_id=-1, host=self.host, port=self.port)
+            return sm.CoordinatorFound(
+                now=trio.current_time(), coordinator=here, epoch=sm.UNKNOWN_EPOCH
             )
-            if address is None:
-                return
-            if not await self._run_at(consumer, *address):
-                return
-            self.rediscovered += 1
+        async with self.limiter:
+            found = await discovery.find()
+        if found is None:
+            return sm.DiscoveryFailed(now=trio.current_time(), error_code=discovery.last_code)
+        consumer.coordinator = found.coordinator.broker_id
+        return sm.CoordinatorFound(
+            now=trio.current_time(), coordinator=found.coordinator, epoch=found.epoch
+        )
 
-    async def _run_at(self, consumer: _Consumer, host: str, port: int) -> bool:
-        """Register at ``host:port`` and answer until cancelled or dropped; True when the broker
-        refused the registration as not the group's coordinator (look again)."""
-        not_coordinator = False
+    async def _session(self, consumer: _Consumer, register: sm.Register) -> list[sm.Effect]:
+        """Connect where ``register`` says, register, and answer until the connection ends
+        (the peer closed it, or the machine did); the look the machine asks for after a
+        refusal that says the coordinator moved (with ``bootstrap``), else none."""
+        coordinator = register.coordinator
+        consumer.scope = trio.CancelScope()
+        consumer.reset = False
+        looks: list[sm.Effect] = []
+        event: sm.Input | None = None
         with consumer.scope:
             async with self.limiter:
                 try:
-                    stream = await self.connect(host, port)
+                    stream = await self.connect(coordinator.host, coordinator.port)
                 except OSError as exc:
                     self.errors.append(f"connect: {exc}")
-                    return False
+                    return []
             channel = Channel.open(
                 stream, Role.CONSUMER, client_id="loadgen", max_frame_size=MAX_FRAME
             )
-            consumer.channel = channel
             async with trio.open_nursery() as nursery:
 
                 async def read() -> None:
                     await channel.run(lambda request: self.answer(consumer, channel, request))
-                    if not consumer.closing:
-                        consumer.dropped = True
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(read)
-                response = await self._register(consumer, channel)
-                if response is not None and response.error_code is ErrorCode.NONE:
+                event = await self._register(consumer, channel, register)
+                effects = self._closing(consumer, consumer.machine.handle(event))
+                if consumer.machine.state is sm.ConsumerState.STOPPED:
                     consumer.registered = True
-                elif (
-                    self.bootstrap
-                    and response is not None
-                    and response.error_code is ErrorCode.NOT_COORDINATOR
-                ):
-                    not_coordinator = True
-                    nursery.cancel_scope.cancel()
+                    if consumer.answered is not None:
+                        consumer.answered.set()
                 else:
-                    self.errors.append(f"register {consumer.consumer_id}: {response}")
+                    moved = (
+                        isinstance(event, sm.RegistrationRejected)
+                        and event.error_code in sm.FAILOVER_CODES
+                    )
+                    if self.bootstrap and moved:
+                        self.rediscovered += 1
+                        looks = effects
+                    else:
+                        self.errors.append(f"register {consumer.consumer_id}: {event}")
                     nursery.cancel_scope.cancel()
-        if consumer.channel is not None:
-            with trio.CancelScope(shield=True):
-                await consumer.channel.aclose()
-        if not_coordinator:
-            consumer.channel = None
-            consumer.dropped = False
-            consumer.scope = trio.CancelScope()
-        return not_coordinator
+        if event is None:
+            self.errors.append(f"register {consumer.consumer_id}: the connection closed first")
+        # Registered, and not closed by the application: the peer closed the connection, or
+        # the machine did (a lease that ran out, a fence).
+        consumer.dropped = consumer.registered and not consumer.closing
+        if consumer.dropped and sm.TABLE.allows(consumer.machine.state, sm.ConnectionLost):
+            self._closing(
+                consumer, consumer.machine.handle(sm.ConnectionLost(now=trio.current_time()))
+            )
+        with trio.CancelScope(shield=True):
+            await (channel.abort() if consumer.reset else channel.aclose())
+        return looks
+
+    @staticmethod
+    def _closing(consumer: _Consumer, effects: list[sm.Effect]) -> list[sm.Effect]:
+        """Take how the machine says to close the connection (the session's end closes it)."""
+        for effect in effects:
+            if isinstance(effect, sm.CloseConnection):
+                consumer.reset = effect.reset
+                consumer.scope.cancel()
+        return effects
 
     async def _register(
-        self, consumer: _Consumer, channel: Channel
-    ) -> RegisterConsumerResponse | None:
+        self, consumer: _Consumer, channel: Channel, register: sm.Register
+    ) -> sm.Input:
         request = RegisterConsumerRequest(
             group_id=consumer.group_id,
             consumer_id=consumer.consumer_id,
@@ -409,20 +480,33 @@ class ConsumerWorker:
             auto_commit=False,
             auto_offset_reset="smallest",
             session_timeout_ms=self.session_timeout_ms,
-            generation=-1,
-            owned_partitions=(),
+            generation=register.generation,
+            owned_partitions=register.owned,
+            instance_id=register.instance_id,
         )
         async with self.limiter:
+            # The request is queued before request() first yields: the lease runs from here.
+            queued = trio.current_time()
             try:
                 response = await channel.request(request)
             except ChannelClosed:
-                return None
-        return response if isinstance(response, RegisterConsumerResponse) else None
+                return sm.ConnectionLost(now=trio.current_time())
+        if not isinstance(response, RegisterConsumerResponse):  # an error frame's answer
+            code = getattr(response, "error_code", ErrorCode.UNKNOWN_SERVER_ERROR)
+            return sm.RegistrationRejected(now=trio.current_time(), error_code=code)
+        if response.error_code is not ErrorCode.NONE:
+            return sm.RegistrationRejected(now=trio.current_time(), error_code=response.error_code)
+        return sm.Registered(
+            now=trio.current_time(),
+            anchor=queued,
+            generation=response.generation,
+            epoch=response.coordinator_epoch,
+        )
 
     async def answer(self, consumer: _Consumer, channel: Channel, request: Request) -> None:
+        """Feed a coordinator request to the consumer's machine and perform what it says."""
         arrived = now()
         message = request.message
-        answer: ResponseMessage
         if isinstance(message, PingRequest):
             self.pings += 1
             if consumer.last_ping is not None:
@@ -430,50 +514,84 @@ class ConsumerWorker:
                 self.lateness.append(late)
                 self.lateness_max = max(self.lateness_max, late)
             consumer.last_ping = arrived
-            answer = PingResponse(
-                error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id, offsets=()
-            )
         elif isinstance(message, StopFetcherRequest):
             self.stops += 1
-            # SPEC.md §11.5: null (and every version before 2) stops everything, a list exactly
-            # those of it that are held; the rest go on.
-            if message.partitions is None:
-                stopping = set(consumer.held)
-            else:
-                stopping = consumer.held & {
-                    f"{tp.topic}/{tp.partition}" for tp in message.partitions
-                }
-            consumer.held -= stopping
-            answer = StopFetcherResponse(
-                error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id, offsets=()
-            )
-        elif isinstance(message, StartFetcherRequest):
-            consumer.generation = message.generation
-            consumer.started_at = arrived
-            # SPEC.md §11.6: the streams replace the assignment. Incremental: what is held goes
-            # on, only the rest starts; otherwise everything stops and starts again.
-            whole = {f"{p.topic}/{p.partition}" for s in message.streams for p in s.partitions}
-            kept = consumer.held & whole if message.incremental else set()
-            if outside := consumer.held - whole:
-                consumer.stopped.append((arrived, sorted(outside)))
-            consumer.held = whole
-            consumer.started.append((arrived, sorted(whole - kept), message.generation))
-            answer = StartFetcherResponse(
-                error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id
-            )
-        else:
+        # Looked up as the request is read: a later one forgets the frames before its own.
+        anchor = channel.sent_at(acknowledged_frames(message))
+        event = coordinator_input(request, trio.current_time(), anchor)
+        if event is None:
             return
-        try:
-            await channel.respond(request, answer)
-        except ChannelClosed:
+        if not consumer.registered:
+            consumer.answered = consumer.answered or trio.Event()
+            await consumer.answered.wait()
+        if consumer.closing or not sm.TABLE.allows(consumer.machine.state, type(event)):
             return
-        consumer.last_answer = now()
-        if isinstance(message, StopFetcherRequest):
-            # Unowned from the answer on: the coordinator may hand these on once it reads it.
-            consumer.stopped.append((consumer.last_answer, sorted(stopping)))
+        held = consumer.machine.owned
+        await self._perform(consumer, channel, request, consumer.machine.handle(event), held)
+
+    async def _perform(
+        self,
+        consumer: _Consumer,
+        channel: Channel,
+        request: Request,
+        effects: list[sm.Effect],
+        held: tuple[TopicPartition, ...],
+    ) -> None:
+        """The machine's effects for one coordinator request, in order; ``held``: what it
+        fetched before. Stops and starts are stamped for the parent: a StopFetcher's stop from
+        its answer on (the coordinator may hand the partitions on once it reads it), a
+        StartFetcher's from its arrival."""
+        arrived = now()
+        stopping: list[str] = []
+        answer: ResponseMessage | None = None
+        for effect in effects:
+            match effect:
+                case sm.StopFetchers(partitions=partitions):
+                    stopping += _names(held if partitions is None else partitions)
+                case sm.StartFetchers(generation=generation, streams=streams, kept=kept):
+                    whole = {f"{p.topic}/{p.partition}" for s in streams for p in s.partitions}
+                    if outside := sorted(set(stopping) - whole):
+                        consumer.stopped.append((arrived, outside))
+                    consumer.started.append(
+                        (arrived, sorted(whole - set(_names(kept))), generation)
+                    )
+                    consumer.started_at = arrived
+                case sm.RespondPing():
+                    answer = PingResponse(
+                        error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id, offsets=()
+                    )
+                case sm.RespondStop():
+                    answer = StopFetcherResponse(
+                        error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id, offsets=()
+                    )
+                case sm.RespondStart():
+                    answer = StartFetcherResponse(
+                        error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id
+                    )
+                case sm.CloseConnection():
+                    # A lease that ran out before the request was read (or a fence).
+                    self.closed_by_machine += 1
+                    self._closing(consumer, [effect])
+            if answer is not None:
+                try:
+                    await channel.respond(request, answer)
+                except ChannelClosed:
+                    return
+                consumer.last_answer = now()
+                if isinstance(answer, StopFetcherResponse):
+                    consumer.stopped.append((consumer.last_answer, sorted(stopping)))
+                answer = None
+
+    def close(self, consumer: _Consumer) -> None:
+        """Close the consumer as the application would (the machine stops, then closes the
+        connection cleanly, which proves the stop: SPEC.md §11.9). Its final commit and
+        LeaveGroup are left out: this load leaves by the clean close alone."""
+        consumer.closing = True
+        consumer.closed_at = now()
+        self._closing(consumer, consumer.machine.handle(sm.Close()))
 
     def stats(self) -> dict[str, Any]:
-        live = [c for c in self.consumers if c.registered and not c.dropped and not c.closing]
+        live = [c for c in self.consumers if c.live]
         generations: dict[int, list[float]] = {}
         for c in live:
             entry = generations.setdefault(c.generation, [0, 0.0])
@@ -491,8 +609,9 @@ class ConsumerWorker:
             "error_count": len(self.errors),
             "generations": {str(g): v for g, v in generations.items()},
             "last_answer": max(answers) if answers else None,
-            "held": sum(len(c.held) for c in live),
+            "held": sum(len(c.machine.owned) for c in live),
             "rediscovered": self.rediscovered,
+            "closed_by_machine": self.closed_by_machine,
             "coordinators": dict(Counter(str(c.coordinator) for c in live)),
             "groups_at": {
                 str(broker): sorted({c.group_id for c in live if c.coordinator == broker})
@@ -506,11 +625,7 @@ class ConsumerWorker:
 
     def holdings(self) -> dict[str, list[str]]:
         """What each live consumer holds now, by consumer id."""
-        return {
-            c.consumer_id: sorted(c.held)
-            for c in self.consumers
-            if c.registered and not c.dropped and not c.closing
-        }
+        return {c.consumer_id: _names(c.machine.owned) for c in self.consumers if c.live}
 
     def handoffs(self, since: float) -> list[dict[str, Any]]:
         """Every consumer's stops, starts and clean close at or after ``since``."""
@@ -525,7 +640,8 @@ class ConsumerWorker:
         return found
 
     def add(self, nursery: trio.Nursery, group_id: str, consumer_id: str) -> _Consumer:
-        consumer = _Consumer(consumer_id=consumer_id, group_id=group_id)
+        machine = sm.ConsumerMachine(config=self.config)
+        consumer = _Consumer(consumer_id=consumer_id, group_id=group_id, machine=machine)
         self.consumers.append(consumer)
         nursery.start_soon(self.run_consumer, consumer, len(self.consumers))
         return consumer
@@ -571,12 +687,8 @@ async def run_consumer_worker(args: argparse.Namespace) -> None:
                 reply = {"t0": now(), "closed": []}
                 live = [c for c in worker.consumers if c.registered and not c.closing]
                 for consumer in live[: int(arg)]:
-                    # A clean close (end of stream) proves the stop (SPEC.md §11.9): what it
-                    # held is unowned from here.
-                    consumer.closing = True
-                    consumer.closed_at = now()
-                    consumer.held = set()
-                    consumer.scope.cancel()
+                    # What it held is unowned from here.
+                    worker.close(consumer)
                     reply["closed"].append(consumer.consumer_id)
             elif verb == "holdings":
                 reply = worker.holdings()

@@ -14,7 +14,6 @@ Each size is measured ``--repeats`` times on a fresh server; the median is the f
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,24 +24,22 @@ from bench.harness import (
     bare_broadcast,
     bench_arguments,
     create_topic,
-    figure,
     open_bare_clients,
     open_bare_server,
     open_consumers,
     open_coordinator,
     profile_server,
     registered,
-    reporting_errors,
     run,
     stable_at,
     stable_generation,
     stats,
     top_frames,
     wait_until,
+    work_area,
 )
-from bench.loadgen import (
-    frame_sizes,
-)
+from bench.loadgen import frame_sizes
+from bench.measure import figure, reporting_errors
 
 BENCH = "rebalance"
 TOPIC = "rebalance"
@@ -157,25 +154,21 @@ async def bare_latencies(work: Path, members: int, partitions: int, repeats: int
 async def main() -> None:
     parser = bench_arguments(__doc__ or BENCH)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--profile", type=float, default=None, help="py-spy seconds on the largest group (0: none)"
-    )
+    parser.sized("--profile", quick=0.0, full=10.0, help="py-spy seconds on the largest group")
     parser.add_argument(
         "--sizes",
         type=lambda text: [int(n) for n in text.split(",")],
         default=None,
         help="comma-separated group sizes (default: 10,100,1000,5000; quick: 10,50)",
     )
-    parser.add_argument("--partitions", type=int, default=None, help="default 10,000 (quick 1,000)")
-    args = parser.parse_args()
+    parser.sized("--partitions", quick=1000, full=10_000, kind=int)
+    args = parser.parse()
     sizes = args.sizes or ([10, 50] if args.quick else [10, 100, 1000, 5000])
-    partitions = args.partitions or (1000 if args.quick else 10_000)
-    with tempfile.TemporaryDirectory(prefix="bench-rebalance-") as tmp:
-        work = (args.work_dir or Path(tmp)) / BENCH
-        work.mkdir(parents=True, exist_ok=True)
+    partitions = args.partitions
+    with work_area(args.work_dir, BENCH) as work:
         for members in sizes:
             with reporting_errors(BENCH, "rebalance_latency", members=members):
-                profile = args.profile if args.profile is not None else (0 if args.quick else 10)
+                profile = args.profile
                 ours = await coordinator_latencies(
                     work, members, partitions, args.repeats, profile if members == sizes[-1] else 0
                 )

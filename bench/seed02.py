@@ -35,7 +35,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -44,8 +43,13 @@ from pathlib import Path
 import attrs
 import trio
 
-from bench.harness import bench_arguments, figure, reporting_errors, run
+from bench.harness import (
+    bench_arguments,
+    run,
+    work_area,
+)
 from bench.loadgen import LineReader
+from bench.measure import figure, reporting_errors
 from bench.seed02_consumer import Seed02Consumer
 from bench.seed02_session import ZooKeeperRebalanceSession, open_zk_rebalance_session
 from coordinator.config import CoordinatorConfig
@@ -433,8 +437,7 @@ async def bench(sizes: list[int], work_dir: Path) -> None:
 def main() -> None:
     args = bench_arguments(__doc__.splitlines()[0]).parse_args()
     sizes = [10] if args.quick else [10, 50, 100]
-    with contextlib.ExitStack() as stack:
-        work_dir = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    with work_area(args.work_dir) as work_dir:
         run(lambda: bench(sizes, work_dir))
 
 

@@ -16,7 +16,6 @@ The certificates are a throwaway CA made here with ``trustme`` (the ``bench`` ex
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,20 +25,22 @@ import trio
 import trustme
 
 from bench.harness import (
+    ConsumerHold,
     ServerProcess,
     Worker,
     all_groups_stable,
     bench_arguments,
-    figure,
+    hold_consumers,
     open_consumers,
     open_coordinator,
     registered,
-    reporting_errors,
+    report_hold,
     run,
     stats,
     wait_until,
+    work_area,
 )
-from bench.loadgen import now
+from bench.measure import figure, micros_per, now, reporting_errors
 from consumer import ProducerConfig, open_producer
 from protocol import CreateTopicRequest, FetchRequest, FetchResponse
 from protocol.batches import walk_batches
@@ -147,8 +148,8 @@ async def _ping_cpu(
 
 async def _held(
     work: Path, n: int, hold: float, ca: Path, server_pem: Path
-) -> tuple[int, int, float, float, float]:
-    """(consumers held, false deaths, connect-and-register seconds, server RSS MiB, hold s)."""
+) -> tuple[ConsumerHold, float, float]:
+    """(the hold, connect-and-register seconds, server RSS MiB)."""
     started = now()
     async with _loaded(
         work,
@@ -163,45 +164,27 @@ async def _held(
     ) as (server, workers):
         connect_time = now() - started
         await wait_until(workers, all_groups_stable, timeout=180)
-        for worker in workers:
-            await worker.command("reset")
-        t0 = now()
-        deadline = trio.current_time() + hold
-        worst_live = n
-        while trio.current_time() < deadline:
-            await trio.sleep(min(POLL, max(0.0, deadline - trio.current_time())))
-            worst_live = min(worst_live, sum(s["live"] for s in await stats(workers)))
-        st = await stats(workers)
-        false_deaths = (
-            sum(s["dropped"] for s in st) + sum(s["error_count"] for s in st) + (n - worst_live)
-        )
-        rss = server.rss_bytes() / 2**20
-        return (worst_live if not false_deaths else 0), false_deaths, connect_time, rss, now() - t0
+        held = await hold_consumers(workers, n, hold, every=POLL)
+        return held, connect_time, server.rss_bytes() / 2**20
 
 
 async def main() -> None:
     parser = bench_arguments(__doc__ or BENCH)
-    parser.add_argument("--consumers", type=int, default=None, help="for the Ping path")
-    parser.add_argument("--window", type=float, default=None)
-    parser.add_argument("--held", type=int, default=None, help="TLS consumers to hold")
-    parser.add_argument("--hold", type=float, default=None)
-    parser.add_argument("--records", type=int, default=None)
+    parser.sized("--consumers", quick=200, full=5000, kind=int, help="for the Ping path")
+    parser.sized("--window", quick=6.0, full=60.0, help="seconds")
+    parser.sized("--held", quick=200, full=10_000, kind=int, help="TLS consumers to hold")
+    parser.sized("--hold", quick=6.0, full=120.0, help="seconds")
+    parser.sized("--records", quick=20_000, full=200_000, kind=int)
     parser.add_argument(
         "--parts",
         default="ping,held,rates",
         help="which measures to run, comma separated (default: %(default)s)",
     )
-    args = parser.parse_args()
+    args = parser.parse()
     parts = set(args.parts.split(","))
-    quick: bool = args.quick
-    n = args.consumers or (200 if quick else 5000)
-    window = args.window or (6.0 if quick else 60.0)
-    held_n = args.held or (200 if quick else 10_000)
-    hold = args.hold or (6.0 if quick else 120.0)
-    records = args.records or (20_000 if quick else 200_000)
-    with tempfile.TemporaryDirectory(prefix="bench-tls-") as tmp:
-        work = (args.work_dir or Path(tmp)) / BENCH
-        work.mkdir(parents=True, exist_ok=True)
+    n, window, held_n, hold = args.consumers, args.window, args.held, args.hold
+    records = args.records
+    with work_area(args.work_dir, BENCH) as work:
         ca, server_pem = _certificates(work)
 
         if "ping" in parts:
@@ -222,9 +205,9 @@ async def _report_ping(work: Path, n: int, window: float, ca: Path, server_pem: 
     figure(
         BENCH,
         "cpu_per_round_trip",
-        cpu / pings * 1e6 if pings else None,
+        micros_per(cpu, pings),
         "us",
-        plain_cpu / plain_pings * 1e6 if plain_pings else None,
+        micros_per(plain_cpu, plain_pings),
         window_s=round(wall, 1),
         **common,
     )
@@ -233,10 +216,9 @@ async def _report_ping(work: Path, n: int, window: float, ca: Path, server_pem: 
 
 
 async def _report_held(work: Path, n: int, hold: float, ca: Path, server_pem: Path) -> None:
-    held, deaths, connect_time, rss, held_for = await _held(work, n, hold, ca, server_pem)
-    common = {"consumers": n, "hold_s": round(held_for, 1), "tls": True}
-    figure(BENCH, "consumers_held", held, "consumers", None, **common)
-    figure(BENCH, "false_deaths", deaths, "consumers", 0, **common)
+    held, connect_time, rss = await _held(work, n, hold, ca, server_pem)
+    common = {"consumers": n, "hold_s": round(held.wall, 1), "tls": True}
+    report_hold(BENCH, held, None, session_timeout_ms=SESSION_TIMEOUT_MS, common=common)
     figure(BENCH, "start_to_all_registered", connect_time, "s", None, **common)
     figure(BENCH, "server_rss", rss, "MiB", None, **common)
 

@@ -17,16 +17,19 @@ figure is the median round's rate. ZooKeeper is a standalone server with fsync o
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import trio
 
-from bench.harness import bench_arguments, figure, run
+from bench.harness import (
+    bench_arguments,
+    run,
+    work_area,
+)
+from bench.measure import figure
 from coordinator.offsets import OffsetKeeper
 from launch.zookeeper import open_ensemble
 from protocol.types import TopicPartition
@@ -104,8 +107,7 @@ async def bench(commits: int, rounds: int, work_dir: Path) -> None:
 def main() -> None:
     args = bench_arguments(__doc__.splitlines()[0]).parse_args()
     commits, rounds = (100, 1) if args.quick else (1000, 5)
-    with contextlib.ExitStack() as stack:
-        work_dir = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    with work_area(args.work_dir) as work_dir:
         run(lambda: bench(commits, rounds, work_dir))
 
 

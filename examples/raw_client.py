@@ -1,17 +1,21 @@
-"""A third-party client in ~100 lines: the ``protocol`` package and a blocking socket, nothing else.
+"""A third-party client: the sans-IO ``protocol`` package and consumer machine, a blocking socket.
 
-No trio, no ``coordinator``: this is the proof that the sans-IO layer is all a client needs. It
-creates a topic if missing, joins a group as a consumer, answers the coordinator's Ping,
-StopFetcher and StartFetcher, and prints its assignment as one JSON line per StartFetcher (and
-what an incremental rebalance revokes as one line per StopFetcher naming partitions)::
+No trio, no ``consumer`` library: this is the proof that the sans-IO layers are all a client
+needs. The consumer's own machine (``statemachine.consumer``) decides everything: what to answer,
+what to stop and start, when its ownership lease runs out; the script moves bytes and performs
+the machine's effects. It creates a topic if missing, joins a group as a consumer, and prints its
+assignment as one JSON line per start (with the partitions it ``kept``: an incremental rebalance
+leaves them fetching) and what a rebalance revokes as one line per stop naming partitions::
 
     python examples/raw_client.py --bootstrap 127.0.0.1:9092 --topic demo --group g
 
 With ``--instance-id`` it is a static member (protocol/SPEC.md §11.11); told it is fenced (a
 newer process took the instance id), it answers, closes and exits 3 without registering again.
 
-It does not fetch records (a real consumer would, within its ownership lease:
-docs/design.md#ownership-lease).
+It registers with the broker it is given (a client of a cluster first asks a broker for the
+ClusterMetadata naming its group), does not fetch records (a real consumer would, within its
+ownership lease: docs/design.md#ownership-lease), and exits where a real client would look for
+its coordinator again.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import json
 import socket
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
@@ -30,10 +35,12 @@ from protocol import (
     ConnectionClosed,
     CreateTopicRequest,
     ErrorCode,
+    LeaveGroupRequest,
     PeerError,
     PingRequest,
     PingResponse,
     RegisterConsumerRequest,
+    RegisterConsumerResponse,
     Request,
     RequestMessage,
     Response,
@@ -44,27 +51,50 @@ from protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from protocol.types import Subscription, TopicStreams
+from protocol.types import BrokerInfo, Subscription, TopicStreams
+from statemachine import consumer as sm
+
+#: Seconds to wait for an answer while no lease bounds the wait (before registering).
+REQUEST_TIMEOUT = 30.0
 
 
 class RawClient:
-    def __init__(self, host: str, port: int, client_id: str) -> None:
-        self.sock = socket.create_connection((host, port), timeout=30)
-        self.conn = Connection(Role.CONSUMER, client_id=client_id)
+    """One consumer over one socket. Time is ``time.monotonic()``, the machine's clock here."""
+
+    def __init__(
+        self, sock: socket.socket, group_id: str, consumer_id: str, machine: sm.ConsumerMachine
+    ) -> None:
+        self.sock = sock
+        self.group_id = group_id
+        self.consumer_id = consumer_id
+        self.conn = Connection(Role.CONSUMER, client_id=consumer_id)
+        self.machine = machine
+        #: Frame number -> when it was queued: a coordinator request names the latest frame it
+        #: had received, and the lease runs from that frame's queue time.
+        self.sent_at: dict[int, float] = {}
 
     def _send(self, data: bytes) -> None:
+        self.sent_at[self.conn.frames_sent] = time.monotonic()
         self.sock.sendall(data)
 
-    def next_event(self) -> Request | Response:
-        """Block until the broker sends a whole frame (a request or a response)."""
+    def next_event(self) -> Request | Response | None:
+        """Block until the broker sends a whole frame; None when the lease runs out first."""
         while True:
             event = self.conn.next_event()
-            if event is NEED_DATA:
-                self.conn.receive_data(self.sock.recv(65536))
-            elif isinstance(event, Request | Response):
+            if isinstance(event, Request | Response):
                 return event
-            elif isinstance(event, ConnectionClosed | PeerError):
+            if isinstance(event, ConnectionClosed | PeerError):
                 raise SystemExit(f"the broker closed the connection: {event}")
+            assert event is NEED_DATA
+            deadline = self.machine.lease_deadline()
+            wait = REQUEST_TIMEOUT if deadline is None else deadline - time.monotonic()
+            self.sock.settimeout(max(wait, 0.001))
+            try:
+                self.conn.receive_data(self.sock.recv(65536))
+            except TimeoutError:
+                if deadline is None:
+                    raise SystemExit("the broker did not answer") from None
+                return None
 
     def call(self, message: RequestMessage) -> ResponseMessage:
         """Send a request and answer the broker's own requests until its response comes."""
@@ -72,62 +102,141 @@ class RawClient:
         self._send(self.conn.send(request))
         while True:
             event = self.next_event()
-            if isinstance(event, Response) and event.correlation_id == request.correlation_id:
+            if event is None:
+                self.perform(self.machine.check_lease(time.monotonic()))
+            elif isinstance(event, Response) and event.correlation_id == request.correlation_id:
                 return event.message
-            if isinstance(event, Request):
+            elif isinstance(event, Request):
                 self.answer(event)
 
     def answer(self, request: Request) -> bool:
-        """Answer one coordinator request; True once it was a StartFetcher (an assignment)."""
-        message = request.message
-        reply: ResponseMessage
-        started = False
+        """Feed one coordinator request to the machine and perform what it says; True once it
+        started fetchers (an assignment)."""
+        now, message, cid = time.monotonic(), request.message, request.correlation_id
+        if not isinstance(message, PingRequest | StopFetcherRequest | StartFetcherRequest):
+            raise SystemExit(f"unexpected request from the broker: {message}")
+        for older in [frame for frame in self.sent_at if frame < message.acknowledged_frames]:
+            del self.sent_at[older]  # requests name ever later frames: these are done with
+        anchor = self.sent_at.get(message.acknowledged_frames)
+        epoch, generation = message.coordinator_epoch, message.generation
+        event: sm.Input
         if isinstance(message, PingRequest):
-            reply = PingResponse(
-                error_code=ErrorCode.NONE, consumer_id=message.consumer_id, offsets=()
+            event = sm.PingReceived(
+                now=now, anchor=anchor, correlation_id=cid, epoch=epoch, generation=generation
             )
         elif isinstance(message, StopFetcherRequest):
-            # Nothing is fetched, so there are no final offsets to report (SPEC.md §11.5); a real
-            # client stops the fetchers of ``partitions`` (None: all) before it answers.
-            reply = StopFetcherResponse(
-                error_code=ErrorCode.NONE, consumer_id=message.consumer_id, offsets=()
+            event = sm.StopFetcherReceived(
+                now=now,
+                anchor=anchor,
+                correlation_id=cid,
+                epoch=epoch,
+                generation=generation,
+                partitions=message.partitions,
+                reason=message.reason,
             )
-            if message.partitions is not None:
-                revoked = sorted([p.topic, p.partition] for p in message.partitions)
-                print("revoked " + json.dumps(revoked), flush=True)
-            if message.reason is ErrorCode.FENCED_INSTANCE_ID:
-                self._answer(request, reply)
-                self.sock.close()  # a clean close: it has stopped; and it never registers again
-                print("fenced: a newer process took this instance id", flush=True)
-                raise SystemExit(3)
-        elif isinstance(message, StartFetcherRequest):
-            reply = StartFetcherResponse(error_code=ErrorCode.NONE, consumer_id=message.consumer_id)
-            assignment = {
-                "generation": message.generation,
-                # true: partitions already fetched go on; the streams are still the whole set
-                "incremental": message.incremental,
-                "streams": {
-                    s.stream_id: [
-                        [p.topic, p.partition, p.offset, p.broker_id] for p in s.partitions
-                    ]
-                    for s in message.streams
-                },
-            }
-            print("assignment " + json.dumps(assignment, sort_keys=True), flush=True)
-            started = True
         else:
-            raise SystemExit(f"unexpected request from the broker: {message}")
-        self._answer(request, reply)
+            event = sm.StartFetcherReceived(
+                now=now,
+                anchor=anchor,
+                correlation_id=cid,
+                epoch=epoch,
+                generation=generation,
+                streams=message.streams,
+                incremental=message.incremental,
+            )
+        if not sm.TABLE.allows(self.machine.state, type(event)):
+            return False  # closing: no longer a member, nothing to answer
+        return self.perform(self.machine.handle(event), request)
+
+    def perform(self, effects: list[sm.Effect], request: Request | None = None) -> bool:
+        """The machine's effects, in order; True if one started fetchers."""
+        started = False
+        for effect in effects:
+            match effect:
+                case sm.StopFetchers(partitions=partitions) if partitions is not None:
+                    # A real client stops these fetchers here, before it answers.
+                    revoked = sorted([p.topic, p.partition] for p in partitions)
+                    print("revoked " + json.dumps(revoked), flush=True)
+                case sm.StartFetchers(generation=generation, streams=streams, kept=kept):
+                    assignment = {
+                        "generation": generation,
+                        "kept": sorted([p.topic, p.partition] for p in kept),
+                        "streams": {
+                            s.stream_id: [
+                                [p.topic, p.partition, p.offset, p.broker_id] for p in s.partitions
+                            ]
+                            for s in streams
+                        },
+                    }
+                    print("assignment " + json.dumps(assignment, sort_keys=True), flush=True)
+                    started = True
+                case sm.RespondPing() | sm.RespondStop() | sm.RespondStart():
+                    assert request is not None
+                    # Nothing is consumed, so there are no offsets to report (SPEC.md §11.5).
+                    self._answer(request, self._reply(effect))
+                case sm.CommitAndLeave(generation=generation, leave=True):
+                    self.call(
+                        LeaveGroupRequest(
+                            group_id=self.group_id,
+                            consumer_id=self.consumer_id,
+                            generation=generation,
+                        )
+                    )
+                case sm.CloseConnection():
+                    self.sock.close()  # after the fetchers stopped: a clean close proves it
+                    if self.machine.state is sm.ConsumerState.FENCED:
+                        print("fenced: a newer process took this instance id", flush=True)
+                        raise SystemExit(3)
+                case sm.Discover():
+                    raise SystemExit("lost the coordinator (a real client looks for it again)")
         return started
 
+    def _reply(self, effect: sm.RespondPing | sm.RespondStop | sm.RespondStart) -> ResponseMessage:
+        if isinstance(effect, sm.RespondPing):
+            return PingResponse(error_code=ErrorCode.NONE, consumer_id=self.consumer_id, offsets=())
+        if isinstance(effect, sm.RespondStop):
+            return StopFetcherResponse(
+                error_code=ErrorCode.NONE, consumer_id=self.consumer_id, offsets=()
+            )
+        return StartFetcherResponse(error_code=ErrorCode.NONE, consumer_id=self.consumer_id)
+
     def _answer(self, request: Request, reply: ResponseMessage) -> None:
-        self._send(
-            self.conn.send(
-                Response(
-                    correlation_id=request.correlation_id, message=reply, request=request.message
-                )
+        self._send(self.conn.send(request.response(reply)))
+
+    def register(self, topic: str, session_timeout_ms: int) -> None:
+        """Register with the broker it is connected to, as the machine says."""
+        now = time.monotonic()
+        self.machine.handle(sm.Start())  # Discover: the caller named the broker
+        host, port = self.sock.getpeername()[:2]
+        broker = BrokerInfo(broker_id=-1, host=host, port=port)
+        found = sm.CoordinatorFound(now=now, coordinator=broker, epoch=sm.UNKNOWN_EPOCH)
+        (register,) = self.machine.handle(found)
+        assert isinstance(register, sm.Register)
+        queued = time.monotonic()
+        answer = self.call(
+            RegisterConsumerRequest(
+                group_id=self.group_id,
+                consumer_id=self.consumer_id,
+                subscription=Subscription(topics=(TopicStreams(topic=topic, streams=1),)),
+                auto_commit=False,
+                auto_offset_reset="smallest",
+                session_timeout_ms=session_timeout_ms,
+                generation=register.generation,
+                owned_partitions=register.owned,
+                instance_id=register.instance_id,
             )
         )
+        assert isinstance(answer, RegisterConsumerResponse)
+        code, now = answer.error_code, time.monotonic()
+        if code is ErrorCode.NONE:
+            epoch, generation = answer.coordinator_epoch, answer.generation
+            self.machine.handle(
+                sm.Registered(now=now, anchor=queued, generation=generation, epoch=epoch)
+            )
+            return
+        effects = self.machine.handle(sm.RegistrationRejected(now=now, error_code=code))
+        self.perform([e for e in effects if not isinstance(e, sm.Discover)])  # fenced: exits 3
+        raise SystemExit(f"cannot register: {code.name}")
 
 
 def main() -> int:
@@ -142,35 +251,24 @@ def main() -> int:
     parser.add_argument("--forever", action="store_true", help="keep answering after the first")
     args = parser.parse_args()
     host, _, port = args.bootstrap.rpartition(":")
-    client = RawClient(host, int(port), client_id=args.consumer_id)
+    config = sm.ConsumerConfig(
+        session_timeout=args.session_timeout_ms / 1000, instance_id=args.instance_id
+    )
+    sock = socket.create_connection((host, int(port)), timeout=REQUEST_TIMEOUT)
+    client = RawClient(sock, args.group, args.consumer_id, sm.ConsumerMachine(config=config))
 
     created = client.call(CreateTopicRequest(topic=args.topic, partitions=args.partitions))
     if created.error_code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
         raise SystemExit(f"cannot create {args.topic}: {created.error_code.name}")
-    registered = client.call(
-        RegisterConsumerRequest(
-            group_id=args.group,
-            consumer_id=args.consumer_id,
-            subscription=Subscription(topics=(TopicStreams(topic=args.topic, streams=1),)),
-            auto_commit=False,
-            auto_offset_reset="smallest",
-            session_timeout_ms=args.session_timeout_ms,
-            generation=-1,
-            owned_partitions=(),
-            instance_id=args.instance_id,
-        )
-    )
-    if registered.error_code is ErrorCode.FENCED_INSTANCE_ID:
-        print("fenced: a newer process took this instance id", flush=True)
-        return 3
-    if registered.error_code is not ErrorCode.NONE:
-        raise SystemExit(f"cannot register: {registered.error_code.name}")
+    client.register(args.topic, args.session_timeout_ms)
     print(f"registered in {args.group} as {args.consumer_id}", flush=True)
-    client.sock.settimeout(None)  # from here the coordinator talks; it pings every T/3
-    while True:
+    while True:  # from here the coordinator talks; it pings every T/3
         event = client.next_event()
-        if isinstance(event, Request) and client.answer(event) and not args.forever:
-            client.sock.close()
+        if event is None:
+            client.perform(client.machine.check_lease(time.monotonic()))
+        elif isinstance(event, Request) and client.answer(event) and not args.forever:
+            # Stop, leave the group, and only then close the connection (cleanly).
+            client.perform(client.machine.handle(sm.Close()))
             return 0
 
 

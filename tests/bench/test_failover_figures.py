@@ -14,9 +14,9 @@ from bench.failover import (
     firsts,
     gaps_within,
     longest_gap_after,
-    p99,
     two_consumers_at_once,
 )
+from bench.measure import percentile
 
 
 def consumed(received: float, consumer: int, generation: int, seq: int) -> Consumed:
@@ -69,6 +69,9 @@ def test_duplicates_and_missing_come_from_the_stamps() -> None:
     assert not observed.drained([("orders-2", 0)])
 
 
-def test_p99_needs_two_gaps() -> None:
-    assert math.isnan(p99([0.1]))
-    assert p99([0.01] * 99 + [1.0]) == pytest.approx(0.0199, abs=1e-3)
+def test_the_p99_baseline_is_a_measured_gap_and_none_without_gaps() -> None:
+    assert math.isnan(percentile([], 99))
+    assert percentile([0.1], 99) == 0.1
+    # One outlier in a hundred gaps is above the 99th percentile, two are not.
+    assert percentile([0.01] * 99 + [1.0], 99) == 0.01
+    assert percentile([0.01] * 98 + [1.0, 2.0], 99) == 1.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.incremental import Handoff, analyze
+from bench.incremental_figures import Handoff, analyze
 
 
 def stop(member: str, at: float, *partitions: str) -> Handoff:

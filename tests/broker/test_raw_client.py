@@ -1,4 +1,5 @@
-"""The third-party client example (protocol/ + a blocking socket) against a real broker process."""
+"""The third-party client example (protocol/, the consumer machine and a blocking socket) against a
+real broker process."""
 
 from __future__ import annotations
 
