@@ -252,33 +252,12 @@ def coordinator_input(request: Request, now: float, anchor: float | None) -> sm.
     """The consumer machine's input for a coordinator request read at ``now`` (trio time);
     ``anchor``: when this side queued the frame the request names (where the lease runs from).
     None for any other request."""
-    cid = request.correlation_id
-    match request.message:
-        case PingRequest(coordinator_epoch=epoch, generation=generation):
-            return sm.PingReceived(
-                now=now, anchor=anchor, correlation_id=cid, epoch=epoch, generation=generation
-            )
-        case StopFetcherRequest(coordinator_epoch=epoch, generation=generation) as stop:
-            return sm.StopFetcherReceived(
-                now=now,
-                anchor=anchor,
-                correlation_id=cid,
-                epoch=epoch,
-                generation=generation,
-                partitions=stop.partitions,
-                reason=stop.reason,
-            )
-        case StartFetcherRequest(coordinator_epoch=epoch, generation=generation) as start:
-            return sm.StartFetcherReceived(
-                now=now,
-                anchor=anchor,
-                correlation_id=cid,
-                epoch=epoch,
-                generation=generation,
-                streams=start.streams,
-                incremental=start.incremental,
-            )
-    return None
+    message = request.message
+    if not isinstance(message, PingRequest | StopFetcherRequest | StartFetcherRequest):
+        return None
+    return sm.coordinator_input(
+        message, correlation_id=request.correlation_id, now=now, anchor=anchor
+    )
 
 
 def _names(partitions: Iterable[TopicPartition]) -> list[str]:

@@ -125,39 +125,20 @@ class CoordinatorSession(OffsetCommits):
         await self._send.send((session, sm.ConnectionLost(now=trio.current_time())))
 
     def _coordinator_input(self, request: Request, now: float, anchor: float | None) -> sm.Input:
-        cid = request.correlation_id
-        match request.message:
-            case PingRequest() as ping:
-                return sm.PingReceived(
-                    now=now,
-                    anchor=anchor,
-                    correlation_id=cid,
-                    epoch=ping.coordinator_epoch,
-                    generation=ping.generation,
-                )
-            case StopFetcherRequest() as stop:
-                return sm.StopFetcherReceived(
-                    now=now,
-                    anchor=anchor,
-                    correlation_id=cid,
-                    epoch=stop.coordinator_epoch,
-                    generation=stop.generation,
-                    partitions=stop.partitions,
-                    reason=stop.reason,
-                )
-            case StartFetcherRequest() as start:
-                self._brokers.update(start.brokers)
-                return sm.StartFetcherReceived(
-                    now=now,
-                    anchor=anchor,
-                    correlation_id=cid,
-                    epoch=start.coordinator_epoch,
-                    generation=start.generation,
-                    streams=start.streams,
-                    incremental=start.incremental,
-                    topic_partitions=self._topic_partitions(start.streams),
-                )
-        raise AssertionError(f"the protocol let {request.message!r} through to a consumer")
+        message = request.message
+        if not isinstance(message, PingRequest | StopFetcherRequest | StartFetcherRequest):
+            raise AssertionError(f"the protocol let {message!r} through to a consumer")
+        topic_partitions = 0
+        if isinstance(message, StartFetcherRequest):
+            self._brokers.update(message.brokers)
+            topic_partitions = self._topic_partitions(message.streams)
+        return sm.coordinator_input(
+            message,
+            correlation_id=request.correlation_id,
+            now=now,
+            anchor=anchor,
+            topic_partitions=topic_partitions,
+        )
 
     async def _respond(self, correlation_id: int, message: ResponseMessage) -> None:
         session = self._session

@@ -118,32 +118,7 @@ class RawClient:
         for older in [frame for frame in self.sent_at if frame < message.acknowledged_frames]:
             del self.sent_at[older]  # requests name ever later frames: these are done with
         anchor = self.sent_at.get(message.acknowledged_frames)
-        epoch, generation = message.coordinator_epoch, message.generation
-        event: sm.Input
-        if isinstance(message, PingRequest):
-            event = sm.PingReceived(
-                now=now, anchor=anchor, correlation_id=cid, epoch=epoch, generation=generation
-            )
-        elif isinstance(message, StopFetcherRequest):
-            event = sm.StopFetcherReceived(
-                now=now,
-                anchor=anchor,
-                correlation_id=cid,
-                epoch=epoch,
-                generation=generation,
-                partitions=message.partitions,
-                reason=message.reason,
-            )
-        else:
-            event = sm.StartFetcherReceived(
-                now=now,
-                anchor=anchor,
-                correlation_id=cid,
-                epoch=epoch,
-                generation=generation,
-                streams=message.streams,
-                incremental=message.incremental,
-            )
+        event = sm.coordinator_input(message, correlation_id=cid, now=now, anchor=anchor)
         if not sm.TABLE.allows(self.machine.state, type(event)):
             return False  # closing: no longer a member, nothing to answer
         return self.perform(self.machine.handle(event), request)

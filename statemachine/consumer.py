@@ -80,6 +80,7 @@ from statemachine.consumer_events import (
     ConnectionLost,
     CoordinatorFound,
     CoordinatorMoved,
+    CoordinatorRequest,
     Discover,
     DiscoveryFailed,
     Effect,
@@ -99,6 +100,7 @@ from statemachine.consumer_events import (
     StartFetchers,
     StopFetcherReceived,
     StopFetchers,
+    coordinator_input,
 )
 from statemachine.table import Guard, Guarded, IllegalTransition, TransitionTable
 
@@ -122,6 +124,7 @@ __all__ = [
     "ConsumerState",
     "CoordinatorFound",
     "CoordinatorMoved",
+    "CoordinatorRequest",
     "Discover",
     "DiscoveryFailed",
     "Effect",
@@ -141,6 +144,7 @@ __all__ = [
     "StartFetchers",
     "StopFetcherReceived",
     "StopFetchers",
+    "coordinator_input",
 ]
 
 

@@ -8,7 +8,7 @@ from typing import TypeAlias
 import attrs
 
 from protocol.errors import ErrorCode
-from protocol.messages import AssignedStream
+from protocol.messages import AssignedStream, PingRequest, StartFetcherRequest, StopFetcherRequest
 from protocol.types import BrokerInfo, TopicPartition
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -103,6 +103,53 @@ class StartFetcherReceived:
     topic_partitions: int = 0
     """How many partitions the topics of ``streams`` have, as this consumer last learned (0:
     unknown): with its own share, an estimate of its group's size (``group_size``)."""
+
+
+CoordinatorRequest: TypeAlias = PingRequest | StopFetcherRequest | StartFetcherRequest
+
+
+def coordinator_input(
+    request: CoordinatorRequest,
+    *,
+    correlation_id: int,
+    now: float,
+    anchor: float | None,
+    topic_partitions: int = 0,
+) -> PingReceived | StopFetcherReceived | StartFetcherReceived:
+    """The machine's input for a coordinator request read at ``now``: the one translation every
+    driver of this machine uses (the library, the load generator, a third party's client), so a
+    field the protocol adds reaches them all at once. ``anchor`` and ``topic_partitions`` are as
+    on the inputs; only the driver knows them (its channel's frame times, its discovery)."""
+    match request:
+        case PingRequest():
+            return PingReceived(
+                now=now,
+                anchor=anchor,
+                correlation_id=correlation_id,
+                epoch=request.coordinator_epoch,
+                generation=request.generation,
+            )
+        case StopFetcherRequest():
+            return StopFetcherReceived(
+                now=now,
+                anchor=anchor,
+                correlation_id=correlation_id,
+                epoch=request.coordinator_epoch,
+                generation=request.generation,
+                partitions=request.partitions,
+                reason=request.reason,
+            )
+        case StartFetcherRequest():
+            return StartFetcherReceived(
+                now=now,
+                anchor=anchor,
+                correlation_id=correlation_id,
+                epoch=request.coordinator_epoch,
+                generation=request.generation,
+                streams=request.streams,
+                incremental=request.incremental,
+                topic_partitions=topic_partitions,
+            )
 
 
 @attrs.frozen(kw_only=True)
