@@ -4,7 +4,7 @@ coordinator imports from here and nowhere deeper."""
 
 from .embedded import EmbeddedStore, open_embedded_store
 from .interface import (
-    EpochFenced,
+    Deposed,
     GroupRecord,
     InvalidPartitions,
     LayoutMismatch,
@@ -19,8 +19,8 @@ from .interface import (
 )
 
 __all__ = [
+    "Deposed",
     "EmbeddedStore",
-    "EpochFenced",
     "GroupRecord",
     "InvalidPartitions",
     "LayoutMismatch",

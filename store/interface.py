@@ -20,7 +20,7 @@ from statemachine.acl import Acl
 from statemachine.records import GroupRecord, MemberRecord
 
 __all__ = [
-    "EpochFenced",
+    "Deposed",
     "GroupRecord",
     "InvalidPartitions",
     "MemberRecord",
@@ -88,7 +88,7 @@ class StoreUnavailable(StoreError):
     """
 
 
-class EpochFenced(StoreError):
+class Deposed(StoreError):
     """A write carried an epoch that is no longer the store's current coordinator epoch.
 
     The writer is a deposed coordinator (docs/design.md#coordinator-epochs-and-the-election); it
@@ -136,7 +136,7 @@ class MetadataStore(Protocol):
     Methods are async because the ZooKeeper store waits on the network; a bounded wait ends in
     ``StoreUnavailable``. Deadlines beyond that bound are the caller's cancel scopes.
 
-    Writes that only a coordinator may make carry its epoch and raise ``EpochFenced``, changing
+    Writes that only a coordinator may make carry its epoch and raise ``Deposed``, changing
     nothing, unless it is the current one. Broker registrations are ephemeral: they last as long as
     the store handle that made them (a ZooKeeper session), and a reopened store starts without any.
     Topics, groups, offsets and the epoch counter are persistent.
@@ -190,9 +190,9 @@ class MetadataStore(Protocol):
     async def take_office(self, broker_id: int) -> int:
         """Become the coordinator and return the new epoch.
 
-        The epoch is strictly larger than any this store ever returned, across restarts; every
-        earlier epoch is fenced from then on. On a shared store (ZooKeeper) this waits, for as
-        long as the caller lets it, until no other broker holds the office.
+        The epoch is strictly larger than any this store ever returned, across restarts; the
+        holder of every earlier epoch is deposed from then on. On a shared store (ZooKeeper)
+        this waits, for as long as the caller lets it, until no other broker holds the office.
         """
         ...
 

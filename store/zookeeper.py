@@ -28,8 +28,8 @@ Layout (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds keep t
 Group and topic names are percent-encoded where a znode name needs it (``/``, ``%``, and the name
 ``coordinator``, which the election node takes); ordinary names read as themselves.
 
-Fencing. Taking office is one transaction that creates the ephemeral election node and bumps the
-version of ``/coordinator_epoch``; the transaction's zxid (the node's czxid) is the epoch. Every
+Deposed writers. Taking office is one transaction that creates the ephemeral election node and bumps
+the version of ``/coordinator_epoch``; the transaction's zxid (the node's czxid) is the epoch. Every
 coordinator write is a transaction that first checks that ``/coordinator_epoch`` still has the
 version this office gave it (nobody took office since) and that the election node exists (the
 session that holds it has not ended). Both checks are on the server, so a coordinator that wakes up
@@ -43,12 +43,12 @@ of the session to keep that fresh, since kazoo's own session pings are not seen 
 Size. ZooKeeper refuses a request over its jute.maxbuffer (1 MiB by default), and a group of
 thousands of members over 10,000 partitions takes more than that to write: its record alone can
 approach it, its owner nodes or offsets exceed it. So a write is a list of operations cut into
-fenced transactions of at most 512 KiB, committed in order, each list ordered so that whatever
-prefix has committed is a state readers may see: a group record goes into new chunk nodes, then
-the registry names them (the commit point: a write cut short leaves the previous record whole),
-then the owner nodes follow, and the owners node names the record once all of them are written
-(until then, the next write lists them instead of trusting the record). An offset commit that
-needs more than one transaction leaves, if cut short, each partition at its old or its new
+transactions of at most 512 KiB, each checking the office, committed in order, each list ordered so
+that whatever prefix has committed is a state readers may see: a group record goes into new chunk
+nodes, then the registry names them (the commit point: a write cut short leaves the previous record
+whole), then the owner nodes follow, and the owners node names the record once all of them are
+written (until then, the next write lists them instead of trusting the record). An offset commit
+that needs more than one transaction leaves, if cut short, each partition at its old or its new
 offset; its call returns only once all are written.
 
 Threads. Requests are sent with kazoo's ``*_async`` calls from the trio thread and awaited, and
@@ -94,7 +94,7 @@ from .codec import (
     encode_placement,
 )
 from .interface import (
-    EpochFenced,
+    Deposed,
     GroupRecord,
     InvalidPartitions,
     LayoutMismatch,
@@ -185,7 +185,7 @@ class _Office:
     counter_version: int
     #: The session that holds the election node: contact under any other proves nothing.
     session: int | None
-    #: The election node and the counter whose version fences this office's writes.
+    #: The election node and the counter whose version every write of this office checks.
     election: str = ELECTION
     counter: str = EPOCH_COUNTER
     #: A slot's office: the slot and the count, so that it writes only its slot's groups
@@ -315,7 +315,7 @@ class ZooKeeperStore:
 
     One handle is one ZooKeeper session: its broker registrations and its office end with it. If
     the session expires, kazoo opens a new one; the handle registers its brokers again, but its
-    office is over for good (``wait_office_lost`` returns, and its writes are fenced).
+    office is over for good (``wait_office_lost`` returns, and its writes raise ``Deposed``).
     """
 
     _bridge: KazooBridge
@@ -481,7 +481,7 @@ class ZooKeeperStore:
     async def delete_topic(self, topic: str) -> None:
         """Every group's offset nodes for the topic, then the topic's node last, with the version
         read (partitions added meanwhile: read again). Cut short, a delete leaves the topic with
-        fewer offsets, and deleting it again finishes the job. Not fenced: no office is needed
+        fewer offsets, and deleting it again finishes the job. No office is checked: none is needed
         to delete a topic, as none is to create one."""
         path = topic_path(topic)
         for _ in range(_RETRIES):
@@ -583,7 +583,7 @@ class ZooKeeperStore:
         """Take the office of one coordinator slot, waiting while another session holds it, and
         return its epoch: the zxid of the transaction that created the slot's election node and
         bumped the slot's counter, so larger than every earlier epoch of any slot. Writes under
-        it are fenced by that slot's counter and node, and admit only the slot's groups."""
+        it check that slot's counter and node, and admit only the slot's groups."""
         election, counter = f"{SLOT_ELECTIONS}/{slot}", f"{SLOT_EPOCHS}/{slot}"
         for path in (SLOT_ELECTIONS, counter):
             await self._wait(self._client.ensure_path_async(path))
@@ -632,14 +632,14 @@ class ZooKeeperStore:
 
     async def release_slot(self, slot: int) -> None:
         """Give the slot's office up (a handoff: the caller stopped renewing leases and flushed
-        its offsets first); its writes are fenced from here on, and another may take it."""
+        its offsets first); its writes are refused from here on, and another may take it."""
         office = self._slot_offices.pop(slot, None)
         if office is None:
             return
         self._election_events.note()  # wakes wait_slot_lost
-        # Fenced like a write: if the node is no longer this office's (the session ended and
+        # Checked like a write: if the node is no longer this office's (the session ended and
         # another broker took the slot), the counter moved on and nothing is deleted.
-        tx = self._fenced_transaction(office)
+        tx = self._office_transaction(office)
         tx.delete(office.election)
         failed = _failure(await self._wait(tx.commit_async()))
         if failed is not None:
@@ -762,7 +762,7 @@ class ZooKeeperStore:
     async def wait_slot_lost(self, slot: int, *, suspended_grace: float | None = None) -> None:
         """``wait_office_lost`` for the office of ``slot``: it may be over once another session
         holds the slot's node, the session ended, the connection stayed lost for the grace, or
-        this handle released the slot or was fenced in it."""
+        this handle released the slot or was deposed from it."""
         office = self._slot_offices.get(slot)
         if office is None:
             return
@@ -1041,7 +1041,7 @@ class ZooKeeperStore:
             nodes = await self._group_subtree(group_id)
             if not nodes:
                 # Nothing to delete, but still only from office.
-                await self._commit_fenced(self._fenced_transaction(office), office)
+                await self._commit_in_office(self._office_transaction(office), office)
                 return
             # Offsets and owners first, then the registry before the chunks it names: cut short,
             # a delete leaves a group with fewer offsets (deleting it again finishes the job) or
@@ -1233,13 +1233,13 @@ class ZooKeeperStore:
             office = next((o for o in self._slot_offices.values() if o.epoch == epoch), None)
         if office is None:
             current = None if self._office is None else self._office.epoch
-            raise EpochFenced(f"epoch {epoch} is not this store's coordinator epoch {current}")
+            raise Deposed(f"epoch {epoch} is not this store's coordinator epoch {current}")
         for group_id in group_ids:
             if not office.admits(group_id):
-                raise EpochFenced(f"group {group_id!r} is not in the slot of epoch {epoch}")
+                raise Deposed(f"group {group_id!r} is not in the slot of epoch {epoch}")
         return office
 
-    def _fenced_transaction(self, office: _Office | None) -> Any:
+    def _office_transaction(self, office: _Office | None) -> Any:
         """A transaction checking ``office`` first; None: a write any broker may make."""
         tx = self._client.transaction()
         if office is None:
@@ -1254,35 +1254,36 @@ class ZooKeeperStore:
         elif office.slot is not None and self._slot_offices.get(office.slot[0]) is office:
             del self._slot_offices[office.slot[0]]
 
-    async def _commit_fenced(self, tx: Any, office: _Office | None) -> bool:
-        """Commit a transaction from ``_fenced_transaction``: True if it happened, False if it
-        lost a race with another write (retry), ``EpochFenced`` if the office is over."""
+    async def _commit_in_office(self, tx: Any, office: _Office | None) -> bool:
+        """Commit a transaction from ``_office_transaction``: True if it happened, False if it
+        lost a race with another write (retry), ``Deposed`` if the office is over."""
         failed = _failure(await self._wait(tx.commit_async()))
         if failed is None:
             return True
         index, exc = failed
         if office is not None and index < 2:
             self._drop(office)
-            raise EpochFenced(f"the coordinator office of this store is over ({exc!r})")
+            raise Deposed(f"the coordinator office of this store is over ({exc!r})")
         if isinstance(exc, NoNodeError | NodeExistsError | BadVersionError | NotEmptyError):
             return False
         raise StoreUnavailable(f"transaction failed: {exc!r}")
 
     async def _commit_in_parts(self, office: _Office | None, ops: Sequence[_Op]) -> int:
-        """Commit ``ops`` in order, as fenced transactions that each fit well under ZooKeeper's
-        request limit; how many of them (a prefix) are committed: all, or fewer when a part lost a
-        race with another write. A part committed stays committed, so callers order ``ops`` such
-        that every prefix leaves a state readers may see. Raises as ``_commit_fenced``."""
+        """Commit ``ops`` in order, as transactions checking ``office`` that each fit well under
+        ZooKeeper's request limit; how many of them (a prefix) are committed: all, or fewer when a
+        part lost a race with another write. A part committed stays committed, so callers order
+        ``ops`` such that every prefix leaves a state readers may see. Raises as
+        ``_commit_in_office``."""
         overhead = _OP_OVERHEAD + len(self._client.chroot)
         done = 0
         while done < len(ops):
-            tx = self._fenced_transaction(office)
+            tx = self._office_transaction(office)
             end, size = done, 0
             while end < len(ops) and (end == done or size + ops[end].size + overhead <= _TX_BYTES):
                 ops[end].add_to(tx)
                 size += ops[end].size + overhead
                 end += 1
-            if not await self._commit_fenced(tx, office):
+            if not await self._commit_in_office(tx, office):
                 return done
             done = end
         return done

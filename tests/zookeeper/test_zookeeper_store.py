@@ -21,7 +21,7 @@ from launch.zookeeper import Ensemble
 from protocol import Subscription
 from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
 from store import (
-    EpochFenced,
+    Deposed,
     GroupRecord,
     MemberRecord,
     OffsetBatch,
@@ -129,14 +129,14 @@ async def test_a_coordinator_whose_session_expired_cannot_write(zookeeper_hosts:
                 await first.commit_offsets(
                     old, [OffsetBatch(group_id="g", generation=1, offsets={tp("t", 0): 99})]
                 )
-            except EpochFenced:
+            except Deposed:
                 return True
             except StoreUnavailable:
                 return False  # still reconnecting
             raise AssertionError("a deposed coordinator wrote offsets")
 
         await eventually(fenced, deadline=DEADLINE)
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await first.write_group(old, sample_group("g"))
         assert await second.fetch_offsets("g") == {tp("t", 0): 5}
         with trio.fail_after(DEADLINE):
@@ -305,7 +305,7 @@ async def test_a_lost_quorum_bounds_every_call_and_ends_the_office(
                 )
             await store.wait_office_lost(suspended_grace=2.0)
         print(f"office given up after losing quorum: {trio.current_time() - lost_at:.3f}s")
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await store.commit_offsets(epoch, [])
 
 
