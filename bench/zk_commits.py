@@ -41,7 +41,7 @@ GROUP = "billing"
 async def committer_rate(hosts: str, commits: int) -> float:
     """Offsets per second through ``OffsetKeeper.accept`` + ``flush``, ``commits`` times."""
     async with open_zookeeper_store(hosts) as store:
-        epoch = await store.take_office(1)
+        epoch = await store.take_slot(1, 0, 1)  # the one slot: the office of every group
         keeper = OffsetKeeper(store=store, epoch=epoch, commit_interval=1.0, retry_backoff=0.2)
         partitions = [TopicPartition(topic="orders", partition=p) for p in range(BATCH)]
 

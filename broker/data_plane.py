@@ -63,7 +63,7 @@ from protocol.batches import (
 )
 from protocol.records import Record
 from protocol.types import TopicPartition
-from store import MetadataStore, TopicPlacement
+from store import TopicPlacement, TopicStore
 from transport.channel import ReadBudget
 from transport.limits import FileBudget
 
@@ -94,7 +94,7 @@ class DataPlaneObserver(Protocol):
 @attrs.define(eq=False)
 class BrokerLog:
     broker_id: int
-    store: MetadataStore
+    store: TopicStore
     directory: Path
     config: LogConfig
     #: The segment files open, for all partitions together.
@@ -396,7 +396,7 @@ def log_directory(data_dir: Path) -> Path:
 
 @asynccontextmanager
 async def open_broker_log(
-    store: MetadataStore,
+    store: TopicStore,
     broker_id: int,
     data_dir: Path,
     config: LogConfig,

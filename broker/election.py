@@ -25,7 +25,6 @@ import logging
 import types
 from collections.abc import AsyncIterator, Callable, Mapping
 from functools import partial
-from typing import cast
 
 import attrs
 import trio
@@ -167,7 +166,7 @@ class Elector:
                     inner=self.store, slot=slot, slots=self.config.coordinator_slots
                 )
                 async with open_group_coordinator(
-                    self.timed(cast(MetadataStore, slot_store)),
+                    self.timed(slot_store),
                     self.config,
                     self.broker,
                     log_end=self.log_end,

@@ -180,10 +180,12 @@ async def test_a_failing_committer_ends_the_coordinator(
             await _two_groups(cluster)
             await trio.sleep_until(10.5)
 
-            async def fenced(store: RecordingStore, epoch: int, batches: list[OffsetBatch]) -> None:
+            async def deposed(
+                store: RecordingStore, epoch: int, batches: list[OffsetBatch]
+            ) -> None:
                 raise Deposed("injected: deposed")
 
-            monkeypatch.setattr(RecordingStore, "commit_offsets", fenced)
+            monkeypatch.setattr(RecordingStore, "commit_offsets", deposed)
             await trio.sleep_forever()
     assert failure.value.subgroup(Deposed) is not None
     assert trio.current_time() == 11.0  # the committer's next interval
