@@ -169,22 +169,13 @@ class Cluster(Session):
 
     async def take_slot(self, broker_id: int, slot: int, slots: int) -> int:
         """Take the office of one coordinator slot, waiting while another session holds it, and
-        return its epoch: the zxid of the transaction that created the slot's election node and
-        bumped the slot's counter, so larger than every earlier epoch of any slot. Writes under
-        it check that slot's counter and node, and admit only the slot's groups."""
+        return its epoch: the zxid of the one transaction that created the slot's election node
+        (ephemeral) and bumped the slot's counter, so larger than every earlier epoch of any
+        slot. Writes under it check that slot's counter and node, and admit only the slot's
+        groups."""
         election, counter = f"{SLOT_ELECTIONS}/{slot}", f"{SLOT_EPOCHS}/{slot}"
         for path in (SLOT_ELECTIONS, counter):
             await self._wait(self._client.ensure_path_async(path))
-        office = await self._elect(broker_id, election, counter, slot, slots)
-        self._offices[slot] = office
-        log.info("broker %d took slot %d, epoch %d", broker_id, slot, office.epoch)
-        return office.epoch
-
-    async def _elect(
-        self, broker_id: int, election: str, counter: str, slot: int, slots: int
-    ) -> Office:
-        """Create ``election`` (ephemeral) and bump ``counter`` in one transaction, waiting while
-        another session holds the node; the office that transaction began."""
         data = json_bytes({"broker_id": broker_id})
         while True:
             seen = self._election_events.seen
@@ -204,20 +195,24 @@ class Cluster(Session):
             results = await self._wait(tx.commit_async())
             if failure(results) is not None:
                 continue  # lost the race to another broker
-            stamp = results[-1]
-            # One transaction, one zxid: the election node's czxid is the counter's mzxid.
-            owner = self._session_id()
-            if owner is not None and owner == session:
-                self._heard(owner, asked_at)
-            return Office(
-                epoch=int(stamp.mzxid),
-                counter_version=stamp.version,
-                session=owner,
-                election=election,
-                counter=counter,
-                slot=slot,
-                slots=slots,
-            )
+            break
+        stamp = results[-1]
+        # One transaction, one zxid: the election node's czxid is the counter's mzxid.
+        owner = self._session_id()
+        if owner is not None and owner == session:
+            self._heard(owner, asked_at)
+        office = Office(
+            epoch=int(stamp.mzxid),
+            counter_version=stamp.version,
+            session=owner,
+            election=election,
+            counter=counter,
+            slot=slot,
+            slots=slots,
+        )
+        self._offices[slot] = office
+        log.info("broker %d took slot %d, epoch %d", broker_id, slot, office.epoch)
+        return office.epoch
 
     async def release_slot(self, slot: int) -> None:
         """Give the slot's office up (a handoff: the caller stopped renewing leases and flushed
