@@ -95,7 +95,7 @@ DEFAULT_CALL_BOUND = 10.0
 TopicsView = Mapping[str, TopicPlacement]
 
 
-# Not slotted, nor are its parts: slotted classes cannot share a base with fields of its own.
+# Not slotted, nor are its parts: Python cannot combine two slotted bases that add fields.
 @attrs.define(eq=False, repr=False, slots=False)
 class ZooKeeperStore(Cluster, Groups):
     """The ``ClusterStore`` on a ZooKeeper ensemble, and its coordinator slots' offices; obtain
@@ -355,7 +355,7 @@ async def open_zookeeper_store(
     and open a store on it for the duration of the block; one ZooKeeper session.
 
     ``session_timeout`` is how long the ensemble keeps this session's ephemeral nodes (broker
-    registrations, the office) after it last heard from us; ``call_bound`` is the longest any one
+    registrations, its offices) after it last heard from us; ``call_bound`` is the longest any one
     call waits before ``StoreUnavailable``. With ``auth`` (ZooKeeper digest authentication) the
     nodes this store creates are readable and writable by that user alone; nodes made before
     without it keep their open ACL, so protect a cluster's metadata from its first start on.
