@@ -58,6 +58,7 @@ from launch.zookeeper import open_ensemble
 from protocol.types import BrokerInfo, Subscription, TopicPartition, TopicStreams
 from simulation import LeaseInterval, OwnershipLedger, SimulatedCluster
 from statemachine.assignment import range_assign
+from store.slot_store import SlotStore
 from store.zookeeper import ZooKeeperStore, open_zookeeper_store
 
 BENCHMARK = "seed02"
@@ -290,11 +291,12 @@ class ZooKeeperCluster(SimulatedCluster):
         async with open_zookeeper_store(self.hosts) as store:
             self.zookeeper = store
             await store.register_broker(self.broker)
+            office = SlotStore(inner=store)  # the one slot: the office of every group
             async with (
-                open_group_coordinator(store, self.config, self.broker) as coordinator,
+                open_group_coordinator(office, self.config, self.broker) as coordinator,
                 trio.open_nursery() as connections,
             ):
-                self.store, self.coordinator = store, coordinator
+                self.store, self.coordinator = office, coordinator
                 self._connections = connections
                 self.incarnation.value += 1
                 task_status.started()

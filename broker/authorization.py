@@ -50,7 +50,7 @@ from protocol import (
 )
 from protocol.types import PartitionOffset, Subscription, TopicPartition
 from statemachine.acl import CLUSTER, Authorizer, Operation, ResourceType
-from store import MetadataStore, StoreUnavailable
+from store import SecurityStore, StoreUnavailable
 
 __all__ = ["ACL_REFRESH", "Access", "narrowed", "open_access", "refusal", "visible"]
 
@@ -77,7 +77,7 @@ class Access:
 
 @asynccontextmanager
 async def open_access(
-    store: MetadataStore, *, enabled: bool, super_users: frozenset[str]
+    store: SecurityStore, *, enabled: bool, super_users: frozenset[str]
 ) -> AsyncIterator[Access]:
     """The broker's access rules for the block's span: none enforced unless ``enabled``."""
     access = Access(current=Authorizer(enabled=enabled, super_users=super_users))

@@ -70,7 +70,7 @@ from protocol.batches import (
 from protocol.codec import ReadableBuffer
 from protocol.records import Record
 from protocol.types import TopicPartition
-from store import MetadataStore, TopicPlacement
+from store import TopicPlacement, TopicStore
 from transport.channel import ReadBudget
 from transport.limits import FileBudget
 
@@ -297,7 +297,7 @@ class BrokerLog(DataPlaneLog):
     """The partitions placed on this broker, in segment files under ``directory``."""
 
     broker_id: int
-    store: MetadataStore
+    store: TopicStore
     directory: Path
     #: The segment files open, for all partitions together.
     files: SegmentFiles
@@ -464,7 +464,7 @@ def log_directory(data_dir: Path) -> Path:
 
 @asynccontextmanager
 async def open_broker_log(
-    store: MetadataStore,
+    store: TopicStore,
     broker_id: int,
     data_dir: Path,
     config: LogConfig,

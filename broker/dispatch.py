@@ -73,11 +73,11 @@ from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from protocol.versions import Refusal, negotiate
 from store import (
     InvalidPartitions,
-    MetadataStore,
     StoreError,
     StoreUnavailable,
     TopicExists,
     TopicPlacement,
+    TopicStore,
     UnknownTopic,
 )
 from transport.channel import Channel, ReadBounds
@@ -415,7 +415,7 @@ _DESCRIBED: weakref.WeakKeyDictionary[TopicPlacement, TopicMetadata] = weakref.W
 
 
 async def create_topic(
-    store: MetadataStore,
+    store: TopicStore,
     message: CreateTopicRequest,
     limits: RequestLimits,
     rng: random.Random | None = None,
@@ -443,7 +443,7 @@ async def create_topic(
 
 
 async def delete_topic(
-    store: MetadataStore, message: DeleteTopicRequest, limits: RequestLimits
+    store: TopicStore, message: DeleteTopicRequest, limits: RequestLimits
 ) -> ErrorCode:
     """Delete the topic and every group's offsets for it (the store's ``delete_topic``); each
     broker's data plane then deletes its partitions, and the coordinator rebalances the groups
@@ -459,7 +459,7 @@ async def delete_topic(
 
 
 async def add_partitions(
-    store: MetadataStore,
+    store: TopicStore,
     message: CreatePartitionsRequest,
     limits: RequestLimits,
 ) -> ErrorCode:

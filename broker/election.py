@@ -15,7 +15,7 @@ is renewed), flushes its offsets, and only then releases the slot, which the pla
 waiting to take; like any successor, that one starts no partition before the leases granted
 before it took office have run out (docs/design.md#ownership-lease). A slot's office that ends
 without a handoff (the session expired, the connection stayed lost beyond the grace, a successor
-fenced its writes) closes its coordinator the same way, and the plan decides who stands again.
+refused its writes) closes its coordinator the same way, and the plan decides who stands again.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import logging
 import types
 from collections.abc import AsyncIterator, Callable, Mapping
 from functools import partial
-from typing import cast
 
 import attrs
 import trio
@@ -38,7 +37,7 @@ from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.validation import LogEnd
 from protocol.types import BrokerInfo
 from statemachine.slots import plan_slots
-from store import EpochFenced, MetadataStore, StoreError, StoreUnavailable, TopicPlacement
+from store import Deposed, MetadataStore, StoreError, StoreUnavailable, TopicPlacement
 from store.slot_store import SlotStore
 from store.zookeeper import ZooKeeperStore
 
@@ -167,7 +166,7 @@ class Elector:
                     inner=self.store, slot=slot, slots=self.config.coordinator_slots
                 )
                 async with open_group_coordinator(
-                    self.timed(cast(MetadataStore, slot_store)),
+                    self.timed(slot_store),
                     self.config,
                     self.broker,
                     log_end=self.log_end,
@@ -185,7 +184,7 @@ class Elector:
                 log.info("broker %d hands slot %d off", me, slot)
             else:
                 log.warning("broker %d lost slot %d", me, slot)
-        except* EpochFenced as deposed:
+        except* Deposed as deposed:
             log.warning("broker %d was deposed from slot %d: %s", me, slot, _first(deposed))
         except* StoreUnavailable as unavailable:
             log.warning("broker %d cannot hold slot %d: %s", me, slot, _first(unavailable))

@@ -17,8 +17,8 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -33,7 +33,14 @@ from protocol.types import BrokerInfo, TopicPartition
 from statemachine import group as group_sm
 from statemachine.consumer_group import MemberStatistics
 from statemachine.member import DeathCause
-from store import MetadataStore, OffsetBatch, StoreError, TopicPlacement
+from store import (
+    ForwardingStore,
+    GroupRecord,
+    OffsetBatch,
+    StoreError,
+    TopicPlacement,
+    TopicStore,
+)
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +426,7 @@ async def take_snapshot(
     metrics: BrokerMetrics,
     broker: BrokerInfo,
     by_slot: Mapping[int, GroupCoordinator],
-    store: MetadataStore,
+    store: TopicStore,
     log_ends: Mapping[TopicPartition, int],
     read_timestamp: ReadTimestamp,
 ) -> Snapshot:
@@ -467,10 +474,9 @@ async def take_snapshot(
                 lag=tuple(lags),
             )
         )
-    try:
-        coordinator_id = broker.broker_id if coordinators else await store.coordinator_id()
-    except StoreError:
-        coordinator_id = None
+    # A broker alone on its store always runs its coordinator; one of a cluster that holds no
+    # slot knows no single coordinator (each slot has its own).
+    coordinator_id = broker.broker_id if coordinators else None
     snapshot = Snapshot(
         broker=broker,
         coordinator_id=coordinator_id,
@@ -498,40 +504,45 @@ async def first_timestamp(read: Callable[[int], Any], offset: int) -> int | None
     return None
 
 
-@attrs.define(eq=False)
-class TimedStore:
-    """The metadata store, each operation timed and its failures counted; everything else is
-    passed through. The coordinator's view of the store, so that the election (which asks
-    whether its store is ZooKeeper) keeps the store itself."""
+_Result = TypeVar("_Result")
 
-    store: MetadataStore
+
+@attrs.define(eq=False)
+class TimedStore(ForwardingStore):
+    """The metadata store, each operation a coordinator makes while it serves timed and its
+    failures counted (the rest are start-up or admin, passed through). The coordinator's view of
+    the store, so that the election keeps the store itself."""
+
     metrics: BrokerMetrics
 
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self.store, name)
-        if name not in _TIMED:
-            return attribute
-        metrics = self.metrics
+    async def _timed(self, operation: str, call: Awaitable[_Result]) -> _Result:
+        """``call``'s result, its time observed and its failure counted under ``operation``."""
+        start = trio.current_time()
+        try:
+            result = await call
+        except StoreError:
+            self.metrics.store_errors.labels(operation).inc()
+            raise
+        self.metrics.store_seconds.labels(operation).observe(trio.current_time() - start)
+        return result
 
-        async def timed(*args: Any, **kwargs: Any) -> Any:
-            start = trio.current_time()
-            try:
-                result = await attribute(*args, **kwargs)
-            except StoreError:
-                metrics.store_errors.labels(name).inc()
-                raise
-            elapsed = trio.current_time() - start
-            metrics.store_seconds.labels(name).observe(elapsed)
-            if name == "commit_offsets":
-                batches: Sequence[OffsetBatch] = args[1] if len(args) > 1 else kwargs["batches"]
-                metrics.commit_seconds.observe(elapsed)
-                metrics.commit_batch.observe(sum(len(b.offsets) for b in batches))
-            return result
+    async def write_group(self, epoch: int, group: GroupRecord) -> None:
+        await self._timed("write_group", self.inner.write_group(epoch, group))
 
-        return timed
+    async def delete_group(self, epoch: int, group_id: str) -> None:
+        await self._timed("delete_group", self.inner.delete_group(epoch, group_id))
 
+    async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
+        start = trio.current_time()
+        await self._timed("commit_offsets", self.inner.commit_offsets(epoch, batches))
+        self.metrics.commit_seconds.observe(trio.current_time() - start)
+        self.metrics.commit_batch.observe(sum(len(b.offsets) for b in batches))
 
-#: The store operations a coordinator makes while it serves (the rest are start-up or admin).
-_TIMED = frozenset(
-    {"write_group", "delete_group", "commit_offsets", "fetch_offsets", "groups", "create_topic"}
-)
+    async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
+        return await self._timed("fetch_offsets", self.inner.fetch_offsets(group_id))
+
+    async def groups(self) -> Mapping[str, GroupRecord]:
+        return await self._timed("groups", self.inner.groups())
+
+    async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+        return await self._timed("create_topic", self.inner.create_topic(topic, brokers))

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import cast
 
 import attrs
 import trio
@@ -41,7 +40,7 @@ from coordinator.validation import LogEnd
 from protocol import RemoteProtocolError
 from protocol.sasl import MECHANISMS
 from protocol.types import BrokerInfo, TopicPartition
-from store import MetadataStore, open_embedded_store
+from store import EmbeddedStore, MetadataStore, SecurityStore, TopicStore, open_embedded_store
 from store.zookeeper import DigestAuth, ZooKeeperStore, open_zookeeper_store
 from transport.channel import ReadBounds
 from transport.limits import ConnectionLimits, FileBudget
@@ -153,7 +152,7 @@ async def run_node(
         def timed(store: MetadataStore) -> MetadataStore:
             if metrics is None:
                 return store
-            return cast(MetadataStore, TimedStore(store=store, metrics=metrics))
+            return TimedStore(inner=store, metrics=metrics)
 
         async with (
             open_access(
@@ -228,7 +227,7 @@ async def _snapshot(
     metrics: BrokerMetrics,
     broker: BrokerInfo,
     by_slot: BySlot,
-    store: MetadataStore,
+    store: TopicStore,
     data_plane: BrokerLog,
 ) -> Snapshot:
     log_ends = {tp: p.high_watermark for tp, p in data_plane.partitions.items()}
@@ -246,7 +245,7 @@ async def _snapshot(
 
 
 def _listener_security(
-    settings: NodeSettings, endpoint: Endpoint, tls: ssl.SSLContext | None, store: MetadataStore
+    settings: NodeSettings, endpoint: Endpoint, tls: ssl.SSLContext | None, store: SecurityStore
 ) -> ListenerSecurity | None:
     protocol = endpoint.protocol
     if protocol is SecurityProtocol.PLAINTEXT:
@@ -283,7 +282,9 @@ def _describe(settings: NodeSettings, endpoint: Endpoint) -> str:
     return f"{what}, clients unauthenticated: User:ANONYMOUS"
 
 
-def _open_store(settings: NodeSettings) -> AbstractAsyncContextManager[MetadataStore]:
+def _open_store(
+    settings: NodeSettings,
+) -> AbstractAsyncContextManager[EmbeddedStore | ZooKeeperStore]:
     if settings.zookeeper is None:
         return open_embedded_store(settings.data_dir / "metadata")
     return open_zookeeper_store(
@@ -300,7 +301,7 @@ ConnectionHandler = Callable[..., Awaitable[None]]
 
 @asynccontextmanager
 async def _open_coordination(
-    store: MetadataStore,
+    store: EmbeddedStore | ZooKeeperStore,
     timed: Callable[[MetadataStore], MetadataStore],
     config: CoordinatorConfig,
     broker: BrokerInfo,

@@ -24,7 +24,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator
 from protocol.types import BrokerInfo
 from statemachine.slots import slot_of
-from store import MetadataStore, StoreUnavailable, TopicPlacement
+from store import StoreUnavailable, TopicPlacement, TopicStore
 
 __all__ = [
     "BySlot",
@@ -61,7 +61,9 @@ class Offices(Protocol):
     def config(self) -> CoordinatorConfig: ...
 
     @property
-    def store(self) -> MetadataStore: ...
+    def store(self) -> TopicStore:
+        """What a connection reads and writes topics through."""
+        ...
 
     @property
     def by_slot(self) -> trio_util.AsyncValue[BySlot]:
@@ -118,7 +120,7 @@ class WholeOffice:
         return self.coordinator.config
 
     @property
-    def store(self) -> MetadataStore:
+    def store(self) -> TopicStore:
         return self.coordinator.store
 
     @property
@@ -170,7 +172,7 @@ class TopicReads:
     flight per store, and it answers every request that arrived before it began: each still
     sees every topic created before it asked."""
 
-    store: MetadataStore
+    store: TopicStore
     #: The last read: when it began, and what it found.
     _latest: tuple[float, Mapping[str, TopicPlacement]] | None = None
     #: Set when the read in flight ends (None: none is).
@@ -197,10 +199,10 @@ class TopicReads:
             return topics
 
 
-_READS: weakref.WeakKeyDictionary[MetadataStore, TopicReads] = weakref.WeakKeyDictionary()
+_READS: weakref.WeakKeyDictionary[TopicStore, TopicReads] = weakref.WeakKeyDictionary()
 
 
-def topic_reads(store: MetadataStore) -> TopicReads:
+def topic_reads(store: TopicStore) -> TopicReads:
     """The one TopicReads of ``store``, shared by every connection of the broker."""
     reads = _READS.get(store)
     if reads is None:

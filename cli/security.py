@@ -22,7 +22,7 @@ from pathlib import Path
 
 from protocol.sasl import MECHANISMS
 from statemachine.acl import CLUSTER, Acl, Operation, ResourceType, parse_principal
-from store import MetadataStore, open_embedded_store
+from store import SecurityStore, open_embedded_store
 from store.zookeeper import DigestAuth, open_zookeeper_store
 from transport.scram import make_credential
 from transport.security import ClientSecurity, Endpoint, ServerTls
@@ -291,7 +291,7 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
 
 
 @asynccontextmanager
-async def _store(args: argparse.Namespace) -> AsyncIterator[MetadataStore]:
+async def _store(args: argparse.Namespace) -> AsyncIterator[SecurityStore]:
     if args.zookeeper is not None:
         async with open_zookeeper_store(args.zookeeper, auth=zookeeper_auth(args)) as store:
             yield store

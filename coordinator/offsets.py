@@ -23,7 +23,7 @@ import trio
 from trio_util import AsyncValue
 
 from protocol.types import TopicPartition
-from store import MetadataStore, OffsetBatch, StoreUnavailable
+from store import GroupStore, OffsetBatch, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class OffsetView:
 
 @attrs.define(eq=False)
 class OffsetKeeper:
-    store: MetadataStore
+    store: GroupStore
     epoch: int
     commit_interval: float
     retry_backoff: float

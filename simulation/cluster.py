@@ -62,7 +62,7 @@ from .invariants import InvariantViolation, OwnershipLedger, StoreHistory
 from .log import MemoryLog
 from .network import Link, LinkEnd, NetworkUnreachable, SimulatedHost
 from .process import SimulatedProcess
-from .store_faults import StoreContact, StoreLatency, contact_store, recording_store, slow_store
+from .store_faults import ContactStore, RecordingStore, SlowStore, StoreContact, StoreLatency
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +193,9 @@ class SimulatedCluster:
         while True:
             self._stop_requested = trio.Event()
             async with open_embedded_store(self.data_dir) as embedded:
-                store = contact_store(
-                    recording_store(slow_store(embedded, self.latency), self.history), self.contact
-                )
+                slow = SlowStore(inner=embedded, latency=self.latency)
+                recording = RecordingStore(inner=slow, history=self.history)
+                store = ContactStore(inner=recording, contact=self.contact)
                 await store.register_broker(self.broker)
                 async with (
                     open_group_coordinator(store, self.config, self.broker) as coordinator,

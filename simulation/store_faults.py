@@ -6,17 +6,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
 
 import attrs
 import trio
 import trio.testing
 
-from store import (
-    GroupRecord,
-    MetadataStore,
-    OffsetBatch,
-)
+from store import ForwardingStore, GroupRecord, MetadataStore, OffsetBatch
 
 from .invariants import StoreHistory
 
@@ -24,17 +19,11 @@ log = logging.getLogger(__name__)
 
 
 @attrs.define(eq=False)
-class RecordingStore:
-    """The real store, with every durable offset and group write reported to a StoreHistory.
+class RecordingStore(ForwardingStore):
+    """The real store, with every durable offset and group write reported to a StoreHistory;
+    everything else passes straight through."""
 
-    Everything else passes straight through, so the wrapper keeps up with the interface; use it
-    through :func:`recording_store`, which says it is a MetadataStore."""
-
-    inner: MetadataStore
     history: StoreHistory
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     async def write_group(self, epoch: int, group: GroupRecord) -> None:
         await self.inner.write_group(epoch, group)
@@ -55,10 +44,6 @@ class RecordingStore:
     async def delete_offsets(self, epoch: int, group_id: str, topic: str) -> None:
         await self.inner.delete_offsets(epoch, group_id, topic)
         self.history.topic_offsets_deleted(topic, group_id)
-
-
-def recording_store(inner: MetadataStore, history: StoreHistory) -> MetadataStore:
-    return cast(MetadataStore, RecordingStore(inner=inner, history=history))
 
 
 @attrs.define
@@ -82,25 +67,16 @@ class StoreContact:
 
 
 @attrs.define(eq=False)
-class ContactStore:
+class ContactStore(ForwardingStore):
     """A store whose contact with its coordinator can be cut: while it is, ``in_contact_until``
     is the instant contact was lost, as for a ZooKeeper store whose session stopped answering
     then (docs/design.md#coordinator-epochs-and-the-election). Its writes still go through, so a
-    test sees what the coordinator does with the answer alone. Use it through
-    :func:`contact_store`, which says it is a MetadataStore."""
+    test sees what the coordinator does with the answer alone."""
 
-    inner: MetadataStore
     contact: StoreContact
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def in_contact_until(self) -> float:
         return self.contact.until(self.inner)
-
-
-def contact_store(inner: MetadataStore, contact: StoreContact) -> MetadataStore:
-    return cast(MetadataStore, ContactStore(inner=inner, contact=contact))
 
 
 @attrs.define
@@ -112,24 +88,15 @@ class StoreLatency:
 
 
 @attrs.define(eq=False)
-class SlowStore:
+class SlowStore(ForwardingStore):
     """A store whose reads of the groups' records take ``latency.group_reads`` seconds, as a big
-    group's do on ZooKeeper, so that a coordinator's load is long enough to be seen. Use it
-    through :func:`slow_store`, which says it is a MetadataStore."""
+    group's do on ZooKeeper, so that a coordinator's load is long enough to be seen."""
 
-    inner: MetadataStore
     latency: StoreLatency
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     async def groups(self) -> Mapping[str, GroupRecord]:
         await trio.sleep(self.latency.group_reads)
         return await self.inner.groups()
-
-
-def slow_store(inner: MetadataStore, latency: StoreLatency) -> MetadataStore:
-    return cast(MetadataStore, SlowStore(inner=inner, latency=latency))
 
 
 # --- the in-memory network --------------------------------------------------------------------

@@ -1,36 +1,49 @@
-"""The metadata store: one interface (``interface``), the embedded implementation (``embedded``),
-and the ZooKeeper one (``zookeeper``, on ``kazoo_bridge``, the one module that imports kazoo). The
-coordinator imports from here and nowhere deeper."""
+"""The metadata store: its interface, four protocols and their union (``interface``), the embedded
+implementation (``embedded``), and the ZooKeeper one (``zookeeper`` and its ``zookeeper_*``
+modules, on ``kazoo_bridge``, the one module that imports kazoo), whose offices are its slots'
+(``slot_store``). The coordinator imports from here and nowhere deeper."""
 
 from .embedded import EmbeddedStore, open_embedded_store
+from .forwarding import ForwardingStore
 from .interface import (
-    EpochFenced,
+    ClusterStore,
+    Deposed,
     GroupRecord,
+    GroupStore,
     InvalidPartitions,
     LayoutMismatch,
     MemberRecord,
     MetadataStore,
+    OfficeStore,
     OffsetBatch,
+    SecurityStore,
     StoreError,
     StoreUnavailable,
     TopicExists,
     TopicPlacement,
+    TopicStore,
     UnknownTopic,
 )
 
 __all__ = [
+    "ClusterStore",
+    "Deposed",
     "EmbeddedStore",
-    "EpochFenced",
+    "ForwardingStore",
     "GroupRecord",
+    "GroupStore",
     "InvalidPartitions",
     "LayoutMismatch",
     "MemberRecord",
     "MetadataStore",
+    "OfficeStore",
     "OffsetBatch",
+    "SecurityStore",
     "StoreError",
     "StoreUnavailable",
     "TopicExists",
     "TopicPlacement",
+    "TopicStore",
     "UnknownTopic",
     "open_embedded_store",
 ]

@@ -44,7 +44,7 @@ from statemachine.acl import Acl
 
 from .durable import replace_atomically
 from .interface import (
-    EpochFenced,
+    Deposed,
     GroupRecord,
     InvalidPartitions,
     MetadataStore,
@@ -256,7 +256,7 @@ class EmbeddedStore:
 
     def _check_epoch(self, epoch: int) -> None:
         if epoch != self._office_epoch:
-            raise EpochFenced(
+            raise Deposed(
                 f"epoch {epoch} is not the current coordinator epoch {self._office_epoch}"
             )
 

@@ -1,9 +1,14 @@
-"""The metadata store's contract: the records it keeps, the errors it raises, and the one interface
+"""The metadata store's contract: the records it keeps, the errors it raises, and the interface
 that the embedded store and the ZooKeeper store both implement (docs/design.md#metadata-layout).
 
-The coordinator codes against ``MetadataStore`` only, so that a single broker runs with zero set-up
-on the embedded store and a cluster swaps in ZooKeeper without the coordinator noticing. The
-contract suite in ``tests/store`` is the executable form of this module's promises.
+The interface is four protocols, one per concern, so that a user names the part it uses and a
+wrapper the part it changes: ``TopicStore`` (brokers, placements), ``SecurityStore`` (credentials,
+rules), ``GroupStore`` (records and offsets by group) and ``OfficeStore`` (a coordinator's office,
+its contact and the groups it recovers). ``MetadataStore`` is all four: the embedded store, and
+one slot's view of the ZooKeeper store (store/slot_store.py), on which the coordinator runs
+unchanged, so that a single broker runs with zero set-up and a cluster swaps in ZooKeeper without
+the coordinator noticing. The contract suite in ``tests/store`` is the executable form of this
+module's promises.
 """
 
 from __future__ import annotations
@@ -20,16 +25,21 @@ from statemachine.acl import Acl
 from statemachine.records import GroupRecord, MemberRecord
 
 __all__ = [
-    "EpochFenced",
+    "ClusterStore",
+    "Deposed",
     "GroupRecord",
+    "GroupStore",
     "InvalidPartitions",
     "MemberRecord",
     "MetadataStore",
+    "OfficeStore",
     "OffsetBatch",
+    "SecurityStore",
     "StoreError",
     "StoreUnavailable",
     "TopicExists",
     "TopicPlacement",
+    "TopicStore",
     "UnknownTopic",
 ]
 
@@ -88,7 +98,7 @@ class StoreUnavailable(StoreError):
     """
 
 
-class EpochFenced(StoreError):
+class Deposed(StoreError):
     """A write carried an epoch that is no longer the store's current coordinator epoch.
 
     The writer is a deposed coordinator (docs/design.md#coordinator-epochs-and-the-election); it
@@ -130,17 +140,10 @@ def on_listener(
     return tuple(found)
 
 
-class MetadataStore(Protocol):
-    """Everything the brokers and the coordinator keep outside their own memory.
-
-    Methods are async because the ZooKeeper store waits on the network; a bounded wait ends in
-    ``StoreUnavailable``. Deadlines beyond that bound are the caller's cancel scopes.
-
-    Writes that only a coordinator may make carry its epoch and raise ``EpochFenced``, changing
-    nothing, unless it is the current one. Broker registrations are ephemeral: they last as long as
-    the store handle that made them (a ZooKeeper session), and a reopened store starts without any.
-    Topics, groups, offsets and the epoch counter are persistent.
-    """
+class TopicStore(Protocol):
+    """The live brokers and the topics' placements: what every broker reads to route and serve
+    partitions, and the topic admin writes. No office is checked: any broker may create or delete
+    a topic."""
 
     async def register_broker(
         self, broker: BrokerInfo, advertised: Mapping[str, tuple[str, int]] | None = None
@@ -187,12 +190,82 @@ class MetadataStore(Protocol):
         """
         ...
 
+
+class SecurityStore(Protocol):
+    """SCRAM credentials and access rules (statemachine/acl.py): what a listener authenticates
+    and authorizes against, and what the security admin changes."""
+
+    async def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        """The user's salted, hashed credential for ``mechanism``; None: no such user or none
+        for that mechanism."""
+        ...
+
+    async def set_scram_credential(self, user: str, credential: ScramCredential) -> None:
+        """Add or replace the user's credential for ``credential.mechanism``."""
+        ...
+
+    async def delete_user(self, user: str) -> bool:
+        """Remove every credential of ``user``; False if it had none."""
+        ...
+
+    async def users(self) -> Mapping[str, tuple[str, ...]]:
+        """Every user with a credential, and its mechanisms (sorted)."""
+        ...
+
+    async def acls(self) -> frozenset[Acl]:
+        """Every access rule (statemachine/acl.py)."""
+        ...
+
+    async def change_acls(self, added: Sequence[Acl], removed: Sequence[Acl]) -> frozenset[Acl]:
+        """Add and remove rules in one write; the rules in force after it."""
+        ...
+
+
+class GroupStore(Protocol):
+    """Groups' records and committed offsets, by group id. Writes carry the writer's coordinator
+    epoch and raise ``Deposed``, changing nothing, unless it is an office's current epoch that
+    admits the group."""
+
+    async def write_group(self, epoch: int, group: GroupRecord) -> None:
+        """Replace the group's whole record: readers see the old record or the new one whole, even
+        if the call fails part-way."""
+        ...
+
+    async def delete_group(self, epoch: int, group_id: str) -> None:
+        """Forget the group and its offsets; a group the store does not know is not an error."""
+        ...
+
+    async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
+        """Make every batch durable before returning. If the call fails, each partition's offset
+        is either its old one or its new one, never anything else (a store may need more than one
+        transaction for a large commit: the ZooKeeper store's are at most 512 KiB each).
+
+        Later batches of the same call win over earlier ones for the same partition. A group needs
+        no record to have offsets: a standalone committer's group may never register members.
+        """
+        ...
+
+    async def delete_offsets(self, epoch: int, group_id: str, topic: str) -> None:
+        """Forget the group's committed offsets for ``topic`` (a deleted topic's); none is not
+        an error."""
+        ...
+
+    async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
+        """The group's committed offsets; empty for a group the store does not know."""
+        ...
+
+
+class OfficeStore(Protocol):
+    """A coordinator's office: taking it, until when it may act on it (contact), and the groups
+    it recovers on taking it. Its ``groups`` are those of the office only: every group on the
+    embedded store, one slot's on ZooKeeper (store/slot_store.py)."""
+
     async def take_office(self, broker_id: int) -> int:
         """Become the coordinator and return the new epoch.
 
-        The epoch is strictly larger than any this store ever returned, across restarts; every
-        earlier epoch is fenced from then on. On a shared store (ZooKeeper) this waits, for as
-        long as the caller lets it, until no other broker holds the office.
+        The epoch is strictly larger than any this store ever returned, across restarts; the
+        holder of every earlier epoch is deposed from then on. On a shared store (ZooKeeper)
+        this waits, for as long as the caller lets it, until no other broker holds the office.
         """
         ...
 
@@ -224,55 +297,20 @@ class MetadataStore(Protocol):
         (docs/design.md#group-retention)."""
         ...
 
-    async def write_group(self, epoch: int, group: GroupRecord) -> None:
-        """Replace the group's whole record: readers see the old record or the new one whole, even
-        if the call fails part-way."""
-        ...
 
-    async def delete_group(self, epoch: int, group_id: str) -> None:
-        """Forget the group and its offsets; a group the store does not know is not an error."""
-        ...
+class ClusterStore(TopicStore, SecurityStore, GroupStore, Protocol):
+    """What every broker of a cluster shares, its offices apart: the ZooKeeper store itself,
+    whose offices are its slots' (store/slot_store.py)."""
 
-    async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
-        """Make every batch durable before returning. If the call fails, each partition's offset
-        is either its old one or its new one, never anything else (a store may need more than one
-        transaction for a large commit: the ZooKeeper store's are at most 512 KiB each).
 
-        Later batches of the same call win over earlier ones for the same partition. A group needs
-        no record to have offsets: a standalone committer's group may never register members.
-        """
-        ...
+class MetadataStore(ClusterStore, OfficeStore, Protocol):
+    """Everything the brokers and the coordinator keep outside their own memory.
 
-    async def delete_offsets(self, epoch: int, group_id: str, topic: str) -> None:
-        """Forget the group's committed offsets for ``topic`` (a deleted topic's); none is not
-        an error."""
-        ...
+    Methods are async because the ZooKeeper store waits on the network; a bounded wait ends in
+    ``StoreUnavailable``. Deadlines beyond that bound are the caller's cancel scopes.
 
-    async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
-        """The group's committed offsets; empty for a group the store does not know."""
-        ...
-
-    async def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
-        """The user's salted, hashed credential for ``mechanism``; None: no such user or none
-        for that mechanism."""
-        ...
-
-    async def set_scram_credential(self, user: str, credential: ScramCredential) -> None:
-        """Add or replace the user's credential for ``credential.mechanism``."""
-        ...
-
-    async def delete_user(self, user: str) -> bool:
-        """Remove every credential of ``user``; False if it had none."""
-        ...
-
-    async def users(self) -> Mapping[str, tuple[str, ...]]:
-        """Every user with a credential, and its mechanisms (sorted)."""
-        ...
-
-    async def acls(self) -> frozenset[Acl]:
-        """Every access rule (statemachine/acl.py)."""
-        ...
-
-    async def change_acls(self, added: Sequence[Acl], removed: Sequence[Acl]) -> frozenset[Acl]:
-        """Add and remove rules in one write; the rules in force after it."""
-        ...
+    Writes that only a coordinator may make carry its epoch and raise ``Deposed``, changing
+    nothing, unless it is the current one. Broker registrations are ephemeral: they last as long as
+    the store handle that made them (a ZooKeeper session), and a reopened store starts without any.
+    Topics, groups, offsets and the epoch counter are persistent.
+    """

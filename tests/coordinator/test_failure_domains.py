@@ -25,7 +25,7 @@ from protocol.types import PartitionOffset, TopicPartition
 from simulation import RecordingStore, SimulatedCluster, open_simulated_cluster
 from statemachine.consumer_group import Assignment, ConsumerGroup
 from statemachine.group import Effect, GroupMachine, GroupState, MemberDeparted
-from store import EpochFenced, OffsetBatch, StoreUnavailable
+from store import Deposed, OffsetBatch, StoreUnavailable
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -180,12 +180,14 @@ async def test_a_failing_committer_ends_the_coordinator(
             await _two_groups(cluster)
             await trio.sleep_until(10.5)
 
-            async def fenced(store: RecordingStore, epoch: int, batches: list[OffsetBatch]) -> None:
-                raise EpochFenced("injected: deposed")
+            async def deposed(
+                store: RecordingStore, epoch: int, batches: list[OffsetBatch]
+            ) -> None:
+                raise Deposed("injected: deposed")
 
-            monkeypatch.setattr(RecordingStore, "commit_offsets", fenced)
+            monkeypatch.setattr(RecordingStore, "commit_offsets", deposed)
             await trio.sleep_forever()
-    assert failure.value.subgroup(EpochFenced) is not None
+    assert failure.value.subgroup(Deposed) is not None
     assert trio.current_time() == 11.0  # the committer's next interval
 
 

@@ -13,8 +13,7 @@ from contextlib import AbstractAsyncContextManager
 import pytest
 
 from store import MetadataStore, open_embedded_store
-from store.zookeeper import open_zookeeper_store
-from tests.support.zookeeper_fixtures import zookeeper, zookeeper_hosts
+from tests.support.zookeeper_fixtures import open_office, zookeeper, zookeeper_hosts
 
 __all__ = ["zookeeper", "zookeeper_hosts"]  # fixtures the ZooKeeper kind needs
 
@@ -27,9 +26,10 @@ def _embedded(request: pytest.FixtureRequest) -> StoreOpener:
 
 
 def _zookeeper(request: pytest.FixtureRequest) -> StoreOpener:
-    """A real standalone ZooKeeper, a chroot per test; each open is a new session."""
+    """A real standalone ZooKeeper, a chroot per test; each open is a new session, seen through
+    its one office of every group (store/slot_store.py)."""
     hosts = request.getfixturevalue("zookeeper_hosts")
-    return lambda: open_zookeeper_store(hosts)
+    return lambda: open_office(hosts)
 
 
 STORE_KINDS: dict[str, Callable[[pytest.FixtureRequest], StoreOpener]] = {

@@ -16,7 +16,7 @@ import trio
 
 from protocol.types import BrokerInfo, ConsumerThread, Subscription, TopicPartition, TopicStreams
 from store import (
-    EpochFenced,
+    Deposed,
     GroupRecord,
     InvalidPartitions,
     MemberRecord,
@@ -220,7 +220,7 @@ async def test_deleting_one_groups_offsets_for_a_topic(store: MetadataStore) -> 
     assert await store.fetch_offsets("audit") == {tp("orders", 0): 2}
     # A deposed epoch changes nothing.
     await store.take_office(2)
-    with pytest.raises(EpochFenced):
+    with pytest.raises(Deposed):
         await store.delete_offsets(epoch, "audit", "orders")
     assert await store.fetch_offsets("audit") == {tp("orders", 0): 2}
     # The group commits for the topic again (a topic created again under the name).
@@ -327,11 +327,11 @@ async def test_only_a_handle_in_office_is_in_contact(store_factory: StoreOpener)
 
 async def test_writes_before_taking_office_are_fenced(store: MetadataStore) -> None:
     for epoch in (0, 1, -1):
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await store.write_group(epoch, sample_group())
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await store.commit_offsets(epoch, [batch("billing", 1, orders_0=5)])
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await store.delete_group(epoch, "billing")
     assert await everything(store, "billing") == {
         "topics": {},
@@ -347,15 +347,15 @@ async def test_a_deposed_epoch_is_fenced_and_changes_nothing(store: MetadataStor
     before = await everything(store, "billing")
 
     new = await store.take_office(2)
-    with pytest.raises(EpochFenced):
+    with pytest.raises(Deposed):
         await store.write_group(old, sample_group(generation=4))
-    with pytest.raises(EpochFenced):
+    with pytest.raises(Deposed):
         await store.commit_offsets(
             old, [batch("billing", 4, orders_0=9), batch("other", 4, orders_1=9)]
         )
-    with pytest.raises(EpochFenced):
+    with pytest.raises(Deposed):
         await store.delete_group(old, "billing")
-    with pytest.raises(EpochFenced):
+    with pytest.raises(Deposed):
         await store.write_group(new + 1, sample_group(generation=4))
     assert await everything(store, "billing", "other") == {
         **before,
@@ -371,10 +371,10 @@ async def test_an_epoch_from_before_a_reopen_is_fenced(store_factory: StoreOpene
         old = await store.take_office(1)
         await store.write_group(old, sample_group())
     async with store_factory() as store:
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await store.commit_offsets(old, [batch("billing", 3, orders_0=1)])
         new = await store.take_office(1)
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await store.delete_group(old, "billing")
         await store.delete_group(new, "billing")
         assert await store.groups() == {}

@@ -7,15 +7,19 @@ without java or Debian's zookeeper package skips these tests, saying why.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
 from launch.zookeeper import Ensemble, open_ensemble, zookeeper_available
+from store.slot_store import SlotStore
+from store.zookeeper import open_zookeeper_store
 
-__all__ = ["zookeeper", "zookeeper_ensemble", "zookeeper_hosts"]
+__all__ = ["open_office", "zookeeper", "zookeeper_ensemble", "zookeeper_hosts"]
 
 _chroots = itertools.count(1)
 
@@ -47,3 +51,11 @@ def zookeeper_ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ens
     _require_zookeeper()
     with open_ensemble(3, base_dir=tmp_path_factory.mktemp("ensemble")) as ensemble:
         yield ensemble
+
+
+@contextlib.asynccontextmanager
+async def open_office(hosts: str, **options: Any) -> AsyncIterator[SlotStore]:
+    """A ZooKeeper store (``open_zookeeper_store(hosts, **options)``) seen through its one office
+    of every group: the one slot of a count of 1, as the contract suite runs it."""
+    async with open_zookeeper_store(hosts, **options) as store:
+        yield SlotStore(inner=store)

@@ -30,7 +30,7 @@ from protocol import (
 from protocol.types import TopicPartition
 from statemachine.consumer import ConsumerState
 from statemachine.slots import DEFAULT_SLOTS, slot_of
-from store.zookeeper import ELECTION, open_zookeeper_store
+from store.zookeeper import ELECTION
 from tests.support.node_cluster import SESSION, add_broker, ids
 from transport.connect import Address
 
@@ -242,35 +242,38 @@ async def test_a_joining_broker_takes_its_share_by_handoff_and_only_those_groups
 async def test_a_broker_of_the_single_office_layout_never_takes_office_beside_slot_holders(
     zookeeper_hosts: str, tmp_path: Path
 ) -> None:
-    """A broker from before the layout check elects itself at the single office's node and then
-    coordinates every group: the slot holders keep that node occupied, so its election waits
-    while they serve."""
+    """A broker from before the layout check elects itself at the single office's node (one
+    transaction creating it, ephemeral, and bumping ``/coordinator_epoch``; while the node exists
+    it waits for it to go) and then coordinates every group: the slot holders keep that node
+    occupied, so its election fails while they serve."""
     async with trio.open_nursery() as nursery:
         broker = await add_broker(nursery, zookeeper_hosts, tmp_path, CONFIG, 1)
         client = KazooClient(hosts=zookeeper_hosts)
         await trio.to_thread.run_sync(lambda: client.start(timeout=30))
+
+        def stand() -> bool:
+            """The old broker's election, as it ran it: whether it took office."""
+            client.ensure_path("/coordinator_epoch")
+            tx = client.transaction()
+            tx.create(ELECTION, b'{"broker_id":9}', ephemeral=True)
+            tx.set_data("/coordinator_epoch", b'{"broker_id":9}')
+            return not any(isinstance(result, Exception) for result in tx.commit())
+
         try:
             data, stat = await trio.to_thread.run_sync(client.get, ELECTION)
+            assert (json.loads(data), stat.ephemeralOwner) == ({"broker_id": -1}, 0)
+            assert not await trio.to_thread.run_sync(stand)
+            # Meanwhile the slot holder serves a group from its start to its end.
+            async with open_admin([broker.address]) as admin:
+                await admin.create_topic("t", PARTITIONS)
+            async with open_consumer(
+                [broker.address], MOVING, topics=["t"], settings=SETTINGS
+            ) as consumer:
+                await consumer.assignment.wait_value(lambda owned: owned == EVERYTHING)
+            assert not await trio.to_thread.run_sync(stand)
+            data, stat = await trio.to_thread.run_sync(client.get, ELECTION)
+            assert (json.loads(data), stat.ephemeralOwner) == ({"broker_id": -1}, 0)
         finally:
             await trio.to_thread.run_sync(client.stop)
             await trio.to_thread.run_sync(client.close)
-        assert (json.loads(data), stat.ephemeralOwner) == ({"broker_id": -1}, 0)
-        async with open_zookeeper_store(zookeeper_hosts) as old:  # its election, as it ran it
-            elected: list[int] = []
-
-            async def stand() -> None:
-                elected.append(await old.take_office(9))
-
-            async with trio.open_nursery() as standing:
-                standing.start_soon(stand)
-                # Meanwhile the slot holder serves a group from its start to its end.
-                async with open_admin([broker.address]) as admin:
-                    await admin.create_topic("t", PARTITIONS)
-                async with open_consumer(
-                    [broker.address], MOVING, topics=["t"], settings=SETTINGS
-                ) as consumer:
-                    await consumer.assignment.wait_value(lambda owned: owned == EVERYTHING)
-                assert elected == []
-                assert await old.coordinator_id() == -1
-                standing.cancel_scope.cancel()
         nursery.cancel_scope.cancel()

@@ -6,7 +6,6 @@ ZooKeeper, real clock."""
 from __future__ import annotations
 
 import math
-from typing import cast
 
 import pytest
 import trio
@@ -15,7 +14,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import open_group_coordinator
 from protocol.types import BrokerInfo, TopicPartition
 from statemachine.slots import slot_of
-from store import EpochFenced, MetadataStore, OffsetBatch
+from store import Deposed, OffsetBatch
 from store.slot_store import SlotStore
 from store.zookeeper import open_zookeeper_store
 from tests.store.test_contract import sample_group
@@ -53,9 +52,9 @@ async def test_brokers_hold_different_slots_at_once_each_writing_only_its_own(
         await two.commit_offsets(second, offsets(group_in(2), 7))
         assert await two.fetch_offsets(group_in(1)) == {TP: 5}
         # An office writes only its slot's groups.
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await one.commit_offsets(zero, offsets(group_in(1), 6))
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await two.write_group(second, sample_group(group_in(0)))
         assert await one.fetch_offsets(group_in(1)) == {TP: 5}
 
@@ -80,7 +79,7 @@ async def test_a_handoff_moves_one_slot_and_fences_only_its_old_epoch(
         assert taken > moving
         assert await one.slot_holders() == {0: 1, 1: 2}
 
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await one.commit_offsets(moving, offsets(group_in(1), 99))
         await two.commit_offsets(taken, offsets(group_in(1), 11))
         await one.commit_offsets(kept, offsets(group_in(0), 3))  # slot 0 is not touched
@@ -101,14 +100,14 @@ async def test_a_coordinator_of_one_slot_recovers_only_its_slots_groups(
             await writer.release_slot(slot)
         broker = BrokerInfo(broker_id=2, host="127.0.0.1", port=9092)
         await store.register_broker(broker)
-        view = cast(MetadataStore, SlotStore(inner=store, slot=1, slots=SLOTS))
+        view = SlotStore(inner=store, slot=1, slots=SLOTS)
         with trio.fail_after(DEADLINE):
             async with open_group_coordinator(view, CoordinatorConfig(), broker) as coordinator:
                 await coordinator.loaded.wait()
                 assert set(coordinator.groups) == {group_in(1)}
                 assert await view.coordinator_id() == 2
                 assert view.in_contact_until() > trio.current_time()
-                with pytest.raises(EpochFenced):  # its epoch writes no other slot's group
+                with pytest.raises(Deposed):  # its epoch writes no other slot's group
                     await view.delete_group(coordinator.epoch, group_in(0))
                 await store.release_slot(1)  # the handoff: the office ends for this view alone
                 await SlotStore(inner=store, slot=1, slots=SLOTS).wait_office_lost()
@@ -133,10 +132,10 @@ async def test_a_coordinator_of_one_slot_lists_and_expires_only_its_slots_standa
                 epoch, [OffsetBatch(group_id=group_id, generation=-1, offsets={TP: 4})]
             )
             await writer.release_slot(slot)
-        assert await writer.offset_only_groups() == set(standalone.values())
+        assert await writer.slot_offset_only_groups(0, 1) == set(standalone.values())
         broker = BrokerInfo(broker_id=2, host="127.0.0.1", port=9092)
         await store.register_broker(broker)
-        view = cast(MetadataStore, SlotStore(inner=store, slot=1, slots=SLOTS))
+        view = SlotStore(inner=store, slot=1, slots=SLOTS)
         assert await view.offset_only_groups() == {standalone[1]}
         config = CoordinatorConfig(group_retention=0.5, group_retention_check_interval=0.1)
         with trio.fail_after(DEADLINE):
@@ -151,4 +150,6 @@ async def test_a_coordinator_of_one_slot_lists_and_expires_only_its_slots_standa
                 await trio.sleep(1.0)  # more checks: none reaches for another slot's group
                 for slot in (0, 2, 3):
                     assert await store.fetch_offsets(standalone[slot]) == {TP: 4}
-                assert await store.offset_only_groups() == {standalone[slot] for slot in (0, 2, 3)}
+                assert await store.slot_offset_only_groups(0, 1) == {
+                    standalone[slot] for slot in (0, 2, 3)
+                }

@@ -21,7 +21,7 @@ from launch.zookeeper import Ensemble
 from protocol import Subscription
 from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
 from store import (
-    EpochFenced,
+    Deposed,
     GroupRecord,
     MemberRecord,
     OffsetBatch,
@@ -29,8 +29,9 @@ from store import (
     TopicPlacement,
 )
 from store.codec import encode_group
-from store.zookeeper import CONTACT_MARGIN_FRACTION, ZooKeeperStore, open_zookeeper_store
+from store.zookeeper import CONTACT_MARGIN_FRACTION, ZooKeeperStore
 from tests.store.test_contract import sample_group
+from tests.support.zookeeper_fixtures import open_office
 
 pytestmark = pytest.mark.realtime
 
@@ -78,13 +79,13 @@ async def hold_office(
     hosts: str, broker_id: int, release: trio.Event, *, task_status: trio.TaskStatus[int]
 ) -> None:
     """Be the coordinator on a store of its own until ``release``, then close that store."""
-    async with open_zookeeper_store(hosts) as store:
+    async with open_office(hosts) as store:
         task_status.started(await store.take_office(broker_id))
         await release.wait()
 
 
 async def test_one_office_at_a_time_and_the_next_epoch_is_larger(zookeeper_hosts: str) -> None:
-    async with open_zookeeper_store(zookeeper_hosts) as second, trio.open_nursery() as nursery:
+    async with open_office(zookeeper_hosts) as second, trio.open_nursery() as nursery:
         release = trio.Event()
         first_epoch = await nursery.start(hold_office, zookeeper_hosts, 1, release)
         assert await second.coordinator_id() == 1
@@ -104,8 +105,8 @@ async def test_one_office_at_a_time_and_the_next_epoch_is_larger(zookeeper_hosts
 
 async def test_a_coordinator_whose_session_expired_cannot_write(zookeeper_hosts: str) -> None:
     async with (
-        open_zookeeper_store(zookeeper_hosts) as first,
-        open_zookeeper_store(zookeeper_hosts) as second,
+        open_office(zookeeper_hosts) as first,
+        open_office(zookeeper_hosts) as second,
     ):
         await first.register_broker(BrokerInfo(broker_id=1, host="127.0.0.1", port=9092))
         old = await first.take_office(1)
@@ -113,7 +114,7 @@ async def test_a_coordinator_whose_session_expired_cannot_write(zookeeper_hosts:
             old, [OffsetBatch(group_id="g", generation=1, offsets={tp("t", 0): 5})]
         )
 
-        await expire_session(zookeeper_hosts, first)
+        await expire_session(zookeeper_hosts, first.inner)
 
         async def vacant() -> bool:
             return await second.coordinator_id() is None
@@ -129,14 +130,14 @@ async def test_a_coordinator_whose_session_expired_cannot_write(zookeeper_hosts:
                 await first.commit_offsets(
                     old, [OffsetBatch(group_id="g", generation=1, offsets={tp("t", 0): 99})]
                 )
-            except EpochFenced:
+            except Deposed:
                 return True
             except StoreUnavailable:
                 return False  # still reconnecting
             raise AssertionError("a deposed coordinator wrote offsets")
 
         await eventually(fenced, deadline=DEADLINE)
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await first.write_group(old, sample_group("g"))
         assert await second.fetch_offsets("g") == {tp("t", 0): 5}
         with trio.fail_after(DEADLINE):
@@ -156,7 +157,7 @@ async def test_a_coordinator_stays_in_contact_while_its_session_lives(
     the session could outlive the latest of them (less the margin)."""
     session = 3.0  # contact is renewed every 1 s and lasts 2.5 s: CI's busy cores have slack
     ahead = session * (1 - CONTACT_MARGIN_FRACTION)
-    async with open_zookeeper_store(zookeeper_hosts, session_timeout=session) as store:
+    async with open_office(zookeeper_hosts, session_timeout=session) as store:
         await store.take_office(1)
         end = trio.current_time() + 2 * session
         lowest = math.inf
@@ -176,9 +177,9 @@ async def test_a_coordinator_whose_session_ended_falls_out_of_contact(
     says of its office, contact runs out at most the session less the margin after the last
     answer the old session could have had."""
     session = 2.0
-    async with open_zookeeper_store(zookeeper_hosts, session_timeout=session) as store:
+    async with open_office(zookeeper_hosts, session_timeout=session) as store:
         await store.take_office(1)
-        await expire_session(zookeeper_hosts, store)
+        await expire_session(zookeeper_hosts, store.inner)
         ended_at = trio.current_time()
         assert store.in_contact_until() <= ended_at + session * (1 - CONTACT_MARGIN_FRACTION)
 
@@ -192,8 +193,8 @@ async def test_a_coordinator_whose_session_ended_falls_out_of_contact(
 
 async def test_a_topic_created_by_another_broker_reaches_the_watch(zookeeper_hosts: str) -> None:
     async with (
-        open_zookeeper_store(zookeeper_hosts) as watcher,
-        open_zookeeper_store(zookeeper_hosts) as creator,
+        open_office(zookeeper_hosts) as watcher,
+        open_office(zookeeper_hosts) as creator,
         contextlib.aclosing(watcher.topic_updates()) as updates,
     ):
         with trio.fail_after(DEADLINE):
@@ -207,7 +208,7 @@ async def test_a_topic_created_by_another_broker_reaches_the_watch(zookeeper_hos
 
 
 async def test_the_layout_is_readable_by_other_tools(zookeeper_hosts: str) -> None:
-    async with open_zookeeper_store(zookeeper_hosts) as store:
+    async with open_office(zookeeper_hosts) as store:
         await store.register_broker(BrokerInfo(broker_id=7, host="10.0.0.7", port=9093))
         await store.create_topic("orders", (7, 7, 8))
         epoch = await store.take_office(7)
@@ -221,7 +222,7 @@ async def test_the_layout_is_readable_by_other_tools(zookeeper_hosts: str) -> No
             for path in (
                 "/brokers/ids/7",
                 "/brokers/topics/orders",
-                "/consumers/coordinator",
+                "/coordinator_slots/0",
                 "/consumers/billing/offsets/orders/2",
                 "/consumers/billing/owners/orders/2",
                 "/consumers/billing/owners/logs.web/0",
@@ -229,7 +230,7 @@ async def test_the_layout_is_readable_by_other_tools(zookeeper_hosts: str) -> No
         }
     assert json.loads(raw["/brokers/ids/7"]) == {"host": "10.0.0.7", "port": 9093}
     assert json.loads(raw["/brokers/topics/orders"]) == {"0": 7, "1": 7, "2": 8}
-    assert json.loads(raw["/consumers/coordinator"]) == {"broker_id": 7}
+    assert json.loads(raw["/coordinator_slots/0"]) == {"broker_id": 7}
     assert json.loads(raw["/consumers/billing/offsets/orders/2"]) == {
         "offset": 17,
         "generation": 3,
@@ -239,7 +240,7 @@ async def test_the_layout_is_readable_by_other_tools(zookeeper_hosts: str) -> No
 
 
 async def test_owners_follow_the_latest_assignment(zookeeper_hosts: str) -> None:
-    async with open_zookeeper_store(zookeeper_hosts) as store:
+    async with open_office(zookeeper_hosts) as store:
         epoch = await store.take_office(1)
         await store.write_group(epoch, sample_group("billing", generation=3))
         moved = sample_group("billing", generation=4)
@@ -260,7 +261,7 @@ async def test_killing_the_ensemble_leader_interrupts_writes_briefly(
     zookeeper_ensemble: Ensemble,
 ) -> None:
     hosts = zookeeper_ensemble.hosts + "/failover"
-    async with open_zookeeper_store(hosts, session_timeout=6.0, call_bound=2.0) as store:
+    async with open_office(hosts, session_timeout=6.0, call_bound=2.0) as store:
         epoch = await store.take_office(1)
         leader = zookeeper_ensemble.leader()
         assert leader is not None
@@ -293,7 +294,7 @@ async def test_a_lost_quorum_bounds_every_call_and_ends_the_office(
     zookeeper_ensemble: Ensemble,
 ) -> None:
     hosts = zookeeper_ensemble.hosts + "/quorum"
-    async with open_zookeeper_store(hosts, session_timeout=6.0, call_bound=1.0) as store:
+    async with open_office(hosts, session_timeout=6.0, call_bound=1.0) as store:
         epoch = await store.take_office(1)
         for node in zookeeper_ensemble.nodes[:2]:
             await trio.to_thread.run_sync(node.kill)
@@ -305,13 +306,13 @@ async def test_a_lost_quorum_bounds_every_call_and_ends_the_office(
                 )
             await store.wait_office_lost(suspended_grace=2.0)
         print(f"office given up after losing quorum: {trio.current_time() - lost_at:.3f}s")
-        with pytest.raises(EpochFenced):
+        with pytest.raises(Deposed):
             await store.commit_offsets(epoch, [])
 
 
 async def test_names_that_are_not_znode_names_round_trip(zookeeper_hosts: str) -> None:
     odd = ["coordinator", "a/b", "100%", ".", "..", ""]
-    async with open_zookeeper_store(zookeeper_hosts) as store:
+    async with open_office(zookeeper_hosts) as store:
         epoch = await store.take_office(1)
         for group_id in odd:
             await store.write_group(epoch, sample_group(group_id))
@@ -390,7 +391,7 @@ async def test_a_group_of_5000_members_over_10000_partitions_is_written_committe
     assert len(json.dumps(encode_group(first))) > 1_048_576
     offsets = {tp: tp.partition + 1 for tp in first.assignment}
     timings = {}
-    async with open_zookeeper_store(zookeeper_hosts, call_bound=DEADLINE) as store:
+    async with open_office(zookeeper_hosts, call_bound=DEADLINE) as store:
         epoch = await store.take_office(1)
         started = trio.current_time()
         await store.write_group(epoch, first)
@@ -441,7 +442,7 @@ async def test_a_write_cut_short_leaves_a_whole_record_and_the_next_write_repair
             tp("orders", 2): ConsumerThread(member_id="m1", index=0),
         },
     )
-    async with open_zookeeper_store(zookeeper_hosts) as store:
+    async with open_office(zookeeper_hosts) as store:
         epoch = await store.take_office(1)
         await store.write_group(epoch, billing)
 

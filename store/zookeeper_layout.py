@@ -1,0 +1,116 @@
+"""The ZooKeeper store's nodes (docs/design.md#metadata-layout; Kafka 0.8's paths where the seeds
+keep them)::
+
+    /brokers/ids/<id>                                 ephemeral {"host": h, "port": p, "listeners":
+                                                      {name: {"host": h, "port": p}, ...}}
+    /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
+    /consumers/coordinator                            persistent {"broker_id": -1}: layout 1's
+                                                      office, kept occupied (occupy_single_office)
+    /coordinator_layout                               {"version": v, "slots": n}, written once
+    /coordinator_slots/<slot>                         ephemeral {"broker_id": id}; czxid = epoch
+    /coordinator_slot_epochs/<slot>                   persistent; its version counts its terms
+    /config/users/<user>                              {mechanism: {"salt", "stored_key",
+                                                      "server_key", "iterations"}} (SCRAM)
+    /config/acls                                      [{"principal", "resource_type", "name",
+                                                      "operation"}, ...]
+    /consumers/<group>/registry                       {"generation": g, "record": r, "chunks": k}
+    /consumers/<group>/records/<r>-<i>                chunk i of record r: the GroupRecord's JSON
+                                                      (codec.encode_group), cut into k pieces
+    /consumers/<group>/owners                         the record r its owner nodes mirror
+    /consumers/<group>/owners/<topic>/<partition>     "<member_id>-<index>" (intended owner)
+    /consumers/<group>/offsets/<topic>/<partition>    {"offset": next, "generation": g}
+
+Group and topic names are percent-encoded where a znode name needs it (``/``, ``%``, and the name
+``coordinator``, which the election node takes); ordinary names read as themselves.
+
+The path helpers (``group_path``, ``topic_path``, ``segment_name``) are public because seed 02's
+client-side rebalancing (``bench/seed02_session.py``, the benchmarks' baseline) keeps its nodes in
+the same layout.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from functools import lru_cache
+from typing import Any
+
+__all__ = [
+    "ACLS",
+    "BROKER_IDS",
+    "CONSUMERS",
+    "ELECTION",
+    "LAYOUT",
+    "LAYOUT_VERSION",
+    "SLOT_ELECTIONS",
+    "SLOT_EPOCHS",
+    "TOPICS",
+    "USERS",
+    "group_path",
+    "json_bytes",
+    "record_path",
+    "segment",
+    "segment_name",
+    "topic_path",
+    "user_path",
+]
+
+BROKER_IDS = "/brokers/ids"
+TOPICS = "/brokers/topics"
+CONSUMERS = "/consumers"
+#: Layout 1's single office, which no broker of layout 2 takes (``occupy_single_office``).
+ELECTION = "/consumers/coordinator"
+LAYOUT = "/coordinator_layout"
+#: Per coordinator slot: ephemeral ``<slot>`` election nodes, and persistent counters whose
+#: versions count each slot's terms (docs/design.md#coordinator-slots).
+SLOT_ELECTIONS = "/coordinator_slots"
+SLOT_EPOCHS = "/coordinator_slot_epochs"
+USERS = "/config/users"
+ACLS = "/config/acls"
+
+#: The layout of the nodes above that this code reads and writes: version 1 was one election node
+#: whose holder coordinated every slot; version 2 elects a holder per slot, and a broker of either
+#: refuses to start on the other's store (docs/design.md#coordinator-slots).
+LAYOUT_VERSION = 2
+
+
+def json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+#: Names that cannot be znode names, or that this layout uses for itself.
+_RESERVED = frozenset({".", "..", "coordinator"})
+
+
+@lru_cache(maxsize=4096)  # offset commits build every path anew, quoting each name
+def segment(name: str) -> str:
+    """A group or topic name as one znode name: percent-encoded where it must be (``/``, ``%``,
+    anything outside ``[A-Za-z0-9_.~-]``), and a reserved name spelled out in full, so that the
+    encoding is reversible and ordinary names read as themselves in other tools."""
+    quoted = urllib.parse.quote(name, safe="")
+    if quoted in _RESERVED:
+        return "".join(f"%{byte:02X}" for byte in name.encode())
+    return quoted or "%"
+
+
+def segment_name(segment: str) -> str:
+    """The group or topic name a znode name (``segment``) spells."""
+    return "" if segment == "%" else urllib.parse.unquote(segment)
+
+
+def group_path(group_id: str, *parts: object) -> str:
+    """``/consumers/<group>/<part>/...``, each name one znode name."""
+    return "/".join((CONSUMERS, segment(group_id), *(segment(str(part)) for part in parts)))
+
+
+def record_path(group_id: str, record: str, index: int) -> str:
+    return group_path(group_id, "records", f"{record}-{index}")
+
+
+def user_path(user: str) -> str:
+    return f"{USERS}/{segment(user)}"
+
+
+def topic_path(topic: str) -> str:
+    """``/brokers/topics/<topic>``: the topic's placement."""
+    return f"{TOPICS}/{segment(topic)}"
