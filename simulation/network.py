@@ -172,6 +172,3 @@ class LinkEnd(trio.abc.Stream):
             self.incoming.data.clear()
             self.link.wake()
         await trio.lowlevel.checkpoint()
-
-
-# --- consumers --------------------------------------------------------------------------------

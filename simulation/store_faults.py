@@ -97,6 +97,3 @@ class SlowStore(ForwardingStore):
     async def groups(self) -> Mapping[str, GroupRecord]:
         await trio.sleep(self.latency.group_reads)
         return await self.inner.groups()
-
-
-# --- the in-memory network --------------------------------------------------------------------

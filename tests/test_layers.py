@@ -159,9 +159,6 @@ def test_no_module_cycles_within_a_package() -> None:
 #: The most lines a module of the product may have: past it, a module holds more than one concern
 #: and a reader cannot hold it in mind (issue 32).
 MODULE_LINES = 900
-#: Modules still over the limit while their split is under way; a module leaves this set when it
-#: is split, and none joins it.
-OVER_THE_LIMIT = frozenset({"store/zookeeper.py", "bench/incremental.py"})
 
 
 def test_no_product_module_is_over_the_limit() -> None:
@@ -170,4 +167,4 @@ def test_no_product_module_is_over_the_limit() -> None:
         for package, path in _modules()
         if package != "tests" and len(path.read_text().splitlines()) > MODULE_LINES
     }
-    assert over <= OVER_THE_LIMIT, sorted(over - OVER_THE_LIMIT)
+    assert not over, sorted(over)
