@@ -229,7 +229,7 @@ class SimulatedCluster:
             raise ConnectionRefusedError("the coordinator is down")
         if host is not None and not host.reachable:
             raise NetworkUnreachable("the network is cut")
-        link = Link(host=host)
+        link = Link(host=host, observer=self.ledger)
         if host is not None:
             host.links = [
                 existing for existing in host.links if not existing.to_client.reader_closed
