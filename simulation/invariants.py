@@ -65,6 +65,8 @@ class StrayFetch:
     at: float
     #: When its latest permission on the partition ended; None: it never had one.
     permitted_until: float | None
+    #: The members of its group permitted the partition then: a two-owner instant, if any.
+    alongside: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         since = (
@@ -72,9 +74,10 @@ class StrayFetch:
             if self.permitted_until is None
             else f"its permission ended at {self.permitted_until:.3f}"
         )
+        others = f", and {', '.join(self.alongside)} may fetch it" if self.alongside else ""
         return (
             f"group {self.group_id} {self.partition}: {self.consumer_id} fetched it at "
-            f"{self.at:.3f}, but {since}"
+            f"{self.at:.3f}, but {since}{others}"
         )
 
 
@@ -139,8 +142,9 @@ class OwnershipLedger:
     A member's permission on a partition starts when a StartFetcher naming it is delivered to
     the member's process while the member's lease is in force (an incremental start keeps what
     was permitted already), and ends at the earliest of: the member sending its StopFetcher
-    answer (the partitions the StopFetcher named; none named: all), the member sending an end of
-    stream on a connection it registered on, and its lease's end. The lease ends T after the
+    answer (the partitions the StopFetcher named; none named: all) or a registration that does
+    not claim the partition, the member sending an end of stream on a connection it registered
+    on, and its lease's end. The lease ends T after the
     instant the member handed over the frame that the latest coordinator request delivered to it
     acknowledges (a registration answer: the registration frame), T from its registration. It
     runs across connections, so a member fetching through a failover keeps its permission until
@@ -208,6 +212,11 @@ class OwnershipLedger:
                 member.leaseless = request.api_version == 0
                 state.member = member
                 state.registered_at[request.correlation_id] = at
+                # It names what it still fetches: the rest it says it stopped, which a
+                # coordinator adopting it takes as free at once.
+                self._expire(member, at)
+                held = set(register.owned_partitions)
+                self._end(member, [tp for tp in member.permitted if tp not in held], at)
             case Request(message=FetchRequest() as fetch):
                 tp = TopicPartition(topic=fetch.topic, partition=fetch.partition)
                 self._fetched(state.process, tp, at)
@@ -331,6 +340,12 @@ class OwnershipLedger:
         if any(tp in member.permitted for member in members):
             return
         for member in members:
+            alongside = []
+            for other in self._members.values():
+                if other.group_id == member.group_id and other.process is not process:
+                    self._expire(other, at)
+                    if tp in other.permitted:
+                        alongside.append(other.consumer_id)
             self.stray_fetches.append(
                 StrayFetch(
                     group_id=member.group_id,
@@ -338,6 +353,7 @@ class OwnershipLedger:
                     partition=tp,
                     at=at,
                     permitted_until=member.ended.get(tp),
+                    alongside=tuple(sorted(alongside)),
                 )
             )
 
