@@ -82,7 +82,8 @@ class Frame:
     number: int
     from_client: bool
     event: Request | Response | PeerError
-    #: When its sender handed it to the link: the earliest instant the peer could have it.
+    #: When its sender handed it to the link, before a freeze of the sender held it back: no
+    #: earlier than its sender's own machine queued it, no later than the peer could read it.
     sent_at: float
 
 
@@ -102,6 +103,10 @@ class WireObserver(Protocol):
     def end_seen(self, link: Link, *, by_client: bool) -> None:
         """A side learned now that the connection ended: it read an end of stream, or a read
         or a write of it failed with a reset."""
+
+
+#: The observer decodes whatever either side sends: the sides enforce their own frame limits.
+_NO_LIMIT = 2**31 - 1
 
 
 class ReplayedConnection(Connection):
@@ -126,10 +131,6 @@ class _Direction:
     @classmethod
     def of(cls, receiver: Role) -> _Direction:
         return cls(decoder=ReplayedConnection(receiver, max_frame_size=_NO_LIMIT))
-
-
-#: The observer decodes whatever either side sends: the sides enforce their own frame limits.
-_NO_LIMIT = 2**31 - 1
 
 
 @attrs.define(eq=False)
@@ -257,8 +258,7 @@ class LinkEnd(trio.abc.Stream):
     _closed: bool = False
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        # The instant the sender handed the bytes over, before a freeze holds them back: what
-        # its own machine counts as their queue time is no later.
+        # The instant the sender handed the bytes over, before a freeze holds them back.
         queued_at = trio.current_time()
         await trio.lowlevel.checkpoint()
         if self.hold is not None:

@@ -10,8 +10,7 @@ import trio.testing
 
 from coordinator.config import CoordinatorConfig
 from protocol.types import TopicPartition
-from simulation import InvariantViolation, SimulatedCluster, open_simulated_cluster
-from simulation.invariants import StrayFetch
+from simulation import InvariantViolation, SimulatedCluster, StrayFetch, open_simulated_cluster
 from statemachine.member import DeathCause, DeclaredDead, MemberMachine
 from tests.simulation.adversary import Adversary, start_adversary
 
@@ -160,3 +159,32 @@ async def test_a_coordinator_that_frees_a_broken_members_partitions_at_once_is_c
             match=r"^group g events-2: m was permitted it until 14\.000 but b from 10\.500$",
         ):
             await cluster.check_invariants()
+
+
+async def test_permissions_through_a_failover_follow_each_members_rule(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The coordinator restarts at 10.5 and is back at 11.5. a fetches through the failover
+    under its lease, registers again at 12.5 claiming what it holds, and the new coordinator's
+    requests on the new connection renew its lease: one unbroken permission per partition. o, a
+    client of level 0 (no lease), may fetch only until it knows its connection ended."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("events", partitions=4)
+        await cluster.start_consumer(
+            "a", group="g", topics={"events": 1}, fetch_through_failover=True
+        )
+        await cluster.start_consumer("o", group="g", topics={"events": 1}, level0=True)
+        assert await cluster.wait_stable("g", members=2) == 1
+        await trio.sleep_until(10.5)
+        await cluster.restart_coordinator(down_for=1.0)
+        await trio.sleep_until(30.0)
+        assert _windows(cluster, "a") == {(0, 3.0, 30.0), (1, 3.0, 30.0)}
+        # o read the old coordinator's end of stream at 10.5; it registered again at 12.5
+        # under its generation holding nothing, and was started again at once.
+        assert _windows(cluster, "o") == {
+            (2, 3.0, 10.5),
+            (3, 3.0, 10.5),
+            (2, 12.5, 30.0),
+            (3, 12.5, 30.0),
+        }
+        await cluster.check_invariants()
