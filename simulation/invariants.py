@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 
 
 class InvariantViolation(AssertionError):
-    """Two consumers held a fetch lease on one partition at once, an offset or a generation went
-    backwards, or a settled group left a partition with no owner or with two."""
+    """Two members of a group were permitted one partition at once, a member fetched what it was
+    not permitted, an offset or a generation went backwards, or a settled group left a partition
+    with no owner or with two."""
 
 
 # --- the fetch-lease ledger -------------------------------------------------------------------
@@ -112,8 +113,10 @@ class _Member:
 @attrs.define(eq=False)
 class _LinkState:
     process: object
-    #: When the client handed each of its frames to the link: frame n's at index n - 1.
-    client_sent_at: list[float] = attrs.field(factory=list)
+    #: Frame number -> when the client handed it to the link, for its frames from its first
+    #: registration on, less those before the latest one a coordinator request named: those
+    #: are all a later request can name (counts on a connection only grow).
+    client_sent_at: dict[int, float] = attrs.field(factory=dict)
     #: The member whose registration the client sent on it last.
     member: _Member | None = None
     #: Correlation id of each RegisterConsumer the client sent on it -> when it handed it over:
@@ -203,8 +206,9 @@ class OwnershipLedger:
         if not frame.from_client:
             return
         state = self._link(link)
-        state.client_sent_at.append(frame.sent_at)
         at = frame.sent_at
+        if state.member is not None:
+            state.client_sent_at[frame.number] = at
         match frame.event:
             case Request(message=RegisterConsumerRequest() as register) as request:
                 member = self._member(state.process, register.group_id, register.consumer_id)
@@ -212,6 +216,7 @@ class OwnershipLedger:
                 member.leaseless = request.api_version == 0
                 state.member = member
                 state.registered_at[request.correlation_id] = at
+                state.client_sent_at[frame.number] = at
                 # It names what it still fetches: the rest it says it stopped, which a
                 # coordinator adopting it takes as free at once.
                 self._expire(member, at)
@@ -274,9 +279,12 @@ class OwnershipLedger:
                     if at >= member.lease_end:
                         return  # read after the lease ran out: it renews and grants nothing
                     frame_number = acknowledged_frames(message)
-                    if 1 <= frame_number <= len(state.client_sent_at):
-                        anchor = state.client_sent_at[frame_number - 1]
+                    anchor = state.client_sent_at.get(frame_number)
+                    if anchor is not None:
                         member.lease_end = max(member.lease_end, anchor + member.timeout)
+                        sent = state.client_sent_at
+                        while (oldest := next(iter(sent))) < frame_number:
+                            del sent[oldest]
                 if isinstance(message, StartFetcherRequest):
                     for stream in message.streams:
                         for p in stream.partitions:
@@ -385,17 +393,15 @@ class OwnershipLedger:
         ]
 
     def permitted(self, group_id: str, partition: TopicPartition) -> set[str]:
-        """The consumer ids whose processes may fetch ``partition`` for ``group_id`` now."""
+        """The consumer ids of ``group_id`` whose processes may fetch ``partition`` now."""
         now = trio.current_time()
-        return {
-            w.member.consumer_id
-            for w in self._all_windows(now)
-            if w.member.group_id == group_id
-            and w.partition == partition
-            and w.end >= now
-            and w.start <= now
-            and (w.end > now or w.member.leaseless)
-        }
+        holders = set()
+        for member in self._members.values():
+            if member.group_id == group_id:
+                self._expire(member, now)
+                if partition in member.permitted:
+                    holders.add(member.consumer_id)
+        return holders
 
     # --- the checks -----------------------------------------------------------------------------
 

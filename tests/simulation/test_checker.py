@@ -125,6 +125,7 @@ async def test_a_member_that_closes_cleanly_while_fetching_is_caught(
         await m.close_cleanly()
         await trio.sleep_until(12.0)
         assert _windows(cluster, "m") == {(2, 3.0, 10.1), (3, 3.0, 10.1)}
+        assert cluster.ledger.permitted("g", _tp(2)) == {"b"}
         assert _windows(cluster, "b") >= {(2, 10.1, 12.0), (3, 10.1, 12.0)}
         with pytest.raises(
             InvariantViolation,
