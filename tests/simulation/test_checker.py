@@ -14,8 +14,8 @@ from simulation import InvariantViolation, SimulatedCluster, StrayFetch, open_si
 from statemachine.member import DeathCause, DeclaredDead, MemberMachine
 from tests.simulation.adversary import Adversary, start_adversary
 
+#: T = 6 s for every member: a Ping every 2 s.
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0)
-T = 6.0
 
 
 def _tp(p: int) -> TopicPartition:
@@ -63,7 +63,7 @@ async def test_an_honest_member_whose_lease_runs_out_is_not_flagged(
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         m = await _m_and_b(cluster)
         await _silent_m_at_10(cluster, m)
-        # Its own count, deaf to the Ping of 10.0, ended at 12.0: it stopped then.
+        # Its own count, which the Ping of 10.0 it ignored did not renew, ended at 12.0.
         assert m.fetched[_tp(2)][-1] == 11.875
         assert not cluster.ledger.stray_fetches
         await cluster.check_invariants()
