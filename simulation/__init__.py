@@ -1,10 +1,16 @@
 """A deterministic test driver: the real group coordinator and embedded store with simulated
 consumers that speak the real protocol over in-memory streams, on trio's clock, with injected
-faults and an invariant checker (docs/testing.md)."""
+faults and an invariant checker that reads the wire (docs/testing.md)."""
 
 from simulation.cluster import SimulatedCluster, open_simulated_cluster
 from simulation.consumer import SimulatedConsumer
-from simulation.invariants import InvariantViolation, LeaseInterval, OwnershipLedger, StoreHistory
+from simulation.invariants import (
+    InvariantViolation,
+    LeaseInterval,
+    OwnershipLedger,
+    StoreHistory,
+    StrayFetch,
+)
 from simulation.log import MemoryLog, StoredRecord
 from simulation.process import ProcessKilled, SimulatedProcess
 from simulation.store_faults import ContactStore, RecordingStore, StoreContact
@@ -23,5 +29,6 @@ __all__ = [
     "StoreContact",
     "StoreHistory",
     "StoredRecord",
+    "StrayFetch",
     "open_simulated_cluster",
 ]

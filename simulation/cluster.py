@@ -14,10 +14,13 @@ in flight for a while, then arrive in order). On the cluster: :meth:`SimulatedCl
 deposed ZooKeeper coordinator would) and :meth:`~SimulatedCluster.pause_coordinator` (a GC pause
 or SIGSTOP of the broker).
 
-:meth:`SimulatedCluster.check_invariants` is the invariant checker: no two fetch leases on one
-partition ever overlapped (the :class:`OwnershipLedger`), no committed offset went backwards (in the
-store or in the coordinator's memory), generations only increased, and — after a quiet period,
-``settled=True`` — every subscribed partition has exactly one owner among the live members.
+:meth:`SimulatedCluster.check_invariants` is the invariant checker: no two members were ever
+permitted to fetch one partition at once, nor did a member's process fetch what it was not
+permitted, as the frames on the simulated wire show (the :class:`OwnershipLedger`, which
+observes every connection :meth:`SimulatedCluster.open_link` makes); no committed offset went
+backwards (in the store or in the coordinator's memory); generations only increased; and — after
+a quiet period, ``settled=True`` — every subscribed partition has exactly one owner among the
+live members.
 ``docs/testing.md`` has a walk-through; ``tests/simulation/test_example.py`` is its example.
 """
 
@@ -229,7 +232,7 @@ class SimulatedCluster:
             raise ConnectionRefusedError("the coordinator is down")
         if host is not None and not host.reachable:
             raise NetworkUnreachable("the network is cut")
-        link = Link(host=host)
+        link = Link(host=host, observer=self.ledger)
         if host is not None:
             host.links = [
                 existing for existing in host.links if not existing.to_client.reader_closed
@@ -424,7 +427,9 @@ class SimulatedCluster:
     async def check_invariants(self, *, settled: bool = False) -> None:
         """Raise InvariantViolation unless everything the system promises held so far:
 
-        * no two consumers ever held a fetch lease on one partition at the same instant;
+        * no two members of a group were permitted to fetch one partition at the same instant,
+          and no member's process fetched a partition it was not permitted, as the wire shows
+          (:class:`OwnershipLedger`);
         * no committed offset went backwards: not in any store write (offsets a standalone
           committer sets on an empty group excepted), and not in the coordinator's memory
           between two calls of this method;

@@ -1,15 +1,20 @@
 """The in-memory network: connections between simulated hosts and the broker, which a test can
-cut, delay or reset as TCP would be."""
+cut, delay or reset as TCP would be, and which report every frame crossing them to an observer
+(the invariant checker's ledger), decoded by the protocol's own codec."""
 
 from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import attrs
 import trio
 import trio.testing
+
+from protocol import Connection, PeerError, ProtocolError, Request, Response, Role
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,115 @@ class SimulatedHost:
         nursery.start_soon(self.heal_at, until)
 
 
+# --- what crosses the wire -----------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Frame:
+    """One frame that crossed a link, as the protocol decodes it."""
+
+    #: 1-based, per side and per link: what a coordinator request's ``acknowledged_frames``
+    #: counts (docs/design.md#ownership-lease).
+    number: int
+    from_client: bool
+    event: Request | Response | PeerError
+    #: When its sender handed it to the link, before a freeze of the sender held it back: no
+    #: earlier than its sender's own machine queued it, no later than the peer could read it.
+    sent_at: float
+
+
+class WireObserver(Protocol):
+    """What is told of every link it observes, at the instant each thing happens."""
+
+    def frame_sent(self, link: Link, frame: Frame) -> None:
+        """A side handed ``frame`` to the link (whether or not it ever arrives)."""
+
+    def frame_delivered(self, link: Link, frame: Frame) -> None:
+        """The other side read the last byte of ``frame`` now."""
+
+    def end_sent(self, link: Link, *, by_client: bool, reset: bool) -> None:
+        """A side closed its end now: an end of stream, or a reset (``reset``: the link was
+        reset before, or by, the close, so the peer reads a broken connection)."""
+
+    def end_seen(self, link: Link, *, by_client: bool) -> None:
+        """A side learned now that the connection ended: it read an end of stream, or a read
+        or a write of it failed with a reset."""
+
+
+#: The observer decodes whatever either side sends: the sides enforce their own frame limits.
+_NO_LIMIT = 2**31 - 1
+
+
+class ReplayedConnection(Connection):
+    """A side's protocol machine as the wire observer keeps it: fed the bytes its side reads
+    and replaying what its side sends, so that it decodes each frame as that side does."""
+
+
+@attrs.define(eq=False)
+class _Direction:
+    """The frames one side sent, decoded as its peer's protocol machine would decode them, and
+    how far the peer has read."""
+
+    #: The receiving side's machine, fed every byte sent; None once the bytes stopped making
+    #: sense (a peer breaking the protocol on purpose): nothing more is reported that way.
+    decoder: ReplayedConnection | None
+    sent_bytes: int = 0
+    delivered_bytes: int = 0
+    frames: int = 0
+    #: (end offset in the byte stream, frame) of the frames not read yet, in order.
+    in_flight: deque[tuple[int, Frame]] = attrs.field(factory=deque)
+
+    @classmethod
+    def of(cls, receiver: Role) -> _Direction:
+        return cls(decoder=ReplayedConnection(receiver, max_frame_size=_NO_LIMIT))
+
+
+@attrs.define(eq=False)
+class _Wire:
+    """Both directions of one link, decoded. Each side's machine also replays what the other
+    side sends, so that it knows the requests a response answers exactly as that side does."""
+
+    link: Link
+    observer: WireObserver
+    to_server: _Direction = attrs.field(factory=lambda: _Direction.of(Role.BROKER))
+    to_client: _Direction = attrs.field(factory=lambda: _Direction.of(Role.CONSUMER))
+
+    def sent(self, from_client: bool, data: bytes, at: float) -> None:
+        way, back = (
+            (self.to_server, self.to_client) if from_client else (self.to_client, self.to_server)
+        )
+        decoder = way.decoder
+        way.sent_bytes += len(data)
+        if decoder is None:
+            return
+        decoder.receive_data(data)
+        while True:
+            try:
+                event = decoder.next_event()
+            except ProtocolError as exc:
+                log.debug("no longer decoding a link's frames one way: %s", exc)
+                way.decoder = None
+                return
+            if not isinstance(event, Request | Response | PeerError):
+                return
+            if back.decoder is not None and not isinstance(event, PeerError):
+                try:
+                    back.decoder.send(event)  # the sender's own machine, replayed
+                except ProtocolError as exc:
+                    log.debug("no longer decoding a link's frames one way: %s", exc)
+                    back.decoder = None
+            way.frames += 1
+            frame = Frame(number=way.frames, from_client=from_client, event=event, sent_at=at)
+            way.in_flight.append((way.sent_bytes - decoder.buffered_bytes, frame))
+            self.observer.frame_sent(self.link, frame)
+
+    def delivered(self, to_client: bool, size: int) -> None:
+        way = self.to_client if to_client else self.to_server
+        way.delivered_bytes += size
+        while way.in_flight and way.in_flight[0][0] <= way.delivered_bytes:
+            self.observer.frame_delivered(self.link, way.in_flight.popleft()[1])
+
+
 @attrs.define(eq=False)
 class _Pipe:
     data: bytearray = attrs.field(factory=bytearray)
@@ -74,13 +188,37 @@ class _Pipe:
 
 @attrs.define(eq=False)
 class Link:
-    """One in-memory connection between a client host and the broker."""
+    """One in-memory connection between a client host and the broker; ``observer`` is told of
+    every frame and every end on it."""
 
     host: SimulatedHost | None
     to_server: _Pipe = attrs.field(factory=_Pipe)
     to_client: _Pipe = attrs.field(factory=_Pipe)
     reset: bool = False
+    observer: WireObserver | None = None
     _lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _wire: _Wire | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.observer is not None:
+            self._wire = _Wire(link=self, observer=self.observer)
+
+    def _sent(self, pipe: _Pipe, data: bytes, at: float) -> None:
+        if self._wire is not None and data:
+            self._wire.sent(pipe is self.to_server, data, at)
+
+    def _delivered(self, pipe: _Pipe, size: int) -> None:
+        if self._wire is not None:
+            self._wire.delivered(pipe is self.to_client, size)
+
+    def _end_sent(self, pipe: _Pipe) -> None:
+        if self.observer is not None:
+            self.observer.end_sent(self, by_client=pipe is self.to_server, reset=self.reset)
+
+    def _end_seen(self, pipe: _Pipe) -> None:
+        """The reader of ``pipe`` learned that the connection ended."""
+        if self.observer is not None:
+            self.observer.end_seen(self, by_client=pipe is self.to_client)
 
     @property
     def delivering(self) -> bool:
@@ -120,6 +258,8 @@ class LinkEnd(trio.abc.Stream):
     _closed: bool = False
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        # The instant the sender handed the bytes over, before a freeze holds them back.
+        queued_at = trio.current_time()
         await trio.lowlevel.checkpoint()
         if self.hold is not None:
             await self.hold()
@@ -128,7 +268,9 @@ class LinkEnd(trio.abc.Stream):
         # The peer's reset comes back the way its bytes do.
         delivering = self.link.delivering_to(self.incoming)
         if delivering and (self.link.reset or self.outgoing.reader_closed):
+            self.link._end_seen(self.incoming)
             raise trio.BrokenResourceError("connection reset by peer")
+        self.link._sent(self.outgoing, bytes(data), queued_at)
         if not self.outgoing.reader_closed:
             self.outgoing.data += data
         self.link.wake()
@@ -145,13 +287,16 @@ class LinkEnd(trio.abc.Stream):
                 raise trio.ClosedResourceError
             if self.link.delivering_to(self.incoming):
                 if self.link.reset:
+                    self.link._end_seen(self.incoming)
                     raise trio.BrokenResourceError("connection reset")
                 if self.incoming.data:
                     size = len(self.incoming.data) if max_bytes is None else max_bytes
                     chunk = bytes(self.incoming.data[:size])
                     del self.incoming.data[:size]
+                    self.link._delivered(self.incoming, len(chunk))
                     return chunk
                 if self.incoming.eof:
+                    self.link._end_seen(self.incoming)
                     return b""
             await self.link.park()
 
@@ -167,6 +312,7 @@ class LinkEnd(trio.abc.Stream):
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self.link._end_sent(self.outgoing)
             self.outgoing.eof = True
             self.incoming.reader_closed = True
             self.incoming.data.clear()
