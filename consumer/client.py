@@ -273,6 +273,9 @@ class Consumer:
     """The last record of each partition handed out by iterating the consumer or ``getmany``:
     finished when the application asks for more."""
     _next_stream: int = 0
+    observer: Callable[[Consumer], None] | None = None
+    """Called after each input the machine took, its effects performed: what a test harness (the
+    simulation's consumer) reads the machine's state through, in the instant it changed."""
 
     def __attrs_post_init__(self) -> None:
         for stream in self.streams:
@@ -631,6 +634,8 @@ class Consumer:
     async def _perform(self, effects: list[sm.Effect]) -> None:
         try:
             await self._perform_each(effects)
+            if self.observer is not None:
+                self.observer(self)
         finally:
             self._revoking.clear()  # their stop is answered, or was no StopFetcher's
 

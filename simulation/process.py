@@ -3,6 +3,7 @@ into it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,9 @@ class SimulatedProcess:
     cluster: SimulatedCluster
     host: SimulatedHost = attrs.field(factory=SimulatedHost)
     frozen_until: float = -math.inf
+    #: Each read on its connections is handed to its code this long after it arrives: a slow
+    #: process, whose answers leave that much later (0: at once).
+    answer_delay: float = 0.0
     killed: bool = False
     done: trio.Event = attrs.field(factory=trio.Event)
     """Set once its main function returned, raised or was killed."""
@@ -55,7 +59,7 @@ class SimulatedProcess:
         assert isinstance(stream, LinkEnd)
         self._ends = [end for end in self._ends if not end.closed]
         self._ends.append(stream)
-        return stream
+        return _SlowReads(end=stream, process=self)
 
     async def _hold(self) -> None:
         while trio.current_time() < self.frozen_until:
@@ -91,7 +95,46 @@ class SimulatedProcess:
     ) -> None:
         self.host.delay(seconds, self.cluster.nursery, to_client=to_process, to_server=to_broker)
 
+    def answer_slowly(self, seconds: float) -> None:
+        """Take ``seconds`` over each thing read from now on (0 restores prompt answers)."""
+        self.answer_delay = seconds
+
     def drop_connections(self) -> None:
         """Reset every connection it has; the process lives on and connects again."""
         for link in self.host.links:
             link.break_()
+
+
+@attrs.define(eq=False)
+class _SlowReads(trio.abc.Stream):
+    """A process's end of a connection, read ``answer_delay`` late: what it sends is written at
+    once, what it reads reaches its code late, and so do its answers. A frozen process closes
+    or resets nothing until it thaws (the kernel would, at once, only for a dead one)."""
+
+    end: LinkEnd
+    process: SimulatedProcess
+    _reset: bool = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.end.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.end.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data = await self.end.receive_some(max_bytes)
+        if self.process.answer_delay:
+            await trio.sleep(self.process.answer_delay)
+            await self.process._hold()
+        return data
+
+    def abort(self) -> None:
+        """Reset on :meth:`aclose`, which ``Channel.abort`` calls next."""
+        self._reset = True
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(ProcessKilled):
+            await self.process._hold()
+        if self._reset:
+            self.end.abort()
+        await self.end.aclose()

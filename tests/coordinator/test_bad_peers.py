@@ -9,7 +9,7 @@ import trio.testing
 
 from coordinator.config import CoordinatorConfig
 from protocol import Connection, ErrorCode, PeerError, Role
-from simulation import open_simulated_cluster
+from tests.support.standin_consumer import open_stand_in_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, max_frame_size=64 * 1024)
 
@@ -38,7 +38,7 @@ async def _error_frame(stream: trio.abc.Stream) -> PeerError | None:
 async def test_a_bad_frame_closes_only_that_connection(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, frame: bytes, code: ErrorCode
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=4)
         a = await cluster.start_consumer("a", group="g", topics={"events": 1})
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})
@@ -59,7 +59,7 @@ async def test_a_bad_frame_closes_only_that_connection(
 async def test_a_member_that_breaks_the_protocol_is_removed(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=4)
         a = await cluster.start_consumer("a", group="g", topics={"events": 1}, rejoin=False)
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})

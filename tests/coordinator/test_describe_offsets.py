@@ -20,7 +20,8 @@ from protocol import (
     OffsetFetchResponse,
 )
 from protocol.types import TopicPartition
-from simulation import SimulatedCluster, open_simulated_cluster
+from simulation import SimulatedCluster
+from tests.support.standin_consumer import open_stand_in_cluster
 
 
 async def _describe(cluster: SimulatedCluster) -> tuple[list[int], list[int]]:
@@ -45,7 +46,7 @@ async def test_a_reported_offset_is_shown_as_reported_until_the_committer_writes
 ) -> None:
     config = CoordinatorConfig(initial_rebalance_delay=3.0, commit_interval=10.0)
     t0 = TopicPartition(topic="t", partition=0)
-    async with open_simulated_cluster(tmp_path, config) as cluster:
+    async with open_stand_in_cluster(tmp_path, config) as cluster:
         await cluster.create_topic("t", partitions=1)
         await cluster.start_consumer("a", group="g", topics={"t": 1})
         with trio.fail_after(30):

@@ -13,15 +13,16 @@ import trio.testing
 from coordinator.config import CoordinatorConfig
 from protocol import ErrorCode
 from protocol.types import TopicPartition
-from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from simulation import SimulatedCluster
 from statemachine.group import GroupState
 from tests.support.protocols import eager
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
 
 
-async def _pair(cluster: SimulatedCluster) -> tuple[SimulatedConsumer, SimulatedConsumer]:
+async def _pair(cluster: SimulatedCluster) -> tuple[StandInConsumer, StandInConsumer]:
     await cluster.create_topic("events", partitions=6)
     a = await cluster.start_consumer("a", group="g", topics={"events": 1})
     b = await cluster.start_consumer("b", group="g", topics={"events": 1})
@@ -38,7 +39,7 @@ async def _wait_departure(cluster: SimulatedCluster, group_id: str) -> None:
 async def test_a_silent_consumer_dies_two_thirds_t_after_its_unanswered_ping(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         a_partitions = a.owned
         await trio.sleep_until(10.5)
@@ -65,7 +66,7 @@ async def test_a_silent_consumer_dies_two_thirds_t_after_its_unanswered_ping(
 async def test_a_killed_consumers_partitions_move_at_once(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(5.0)
         await a.kill()
@@ -79,7 +80,7 @@ async def test_a_killed_consumers_partitions_move_at_once(
 async def test_a_death_during_a_rebalance_cancels_it_and_the_next_one_succeeds(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         c = await cluster.start_consumer("c", group="g", topics={"events": 1})
         assert await cluster.wait_stable("g", members=3) == 2
@@ -111,7 +112,7 @@ async def test_a_death_during_a_rebalance_cancels_it_and_the_next_one_succeeds(
 async def test_a_paused_consumer_stops_itself_its_commit_is_refused_and_it_rejoins(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(10.5)
         assert await cluster.coordinator.offsets.committed("g")  # auto-commit through Pings
@@ -136,7 +137,7 @@ async def test_a_paused_consumer_stops_itself_its_commit_is_refused_and_it_rejoi
 async def test_an_unanswered_stop_fetcher_kills_its_member_and_the_rebalance_goes_on(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(10.5)  # b last answered the Ping of 10.0
         b.freeze(60)
@@ -157,7 +158,7 @@ async def test_a_failed_attempt_backs_off_and_retries_until_it_succeeds(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     config = CoordinatorConfig(initial_rebalance_delay=3.0, max_missed_pings=2)
-    async with open_simulated_cluster(tmp_path, config) as cluster:
+    async with open_stand_in_cluster(tmp_path, config) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(10.5)
         # Slow, not frozen: a member frozen past a StopFetcher's deadline has no lease left when
@@ -181,7 +182,7 @@ async def test_a_failed_attempt_backs_off_and_retries_until_it_succeeds(
 async def test_several_members_dying_at_once_during_a_rebalance_leave_the_coordinator_serving(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=6)
         members = {
             name: await cluster.start_consumer(name, group="g", topics={"events": 1})
@@ -204,7 +205,7 @@ async def test_several_members_dying_at_once_during_a_rebalance_leave_the_coordi
 async def test_every_member_dying_mid_rebalance_leaves_an_empty_group_and_a_serving_coordinator(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=6)
         members = [
             await cluster.start_consumer(name, group="g", topics={"events": 1}, rejoin=False)

@@ -16,7 +16,8 @@ from protocol import (
     OffsetFetchResponse,
 )
 from protocol.types import PartitionOffset, TopicPartition
-from simulation import SimulatedCluster, open_simulated_cluster
+from simulation import SimulatedCluster
+from tests.support.standin_consumer import open_stand_in_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
 
@@ -49,7 +50,7 @@ async def _fetch(cluster: SimulatedCluster, group: str) -> dict[TopicPartition, 
 async def test_committed_offsets_survive_a_restart_and_seed_the_next_assignment(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=4)
         assert await _standalone_commit(cluster, "g", _offsets(p0=10, p1=20)) is ErrorCode.NONE
         a = await cluster.start_consumer("a", group="g", topics={"events": 1})
@@ -59,7 +60,7 @@ async def test_committed_offsets_survive_a_restart_and_seed_the_next_assignment(
         before = await _fetch(cluster, "g")
         assert before[TopicPartition(topic="events", partition=0)] == 15
     restart = trio.current_time()
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         assert await _fetch(cluster, "g") == before
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})
         await cluster.wait_stable("g", members=1)
@@ -73,7 +74,7 @@ async def test_committed_offsets_survive_a_restart_and_seed_the_next_assignment(
 async def test_commits_are_fenced_by_member_generation_and_ownership(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=2)
         a = await cluster.start_consumer("a", group="g", topics={"events": 1})
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})
@@ -114,7 +115,7 @@ async def test_commits_are_fenced_by_member_generation_and_ownership(
 async def test_describe_shows_members_assignment_and_offsets(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=3)
         a = await cluster.start_consumer("a", group="g", topics={"events": 1})
         generation = await cluster.wait_stable("g", members=1)
@@ -136,7 +137,7 @@ async def test_generations_stay_above_any_a_returning_member_reports(
 ) -> None:
     """A coordinator that died mid-attempt may have sent a generation it never persisted; the
     members that saw it carry it back, and the next generation must still be larger."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=2)
         await cluster.start_consumer("a", group="g", topics={"events": 1})
         assert await cluster.wait_stable("g", members=1) == 1

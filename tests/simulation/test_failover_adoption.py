@@ -24,13 +24,14 @@ from protocol import (
     OffsetCommitResponse,
 )
 from protocol.types import PartitionOffset
-from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from simulation import SimulatedCluster
 from tests.simulation.test_faults import ALL, CONFIG, _spans
 from tests.simulation.test_faults import _pair as _any_pair
 from tests.support.protocols import eager
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
 
 
-async def _pair(cluster: SimulatedCluster) -> tuple[SimulatedConsumer, SimulatedConsumer]:
+async def _pair(cluster: SimulatedCluster) -> tuple[StandInConsumer, StandInConsumer]:
     return await _any_pair(cluster, fetch_through_failover=True)
 
 
@@ -44,7 +45,7 @@ async def _restart(cluster: SimulatedCluster) -> None:
 async def test_members_back_as_the_record_says_are_adopted_without_a_rebalance(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await _restart(cluster)
@@ -72,7 +73,7 @@ async def test_members_back_as_the_record_says_are_adopted_without_a_rebalance(
 async def test_a_member_that_does_not_come_back_costs_one_rebalance_after_its_lease(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         held_by_a = a.owned
         await trio.sleep_until(10.4)
@@ -98,7 +99,7 @@ async def test_a_member_that_does_not_come_back_costs_one_rebalance_after_its_le
 async def test_a_member_back_late_within_its_lease_causes_no_rebalance(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(10.4)
@@ -125,7 +126,7 @@ async def test_a_record_that_gave_a_member_nothing_is_not_adopted(
     comes back at 17.4, within the recovered lease, under generation 1 holding nothing, as it
     would if it still ran under that start: only a start tells it which, so the group rebalances
     rather than adopt the record and leave c waiting for a start that never comes."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=2)
         a, b, c = [
             await cluster.start_consumer(
@@ -154,7 +155,7 @@ async def test_a_record_that_gave_a_member_nothing_is_not_adopted(
 async def test_a_record_written_before_its_starts_were_answered_is_not_adopted(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         for consumer in (a, b):
             consumer.answer_slowly(1.0)
@@ -192,7 +193,7 @@ async def test_a_record_written_before_its_starts_were_answered_is_not_adopted(
 async def test_a_consumer_abandoning_a_live_connection_while_fetching_is_not_taken_as_stopped(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(4.0)
@@ -220,7 +221,7 @@ async def test_members_of_different_generations_are_adopted_each_under_its_own(
     """Under the incremental protocol a member the latest rebalance left alone keeps an older
     generation; the record names each member's own, so a successor adopts them all as they are
     (docs/design.md#adoption-after-a-failover): no Stop, no Start, no new generation."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(6.0)
         c = await cluster.start_consumer(
@@ -253,7 +254,7 @@ async def test_a_group_awaiting_its_members_after_a_failover_is_described_so_and
     described Empty with no members, and a reset of its offsets was accepted, which the members'
     next reports then undid (issue 28). Now it is AwaitingMembers, naming the members its record
     awaits with what they hold, and resets and deletes are refused with a retriable code."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await _restart(cluster)

@@ -14,8 +14,9 @@ import trio.testing
 from coordinator.config import CoordinatorConfig
 from protocol import ErrorCode
 from protocol.types import TopicPartition
-from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from simulation import SimulatedCluster
 from tests.support.protocols import eager
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -23,7 +24,7 @@ ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
 
 async def _pair(
     cluster: SimulatedCluster, *, fetch_through_failover: bool = False
-) -> tuple[SimulatedConsumer, SimulatedConsumer]:
+) -> tuple[StandInConsumer, StandInConsumer]:
     await cluster.create_topic("events", partitions=6)
     a, b = [
         await cluster.start_consumer(
@@ -48,7 +49,7 @@ def _starts(cluster: SimulatedCluster, consumer_id: str) -> set[float]:
 async def test_a_connection_reset_under_a_consumer_frees_its_partitions_when_it_comes_back(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(5.0)
         a.drop_connection()
@@ -70,7 +71,7 @@ async def test_a_connection_reset_under_a_paused_consumer_waits_until_it_has_sto
     """A reset proves nothing about a paused consumer, which fetches on until it resumes and
     notices: a coordinator that moved the partitions at the reset would give them two owners
     (docs/design.md#ownership-lease)."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, _b = await _pair(cluster)
         held = a.owned
         await trio.sleep_until(5.0)
@@ -94,7 +95,7 @@ async def test_a_connection_reset_under_a_paused_consumer_waits_until_it_has_sto
 async def test_a_cut_network_silences_both_sides_until_it_heals(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, _b = await _pair(cluster)
         await trio.sleep_until(10.5)  # a answered the Ping of 10.0
         a.cut_network(10)
@@ -122,7 +123,7 @@ async def test_a_request_that_arrives_when_its_answer_cannot_still_renews_the_le
     """The Ping of 12.0 reaches a, which takes a second over its answer; the network is cut in
     that second. That Ping still renews a's lease, from 14.0 to 16.0: it names a's answer to the
     Ping of 10.0, queued at 10.0, though the coordinator never hears a's answer to it."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, _b = await _pair(cluster)
         await trio.sleep_until(11.0)
         a.answer_slowly(1.0)
@@ -139,7 +140,7 @@ async def test_a_request_that_arrives_when_its_answer_cannot_still_renews_the_le
 async def test_a_restarted_coordinator_frees_at_once_what_re_registered_members_no_longer_fetch(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(10.5)
@@ -170,7 +171,7 @@ async def test_a_restarted_coordinator_frees_at_once_what_re_registered_members_
 async def test_a_restarted_coordinator_waits_out_the_lease_of_a_member_that_does_not_return(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(10.4)
         b.cut_network(30)  # b sees neither the restart nor the new coordinator
@@ -192,7 +193,7 @@ async def test_a_restarted_coordinator_waits_out_the_lease_of_a_member_that_does
 async def test_a_recovered_group_waits_for_a_member_back_late_holding_nothing(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(10.4)
@@ -216,7 +217,7 @@ async def test_a_recovered_group_waits_for_a_member_back_late_holding_nothing(
 async def test_a_new_process_under_an_old_member_id_proves_nothing_and_the_lease_stands(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         _a, b = await _pair(cluster)
         await trio.sleep_until(10.5)
         with trio.fail_after(5):
@@ -240,7 +241,7 @@ async def test_a_coordinator_that_stops_does_not_take_the_connections_it_ends_fo
     they fetch on under their leases, and the stopping coordinator counts their partitions
     leased (until the Ping of 10.0 + T + margin = 16.5), not free, whatever it does with them
     before it is gone (a rebalance, a record written for a successor)."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=True)
         await trio.sleep_until(10.5)
         stopping = cluster.coordinator.groups["g"]
@@ -268,7 +269,7 @@ async def test_a_member_back_under_its_generation_before_a_start_it_missed_keeps
     start waits for them no longer than for a stop. A coordinator that left them to the lease
     started them on b at 19.5, while a, renewed by the registration and its Pings, fetched them
     until it carried out its next start at 20.5 (it answers 1 s late from 17.0)."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, _b = await _pair(cluster, fetch_through_failover=True)
         held = a.owned
         await trio.sleep_until(10.0)
@@ -301,7 +302,7 @@ async def test_a_member_back_during_the_stops_fails_the_attempt_though_its_lease
     on a, and the next one stops b first (docs/design.md#adoption-after-a-failover). Going on to
     the starts, the group would have its start refused by the ownership table and be rebuilt,
     every member's connection closed."""
-    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=True)
         held = b.owned
         await trio.sleep_until(10.0)
@@ -347,7 +348,7 @@ async def test_a_ping_delayed_past_the_margin_then_cut_off_does_not_outlast_the_
     at 12.0 + T + 0.5 = 18.5. A lease counted from the Ping's arrival would run to 19.4, and both
     would fetch from 18.5 to 19.4; counted from the frame the Ping names (a's answer to the Ping
     of 10.0, queued at 10.0), it ends at 16.0."""
-    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=fetch_through_failover)
         await trio.sleep_until(11.9)
         a.answer_slowly(0.5)
@@ -377,7 +378,7 @@ async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_leas
     a, which fetches through a lost connection, registers again at 20.0, but the coordinator
     hears it only at 25.0. Counted from its arrival, a's lease would run to 21.5; the
     StartFetcher names a's StopFetcher answer, queued at 14.0, so it runs to 20.0."""
-    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=True)
         await trio.sleep_until(12.9)
         a.answer_slowly(1.0)
@@ -405,7 +406,7 @@ async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_leas
 async def test_a_group_being_rebuilt_answers_load_in_progress_until_its_record_is_read(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await _pair(cluster)
         cluster.slow_group_reads(1.5)
         group = cluster.coordinator.groups["g"]

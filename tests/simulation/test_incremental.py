@@ -19,9 +19,10 @@ import trio.testing
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode
 from protocol.types import TopicPartition
-from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from simulation import SimulatedCluster
 from statemachine.group import GroupState
 from tests.support.protocols import under
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
 
 INCREMENTAL, EAGER = RebalanceProtocol.INCREMENTAL, RebalanceProtocol.EAGER
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
@@ -37,7 +38,7 @@ def _parts(*partitions: int) -> frozenset[TopicPartition]:
 
 async def _three(
     cluster: SimulatedCluster, *, report_stopped: bool = False
-) -> dict[str, SimulatedConsumer]:
+) -> dict[str, StandInConsumer]:
     await cluster.create_topic("events", partitions=6)
     consumers = {
         name: await cluster.start_consumer(
@@ -65,7 +66,7 @@ def _spans(cluster: SimulatedCluster, consumer_id: str) -> dict[int, list[tuple[
     return spans
 
 
-def _handovers(consumer: SimulatedConsumer) -> tuple[int, int]:
+def _handovers(consumer: StandInConsumer) -> tuple[int, int]:
     return consumer.stops_received, consumer.starts_received
 
 
@@ -73,7 +74,7 @@ def _handovers(consumer: SimulatedConsumer) -> tuple[int, int]:
 async def test_one_member_joining(
     protocol: RebalanceProtocol, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         await trio.sleep_until(10.5)
         c["d"] = await cluster.start_consumer("d", group="g", topics={"events": 1})
@@ -110,7 +111,7 @@ async def test_one_member_joining(
 
 def _survivors_took_over(
     cluster: SimulatedCluster,
-    c: dict[str, SimulatedConsumer],
+    c: dict[str, StandInConsumer],
     protocol: RebalanceProtocol,
     *,
     stopped: float,
@@ -139,7 +140,7 @@ async def test_one_member_leaving_cleanly_or_killed(
     tmp_path: Path,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         await trio.sleep_until(10.5)
         await (c["c"].leave() if departure == "leave" else c["c"].kill())
@@ -163,7 +164,7 @@ async def test_one_member_frozen_past_its_session(
     protocol the survivors stop their own partitions at 16.0 and get them back at 18.5 (the
     issue measured 16.1 over real sockets); under the incremental one they never stop, and only
     4 and 5 are unowned, from c's own lease end (14.0) until 18.5."""
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         await trio.sleep_until(10.5)
         c["c"].freeze(20)
@@ -181,7 +182,7 @@ async def test_members_whose_assignment_does_not_change_get_no_request(
 ) -> None:
     """Ten members over twenty partitions; an eleventh joins: the sticky assignor moves only
     what it gives the newcomer, and the members it takes nothing from hear nothing."""
-    async with open_simulated_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
         await cluster.create_topic("events", partitions=20)
         names = [f"m{i:02}" for i in range(10)]
         members = {
@@ -214,7 +215,7 @@ async def test_a_member_left_alone_commits_under_its_own_generation_and_a_stale_
     commits under its own still count, for the partitions it held then. A commit under a
     generation older than the start that gave a partition, or newer than the member's own, is
     refused (SPEC.md §11.8)."""
-    async with open_simulated_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
         c = await _three(cluster)
         await trio.sleep_until(10.5)
         await c["c"].leave()
@@ -251,7 +252,7 @@ async def test_reports_for_partitions_a_member_stopped_are_refused_though_it_is_
     """Hazard (b): c answers the StopFetcher for 5 at 10.5 and goes on fetching 4. Its Pings
     still report 5 (far ahead), and it commits 5: refused, while its reports and commits for 4
     count, and 5's offset is d's alone."""
-    async with open_simulated_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
         c = await _three(cluster, report_stopped=True)
         await trio.sleep_until(10.5)
         c["d"] = await cluster.start_consumer("d", group="g", topics={"events": 1})
@@ -281,7 +282,7 @@ async def test_a_death_between_revoke_and_start_cancels_the_attempt_and_nothing_
     answer: attempt 2 is cancelled, c's late answer (11.5) is dropped, and attempt 3 runs for b,
     c and d. What c was asked to stop stays c's until it says otherwise: it is given back to c,
     which is not Stable, by a start."""
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         await trio.sleep_until(10.5)
         c["c"].answer_slowly(1.0)
@@ -323,7 +324,7 @@ async def test_a_trigger_that_moves_nothing_costs_no_attempt(
     """A trigger after which the assignment computed is the one in force, every member Stable
     (the group's topics_changed, which the topic watch feeds, fed here directly): neither
     protocol takes a new generation or asks anyone anything."""
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         group = cluster.coordinator.groups["g"]
         await trio.sleep_until(10.5)

@@ -40,7 +40,8 @@ from hypothesis import strategies as st
 
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol.types import Subscription
-from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from simulation import SimulatedCluster
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 
@@ -118,7 +119,7 @@ def _faults() -> st.SearchStrategy[Fault]:
 PHASES = st.lists(st.lists(_faults(), min_size=1, max_size=8), min_size=1, max_size=3)
 
 
-def _processes(cluster: SimulatedCluster, name: str) -> list[SimulatedConsumer]:
+def _processes(cluster: SimulatedCluster, name: str) -> list[StandInConsumer]:
     """The processes started for one of CONSUMERS, oldest first (one, unless static)."""
     if name not in STATIC:
         return [cluster.consumers[name]] if name in cluster.consumers else []
@@ -134,7 +135,7 @@ def _new_process_id(name: str) -> str:
     return f"{name}#{next(_PROCESS_NUMBERS)}"
 
 
-def _latest(cluster: SimulatedCluster, name: str) -> SimulatedConsumer:
+def _latest(cluster: SimulatedCluster, name: str) -> StandInConsumer:
     return _processes(cluster, name)[-1]
 
 
@@ -244,7 +245,7 @@ async def _monitor(cluster: SimulatedCluster) -> None:
 
 async def _scenario(data_dir: Path, phases: list[list[Fault]], protocol: RebalanceProtocol) -> None:
     config = attrs.evolve(CONFIG, rebalance_protocol=protocol)
-    async with open_simulated_cluster(data_dir, config) as cluster:
+    async with open_stand_in_cluster(data_dir, config) as cluster:
         for topic, partitions in TOPICS.items():
             await cluster.create_topic(topic, partitions=partitions)
         with trio.fail_after(SETTLE_DEADLINE):

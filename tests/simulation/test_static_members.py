@@ -17,8 +17,9 @@ import trio.testing
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode, RegisterConsumerRequest, RegisterConsumerResponse
 from protocol.types import Subscription, TopicPartition, TopicStreams
-from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from simulation import SimulatedCluster
 from tests.support.protocols import under
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -26,7 +27,7 @@ ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
 
 async def _static_trio(
     cluster: SimulatedCluster, *, fetch_through_failover: bool = False
-) -> tuple[SimulatedConsumer, SimulatedConsumer, SimulatedConsumer]:
+) -> tuple[StandInConsumer, StandInConsumer, StandInConsumer]:
     await cluster.create_topic("events", partitions=6)
     a, b, c = [
         await cluster.start_consumer(
@@ -46,13 +47,13 @@ async def _static_trio(
     return a, b, c
 
 
-def _handovers(*consumers: SimulatedConsumer) -> list[tuple[int, int]]:
+def _handovers(*consumers: StandInConsumer) -> list[tuple[int, int]]:
     """The StopFetcher and StartFetcher requests each consumer carried out so far."""
     return [(consumer.stops_received, consumer.starts_received) for consumer in consumers]
 
 
 def _only_pinged_since_the_start(
-    *consumers: SimulatedConsumer, protocol: RebalanceProtocol = RebalanceProtocol.INCREMENTAL
+    *consumers: StandInConsumer, protocol: RebalanceProtocol = RebalanceProtocol.INCREMENTAL
 ) -> None:
     """Under the incremental protocol nothing but Pings after the group formed; the eager one
     stops and starts everyone (it is measured beside it, docs/design.md#rebalance)."""
@@ -76,7 +77,7 @@ def _ends(cluster: SimulatedCluster, consumer_id: str) -> set[float]:
 async def test_a_static_member_restarted_after_a_clean_stop_gets_exactly_its_partitions_back(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, protocol: RebalanceProtocol
 ) -> None:
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster)
         mine, theirs = a.owned, {"b": b.owned, "c": c.owned}
         await trio.sleep_until(5.0)
@@ -103,7 +104,7 @@ async def test_a_rolling_restart_of_every_static_member_moves_no_partition(
     after that): each new process is started at once on exactly its member's partitions, and
     under the incremental protocol nobody else hears anything but Pings; under the eager one
     every return stops and starts the two others."""
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         members = list(await _static_trio(cluster))
         owned = {m.member_id: m.owned for m in members}
         for turn, old in enumerate(list(members)):
@@ -132,7 +133,7 @@ async def test_a_static_member_killed_with_a_reset_gets_its_partitions_back_at_i
 ) -> None:
     """A reset proves nothing: a's partitions wait for its lease (the Ping of 4.0 + T + 0.5),
     and only they wait; the restarted process gets exactly them then."""
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster)
         mine = a.owned
         await trio.sleep_until(5.0)
@@ -152,7 +153,7 @@ async def test_a_static_member_killed_with_a_reset_gets_its_partitions_back_at_i
 async def test_a_static_member_away_for_its_session_timeout_departs_and_the_group_rebalances(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, protocol: RebalanceProtocol
 ) -> None:
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster)
         await trio.sleep_until(5.0)
         before = _handovers(b, c)
@@ -174,7 +175,7 @@ async def test_a_static_member_away_for_its_session_timeout_departs_and_the_grou
 async def test_leave_group_ends_a_static_member_at_once(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b, c = await _static_trio(cluster)
         await trio.sleep_until(5.0)
         await a.leave()
@@ -191,7 +192,7 @@ async def test_leave_group_ends_a_static_member_at_once(
 async def test_a_second_live_process_fences_the_older_which_stops_before_the_newer_starts(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, protocol: RebalanceProtocol
 ) -> None:
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster)
         mine = a.owned
         await trio.sleep_until(5.0)
@@ -237,7 +238,7 @@ async def test_a_paused_process_told_it_is_fenced_keeps_its_partitions_until_its
     of 5.0 renews its lease on the coordinator's count to 5.0 + T + 0.5 = 11.5, and the newer
     process starts only then; the paused one's own lease ended at 9.0 (it ran from its answer
     to the StartFetcher of 3.0, queued at 3.0, which the Ping of 4.0 named)."""
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster)
         mine = a.owned
         await trio.sleep_until(4.5)
@@ -268,7 +269,7 @@ async def test_a_fenced_process_that_closes_cleanly_before_it_answers_frees_its_
     a, which takes 2 s over each answer, is fenced at 5.0 and stops cleanly at 6.0 (its commit
     refused FENCED_INSTANCE_ID) before it answers; the newer process starts at 6.0, not at a's
     lease end, 11.5."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b, c = await _static_trio(cluster)
         mine = a.owned
         await trio.sleep_until(4.5)
@@ -293,7 +294,7 @@ async def test_a_late_commit_from_the_previous_process_cannot_move_an_offset_bac
     """Hazard (c): each process is a new incarnation. The older one, paused since 4.5, wakes at
     24.5 and commits the positions it had then; the newer one has reported further since 11.5.
     The late commit is refused and the committed offsets stay the newer process's."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, _b, _c = await _static_trio(cluster)
         await trio.sleep_until(4.5)
         a.freeze(20.0)
@@ -320,7 +321,7 @@ async def test_a_failover_keeps_the_static_members(
     gets exactly a's partitions back, once the successor's lease on them (counted from its
     taking office at 6.0: 6.0 + T + 0.5 = 12.5) is over. Under the incremental protocol b and
     c, which fetch through the failover and are adopted, are never stopped."""
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster, fetch_through_failover=True)
         mine = a.owned
         await trio.sleep_until(5.0)
@@ -354,7 +355,7 @@ async def test_static_members_a_successor_recovered_depart_if_none_comes_back(
     if no process comes back they depart at 6.0 + T = 12.0 from an empty group, which stays
     the group it recovered; a process that registers afterwards joins it, and gets every
     partition."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b, c = await _static_trio(cluster)
         await trio.sleep_until(5.0)
         for consumer in (a, b, c):
@@ -381,7 +382,7 @@ async def test_static_members_a_successor_recovered_depart_if_none_comes_back(
 async def test_a_dynamic_member_may_not_take_a_static_members_id(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await _static_trio(cluster)
         subscription = Subscription(topics=(TopicStreams(topic="events", streams=1),))
         intruder = await cluster.start_consumer(
@@ -402,7 +403,7 @@ async def test_a_partition_given_to_a_member_away_is_not_freed_by_its_return_aft
     T + margin = 18.25) until x, back at 13.0 still fetching them, adopts them; the attempt of
     15.0 stops both and starts them again. A record that named s under generation 1 let s's
     registration free them at 12.5 and start them on s while x still fetched them."""
-    async with open_simulated_cluster(tmp_path, under(RebalanceProtocol.EAGER, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(RebalanceProtocol.EAGER, CONFIG)) as cluster:
         await cluster.create_topic("events", partitions=6)
         s, x = [
             await cluster.start_consumer(
