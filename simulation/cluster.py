@@ -47,6 +47,8 @@ from protocol import (
     Request,
     Role,
 )
+from protocol.batches import batches_from_records
+from protocol.records import Record
 from protocol.types import BrokerInfo, Subscription, TopicPartition, TopicStreams
 from statemachine.group import GroupState
 from store import (
@@ -152,6 +154,24 @@ class SimulatedCluster:
             if placement is not None and placement.partition_count >= partitions:
                 return
             await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
+
+    def produce(self, topic: str, *, records: int = 1) -> None:
+        """Append ``records`` records to each partition of ``topic`` now, as a producer the test
+        does not watch would: what the consumers then fetch, finish and commit."""
+        now_ms = round(trio.current_time() * 1000)
+        record = Record(offset=0, timestamp_ms=now_ms, key=None, value=b"")
+        payload = batches_from_records([record] * records)
+        for p in range(self.coordinator.topics[topic].partition_count):
+            partition = self.log._partition(topic, p)
+            assert partition is not None
+            partition.append(payload, now_ms)
+
+    async def feed(self, topic: str, *, every: float, records: int = 1) -> None:
+        """:meth:`produce` ``records`` records now and every ``every`` seconds, for ever (start
+        it in a nursery)."""
+        while True:
+            self.produce(topic, records=records)
+            await trio.sleep(every)
 
     # --- the broker ---------------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ import trio.testing
 
 from coordinator.config import CoordinatorConfig
 from protocol import Connection, ErrorCode, PeerError, Role
-from tests.support.standin_consumer import open_stand_in_cluster
+from simulation import open_simulated_cluster
+from tests.support.standin_consumer import StandInConsumer
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, max_frame_size=64 * 1024)
 
@@ -38,7 +39,7 @@ async def _error_frame(stream: trio.abc.Stream) -> PeerError | None:
 async def test_a_bad_frame_closes_only_that_connection(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, frame: bytes, code: ErrorCode
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=4)
         a = await cluster.start_consumer("a", group="g", topics={"events": 1})
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})
@@ -59,9 +60,12 @@ async def test_a_bad_frame_closes_only_that_connection(
 async def test_a_member_that_breaks_the_protocol_is_removed(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=4)
-        a = await cluster.start_consumer("a", group="g", topics={"events": 1}, rejoin=False)
+        # a writes junk on its coordinator connection: a client of the tests' own
+        a = await cluster.start_consumer(
+            "a", group="g", topics={"events": 1}, rejoin=False, member=StandInConsumer
+        )
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})
         generation = await cluster.wait_stable("g", members=2)
         assert trio.current_time() == 1.0

@@ -7,6 +7,7 @@ written, they would seem to go backwards after a crash (docs/design.md#offsets).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -20,8 +21,7 @@ from protocol import (
     OffsetFetchResponse,
 )
 from protocol.types import TopicPartition
-from simulation import SimulatedCluster
-from tests.support.standin_consumer import open_stand_in_cluster
+from simulation import SimulatedCluster, open_simulated_cluster
 
 
 async def _describe(cluster: SimulatedCluster) -> tuple[list[int], list[int]]:
@@ -46,12 +46,13 @@ async def test_a_reported_offset_is_shown_as_reported_until_the_committer_writes
 ) -> None:
     config = CoordinatorConfig(initial_rebalance_delay=3.0, commit_interval=10.0)
     t0 = TopicPartition(topic="t", partition=0)
-    async with open_stand_in_cluster(tmp_path, config) as cluster:
+    async with open_simulated_cluster(tmp_path, config) as cluster:
         await cluster.create_topic("t", partitions=1)
         await cluster.start_consumer("a", group="g", topics={"t": 1})
         with trio.fail_after(30):
             await cluster.wait_settled()
         assert trio.current_time() == 3.0
+        cluster.nursery.start_soon(partial(cluster.feed, "t", every=2.0))  # 3.0, 5.0, 7.0...
 
         # The Ping of 4.0 (T = 6 s: one every 2 s) reported offset 1; the committer has not
         # written anything since it started at 0.0.
