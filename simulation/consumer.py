@@ -17,6 +17,7 @@ from consumer.client import Consumer
 from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
 from protocol.types import PartitionOffset, Subscription, TopicPartition
 from statemachine.consumer import ConsumerState
+from transport.channel import Channel
 from transport.connect import Connector
 
 from .network import SimulatedHost
@@ -59,6 +60,12 @@ class ClusterMember(Protocol):
     def started_generations(self) -> list[int]: ...
     @property
     def frozen_until(self) -> float: ...
+    @property
+    def channel(self) -> Channel | None:
+        """Its coordinator connection now (None between two), for a test that speaks on it."""
+        session = None if self.consumer is None else self.consumer._session
+        return None if session is None else session.channel
+
     @property
     def host(self) -> SimulatedHost: ...
 
@@ -165,6 +172,12 @@ class SimulatedConsumer:
             return -math.inf
         deadline = self.consumer._machine.lease_deadline()
         return -math.inf if deadline is None else deadline
+
+    @property
+    def channel(self) -> Channel | None:
+        """Its coordinator connection now (None between two), for a test that speaks on it."""
+        session = None if self.consumer is None else self.consumer._session
+        return None if session is None else session.channel
 
     @property
     def host(self) -> SimulatedHost:
