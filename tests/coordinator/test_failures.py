@@ -13,16 +13,15 @@ import trio.testing
 from coordinator.config import CoordinatorConfig
 from protocol import ErrorCode
 from protocol.types import TopicPartition
-from simulation import SimulatedCluster
+from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from statemachine.group import GroupState
 from tests.support.protocols import eager
-from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
 
 
-async def _pair(cluster: SimulatedCluster) -> tuple[StandInConsumer, StandInConsumer]:
+async def _pair(cluster: SimulatedCluster) -> tuple[SimulatedConsumer, SimulatedConsumer]:
     await cluster.create_topic("events", partitions=6)
     a = await cluster.start_consumer("a", group="g", topics={"events": 1})
     b = await cluster.start_consumer("b", group="g", topics={"events": 1})
@@ -39,7 +38,7 @@ async def _wait_departure(cluster: SimulatedCluster, group_id: str) -> None:
 async def test_a_silent_consumer_dies_two_thirds_t_after_its_unanswered_ping(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         a_partitions = a.owned
         await trio.sleep_until(10.5)
@@ -66,7 +65,7 @@ async def test_a_silent_consumer_dies_two_thirds_t_after_its_unanswered_ping(
 async def test_a_killed_consumers_partitions_move_at_once(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(5.0)
         await a.kill()
@@ -80,7 +79,7 @@ async def test_a_killed_consumers_partitions_move_at_once(
 async def test_a_death_during_a_rebalance_cancels_it_and_the_next_one_succeeds(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         c = await cluster.start_consumer("c", group="g", topics={"events": 1})
         assert await cluster.wait_stable("g", members=3) == 2
@@ -91,8 +90,9 @@ async def test_a_death_during_a_rebalance_cancels_it_and_the_next_one_succeeds(
         await trio.sleep_until(10.5)  # b has not answered StopFetcher yet
         group = cluster.coordinator.groups["g"]
         assert group.status.value == (GroupState.STOPPING, 3)
-        await c.kill()
-        await _wait_departure(cluster, "g")
+        async with trio.open_nursery() as killing:
+            killing.start_soon(c.kill)
+            await _wait_departure(cluster, "g")  # watching from before the kill
         assert trio.current_time() == 10.5
         generation = await cluster.wait_stable("g", members=3)
         assert generation == 4
@@ -112,22 +112,28 @@ async def test_a_death_during_a_rebalance_cancels_it_and_the_next_one_succeeds(
 async def test_a_paused_consumer_stops_itself_its_commit_is_refused_and_it_rejoins(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
-        await trio.sleep_until(10.5)
+        await trio.sleep_until(10.2)
         assert await cluster.coordinator.offsets.committed("g")  # auto-commit through Pings
-        for tp in a.positions:  # work its application finished but nobody has heard of yet
-            a.positions[tp] += 50
+        cluster.produce("events", records=50)  # a finishes its share, nobody hears of it yet
+        await trio.sleep_until(10.5)
+        finished = a.positions
+        assert finished and all(offset == 50 for offset in finished.values())
+        generation = a.generation
         a.freeze(20)
         await a.fetching_state.wait_value(False)
         assert trio.current_time() == 30.5  # it stops as soon as it resumes
         a_leases = [i for i in cluster.ledger.closed if i.consumer_id == "a"]
         # The Ping of 10.0 named a's answer to the Ping of 8.0: its lease ran to 8.0 + T.
         assert {i.end for i in a_leases} == {14.0}
+        # b has finished those records too since it took a's partitions at 18.5, so the refused
+        # commit could not move anything: what it shows is the refusal itself.
         committed_before = dict(await cluster.coordinator.offsets.committed("g"))
-        assert await a.commit() == ErrorCode.UNKNOWN_MEMBER_ID
+        # refused: a is gone from the group, or (registered again meanwhile) in a new generation
+        refused = await a.commit(generation=generation, positions=finished)
+        assert refused in (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION)
         assert await cluster.coordinator.offsets.committed("g") == committed_before
-        assert all(committed_before[tp] < a.positions[tp] for tp in a.positions)
         await cluster.wait_stable("g", members=2)
         assert a.registrations == 2
         assert a.owned and b.owned and a.owned | b.owned == ALL
@@ -137,7 +143,7 @@ async def test_a_paused_consumer_stops_itself_its_commit_is_refused_and_it_rejoi
 async def test_an_unanswered_stop_fetcher_kills_its_member_and_the_rebalance_goes_on(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(10.5)  # b last answered the Ping of 10.0
         b.freeze(60)
@@ -158,7 +164,7 @@ async def test_a_failed_attempt_backs_off_and_retries_until_it_succeeds(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     config = CoordinatorConfig(initial_rebalance_delay=3.0, max_missed_pings=2)
-    async with open_stand_in_cluster(tmp_path, config) as cluster:
+    async with open_simulated_cluster(tmp_path, config) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(10.5)
         # Slow, not frozen: a member frozen past a StopFetcher's deadline has no lease left when
@@ -182,7 +188,7 @@ async def test_a_failed_attempt_backs_off_and_retries_until_it_succeeds(
 async def test_several_members_dying_at_once_during_a_rebalance_leave_the_coordinator_serving(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=6)
         members = {
             name: await cluster.start_consumer(name, group="g", topics={"events": 1})
@@ -195,8 +201,9 @@ async def test_several_members_dying_at_once_during_a_rebalance_leave_the_coordi
         e = await cluster.start_consumer("e", group="g", topics={"events": 1})
         group = cluster.coordinator.groups["g"]
         await group.status.wait_value((GroupState.STOPPING, 2))
-        for name in "acd":  # all at the same instant, while b holds the attempt up
-            await members[name].kill()
+        async with trio.open_nursery() as killing:  # all at once, while b holds the attempt up
+            for name in "acd":
+                killing.start_soon(members[name].kill)
         assert await cluster.wait_stable("g", members=2) == 3
         assert members["b"].owned | e.owned == ALL
         cluster.ledger.check()
@@ -205,7 +212,7 @@ async def test_several_members_dying_at_once_during_a_rebalance_leave_the_coordi
 async def test_every_member_dying_mid_rebalance_leaves_an_empty_group_and_a_serving_coordinator(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=6)
         members = [
             await cluster.start_consumer(name, group="g", topics={"events": 1}, rejoin=False)
