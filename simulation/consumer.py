@@ -61,12 +61,6 @@ class ClusterMember(Protocol):
     @property
     def frozen_until(self) -> float: ...
     @property
-    def channel(self) -> Channel | None:
-        """Its coordinator connection now (None between two), for a test that speaks on it."""
-        session = None if self.consumer is None else self.consumer._session
-        return None if session is None else session.channel
-
-    @property
     def host(self) -> SimulatedHost: ...
 
     async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
@@ -99,6 +93,9 @@ class SimulatedConsumer:
     #: A static member's instance id (docs/design.md#static-members): the group knows the
     #: member by it, whatever process carries it; None: a dynamic member.
     instance_id: str | None = None
+    #: How long its fetchers wait before asking again for a partition with nothing new (the
+    #: library's default; larger makes a long run with many consumers cheaper).
+    fetch_idle_interval: float = 0.1
     #: The error of its last commit through :meth:`commit` (FENCED_INSTANCE_ID once fenced).
     last_error: ErrorCode = ErrorCode.NONE
     #: Why its latest registration failed (NONE: it succeeded).
@@ -197,6 +194,7 @@ class SimulatedConsumer:
             "auto_offset_reset": self.auto_offset_reset,
             "rejoin": self.rejoin,
             "instance_id": self.instance_id,
+            "fetch_idle_interval": self.fetch_idle_interval,
         }
 
     # --- faults ---------------------------------------------------------------------------------
@@ -239,6 +237,14 @@ class SimulatedConsumer:
     def drop_connection(self) -> None:
         """Reset its connections: both ends see them fail; the process lives on."""
         self.process.drop_connections()
+
+    def abandon_connection(self) -> None:
+        """Give up the coordinator connection though the coordinator lives, as a consumer that
+        judged it silent would: the library takes it for lost (it resets it, fetching on under
+        its lease) and finds its coordinator again."""
+        channel = self.channel
+        if channel is not None:
+            self.cluster.nursery.start_soon(channel.abort)
 
     def cut_network(self, seconds: float) -> None:
         """Neither this process nor the broker gets a byte from the other for ``seconds``."""
@@ -320,6 +326,7 @@ class SimulatedConsumer:
             client_id=self.consumer_id,
             failover_jitter=0.0,  # exact instants
             discovery_timeout=None,
+            fetch_idle_interval=self.fetch_idle_interval,
             instance_id=self.instance_id,
         )
         subscription = self.subscription
