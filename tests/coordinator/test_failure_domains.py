@@ -22,7 +22,7 @@ from protocol import (
     OffsetCommitResponse,
 )
 from protocol.types import PartitionOffset, TopicPartition
-from simulation import RecordingStore, SimulatedCluster
+from simulation import RecordingStore, SimulatedCluster, open_simulated_cluster
 from statemachine.consumer_group import Assignment, ConsumerGroup
 from statemachine.group import Effect, GroupMachine, GroupState, MemberDeparted
 from store import EpochFenced, OffsetBatch, StoreUnavailable
@@ -161,7 +161,7 @@ async def test_a_store_error_in_a_groups_work_is_the_stores_and_ends_the_coordin
     ends the coordinator (crash-only: a restart recovers what is durable)."""
     armed = _inject_assignor_bug(monkeypatch, "bad", StoreUnavailable("injected: store gone"))
     with pytest.raises(BaseExceptionGroup) as failure:
-        async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+        async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
             await _two_groups(cluster)
             await trio.sleep_until(10.5)
             armed[0] = True
@@ -225,7 +225,7 @@ async def test_a_member_that_refuses_every_stop_fetcher_dies_and_the_others_go_o
 async def test_delete_group_is_refused_while_a_lease_is_in_force(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=6)
         a = await cluster.start_consumer("a", group="g", topics={"events": 1})
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})
@@ -272,7 +272,7 @@ async def test_a_start_fetcher_too_large_for_a_frame_closes_only_its_member(
 ) -> None:
     caplog.set_level(logging.INFO)
     config = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5, max_frame_size=2048)
-    async with open_stand_in_cluster(tmp_path, config) as cluster:
+    async with open_simulated_cluster(tmp_path, config) as cluster:
         await cluster.create_topic("events", partitions=6)
         await cluster.create_topic("wide", partitions=200)
         x = await cluster.start_consumer("x", group="g", topics={"wide": 1}, rejoin=False)

@@ -16,7 +16,7 @@ import trio.testing
 
 from protocol import ErrorCode
 from protocol.types import TopicPartition
-from simulation import SimulatedCluster
+from simulation import SimulatedCluster, open_simulated_cluster
 from tests.simulation.test_faults import CONFIG, _pair
 from tests.support.standin_consumer import open_stand_in_cluster
 
@@ -60,7 +60,7 @@ async def test_out_of_contact_it_pings_nobody_and_counts_no_miss(
 async def test_out_of_contact_it_stops_starts_and_registers_nobody(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         leases = _intervals(cluster)
         await trio.sleep_until(5.5)

@@ -24,11 +24,11 @@ from protocol import (
     OffsetCommitResponse,
 )
 from protocol.types import PartitionOffset
-from simulation import SimulatedCluster
+from simulation import SimulatedCluster, open_simulated_cluster
 from tests.simulation.test_faults import ALL, CONFIG, _spans
 from tests.simulation.test_faults import _pair as _any_pair
 from tests.support.protocols import eager
-from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster, stand_in_options
 
 
 async def _pair(cluster: SimulatedCluster) -> tuple[StandInConsumer, StandInConsumer]:
@@ -73,7 +73,7 @@ async def test_members_back_as_the_record_says_are_adopted_without_a_rebalance(
 async def test_a_member_that_does_not_come_back_costs_one_rebalance_after_its_lease(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         held_by_a = a.owned
         await trio.sleep_until(10.4)
@@ -130,7 +130,10 @@ async def test_a_record_that_gave_a_member_nothing_is_not_adopted(
         await cluster.create_topic("events", partitions=2)
         a, b, c = [
             await cluster.start_consumer(
-                name, group="g", topics={"events": 1}, fetch_through_failover=True
+                name,
+                group="g",
+                topics={"events": 1},
+                **stand_in_options(cluster, fetch_through_failover=True),
             )
             for name in "abc"
         ]
@@ -225,7 +228,10 @@ async def test_members_of_different_generations_are_adopted_each_under_its_own(
         a, b = await _pair(cluster)
         await trio.sleep_until(6.0)
         c = await cluster.start_consumer(
-            "c", group="g", topics={"events": 1}, fetch_through_failover=True
+            "c",
+            group="g",
+            topics={"events": 1},
+            **stand_in_options(cluster, fetch_through_failover=True),
         )
         with trio.fail_after(10):
             await cluster.wait_settled()

@@ -14,9 +14,9 @@ import trio.testing
 from coordinator.config import CoordinatorConfig
 from protocol import ErrorCode
 from protocol.types import TopicPartition
-from simulation import SimulatedCluster
+from simulation import SimulatedCluster, open_simulated_cluster
 from tests.support.protocols import eager
-from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster, stand_in_options
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -28,7 +28,10 @@ async def _pair(
     await cluster.create_topic("events", partitions=6)
     a, b = [
         await cluster.start_consumer(
-            name, group="g", topics={"events": 1}, fetch_through_failover=fetch_through_failover
+            name,
+            group="g",
+            topics={"events": 1},
+            **stand_in_options(cluster, fetch_through_failover=fetch_through_failover),
         )
         for name in "ab"
     ]
@@ -123,7 +126,7 @@ async def test_a_request_that_arrives_when_its_answer_cannot_still_renews_the_le
     """The Ping of 12.0 reaches a, which takes a second over its answer; the network is cut in
     that second. That Ping still renews a's lease, from 14.0 to 16.0: it names a's answer to the
     Ping of 10.0, queued at 10.0, though the coordinator never hears a's answer to it."""
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, _b = await _pair(cluster)
         await trio.sleep_until(11.0)
         a.answer_slowly(1.0)
@@ -171,7 +174,7 @@ async def test_a_restarted_coordinator_frees_at_once_what_re_registered_members_
 async def test_a_restarted_coordinator_waits_out_the_lease_of_a_member_that_does_not_return(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(10.4)
         b.cut_network(30)  # b sees neither the restart nor the new coordinator
@@ -217,7 +220,7 @@ async def test_a_recovered_group_waits_for_a_member_back_late_holding_nothing(
 async def test_a_new_process_under_an_old_member_id_proves_nothing_and_the_lease_stands(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         _a, b = await _pair(cluster)
         await trio.sleep_until(10.5)
         with trio.fail_after(5):
@@ -241,7 +244,7 @@ async def test_a_coordinator_that_stops_does_not_take_the_connections_it_ends_fo
     they fetch on under their leases, and the stopping coordinator counts their partitions
     leased (until the Ping of 10.0 + T + margin = 16.5), not free, whatever it does with them
     before it is gone (a rebalance, a record written for a successor)."""
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=True)
         await trio.sleep_until(10.5)
         stopping = cluster.coordinator.groups["g"]
@@ -348,7 +351,7 @@ async def test_a_ping_delayed_past_the_margin_then_cut_off_does_not_outlast_the_
     at 12.0 + T + 0.5 = 18.5. A lease counted from the Ping's arrival would run to 19.4, and both
     would fetch from 18.5 to 19.4; counted from the frame the Ping names (a's answer to the Ping
     of 10.0, queued at 10.0), it ends at 16.0."""
-    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=fetch_through_failover)
         await trio.sleep_until(11.9)
         a.answer_slowly(0.5)
@@ -406,7 +409,7 @@ async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_leas
 async def test_a_group_being_rebuilt_answers_load_in_progress_until_its_record_is_read(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await _pair(cluster)
         cluster.slow_group_reads(1.5)
         group = cluster.coordinator.groups["g"]

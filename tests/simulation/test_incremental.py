@@ -19,7 +19,7 @@ import trio.testing
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode
 from protocol.types import TopicPartition
-from simulation import SimulatedCluster
+from simulation import SimulatedCluster, open_simulated_cluster
 from statemachine.group import GroupState
 from tests.support.protocols import under
 from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
@@ -182,7 +182,7 @@ async def test_members_whose_assignment_does_not_change_get_no_request(
 ) -> None:
     """Ten members over twenty partitions; an eleventh joins: the sticky assignor moves only
     what it gives the newcomer, and the members it takes nothing from hear nothing."""
-    async with open_stand_in_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
         await cluster.create_topic("events", partitions=20)
         names = [f"m{i:02}" for i in range(10)]
         members = {

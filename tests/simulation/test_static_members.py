@@ -17,9 +17,9 @@ import trio.testing
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode, RegisterConsumerRequest, RegisterConsumerResponse
 from protocol.types import Subscription, TopicPartition, TopicStreams
-from simulation import SimulatedCluster
+from simulation import SimulatedCluster, open_simulated_cluster
 from tests.support.protocols import under
-from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster, stand_in_options
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -35,7 +35,7 @@ async def _static_trio(
             group="g",
             topics={"events": 1},
             instance_id=name,
-            fetch_through_failover=fetch_through_failover,
+            **stand_in_options(cluster, fetch_through_failover=fetch_through_failover),
         )
         for name in "abc"
     ]
@@ -77,7 +77,7 @@ def _ends(cluster: SimulatedCluster, consumer_id: str) -> set[float]:
 async def test_a_static_member_restarted_after_a_clean_stop_gets_exactly_its_partitions_back(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, protocol: RebalanceProtocol
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster)
         mine, theirs = a.owned, {"b": b.owned, "c": c.owned}
         await trio.sleep_until(5.0)
@@ -133,7 +133,7 @@ async def test_a_static_member_killed_with_a_reset_gets_its_partitions_back_at_i
 ) -> None:
     """A reset proves nothing: a's partitions wait for its lease (the Ping of 4.0 + T + 0.5),
     and only they wait; the restarted process gets exactly them then."""
-    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster)
         mine = a.owned
         await trio.sleep_until(5.0)
@@ -153,7 +153,7 @@ async def test_a_static_member_killed_with_a_reset_gets_its_partitions_back_at_i
 async def test_a_static_member_away_for_its_session_timeout_departs_and_the_group_rebalances(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, protocol: RebalanceProtocol
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster)
         await trio.sleep_until(5.0)
         before = _handovers(b, c)
@@ -321,7 +321,7 @@ async def test_a_failover_keeps_the_static_members(
     gets exactly a's partitions back, once the successor's lease on them (counted from its
     taking office at 6.0: 6.0 + T + 0.5 = 12.5) is over. Under the incremental protocol b and
     c, which fetch through the failover and are adopted, are never stopped."""
-    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster, fetch_through_failover=True)
         mine = a.owned
         await trio.sleep_until(5.0)
@@ -355,7 +355,7 @@ async def test_static_members_a_successor_recovered_depart_if_none_comes_back(
     if no process comes back they depart at 6.0 + T = 12.0 from an empty group, which stays
     the group it recovered; a process that registers afterwards joins it, and gets every
     partition."""
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b, c = await _static_trio(cluster)
         await trio.sleep_until(5.0)
         for consumer in (a, b, c):
@@ -382,7 +382,7 @@ async def test_static_members_a_successor_recovered_depart_if_none_comes_back(
 async def test_a_dynamic_member_may_not_take_a_static_members_id(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await _static_trio(cluster)
         subscription = Subscription(topics=(TopicStreams(topic="events", streams=1),))
         intruder = await cluster.start_consumer(
@@ -411,7 +411,7 @@ async def test_a_partition_given_to_a_member_away_is_not_freed_by_its_return_aft
                 group="g",
                 topics={"events": 1},
                 instance_id="s" if name == "s-1" else None,
-                fetch_through_failover=True,
+                **stand_in_options(cluster, fetch_through_failover=True),
             )
             for name in ("s-1", "x")
         ]

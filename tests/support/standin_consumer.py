@@ -634,3 +634,9 @@ def open_stand_in_cluster(
     return open_simulated_cluster(
         data_dir, config, broker_id=broker_id, member_type=StandInConsumer
     )
+
+
+def stand_in_options(cluster: SimulatedCluster, **options: Any) -> dict[str, Any]:
+    """``options`` that only the stand-in has (``fetch_through_failover``), for a helper shared
+    by tests on either consumer: the library's consumer always fetches through a failover."""
+    return options if cluster.member_type is StandInConsumer else {}
