@@ -1,14 +1,15 @@
 """A deterministic driver: the real coordinator, the embedded store, in-memory connections, and
-simulated consumers that speak the real protocol — all on trio's clock, so under ``MockClock`` a
-test runs minutes of failures in milliseconds and asserts exact instants.
+the library's consumers, each in a simulated process — all on trio's clock, so under
+``MockClock`` a test runs minutes of failures in milliseconds and asserts exact instants.
 
 Faults are chosen by the test. On a consumer: :meth:`SimulatedConsumer.kill` (the process dies and
 its connection closes), :meth:`~SimulatedConsumer.freeze` (a GC pause: silent, then it resumes and
-finds its lease expired), :meth:`~SimulatedConsumer.answer_slowly`,
-:meth:`~SimulatedConsumer.drop_connection` (the connection breaks, the process lives on: it stops
-fetching, rediscovers and re-registers), :meth:`~SimulatedConsumer.cut_network` (neither side
-gets a byte for a while) and :meth:`~SimulatedConsumer.delay_delivery` (bytes one way or both stay
-in flight for a while, then arrive in order). On the cluster: :meth:`SimulatedCluster.create_topic`,
+its lease runs out on time), :meth:`~SimulatedConsumer.answer_slowly`,
+:meth:`~SimulatedConsumer.drop_connection` (the connections break, the process lives on: it
+fetches on under its lease, finds its coordinator again and re-registers),
+:meth:`~SimulatedConsumer.cut_network` (neither side gets a byte for a while) and
+:meth:`~SimulatedConsumer.delay_delivery` (bytes one way or both stay in flight for a while, then
+arrive in order). On the cluster: :meth:`SimulatedCluster.create_topic`,
 :meth:`~SimulatedCluster.add_partitions`, :meth:`~SimulatedCluster.restart_coordinator`,
 :meth:`~SimulatedCluster.lose_store_contact` (the coordinator stops hearing from its store, as a
 deposed ZooKeeper coordinator would) and :meth:`~SimulatedCluster.pause_coordinator` (a GC pause
