@@ -273,9 +273,10 @@ class Consumer:
     """The last record of each partition handed out by iterating the consumer or ``getmany``:
     finished when the application asks for more."""
     _next_stream: int = 0
-    observer: Callable[[Consumer], None] | None = None
-    """Called after each input the machine took, its effects performed: what a test harness (the
-    simulation's consumer) reads the machine's state through, in the instant it changed."""
+    observer: Callable[[Consumer, list[sm.Effect]], None] | None = None
+    """Called with the effects of each input the machine took, once performed: what a test harness
+    (the simulation's consumer) reads the machine's state and requests through, in the instant
+    they changed."""
 
     def __attrs_post_init__(self) -> None:
         for stream in self.streams:
@@ -635,7 +636,7 @@ class Consumer:
         try:
             await self._perform_each(effects)
             if self.observer is not None:
-                self.observer(self)
+                self.observer(self, effects)
         finally:
             self._revoking.clear()  # their stop is answered, or was no StopFetcher's
 

@@ -16,6 +16,7 @@ from consumer import CommitFailed, ConsumerSettings, InstanceFenced, open_consum
 from consumer.client import Consumer
 from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
 from protocol.types import PartitionOffset, Subscription, TopicPartition
+from statemachine import consumer as sm
 from statemachine.consumer import ConsumerState
 from transport.channel import Channel
 from transport.connect import Connector
@@ -105,10 +106,12 @@ class SimulatedConsumer:
     fetching_state: AsyncValue[bool] = attrs.field(factory=lambda: AsyncValue(False))
     #: Every generation it started fetching under, in order.
     started_generations: list[int] = attrs.field(factory=list)
-    #: How many times it stopped fetchers (a revocation, a full stop), and which: a member whose
-    #: assignment an incremental rebalance does not change stops none.
+    #: How many StopFetcher and StartFetcher requests it carried out: a member whose assignment
+    #: an incremental rebalance does not change gets none.
     stops_received: int = 0
-    stopped_partitions: list[frozenset[TopicPartition]] = attrs.field(factory=list)
+    starts_received: int = 0
+    #: What each StopFetcher it carried out stopped (None: everything).
+    stopped_partitions: list[frozenset[TopicPartition] | None] = attrs.field(factory=list)
     consumer: Consumer | None = None
     """The library's consumer, once the process has opened it."""
     process: SimulatedProcess = attrs.field(init=False)
@@ -133,10 +136,6 @@ class SimulatedConsumer:
     @property
     def generation(self) -> int:
         return -1 if self.consumer is None else self.consumer.generation
-
-    @property
-    def starts_received(self) -> int:
-        return len(self.started_generations)
 
     @property
     def positions(self) -> dict[TopicPartition, int]:
@@ -364,7 +363,17 @@ class SimulatedConsumer:
     def _gave_up(self) -> bool:
         return not self.rejoin and self.last_register_error is not ErrorCode.NONE
 
-    def _observe(self, consumer: Consumer) -> None:
+    def _observe(self, consumer: Consumer, effects: list[sm.Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case sm.RespondStop(partitions=stopped):
+                    whole = any(
+                        isinstance(e, sm.StopFetchers) and e.partitions is None for e in effects
+                    )
+                    self.stops_received += 1
+                    self.stopped_partitions.append(None if whole else frozenset(stopped))
+                case sm.RespondStart():
+                    self.starts_received += 1
         before, self._state = self._state, consumer.state
         if before in _REGISTERING and self._state in _REGISTERED:
             self.registrations += 1
@@ -398,8 +407,6 @@ class SimulatedConsumer:
 
     async def _revoked(self, revoked: frozenset[TopicPartition]) -> None:
         now = trio.current_time()
-        self.stops_received += 1
-        self.stopped_partitions.append(revoked)
         for tp in sorted(revoked):
             self._leased.discard(tp)
             self.cluster.ledger.ended(self.group_id, self.consumer_id, tp, now)

@@ -11,6 +11,7 @@ starts again.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -40,9 +41,14 @@ async def _three(
     cluster: SimulatedCluster, *, report_stopped: bool = False
 ) -> dict[str, StandInConsumer]:
     await cluster.create_topic("events", partitions=6)
+    # a consumer that reports what it no longer fetches is one of the tests' own
+    buggy: dict[str, Any] = {"member": StandInConsumer, "report_stopped": True}
     consumers = {
         name: await cluster.start_consumer(
-            name, group="g", topics={"events": 1}, report_stopped=report_stopped
+            name,
+            group="g",
+            topics={"events": 1},
+            **(buggy if report_stopped else {}),
         )
         for name in "abc"
     }
@@ -74,7 +80,7 @@ def _handovers(consumer: StandInConsumer) -> tuple[int, int]:
 async def test_one_member_joining(
     protocol: RebalanceProtocol, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         await trio.sleep_until(10.5)
         c["d"] = await cluster.start_consumer("d", group="g", topics={"events": 1})
@@ -140,7 +146,7 @@ async def test_one_member_leaving_cleanly_or_killed(
     tmp_path: Path,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         await trio.sleep_until(10.5)
         await (c["c"].leave() if departure == "leave" else c["c"].kill())
@@ -164,7 +170,7 @@ async def test_one_member_frozen_past_its_session(
     protocol the survivors stop their own partitions at 16.0 and get them back at 18.5 (the
     issue measured 16.1 over real sockets); under the incremental one they never stop, and only
     4 and 5 are unowned, from c's own lease end (14.0) until 18.5."""
-    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         await trio.sleep_until(10.5)
         c["c"].freeze(20)
@@ -324,7 +330,7 @@ async def test_a_trigger_that_moves_nothing_costs_no_attempt(
     """A trigger after which the assignment computed is the one in force, every member Stable
     (the group's topics_changed, which the topic watch feeds, fed here directly): neither
     protocol takes a new generation or asks anyone anything."""
-    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         group = cluster.coordinator.groups["g"]
         await trio.sleep_until(10.5)
