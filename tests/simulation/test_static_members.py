@@ -104,7 +104,7 @@ async def test_a_rolling_restart_of_every_static_member_moves_no_partition(
     after that): each new process is started at once on exactly its member's partitions, and
     under the incremental protocol nobody else hears anything but Pings; under the eager one
     every return stops and starts the two others."""
-    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         members = list(await _static_trio(cluster))
         owned = {m.member_id: m.owned for m in members}
         for turn, old in enumerate(list(members)):
@@ -192,7 +192,7 @@ async def test_leave_group_ends_a_static_member_at_once(
 async def test_a_second_live_process_fences_the_older_which_stops_before_the_newer_starts(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, protocol: RebalanceProtocol
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster)
         mine = a.owned
         await trio.sleep_until(5.0)
