@@ -209,9 +209,11 @@ class SimulatedConsumer:
 
     async def stop(self) -> None:
         """A clean stop without LeaveGroup, as a static member's process ends when it expects to
-        be restarted (docs/design.md#static-members): it commits what it consumed over its
-        connection, and its connections close cleanly."""
-        if self.consumer is not None and self.fetching and not self.process.killed:
+        be restarted (docs/design.md#static-members): registered, it commits what it consumed
+        over its connection; then its connections close cleanly."""
+        consumer = self.consumer
+        registered = consumer is not None and consumer.state in _REGISTERED
+        if registered and self.fetching and not self.process.killed:
             self.last_error = await self._commit_now(None)
         await self.kill()
 

@@ -371,6 +371,38 @@ if "FAULT_EXAMPLES" in os.environ:
     ],
     protocol=RebalanceProtocol.INCREMENTAL,
 )
+# A static member stopped for a restart while it looked for a coordinator that was down: the
+# simulated consumer's stop committed over a fresh connection, which the cluster refused (found
+# with 300 random examples).
+@example(
+    phases=[
+        [
+            Fault(kind="kill", at=7.75, duration=4.5, target=0),
+            Fault(kind="kill", at=4.75, duration=5.75, target=0),
+            Fault(kind="kill", at=0.0, duration=0.5, target=0),
+            Fault(kind="kill", at=0.0, duration=4.5, target=0),
+            Fault(kind="kill", at=0.0, duration=4.25, target=0),
+        ],
+        [
+            Fault(kind="add_partitions", at=0.0, duration=12.0, target=0),
+            Fault(kind="restart", at=3.0, duration=11.0, target=0),
+            Fault(kind="restart_static", at=7.0, duration=3.25, target=19),
+            Fault(kind="restart", at=7.75, duration=1.5, target=13),
+            Fault(kind="abandon", at=7.0, duration=6.25, target=23),
+            Fault(kind="kill", at=4.25, duration=4.25, target=2),
+            Fault(kind="delay", at=0.0, duration=5.5, target=0),
+            Fault(kind="restart", at=6.75, duration=8.75, target=24),
+        ],
+        [
+            Fault(kind="restart", at=7.75, duration=7.25, target=24),
+            Fault(kind="restart", at=1.5, duration=3.75, target=1),
+            Fault(kind="add_partitions", at=7.75, duration=0.5, target=20),
+            Fault(kind="cut", at=5.0, duration=9.75, target=35),
+            Fault(kind="drop", at=4.0, duration=8.75, target=1),
+        ],
+    ],
+    protocol=RebalanceProtocol.INCREMENTAL,
+)
 def test_random_faults_keep_every_invariant(
     phases: list[list[Fault]], protocol: RebalanceProtocol
 ) -> None:
