@@ -13,13 +13,14 @@ leases of two consumers on one partition that overlapped in time).
   every live consumer is done rebalancing, no watch has fired since it read the members, and it
   fetches exactly its range share of the live members.
 * the coordinator: the real ``GroupCoordinator`` on a ``ZooKeeperStore`` (requests counted by
-  ``ZooKeeperStore.operations``), with ``simulation``'s simulated consumers speaking the
-  real protocol over in-memory streams on the real clock; their fetch leases go to an
+  ``ZooKeeperStore.operations``), with ``simulation``'s consumers (the library's own, each a
+  simulated process) over in-memory streams on the real clock; their fetch leases go to an
   ``OwnershipLedger``. A death closes the consumer's connection. Settled: ``wait_settled``.
 
-Neither side moves offsets (the simulated consumers finish no records), and the phases are 2.5 s
-apart, so that the coordinator's one-time write of a new group's first offset reports (100
-existence checks and a transaction) falls between them: the counts are the rebalancing's own.
+Neither side moves offsets (nothing is produced, so no consumer finishes a record), and the
+phases are 2.5 s apart, so that the coordinator's one-time write of a new group's first offset
+reports (100 existence checks and a transaction) falls between them: the counts are the
+rebalancing's own.
 Each figure's ``value`` is the coordinator's, its ``baseline`` seed 02's.
 
     python -m bench.seed02 [--quick] [--work-dir DIR]
@@ -331,7 +332,6 @@ async def run_coordinator(hosts: str, size: int) -> Outcome:
                 group=GROUP,
                 topics={TOPIC: 1},
                 session_timeout_ms=SESSION_MS,
-                records_per_ping=0,
             )
 
         async def start_all() -> None:
@@ -354,7 +354,6 @@ async def run_coordinator(hosts: str, size: int) -> Outcome:
             group=GROUP,
             topics={TOPIC: 1},
             session_timeout_ms=int(PAUSED_SESSION * 1000),
-            records_per_ping=0,
         )
         await settle(settled)
         paused.freeze(PAUSED_SESSION * PAUSE_FACTOR)

@@ -358,6 +358,8 @@ class Consumer(CoordinatorSession, FetcherControl):
     async def _perform(self, effects: list[sm.Effect]) -> None:
         try:
             await self._perform_each(effects)
+            if self.observer is not None:
+                self.observer(self, effects)
         finally:
             self._revoking.clear()  # their stop is answered, or was no StopFetcher's
 

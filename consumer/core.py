@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import TypeAlias
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
 
 import attrs
 import trio
@@ -20,6 +21,9 @@ from .discovery import Discovery
 from .fetcher import BrokerConnections
 from .settings import ConsumerSettings, RebalanceCallback
 from .streams import ConsumerRecord, PartitionClaim, RecordStream
+
+if TYPE_CHECKING:
+    from .client import Consumer
 
 #: One logger for the whole consumer: the name applications configure (docs/consumer.md).
 log = logging.getLogger("consumer.client")
@@ -106,6 +110,10 @@ class ConsumerCore:
     """The last record of each partition handed out by iterating the consumer or ``getmany``:
     finished when the application asks for more."""
     _next_stream: int = 0
+    observer: Callable[[Consumer, list[sm.Effect]], None] | None = None
+    """Called with the effects of each input the machine took, once performed: what a test harness
+    (the simulation's consumer) reads the machine's state and requests through, in the instant
+    they changed."""
 
     @property
     def instance_id(self) -> str | None:

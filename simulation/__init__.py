@@ -1,5 +1,5 @@
-"""A deterministic test driver: the real group coordinator and embedded store with simulated
-consumers that speak the real protocol over in-memory streams, on trio's clock, with injected
+"""A deterministic test driver: the real group coordinator and embedded store with the library's
+own consumers, each in a simulated process, over in-memory streams, on trio's clock, with injected
 faults and an invariant checker that reads the wire (docs/testing.md)."""
 
 from simulation.cluster import SimulatedCluster, open_simulated_cluster

@@ -1,14 +1,15 @@
 """A deterministic driver: the real coordinator, the embedded store, in-memory connections, and
-simulated consumers that speak the real protocol — all on trio's clock, so under ``MockClock`` a
-test runs minutes of failures in milliseconds and asserts exact instants.
+the library's consumers, each in a simulated process — all on trio's clock, so under
+``MockClock`` a test runs minutes of failures in milliseconds and asserts exact instants.
 
 Faults are chosen by the test. On a consumer: :meth:`SimulatedConsumer.kill` (the process dies and
 its connection closes), :meth:`~SimulatedConsumer.freeze` (a GC pause: silent, then it resumes and
-finds its lease expired), :meth:`~SimulatedConsumer.answer_slowly`,
-:meth:`~SimulatedConsumer.drop_connection` (the connection breaks, the process lives on: it stops
-fetching, rediscovers and re-registers), :meth:`~SimulatedConsumer.cut_network` (neither side
-gets a byte for a while) and :meth:`~SimulatedConsumer.delay_delivery` (bytes one way or both stay
-in flight for a while, then arrive in order). On the cluster: :meth:`SimulatedCluster.create_topic`,
+its lease runs out on time), :meth:`~SimulatedConsumer.answer_slowly`,
+:meth:`~SimulatedConsumer.drop_connection` (the connections break, the process lives on: it
+fetches on under its lease, finds its coordinator again and re-registers),
+:meth:`~SimulatedConsumer.cut_network` (neither side gets a byte for a while) and
+:meth:`~SimulatedConsumer.delay_delivery` (bytes one way or both stay in flight for a while, then
+arrive in order). On the cluster: :meth:`SimulatedCluster.create_topic`,
 :meth:`~SimulatedCluster.add_partitions`, :meth:`~SimulatedCluster.restart_coordinator`,
 :meth:`~SimulatedCluster.lose_store_contact` (the coordinator stops hearing from its store, as a
 deposed ZooKeeper coordinator would) and :meth:`~SimulatedCluster.pause_coordinator` (a GC pause
@@ -33,7 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -50,6 +51,8 @@ from protocol import (
     Request,
     Role,
 )
+from protocol.batches import batches_from_records
+from protocol.records import Record
 from protocol.types import BrokerInfo, Subscription, TopicPartition, TopicStreams
 from statemachine.group import GroupState
 from store import (
@@ -60,7 +63,7 @@ from store import (
 from transport.channel import Channel, ReadBounds
 from transport.limits import ConnectionLimits
 
-from .consumer import SimulatedConsumer
+from .consumer import ClusterMember, SimulatedConsumer
 from .invariants import InvariantViolation, OwnershipLedger, StoreHistory
 from .log import MemoryLog
 from .network import Link, LinkEnd, NetworkUnreachable, SimulatedHost
@@ -92,7 +95,9 @@ class SimulatedCluster:
     contact: StoreContact = attrs.field(factory=StoreContact)
     latency: StoreLatency = attrs.field(factory=StoreLatency)
     generations: dict[str, list[int]] = attrs.field(factory=lambda: defaultdict(list))
-    consumers: dict[str, SimulatedConsumer] = attrs.field(factory=dict)
+    consumers: dict[str, Any] = attrs.field(factory=dict)
+    #: What :meth:`start_consumer` starts unless told otherwise.
+    member_type: Callable[..., ClusterMember] = SimulatedConsumer
     processes: dict[str, SimulatedProcess] = attrs.field(factory=dict)
     log: MemoryLog = attrs.field(init=False)
     """The partitions' records: what the broker serves Produce, Fetch and ListOffsets from."""
@@ -153,6 +158,22 @@ class SimulatedCluster:
             if placement is not None and placement.partition_count >= partitions:
                 return
             await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
+
+    def produce(self, topic: str, *, records: int = 1) -> None:
+        """Append ``records`` records to each partition of ``topic`` now, as a producer the test
+        does not watch would: what the consumers then fetch, finish and commit."""
+        now_ms = round(trio.current_time() * 1000)
+        record = Record(offset=0, timestamp_ms=now_ms, key=None, value=b"")
+        payload = batches_from_records([record] * records)
+        for p in range(self.coordinator.topics[topic].partition_count):
+            self.log.produce_now(TopicPartition(topic=topic, partition=p), payload)
+
+    async def feed(self, topic: str, *, every: float, records: int = 1) -> None:
+        """:meth:`produce` ``records`` records now and every ``every`` seconds, for ever (start
+        it in a nursery)."""
+        while True:
+            self.produce(topic, records=records)
+            await trio.sleep(every)
 
     # --- the broker ---------------------------------------------------------------------------
 
@@ -299,21 +320,24 @@ class SimulatedCluster:
         topics: Mapping[str, int] | None = None,
         subscription: Subscription | None = None,
         session_timeout_ms: int = 6000,
+        member: Callable[..., ClusterMember] | None = None,
         **options: object,
-    ) -> SimulatedConsumer:
+    ) -> Any:
         """Start a consumer process and return once it has registered (or, with
         ``rejoin=False``, been refused). ``consumers`` maps each id to its latest process: a
-        killed consumer's id may start again as a new process."""
+        killed consumer's id may start again as a new process. ``member`` makes a test's own
+        member instead of a :class:`SimulatedConsumer` (default: ``member_type``)."""
         if subscription is None:
             entries = tuple(TopicStreams(topic=t, streams=n) for t, n in (topics or {}).items())
             subscription = Subscription(topics=entries)
-        consumer = SimulatedConsumer(
+        make = member or self.member_type
+        consumer = make(
             cluster=self,
             consumer_id=consumer_id,
             group_id=group,
             subscription=subscription,
             session_timeout_ms=session_timeout_ms,
-            **options,  # type: ignore[arg-type]
+            **options,
         )
         self.consumers[consumer_id] = consumer
         await self.nursery.start(consumer.run)
@@ -321,12 +345,12 @@ class SimulatedCluster:
 
     async def restart_consumer(
         self,
-        consumer: SimulatedConsumer,
+        consumer: ClusterMember,
         consumer_id: str,
         *,
         end: Literal["stop", "kill", "reset", "keep"] = "stop",
         down_for: float = 0.0,
-    ) -> SimulatedConsumer:
+    ) -> Any:
         """Start a new process under ``consumer_id`` with ``consumer``'s settings (its instance
         id too: a static member's restart, docs/design.md#static-members), after ending the old
         one: ``stop`` (a clean stop without LeaveGroup), ``kill`` (its connection ends),
@@ -339,16 +363,7 @@ class SimulatedCluster:
             await consumer.kill(reset=end == "reset")
         await trio.sleep(down_for)
         return await self.start_consumer(
-            consumer_id,
-            group=consumer.group_id,
-            subscription=consumer.subscription,
-            session_timeout_ms=consumer.session_timeout_ms,
-            auto_commit=consumer.auto_commit,
-            auto_offset_reset=consumer.auto_offset_reset,
-            records_per_ping=consumer.records_per_ping,
-            rejoin=consumer.rejoin,
-            fetch_through_failover=consumer.fetch_through_failover,
-            instance_id=consumer.instance_id,
+            consumer_id, member=type(consumer), **consumer.restart_options()
         )
 
     # --- waiting ------------------------------------------------------------------------------
@@ -389,7 +404,7 @@ class SimulatedCluster:
         if not self.up:
             return False
         now = trio.current_time()
-        by_group: dict[str, dict[str, SimulatedConsumer]] = defaultdict(dict)
+        by_group: dict[str, dict[str, ClusterMember]] = defaultdict(dict)
         for consumer in self.consumers.values():
             if consumer.alive:
                 if consumer.member_id in by_group[consumer.group_id]:
@@ -488,7 +503,7 @@ class SimulatedCluster:
 
     def _check_owners(self) -> None:
         topics = self.coordinator.topics
-        by_group: dict[str, list[SimulatedConsumer]] = defaultdict(list)
+        by_group: dict[str, list[ClusterMember]] = defaultdict(list)
         for consumer in self.consumers.values():
             if consumer.alive:
                 by_group[consumer.group_id].append(consumer)
@@ -531,7 +546,11 @@ class SimulatedCluster:
 
 @asynccontextmanager
 async def open_simulated_cluster(
-    data_dir: Path, config: CoordinatorConfig | None = None, *, broker_id: int = 1
+    data_dir: Path,
+    config: CoordinatorConfig | None = None,
+    *,
+    broker_id: int = 1,
+    member_type: Callable[..., ClusterMember] = SimulatedConsumer,
 ) -> AsyncIterator[SimulatedCluster]:
     """Run a broker with its coordinator on the embedded store under ``data_dir`` for the block.
 
@@ -540,7 +559,13 @@ async def open_simulated_cluster(
     config = config or CoordinatorConfig()
     broker = BrokerInfo(broker_id=broker_id, host="simulated", port=9092)
     async with trio.open_nursery() as nursery:
-        cluster = SimulatedCluster(config=config, data_dir=data_dir, broker=broker, nursery=nursery)
+        cluster = SimulatedCluster(
+            config=config,
+            data_dir=data_dir,
+            broker=broker,
+            nursery=nursery,
+            member_type=member_type,
+        )
         await nursery.start(cluster._serve)
         try:
             yield cluster

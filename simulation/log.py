@@ -24,7 +24,7 @@ import trio
 from broker.data_plane import DataPlaneLog
 from broker.log import OffsetOutOfRange
 from protocol import FetchRequest, FetchResponse
-from protocol.batches import BatchSpan, read_batches, stamp
+from protocol.batches import BatchSpan, batch_spans, read_batches, stamp
 from protocol.codec import ReadableBuffer
 from protocol.types import TopicPartition
 
@@ -71,6 +71,10 @@ class MemoryPartition:
     ) -> int:
         if check is not None:
             check()
+        return self.put(batches, spans, now_ms)
+
+    def put(self, batches: ReadableBuffer, spans: list[BatchSpan], now_ms: int) -> int:
+        """Stamp and store batches already checked, at once (a test's producer)."""
         base = self.log_end_offset
         stamped = bytearray(batches)
         self.log_end_offset = stamp(stamped, spans, base, now_ms)
@@ -116,6 +120,12 @@ class MemoryLog(DataPlaneLog):
             return None
         tp = TopicPartition(topic=topic, partition=partition)
         return self.partitions.setdefault(tp, MemoryPartition())
+
+    def produce_now(self, tp: TopicPartition, batches: bytes) -> int:
+        """Append well-formed batches to a partition at once, as a producer the test does not
+        watch would; the first record's offset."""
+        partition = self.partitions.setdefault(tp, MemoryPartition())
+        return partition.put(batches, batch_spans(batches), self.now_ms())
 
     def now_ms(self) -> int:
         return round(trio.current_time() * 1000)

@@ -3,8 +3,10 @@ into it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import struct
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -40,6 +42,9 @@ class SimulatedProcess:
     cluster: SimulatedCluster
     host: SimulatedHost = attrs.field(factory=SimulatedHost)
     frozen_until: float = -math.inf
+    #: Each frame it sends leaves this long after the one before it (or after it was sent): a
+    #: slow process, whose answers are late one after another (0: at once).
+    answer_delay: float = 0.0
     killed: bool = False
     done: trio.Event = attrs.field(factory=trio.Event)
     """Set once its main function returned, raised or was killed."""
@@ -55,7 +60,7 @@ class SimulatedProcess:
         assert isinstance(stream, LinkEnd)
         self._ends = [end for end in self._ends if not end.closed]
         self._ends.append(stream)
-        return stream
+        return _SlowWrites(end=stream, process=self)
 
     async def _hold(self) -> None:
         while trio.current_time() < self.frozen_until:
@@ -67,6 +72,10 @@ class SimulatedProcess:
         try:
             with self._scope:
                 await main(*args, connect=self.connect)
+        except* ProcessKilled:
+            if not self.killed:
+                raise
+            # Its code met its closed sockets before the cancellation reached it: it is gone.
         finally:
             self.done.set()
 
@@ -91,7 +100,51 @@ class SimulatedProcess:
     ) -> None:
         self.host.delay(seconds, self.cluster.nursery, to_client=to_process, to_server=to_broker)
 
+    def answer_slowly(self, seconds: float) -> None:
+        """Take ``seconds`` over each frame it sends from now on (0: prompt again)."""
+        self.answer_delay = seconds
+
     def drop_connections(self) -> None:
         """Reset every connection it has; the process lives on and connects again."""
         for link in self.host.links:
             link.break_()
+
+
+@attrs.define(eq=False)
+class _SlowWrites(trio.abc.Stream):
+    """A process's end of a connection whose frames each leave ``answer_delay`` after the one
+    before (or after being sent, if later): a slow process, whose answers are late one after
+    another. A frozen process closes or resets nothing until it thaws (the kernel would, at
+    once, only for a dead one)."""
+
+    end: LinkEnd
+    process: SimulatedProcess
+    _reset: bool = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if not self.process.answer_delay:
+            await self.end.send_all(data)
+            return
+        data = bytes(data)
+        while data:
+            (size,) = struct.unpack_from(">i", data) if len(data) >= 4 else (len(data),)
+            frame, data = data[: 4 + size], data[4 + size :]
+            await trio.sleep(self.process.answer_delay)
+            await self.end.send_all(frame)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.end.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await self.end.receive_some(max_bytes)
+
+    def abort(self) -> None:
+        """Reset on :meth:`aclose`, which ``Channel.abort`` calls next."""
+        self._reset = True
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(ProcessKilled):
+            await self.process._hold()
+        if self._reset:
+            self.end.abort()
+        await self.end.aclose()

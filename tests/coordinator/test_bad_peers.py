@@ -10,6 +10,7 @@ import trio.testing
 from coordinator.config import CoordinatorConfig
 from protocol import Connection, ErrorCode, PeerError, Role
 from simulation import open_simulated_cluster
+from tests.support.standin_consumer import StandInConsumer
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, max_frame_size=64 * 1024)
 
@@ -61,7 +62,10 @@ async def test_a_member_that_breaks_the_protocol_is_removed(
 ) -> None:
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=4)
-        a = await cluster.start_consumer("a", group="g", topics={"events": 1}, rejoin=False)
+        # a writes junk on its coordinator connection: a client of the tests' own
+        a = await cluster.start_consumer(
+            "a", group="g", topics={"events": 1}, rejoin=False, member=StandInConsumer
+        )
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})
         generation = await cluster.wait_stable("g", members=2)
         assert trio.current_time() == 1.0

@@ -94,9 +94,10 @@ async def test_joins_during_a_slow_rebalance_cause_one_more_not_one_each(
 
         async def join(consumer_id: str) -> SimulatedConsumer:
             # T = 60 s: no Ping falls within the test, so only Stop/StartFetcher are slow
-            return await cluster.start_consumer(
+            consumer: SimulatedConsumer = await cluster.start_consumer(
                 consumer_id, group="g", topics={"events": 1}, session_timeout_ms=60_000
             )
+            return consumer
 
         a = await join("a")
         await join("b")

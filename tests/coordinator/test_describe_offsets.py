@@ -7,6 +7,7 @@ written, they would seem to go backwards after a crash (docs/design.md#offsets).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -51,6 +52,7 @@ async def test_a_reported_offset_is_shown_as_reported_until_the_committer_writes
         with trio.fail_after(30):
             await cluster.wait_settled()
         assert trio.current_time() == 3.0
+        cluster.nursery.start_soon(partial(cluster.feed, "t", every=2.0))  # 3.0, 5.0, 7.0...
 
         # The Ping of 4.0 (T = 6 s: one every 2 s) reported offset 1; the committer has not
         # written anything since it started at 0.0.

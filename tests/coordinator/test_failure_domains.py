@@ -26,6 +26,7 @@ from simulation import RecordingStore, SimulatedCluster, open_simulated_cluster
 from statemachine.consumer_group import Assignment, ConsumerGroup
 from statemachine.group import Effect, GroupMachine, GroupState, MemberDeparted
 from store import Deposed, OffsetBatch, StoreUnavailable
+from tests.support.standin_consumer import open_stand_in_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -67,7 +68,7 @@ async def test_a_bug_in_one_groups_rebalance_fails_that_group_alone(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     armed = _inject_assignor_bug(monkeypatch, "bad", RuntimeError("injected bug"))
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await _two_groups(cluster)
         good = cluster.coordinator.groups["good"]
         failed = cluster.coordinator.groups["bad"]
@@ -132,7 +133,7 @@ async def test_a_bug_met_outside_the_driver_fails_only_that_group_too(
         return real(machine, event)
 
     monkeypatch.setattr(GroupMachine, "handle", handle)
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await _two_groups(cluster)
         good = cluster.coordinator.groups["good"]
         b2 = cluster.consumers["b2"]
@@ -176,7 +177,7 @@ async def test_a_failing_committer_ends_the_coordinator(
     """The committer is shared by every group: its failure is the process's (a deposed
     coordinator's write here), not any group's."""
     with pytest.raises(BaseExceptionGroup) as failure:
-        async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
             await _two_groups(cluster)
             await trio.sleep_until(10.5)
 
@@ -195,7 +196,7 @@ async def test_a_member_that_refuses_every_stop_fetcher_dies_and_the_others_go_o
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     config = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5, max_missed_pings=2)
-    async with open_simulated_cluster(tmp_path, config) as cluster:
+    async with open_stand_in_cluster(tmp_path, config) as cluster:
         await cluster.create_topic("events", partitions=6)
         a = await cluster.start_consumer("a", group="g", topics={"events": 1})
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})

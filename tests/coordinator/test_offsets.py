@@ -1,5 +1,6 @@
 """Offsets: fenced by member and generation, durable before the answer, kept across restarts."""
 
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -17,6 +18,7 @@ from protocol import (
 )
 from protocol.types import PartitionOffset, TopicPartition
 from simulation import SimulatedCluster, open_simulated_cluster
+from tests.support.standin_consumer import StandInConsumer
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
 
@@ -51,16 +53,23 @@ async def test_committed_offsets_survive_a_restart_and_seed_the_next_assignment(
 ) -> None:
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=4)
+        cluster.produce("events", records=20)
         assert await _standalone_commit(cluster, "g", _offsets(p0=10, p1=20)) is ErrorCode.NONE
         a = await cluster.start_consumer("a", group="g", topics={"events": 1})
         await cluster.wait_stable("g", members=1)
         assert a.positions[TopicPartition(topic="events", partition=0)] == 10
-        await trio.sleep(10)  # five Pings, each reporting one more record per partition
+        # a finishes p0's 10 records after its committed offset at once, then one every 2 s
+        # (1.0 to 9.0); the Ping of 11.0 reports them.
+        cluster.nursery.start_soon(partial(cluster.feed, "events", every=2.0))
+        await trio.sleep(10)
         before = await _fetch(cluster, "g")
-        assert before[TopicPartition(topic="events", partition=0)] == 15
+        assert before[TopicPartition(topic="events", partition=0)] == 25
+        assert before[TopicPartition(topic="events", partition=1)] == 25
     restart = trio.current_time()
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         assert await _fetch(cluster, "g") == before
+        await cluster.create_topic("more", partitions=1)  # the topic watch has loaded
+        cluster.produce("events", records=25)  # the new cluster's log: as far as committed
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})
         await cluster.wait_stable("g", members=1)
         # a, the previous owner, may still fetch under its lease: T (6 s) + 0.5 s after the
@@ -78,19 +87,18 @@ async def test_commits_are_fenced_by_member_generation_and_ownership(
         a = await cluster.start_consumer("a", group="g", topics={"events": 1})
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})
         generation = await cluster.wait_stable("g", members=2)
-        assert a.channel is not None
         (mine,) = a.owned
         (theirs,) = b.owned
 
         async def commit(
             consumer_id: str | None, generation: int, partition: TopicPartition, offset: int
         ) -> ErrorCode:
-            assert a.channel is not None
             offsets = (
                 PartitionOffset(
                     topic=partition.topic, partition=partition.partition, offset=offset
                 ),
             )
+            assert a.channel is not None  # a's own coordinator connection
             response = await a.channel.request(
                 OffsetCommitRequest(
                     group_id="g", consumer_id=consumer_id, generation=generation, offsets=offsets
@@ -140,8 +148,9 @@ async def test_generations_stay_above_any_a_returning_member_reports(
         await cluster.create_topic("events", partitions=2)
         await cluster.start_consumer("a", group="g", topics={"events": 1})
         assert await cluster.wait_stable("g", members=1) == 1
+        # a process back from a coordinator that died: a client of the tests' own
         returning = await cluster.start_consumer(
-            "b", group="g", topics={"events": 1}, generation=41
+            "b", group="g", topics={"events": 1}, generation=41, member=StandInConsumer
         )
         assert returning.last_register_error is ErrorCode.NONE
         assert await cluster.wait_stable("g", members=2) == 42

@@ -4,6 +4,7 @@ without a lease frees its partitions T plus the margin after its connection ends
 registration no rule can serve is refused with a code and a message, never accepted."""
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -22,6 +23,7 @@ from protocol import (
 )
 from simulation import open_simulated_cluster
 from tests.protocol.test_versions import REQUEST
+from tests.support.standin_consumer import StandInConsumer
 from transport.channel import Channel
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, lease_margin=0.5)
@@ -34,7 +36,9 @@ async def test_an_old_member_is_stopped_whole_while_the_others_are_only_revoked(
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=6)
         new = await cluster.start_consumer("new", group="g", topics={"events": 1})
-        old = await cluster.start_consumer("old", group="g", topics={"events": 1}, level0=True)
+        old = await cluster.start_consumer(
+            "old", group="g", topics={"events": 1}, level0=True, member=StandInConsumer
+        )
         await cluster.wait_stable("g", members=2)
         assert len(new.owned) == len(old.owned) == 3
         stops_before = len(new.stopped_partitions), len(old.stopped_partitions)
@@ -60,8 +64,9 @@ async def test_an_old_member_frees_its_partitions_only_after_t_and_the_margin(
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=4)
         stays = await cluster.start_consumer("stays", group="g", topics={"events": 1})
+        old: dict[str, Any] = {"level0": True, "member": StandInConsumer} if level0 else {}
         leaves = await cluster.start_consumer(
-            "leaves", group="g", topics={"events": 1}, session_timeout_ms=6000, level0=level0
+            "leaves", group="g", topics={"events": 1}, session_timeout_ms=6000, **old
         )
         await cluster.wait_stable("g", members=2)
         given_up = leaves.owned
@@ -124,7 +129,9 @@ async def test_a_member_without_a_lease_is_cut_off_when_the_coordinator_may_be_d
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=2)
         new = await cluster.start_consumer("new", group="g", topics={"events": 1})
-        old = await cluster.start_consumer("old", group="g", topics={"events": 1}, level0=True)
+        old = await cluster.start_consumer(
+            "old", group="g", topics={"events": 1}, level0=True, member=StandInConsumer
+        )
         await cluster.wait_stable("g", members=2)
         cluster.lose_store_contact(3.0)
         with trio.fail_after(6.0 / 3):  # at the next Ping, due every T/3

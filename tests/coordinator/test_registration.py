@@ -11,8 +11,13 @@ from coordinator.config import CoordinatorConfig
 from protocol import ErrorCode
 from protocol.types import Subscription, TopicStreams
 from simulation import open_simulated_cluster
+from tests.support.standin_consumer import StandInConsumer
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, min_session_timeout_ms=2000)
+
+
+# What the library refuses to send is sent by a client of the tests' own.
+RAW = {"member": StandInConsumer}
 
 
 @pytest.mark.parametrize(
@@ -20,10 +25,13 @@ CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0, min_session_timeout_ms=2
     [
         ({"session_timeout_ms": 1999}, ErrorCode.INVALID_SESSION_TIMEOUT),
         ({"session_timeout_ms": 10_000_000}, ErrorCode.INVALID_SESSION_TIMEOUT),
-        ({"auto_offset_reset": "newest"}, ErrorCode.INVALID_OFFSET_RESET),
-        ({"subscription": Subscription()}, ErrorCode.INVALID_REQUEST),
+        ({"auto_offset_reset": "newest", **RAW}, ErrorCode.INVALID_OFFSET_RESET),
+        ({"subscription": Subscription(), **RAW}, ErrorCode.INVALID_REQUEST),
         (
-            {"subscription": Subscription(topics=(TopicStreams(topic="events", streams=0),))},
+            {
+                "subscription": Subscription(topics=(TopicStreams(topic="events", streams=0),)),
+                **RAW,
+            },
             ErrorCode.INVALID_REQUEST,
         ),
     ],

@@ -18,6 +18,7 @@ from protocol import ErrorCode
 from protocol.types import TopicPartition
 from simulation import SimulatedCluster, open_simulated_cluster
 from tests.simulation.test_faults import CONFIG, _pair
+from tests.support.standin_consumer import open_stand_in_cluster
 
 
 def _intervals(cluster: SimulatedCluster) -> list[tuple[str, TopicPartition, float]]:
@@ -29,7 +30,7 @@ def _intervals(cluster: SimulatedCluster) -> list[tuple[str, TopicPartition, flo
 async def test_out_of_contact_it_pings_nobody_and_counts_no_miss(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         owned = (a.owned, b.owned)
         leases = _intervals(cluster)
@@ -96,7 +97,7 @@ async def test_after_a_pause_past_the_leases_a_due_ping_is_a_death_not_a_renewal
     Pings that fell due meanwhile must not go out as renewals: the members' leases ran out, so
     they are dead, their partitions free the instant the broker resumes."""
     caplog.set_level(logging.INFO, logger="coordinator")
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(5.0)
         # The Pings of 4.0 named the answers of 3.0; the next Pings are due at 6.0.

@@ -9,6 +9,7 @@ T/3 = 2 s later, so both members are back at 12.5.
 
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
@@ -24,13 +25,14 @@ from protocol import (
     OffsetCommitResponse,
 )
 from protocol.types import PartitionOffset
-from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from simulation import SimulatedCluster, open_simulated_cluster
 from tests.simulation.test_faults import ALL, CONFIG, _spans
 from tests.simulation.test_faults import _pair as _any_pair
 from tests.support.protocols import eager
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster, stand_in_options
 
 
-async def _pair(cluster: SimulatedCluster) -> tuple[SimulatedConsumer, SimulatedConsumer]:
+async def _pair(cluster: SimulatedCluster) -> tuple[StandInConsumer, StandInConsumer]:
     return await _any_pair(cluster, fetch_through_failover=True)
 
 
@@ -50,22 +52,24 @@ async def test_members_back_as_the_record_says_are_adopted_without_a_rebalance(
         await _restart(cluster)
         with trio.fail_after(20):
             await cluster.wait_settled()
-        # Both came back at 12.5 under generation 1 holding what the completed record gave
+        # Both looked for their coordinator at the failover pace while it was down, and came
+        # back as it served, at 11.5, under generation 1 holding what the completed record gave
         # them: the group is Stable at once, with no initial delay, no new generation, and no
         # StopFetcher or StartFetcher.
-        assert trio.current_time() == 12.5
+        assert trio.current_time() == pytest.approx(11.5)
         group = cluster.coordinator.groups["g"]
         assert group.machine.generation == 1
         assert group.attempts == 0
         assert a.started_generations == b.started_generations == [1]
         assert {"a": a.owned, "b": b.owned} == held
+        cluster.produce("events", records=5)
         await trio.sleep_until(20.0)  # past the recovered lease: the new coordinator's Pings hold
         # One unbroken fetch per partition, from the first start to now.
         assert not cluster.ledger.closed
         assert _spans(cluster, "a") == _spans(cluster, "b") == {(3.0, 20.0)}
         # Their Ping answers to the new coordinator count: the offsets moved on since.
         committed = await cluster.coordinator.offsets.committed("g")
-        assert all(a.positions[tp] == committed[tp] for tp in a.owned)
+        assert all(a.positions[tp] == committed[tp] == 5 for tp in a.owned)
         await cluster.check_invariants(settled=True)
 
 
@@ -80,7 +84,7 @@ async def test_a_member_that_does_not_come_back_costs_one_rebalance_after_its_le
         await _restart(cluster)
         with trio.fail_after(20):
             await cluster.wait_stable("g", members=1)
-        # a came back at 12.5 and fetched on; the group waited for b until the recovered lease
+        # a came back at 11.5 and fetched on; the group waited for b until the recovered lease
         # ran out at 18.0 and then rebalanced once: a's own partitions stopped and started again
         # at 18.0, with b's.
         assert trio.current_time() == 18.0
@@ -106,10 +110,10 @@ async def test_a_member_back_late_within_its_lease_causes_no_rebalance(
         await _restart(cluster)
         with trio.fail_after(20):
             await cluster.wait_settled()
-        # a came back at 12.5; the group waited for the other member its record names: b
-        # resumed at 11.8, saw its connection closed, and came back at 13.8 still fetching (its
-        # lease ran to 14.0). Both adopted at 13.8, generation 1, no attempt.
-        assert trio.current_time() == 13.8
+        # a came back at 11.5; the group waited for the other member its record names: b
+        # resumed at 11.8, saw its connection closed, and came back at once still fetching (its
+        # lease ran to 14.0). Both adopted at 11.8, generation 1, no attempt.
+        assert trio.current_time() == pytest.approx(11.8)
         group = cluster.coordinator.groups["g"]
         assert (group.attempts, group.machine.generation) == (0, 1)
         assert {"a": a.owned, "b": b.owned} == held
@@ -125,11 +129,14 @@ async def test_a_record_that_gave_a_member_nothing_is_not_adopted(
     comes back at 17.4, within the recovered lease, under generation 1 holding nothing, as it
     would if it still ran under that start: only a start tells it which, so the group rebalances
     rather than adopt the record and leave c waiting for a start that never comes."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=2)
         a, b, c = [
             await cluster.start_consumer(
-                name, group="g", topics={"events": 1}, fetch_through_failover=True
+                name,
+                group="g",
+                topics={"events": 1},
+                **stand_in_options(cluster, fetch_through_failover=True),
             )
             for name in "abc"
         ]
@@ -177,10 +184,11 @@ async def test_a_record_written_before_its_starts_were_answered_is_not_adopted(
             consumer.answer_slowly(0.0)
         with trio.fail_after(20):
             await cluster.wait_settled()
-        # Both came back at 10.5 under generation 2 holding what its record gave them, but no
+        # Both came back as it served, at 9.5, under generation 2 holding what its record gave
+        # them (they looked at the failover pace while it was down), but no
         # StartFetcher answer of that generation was ever read: the record says only who was
         # meant to fetch what, so the group rebalanced, under generation 3, at once.
-        assert trio.current_time() == 10.5
+        assert trio.current_time() == pytest.approx(9.5)
         group = cluster.coordinator.groups["g"]
         assert (group.attempts, group.machine.generation) == (1, 3)
         assert a.started_generations == b.started_generations == [1, 2, 3]
@@ -192,7 +200,7 @@ async def test_a_record_written_before_its_starts_were_answered_is_not_adopted(
 async def test_a_consumer_abandoning_a_live_connection_while_fetching_is_not_taken_as_stopped(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(4.0)
@@ -224,7 +232,10 @@ async def test_members_of_different_generations_are_adopted_each_under_its_own(
         a, b = await _pair(cluster)
         await trio.sleep_until(6.0)
         c = await cluster.start_consumer(
-            "c", group="g", topics={"events": 1}, fetch_through_failover=True
+            "c",
+            group="g",
+            topics={"events": 1},
+            **stand_in_options(cluster, fetch_through_failover=True),
         )
         with trio.fail_after(10):
             await cluster.wait_settled()
@@ -238,7 +249,7 @@ async def test_members_of_different_generations_are_adopted_each_under_its_own(
         await _restart(cluster)
         with trio.fail_after(20):
             await cluster.wait_settled()
-        assert trio.current_time() == 12.5
+        assert trio.current_time() == pytest.approx(11.5)  # back as it served
         group = cluster.coordinator.groups["g"]
         assert (group.machine.generation, group.attempts) == (2, 0)
         assert {"a": a.owned, "b": b.owned, "c": c.owned} == held
@@ -253,7 +264,7 @@ async def test_a_group_awaiting_its_members_after_a_failover_is_described_so_and
     described Empty with no members, and a reset of its offsets was accepted, which the members'
     next reports then undid (issue 28). Now it is AwaitingMembers, naming the members its record
     awaits with what they hold, and resets and deletes are refused with a retriable code."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await _restart(cluster)

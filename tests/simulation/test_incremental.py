@@ -11,6 +11,7 @@ starts again.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -19,9 +20,10 @@ import trio.testing
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode
 from protocol.types import TopicPartition
-from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from simulation import SimulatedCluster, open_simulated_cluster
 from statemachine.group import GroupState
 from tests.support.protocols import under
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
 
 INCREMENTAL, EAGER = RebalanceProtocol.INCREMENTAL, RebalanceProtocol.EAGER
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
@@ -37,11 +39,16 @@ def _parts(*partitions: int) -> frozenset[TopicPartition]:
 
 async def _three(
     cluster: SimulatedCluster, *, report_stopped: bool = False
-) -> dict[str, SimulatedConsumer]:
+) -> dict[str, StandInConsumer]:
     await cluster.create_topic("events", partitions=6)
+    # a consumer that reports what it no longer fetches is one of the tests' own
+    buggy: dict[str, Any] = {"member": StandInConsumer, "report_stopped": True}
     consumers = {
         name: await cluster.start_consumer(
-            name, group="g", topics={"events": 1}, report_stopped=report_stopped
+            name,
+            group="g",
+            topics={"events": 1},
+            **(buggy if report_stopped else {}),
         )
         for name in "abc"
     }
@@ -65,7 +72,7 @@ def _spans(cluster: SimulatedCluster, consumer_id: str) -> dict[int, list[tuple[
     return spans
 
 
-def _handovers(consumer: SimulatedConsumer) -> tuple[int, int]:
+def _handovers(consumer: StandInConsumer) -> tuple[int, int]:
     return consumer.stops_received, consumer.starts_received
 
 
@@ -110,7 +117,7 @@ async def test_one_member_joining(
 
 def _survivors_took_over(
     cluster: SimulatedCluster,
-    c: dict[str, SimulatedConsumer],
+    c: dict[str, StandInConsumer],
     protocol: RebalanceProtocol,
     *,
     stopped: float,
@@ -214,7 +221,7 @@ async def test_a_member_left_alone_commits_under_its_own_generation_and_a_stale_
     commits under its own still count, for the partitions it held then. A commit under a
     generation older than the start that gave a partition, or newer than the member's own, is
     refused (SPEC.md §11.8)."""
-    async with open_simulated_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
         c = await _three(cluster)
         await trio.sleep_until(10.5)
         await c["c"].leave()
@@ -251,7 +258,7 @@ async def test_reports_for_partitions_a_member_stopped_are_refused_though_it_is_
     """Hazard (b): c answers the StopFetcher for 5 at 10.5 and goes on fetching 4. Its Pings
     still report 5 (far ahead), and it commits 5: refused, while its reports and commits for 4
     count, and 5's offset is d's alone."""
-    async with open_simulated_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(INCREMENTAL, CONFIG)) as cluster:
         c = await _three(cluster, report_stopped=True)
         await trio.sleep_until(10.5)
         c["d"] = await cluster.start_consumer("d", group="g", topics={"events": 1})
@@ -281,7 +288,7 @@ async def test_a_death_between_revoke_and_start_cancels_the_attempt_and_nothing_
     answer: attempt 2 is cancelled, c's late answer (11.5) is dropped, and attempt 3 runs for b,
     c and d. What c was asked to stop stays c's until it says otherwise: it is given back to c,
     which is not Stable, by a start."""
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         await trio.sleep_until(10.5)
         c["c"].answer_slowly(1.0)

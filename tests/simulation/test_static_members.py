@@ -17,8 +17,9 @@ import trio.testing
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode, RegisterConsumerRequest, RegisterConsumerResponse
 from protocol.types import Subscription, TopicPartition, TopicStreams
-from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
+from simulation import SimulatedCluster, open_simulated_cluster
 from tests.support.protocols import under
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster, stand_in_options
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -26,7 +27,7 @@ ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
 
 async def _static_trio(
     cluster: SimulatedCluster, *, fetch_through_failover: bool = False
-) -> tuple[SimulatedConsumer, SimulatedConsumer, SimulatedConsumer]:
+) -> tuple[StandInConsumer, StandInConsumer, StandInConsumer]:
     await cluster.create_topic("events", partitions=6)
     a, b, c = [
         await cluster.start_consumer(
@@ -34,7 +35,7 @@ async def _static_trio(
             group="g",
             topics={"events": 1},
             instance_id=name,
-            fetch_through_failover=fetch_through_failover,
+            **stand_in_options(cluster, fetch_through_failover=fetch_through_failover),
         )
         for name in "abc"
     ]
@@ -46,13 +47,13 @@ async def _static_trio(
     return a, b, c
 
 
-def _handovers(*consumers: SimulatedConsumer) -> list[tuple[int, int]]:
+def _handovers(*consumers: StandInConsumer) -> list[tuple[int, int]]:
     """The StopFetcher and StartFetcher requests each consumer carried out so far."""
     return [(consumer.stops_received, consumer.starts_received) for consumer in consumers]
 
 
 def _only_pinged_since_the_start(
-    *consumers: SimulatedConsumer, protocol: RebalanceProtocol = RebalanceProtocol.INCREMENTAL
+    *consumers: StandInConsumer, protocol: RebalanceProtocol = RebalanceProtocol.INCREMENTAL
 ) -> None:
     """Under the incremental protocol nothing but Pings after the group formed; the eager one
     stops and starts everyone (it is measured beside it, docs/design.md#rebalance)."""
@@ -174,7 +175,7 @@ async def test_a_static_member_away_for_its_session_timeout_departs_and_the_grou
 async def test_leave_group_ends_a_static_member_at_once(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b, c = await _static_trio(cluster)
         await trio.sleep_until(5.0)
         await a.leave()
@@ -237,7 +238,7 @@ async def test_a_paused_process_told_it_is_fenced_keeps_its_partitions_until_its
     of 5.0 renews its lease on the coordinator's count to 5.0 + T + 0.5 = 11.5, and the newer
     process starts only then; the paused one's own lease ended at 9.0 (it ran from its answer
     to the StartFetcher of 3.0, queued at 3.0, which the Ping of 4.0 named)."""
-    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster)
         mine = a.owned
         await trio.sleep_until(4.5)
@@ -268,7 +269,7 @@ async def test_a_fenced_process_that_closes_cleanly_before_it_answers_frees_its_
     a, which takes 2 s over each answer, is fenced at 5.0 and stops cleanly at 6.0 (its commit
     refused FENCED_INSTANCE_ID) before it answers; the newer process starts at 6.0, not at a's
     lease end, 11.5."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b, c = await _static_trio(cluster)
         mine = a.owned
         await trio.sleep_until(4.5)
@@ -293,7 +294,7 @@ async def test_a_late_commit_from_the_previous_process_cannot_move_an_offset_bac
     """Hazard (c): each process is a new incarnation. The older one, paused since 4.5, wakes at
     24.5 and commits the positions it had then; the newer one has reported further since 11.5.
     The late commit is refused and the committed offsets stay the newer process's."""
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, _b, _c = await _static_trio(cluster)
         await trio.sleep_until(4.5)
         a.freeze(20.0)
@@ -402,7 +403,7 @@ async def test_a_partition_given_to_a_member_away_is_not_freed_by_its_return_aft
     T + margin = 18.25) until x, back at 13.0 still fetching them, adopts them; the attempt of
     15.0 stops both and starts them again. A record that named s under generation 1 let s's
     registration free them at 12.5 and start them on s while x still fetched them."""
-    async with open_simulated_cluster(tmp_path, under(RebalanceProtocol.EAGER, CONFIG)) as cluster:
+    async with open_stand_in_cluster(tmp_path, under(RebalanceProtocol.EAGER, CONFIG)) as cluster:
         await cluster.create_topic("events", partitions=6)
         s, x = [
             await cluster.start_consumer(
@@ -410,7 +411,7 @@ async def test_a_partition_given_to_a_member_away_is_not_freed_by_its_return_aft
                 group="g",
                 topics={"events": 1},
                 instance_id="s" if name == "s-1" else None,
-                fetch_through_failover=True,
+                **stand_in_options(cluster, fetch_through_failover=True),
             )
             for name in ("s-1", "x")
         ]
