@@ -350,6 +350,11 @@ class OwnershipLedger:
             self._expire(member, at)
         if any(tp in member.permitted for member in members):
             return
+        if any(
+            w.member in members and w.partition == tp and w.start <= at < w.end
+            for w in self._windows
+        ):
+            return  # queued inside a window that ended before its frame got out (a freeze)
         for member in members:
             alongside = []
             for other in self._members.values():

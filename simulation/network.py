@@ -259,7 +259,11 @@ class LinkEnd(trio.abc.Stream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         # The instant the sender handed the bytes over, before a freeze holds them back.
-        queued_at = trio.current_time()
+        await self.send_queued(data, trio.current_time())
+
+    async def send_queued(self, data: bytes | bytearray | memoryview, queued_at: float) -> None:
+        """Send bytes that the process's code handed over at ``queued_at``: what the wire
+        ledger dates them by, however long a freeze or a slow process kept them since."""
         await trio.lowlevel.checkpoint()
         if self.hold is not None:
             await self.hold()

@@ -114,23 +114,52 @@ class SimulatedProcess:
 class _SlowWrites(trio.abc.Stream):
     """A process's end of a connection whose frames each leave ``answer_delay`` after the one
     before (or after being sent, if later): a slow process, whose answers are late one after
-    another. A frozen process closes or resets nothing until it thaws (the kernel would, at
-    once, only for a dead one)."""
+    another. A frozen process writes nothing until it thaws, and closes or resets nothing (the
+    kernel would, at once, only for a dead one).
+
+    Its code is not held up meanwhile: what it sends is taken at once, dated then, and leaves
+    in order when it may (a kernel's send buffer), so the wire ledger dates each frame by when
+    the code queued it, not by when a frame before it got out."""
 
     end: LinkEnd
     process: SimulatedProcess
     _reset: bool = False
+    _backlog: list[tuple[bytes, float]] = attrs.field(factory=list)
+    _sending: bool = False
+    _drained: trio.Event = attrs.field(factory=trio.Event)
+    _failure: BaseException | None = None
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        if not self.process.answer_delay:
+        if self._failure is not None:
+            raise trio.BrokenResourceError("connection lost") from self._failure
+        now = trio.current_time()
+        if not self._sending and not self.process.answer_delay and now >= self.process.frozen_until:
             await self.end.send_all(data)
             return
-        data = bytes(data)
-        while data:
-            (size,) = struct.unpack_from(">i", data) if len(data) >= 4 else (len(data),)
-            frame, data = data[: 4 + size], data[4 + size :]
-            await trio.sleep(self.process.answer_delay)
-            await self.end.send_all(frame)
+        await trio.lowlevel.checkpoint()
+        self._backlog.append((bytes(data), now))
+        if not self._sending:
+            self._sending = True
+            self._drained = trio.Event()
+            self.process.cluster.nursery.start_soon(self._send_backlog)
+
+    async def _send_backlog(self) -> None:
+        try:
+            while self._backlog:
+                data, queued_at = self._backlog.pop(0)
+                while data:
+                    (size,) = struct.unpack_from(">i", data) if len(data) >= 4 else (len(data),)
+                    frame, data = data[: 4 + size], data[4 + size :]
+                    if self.process.answer_delay:
+                        await trio.sleep(self.process.answer_delay)
+                    await self.process._hold()
+                    await self.end.send_queued(frame, queued_at)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._failure = exc
+            self._backlog.clear()
+        finally:
+            self._sending = False
+            self._drained.set()
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.end.wait_send_all_might_not_block()
@@ -145,6 +174,8 @@ class _SlowWrites(trio.abc.Stream):
     async def aclose(self) -> None:
         with contextlib.suppress(ProcessKilled):
             await self.process._hold()
+            if self._sending and not self._reset:
+                await self._drained.wait()
         if self._reset:
             self.end.abort()
         await self.end.aclose()

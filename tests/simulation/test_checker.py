@@ -13,6 +13,7 @@ from protocol.types import TopicPartition
 from simulation import InvariantViolation, SimulatedCluster, StrayFetch, open_simulated_cluster
 from statemachine.member import DeathCause, DeclaredDead, MemberMachine
 from tests.simulation.adversary import Adversary, start_adversary
+from tests.support.standin_consumer import StandInConsumer
 
 #: T = 6 s for every member: a Ping every 2 s.
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0)
@@ -171,10 +172,18 @@ async def test_permissions_through_a_failover_follow_each_members_rule(
     client of level 0 (no lease), may fetch only until it knows its connection ended."""
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=4)
+        # The checker's rules, not a consumer's, are under test: both are the tests' own
+        # stand-in, whose re-registration instants are fixed (T/3 after a lost connection).
         await cluster.start_consumer(
-            "a", group="g", topics={"events": 1}, fetch_through_failover=True
+            "a",
+            group="g",
+            topics={"events": 1},
+            fetch_through_failover=True,
+            member=StandInConsumer,
         )
-        await cluster.start_consumer("o", group="g", topics={"events": 1}, level0=True)
+        await cluster.start_consumer(
+            "o", group="g", topics={"events": 1}, level0=True, member=StandInConsumer
+        )
         assert await cluster.wait_stable("g", members=2) == 1
         await trio.sleep_until(10.5)
         await cluster.restart_coordinator(down_for=1.0)
