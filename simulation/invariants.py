@@ -351,10 +351,13 @@ class OwnershipLedger:
         if any(tp in member.permitted for member in members):
             return
         if any(
-            w.member in members and w.partition == tp and w.start <= at < w.end
+            w.member in members and w.partition == tp and w.start <= at <= w.end
             for w in self._windows
         ):
-            return  # queued inside a window that ended before its frame got out (a freeze)
+            # Queued inside a window that ended before its frame got out (a freeze), or in the
+            # instant it ended: a fetcher's request queued before its stop was answered can
+            # leave on its own connection just after the answer, in one virtual instant.
+            return
         for member in members:
             alongside = []
             for other in self._members.values():
