@@ -162,6 +162,13 @@ class SimulatedConsumer:
         return self.session_timeout_ms / 1000
 
     @property
+    def last_request_at(self) -> float:
+        """Where its lease runs from (the library's ``last_heard``): when it queued the latest
+        frame a coordinator request named as received (-inf: none yet)."""
+        heard = None if self.consumer is None else self.consumer.last_heard
+        return -math.inf if heard is None else heard
+
+    @property
     def lease_end(self) -> float:
         """When its lease runs out, as its machine counts it (-inf: it holds none)."""
         if self.consumer is None:
@@ -408,15 +415,24 @@ class SimulatedConsumer:
         self.fetching_state.value = True
 
     async def _revoked(self, revoked: frozenset[TopicPartition]) -> None:
-        now = trio.current_time()
+        now = self._fetched_until()
         for tp in sorted(revoked):
             self._leased.discard(tp)
             self.cluster.ledger.ended(self.group_id, self.consumer_id, tp, now)
 
+    def _fetched_until(self) -> float:
+        """Now, or the end of its lease if that came first: its fetchers check the lease before
+        every request, so they fetch nothing past it even when the timer that stops them fires
+        late (a clock jump: ``SimulatedCluster.pause_coordinator``)."""
+        now = trio.current_time()
+        if self.consumer is None or self.consumer.last_heard is None:
+            return now
+        return min(now, self.consumer.last_heard + self.session_timeout)
+
     def _end(self) -> None:
         """The process ends: the fetch leases it held end with it."""
         self._ended = True
-        now = trio.current_time()
+        now = self._fetched_until()
         for tp in sorted(self._leased):
             self.cluster.ledger.ended(self.group_id, self.consumer_id, tp, now)
         self._leased.clear()
