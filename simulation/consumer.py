@@ -395,13 +395,18 @@ class SimulatedConsumer:
             if self._gave_up() or self.fenced:
                 self._ready.set()
                 self.cluster.nursery.start_soon(consumer.aclose)
-        fetching = self._state is ConsumerState.FETCHING or (
-            self._state in (ConsumerState.REDISCOVERING, ConsumerState.REREGISTERING)
-            and bool(self._leased)
-        )
         if self.fenced:
             self.last_error = ErrorCode.FENCED_INSTANCE_ID
-        self.fetching_state.value = fetching
+        self._update_fetching(consumer)
+
+    def _update_fetching(self, consumer: Consumer) -> None:
+        """Whether it fetches, from its machine's state and what it still holds: read as soon as
+        either changes, so that no instant shows it fetching with nothing owned."""
+        state = consumer.state
+        self.fetching_state.value = state is ConsumerState.FETCHING or (
+            state in (ConsumerState.REDISCOVERING, ConsumerState.REREGISTERING)
+            and bool(self._leased)
+        )
 
     async def _assigned(self, added: frozenset[TopicPartition]) -> None:
         assert self.consumer is not None
@@ -419,6 +424,9 @@ class SimulatedConsumer:
         for tp in sorted(revoked):
             self._leased.discard(tp)
             self.cluster.ledger.ended(self.group_id, self.consumer_id, tp, now)
+        if self.consumer is not None:
+            # Stopped before the machine's other effects (a close) are performed.
+            self._update_fetching(self.consumer)
 
     def _fetched_until(self) -> float:
         """Now, or the end of its lease if that came first: its fetchers check the lease before

@@ -57,8 +57,11 @@ async def test_a_silent_consumer_dies_two_thirds_t_after_its_unanswered_ping(
             if i.consumer_id == "b" and i.partition in a_partitions
         }
         assert starts == dict.fromkeys(a_partitions, 18.5)
-        await a.fetching_state.wait_value(False)  # a resumes, finds its lease expired, stops
-        assert trio.current_time() == 70.5
+        # a's fetchers stopped at its lease's end, frozen or not (its timers run on): it fetches
+        # nothing by the time b starts
+        assert not a.fetching
+        # (its own count: the Ping of 10.0 named its answer to the Ping of 8.0, so 8.0 + T)
+        assert {i.end for i in cluster.ledger.closed if i.consumer_id == "a"} == {14.0}
         cluster.ledger.check()
 
 
@@ -123,10 +126,11 @@ async def test_a_paused_consumer_stops_itself_its_commit_is_refused_and_it_rejoi
         generation = a.generation
         a.freeze(20)
         await a.fetching_state.wait_value(False)
-        assert trio.current_time() == 30.5  # it stops as soon as it resumes
+        assert trio.current_time() == 14.0  # its lease's end: its timers run on while frozen
         a_leases = [i for i in cluster.ledger.closed if i.consumer_id == "a"]
         # The Ping of 10.0 named a's answer to the Ping of 8.0: its lease ran to 8.0 + T.
         assert {i.end for i in a_leases} == {14.0}
+        await trio.sleep_until(30.5)  # a thaws, long dead to the group
         # b has finished those records too since it took a's partitions at 18.5, so the refused
         # commit could not move anything: what it shows is the refusal itself.
         committed_before = dict(await cluster.coordinator.offsets.committed("g"))
