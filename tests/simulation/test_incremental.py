@@ -313,11 +313,11 @@ async def test_a_death_between_revoke_and_start_cancels_the_attempt_and_nothing_
     protocol: RebalanceProtocol, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """c answers each request 1 s late from 10.5 (it carries each out as it arrives; its frames
-    leave one after another, each 1 s after the one before). d joins at 10.5: attempt 2 revokes from c
-    (incremental: 5 alone; eager: everything from everyone). a is killed at 11.0, before c's
-    answer: attempt 2 is cancelled, c's late answer (11.5) is dropped, and attempt 3 runs for b,
-    c and d. What c was asked to stop stays c's until it says otherwise: it is given back to c,
-    which is not Stable, by a start."""
+    leave one after another, each 1 s after the one before). d joins at 10.5: attempt 2 revokes
+    from c (incremental: 5 alone; eager: everything from everyone). a is killed at 11.0, before
+    c's answer: attempt 2 is cancelled, c's late answer (11.5) is dropped, and attempt 3 runs
+    for b, c and d. What c was asked to stop stays c's until it says otherwise: it is given back
+    to c, which is not Stable, by a start."""
     async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         c = await _three(cluster)
         await trio.sleep_until(10.5)
