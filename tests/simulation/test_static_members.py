@@ -17,17 +17,18 @@ import trio.testing
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode, RegisterConsumerRequest, RegisterConsumerResponse
 from protocol.types import Subscription, TopicPartition, TopicStreams
-from simulation import SimulatedCluster, open_simulated_cluster
+from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from tests.support.protocols import under
-from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster, stand_in_options
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
 
 
-async def _static_trio(
-    cluster: SimulatedCluster, *, fetch_through_failover: bool = False
-) -> tuple[StandInConsumer, StandInConsumer, StandInConsumer]:
+Member = SimulatedConsumer | StandInConsumer
+
+
+async def _static_trio(cluster: SimulatedCluster) -> tuple[Member, Member, Member]:
     await cluster.create_topic("events", partitions=6)
     a, b, c = [
         await cluster.start_consumer(
@@ -35,7 +36,6 @@ async def _static_trio(
             group="g",
             topics={"events": 1},
             instance_id=name,
-            **stand_in_options(cluster, fetch_through_failover=fetch_through_failover),
         )
         for name in "abc"
     ]
@@ -47,13 +47,13 @@ async def _static_trio(
     return a, b, c
 
 
-def _handovers(*consumers: StandInConsumer) -> list[tuple[int, int]]:
+def _handovers(*consumers: Member) -> list[tuple[int, int]]:
     """The StopFetcher and StartFetcher requests each consumer carried out so far."""
     return [(consumer.stops_received, consumer.starts_received) for consumer in consumers]
 
 
 def _only_pinged_since_the_start(
-    *consumers: StandInConsumer, protocol: RebalanceProtocol = RebalanceProtocol.INCREMENTAL
+    *consumers: Member, protocol: RebalanceProtocol = RebalanceProtocol.INCREMENTAL
 ) -> None:
     """Under the incremental protocol nothing but Pings after the group formed; the eager one
     stops and starts everyone (it is measured beside it, docs/design.md#rebalance)."""
@@ -334,7 +334,7 @@ async def test_a_failover_keeps_the_static_members(
     taking office at 6.0: 6.0 + T + 0.5 = 12.5) is over. Under the incremental protocol b and
     c, which fetch through the failover and are adopted, are never stopped."""
     async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
-        a, b, c = await _static_trio(cluster, fetch_through_failover=True)
+        a, b, c = await _static_trio(cluster)
         mine = a.owned
         await trio.sleep_until(5.0)
         await a.stop()
