@@ -3,8 +3,9 @@ exact virtual times (docs/design.md#adoption-after-a-failover).
 
 T = 6 s throughout: Pings every 2 s, a lease of T after the frame a request names plus the 0.5 s
 margin on the coordinator's side. The coordinator restarts at 10.5 and is back at 11.5; its
-recovered lease ends at 11.5 + T + margin = 18.0. A consumer that lost its coordinator looks again
-T/3 = 2 s later, so both members are back at 12.5.
+recovered lease ends at 11.5 + T + margin = 18.0. A consumer that lost its coordinator looks for
+it at once, then at the failover pace while it is down, fetching on under its lease, so both
+members are back as it serves, at 11.5.
 """
 
 from pathlib import Path
@@ -25,15 +26,16 @@ from protocol import (
     OffsetCommitResponse,
 )
 from protocol.types import PartitionOffset
-from simulation import SimulatedCluster, open_simulated_cluster
+from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from tests.simulation.test_faults import ALL, CONFIG, _spans
 from tests.simulation.test_faults import _pair as _any_pair
 from tests.support.protocols import eager
-from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster, stand_in_options
 
 
-async def _pair(cluster: SimulatedCluster) -> tuple[StandInConsumer, StandInConsumer]:
-    return await _any_pair(cluster, fetch_through_failover=True)
+async def _pair(cluster: SimulatedCluster) -> tuple[SimulatedConsumer, SimulatedConsumer]:
+    a, b = await _any_pair(cluster)
+    assert isinstance(a, SimulatedConsumer) and isinstance(b, SimulatedConsumer)
+    return a, b
 
 
 async def _restart(cluster: SimulatedCluster) -> None:
@@ -126,19 +128,14 @@ async def test_a_record_that_gave_a_member_nothing_is_not_adopted(
 ) -> None:
     """Three members, two partitions: the record gives c nothing. Paused from 10.4 to 15.4, c
     lets its lease run out (at 14.0, T after the frame of 8.0) and so waits for a start. It
-    comes back at 17.4, within the recovered lease, under generation 1 holding nothing, as it
-    would if it still ran under that start: only a start tells it which, so the group rebalances
-    rather than adopt the record and leave c waiting for a start that never comes."""
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    comes back as it wakes (it looks for its coordinator at once), at 15.4, within the recovered
+    lease (to 18.0), under generation 1 holding nothing, as it would if it still ran under that
+    start: only a start tells it which, so the group rebalances rather than adopt the record and
+    leave c waiting for a start that never comes."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         await cluster.create_topic("events", partitions=2)
         a, b, c = [
-            await cluster.start_consumer(
-                name,
-                group="g",
-                topics={"events": 1},
-                **stand_in_options(cluster, fetch_through_failover=True),
-            )
-            for name in "abc"
+            await cluster.start_consumer(name, group="g", topics={"events": 1}) for name in "abc"
         ]
         with trio.fail_after(10):
             await cluster.wait_settled()
@@ -149,8 +146,9 @@ async def test_a_record_that_gave_a_member_nothing_is_not_adopted(
         await _restart(cluster)
         with trio.fail_after(20):
             await cluster.wait_settled()
-        # a and b came back at 12.5 holding their partitions; the group waited for c.
-        assert trio.current_time() == 17.4
+        # a and b came back as it served, at 11.5, holding their partitions; the group waited
+        # for c, back as it woke at 15.4.
+        assert trio.current_time() == pytest.approx(15.4)
         group = cluster.coordinator.groups["g"]
         assert (group.attempts, group.machine.generation) == (1, 2)
         assert c.started_generations == [1, 2] and c.fetching
@@ -200,23 +198,26 @@ async def test_a_record_written_before_its_starts_were_answered_is_not_adopted(
 async def test_a_consumer_abandoning_a_live_connection_while_fetching_is_not_taken_as_stopped(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(4.0)
         a.delay_delivery(2.5)  # the coordinator lives, but a hears nothing from it
         await trio.sleep_until(5.0)
         a.abandon_connection()  # gives up on it while still fetching: a reset, not a close
+
         with trio.fail_after(30):
             await cluster.wait_settled()
         cluster.ledger.check()  # a's partitions never had two owners
         # The coordinator read a reset at 5.0, not an end of stream: a's partitions stayed
         # leased (to 10.5: the Ping it sent a at 4.0, plus T and the margin), and the attempt
-        # of 5.0 for b alone waited. a came back at 7.0 still fetching them, adopted them, and
-        # so failed that attempt; after the backoff (T/3) the next one stopped both at 9.0 and
-        # gave each its own back.
-        assert trio.current_time() == 9.0
-        assert _spans(cluster, "a") == {(3.0, 9.0), (9.0, 9.0)}
+        # of 5.0 for b alone waited. a looked for its coordinator at once but heard nothing
+        # from it until the delay ended at 6.5 (not T/3 after 5.0, 7.0, as a consumer that
+        # waits before it looks again would): it came back then still fetching them, adopted
+        # them, and so failed that attempt; after the backoff (T/3) the next one stopped both
+        # at 8.5 and gave each its own back.
+        assert trio.current_time() == 8.5
+        assert _spans(cluster, "a") == {(3.0, 8.5), (8.5, 8.5)}
         assert cluster.coordinator.groups["g"].machine.generation == 3
         assert {"a": a.owned, "b": b.owned} == held
         await cluster.check_invariants(settled=True)
@@ -231,12 +232,7 @@ async def test_members_of_different_generations_are_adopted_each_under_its_own(
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         await trio.sleep_until(6.0)
-        c = await cluster.start_consumer(
-            "c",
-            group="g",
-            topics={"events": 1},
-            **stand_in_options(cluster, fetch_through_failover=True),
-        )
+        c = await cluster.start_consumer("c", group="g", topics={"events": 1})
         with trio.fail_after(10):
             await cluster.wait_settled()
         # c gained; a and b each gave up a partition and were not started.
@@ -263,10 +259,17 @@ async def test_a_group_awaiting_its_members_after_a_failover_is_described_so_and
     """Between the new coordinator's load (11.5) and its members' return (12.5) the group was
     described Empty with no members, and a reset of its offsets was accepted, which the members'
     next reports then undid (issue 28). Now it is AwaitingMembers, naming the members its record
-    awaits with what they hold, and resets and deletes are refused with a retriable code."""
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    awaits with what they hold, and resets and deletes are refused with a retriable code.
+
+    Both members are paused from 10.4 to 12.5 through the failover: they would otherwise come
+    back as the new coordinator serves (they look for it at the failover pace while it is down),
+    closing the window in the instant it opens."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
+        await trio.sleep_until(10.4)
+        for consumer in (a, b):
+            consumer.freeze(2.1)
         await _restart(cluster)
         reset = OffsetCommitRequest(
             group_id="g",
@@ -294,7 +297,7 @@ async def test_a_group_awaiting_its_members_after_a_failover_is_described_so_and
         assert trio.current_time() == 11.5
         with trio.fail_after(20):
             await cluster.wait_settled()
-        assert trio.current_time() == 12.5
+        assert trio.current_time() == 12.5  # back as they woke, still fetching
         async with cluster.open_client() as admin:
             described = await admin.request(DescribeGroupRequest(group_id="g"))
             assert isinstance(described, DescribeGroupResponse)

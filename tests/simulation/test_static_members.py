@@ -17,17 +17,18 @@ import trio.testing
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from protocol import ErrorCode, RegisterConsumerRequest, RegisterConsumerResponse
 from protocol.types import Subscription, TopicPartition, TopicStreams
-from simulation import SimulatedCluster, open_simulated_cluster
+from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from tests.support.protocols import under
-from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster, stand_in_options
+from tests.support.standin_consumer import StandInConsumer, open_stand_in_cluster
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
 
 
-async def _static_trio(
-    cluster: SimulatedCluster, *, fetch_through_failover: bool = False
-) -> tuple[StandInConsumer, StandInConsumer, StandInConsumer]:
+Member = SimulatedConsumer | StandInConsumer
+
+
+async def _static_trio(cluster: SimulatedCluster) -> tuple[Member, Member, Member]:
     await cluster.create_topic("events", partitions=6)
     a, b, c = [
         await cluster.start_consumer(
@@ -35,7 +36,6 @@ async def _static_trio(
             group="g",
             topics={"events": 1},
             instance_id=name,
-            **stand_in_options(cluster, fetch_through_failover=fetch_through_failover),
         )
         for name in "abc"
     ]
@@ -47,13 +47,13 @@ async def _static_trio(
     return a, b, c
 
 
-def _handovers(*consumers: StandInConsumer) -> list[tuple[int, int]]:
+def _handovers(*consumers: Member) -> list[tuple[int, int]]:
     """The StopFetcher and StartFetcher requests each consumer carried out so far."""
     return [(consumer.stops_received, consumer.starts_received) for consumer in consumers]
 
 
 def _only_pinged_since_the_start(
-    *consumers: StandInConsumer, protocol: RebalanceProtocol = RebalanceProtocol.INCREMENTAL
+    *consumers: Member, protocol: RebalanceProtocol = RebalanceProtocol.INCREMENTAL
 ) -> None:
     """Under the incremental protocol nothing but Pings after the group formed; the eager one
     stops and starts everyone (it is measured beside it, docs/design.md#rebalance)."""
@@ -175,6 +175,8 @@ async def test_a_static_member_away_for_its_session_timeout_departs_and_the_grou
 async def test_leave_group_ends_a_static_member_at_once(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
+    """A static member that sends LeaveGroup is the tests' own stand-in: the library's consumer
+    sends none for a static member (its process is expected back, docs/design.md#static-members)."""
     async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b, c = await _static_trio(cluster)
         await trio.sleep_until(5.0)
@@ -238,7 +240,7 @@ async def test_a_paused_process_told_it_is_fenced_keeps_its_partitions_until_its
     of 5.0 renews its lease on the coordinator's count to 5.0 + T + 0.5 = 11.5, and the newer
     process starts only then; the paused one's own lease ended at 9.0 (it ran from its answer
     to the StartFetcher of 3.0, queued at 3.0, which the Ping of 4.0 named)."""
-    async with open_stand_in_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
         a, b, c = await _static_trio(cluster)
         mine = a.owned
         await trio.sleep_until(4.5)
@@ -253,10 +255,12 @@ async def test_a_paused_process_told_it_is_fenced_keeps_its_partitions_until_its
         _only_pinged_since_the_start(b, c, protocol=protocol)
         await cluster.check_invariants()
         # It wakes at 24.5 past its lease, finds its connection closed (at its StopFetcher's
-        # deadline, 9.0), and is refused FENCED_INSTANCE_ID when it registers again, T/3 later.
-        await trio.sleep_until(26.4)
+        # deadline, 9.0), looks for its coordinator at once and is refused FENCED_INSTANCE_ID
+        # when it registers again, at 24.5 (not T/3 later: the library's consumer registers
+        # again as soon as it finds a connection lost).
+        await trio.sleep_until(24.4)
         assert not a.fenced
-        await trio.sleep_until(26.6)
+        await trio.sleep_until(24.6)
         assert a.fenced and a.registrations == 1
         assert a.last_register_error is ErrorCode.FENCED_INSTANCE_ID
         await cluster.check_invariants(settled=True)
@@ -268,7 +272,10 @@ async def test_a_fenced_process_that_closes_cleanly_before_it_answers_frees_its_
     """Its clean close is the same proof as its StopFetcher answer (docs/design.md#static-members):
     a, which takes 2 s over each answer, is fenced at 5.0 and stops cleanly at 6.0 (its commit
     refused FENCED_INSTANCE_ID) before it answers; the newer process starts at 6.0, not at a's
-    lease end, 11.5."""
+    lease end, 11.5. a is the tests' own stand-in: the library's consumer answers a request in
+    the instant it carries it out, so its close only ever follows its answer on the connection
+    (a slow process's frames leave in order, the close last), and a paused process's close waits
+    for it to thaw even when it is killed."""
     async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, b, c = await _static_trio(cluster)
         mine = a.owned
@@ -291,20 +298,25 @@ async def test_a_fenced_process_that_closes_cleanly_before_it_answers_frees_its_
 async def test_a_late_commit_from_the_previous_process_cannot_move_an_offset_back(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """Hazard (c): each process is a new incarnation. The older one, paused since 4.5, wakes at
-    24.5 and commits the positions it had then; the newer one has reported further since 11.5.
-    The late commit is refused and the committed offsets stay the newer process's."""
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    """Hazard (c): each process is a new incarnation. The older one, paused since 4.5 having
+    consumed 5 records of each partition, wakes at 24.5 and commits the positions it had then;
+    the newer one has consumed 5 more and reported them since 11.5. The late commit is refused
+    and the committed offsets stay the newer process's."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, _b, _c = await _static_trio(cluster)
+        cluster.produce("events", records=5)
         await trio.sleep_until(4.5)
+        stale = dict(a.positions)  # what it had when it paused
+        assert set(stale) == a.owned and set(stale.values()) == {5}
         a.freeze(20.0)
         await trio.sleep_until(5.0)
         a2 = await cluster.restart_consumer(a, "a-2", end="keep")
+        await trio.sleep_until(12.0)
+        cluster.produce("events", records=5)
         await trio.sleep_until(24.5)
-        stale = dict(a.positions)
         committed = dict(await cluster.coordinator.offsets.committed("g"))
-        assert all(committed[tp] > offset for tp, offset in stale.items())
-        assert await a.commit() is ErrorCode.FENCED_INSTANCE_ID
+        assert all(committed[tp] == 10 > offset for tp, offset in stale.items())
+        assert await a.commit(positions=stale) is ErrorCode.FENCED_INSTANCE_ID
         await trio.sleep_until(26.0)
         after = await cluster.coordinator.offsets.committed("g")
         assert all(after[tp] >= committed[tp] > stale[tp] for tp in stale)
@@ -322,7 +334,7 @@ async def test_a_failover_keeps_the_static_members(
     taking office at 6.0: 6.0 + T + 0.5 = 12.5) is over. Under the incremental protocol b and
     c, which fetch through the failover and are adopted, are never stopped."""
     async with open_simulated_cluster(tmp_path, under(protocol, CONFIG)) as cluster:
-        a, b, c = await _static_trio(cluster, fetch_through_failover=True)
+        a, b, c = await _static_trio(cluster)
         mine = a.owned
         await trio.sleep_until(5.0)
         await a.stop()
@@ -395,15 +407,16 @@ async def test_a_partition_given_to_a_member_away_is_not_freed_by_its_return_aft
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """Under the eager protocol: s (static) and x (dynamic) fetch through lost connections. s's
-    connection breaks at 10.5 (away); x's at 11.0 (departed), so the group, with no live member
-    left, gives x's partitions to s, away, and writes that record at 11.0. The coordinator
+    connection breaks at 10.5 as it pauses for 2 s (away); x's at 11.0 as it pauses for 2 s
+    (departed), so the group, with no live member left, gives x's partitions to s, away, and
+    writes that record at 11.0. The coordinator
     restarts at 11.25 and takes office again at 11.75. s, back at 12.5 under its generation 1,
     never held x's partitions, so its word cannot free them: the record names s under the
     attempt's generation (docs/design.md#static-members), and they stay leased (until 11.75 +
     T + margin = 18.25) until x, back at 13.0 still fetching them, adopts them; the attempt of
     15.0 stops both and starts them again. A record that named s under generation 1 let s's
     registration free them at 12.5 and start them on s while x still fetched them."""
-    async with open_stand_in_cluster(tmp_path, under(RebalanceProtocol.EAGER, CONFIG)) as cluster:
+    async with open_simulated_cluster(tmp_path, under(RebalanceProtocol.EAGER, CONFIG)) as cluster:
         await cluster.create_topic("events", partitions=6)
         s, x = [
             await cluster.start_consumer(
@@ -411,7 +424,6 @@ async def test_a_partition_given_to_a_member_away_is_not_freed_by_its_return_aft
                 group="g",
                 topics={"events": 1},
                 instance_id="s" if name == "s-1" else None,
-                **stand_in_options(cluster, fetch_through_failover=True),
             )
             for name in ("s-1", "x")
         ]
@@ -419,9 +431,13 @@ async def test_a_partition_given_to_a_member_away_is_not_freed_by_its_return_aft
             await cluster.wait_settled()
         assert trio.current_time() == 3.0
         theirs = x.owned
+        # Each is paused 2 s as its connection breaks, so it is away that long (the library's
+        # consumer would otherwise register again at once): s until 12.5, x until 13.0.
         await trio.sleep_until(10.5)
+        s.freeze(2.0)
         s.drop_connection()
         await trio.sleep_until(11.0)
+        x.freeze(2.0)
         x.drop_connection()
         await trio.sleep_until(11.25)
         record = (await cluster.store.groups())["g"]
