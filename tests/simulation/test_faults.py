@@ -153,27 +153,36 @@ async def test_a_request_that_arrives_when_its_answer_cannot_still_renews_the_le
 async def test_a_restarted_coordinator_frees_at_once_what_re_registered_members_no_longer_fetch(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    """The coordinator is down from 10.5 past a's and b's leases (the Ping of 10.0 named their
+    answers to the Ping of 8.0: both stop fetching at 14.0, docs/design.md#ownership-lease), so
+    they come back holding nothing, which frees their partitions at once, long before the
+    recovered record's lease (15.0 + T + margin)."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
+        cluster.produce("events", records=4)
         await trio.sleep_until(10.5)
         await cluster.check_invariants()
         committed = dict(await cluster.coordinator.offsets.committed("g"))
-        assert committed and all(offset == 4 for offset in committed.values())  # 4 Pings
+        assert committed and all(offset == 4 for offset in committed.values())
         before = cluster.coordinator
-        with trio.fail_after(5):
-            await cluster.restart_coordinator(down_for=1.0)
+        with trio.fail_after(10):
+            await cluster.restart_coordinator(down_for=4.5)
         assert cluster.coordinator is not before
-        assert trio.current_time() == 11.5
-        assert not a.fetching and not b.fetching  # both saw the connection close at 10.5
+        assert trio.current_time() == 15.0
+        assert not a.fetching and not b.fetching  # their leases ran out at 14.0
+        assert {i.end for i in cluster.ledger.closed} == {14.0}
         assert await cluster.coordinator.offsets.committed("g") == committed
         assert cluster.coordinator.groups["g"].machine.generation == 1  # recovered
         with trio.fail_after(20):
             await cluster.wait_settled()
-        # Both re-registered at 12.5 under generation 1, the recovered record's, holding
-        # nothing: their partitions need no lease wait, and a recovered group has no initial
-        # delay: it decides once the members its record names are back.
-        assert trio.current_time() == 12.5
+        # Both looked for their coordinator at the failover pace under their leases, then, once
+        # these ran out at 14.0, at once and after the library's backoff (0.1 s, doubling): 14.1,
+        # 14.3, 14.7 found it down, 15.5 found it serving. They re-registered then under
+        # generation 1, the recovered record's, holding nothing: their partitions need no lease
+        # wait, and a recovered group has no initial delay: it decides once the members its
+        # record names are back.
+        assert trio.current_time() == pytest.approx(15.5)
         assert a.generation == b.generation == 2
         # The recovered assignment was the sticky assignor's start: each got its own back.
         assert {"a": a.owned, "b": b.owned} == held
@@ -206,7 +215,7 @@ async def test_a_restarted_coordinator_waits_out_the_lease_of_a_member_that_does
 async def test_a_recovered_group_waits_for_a_member_back_late_holding_nothing(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(10.4)
@@ -216,11 +225,12 @@ async def test_a_recovered_group_waits_for_a_member_back_late_holding_nothing(
             await cluster.restart_coordinator(down_for=1.0)
         with trio.fail_after(20):
             await cluster.wait_settled()
-        # a re-registered at 12.5; the recovered group waited for b, whom its record names, at
-        # most until the record's lease (18.0): b resumed at 14.4, found its connection closed,
-        # and re-registered at 16.4 holding nothing (its lease had run out), freeing its
-        # partitions: one attempt, for both, at 16.4.
-        assert trio.current_time() == 16.4
+        # a, looking at the failover pace, re-registered as the coordinator served (11.5); the
+        # recovered group waited for b, whom its record names, at most until the record's lease
+        # (18.0): b resumed at 14.4, found its connection closed and looked for its coordinator
+        # at once, re-registering at 14.4 holding nothing (its lease had run out at 14.0),
+        # freeing its partitions: one attempt, for both, at 14.4.
+        assert trio.current_time() == 14.4
         group = cluster.coordinator.groups["g"]
         assert (group.attempts, group.machine.generation) == (1, 2)
         assert {"a": a.owned, "b": b.owned} == held
