@@ -184,8 +184,12 @@ async def test_a_failing_committer_ends_the_coordinator(
     """The committer is shared by every group: its failure is the process's (a deposed
     coordinator's write here), not any group's."""
     with pytest.raises(BaseExceptionGroup) as failure:
-        async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+        async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
             await _two_groups(cluster)
+            await trio.sleep_until(9.0)
+            # Consumed before the Ping of 10.0, which reports it: the committer has something
+            # to write at its next interval.
+            cluster.produce("events", records=1)
             await trio.sleep_until(10.5)
 
             async def deposed(
@@ -194,7 +198,8 @@ async def test_a_failing_committer_ends_the_coordinator(
                 raise Deposed("injected: deposed")
 
             monkeypatch.setattr(RecordingStore, "commit_offsets", deposed)
-            await trio.sleep_forever()
+            with trio.fail_after(10):  # a committer with nothing to write would never fail
+                await trio.sleep_forever()
     assert failure.value.subgroup(Deposed) is not None
     assert trio.current_time() == 11.0  # the committer's next interval
 
