@@ -27,7 +27,7 @@ from simulation import RecordingStore, SimulatedCluster, open_simulated_cluster
 from statemachine.consumer_group import Assignment, ConsumerGroup
 from statemachine.group import Effect, GroupMachine, GroupState, MemberDeparted
 from store import Deposed, OffsetBatch, StoreUnavailable
-from tests.support.standin_consumer import open_stand_in_cluster
+from tests.support.standin_consumer import StandInConsumer
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5)
 ALL = {TopicPartition(topic="events", partition=p) for p in range(6)}
@@ -207,12 +207,16 @@ async def test_a_failing_committer_ends_the_coordinator(
 async def test_a_member_that_refuses_every_stop_fetcher_dies_and_the_others_go_on(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
+    """c breaks the rules on purpose (it refuses every handover), which the library's consumer
+    never does: c is the tests' own stand-in."""
     config = CoordinatorConfig(initial_rebalance_delay=3.0, lease_margin=0.5, max_missed_pings=2)
-    async with open_stand_in_cluster(tmp_path, config) as cluster:
+    async with open_simulated_cluster(tmp_path, config) as cluster:
         await cluster.create_topic("events", partitions=6)
         a = await cluster.start_consumer("a", group="g", topics={"events": 1})
         b = await cluster.start_consumer("b", group="g", topics={"events": 1})
-        c = await cluster.start_consumer("c", group="g", topics={"events": 1}, rejoin=False)
+        c = await cluster.start_consumer(
+            "c", group="g", topics={"events": 1}, rejoin=False, member=StandInConsumer
+        )
         assert await cluster.wait_stable("g", members=3) == 1
         c_partitions = c.owned
         await trio.sleep_until(10.5)
