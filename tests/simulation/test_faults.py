@@ -394,14 +394,15 @@ async def test_a_ping_delayed_past_the_margin_then_cut_off_does_not_outlast_the_
 async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_lease(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """c joins at 13.0 and the rebalance stops a, b and c; a takes a second over its answer, so
-    StartFetcher goes out at 14.0, after a's StopFetcher answer. a's is held in the network until
-    15.5, and a's own bytes are held from 15.0 on, so its answer never comes: a is dead at the
-    StartFetcher's deadline (18.0) and its partitions start elsewhere at 14.0 + T + 0.5 = 20.5.
-    a, which fetches through a lost connection, registers again at 20.0, but the coordinator
-    hears it only at 25.0. Counted from its arrival, a's lease would run to 21.5; the
-    StartFetcher names a's StopFetcher answer, queued at 14.0, so it runs to 20.0."""
-    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
+    """c joins at 13.0 and the rebalance stops a, b and c; a stops at once and queues its
+    answer at 13.0, but takes a second over sending it, so StartFetcher goes out at 14.0, after
+    a's StopFetcher answer. a's is held in the network until 15.5, and a's own bytes are held
+    from 15.0 on, so its answer never comes: a is dead at the StartFetcher's deadline (18.0) and
+    its partitions start elsewhere at 14.0 + T + 0.5 = 20.5. Counted from its arrival, a's
+    lease would run to 21.5; the StartFetcher names a's StopFetcher answer, which a's code
+    queued at 13.0 (a frame is dated when the process queued it, however long a slow process
+    keeps it), so it runs to 19.0."""
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=True)
         await trio.sleep_until(12.9)
         a.answer_slowly(1.0)
@@ -410,7 +411,7 @@ async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_leas
         await trio.sleep_until(13.5)
         a.delay_delivery(2.0)
         await trio.sleep_until(14.5)
-        assert not a.fetching  # it answered StopFetcher at 14.0
+        assert not a.fetching  # it stopped at the StopFetcher, at 13.0
         a.answer_slowly(0.0)
         await trio.sleep_until(15.0)
         a.delay_delivery(10.0, to_consumer=False, to_broker=True)
@@ -420,7 +421,7 @@ async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_leas
         assert b.owned | c.owned == ALL
         await trio.sleep_until(24.9)
         await cluster.check_invariants()
-        assert _spans(cluster, "a") == {(3.0, 14.0), (15.5, 20.0)}
+        assert _spans(cluster, "a") == {(3.0, 13.0), (15.5, 19.0)}
         with trio.fail_after(30):
             await cluster.wait_settled()
         await cluster.check_invariants(settled=True)
