@@ -291,7 +291,12 @@ async def test_a_member_back_under_its_generation_before_a_start_it_missed_keeps
     a holds those partitions from then on (docs/design.md#adoption-after-a-failover), and a
     start waits for them no longer than for a stop. A coordinator that left them to the lease
     started them on b at 19.5, while a, renewed by the registration and its Pings, fetched them
-    until it carried out its next start at 20.5 (it answers 1 s late from 17.0)."""
+    until it carried out its next start at 20.5 (it answers 1 s late from 17.0).
+
+    The consumers are the tests' own stand-in, whose slowness delays carrying out each request:
+    the library's consumer carries a request out as soon as it reads it (only the frames it
+    sends leave late), so a would start the new partitions at 10.0 and never come back under
+    generation 1."""
     async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, _b = await _pair(cluster, fetch_through_failover=True)
         held = a.owned
@@ -324,7 +329,11 @@ async def test_a_member_back_during_the_stops_fails_the_attempt_though_its_lease
     renewed by this coordinator since its registration: the attempt fails rather than start them
     on a, and the next one stops b first (docs/design.md#adoption-after-a-failover). Going on to
     the starts, the group would have its start refused by the ownership table and be rebuilt,
-    every member's connection closed."""
+    every member's connection closed.
+
+    The consumers are the tests' own stand-in, whose slowness delays carrying out each request:
+    the library's consumer carries a request out as soon as it reads it (only the frames it
+    sends leave late), so b would stop at once and never come back holding its partitions."""
     async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=True)
         held = b.owned
