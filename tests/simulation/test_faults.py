@@ -1,8 +1,10 @@
 """The faults a test can choose, each on the autojump clock with exact virtual times.
 
-T = 6 s throughout: Pings every 2 s, each due within 4 s, one miss kills, a silent member's
-partitions wait out its lease plus 0.5 s, and a consumer that lost its coordinator waits T/3 = 2 s
-before it rediscovers it.
+T = 6 s throughout: Pings every 2 s, each due within 4 s, one miss kills, and a silent member's
+partitions wait out its lease plus 0.5 s. A consumer that lost its coordinator fetches on under
+its lease and looks for it at once, then at the failover pace (50 ms) while its lease lasts and at
+the library's backoff (0.1 s, doubling) after; the tests' own stand-in, kept where a test needs
+its slow handling of requests, waits T/3 = 2 s first.
 """
 
 from pathlib import Path
