@@ -1,8 +1,10 @@
 """The faults a test can choose, each on the autojump clock with exact virtual times.
 
-T = 6 s throughout: Pings every 2 s, each due within 4 s, one miss kills, a silent member's
-partitions wait out its lease plus 0.5 s, and a consumer that lost its coordinator waits T/3 = 2 s
-before it rediscovers it.
+T = 6 s throughout: Pings every 2 s, each due within 4 s, one miss kills, and a silent member's
+partitions wait out its lease plus 0.5 s. A consumer that lost its coordinator fetches on under
+its lease and looks for it at once, then at the failover pace (50 ms) while its lease lasts and at
+the library's backoff (0.1 s, doubling) after; the tests' own stand-in, kept where a test needs
+its slow handling of requests, waits T/3 = 2 s first.
 """
 
 from pathlib import Path
@@ -153,27 +155,36 @@ async def test_a_request_that_arrives_when_its_answer_cannot_still_renews_the_le
 async def test_a_restarted_coordinator_frees_at_once_what_re_registered_members_no_longer_fetch(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    """The coordinator is down from 10.5 past a's and b's leases (the Ping of 10.0 named their
+    answers to the Ping of 8.0: both stop fetching at 14.0, docs/design.md#ownership-lease), so
+    they come back holding nothing, which frees their partitions at once, long before the
+    recovered record's lease (15.0 + T + margin)."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
+        cluster.produce("events", records=4)
         await trio.sleep_until(10.5)
         await cluster.check_invariants()
         committed = dict(await cluster.coordinator.offsets.committed("g"))
-        assert committed and all(offset == 4 for offset in committed.values())  # 4 Pings
+        assert committed and all(offset == 4 for offset in committed.values())
         before = cluster.coordinator
-        with trio.fail_after(5):
-            await cluster.restart_coordinator(down_for=1.0)
+        with trio.fail_after(10):
+            await cluster.restart_coordinator(down_for=4.5)
         assert cluster.coordinator is not before
-        assert trio.current_time() == 11.5
-        assert not a.fetching and not b.fetching  # both saw the connection close at 10.5
+        assert trio.current_time() == 15.0
+        assert not a.fetching and not b.fetching  # their leases ran out at 14.0
+        assert {i.end for i in cluster.ledger.closed} == {14.0}
         assert await cluster.coordinator.offsets.committed("g") == committed
         assert cluster.coordinator.groups["g"].machine.generation == 1  # recovered
         with trio.fail_after(20):
             await cluster.wait_settled()
-        # Both re-registered at 12.5 under generation 1, the recovered record's, holding
-        # nothing: their partitions need no lease wait, and a recovered group has no initial
-        # delay: it decides once the members its record names are back.
-        assert trio.current_time() == 12.5
+        # Both looked for their coordinator at the failover pace under their leases, then, once
+        # these ran out at 14.0, at once and after the library's backoff (0.1 s, doubling): 14.1,
+        # 14.3, 14.7 found it down, 15.5 found it serving. They re-registered then under
+        # generation 1, the recovered record's, holding nothing: their partitions need no lease
+        # wait, and a recovered group has no initial delay: it decides once the members its
+        # record names are back.
+        assert trio.current_time() == pytest.approx(15.5)
         assert a.generation == b.generation == 2
         # The recovered assignment was the sticky assignor's start: each got its own back.
         assert {"a": a.owned, "b": b.owned} == held
@@ -206,7 +217,7 @@ async def test_a_restarted_coordinator_waits_out_the_lease_of_a_member_that_does
 async def test_a_recovered_group_waits_for_a_member_back_late_holding_nothing(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         a, b = await _pair(cluster)
         held = {"a": a.owned, "b": b.owned}
         await trio.sleep_until(10.4)
@@ -216,11 +227,12 @@ async def test_a_recovered_group_waits_for_a_member_back_late_holding_nothing(
             await cluster.restart_coordinator(down_for=1.0)
         with trio.fail_after(20):
             await cluster.wait_settled()
-        # a re-registered at 12.5; the recovered group waited for b, whom its record names, at
-        # most until the record's lease (18.0): b resumed at 14.4, found its connection closed,
-        # and re-registered at 16.4 holding nothing (its lease had run out), freeing its
-        # partitions: one attempt, for both, at 16.4.
-        assert trio.current_time() == 16.4
+        # a, looking at the failover pace, re-registered as the coordinator served (11.5); the
+        # recovered group waited for b, whom its record names, at most until the record's lease
+        # (18.0): b resumed at 14.4, found its connection closed and looked for its coordinator
+        # at once, re-registering at 14.4 holding nothing (its lease had run out at 14.0),
+        # freeing its partitions: one attempt, for both, at 14.4.
+        assert trio.current_time() == 14.4
         group = cluster.coordinator.groups["g"]
         assert (group.attempts, group.machine.generation) == (1, 2)
         assert {"a": a.owned, "b": b.owned} == held
@@ -281,7 +293,12 @@ async def test_a_member_back_under_its_generation_before_a_start_it_missed_keeps
     a holds those partitions from then on (docs/design.md#adoption-after-a-failover), and a
     start waits for them no longer than for a stop. A coordinator that left them to the lease
     started them on b at 19.5, while a, renewed by the registration and its Pings, fetched them
-    until it carried out its next start at 20.5 (it answers 1 s late from 17.0)."""
+    until it carried out its next start at 20.5 (it answers 1 s late from 17.0).
+
+    The consumers are the tests' own stand-in, whose slowness delays carrying out each request:
+    the library's consumer carries a request out as soon as it reads it (only the frames it
+    sends leave late), so a would start the new partitions at 10.0 and never come back under
+    generation 1."""
     async with open_stand_in_cluster(tmp_path, CONFIG) as cluster:
         a, _b = await _pair(cluster, fetch_through_failover=True)
         held = a.owned
@@ -314,7 +331,11 @@ async def test_a_member_back_during_the_stops_fails_the_attempt_though_its_lease
     renewed by this coordinator since its registration: the attempt fails rather than start them
     on a, and the next one stops b first (docs/design.md#adoption-after-a-failover). Going on to
     the starts, the group would have its start refused by the ownership table and be rebuilt,
-    every member's connection closed."""
+    every member's connection closed.
+
+    The consumers are the tests' own stand-in, whose slowness delays carrying out each request:
+    the library's consumer carries a request out as soon as it reads it (only the frames it
+    sends leave late), so b would stop at once and never come back holding its partitions."""
     async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=True)
         held = b.owned
@@ -384,14 +405,15 @@ async def test_a_ping_delayed_past_the_margin_then_cut_off_does_not_outlast_the_
 async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_lease(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """c joins at 13.0 and the rebalance stops a, b and c; a takes a second over its answer, so
-    StartFetcher goes out at 14.0, after a's StopFetcher answer. a's is held in the network until
-    15.5, and a's own bytes are held from 15.0 on, so its answer never comes: a is dead at the
-    StartFetcher's deadline (18.0) and its partitions start elsewhere at 14.0 + T + 0.5 = 20.5.
-    a, which fetches through a lost connection, registers again at 20.0, but the coordinator
-    hears it only at 25.0. Counted from its arrival, a's lease would run to 21.5; the
-    StartFetcher names a's StopFetcher answer, queued at 14.0, so it runs to 20.0."""
-    async with open_stand_in_cluster(tmp_path, eager(CONFIG)) as cluster:
+    """c joins at 13.0 and the rebalance stops a, b and c; a stops at once and queues its
+    answer at 13.0, but takes a second over sending it, so StartFetcher goes out at 14.0, after
+    a's StopFetcher answer. a's is held in the network until 15.5, and a's own bytes are held
+    from 15.0 on, so its answer never comes: a is dead at the StartFetcher's deadline (18.0) and
+    its partitions start elsewhere at 14.0 + T + 0.5 = 20.5. Counted from its arrival, a's
+    lease would run to 21.5; the StartFetcher names a's StopFetcher answer, which a's code
+    queued at 13.0 (a frame is dated when the process queued it, however long a slow process
+    keeps it), so it runs to 19.0."""
+    async with open_simulated_cluster(tmp_path, eager(CONFIG)) as cluster:
         a, b = await _pair(cluster, fetch_through_failover=True)
         await trio.sleep_until(12.9)
         a.answer_slowly(1.0)
@@ -400,7 +422,7 @@ async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_leas
         await trio.sleep_until(13.5)
         a.delay_delivery(2.0)
         await trio.sleep_until(14.5)
-        assert not a.fetching  # it answered StopFetcher at 14.0
+        assert not a.fetching  # it stopped at the StopFetcher, at 13.0
         a.answer_slowly(0.0)
         await trio.sleep_until(15.0)
         a.delay_delivery(10.0, to_consumer=False, to_broker=True)
@@ -410,7 +432,7 @@ async def test_a_start_fetcher_delayed_past_the_margin_does_not_stretch_the_leas
         assert b.owned | c.owned == ALL
         await trio.sleep_until(24.9)
         await cluster.check_invariants()
-        assert _spans(cluster, "a") == {(3.0, 14.0), (15.5, 20.0)}
+        assert _spans(cluster, "a") == {(3.0, 13.0), (15.5, 19.0)}
         with trio.fail_after(30):
             await cluster.wait_settled()
         await cluster.check_invariants(settled=True)
