@@ -352,7 +352,7 @@ class OwnershipLedger:
         for member in members:
             self._fetching.add((member.group_id, member.consumer_id))
             self._expire(member, at)
-        if any(tp in member.permitted for member in members):
+        if any(member.permitted.get(tp, math.inf) <= at for member in members):
             return
         if any(
             w.member in members and w.partition == tp and w.start <= at <= w.end
