@@ -67,16 +67,26 @@ from .messages import (
     StartFetcherResponse,
     StopFetcherRequest,
     StopFetcherResponse,
+    TopicIdentity,
     TopicMetadata,
     error_response,
 )
 from .records import Record, decode_record, encode_record, record_size
-from .types import BrokerInfo, PartitionOffset, Subscription, TopicPartition, TopicStreams
+from .types import (
+    NO_TOPIC_ID,
+    BrokerInfo,
+    PartitionOffset,
+    Subscription,
+    TopicId,
+    TopicPartition,
+    TopicStreams,
+)
 
 __all__ = [
     "COORDINATOR_REQUESTS",
     "NEED_DATA",
     "NEWEST_VERSION",
+    "NO_TOPIC_ID",
     "REQUEST_TYPES",
     "RESPONSE_TYPES",
     "ApiKey",
@@ -145,6 +155,8 @@ __all__ = [
     "StopFetcherRequest",
     "StopFetcherResponse",
     "Subscription",
+    "TopicId",
+    "TopicIdentity",
     "TopicMetadata",
     "TopicPartition",
     "TopicStreams",

@@ -13,6 +13,7 @@ Errors are attributed here: anything wrong with bytes being decoded is the peer'
 from __future__ import annotations
 
 import struct
+import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -263,6 +264,21 @@ ERROR_CODE: Codec[ErrorCode] = Codec(
     fixed="h",
     from_int=ErrorCode.from_wire,
 )
+
+
+def _encode_uuid(w: bytearray, value: Any) -> None:
+    if not isinstance(value, uuid.UUID):
+        raise LocalProtocolError(f"expected a UUID, got {value!r}", ErrorCode.INVALID_REQUEST)
+    w += value.bytes
+
+
+def _decode_uuid(r: Reader) -> uuid.UUID:
+    pos = r.take(16)
+    return uuid.UUID(bytes=bytes(r.buf[pos : pos + 16]))
+
+
+#: Kafka's uuid: 16 bytes, most significant first (a topic id, KIP-516).
+UUID: Codec[uuid.UUID] = Codec("uuid", _encode_uuid, _decode_uuid, 16)
 
 
 def array(item: Codec[Any], *, nullable: bool = False) -> Codec[Any]:

@@ -61,6 +61,9 @@ class ErrorCode(enum.IntEnum):
     GROUP_MAX_SIZE_REACHED = 81
     FENCED_INSTANCE_ID = 82
     """A newer process registered under this member's instance id (static membership)."""
+    UNKNOWN_TOPIC_ID = 100
+    """A request named a topic id the topic of that name no longer has: the topic was deleted,
+    and perhaps created again, since the client learned the id (docs/design.md#topic-ids)."""
     INVALID_REGULAR_EXPRESSION = 128
     """A subscription pattern RE2 cannot compile, or longer than ``max_pattern_bytes``."""
 

@@ -23,7 +23,7 @@ from .codec import Codec, Int16, Int32, Int64
 from .errors import ErrorCode
 from .records import Record
 from .schema import since, struct_codec
-from .types import BrokerInfo, PartitionOffset, Subscription, TopicPartition
+from .types import NO_TOPIC_ID, BrokerInfo, PartitionOffset, Subscription, TopicId, TopicPartition
 
 
 class ApiKey(enum.IntEnum):
@@ -84,6 +84,14 @@ class TopicMetadata:
     topic: str
     error_code: ErrorCode
     partitions: tuple[PartitionMetadata, ...]
+
+
+@attrs.frozen(kw_only=True)
+class TopicIdentity:
+    """A topic's name and the id of the incarnation the sender means (docs/design.md#topic-ids)."""
+
+    topic: str
+    topic_id: TopicId
 
 
 @attrs.frozen(kw_only=True)
@@ -154,6 +162,10 @@ class FetchRequest:
     partition: Int32
     offset: Int64
     max_bytes: Int32
+    topic_id: TopicId = attrs.field(default=NO_TOPIC_ID, metadata=since(2))
+    """The incarnation of ``topic`` the consumer was started on: another one, or none, is
+    refused with UNKNOWN_TOPIC_ID instead of served. The zero id (and version 0 and 1): any
+    incarnation of the name."""
 
 
 @attrs.frozen(kw_only=True)
@@ -211,6 +223,8 @@ class ClusterMetadataResponse:
     slot_holders: tuple[Int32, ...] = attrs.field(default=(), metadata=since(1))
     """By slot number, the broker coordinating that slot's groups (-1: none now); its length is
     the cluster's coordinator slot count (docs/design.md#coordinator-slots)."""
+    topic_ids: tuple[TopicIdentity, ...] = attrs.field(default=(), metadata=since(2))
+    """The id of each topic in ``topics`` that exists."""
 
 
 # --- 4 REGISTER_CONSUMER ------------------------------------------------------------------------
@@ -318,6 +332,9 @@ class StartFetcherRequest:
     """True: ``streams`` is still the whole assignment, but a partition the consumer already
     fetches goes on without a stop (SPEC.md §11.6). False, and in versions 0 and 1: the
     assignment is replaced, every fetcher stopped and started again."""
+    topic_ids: tuple[TopicIdentity, ...] = attrs.field(default=(), metadata=since(3))
+    """The incarnation of each topic in ``streams``: the consumer fetches with these ids, so a
+    broker refuses it the log of a topic deleted and created again since (SPEC.md §11.12)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -620,14 +637,14 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
     {key: 0 for key in ApiKey}
     | {
         ApiKey.PRODUCE: 1,
-        ApiKey.CLUSTER_METADATA: 1,
-        ApiKey.FETCH: 1,
+        ApiKey.CLUSTER_METADATA: 2,
+        ApiKey.FETCH: 2,
         ApiKey.REGISTER_CONSUMER: 2,
         ApiKey.CREATE_TOPIC: 1,
         ApiKey.CREATE_PARTITIONS: 1,
         ApiKey.PING: 1,
         ApiKey.STOP_FETCHER: 2,
-        ApiKey.START_FETCHER: 2,
+        ApiKey.START_FETCHER: 3,
         ApiKey.DESCRIBE_GROUP: 3,
     }
 )

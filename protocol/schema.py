@@ -8,7 +8,8 @@ cannot be encoded in one order and decoded in another.
 Type annotation -> wire type:
 
 * ``Annotated[int, codec]`` (``Int8`` .. ``Int64`` from :mod:`protocol.codec`) -> that codec;
-* ``bool``, ``str``, ``bytes``, ``ErrorCode`` (int16), ``Record`` -> their primitive codec;
+* ``bool``, ``str``, ``bytes``, ``ErrorCode`` (int16), ``Record``, ``uuid.UUID`` (16 bytes) -> their
+  primitive codec;
 * ``str | None``, ``bytes | None`` -> the nullable form (length -1);
 * ``tuple[X, ...]`` -> array of X; ``tuple[X, ...] | None`` -> nullable array (count -1);
 * another attrs class -> its fields, inline, recursively.
@@ -31,6 +32,7 @@ import linecache
 import struct
 import types
 import typing
+import uuid
 from typing import Annotated, Any, NoReturn, TypeVar, Union
 
 import attrs
@@ -44,6 +46,7 @@ from .codec import (
     NULLABLE_BYTES,
     NULLABLE_STRING,
     STRING,
+    UUID,
     Codec,
     Decoder,
     Encoder,
@@ -71,6 +74,7 @@ _LEAVES: dict[Any, Codec[Any]] = {
     bytes: BYTES,
     ErrorCode: ERROR_CODE,
     Record: RECORD,
+    uuid.UUID: UUID,
 }
 _NULLABLE_LEAVES: dict[Any, Codec[Any]] = {str: NULLABLE_STRING, bytes: NULLABLE_BYTES}
 

@@ -4,6 +4,7 @@ the assignors and the metadata store all speak, so that none of them translates 
 from __future__ import annotations
 
 import functools
+import uuid
 
 import attrs
 import re2
@@ -29,6 +30,15 @@ def compile_pattern(pattern: str) -> re2._Regexp:
         return re2.compile(pattern, _RE2_OPTIONS)
     except re2.error as exc:
         raise InvalidPattern(f"{exc}") from None
+
+
+#: A topic's identity beyond its name (Kafka's KIP-516): given when the topic is created and never
+#: again, so that a topic deleted and created again under its name is another topic, whose
+#: records and offsets nothing confuses with the old one's (docs/design.md#topic-ids).
+TopicId = uuid.UUID
+
+#: The id no topic has: "any incarnation of the name", from a peer that names topics only by name.
+NO_TOPIC_ID: TopicId = uuid.UUID(int=0)
 
 
 @attrs.frozen(kw_only=True, order=True)

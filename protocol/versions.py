@@ -29,6 +29,7 @@ from .messages import (
     ApiKey,
     RegisterConsumerRequest,
     RequestMessage,
+    StartFetcherRequest,
 )
 
 __all__ = ["IMPLIED", "PeerVersions", "Refusal", "fit", "negotiate"]
@@ -156,9 +157,14 @@ M = TypeVar("M", bound=RequestMessage)
 
 def fit(message: M, version: int) -> M:
     """``message`` as version ``version`` carries it: ``acknowledged_frames``, which an older
-    version lacks, becomes -1 (SPEC.md §1: not given, renews nothing). Every other field the
-    version lacks must already hold its default, or the Connection refuses to send it: dropping
-    it would change what the request means."""
+    version lacks, becomes -1 (SPEC.md §1: not given, renews nothing), and StartFetcher's
+    ``topic_ids`` are left out before version 3 (SPEC.md §11.12). Every other field the version
+    lacks must already hold its default, or the Connection refuses to send it: dropping it would
+    change what the request means."""
     if version < 1 and getattr(message, "acknowledged_frames", -1) != -1:
-        return attrs.evolve(message, acknowledged_frames=-1)  # type: ignore[arg-type]
+        message = attrs.evolve(message, acknowledged_frames=-1)  # type: ignore[arg-type]
+    if isinstance(message, StartFetcherRequest) and version < 3 and message.topic_ids:
+        # A consumer before version 3 fetches by name alone: docs/design.md#topic-ids says
+        # what it is promised when a topic it reads is created again.
+        message = attrs.evolve(message, topic_ids=())
     return message

@@ -14,7 +14,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from protocol.sasl import ScramCredential
-from protocol.types import ConsumerThread, Subscription, TopicPartition, TopicStreams
+from protocol.types import (
+    NO_TOPIC_ID,
+    ConsumerThread,
+    Subscription,
+    TopicId,
+    TopicPartition,
+    TopicStreams,
+)
 from statemachine.acl import Acl, Operation, ResourceType
 
 from .interface import GroupRecord, MemberRecord, TopicPlacement
@@ -40,9 +47,13 @@ def encode_placement(placement: TopicPlacement) -> dict[str, int]:
     return {str(partition): broker for partition, broker in enumerate(placement.brokers)}
 
 
-def decode_placement(topic: str, value: Mapping[str, Any]) -> TopicPlacement:
+def decode_placement(
+    topic: str, value: Mapping[str, Any], topic_id: TopicId = NO_TOPIC_ID
+) -> TopicPlacement:
+    """``topic_id`` NO_TOPIC_ID: a placement written before topics had ids, which its store gives
+    one before publishing it."""
     brokers = [int(value[str(partition)]) for partition in range(len(value))]
-    return TopicPlacement(topic=topic, brokers=tuple(brokers))
+    return TopicPlacement(topic=topic, brokers=tuple(brokers), topic_id=topic_id)
 
 
 def _encode_subscription(subscription: Subscription) -> dict[str, Any]:

@@ -31,6 +31,7 @@ import math
 import os
 import pathlib
 import types
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ import trio
 import trio_util
 
 from protocol.sasl import ScramCredential
-from protocol.types import BrokerInfo, TopicPartition
+from protocol.types import NO_TOPIC_ID, BrokerInfo, TopicPartition
 from statemachine.acl import Acl
 
 from .durable import replace_atomically
@@ -139,7 +140,7 @@ class EmbeddedStore:
             raise TopicExists(topic)
         if not brokers:
             raise InvalidPartitions(f"topic {topic!r} needs at least one partition")
-        return self._place(TopicPlacement(topic=topic, brokers=brokers))
+        return self._place(TopicPlacement(topic=topic, brokers=brokers, topic_id=uuid.uuid4()))
 
     async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
         await self._enter()
@@ -148,7 +149,7 @@ class EmbeddedStore:
             raise UnknownTopic(topic)
         if not brokers:
             raise InvalidPartitions(f"no partitions to add to topic {topic!r}")
-        return self._place(TopicPlacement(topic=topic, brokers=current.brokers + tuple(brokers)))
+        return self._place(attrs.evolve(current, brokers=current.brokers + tuple(brokers)))
 
     async def delete_topic(self, topic: str) -> None:
         await self._enter()
@@ -353,7 +354,7 @@ def _load(data_dir: pathlib.Path, compact_after_bytes: int) -> EmbeddedStore:
         raise
     topics: TopicsView = types.MappingProxyType(dict(state.topics))
     floor = max(compact_after_bytes, snapshot_size)
-    return EmbeddedStore(
+    store = EmbeddedStore(
         data_dir=data_dir,
         lock_fd=lock_fd,
         journal=journal,
@@ -363,6 +364,13 @@ def _load(data_dir: pathlib.Path, compact_after_bytes: int) -> EmbeddedStore:
         topics=topics,
         topic_watch=trio_util.AsyncValue(topics),
     )
+    # Topics of a store written before topics had ids get theirs now, once and durably, before
+    # anyone reads them (docs/design.md#topic-ids).
+    for placement in list(state.topics.values()):
+        if placement.topic_id == NO_TOPIC_ID:
+            store._write(topic_entry(attrs.evolve(placement, topic_id=uuid.uuid4())))
+    store._publish_topics()
+    return store
 
 
 def _lock(lock_fd: int, data_dir: pathlib.Path) -> None:

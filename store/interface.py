@@ -20,7 +20,7 @@ from typing import Protocol
 import attrs
 
 from protocol.sasl import ScramCredential
-from protocol.types import BrokerInfo, TopicPartition
+from protocol.types import BrokerInfo, TopicId, TopicPartition
 from statemachine.acl import Acl
 from statemachine.records import GroupRecord, MemberRecord
 
@@ -62,11 +62,13 @@ class TopicPlacement:
 
     There is no replication (docs/design.md#placement), so a partition has exactly one home and the
     tuple's length is the partition count. On ZooKeeper it is the JSON map ``{"0": 1, ...}`` at
-    ``/brokers/topics/<topic>``.
+    ``/brokers/topics/<topic>``. ``topic_id`` names the incarnation (docs/design.md#topic-ids):
+    a store gives every topic it publishes one.
     """
 
     topic: str
     brokers: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    topic_id: TopicId
 
     @property
     def partition_count(self) -> int:

@@ -16,13 +16,14 @@ was computed against, which replay checks.
 from __future__ import annotations
 
 import types
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from protocol.sasl import ScramCredential
-from protocol.types import ConsumerThread, TopicPartition
+from protocol.types import NO_TOPIC_ID, ConsumerThread, TopicId, TopicPartition
 from statemachine.acl import Acl
 
 from .codec import (
@@ -55,7 +56,9 @@ __all__ = [
     "user_entry",
 ]
 
-SNAPSHOT_FORMAT = 1
+#: 1: topics without ids. 2: each topic's id (docs/design.md#topic-ids); a store of format 1
+#: gives its topics ids when it opens, and a broker reading only format 1 refuses format 2.
+SNAPSHOT_FORMAT = 2
 
 JsonObject = dict[str, Any]
 
@@ -65,7 +68,17 @@ OffsetTable = dict[str, dict[str, dict[int, tuple[int, int]]]]
 
 
 def topic_entry(placement: TopicPlacement) -> JsonObject:
-    return {"op": "topic", "topic": placement.topic, "placement": encode_placement(placement)}
+    return {
+        "op": "topic",
+        "topic": placement.topic,
+        "placement": encode_placement(placement),
+        "topic_id": str(placement.topic_id),
+    }
+
+
+def _topic_id(value: object) -> TopicId:
+    """An entry or snapshot of format 1 names no id: NO_TOPIC_ID, given one when the store opens."""
+    return NO_TOPIC_ID if value is None else uuid.UUID(str(value))
 
 
 def acls_entry(added: Sequence[Acl], removed: Sequence[Acl]) -> JsonObject:
@@ -190,7 +203,9 @@ class StoreState:
             self._apply_offsets(entry["batches"])
         elif op == "topic":
             topic = str(entry["topic"])
-            self.topics[topic] = decode_placement(topic, entry["placement"])
+            self.topics[topic] = decode_placement(
+                topic, entry["placement"], _topic_id(entry.get("topic_id"))
+            )
         elif op == "group":
             group = decode_group(entry["group"])
             self.groups[group.group_id] = group
@@ -289,7 +304,10 @@ class StoreState:
             "format": SNAPSHOT_FORMAT,
             "seq": self.seq,
             "last_epoch": self.last_epoch,
-            "topics": {topic: encode_placement(p) for topic, p in self.topics.items()},
+            "topics": {
+                topic: {"placement": encode_placement(p), "topic_id": str(p.topic_id)}
+                for topic, p in self.topics.items()
+            },
             "groups": {group_id: encode_group(g) for group_id, g in self.groups.items()},
             # group -> topic -> [[partition, offset, generation], ...]
             "offsets": {
@@ -308,12 +326,22 @@ class StoreState:
 
     @classmethod
     def from_snapshot(cls, value: Mapping[str, Any]) -> StoreState:
-        if value.get("format") != SNAPSHOT_FORMAT:
-            raise ValueError(f"unsupported snapshot format {value.get('format')!r}")
+        found = value.get("format")
+        if found not in (1, SNAPSHOT_FORMAT):
+            raise ValueError(
+                f"snapshot format {found!r}, this broker reads formats 1 to {SNAPSHOT_FORMAT}"
+            )
+        if found == 1:  # topics without ids
+            topics = {t: decode_placement(t, p) for t, p in value["topics"].items()}
+        else:
+            topics = {
+                t: decode_placement(t, p["placement"], _topic_id(p["topic_id"]))
+                for t, p in value["topics"].items()
+            }
         return cls(
             seq=int(value["seq"]),
             last_epoch=int(value["last_epoch"]),
-            topics={t: decode_placement(t, p) for t, p in value["topics"].items()},
+            topics=topics,
             groups={g: decode_group(r) for g, r in value["groups"].items()},
             offsets={
                 group_id: {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import types
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ import trio
 import trio_util
 
 from protocol.sasl import ScramCredential
+from protocol.types import NO_TOPIC_ID
 from statemachine.acl import Acl
 
 from .codec import (
@@ -125,7 +127,7 @@ class ZooKeeperStore(Cluster, Groups):
     async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
         if not brokers:
             raise InvalidPartitions(f"topic {topic!r} needs at least one partition")
-        placement = TopicPlacement(topic=topic, brokers=brokers)
+        placement = TopicPlacement(topic=topic, brokers=brokers, topic_id=NO_TOPIC_ID)
         try:
             await self._wait(
                 self._client.create_async(
@@ -135,7 +137,8 @@ class ZooKeeperStore(Cluster, Groups):
         except NodeExistsError:
             raise TopicExists(topic) from None
         await self._refresh_topics()
-        return placement
+        data, stat = await self._wait(self._client.get_async(topic_path(topic)))
+        return self._decode_placement(topic, data, stat)
 
     async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
         path = topic_path(topic)
@@ -146,8 +149,8 @@ class ZooKeeperStore(Cluster, Groups):
                 raise UnknownTopic(topic) from None
             if not brokers:
                 raise InvalidPartitions(f"no partitions to add to topic {topic!r}")
-            current = self._decode_placement(topic, data)
-            placement = TopicPlacement(topic=topic, brokers=current.brokers + tuple(brokers))
+            current = self._decode_placement(topic, data, stat)
+            placement = attrs.evolve(current, brokers=current.brokers + tuple(brokers))
             value = json_bytes(encode_placement(placement))
             try:
                 await self._wait(self._client.set_async(path, value, stat.version))
@@ -186,10 +189,10 @@ class ZooKeeperStore(Cluster, Groups):
         topics = {}
         for name, result in pending:
             try:
-                data, _stat = await self._wait(result)
+                data, stat = await self._wait(result)
             except NoNodeError:
                 continue  # deleted since it was listed
-            topics[name] = self._decode_placement(name, data)
+            topics[name] = self._decode_placement(name, data, stat)
         return types.MappingProxyType(topics)
 
     async def topic_updates(self) -> AsyncGenerator[Mapping[str, TopicPlacement], None]:
@@ -236,9 +239,10 @@ class ZooKeeperStore(Cluster, Groups):
     def _on_topics_watch(self, _event: object) -> None:
         self._bridge.soon(lambda: self._topics_wake.set())
 
-    def _decode_placement(self, topic: str, data: bytes) -> TopicPlacement:
+    def _decode_placement(self, topic: str, data: bytes, stat: Any) -> TopicPlacement:
+        # Interim: the topic node's creation zxid as its id, until the store keeps ids of its own.
         try:
-            return decode_placement(topic, self._decode(data))
+            return decode_placement(topic, self._decode(data), uuid.UUID(int=stat.czxid))
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreUnavailable(f"unreadable placement of topic {topic!r}: {exc}") from exc
 

@@ -8,6 +8,7 @@ every other such request instead of making one of its own (docs/limits.md).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 
 import attrs
@@ -27,7 +28,10 @@ BROKERS = (BrokerInfo(broker_id=1, host="b1", port=9092),)
 
 
 def _topics(count: int, partitions: int) -> dict[str, TopicPlacement]:
-    return {f"t{i}": TopicPlacement(topic=f"t{i}", brokers=(1,) * partitions) for i in range(count)}
+    return {
+        f"t{i}": TopicPlacement(topic=f"t{i}", brokers=(1,) * partitions, topic_id=uuid.uuid4())
+        for i in range(count)
+    }
 
 
 async def _answered_with_turns(
@@ -70,7 +74,7 @@ async def test_a_topic_is_answered_as_its_placement_is_now() -> None:
     for brokers in ((1, 1), (1, 1, 2), (2,)):
         answer = await cluster_metadata(
             message,
-            topics={"t0": TopicPlacement(topic="t0", brokers=brokers)},
+            topics={"t0": TopicPlacement(topic="t0", brokers=brokers, topic_id=uuid.uuid4())},
             brokers=BROKERS,
             coordinator_id=1,
             coordinator_epoch=1,
@@ -107,7 +111,7 @@ async def test_requests_for_an_unknown_topic_share_the_stores_reads(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask)  # begins a read at 0.0
         await trio.sleep(0.5)
-        store.topics_now["new"] = TopicPlacement(topic="new", brokers=(1,))
+        store.topics_now["new"] = TopicPlacement(topic="new", brokers=(1,), topic_id=uuid.uuid4())
         for _ in range(100):  # arrive while that read is in flight
             nursery.start_soon(ask)
     # The first read answers the request that began it; the hundred that came later share the

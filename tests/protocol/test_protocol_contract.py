@@ -29,19 +29,21 @@ CONTRACT = {
     "AssignedStream": "stream_id:string partitions:array[AssignedPartition]",
     "PartitionMetadata": "partition:int32 broker_id:int32",
     "TopicMetadata": "topic:string error_code:int16 partitions:array[PartitionMetadata]",
+    "TopicIdentity": "topic:string topic_id:uuid",
     "GroupSummary": "group_id:string state:string",
     "MemberDescription": "member_id:string client_id:string session_timeout_ms:int32"
     " subscription:Subscription partitions:array[TopicPartition]",
     "ProduceRequest": "topic:string partition:int32 records:array[Record] batches:bytes",
     "ProduceResponse": "error_code:int16 base_offset:int64",
-    "FetchRequest": "topic:string partition:int32 offset:int64 max_bytes:int32",
+    "FetchRequest": "topic:string partition:int32 offset:int64 max_bytes:int32 topic_id:uuid",
     "FetchResponse": "error_code:int16 high_watermark:int64 log_start_offset:int64"
     " records:array[Record] batches:bytes",
     "ListOffsetsRequest": "topic:string partition:int32",
     "ListOffsetsResponse": "error_code:int16 log_start_offset:int64 high_watermark:int64",
     "ClusterMetadataRequest": "group_id:string? topics:array[string]?",
     "ClusterMetadataResponse": "error_code:int16 coordinator_id:int32 coordinator_epoch:int64"
-    " brokers:array[BrokerInfo] topics:array[TopicMetadata] slot_holders:array[int32]",
+    " brokers:array[BrokerInfo] topics:array[TopicMetadata] slot_holders:array[int32]"
+    " topic_ids:array[TopicIdentity]",
     "RegisterConsumerRequest": "group_id:string consumer_id:string subscription:Subscription"
     " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
     " owned_partitions:array[TopicPartition] instance_id:string?"
@@ -56,7 +58,7 @@ CONTRACT = {
     "StopFetcherResponse": "error_code:int16 consumer_id:string offsets:array[PartitionOffset]",
     "StartFetcherRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string"
     " streams:array[AssignedStream] brokers:array[BrokerInfo] acknowledged_frames:int64"
-    " incremental:bool",
+    " incremental:bool topic_ids:array[TopicIdentity]",
     "StartFetcherResponse": "error_code:int16 consumer_id:string",
     "OffsetCommitRequest": "group_id:string consumer_id:string? generation:int32"
     " offsets:array[PartitionOffset]",
@@ -90,7 +92,15 @@ CONTRACT = {
 OLDER_VERSIONS = {
     ("ClusterMetadataResponse", 0): "error_code:int16 coordinator_id:int32"
     " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]",
+    ("ClusterMetadataResponse", 1): "error_code:int16 coordinator_id:int32"
+    " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]"
+    " slot_holders:array[int32]",
     ("ProduceRequest", 0): "topic:string partition:int32 records:array[Record]",
+    ("FetchRequest", 0): "topic:string partition:int32 offset:int64 max_bytes:int32",
+    ("FetchRequest", 1): "topic:string partition:int32 offset:int64 max_bytes:int32",
+    ("StartFetcherRequest", 2): "coordinator_epoch:int64 generation:int32 consumer_id:string"
+    " streams:array[AssignedStream] brokers:array[BrokerInfo] acknowledged_frames:int64"
+    " incremental:bool",
     ("FetchResponse", 0): "error_code:int16 high_watermark:int64 log_start_offset:int64"
     " records:array[Record]",
     ("PingRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string"
@@ -249,6 +259,7 @@ def test_error_codes() -> None:
         "GROUP_ID_NOT_FOUND": 69,
         "GROUP_MAX_SIZE_REACHED": 81,
         "FENCED_INSTANCE_ID": 82,
+        "UNKNOWN_TOPIC_ID": 100,
         "INVALID_REGULAR_EXPRESSION": 128,
         "FRAME_TOO_LARGE": 1001,
         "MALFORMED_FRAME": 1002,

@@ -418,9 +418,10 @@ async def test_a_burst_of_topic_changes_reaches_a_slow_reader_as_one(
         await store.create_topic("a", (1,))
         await store.create_topic("b", (1,))
         await store.add_partitions("a", (2,))
-        assert await anext(updates) == {
-            "a": TopicPlacement(topic="a", brokers=(1, 2)),
-            "b": TopicPlacement(topic="b", brokers=(1,)),
+        update = await anext(updates)
+        assert {name: placement.brokers for name, placement in update.items()} == {
+            "a": (1, 2),
+            "b": (1,),
         }
 
 
