@@ -86,6 +86,10 @@ class OffsetBatch:
     group_id: str
     generation: int
     offsets: Mapping[TopicPartition, int] = attrs.field(converter=_frozen_offsets)
+    topic_ids: Mapping[str, TopicId] = attrs.field(factory=dict, converter=_frozen_offsets)
+    """The incarnation each topic's offsets were read from (docs/design.md#topic-ids); a topic
+    not named here: the one in force when the store writes them (a commit by name). The store
+    writes no offset of an incarnation that is not the topic's current one."""
 
 
 class StoreError(Exception):
