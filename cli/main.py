@@ -24,6 +24,7 @@ from broker.node import NodeSettings, run_node
 from cli.admin import add_admin_commands, positive_int, run_admin
 from cli.data import add_data_commands, run_consume, run_produce
 from cli.logformat import configure_logging
+from cli.refusals import what_to_do
 from cli.security import (
     add_acl_commands,
     add_serve_options,
@@ -40,6 +41,7 @@ from protocol.shown import escape_unprintable
 from store import StoreError
 from transport.channel import ChannelClosed
 from transport.limits import ConnectionLimits
+from transport.refusals import Refused
 
 log = logging.getLogger("coordinator")
 
@@ -375,12 +377,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         AdminError,
         ProduceError,
         ChannelClosed,
+        Refused,
         ExceptionGroup,
     ) as exc:
         cause = _user_error(exc)
         if cause is None:
             raise
         message = _describe(cause)
+        if isinstance(cause, Refused):
+            message = f"{message}: {what_to_do(cause, args)}"
         if args.command == "serve" and getattr(cause, "errno", None) == errno.EADDRINUSE:
             message = f"cannot listen on {args.host}:{args.port}: {message}"
         # One line, whatever an id or a name from the broker in it holds.
@@ -400,7 +405,8 @@ def _user_error(exc: BaseException) -> BaseException | None:
     return (
         exc
         if isinstance(
-            exc, ValueError | OSError | StoreError | AdminError | ProduceError | ChannelClosed
+            exc,
+            ValueError | OSError | StoreError | AdminError | ProduceError | ChannelClosed | Refused,
         )
         else None
     )

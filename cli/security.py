@@ -181,7 +181,21 @@ def _client_password(path: Path | None, user: str) -> str:
         return _first_line(path)
     if PASSWORD_VARIABLE in os.environ:
         return os.environ[PASSWORD_VARIABLE]
-    return getpass.getpass(f"password for {user}: ")
+    return _prompt(f"password for {user}: ", f"pass --password-file FILE or ${PASSWORD_VARIABLE}")
+
+
+def _prompt(prompt: str, otherwise: str) -> str:
+    """A password typed at the terminal, which getpass reads from ``/dev/tty``; without one
+    (a service, a pipeline, ``</dev/null``) a ValueError saying ``otherwise``, rather than
+    getpass's fallback to stdin, which ends in a traceback."""
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        raise ValueError(f"no terminal to ask for the password on: {otherwise}") from None
+    try:
+        return getpass.getpass(prompt)
+    except EOFError:
+        raise ValueError(f"no password typed: {otherwise}") from None
 
 
 def add_user_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -304,8 +318,9 @@ def _new_password(args: argparse.Namespace) -> str:
     if args.password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
-        password = getpass.getpass(f"password for {args.name}: ")
-        if getpass.getpass("again: ") != password:
+        otherwise = "pass --password-stdin and the password as stdin's first line"
+        password = _prompt(f"password for {args.name}: ", otherwise)
+        if _prompt("again: ", otherwise) != password:
             raise ValueError("the passwords differ")
     if not password:
         raise ValueError("an empty password")

@@ -1,5 +1,16 @@
 """The trio client library: the producer and the group consumer (seed 03)."""
 
+from transport.refusals import (
+    AuthenticationFailed,
+    ClusterAuthorizationFailed,
+    GroupAuthorizationFailed,
+    ListenerNeedsSasl,
+    ListenerNeedsTls,
+    Refused,
+    TopicAuthorizationFailed,
+    UnsupportedVersion,
+)
+
 from .client import (
     CommitFailed,
     Consumer,
@@ -23,6 +34,8 @@ from .runtime import Stop, WrongEventLoop, stop_on_signals
 from .streams import ConsumerBatch, ConsumerRecord, CorruptBatch, RecordStream
 
 __all__ = [
+    "AuthenticationFailed",
+    "ClusterAuthorizationFailed",
     "CommitFailed",
     "Compression",
     "Consumer",
@@ -32,7 +45,10 @@ __all__ = [
     "CoordinatorUnavailable",
     "CorruptBatch",
     "Delivery",
+    "GroupAuthorizationFailed",
     "InstanceFenced",
+    "ListenerNeedsSasl",
+    "ListenerNeedsTls",
     "NotAwaited",
     "ProduceError",
     "Producer",
@@ -40,7 +56,10 @@ __all__ = [
     "RebalanceCallback",
     "RebalanceListener",
     "RecordStream",
+    "Refused",
     "Stop",
+    "TopicAuthorizationFailed",
+    "UnsupportedVersion",
     "WrongEventLoop",
     "open_consumer",
     "open_producer",

@@ -53,6 +53,7 @@ from transport.connect import (
     open_channel,
     parse_bootstrap,
 )
+from transport.refusals import refusal
 from transport.security import ClientSecurity
 
 CLIENT_ID = "coordinator-admin"
@@ -512,7 +513,8 @@ async def _asked_again(channel: Channel, request: RequestMessage) -> ResponseMes
 
 def _check(what: str, error_code: ErrorCode) -> None:
     if error_code is not ErrorCode.NONE:
-        raise AdminError(what, error_code)
+        refused = refusal(error_code, what)
+        raise refused if refused is not None else AdminError(what, error_code)
 
 
 @asynccontextmanager

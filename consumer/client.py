@@ -26,6 +26,7 @@ driver, and :func:`open_consumer`.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import uuid
@@ -292,6 +293,11 @@ class Consumer(CoordinatorSession, FetcherControl):
                 source, event = item
                 if not self._is_current(source):
                     continue
+                if self._failure is not None:
+                    # Refused: asking again would get the same answer. Stop, close cleanly.
+                    log.info("%s: %s", self.member_id, self._failure)
+                    await self._perform(self._machine.handle(sm.Close()))
+                    return
                 if isinstance(event, sm.Registered):
                     self._registered_once = True
                 if source is self._discovery_run:
@@ -335,7 +341,7 @@ class Consumer(CoordinatorSession, FetcherControl):
 
     def _failed_error(self) -> Exception:
         assert self._failure is not None
-        return CoordinatorUnavailable(*self._failure.args)
+        return copy.copy(self._failure)  # a fresh one for each stream that raises it
 
     def _count_accepted(self, event: sm.Input, effects: list[sm.Effect]) -> None:
         requests = (sm.PingReceived, sm.StopFetcherReceived, sm.StartFetcherReceived)

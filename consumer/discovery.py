@@ -17,6 +17,7 @@ from protocol import ClusterMetadataRequest, ClusterMetadataResponse, ErrorCode,
 from protocol.types import BrokerInfo
 from transport.channel import ChannelClosed
 from transport.connect import Connector, open_channel
+from transport.refusals import ListenerNeedsTls, Refused
 
 __all__ = ["Discovery", "Found"]
 
@@ -50,6 +51,9 @@ class Discovery:
     otherwise."""
     partition_counts: dict[str, int] = attrs.field(factory=dict)
     """Each topic's partition count, as the latest answer naming it said."""
+    refused: Refused | None = None
+    """The refusal a broker of the latest pass answered with (a wrong password, a listener that
+    needs SASL): the consumer ends with it rather than look again."""
     _next: int = 0
     _warned_missing: set[str] = attrs.field(factory=set)
 
@@ -58,6 +62,7 @@ class Discovery:
         start = self._next
         self._next = (self._next + 1) % len(self.addresses)
         self.last_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        self.refused = None
         for i in range(len(self.addresses)):
             host, port = self.addresses[(start + i) % len(self.addresses)]
             response = await self._ask(host, port)
@@ -89,6 +94,7 @@ class Discovery:
             try:
                 stream = await self.connect(host, port)
             except OSError as exc:
+                self._refused(exc)
                 self._problem(f"cannot reach {host}:{port}: {exc}")
                 return None
             try:
@@ -99,6 +105,7 @@ class Discovery:
                         ClusterMetadataRequest(group_id=self.group_id, topics=self.topics)
                     )
             except (ChannelClosed, RemoteProtocolError) as exc:
+                self._refused(exc)
                 self._problem(f"{host}:{port}: {exc}")
                 return None
             except ExceptionGroup as group:  # the reader's protocol error, out of its nursery
@@ -110,6 +117,11 @@ class Discovery:
             return response
         self._problem(f"{host}:{port} did not answer in {self.request_timeout:.1f} s")
         return None
+
+    def _refused(self, exc: Exception) -> None:
+        # A listener that closes a plaintext connection unanswered may be a broker going away.
+        if isinstance(exc, Refused) and not isinstance(exc, ListenerNeedsTls):
+            self.refused = exc
 
     def _problem(self, text: str) -> None:
         self.last_problem = text

@@ -28,6 +28,7 @@ from protocol import (
 from protocol.types import TopicPartition
 from statemachine import consumer as sm
 from transport.channel import Channel, ChannelClosed, acknowledged_frames
+from transport.refusals import ListenerNeedsTls, Refused, refusal
 
 from .core import _DiscoveryRun, _Session, log
 from .offsets import OffsetCommits
@@ -45,6 +46,8 @@ class CoordinatorSession(OffsetCommits):
             await trio.sleep(delay)
             found = await self._discovery.find()
             now = trio.current_time()
+            if self._discovery.refused is not None:
+                self._failure = self._discovery.refused
             if found is None:
                 failed = sm.DiscoveryFailed(now=now, error_code=self._discovery.last_code)
                 await self._send.send((run, failed))
@@ -68,6 +71,7 @@ class CoordinatorSession(OffsetCommits):
             try:
                 stream = await self._connect(coordinator.host, coordinator.port)
             except OSError as exc:
+                self._refused_by(exc)
                 log.info("%s: cannot reach the coordinator: %s", self.member_id, exc)
                 return sm.ConnectionLost(now=trio.current_time())
             channel = session.channel = Channel.open(
@@ -92,7 +96,8 @@ class CoordinatorSession(OffsetCommits):
             queued = trio.current_time()
             try:
                 response = await channel.request(request)
-            except ChannelClosed:
+            except ChannelClosed as exc:
+                self._refused_by(exc)
                 return sm.ConnectionLost(now=trio.current_time())
             assert isinstance(response, RegisterConsumerResponse)
             now = trio.current_time()
@@ -104,10 +109,28 @@ class CoordinatorSession(OffsetCommits):
                     generation=response.generation,
                     epoch=response.coordinator_epoch,
                 )
-            log.info("%s: registration refused: %s", self.member_id, response.error_code.name)
-            return sm.RegistrationRejected(now=now, error_code=response.error_code)
+            code = response.error_code
+            self._refused_by(self._registration_refusal(code))
+            if self._failure is None and code is not self._machine.last_error:
+                # Retried: said once per answer, not at every retry.
+                log.warning("%s: registration refused: %s; retrying", self.member_id, code.name)
+            return sm.RegistrationRejected(now=now, error_code=code)
         log.info("%s: no registration answer in time", self.member_id)
         return sm.ConnectionLost(now=trio.current_time())
+
+    def _refused_by(self, exc: BaseException | None) -> None:
+        """The consumer ends with ``exc`` if it is a refusal (one that is certain: a listener
+        that closes a plaintext connection unanswered may be a broker going away)."""
+        if isinstance(exc, Refused) and not isinstance(exc, ListenerNeedsTls):
+            self._failure = exc
+
+    def _registration_refusal(self, code: ErrorCode) -> Refused | None:
+        if code is ErrorCode.GROUP_AUTHORIZATION_FAILED:
+            return refusal(code, f"group {self.group_id!r}", operation="read", name=self.group_id)
+        topics = [entry.topic for entry in self.subscription.topics]
+        if len(topics) == 1:
+            return refusal(code, f"topic {topics[0]!r}", operation="read", name=topics[0])
+        return refusal(code, f"topics {', '.join(map(repr, topics))}", operation="read")
 
     async def _read(self, session: _Session, channel: Channel) -> None:
         async def on_request(request: Request) -> None:

@@ -52,6 +52,8 @@ from protocol import (
 )
 from protocol.sasl import ANONYMOUS
 from transport.limits import ConnectionLimits
+from transport.refusals import ChannelClosed as ChannelClosed
+from transport.refusals import ListenerNeedsSasl, ListenerNeedsTls
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +63,6 @@ RECEIVE_SIZE = 65536
 #: quarter of a second, and one of 64 KiB takes under 4 ms. The thread holds the GIL in turns of
 #: the interpreter's switch interval (5 ms), so the loop keeps running meanwhile.
 DECODE_OFF_LOOP = 64 * 1024
-
-
-class ChannelClosed(Exception):
-    """The connection ended (or failed) before the response arrived."""
 
 
 #: Responses a caller of :meth:`Channel.respond` or :meth:`Channel.request` may leave unwritten
@@ -294,8 +292,27 @@ class Channel:
         finally:
             self.abandon(correlation_id)
         if not answers or answers[0] is None:
+            if self._never_answered():
+                raise ListenerNeedsTls(
+                    f"{self.peer} closed the connection before answering "
+                    "(does this listener need TLS?)"
+                )
             raise ChannelClosed(f"connection to {self.peer} closed before the response")
-        return answers[0]
+        response = answers[0]
+        if (
+            getattr(response, "error_code", None) is ErrorCode.ILLEGAL_SASL_STATE
+            and self.connection.our_role is Role.CONSUMER
+        ):
+            raise ListenerNeedsSasl(f"{self.peer}: this listener needs SASL")
+        return response
+
+    def _never_answered(self) -> bool:
+        """A client's connection without TLS that the broker closed before its first frame."""
+        return (
+            self.connection.our_role is Role.CONSUMER
+            and self.connection.frames_received == 0
+            and not isinstance(self.stream, trio.SSLStream)
+        )
 
     def request_nowait(
         self,

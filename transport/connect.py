@@ -15,6 +15,7 @@ import trio
 
 from protocol import Request, Role
 from transport.channel import Channel
+from transport.refusals import Refused
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ async def _tcp(host: str, port: int) -> trio.abc.Stream:
 async def connect_any(
     bootstrap: Sequence[Address], *, connect: Connector = _tcp, start: int = 0
 ) -> tuple[trio.abc.Stream, Address]:
-    """One pass over the bootstrap list, from ``start``: the first broker that accepts."""
+    """One pass over the bootstrap list, from ``start``: the first broker that accepts; a
+    :class:`~transport.refusals.Refused` (a wrong password, a listener that needs TLS) at once."""
     errors = []
     for i in range(len(bootstrap)):
         host, port = bootstrap[(start + i) % len(bootstrap)]
@@ -57,6 +59,8 @@ async def connect_any(
             try:
                 return await connect(host, port), (host, port)
             except OSError as exc:
+                if isinstance(exc, Refused):
+                    raise  # the cluster's answer: another broker of it would give the same
                 errors.append(f"{host}:{port}: {exc.strerror or exc}")
                 continue
         errors.append(f"{host}:{port}: no answer in {CONNECT_DEADLINE:g} s")

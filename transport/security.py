@@ -55,6 +55,8 @@ from protocol.sasl import (
     ScramCredential,
     ServerExchange,
 )
+from transport import refusals
+from transport.refusals import HandshakeFailed
 
 __all__ = [
     "FAILED_AUTHENTICATION_DELAY",
@@ -343,11 +345,6 @@ def _reason(exc: BaseException) -> str:
     return str(cause or exc) or type(exc).__name__
 
 
-class HandshakeFailed(ConnectionError):
-    """The TLS handshake or the SASL exchange with a broker failed: a client treats the broker
-    like one that refused the connection, and says why."""
-
-
 async def _tcp(host: str, port: int) -> trio.abc.Stream:
     return await trio.open_tcp_stream(host, port)
 
@@ -419,8 +416,13 @@ class ClientSecurity:
                     await stream.do_handshake()
                 exchange = self.exchange()
                 if exchange is not None:
-                    await _client_exchange(stream, exchange)
-            except (trio.BrokenResourceError, AuthenticationFailed, RemoteProtocolError) as exc:
+                    await _client_exchange(stream, exchange, f"{host}:{port}")
+            except AuthenticationFailed as exc:
+                await trio.aclose_forcefully(stream)
+                raise refusals.AuthenticationFailed(
+                    f"{host}:{port} refused user {self.username!r} ({exc})"
+                ) from None
+            except (trio.BrokenResourceError, RemoteProtocolError) as exc:
                 await trio.aclose_forcefully(stream)
                 raise HandshakeFailed(_reason(exc)) from None
             except BaseException:
@@ -446,12 +448,17 @@ class ClientSecurity:
         return sock
 
 
-async def _client_exchange(stream: trio.abc.Stream, exchange: ClientExchange) -> None:
+async def _client_exchange(stream: trio.abc.Stream, exchange: ClientExchange, peer: str) -> None:
     connection = Connection(Role.CONSUMER, max_frame_size=HANDSHAKE_MAX_FRAME)
     message: RequestMessage | None = exchange.start()
     while message is not None:
         await stream.send_all(connection.send(connection.new_request(message)))
         response = await _next(stream, connection)
+        unanswered = response is None and not connection.frames_received
+        if unanswered and not isinstance(stream, trio.SSLStream):
+            raise refusals.ListenerNeedsTls(
+                f"{peer} closed the connection before answering (does this listener need TLS?)"
+            )
         if not isinstance(response, Response):
             raise AuthenticationFailed("the broker closed the connection during the exchange")
         message = _client_step(exchange, response.message)
