@@ -33,6 +33,7 @@ from consumer import (
 from consumer.admin import open_admin
 from protocol.batches import Compression
 from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
+from transport.refusals import Refused
 
 #: Lines produced between two checkpoints (the producer does not yield per record).
 PRODUCE_CHUNK = 500
@@ -139,6 +140,9 @@ async def run_produce(args: argparse.Namespace) -> int:
     failed = [d for d in deliveries if d.error is not None]
     if args.progress:
         print(file=sys.stderr)
+    refused = next((d.error for d in failed if isinstance(d.error, Refused)), None)
+    if refused is not None and len(failed) == len(deliveries):
+        raise refused  # nothing went through: the one line says why and what to do
     print(
         f"produced {len(deliveries) - len(failed)} records to {args.topic}"
         + (f", {len(failed)} failed: {failed[0].error}" if failed else ""),

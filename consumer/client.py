@@ -27,6 +27,7 @@ driver, and :func:`open_consumer`.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import random
 import uuid
@@ -323,11 +324,16 @@ class Consumer(CoordinatorSession, FetcherControl):
             self._stopped.set()
 
     def _no_coordinator(self, give_up: float) -> bool:
-        """A discovery pass failed: warn (what went wrong, every pass), and give up (True) once
+        """A discovery pass failed: warn (what went wrong, once per reason), and give up (True) once
         a consumer that never registered has looked for ``discovery_timeout``."""
         problem = self._discovery.last_problem or "no broker named a coordinator"
         if self._registered_once or trio.current_time() < give_up:
-            log.warning("%s: no coordinator for %s yet: %s", self.member_id, self.group_id, problem)
+            # Said once per reason while it lasts, not at every pass.
+            level = logging.DEBUG if problem == self._discovery.said else logging.WARNING
+            self._discovery.said = problem
+            log.log(
+                level, "%s: no coordinator for %s yet: %s", self.member_id, self.group_id, problem
+            )
             return False
         self._failure = CoordinatorUnavailable(
             f"no coordinator for group {self.group_id!r} found in "

@@ -17,7 +17,7 @@ from protocol import ClusterMetadataRequest, ClusterMetadataResponse, ErrorCode,
 from protocol.types import BrokerInfo
 from transport.channel import ChannelClosed
 from transport.connect import Connector, open_channel
-from transport.refusals import ListenerNeedsTls, Refused
+from transport.refusals import Refused, final
 
 __all__ = ["Discovery", "Found"]
 
@@ -51,6 +51,9 @@ class Discovery:
     otherwise."""
     partition_counts: dict[str, int] = attrs.field(factory=dict)
     """Each topic's partition count, as the latest answer naming it said."""
+    said: str | None = None
+    """The problem last warned of: a pass that fails for the same reason is not warned of again
+    (the next one that finds a coordinator forgets it)."""
     refused: Refused | None = None
     """The refusal a broker of the latest pass answered with (a wrong password, a listener that
     needs SASL): the consumer ends with it rather than look again."""
@@ -82,6 +85,7 @@ class Discovery:
             if coordinator is None:
                 self._problem(f"{host}:{port} does not know the coordinator of {self.group_id}")
                 continue
+            self.said = None
             return Found(
                 coordinator=coordinator,
                 epoch=response.coordinator_epoch,
@@ -119,8 +123,8 @@ class Discovery:
         return None
 
     def _refused(self, exc: Exception) -> None:
-        # A listener that closes a plaintext connection unanswered may be a broker going away.
-        if isinstance(exc, Refused) and not isinstance(exc, ListenerNeedsTls):
+        if final(exc):
+            assert isinstance(exc, Refused)
             self.refused = exc
 
     def _problem(self, text: str) -> None:

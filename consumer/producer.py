@@ -41,6 +41,7 @@ from protocol.batches import BatchBuilder, Compression, Header
 from protocol.types import TopicPartition
 from transport.channel import ChannelClosed
 from transport.connect import connect_any, open_channel, parse_bootstrap
+from transport.refusals import Refused, final, refusal
 from transport.security import ClientSecurity
 
 from .runtime import require_trio, unwrap_single
@@ -390,11 +391,19 @@ class Producer:
                     closed, rest = group.split(ChannelClosed)
                     if closed is None or rest is not None:
                         raise
+                    final_ones, _ = closed.split(final)
+                    if final_ones is not None:  # the cluster's answer, not one broker's absence
+                        raise final_ones.exceptions[0] from None
             if response is None:
                 raise BrokerUnavailable("every bootstrap broker closed the connection unanswered")
             assert isinstance(response, ClusterMetadataResponse)
             self.connections.update(response.brokers)
             for metadata in response.topics:
+                refused = refusal(
+                    metadata.error_code, f"topic {metadata.topic!r}", name=metadata.topic
+                )
+                if refused is not None:
+                    raise refused
                 if metadata.error_code is ErrorCode.NONE:
                     by_partition = sorted((p.partition, p.broker_id) for p in metadata.partitions)
                     self.placement[metadata.topic] = tuple(b for _, b in by_partition)
@@ -432,11 +441,16 @@ class Producer:
         )
         give_up = trio.current_time() + config.delivery_timeout
         while True:
-            error: ProduceError
+            error: Exception
             try:
                 broker_id = (await self._placement(tp.topic))[tp.partition]
                 with trio.fail_after(config.request_timeout):
                     response = await self.connections.request(broker_id, request)
+            except Refused as exc:
+                if final(exc):
+                    error = exc
+                    break
+                error = ProduceError(f"{tp}: {exc}", ErrorCode.NONE)
             except (BrokerUnavailable, trio.TooSlowError, OSError, IndexError) as exc:
                 error = ProduceError(f"{tp}: {exc or type(exc).__name__}", ErrorCode.NONE)
             except ProduceError as exc:
@@ -446,7 +460,10 @@ class Producer:
                 if response.error_code is ErrorCode.NONE:
                     batch.resolve(response.base_offset)
                     return
-                error = ProduceError(f"{tp}: {response.error_code.name}", response.error_code)
+                code = response.error_code
+                error = refusal(
+                    code, f"topic {tp.topic!r}", operation="write", name=tp.topic
+                ) or ProduceError(f"{tp}: {code.name}", code)
                 if response.error_code is not ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                     break  # the broker refused these records; retrying changes nothing
             if trio.current_time() + config.retry_backoff >= give_up:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 from collections.abc import Sequence
 
 import trio
@@ -28,7 +29,7 @@ from protocol import (
 from protocol.types import TopicPartition
 from statemachine import consumer as sm
 from transport.channel import Channel, ChannelClosed, acknowledged_frames
-from transport.refusals import ListenerNeedsTls, Refused, refusal
+from transport.refusals import Refused, final, refusal
 
 from .core import _DiscoveryRun, _Session, log
 from .offsets import OffsetCommits
@@ -111,17 +112,18 @@ class CoordinatorSession(OffsetCommits):
                 )
             code = response.error_code
             self._refused_by(self._registration_refusal(code))
-            if self._failure is None and code is not self._machine.last_error:
+            if self._failure is None:
                 # Retried: said once per answer, not at every retry.
-                log.warning("%s: registration refused: %s; retrying", self.member_id, code.name)
+                level = logging.DEBUG if code is self._machine.last_error else logging.WARNING
+                log.log(level, "%s: registration refused: %s; retrying", self.member_id, code.name)
             return sm.RegistrationRejected(now=now, error_code=code)
         log.info("%s: no registration answer in time", self.member_id)
         return sm.ConnectionLost(now=trio.current_time())
 
     def _refused_by(self, exc: BaseException | None) -> None:
-        """The consumer ends with ``exc`` if it is a refusal (one that is certain: a listener
-        that closes a plaintext connection unanswered may be a broker going away)."""
-        if isinstance(exc, Refused) and not isinstance(exc, ListenerNeedsTls):
+        """The consumer ends with ``exc`` if it is a refusal it does not retry."""
+        if final(exc):
+            assert isinstance(exc, Refused)
             self._failure = exc
 
     def _registration_refusal(self, code: ErrorCode) -> Refused | None:

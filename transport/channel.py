@@ -53,7 +53,7 @@ from protocol import (
 from protocol.sasl import ANONYMOUS
 from transport.limits import ConnectionLimits
 from transport.refusals import ChannelClosed as ChannelClosed
-from transport.refusals import ListenerNeedsSasl, ListenerNeedsTls
+from transport.refusals import ListenerNeedsSasl, ListenerNeedsTls, UnsupportedVersion
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +218,8 @@ class Channel:
     #: Frame number (1-based, this connection's) -> the trio time it was queued, oldest first,
     #: for the frames no coordinator request has named yet (consumer role only).
     _sent_times: dict[int, float] = attrs.field(factory=dict)
+    #: The error frame the peer closed the connection with, if it did.
+    _peer_error: PeerError | None = None
 
     @classmethod
     def open(
@@ -292,6 +294,9 @@ class Channel:
         finally:
             self.abandon(correlation_id)
         if not answers or answers[0] is None:
+            refused = self._peer_error
+            if refused is not None and refused.error_code is ErrorCode.UNSUPPORTED_VERSION:
+                raise UnsupportedVersion(f"{self.peer}: {refused.message}")
             if self._never_answered():
                 raise ListenerNeedsTls(
                     f"{self.peer} closed the connection before answering "
@@ -489,6 +494,7 @@ class Channel:
                 return
             elif isinstance(event, PeerError):
                 log.info("%s reported %s: %s", self.peer, event.error_code.name, event.message)
+                self._peer_error = event
                 return
 
     def _off_loop_decoder(self) -> trio.CapacityLimiter | None:

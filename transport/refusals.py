@@ -22,6 +22,7 @@ __all__ = [
     "Refused",
     "TopicAuthorizationFailed",
     "UnsupportedVersion",
+    "final",
     "refusal",
 ]
 
@@ -86,8 +87,9 @@ class ClusterAuthorizationFailed(Refused):
     error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 
-class UnsupportedVersion(Refused):
-    """The broker does not serve the version of an api this client sent (35)."""
+class UnsupportedVersion(Refused, ChannelClosed):
+    """The broker does not serve the version of an api this client sent (35): in an answer, or
+    in the error frame it closes the connection with."""
 
     error_code = ErrorCode.UNSUPPORTED_VERSION
 
@@ -115,3 +117,9 @@ def refusal(
         return kind(f"{what}: the broker does not serve this version ({error_code.name})")
     allowed = f"not allowed to {operation}" if operation else "not allowed"
     return kind(f"{what}: {allowed} ({error_code.name})", name=name)
+
+
+def final(exc: BaseException | None) -> bool:
+    """``exc`` is a refusal a client ends with rather than retries: not a listener that closed a
+    plaintext connection unanswered, which a broker going away does too."""
+    return isinstance(exc, Refused) and not isinstance(exc, ListenerNeedsTls)

@@ -431,7 +431,7 @@ async def test_a_consumer_registering_while_the_coordinator_loads_is_in_right_af
     # Reading the groups' records takes 1.99 s (a big group on ZooKeeper): meanwhile the new
     # coordinator answers COORDINATOR_LOAD_IN_PROGRESS, and the consumer asks again every 50 ms
     # (failover_retry), not after a growing backoff.
-    caplog.set_level(logging.INFO, logger="consumer.client")
+    caplog.set_level(logging.DEBUG, logger="consumer.client")
     settings = ConsumerSettings(session_timeout=6.0)
     assert settings.failover_retry == 0.05
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:

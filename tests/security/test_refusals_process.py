@@ -17,7 +17,8 @@ import trio
 import consumer as library
 from consumer import ConsumerSettings, open_consumer
 from consumer.admin import open_admin
-from tests.cli.cli_process import CLI, ENV, REPO, run_cli
+from launch.processes import REPO
+from tests.cli.cli_process import CLI, ENV, run_cli
 from tests.security.conftest import Broker, Certificates, run_scram_broker
 from transport.connect import parse_bootstrap
 from transport.security import ClientSecurity
@@ -132,6 +133,9 @@ async def test_a_consumer_that_may_not_read_its_topic_ends_in_one_line(
     async with _secured(tmp_path, certificates) as secured:
         done = await _cli("consume", "u", "--group", "g", *secured.as_user("alice"))
         _one_line(done, "TOPIC_AUTHORIZATION_FAILED", "topic u", "acls add", "--topic u")
+        # alice may read t, not write it
+        produced = await _cli("produce", "t", *secured.as_user("alice"), stdin=b"one\n")
+        _one_line(produced, "TOPIC_AUTHORIZATION_FAILED", "--operation write --topic t")
         with trio.fail_after(REFUSED_WITHIN):
             async with open_consumer(
                 secured.broker.bootstrap("SASL_SSL"),
