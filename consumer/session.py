@@ -127,8 +127,12 @@ class CoordinatorSession(OffsetCommits):
             self._failure = exc
 
     def _registration_refusal(self, code: ErrorCode) -> Refused | None:
+        """What a RegisterConsumer answer ``code`` refuses, if it is a refusal: the group, or
+        the subscription's topics (the answer does not say which)."""
         if code is ErrorCode.GROUP_AUTHORIZATION_FAILED:
             return refusal(code, f"group {self.group_id!r}", operation="read", name=self.group_id)
+        if code is not ErrorCode.TOPIC_AUTHORIZATION_FAILED:
+            return refusal(code, f"register in group {self.group_id!r}")
         topics = [entry.topic for entry in self.subscription.topics]
         if len(topics) == 1:
             return refusal(code, f"topic {topics[0]!r}", operation="read", name=topics[0])
