@@ -453,6 +453,8 @@ async def test_a_consumer_registering_while_the_coordinator_loads_is_in_right_af
                 if "registration refused: COORDINATOR_LOAD_IN_PROGRESS" in r.getMessage()
             ]
             assert len(refusals) == 40
+            # retried: said once at WARNING, the retries only at DEBUG
+            assert [r.levelno for r in refusals] == [logging.WARNING] + [logging.DEBUG] * 39
 
 
 async def test_an_admin_asks_again_while_the_coordinator_loads(
