@@ -17,7 +17,7 @@ from protocol import ClusterMetadataRequest, ClusterMetadataResponse, ErrorCode,
 from protocol.types import BrokerInfo
 from transport.channel import ChannelClosed
 from transport.connect import Connector, open_channel
-from transport.refusals import Refused, final
+from transport.refusals import Refused, final_refusal
 
 __all__ = ["Discovery", "Found"]
 
@@ -115,6 +115,7 @@ class Discovery:
             except ExceptionGroup as group:  # the reader's protocol error, out of its nursery
                 if group.split((ChannelClosed, RemoteProtocolError))[1] is not None:
                     raise
+                self._refused(group)
                 self._problem(f"{host}:{port}: {group.exceptions[0]}")
                 return None
             assert isinstance(response, ClusterMetadataResponse)
@@ -123,9 +124,7 @@ class Discovery:
         return None
 
     def _refused(self, exc: Exception) -> None:
-        if final(exc):
-            assert isinstance(exc, Refused)
-            self.refused = exc
+        self.refused = final_refusal(exc) or self.refused
 
     def _problem(self, text: str) -> None:
         self.last_problem = text

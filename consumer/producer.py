@@ -41,7 +41,7 @@ from protocol.batches import BatchBuilder, Compression, Header
 from protocol.types import TopicPartition
 from transport.channel import ChannelClosed
 from transport.connect import connect_any, open_channel, parse_bootstrap
-from transport.refusals import Refused, final, refusal
+from transport.refusals import Refused, final_refusal, refusal
 from transport.security import ClientSecurity
 
 from .runtime import require_trio, unwrap_single
@@ -391,9 +391,9 @@ class Producer:
                     closed, rest = group.split(ChannelClosed)
                     if closed is None or rest is not None:
                         raise
-                    final_ones, _ = closed.split(final)
-                    if final_ones is not None:  # the cluster's answer, not one broker's absence
-                        raise final_ones.exceptions[0] from None
+                    refused = final_refusal(closed)
+                    if refused is not None:  # the cluster's answer, not one broker's absence
+                        raise refused from None
             if response is None:
                 raise BrokerUnavailable("every bootstrap broker closed the connection unanswered")
             assert isinstance(response, ClusterMetadataResponse)
@@ -447,7 +447,7 @@ class Producer:
                 with trio.fail_after(config.request_timeout):
                     response = await self.connections.request(broker_id, request)
             except Refused as exc:
-                if final(exc):
+                if final_refusal(exc) is not None:
                     error = exc
                     break
                 error = ProduceError(f"{tp}: {exc}", ErrorCode.NONE)

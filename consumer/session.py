@@ -29,7 +29,7 @@ from protocol import (
 from protocol.types import TopicPartition
 from statemachine import consumer as sm
 from transport.channel import Channel, ChannelClosed, acknowledged_frames
-from transport.refusals import Refused, final, refusal
+from transport.refusals import Refused, final_refusal, refusal
 
 from .core import _DiscoveryRun, _Session, log
 from .offsets import OffsetCommits
@@ -122,9 +122,7 @@ class CoordinatorSession(OffsetCommits):
 
     def _refused_by(self, exc: BaseException | None) -> None:
         """The consumer ends with ``exc`` if it is a refusal it does not retry."""
-        if final(exc):
-            assert isinstance(exc, Refused)
-            self._failure = exc
+        self._failure = final_refusal(exc) or self._failure
 
     def _registration_refusal(self, code: ErrorCode) -> Refused | None:
         """What a RegisterConsumer answer ``code`` refuses, if it is a refusal: the group, or

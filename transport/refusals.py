@@ -22,7 +22,7 @@ __all__ = [
     "Refused",
     "TopicAuthorizationFailed",
     "UnsupportedVersion",
-    "final",
+    "final_refusal",
     "refusal",
 ]
 
@@ -119,7 +119,15 @@ def refusal(
     return kind(f"{what}: {allowed} ({error_code.name})", name=name)
 
 
-def final(exc: BaseException | None) -> bool:
-    """``exc`` is a refusal a client ends with rather than retries: not a listener that closed a
-    plaintext connection unanswered, which a broker going away does too."""
-    return isinstance(exc, Refused) and not isinstance(exc, ListenerNeedsTls)
+def final_refusal(exc: BaseException | None) -> Refused | None:
+    """The refusal a client ends with rather than retries that ``exc`` is or holds (trio wraps
+    a task's error in groups), if any: not a listener that closed a plaintext connection
+    unanswered, which a broker going away does too."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := final_refusal(inner)) is not None:
+                return found
+        return None
+    if isinstance(exc, Refused) and not isinstance(exc, ListenerNeedsTls):
+        return exc
+    return None
