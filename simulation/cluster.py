@@ -31,7 +31,7 @@ import itertools
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -119,11 +119,7 @@ class SimulatedCluster:
     _generations_seen: dict[tuple[int, str, int], int] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
-        self.log = MemoryLog(partition_count=self._partition_count)
-
-    def _partition_count(self, topic: str) -> int | None:
-        placement = self.coordinator.topics.get(topic)
-        return None if placement is None else placement.partition_count
+        self.log = MemoryLog()
 
     # --- topics -------------------------------------------------------------------------------
 
@@ -137,15 +133,15 @@ class SimulatedCluster:
         await self._topics_seen(name, placement.partition_count)
 
     async def delete_topic(self, name: str) -> ErrorCode:
-        """Send DeleteTopic, and once it succeeded return when the coordinator's topic watch
-        has seen the topic gone."""
+        """Send DeleteTopic, and once it succeeded return when the coordinator's topic watch,
+        and the log's, have seen the topic gone."""
         async with self.open_client() as client:
             response = await client.request(DeleteTopicRequest(topic=name))
         assert isinstance(response, DeleteTopicResponse)
         if response.error_code is not ErrorCode.NONE:
             return response.error_code
         for attempt in itertools.count():
-            if name not in self.coordinator.topics:
+            if name not in self.coordinator.topics and name not in self.log.placement:
                 break
             await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
         return ErrorCode.NONE
@@ -154,8 +150,8 @@ class SimulatedCluster:
         # The watch normally catches up within the same instant; after that, let virtual time
         # run, so that a caller's deadline can fire if it never does.
         for attempt in itertools.count():
-            placement = self.coordinator.topics.get(name)
-            if placement is not None and placement.partition_count >= partitions:
+            seen = (self.coordinator.topics.get(name), self.log.placement.get(name))
+            if all(p is not None and p.partition_count >= partitions for p in seen):
                 return
             await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
 
@@ -227,6 +223,7 @@ class SimulatedCluster:
                 ):
                     self.store, self.coordinator = store, coordinator
                     self._connections = connections
+                    connections.start_soon(self._follow_topics, embedded)
                     self.accepting.value += 1
                     await coordinator.loaded.wait()
                     self.incarnation.value += 1
@@ -237,6 +234,12 @@ class SimulatedCluster:
                     self._connections = None
                     connections.cancel_scope.cancel()
             await trio.sleep(self._down_for)
+
+    async def _follow_topics(self, store: MetadataStore) -> None:
+        """Feed the log the store's topic watch, as a broker's data plane watches it."""
+        async with aclosing(store.topic_updates()) as updates:
+            async for placement in updates:
+                self.log.follow(placement)
 
     def open_link(
         self,
