@@ -45,6 +45,7 @@ from protocol import (
     RegisterConsumerRequest,
     RequestMessage,
     ResponseMessage,
+    TopicIdentity,
     TopicMetadata,
     error_response,
 )
@@ -65,7 +66,7 @@ _CLUSTER = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 _T = TypeVar("_T")
 #: What names one topic: an entry of an answer left out where the topic is not to be shown.
-_Named = TypeVar("_Named", PartitionOffset, TopicPartition)
+_Named = TypeVar("_Named", PartitionOffset, TopicPartition, TopicIdentity)
 
 
 @attrs.define(eq=False)
@@ -210,7 +211,11 @@ async def visible(
                     else None
                 )
 
-            return attrs.evolve(response, topics=await kept(response.topics, described))
+            return attrs.evolve(
+                response,
+                topics=await kept(response.topics, described),
+                topic_ids=await kept(response.topic_ids, topic_named),
+            )
         case ListGroupsResponse():
 
             def group_named(group: GroupSummary) -> GroupSummary | None:

@@ -66,6 +66,7 @@ from protocol import (
     Request,
     ResponseMessage,
     Role,
+    TopicIdentity,
     TopicMetadata,
     error_response,
 )
@@ -361,7 +362,8 @@ async def cluster_metadata(
     slot_holders: tuple[int, ...] = (),
 ) -> ClusterMetadataResponse:
     """The answer to ClusterMetadata from a broker that knows these topics and brokers; each
-    topic named once however often it was asked for (the answer repeats its partitions).
+    topic named once however often it was asked for (the answer repeats its partitions), with
+    the id of each that exists (``topic_ids``: version 2 on).
 
     A request of a few bytes asks for every partition of the cluster (or of a thousand named
     topics): each topic is built once per placement and kept, and the answer is put together
@@ -375,6 +377,7 @@ async def cluster_metadata(
         return refusal
     names = sorted(topics) if message.topics is None else list(dict.fromkeys(message.topics))
     found = []
+    identities = []
     pace = Pace()
     for name in names:
         await pace.did(1)
@@ -399,6 +402,7 @@ async def cluster_metadata(
                 topic=name, error_code=ErrorCode.NONE, partitions=tuple(partitions)
             )
         found.append(described)
+        identities.append(TopicIdentity(topic=name, topic_id=placement.topic_id))
     return ClusterMetadataResponse(
         error_code=ErrorCode.NONE,
         coordinator_id=coordinator_id,
@@ -406,6 +410,7 @@ async def cluster_metadata(
         brokers=brokers,
         topics=tuple(found),
         slot_holders=slot_holders,
+        topic_ids=tuple(identities),
     )
 
 

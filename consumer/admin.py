@@ -43,7 +43,7 @@ from protocol import (
     TopicMetadata,
 )
 from protocol.batches import records_from_batches
-from protocol.types import BrokerInfo, TopicPartition
+from protocol.types import BrokerInfo, TopicId, TopicPartition
 from transport.channel import Channel
 from transport.connect import (
     Address,
@@ -200,6 +200,16 @@ class BrokerReport:
 
 
 @attrs.frozen(kw_only=True)
+class TopicListing:
+    """Topics as one ClusterMetadata answer gives them: their partitions, and the id of each
+    topic's incarnation in force (docs/design.md#topic-ids; none from a broker that answers
+    before version 2)."""
+
+    topics: tuple[TopicMetadata, ...]
+    ids: Mapping[str, TopicId]
+
+
+@attrs.frozen(kw_only=True)
 class ClusterReport:
     """The cluster as ``coordinator cluster`` shows it: every broker known, and the slot count."""
 
@@ -332,10 +342,16 @@ class Admin:
         _check(f"delete topic {topic}", response.error_code)
 
     async def topics(self, names: Sequence[str] | None = None) -> tuple[TopicMetadata, ...]:
+        return (await self.listing(names)).topics
+
+    async def listing(self, names: Sequence[str] | None = None) -> TopicListing:
+        """The topics named (None: every one) and their ids; AdminError for one that does not
+        exist."""
         metadata = await self.metadata(names)
         for topic in metadata.topics:
             _check(f"topic {topic.topic}", topic.error_code)
-        return metadata.topics
+        ids = {identity.topic: identity.topic_id for identity in metadata.topic_ids}
+        return TopicListing(topics=metadata.topics, ids=ids)
 
     async def groups(self) -> tuple[GroupSummary, ...]:
         """Every broker of the cluster lists the groups of the coordinator slots it holds
