@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from broker.data_plane import DataPlaneLog
+from coordinator.config import CoordinatorConfig
 from protocol import (
     ErrorCode,
     FetchRequest,
@@ -24,7 +25,7 @@ from protocol import (
 from protocol.batches import batch_spans, build_batch, read_batches
 from protocol.records import Record
 from protocol.types import NO_TOPIC_ID, TopicId
-from simulation import MemoryLog
+from simulation import MemoryLog, open_simulated_cluster
 from store import TopicPlacement
 from tests.broker import test_hostile_batches as hostile
 from tests.broker.test_hostile_batches import open_log
@@ -150,3 +151,47 @@ async def test_a_stored_batch_no_consumer_can_decode_is_answered_alike(tmp_path:
     assert isinstance(version0, FetchResponse) and isinstance(version1, FetchResponse)
     assert (version0.error_code, version0.records) == (ErrorCode.CORRUPT_MESSAGE, ())
     assert (version1.error_code, len(version1.batches)) == (ErrorCode.NONE, len(POISONED))
+
+
+async def _fetched(log: DataPlaneLog, request: Request) -> FetchResponse:
+    answer = await log(request)
+    assert isinstance(answer, FetchResponse)
+    return answer
+
+
+async def test_a_deleted_topic_leaves_the_memory_log_and_one_created_again_starts_empty() -> None:
+    """As the broker's log does (tests/broker/test_topic_ids.py): nothing of an incarnation
+    outlives it, whether the watch shows the delete, or the delete and the re-creation at once."""
+    first = PLACEMENT["t"]
+    memory = MemoryLog(placement=PLACEMENT)
+    await memory(produce(GOOD))
+    memory.follow({})  # deleted
+    assert memory.records("t", 0) == [] and memory.partitions == {}
+    gone = await _fetched(memory, fetch(0))
+    assert gone.error_code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    memory.follow(PLACEMENT)
+    await memory(produce(GOOD))
+    second = TopicPlacement(topic="t", brokers=(1,), topic_id=uuid.uuid4())
+    memory.follow({"t": second})  # deleted and created again, seen as one change
+    assert memory.records("t", 0) == []
+    empty = await _fetched(memory, fetch(0))
+    assert (empty.error_code, empty.high_watermark) == (ErrorCode.NONE, 0)
+    refused = await _fetched(memory, fetch(0, version=2, topic_id=first.topic_id))
+    assert refused.error_code is ErrorCode.UNKNOWN_TOPIC_ID
+    await memory(produce(build_batch([b"new"])))
+    assert [r.value for r in memory.records("t", 0)] == [b"new"]
+
+
+async def test_the_simulated_cluster_feeds_its_log_the_topic_watch(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CoordinatorConfig()) as cluster:
+        await cluster.create_topic("t", partitions=2)
+        cluster.produce("t", records=3)
+        assert cluster.log.high_watermark("t", 1) == 3
+        assert await cluster.delete_topic("t") is ErrorCode.NONE
+        assert cluster.log.records("t", 1) == []
+        await cluster.create_topic("t", partitions=2)
+        assert cluster.log.high_watermark("t", 1) == 0
+        cluster.produce("t", records=1)
+        assert [r.offset for r in cluster.log.records("t", 1)] == [0]
