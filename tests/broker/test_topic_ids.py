@@ -39,6 +39,13 @@ async def _topic_id(store: TopicStore) -> TopicId:
     return (await store.topics())["t"].topic_id
 
 
+async def _write_old_records(store: TopicStore, data_dir: Path) -> None:
+    """Topic t of one partition on broker 1, ``a`` and ``b`` in it, the broker stopped."""
+    await store.create_topic("t", (1,))
+    async with open_broker_log(store, 1, data_dir, CONFIG) as broker:
+        assert (await broker.produce(_produce("t", 0, b"a", b"b"))).error_code is ErrorCode.NONE
+
+
 async def _recreate(store: TopicStore) -> tuple[TopicId, TopicId]:
     """Delete t and create it again, as it was: the old id and the new one."""
     old = await _topic_id(store)
@@ -87,9 +94,7 @@ async def test_a_log_of_format_2_is_given_the_stores_ids_when_the_broker_starts(
 ) -> None:
     log_dir = tmp_path / "log"
     async with open_embedded_store(tmp_path / "metadata") as store:
-        await store.create_topic("t", (1,))
-        async with open_broker_log(store, 1, tmp_path, CONFIG) as broker:
-            assert (await broker.produce(_produce("t", 0, b"a", b"b"))).error_code is ErrorCode.NONE
+        await _write_old_records(store, tmp_path)
         # as a broker of format 2 left it: no partition.metadata
         (log_dir / "log-format").write_text("2\n")
         (log_dir / "t-0" / "partition.metadata").unlink()
@@ -106,9 +111,7 @@ async def test_a_log_of_another_incarnation_is_set_aside_at_start_and_never_serv
     """The broker was down while the topic was deleted and created again."""
     log_dir = tmp_path / "log"
     async with open_embedded_store(tmp_path / "metadata") as store:
-        await store.create_topic("t", (1,))
-        async with open_broker_log(store, 1, tmp_path, CONFIG) as broker:
-            assert (await broker.produce(_produce("t", 0, b"a", b"b"))).error_code is ErrorCode.NONE
+        await _write_old_records(store, tmp_path)
         old, new = await _recreate(store)
         async with open_broker_log(store, 1, tmp_path, CONFIG) as broker:
             (stray,) = log_dir.glob("t-0.*.stray")  # kept, as a deleted topic's is
