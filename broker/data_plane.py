@@ -51,6 +51,7 @@ from broker.log import (
     read_partition_id,
     write_partition_id,
 )
+from broker.offices import topic_reads
 from coordinator.validation import data_error
 from protocol import (
     ErrorCode,
@@ -375,7 +376,7 @@ class BrokerLog(DataPlaneLog):
         if found is not None:
             await self._retire_stale([tp])
         elif not named or not self._placed_here(tp):
-            self.placement = await self.store.topics()
+            self.placement = await topic_reads(self.store).since(trio.current_time())
         if not self._placed_here(tp):
             return None
         return await self._open(tp)
@@ -435,12 +436,15 @@ class BrokerLog(DataPlaneLog):
         under its open lock, held until its directory is renamed aside, so the name's next
         incarnation opens a new, empty directory, never the old one. Every lock is taken before
         the store is read, so each partition's id was learned before that read: one the read
-        does not show is gone for good, whereas an id learned after it might be newer."""
+        does not show is gone for good, whereas an id learned after it might be newer. Reads
+        are shared with every other request that needs one (``TopicReads``): a client naming
+        ids no topic has costs the store no more than one naming topics that do not exist."""
         doomed: list[tuple[TopicPartition, TopicId, Path]] = []
         async with AsyncExitStack() as held:
             for tp in sorted(candidates):
                 await held.enter_async_context(self._opening.setdefault(tp, trio.Lock()))
-            self.placement = fresh = await self.store.topics()
+            fresh = await topic_reads(self.store).since(trio.current_time())
+            self.placement = fresh
             for tp in sorted(candidates):
                 partition = self.partitions.get(tp)
                 if partition is None or _in_force(fresh, tp, partition.topic_id):
