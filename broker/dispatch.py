@@ -66,6 +66,7 @@ from protocol import (
     Request,
     ResponseMessage,
     Role,
+    TopicIdentity,
     TopicMetadata,
     error_response,
 )
@@ -375,6 +376,7 @@ async def cluster_metadata(
         return refusal
     names = sorted(topics) if message.topics is None else list(dict.fromkeys(message.topics))
     found = []
+    ids = []
     pace = Pace()
     for name in names:
         await pace.did(1)
@@ -399,6 +401,7 @@ async def cluster_metadata(
                 topic=name, error_code=ErrorCode.NONE, partitions=tuple(partitions)
             )
         found.append(described)
+        ids.append(TopicIdentity(topic=name, topic_id=placement.topic_id))
     return ClusterMetadataResponse(
         error_code=ErrorCode.NONE,
         coordinator_id=coordinator_id,
@@ -406,6 +409,7 @@ async def cluster_metadata(
         brokers=brokers,
         topics=tuple(found),
         slot_holders=slot_holders,
+        topic_ids=tuple(ids),
     )
 
 
