@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from broker.status import format_age
 from cli.security import add_client_options, client_security
 from consumer.admin import Admin, open_admin
+from protocol import ClusterMetadataResponse
 from protocol.shown import escape_unprintable
 from protocol.types import TopicPartition
 from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
@@ -150,32 +151,43 @@ async def _topics_delete(admin: Admin, args: argparse.Namespace) -> None:
 
 
 async def _topics_list(admin: Admin, args: argparse.Namespace) -> None:
-    topics = await admin.topics()
-    rows = [(t.topic, len(t.partitions)) for t in topics]
+    metadata = await admin.described_topics()
+    ids = _topic_ids(metadata)
+    rows = [(t.topic, len(t.partitions), ids.get(t.topic, "-")) for t in metadata.topics]
     if args.json:
-        print(json.dumps([{"topic": name, "partitions": n} for name, n in rows]))
+        keys = ("topic", "partitions", "id")
+        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows]))
     else:
-        _table(("TOPIC", "PARTITIONS"), rows)
+        _table(("TOPIC", "PARTITIONS", "ID"), rows)
+
+
+def _topic_ids(metadata: ClusterMetadataResponse) -> dict[str, str]:
+    """Each topic's id as text: a topic deleted and created again under its name has another
+    (docs/design.md#topic-ids)."""
+    return {i.topic: str(i.topic_id) for i in metadata.topic_ids}
 
 
 async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
-    topics = await admin.topics(args.topic or None)
+    metadata = await admin.described_topics(args.topic or None)
+    ids = _topic_ids(metadata)
     live = {b.broker_id for b in (await admin.metadata(())).brokers}
-    bounds = await admin.log_bounds([t.topic for t in topics])
+    bounds = await admin.log_bounds([t.topic for t in metadata.topics])
     rows = []
-    for topic in topics:
+    for topic in metadata.topics:
+        topic_id = ids.get(topic.topic, "-")
         for p in topic.partitions:
             start, end = bounds.get(
                 TopicPartition(topic=topic.topic, partition=p.partition), (-1, -1)
             )
-            rows.append((topic.topic, p.partition, p.broker_id, p.broker_id in live, start, end))
+            up = p.broker_id in live
+            rows.append((topic.topic, p.partition, p.broker_id, up, start, end, topic_id))
     if args.json:
-        keys = ("topic", "partition", "broker", "broker_up", "start", "end")
+        keys = ("topic", "partition", "broker", "broker_up", "start", "end", "id")
         print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows]))
     else:
         _table(
-            ("TOPIC", "PARTITION", "BROKER", "UP", "START", "END"),
-            [(t, p, b, "yes" if up else "no", start, end) for t, p, b, up, start, end in rows],
+            ("TOPIC", "PARTITION", "BROKER", "UP", "START", "END", "ID"),
+            [(t, p, b, "yes" if up else "no", s, e, i) for t, p, b, up, s, e, i in rows],
         )
 
 

@@ -332,10 +332,16 @@ class Admin:
         _check(f"delete topic {topic}", response.error_code)
 
     async def topics(self, names: Sequence[str] | None = None) -> tuple[TopicMetadata, ...]:
+        return (await self.described_topics(names)).topics
+
+    async def described_topics(self, names: Sequence[str] | None = None) -> ClusterMetadataResponse:
+        """The metadata of ``names`` (all when None), each of which must exist (AdminError); its
+        ``topic_ids`` name each topic's id, the incarnation described (docs/design.md#topic-ids;
+        none from a broker before topic ids)."""
         metadata = await self.metadata(names)
         for topic in metadata.topics:
             _check(f"topic {topic.topic}", topic.error_code)
-        return metadata.topics
+        return metadata
 
     async def groups(self) -> tuple[GroupSummary, ...]:
         """Every broker of the cluster lists the groups of the coordinator slots it holds

@@ -1,9 +1,11 @@
 """``groups reset-offsets`` names a topic by name only (a standalone OffsetCommit carries no topic
 id, SPEC.md §11.12): after the topic is deleted and created again it applies to the new topic,
-checked against the new topic's log, and a consumer of the group then starts where it put it."""
+checked against the new topic's log, and a consumer of the group then starts where it put it.
+``topics list`` and ``describe`` tell the two apart by their ids."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,9 @@ async def test_a_reset_after_a_topic_was_created_again_moves_the_new_topics_offs
         consume = ("consume", "t", "--group", "g", *at)
         done = await run_cli(*consume, "--from-beginning", "--max-messages", "10")
         assert done.returncode == 0, done.stderr
+        (listed,) = await cli_json(broker, "topics", "list")
+        old_id = listed["id"]
+        assert uuid.UUID(old_id) != uuid.UUID(int=0)
 
         assert (await run_cli("topics", "delete", "t", *at)).returncode == 0
         with trio.fail_after(FILES_GONE_WITHIN):  # the old log is no part of this test
@@ -41,6 +46,11 @@ async def test_a_reset_after_a_topic_was_created_again_moves_the_new_topics_offs
         assert done.returncode == 0, done.stderr
         new = b"".join(b"new-%d\n" % i for i in range(5))
         assert (await run_cli("produce", "t", *at, stdin=new)).returncode == 0
+        (described,) = await cli_json(broker, "topics", "describe", "t")
+        assert (described["end"], described["id"] != old_id) == (5, True)
+        table = (await run_cli("topics", "describe", "t", *at)).stdout.decode().splitlines()
+        assert table[0].split() == ["TOPIC", "PARTITION", "BROKER", "UP", "START", "END", "ID"]
+        assert table[1].split()[-1] == described["id"]
 
         # checked against the new topic's log: offset 7 was inside the old one's
         reset_to = ("groups", "reset-offsets", "g", "--topic", "t", "--to-offset")
