@@ -345,6 +345,14 @@ def test_the_stream_reader_takes_ids_for_a_checkpoint_written_without_them(
             reader.partitions({"idless": {"0": 2}}, {"idless": {"id": other, "0": 5}})
     finally:
         reader.stop()
+    # offsets copied from a checkpoint into startingOffsets are checked too
+    named = json.dumps({"idless": {"id": other, "0": 1}})
+    copied = StreamReader({"bootstrap": bootstrap, "topic": "idless", "startingOffsets": named})
+    try:
+        with pytest.raises(TopicRecreated, match="topic 'idless'"):
+            copied.initialOffset()
+    finally:
+        copied.stop()
 
 
 def test_the_committer_does_not_move_a_new_topics_offsets_with_the_old_ones(bootstrap: str) -> None:
