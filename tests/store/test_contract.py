@@ -117,16 +117,19 @@ async def test_broker_registrations_end_with_the_store(store_factory: StoreOpene
 
 async def test_create_topic_places_its_partitions(store: MetadataStore) -> None:
     placement = await store.create_topic("orders", (1, 2, 1))
-    assert placement == TopicPlacement(topic="orders", brokers=(1, 2, 1))
+    assert placement == TopicPlacement(
+        topic="orders", brokers=(1, 2, 1), topic_id=placement.topic_id
+    )
+    assert placement.topic_id.version == 4  # a random uuid, never NO_TOPIC_ID
     assert placement.partition_count == 3
     assert await store.topics() == {"orders": placement}
 
 
 async def test_creating_an_existing_topic_changes_nothing(store: MetadataStore) -> None:
-    await store.create_topic("orders", (1,))
+    placement = await store.create_topic("orders", (1,))
     with pytest.raises(TopicExists):
         await store.create_topic("orders", (2, 2))
-    assert await store.topics() == {"orders": TopicPlacement(topic="orders", brokers=(1,))}
+    assert await store.topics() == {"orders": placement}
 
 
 async def test_a_topic_needs_a_partition(store: MetadataStore) -> None:
@@ -136,9 +139,11 @@ async def test_a_topic_needs_a_partition(store: MetadataStore) -> None:
 
 
 async def test_add_partitions_appends_them(store: MetadataStore) -> None:
-    await store.create_topic("orders", (1, 2))
+    created = await store.create_topic("orders", (1, 2))
     placement = await store.add_partitions("orders", (3, 1))
-    assert placement == TopicPlacement(topic="orders", brokers=(1, 2, 3, 1))
+    assert placement == TopicPlacement(
+        topic="orders", brokers=(1, 2, 3, 1), topic_id=created.topic_id
+    )
     assert (await store.topics())["orders"] == placement
 
 
@@ -157,13 +162,13 @@ async def test_adding_no_partitions_changes_nothing(store: MetadataStore) -> Non
 
 async def test_topics_survive_a_reopen(store_factory: StoreOpener) -> None:
     async with store_factory() as store:
-        await store.create_topic("orders", (1, 2))
+        orders = await store.create_topic("orders", (1, 2))
         await store.add_partitions("orders", (3,))
-        await store.create_topic("logs.web", (2,))
+        logs = await store.create_topic("logs.web", (2,))
     async with store_factory() as store:
         assert await store.topics() == {
-            "orders": TopicPlacement(topic="orders", brokers=(1, 2, 3)),
-            "logs.web": TopicPlacement(topic="logs.web", brokers=(2,)),
+            "orders": TopicPlacement(topic="orders", brokers=(1, 2, 3), topic_id=orders.topic_id),
+            "logs.web": logs,
         }
 
 
@@ -173,7 +178,7 @@ async def test_deleting_a_topic_drops_it_and_every_groups_offsets_for_it(
     async with store_factory() as store:
         epoch = await store.take_office(1)
         await store.create_topic("orders", (1, 2))
-        await store.create_topic("logs", (1,))
+        logs = await store.create_topic("logs", (1,))
         await store.write_group(epoch, sample_group("billing"))
         await store.commit_offsets(
             epoch,
@@ -183,12 +188,12 @@ async def test_deleting_a_topic_drops_it_and_every_groups_offsets_for_it(
             ],
         )
         await store.delete_topic("orders")
-        assert await store.topics() == {"logs": TopicPlacement(topic="logs", brokers=(1,))}
+        assert await store.topics() == {"logs": logs}
         assert await store.fetch_offsets("billing") == {tp("logs", 0): 5}
         assert await store.fetch_offsets("standalone") == {}
     async with store_factory() as store:
         assert await everything(store, "billing", "standalone") == {
-            "topics": {"logs": TopicPlacement(topic="logs", brokers=(1,))},
+            "topics": {"logs": logs},
             "groups": {"billing": sample_group("billing")},  # records are the coordinator's
             "offsets": {"billing": {tp("logs", 0): 5}, "standalone": {}},
         }
@@ -254,8 +259,8 @@ async def test_topic_updates_wake_a_waiting_reader(store: MetadataStore) -> None
     with trio.fail_after(WATCH_DEADLINE):
         async with trio.open_nursery() as nursery:
             await nursery.start(watch)
-            await store.create_topic("orders", (1,))
-    assert seen == [{}, {"orders": TopicPlacement(topic="orders", brokers=(1,))}]
+            placement = await store.create_topic("orders", (1,))
+    assert seen == [{}, {"orders": placement}]
 
 
 async def test_topic_updates_coalesce_a_burst_to_the_latest(store: MetadataStore) -> None:

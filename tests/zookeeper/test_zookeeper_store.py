@@ -199,10 +199,8 @@ async def test_a_topic_created_by_another_broker_reaches_the_watch(zookeeper_hos
     ):
         with trio.fail_after(DEADLINE):
             assert await anext(updates) == {}
-            await creator.create_topic("orders", (1, 2))
-            assert await anext(updates) == {
-                "orders": TopicPlacement(topic="orders", brokers=(1, 2))
-            }
+            placement = await creator.create_topic("orders", (1, 2))
+            assert await anext(updates) == {"orders": placement}
             await creator.add_partitions("orders", (3,))
             assert (await anext(updates))["orders"].brokers == (1, 2, 3)
 
@@ -210,7 +208,7 @@ async def test_a_topic_created_by_another_broker_reaches_the_watch(zookeeper_hos
 async def test_the_layout_is_readable_by_other_tools(zookeeper_hosts: str) -> None:
     async with open_office(zookeeper_hosts) as store:
         await store.register_broker(BrokerInfo(broker_id=7, host="10.0.0.7", port=9093))
-        await store.create_topic("orders", (7, 7, 8))
+        placement = await store.create_topic("orders", (7, 7, 8))
         epoch = await store.take_office(7)
         group = sample_group("billing", generation=3)
         await store.write_group(epoch, group)
@@ -222,6 +220,7 @@ async def test_the_layout_is_readable_by_other_tools(zookeeper_hosts: str) -> No
             for path in (
                 "/brokers/ids/7",
                 "/brokers/topics/orders",
+                "/brokers/topic_ids/orders",
                 "/coordinator_slots/0",
                 "/consumers/billing/offsets/orders/2",
                 "/consumers/billing/owners/orders/2",
@@ -230,10 +229,12 @@ async def test_the_layout_is_readable_by_other_tools(zookeeper_hosts: str) -> No
         }
     assert json.loads(raw["/brokers/ids/7"]) == {"host": "10.0.0.7", "port": 9093}
     assert json.loads(raw["/brokers/topics/orders"]) == {"0": 7, "1": 7, "2": 8}
+    assert json.loads(raw["/brokers/topic_ids/orders"]) == {"topic_id": str(placement.topic_id)}
     assert json.loads(raw["/coordinator_slots/0"]) == {"broker_id": 7}
     assert json.loads(raw["/consumers/billing/offsets/orders/2"]) == {
         "offset": 17,
         "generation": 3,
+        "topic_id": str(placement.topic_id),
     }
     assert raw["/consumers/billing/owners/orders/2"] == b"m3-0"
     assert raw["/consumers/billing/owners/logs.web/0"] == b"m2-2"
