@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -19,14 +21,13 @@ from kazoo.exceptions import NoNodeError  # type: ignore[import-untyped]
 from launch.cluster import eventually
 from launch.zookeeper import Ensemble
 from protocol import Subscription
-from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
+from protocol.types import NO_TOPIC_ID, BrokerInfo, ConsumerThread, TopicPartition
 from store import (
     Deposed,
     GroupRecord,
     MemberRecord,
     OffsetBatch,
     StoreUnavailable,
-    TopicPlacement,
 )
 from store.codec import encode_group
 from store.zookeeper import CONTACT_MARGIN_FRACTION, ZooKeeperStore
@@ -326,6 +327,126 @@ async def test_names_that_are_not_znode_names_round_trip(zookeeper_hosts: str) -
         assert await store.coordinator_id() == 1  # the group "coordinator" left the office alone
         await store.delete_group(epoch, "a/b")
         assert set(await store.groups()) == set(odd) - {"a/b"}
+
+
+# Topic ids (docs/design.md#topic-ids)
+
+
+async def raw(hosts: str, act: Callable[[Any], Any]) -> Any:
+    """``act`` on a plain kazoo client of its own: another tool, or a broker of layout 2."""
+
+    def run() -> Any:
+        client = _raw_client(hosts)
+        try:
+            return act(client)
+        finally:
+            client.stop()
+            client.close()
+
+    return await trio.to_thread.run_sync(run)
+
+
+async def test_a_delete_that_read_one_incarnation_leaves_no_offset_of_the_next(
+    zookeeper_hosts: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete reads the incarnation, deletes its offsets, then deletes it. If meanwhile it was
+    deleted and created again, and the new one got offsets, the delete's last transaction finds
+    the name's ids node changed, reads again, and deletes the new incarnation with its offsets.
+    Without that check it would delete the new topic node (same version) and leave its offsets
+    behind."""
+    async with (
+        open_office(zookeeper_hosts) as first,
+        open_office(zookeeper_hosts) as second,
+    ):
+        epoch = await first.take_office(1)
+        await first.create_topic("orders", (1,))
+        listed, resume = trio.Event(), trio.Event()
+        list_offsets = second.inner._topic_offset_ops
+
+        async def list_then_wait(groups: Sequence[str], topic: str) -> list[Any]:
+            ops = await list_offsets(groups, topic)
+            listed.set()
+            await resume.wait()
+            return ops
+
+        monkeypatch.setattr(second.inner, "_topic_offset_ops", list_then_wait)
+        with trio.fail_after(DEADLINE):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(second.delete_topic, "orders")
+                await listed.wait()
+                await first.delete_topic("orders")
+                again = await first.create_topic("orders", (1,))
+                await first.commit_offsets(
+                    epoch,
+                    [
+                        OffsetBatch(
+                            group_id="billing",
+                            generation=1,
+                            offsets={tp("orders", 0): 5},
+                            topic_ids={"orders": again.topic_id},
+                        )
+                    ],
+                )
+                resume.set()
+        assert await first.topics() == {}
+        assert not await raw(
+            zookeeper_hosts, lambda client: client.exists("/consumers/billing/offsets/orders")
+        )
+        assert json.loads(await read_raw(zookeeper_hosts, "/brokers/topic_ids/orders")) == {
+            "topic_id": None
+        }
+
+
+async def test_topics_of_a_layout_2_broker_get_ids_on_sight(zookeeper_hosts: str) -> None:
+    """During a rolling upgrade a broker of layout 2 creates, deletes and re-creates topic nodes
+    without ids: each broker of layout 3 that reads such a topic gives it an id or reads the one
+    another gave, so they agree; a topic node created after its name's id was written is another
+    incarnation; offsets written without an id are the current incarnation's."""
+    async with (
+        open_office(zookeeper_hosts) as first,
+        open_office(zookeeper_hosts) as second,
+        contextlib.aclosing(second.topic_updates()) as updates,
+    ):
+        with trio.fail_after(DEADLINE):
+            assert await anext(updates) == {}
+
+            def old_create(client: Any) -> None:
+                client.create("/brokers/topics/orders", b'{"0":1,"1":2}')
+                client.create(
+                    "/consumers/billing/offsets/orders/0",
+                    b'{"offset":9,"generation":1}',
+                    makepath=True,
+                )
+
+            await raw(zookeeper_hosts, old_create)
+            seen, read = await anext(updates), await first.topics()
+            assert seen == read
+            given = read["orders"]
+            assert given.brokers == (1, 2)
+            assert given.topic_id.version == 4
+            assert await first.fetch_offsets("billing") == {tp("orders", 0): 9}
+
+            def old_recreate(client: Any) -> None:
+                client.delete("/brokers/topics/orders")
+                client.create("/brokers/topics/orders", b'{"0":3}')
+
+            await raw(zookeeper_hosts, old_recreate)
+            latest = await anext(updates)
+            while latest["orders"].brokers != (3,):
+                latest = await anext(updates)
+            assert latest["orders"].topic_id not in (given.topic_id, NO_TOPIC_ID)
+            assert (await first.topics())["orders"] == latest["orders"]
+
+            # Only the ids node changes (another tool): the watch sees it too.
+            other = uuid.uuid4()
+            await raw(
+                zookeeper_hosts,
+                lambda client: client.set(
+                    "/brokers/topic_ids/orders", json.dumps({"topic_id": str(other)}).encode()
+                ),
+            )
+            while (await anext(updates))["orders"].topic_id != other:
+                pass
 
 
 def big_group(members: int, partitions: int, generation: int) -> GroupRecord:
