@@ -55,6 +55,10 @@ def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
 
 
 def _frozen_offsets(offsets: Mapping[TopicPartition, int]) -> Mapping[TopicPartition, int]:
+    if isinstance(offsets, types.MappingProxyType):
+        # Another batch's (``writable_offsets``): the dict behind it copies without hashing
+        # every key again, which attrs' generated hash makes a Python call each.
+        return types.MappingProxyType(offsets.copy())
     return types.MappingProxyType(dict(offsets))
 
 
@@ -106,14 +110,16 @@ def writable_offsets(batch: OffsetBatch, current: Mapping[str, TopicId]) -> Offs
     the current id, which the result's ``topic_ids`` names for each topic it keeps. Offsets
     committed by name while no topic has the name are written under NO_TOPIC_ID: they belong to
     no incarnation, and none created later sees them."""
-    offsets = {}
     topic_ids: dict[str, TopicId] = {}
-    for tp, offset in batch.offsets.items():
-        now = current[tp.topic]
-        named = batch.topic_ids.get(tp.topic, NO_TOPIC_ID)
-        if named in (NO_TOPIC_ID, now):
-            offsets[tp] = offset
-            topic_ids[tp.topic] = now
+    dropped = set()
+    for topic in {tp.topic for tp in batch.offsets}:
+        if batch.topic_ids.get(topic, NO_TOPIC_ID) in (NO_TOPIC_ID, current[topic]):
+            topic_ids[topic] = current[topic]
+        else:
+            dropped.add(topic)
+    offsets = batch.offsets
+    if dropped:
+        offsets = {tp: offset for tp, offset in offsets.items() if tp.topic not in dropped}
     return OffsetBatch(
         group_id=batch.group_id, generation=batch.generation, offsets=offsets, topic_ids=topic_ids
     )
