@@ -4,10 +4,11 @@ client is driven through ``kazoo_bridge``, the one module that imports kazoo.
 
 The store is in parts, one module each: the nodes and their names (``zookeeper_layout``), one
 session's requests and the transactions that check an office (``zookeeper_session``), the brokers,
-the layout and the slots' offices (``zookeeper_cluster``), the groups' records and offsets
-(``zookeeper_groups``); here, the topics, the credentials and access rules, and the handle that
-puts them together. Its offices are its slots': a coordinator runs on one slot's view of it
-(store/slot_store.py), which is a whole ``MetadataStore``.
+the layout and the slots' offices (``zookeeper_cluster``), the topics' ids
+(``zookeeper_topic_ids``), the groups' records and offsets (``zookeeper_groups``); here, the
+topics, the credentials and access rules, and the handle that puts them together. Its offices
+are its slots': a coordinator runs on one slot's view of it (store/slot_store.py), which is a
+whole ``MetadataStore``.
 """
 
 from __future__ import annotations

@@ -128,6 +128,8 @@ class TopicIds(Session):
             recorded = None
             if ids_stat is not None and ids_stat.mzxid >= stat.czxid:
                 recorded = self._decode_id(name, ids_data)
+                if recorded == NO_TOPIC_ID:  # names no incarnation (another tool wrote it)
+                    recorded = None
             version = None if ids_stat is None else int(ids_stat.version)
             reads.append(_Read(name, data, stat, recorded, version))
         return reads

@@ -63,17 +63,22 @@ async def expire_session(hosts: str, store: ZooKeeperStore) -> None:
     await trio.to_thread.run_sync(close_it)
 
 
-async def read_raw(hosts: str, path: str) -> bytes:
-    def read() -> bytes:
+async def raw(hosts: str, act: Callable[[Any], Any]) -> Any:
+    """``act`` on a plain kazoo client of its own: another tool, or a broker of layout 2."""
+
+    def run() -> Any:
         client = _raw_client(hosts)
         try:
-            data, _stat = client.get(path)
-            return bytes(data)
+            return act(client)
         finally:
             client.stop()
             client.close()
 
-    return await trio.to_thread.run_sync(read)
+    return await trio.to_thread.run_sync(run)
+
+
+async def read_raw(hosts: str, path: str) -> bytes:
+    return bytes(await raw(hosts, lambda client: client.get(path)[0]))
 
 
 async def hold_office(
@@ -330,20 +335,6 @@ async def test_names_that_are_not_znode_names_round_trip(zookeeper_hosts: str) -
 
 
 # Topic ids (docs/design.md#topic-ids)
-
-
-async def raw(hosts: str, act: Callable[[Any], Any]) -> Any:
-    """``act`` on a plain kazoo client of its own: another tool, or a broker of layout 2."""
-
-    def run() -> Any:
-        client = _raw_client(hosts)
-        try:
-            return act(client)
-        finally:
-            client.stop()
-            client.close()
-
-    return await trio.to_thread.run_sync(run)
 
 
 async def test_a_delete_that_read_one_incarnation_leaves_no_offset_of_the_next(
