@@ -21,11 +21,12 @@ from kazoo.exceptions import NoNodeError  # type: ignore[import-untyped]
 from launch.cluster import eventually
 from launch.zookeeper import Ensemble
 from protocol import Subscription
-from protocol.types import NO_TOPIC_ID, BrokerInfo, ConsumerThread, TopicPartition
+from protocol.types import NO_TOPIC_ID, BrokerInfo, ConsumerThread, TopicId, TopicPartition
 from store import (
     Deposed,
     GroupRecord,
     MemberRecord,
+    MetadataStore,
     OffsetBatch,
     StoreUnavailable,
 )
@@ -438,6 +439,44 @@ async def test_topics_of_a_layout_2_broker_get_ids_on_sight(zookeeper_hosts: str
             )
             while (await anext(updates))["orders"].topic_id != other:
                 pass
+
+
+async def test_brokers_that_see_a_topic_without_an_id_at_once_agree_on_the_one_given(
+    zookeeper_hosts: str,
+) -> None:
+    """A topic a broker of layout 2 created over a name whose id a delete set to null reaches the
+    topic watches of four sessions at once: one id is given, and every session publishes it."""
+
+    def old_create(client: Any) -> None:
+        client.create("/brokers/topics/orders", b'{"0":1}')
+        client.set("/brokers/topic_ids/orders", b'{"topic_id":null}')
+
+    seen: list[TopicId] = []
+
+    async def watch(store: MetadataStore, task_status: trio.TaskStatus[None]) -> None:
+        async with contextlib.aclosing(store.topic_updates()) as updates:
+            while await anext(updates):
+                pass  # the watch has yet to see the delete
+            task_status.started()
+            async for topics in updates:
+                if "orders" in topics:
+                    seen.append(topics["orders"].topic_id)
+                    return
+
+    async with contextlib.AsyncExitStack() as stack:
+        stores = [await stack.enter_async_context(open_office(zookeeper_hosts)) for _ in range(4)]
+        await stores[0].create_topic("orders", (1,))
+        await stores[0].delete_topic("orders")
+        with trio.fail_after(DEADLINE):
+            async with trio.open_nursery() as nursery:
+                for store in stores:
+                    await nursery.start(watch, store)
+                await raw(zookeeper_hosts, old_create)
+        assert len(seen) == 4
+        assert len(set(seen)) == 1, seen
+        assert seen[0] != NO_TOPIC_ID
+        for store in stores:
+            assert (await store.topics())["orders"].topic_id == seen[0]
 
 
 def big_group(members: int, partitions: int, generation: int) -> GroupRecord:
