@@ -205,7 +205,10 @@ class TopicStore(Protocol):
         ...
 
     async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
-        """Raises ``TopicExists``, or ``InvalidPartitions`` when ``brokers`` is empty."""
+        """A new incarnation of the name, with an id no other ever had
+        (docs/design.md#topic-ids). Raises ``TopicExists``, or ``InvalidPartitions`` when
+        ``brokers`` is empty. Creates and deletes of one name are linearizable, also from two
+        brokers at once: two of them never both act on one incarnation."""
         ...
 
     async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
