@@ -10,6 +10,7 @@ the wrong shape raises ``KeyError``/``TypeError``/``ValueError``, which callers 
 from __future__ import annotations
 
 import base64
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -114,6 +115,8 @@ def encode_group(group: GroupRecord) -> dict[str, Any]:
     }
     if group.complete:  # absent when false: a record without it reads as one never completed
         encoded["complete"] = True
+    if group.topic_ids:  # absent in older records: read as made under the ids in force
+        encoded["topic_ids"] = {topic: str(topic_id) for topic, topic_id in group.topic_ids.items()}
     return encoded
 
 
@@ -155,6 +158,10 @@ def decode_group(value: Mapping[str, Any]) -> GroupRecord:
         members=tuple(decode_member(member) for member in value["members"]),
         assignment=decode_owners(value["assignment"]),
         complete=bool(value.get("complete", False)),
+        topic_ids={
+            str(topic): uuid.UUID(str(topic_id))
+            for topic, topic_id in value.get("topic_ids", {}).items()
+        },
     )
 
 
