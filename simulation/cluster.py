@@ -53,7 +53,7 @@ from protocol import (
 )
 from protocol.batches import batches_from_records
 from protocol.records import Record
-from protocol.types import BrokerInfo, Subscription, TopicPartition, TopicStreams
+from protocol.types import BrokerInfo, Subscription, TopicId, TopicPartition, TopicStreams
 from statemachine.group import GroupState
 from store import (
     MetadataStore,
@@ -119,11 +119,15 @@ class SimulatedCluster:
     _generations_seen: dict[tuple[int, str, int], int] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
-        self.log = MemoryLog(partition_count=self._partition_count)
+        self.log = MemoryLog(partition_count=self._partition_count, topic_id=self._topic_id)
 
     def _partition_count(self, topic: str) -> int | None:
         placement = self.coordinator.topics.get(topic)
         return None if placement is None else placement.partition_count
+
+    def _topic_id(self, topic: str) -> TopicId | None:
+        placement = self.coordinator.topics.get(topic)
+        return None if placement is None else placement.topic_id
 
     # --- topics -------------------------------------------------------------------------------
 
@@ -150,6 +154,26 @@ class SimulatedCluster:
             await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
         return ErrorCode.NONE
 
+    async def recreate_topic(self, name: str, *, partitions: int) -> TopicId:
+        """Delete the topic and create it again under its name with ``partitions``, both before
+        the coordinator's topic watch hears of either, so that it sees them as one change, as a
+        slow watch or a broker down through both would (docs/design.md#topic-ids). Returns the
+        new incarnation's id once the watch has seen it."""
+        old = self.coordinator.topics[name].topic_id
+        self.latency.topics_held.value = True
+        try:
+            await self.store.delete_topic(name)
+            placement = await self.store.create_topic(name, (self.broker.broker_id,) * partitions)
+        finally:
+            self.latency.topics_held.value = False
+        assert placement.topic_id != old
+        for attempt in itertools.count():
+            seen = self.coordinator.topics.get(name)
+            if seen is not None and seen.topic_id == placement.topic_id:
+                return placement.topic_id
+            await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
+        raise AssertionError("unreachable")
+
     async def _topics_seen(self, name: str, partitions: int) -> None:
         # The watch normally catches up within the same instant; after that, let virtual time
         # run, so that a caller's deadline can fire if it never does.
@@ -159,11 +183,12 @@ class SimulatedCluster:
                 return
             await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
 
-    def produce(self, topic: str, *, records: int = 1) -> None:
-        """Append ``records`` records to each partition of ``topic`` now, as a producer the test
-        does not watch would: what the consumers then fetch, finish and commit."""
+    def produce(self, topic: str, *, records: int = 1, value: bytes = b"") -> None:
+        """Append ``records`` records (each of ``value``) to each partition of ``topic`` now, as
+        a producer the test does not watch would: what the consumers then fetch, finish and
+        commit."""
         now_ms = round(trio.current_time() * 1000)
-        record = Record(offset=0, timestamp_ms=now_ms, key=None, value=b"")
+        record = Record(offset=0, timestamp_ms=now_ms, key=None, value=value)
         payload = batches_from_records([record] * records)
         for p in range(self.coordinator.topics[topic].partition_count):
             self.log.produce_now(TopicPartition(topic=topic, partition=p), payload)

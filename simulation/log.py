@@ -23,10 +23,10 @@ import trio
 
 from broker.data_plane import DataPlaneLog
 from broker.log import OffsetOutOfRange
-from protocol import FetchRequest, FetchResponse
+from protocol import ErrorCode, FetchRequest, FetchResponse
 from protocol.batches import BatchSpan, batch_spans, read_batches, stamp
 from protocol.codec import ReadableBuffer
-from protocol.types import TopicPartition
+from protocol.types import NO_TOPIC_ID, TopicId, TopicPartition
 
 __all__ = ["MemoryLog", "MemoryPartition", "StoredRecord"]
 
@@ -106,10 +106,17 @@ class MemoryLog(DataPlaneLog):
     """The data plane of the simulated broker (``handle_connection``'s ``data_plane``).
 
     ``partition_count`` says how many partitions a topic has now (None: no such topic), as the
-    coordinator's topic watch knows them."""
+    coordinator's topic watch knows them, and ``topic_id`` which incarnation of the name that
+    is (docs/design.md#topic-ids): a partition of another is set aside, and a new, empty one
+    takes its place; a Fetch naming another id is answered UNKNOWN_TOPIC_ID."""
 
     partition_count: Callable[[str], int | None]
+    topic_id: Callable[[str], TopicId | None] = lambda topic: None
     partitions: dict[TopicPartition, MemoryPartition] = attrs.field(factory=dict)
+    #: The incarnation each partition of ``partitions`` belongs to.
+    incarnations: dict[TopicPartition, TopicId] = attrs.field(factory=dict)
+    #: The partitions of incarnations no longer in force, set aside: (partition, id) -> log.
+    set_aside: dict[tuple[TopicPartition, TopicId], MemoryPartition] = attrs.field(factory=dict)
     fetches: list[tuple[float, TopicPartition, int]] = attrs.field(factory=list)
     """Every Fetch: when, of which partition, from which offset."""
 
@@ -118,13 +125,22 @@ class MemoryLog(DataPlaneLog):
         count = self.partition_count(topic)
         if count is None or not 0 <= partition < count:
             return None
-        tp = TopicPartition(topic=topic, partition=partition)
+        return self._current(TopicPartition(topic=topic, partition=partition))
+
+    def _current(self, tp: TopicPartition) -> MemoryPartition:
+        """The partition's log of the incarnation in force: another's is set aside first."""
+        topic_id = self.topic_id(tp.topic)
+        held = self.incarnations.get(tp)
+        if topic_id is not None and held is not None and held != topic_id:
+            self.set_aside[tp, held] = self.partitions.pop(tp)
+        if topic_id is not None:
+            self.incarnations[tp] = topic_id
         return self.partitions.setdefault(tp, MemoryPartition())
 
     def produce_now(self, tp: TopicPartition, batches: bytes) -> int:
         """Append well-formed batches to a partition at once, as a producer the test does not
         watch would; the first record's offset."""
-        partition = self.partitions.setdefault(tp, MemoryPartition())
+        partition = self._current(tp)
         return partition.put(batches, batch_spans(batches), self.now_ms())
 
     def now_ms(self) -> int:
@@ -137,11 +153,21 @@ class MemoryLog(DataPlaneLog):
     async def fetch(self, message: FetchRequest, api_version: int = 1) -> FetchResponse:
         tp = TopicPartition(topic=message.topic, partition=message.partition)
         self.fetches.append((trio.current_time(), tp, message.offset))
+        current = self.topic_id(message.topic)
+        if message.topic_id != NO_TOPIC_ID and current is not None and message.topic_id != current:
+            await trio.lowlevel.checkpoint()
+            return FetchResponse(
+                error_code=ErrorCode.UNKNOWN_TOPIC_ID,
+                high_watermark=-1,
+                log_start_offset=-1,
+                records=(),
+            )
         return await super().fetch(message, api_version)
 
     def records(self, topic: str, partition: int) -> list[StoredRecord]:
         """Every record of the partition, in offset order."""
-        stored = self.partitions.get(TopicPartition(topic=topic, partition=partition))
+        tp = TopicPartition(topic=topic, partition=partition)
+        stored = self._current(tp) if tp in self.partitions else None
         if stored is None:
             return []
         return [
