@@ -60,7 +60,7 @@ class RebalanceAttempts(GroupCore):
         take a new generation and say what to ask of each member (None: no attempt follows).
         ``topics``: the incarnation in force of each topic (None: the group's own are)."""
         members = tuple(self.members.values())
-        quarantined = self._quarantine(topics, now)
+        quarantined = self.quarantine(topics, now)
         assignment = self.compute_assignment(partition_counts)
         recovered, self.recovered = self.recovered, None
         if (
@@ -109,7 +109,7 @@ class RebalanceAttempts(GroupCore):
         )
         return plan, effects
 
-    def _quarantine(self, topics: Mapping[str, Placed] | None, now: float) -> frozenset[str]:
+    def quarantine(self, topics: Mapping[str, Placed] | None, now: float) -> frozenset[str]:
         """The topics of the group's assignment whose incarnation in force is another
         (docs/design.md#topic-ids) and of which some process may still fetch a partition of the
         old one. The others are released: nothing of the old incarnation is left, so the new
