@@ -144,8 +144,9 @@ class RebalanceAttempts(GroupCore):
         return gained | self.ownership.of_topics(plan.quarantined & plan.topic_ids.keys(), now)
 
     def stale_ids(self, plan: AttemptPlan, topics: Mapping[str, Placed]) -> list[str]:
-        """The topics the attempt would start under an incarnation no longer in force: one was
-        created again (or deleted) since it was planned."""
+        """The topics the attempt would start under an incarnation no longer in force: created
+        again since it was planned (one deleted since fails the attempt when its streams are
+        built)."""
         return sorted(
             topic
             for topic, topic_id in plan.topic_ids.items()
