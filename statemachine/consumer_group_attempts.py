@@ -99,13 +99,15 @@ class RebalanceAttempts(GroupCore):
                 (self.group_id, generation, len(members)),
             )
         )
+        assigned_ids = self._assigned_ids(assignment, topics)
         plan = AttemptPlan(
             generation=generation,
             assignment=assignment,
             members=members,
             changes=changes,
-            topic_ids=self._assigned_ids(assignment, topics),
+            topic_ids=assigned_ids,
             quarantined=quarantined,
+            held_over={t: self.topic_ids[t] for t in quarantined if t not in assigned_ids},
         )
         return plan, effects
 
@@ -320,7 +322,7 @@ class RebalanceAttempts(GroupCore):
                 *self._away_records(plan),
             ),
             assignment=plan.assignment,
-            topic_ids=plan.topic_ids,
+            topic_ids=plan.recorded_ids,
         )
 
     def _away_records(self, plan: AttemptPlan) -> tuple[MemberRecord, ...]:
@@ -347,7 +349,7 @@ class RebalanceAttempts(GroupCore):
         """The attempt's record is in the store: its assignment is the one in force, made under
         the incarnations it names."""
         self.assignment = dict(plan.assignment)
-        self.topic_ids = dict(plan.topic_ids)
+        self.topic_ids = plan.recorded_ids
 
     def starts_sent(
         self,

@@ -51,7 +51,8 @@ class GroupCore:
     fenced: dict[str, str] = attrs.field(factory=dict)
     #: The intended assignment of the latest attempt that reached its start phase.
     assignment: Assignment = attrs.field(factory=dict)
-    #: The incarnation of each topic of ``assignment``, the one its partitions were given under
+    #: The incarnation of each topic of ``assignment``, the one its partitions were given under,
+    #: and of each topic whose old incarnation a process may still fetch
     #: (docs/design.md#topic-ids): while another is in force, the topic is quarantined.
     topic_ids: dict[str, TopicId] = attrs.field(factory=dict)
     #: Who may fetch each partition, and from when a partition is free.

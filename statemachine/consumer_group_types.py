@@ -215,6 +215,15 @@ class AttemptPlan:
     #: Topics created again whose old incarnation some process may still fetch: every holder
     #: is stopped, and nothing is started until none holds any partition of them.
     quarantined: frozenset[str] = frozenset()
+    #: The old incarnation of each quarantined topic the attempt does not assign (deleted, or
+    #: no longer subscribed): the group remembers it while a process may still fetch it, so
+    #: that a later creation of the name is quarantined too.
+    held_over: Mapping[str, TopicId] = attrs.field(factory=dict)
+
+    @property
+    def recorded_ids(self) -> dict[str, TopicId]:
+        """The topic ids the attempt's record names, and the group keeps once it is persisted."""
+        return {**self.held_over, **self.topic_ids}
 
 
 @attrs.frozen(kw_only=True)

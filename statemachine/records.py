@@ -72,8 +72,9 @@ class GroupRecord:
     members: tuple[MemberRecord, ...] = attrs.field(converter=_member_tuple)
     assignment: Mapping[TopicPartition, ConsumerThread] = attrs.field(converter=_frozen_assignment)
     complete: bool = False
-    #: The incarnation of each topic of ``assignment`` (docs/design.md#topic-ids): a successor
-    #: that finds another id in force stops every holder of the old one before it starts the
-    #: new. Empty in a record written before topics had ids: read as made under the ids in
-    #: force when it is read.
+    #: The incarnation of each topic of ``assignment`` (docs/design.md#topic-ids), and of a
+    #: topic deleted or created again whose old incarnation a process may still fetch: a
+    #: successor that finds another id in force stops every holder of the old one before it
+    #: starts the new. Empty in a record written before topics had ids: read as made under the
+    #: ids in force when it is read.
     topic_ids: Mapping[str, TopicId] = attrs.field(factory=dict, converter=_frozen_ids)

@@ -165,3 +165,28 @@ def test_a_record_made_before_topic_ids_is_read_as_made_under_the_ids_in_force()
     group.recover(recorded, since=0.0, topics={"events": _Placement(topic_id=NEW_ID)})
     assert group.topic_ids == {"events": OLD_ID}
     assert group.stale_topics({"events": _Placement(topic_id=NEW_ID)}) == {"events"}
+
+
+def test_a_deleted_topic_a_dead_member_may_still_fetch_is_remembered_until_its_lease_ends() -> None:
+    """Deleted while its holder's lease runs (to 6.5): the attempt assigns it nobody, but the
+    group keeps its old id, so that created again before 6.5 it is quarantined, not new."""
+    group, member = _one_member_group()
+    record = MemberRecord(
+        member_id="c2",
+        client_id="client",
+        subscription=Subscription(topics=(TopicStreams(topic="orders", streams=1),)),
+        session_timeout_ms=6000,
+        auto_commit=True,
+        auto_offset_reset="smallest",
+    )
+    group.join(record, consumer_id="c2", incarnation=1, reported_generation=-1, holding=(), now=1.0)
+    group.deadline_missed(member, 1.0, handover=False)
+    group.attempt_due()
+    deleted = {"orders": _Placement(topic_id=uuid.UUID(int=9), partition_count=1)}
+    plan = _run_attempt(group, deleted, 2.0)
+    assert plan.quarantined == {"events"} and plan.held_over == {"events": OLD_ID}
+    assert group.topic_ids == {"events": OLD_ID, "orders": uuid.UUID(int=9)}
+    recreated = {**deleted, "events": _Placement(topic_id=NEW_ID)}
+    assert group.quarantine(recreated, 6.0) == {"events"}
+    assert group.quarantine(recreated, 6.5) == frozenset()
+    assert group.topic_ids == {"orders": uuid.UUID(int=9)}
