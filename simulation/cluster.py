@@ -53,7 +53,7 @@ from protocol import (
 )
 from protocol.batches import batches_from_records
 from protocol.records import Record
-from protocol.types import BrokerInfo, Subscription, TopicPartition, TopicStreams
+from protocol.types import BrokerInfo, Subscription, TopicId, TopicPartition, TopicStreams
 from statemachine.group import GroupState
 from store import (
     MetadataStore,
@@ -146,6 +146,26 @@ class SimulatedCluster:
             await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
         return ErrorCode.NONE
 
+    async def recreate_topic(self, name: str, *, partitions: int) -> TopicId:
+        """Delete the topic and create it again under its name with ``partitions``, both before
+        the coordinator's topic watch hears of either, so that it sees them as one change, as a
+        slow watch or a broker down through both would (docs/design.md#topic-ids). Returns the
+        new incarnation's id once the watch has seen it."""
+        old = self.coordinator.topics[name].topic_id
+        self.latency.topics_held.value = True
+        try:
+            await self.store.delete_topic(name)
+            placement = await self.store.create_topic(name, (self.broker.broker_id,) * partitions)
+        finally:
+            self.latency.topics_held.value = False
+        assert placement.topic_id != old
+        for attempt in itertools.count():
+            seen = (self.coordinator.topics.get(name), self.log.placement.get(name))
+            if all(p is not None and p.topic_id == placement.topic_id for p in seen):
+                return placement.topic_id
+            await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
+        raise AssertionError("unreachable")
+
     async def _topics_seen(self, name: str, partitions: int) -> None:
         # The watch normally catches up within the same instant; after that, let virtual time
         # run, so that a caller's deadline can fire if it never does.
@@ -155,11 +175,12 @@ class SimulatedCluster:
                 return
             await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
 
-    def produce(self, topic: str, *, records: int = 1) -> None:
-        """Append ``records`` records to each partition of ``topic`` now, as a producer the test
-        does not watch would: what the consumers then fetch, finish and commit."""
+    def produce(self, topic: str, *, records: int = 1, value: bytes = b"") -> None:
+        """Append ``records`` records (each of ``value``) to each partition of ``topic`` now, as
+        a producer the test does not watch would: what the consumers then fetch, finish and
+        commit."""
         now_ms = round(trio.current_time() * 1000)
-        record = Record(offset=0, timestamp_ms=now_ms, key=None, value=b"")
+        record = Record(offset=0, timestamp_ms=now_ms, key=None, value=value)
         payload = batches_from_records([record] * records)
         for p in range(self.coordinator.topics[topic].partition_count):
             self.log.produce_now(TopicPartition(topic=topic, partition=p), payload)

@@ -33,12 +33,14 @@ from .codec import (
     decode_member,
     decode_owners,
     decode_placement,
+    decode_topic_ids,
     encode_acl,
     encode_credential,
     encode_group,
     encode_member,
     encode_owners,
     encode_placement,
+    encode_topic_ids,
 )
 from .interface import GroupRecord, OffsetBatch, TopicPlacement, offset_is_current
 
@@ -155,6 +157,9 @@ def group_entry(group: GroupRecord, previous: GroupRecord | None = None) -> Json
         "owners": encode_owners(changed),
         "released": {topic: sorted(partitions) for topic, partitions in released.items()},
         "complete": group.complete,
+        # Whole: a few topics' ids (docs/design.md#topic-ids); absent, as in older entries,
+        # when the record names none.
+        **({"topic_ids": encode_topic_ids(group.topic_ids)} if group.topic_ids else {}),
     }
 
 
@@ -276,6 +281,7 @@ class StoreState:
             members=tuple(members),
             assignment=assignment,
             complete=bool(entry.get("complete", False)),
+            topic_ids=decode_topic_ids(entry.get("topic_ids", {})),
         )
 
     def _apply_user(self, user: str, mechanism: str, credential: Mapping[str, Any] | None) -> None:

@@ -49,6 +49,7 @@ from protocol import (
     StartFetcherResponse,
     StopFetcherRequest,
     StopFetcherResponse,
+    TopicIdentity,
 )
 from protocol.batches import batch_spans, build_batch
 from protocol.types import NO_TOPIC_ID, BrokerInfo, ConsumerThread, TopicId, TopicPartition
@@ -278,7 +279,12 @@ class ScriptedMember:
         )
 
     async def start(
-        self, generation: int, streams: tuple[AssignedStream, ...], *, incremental: bool = False
+        self,
+        generation: int,
+        streams: tuple[AssignedStream, ...],
+        *,
+        incremental: bool = False,
+        topic_ids: tuple[TopicIdentity, ...] = (),
     ) -> StartFetcherResponse:
         request = StartFetcherRequest(
             coordinator_epoch=self.epoch,
@@ -288,6 +294,7 @@ class ScriptedMember:
             brokers=(self.broker,),
             acknowledged_frames=self.channel.frames_received,
             incremental=incremental,
+            topic_ids=topic_ids,
         )
         return await self._ask(request, StartFetcherResponse)
 
