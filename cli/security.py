@@ -140,7 +140,7 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-def add_bootstrap_option(parser: argparse.ArgumentParser | argparse._ActionsContainer) -> None:
+def add_bootstrap_option(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--bootstrap",
         type=bootstrap_addresses,
@@ -372,7 +372,7 @@ def _new_password(args: argparse.Namespace) -> str:
 
 async def run_users(args: argparse.Namespace) -> None:
     password = _new_password(args) if args.verb == "add" else None
-    mechanisms = args.mechanism or MECHANISMS if args.verb == "add" else ()
+    mechanisms = (args.mechanism or MECHANISMS) if args.verb == "add" else ()
     if _offline(args):
         async with _store(args) as store:
             if password is not None:

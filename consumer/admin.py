@@ -54,7 +54,7 @@ from protocol import (
     TopicMetadata,
 )
 from protocol.batches import records_from_batches
-from protocol.sasl import MECHANISMS
+from protocol.sasl import MECHANISMS, ScramCredential
 from protocol.types import BrokerInfo, TopicPartition
 from statemachine.acl import Acl, Operation, ResourceType, acl_of, binding_of
 from transport.channel import Channel
@@ -508,19 +508,10 @@ class Admin:
     ) -> None:
         """Add the user, or replace its credentials for ``mechanisms``: derived here, under a
         fresh salt each, so that the password never leaves this process (SPEC.md §12)."""
-        upsertions = []
-        for mechanism in mechanisms:
-            credential = make_credential(mechanism, password, iterations)
-            upsertions.append(
-                ScramUpsertion(
-                    user=user,
-                    mechanism=mechanism,
-                    iterations=credential.iterations,
-                    salt=credential.salt,
-                    stored_key=credential.stored_key,
-                    server_key=credential.server_key,
-                )
-            )
+        upsertions = [
+            scram_upsertion(user, make_credential(mechanism, password, iterations))
+            for mechanism in mechanisms
+        ]
         await self._alter_users(f"set {user}'s password", (), upsertions)
 
     async def delete_user(self, user: str) -> None:
@@ -607,6 +598,18 @@ class Admin:
             )
             self._brokers[broker.broker_id] = channel
         return channel
+
+
+def scram_upsertion(user: str, credential: ScramCredential) -> ScramUpsertion:
+    """The credential as AlterUserScramCredentials carries it: salted and hashed."""
+    return ScramUpsertion(
+        user=user,
+        mechanism=credential.mechanism,
+        iterations=credential.iterations,
+        salt=credential.salt,
+        stored_key=credential.stored_key,
+        server_key=credential.server_key,
+    )
 
 
 async def _asked_again(channel: Channel, request: RequestMessage) -> ResponseMessage:

@@ -14,6 +14,7 @@ import trio
 
 from broker.authorization import ACL_REFRESH, Access, open_access
 from broker.rights import MAX_ENTRIES
+from consumer.admin import scram_upsertion
 from protocol import (
     AclBinding,
     AlterUserScramCredentialsRequest,
@@ -47,15 +48,7 @@ READ_T = AclBinding(principal=ALICE, resource_type="topic", name="t", operation=
 def _upsertion(
     user: str = "alice", mechanism: str = "SCRAM-SHA-256", **changed: Any
 ) -> ScramUpsertion:
-    credential = make_credential(mechanism, "pw")
-    upsertion = ScramUpsertion(
-        user=user,
-        mechanism=mechanism,
-        iterations=credential.iterations,
-        salt=credential.salt,
-        stored_key=credential.stored_key,
-        server_key=credential.server_key,
-    )
+    upsertion = scram_upsertion(user, make_credential(mechanism, "pw"))
     return attrs.evolve(upsertion, **changed)
 
 
