@@ -141,25 +141,21 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
 
 
 def add_bootstrap_option(parser: argparse._ActionsContainer) -> None:
+    """``--bootstrap``, as every client verb takes it."""
     parser.add_argument(
         "--bootstrap",
-        type=bootstrap_addresses,
-        default=None,
+        type=_bootstrap_addresses,
+        default=parse_bootstrap(DEFAULT_BOOTSTRAP),
         metavar="HOST:PORT[,HOST:PORT...]",
         help=f"brokers to ask first (default {DEFAULT_BOOTSTRAP})",
     )
 
 
-def bootstrap_addresses(text: str) -> list[tuple[str, int]]:
+def _bootstrap_addresses(text: str) -> list[tuple[str, int]]:
     try:
         return parse_bootstrap(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def bootstrap(args: argparse.Namespace) -> list[tuple[str, int]]:
-    """The verb's ``--bootstrap``, or the default."""
-    return args.bootstrap or parse_bootstrap(DEFAULT_BOOTSTRAP)
 
 
 def add_client_options(parser: argparse.ArgumentParser) -> None:
@@ -275,7 +271,7 @@ async def run_acls(args: argparse.Namespace) -> None:
                 _check_present(rules, await store.acls())
                 await store.change_acls((), rules)
         return
-    async with open_admin(bootstrap(args), security=client_security(args)) as admin:
+    async with open_admin(args.bootstrap, security=client_security(args)) as admin:
         if args.verb == "list":
             _print_acls(await admin.acls())
         elif args.verb == "add":
@@ -386,7 +382,7 @@ async def run_users(args: argparse.Namespace) -> None:
             else:
                 _print_users(await store.users())
         return
-    async with open_admin(bootstrap(args), security=client_security(args)) as admin:
+    async with open_admin(args.bootstrap, security=client_security(args)) as admin:
         if password is not None:
             await admin.set_password(args.name, password, mechanisms)
         elif args.verb == "delete":
