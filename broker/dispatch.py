@@ -22,7 +22,7 @@ import attrs
 import trio
 import trio_util
 
-from broker import authorization, placement
+from broker import authorization, placement, rights
 from broker.authorization import Access
 from broker.offices import (
     BySlot,
@@ -161,6 +161,11 @@ class _Session:
 
     async def _answer(self, request: Request) -> ResponseMessage | None:
         message = request.message
+        if isinstance(message, rights.RightsRequest):
+            access = self.access
+            if access is None or access.store is None:
+                return error_response(message, ErrorCode.INVALID_REQUEST)
+            return await rights.answer(access, access.store, message, self.limits)
         if isinstance(message, GroupRequest):
             if not isinstance(message, RegisterConsumerRequest):  # answered with its epoch
                 error = validation.request_error(message, request.client_id, self.limits)

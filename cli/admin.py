@@ -8,24 +8,17 @@ import logging
 from collections.abc import Sequence
 
 from broker.status import format_age
-from cli.security import add_client_options, client_security
+from cli.security import add_bootstrap_option, add_client_options, client_security
 from consumer.admin import Admin, TopicListing, open_admin
 from protocol.shown import escape_unprintable
 from protocol.types import TopicPartition
-from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
 
 log = logging.getLogger("coordinator")
 
 
 def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def client(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        parser.add_argument(
-            "--bootstrap",
-            type=_bootstrap,
-            default=parse_bootstrap(DEFAULT_BOOTSTRAP),
-            metavar="HOST:PORT[,HOST:PORT...]",
-            help=f"brokers to ask first (default {DEFAULT_BOOTSTRAP})",
-        )
+        add_bootstrap_option(parser)
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
         add_client_options(parser)
         return parser
@@ -88,13 +81,6 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     where.add_argument("--to-earliest", action="store_true")
     where.add_argument("--to-latest", action="store_true")
     where.add_argument("--to-offset", type=_non_negative_int)
-
-
-def _bootstrap(text: str) -> list[tuple[str, int]]:
-    try:
-        return parse_bootstrap(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _broker_ids(text: str) -> list[int]:

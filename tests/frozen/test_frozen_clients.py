@@ -77,6 +77,17 @@ async def test_a_frozen_client_runs_a_whole_group(level: str, tmp_path: Path) ->
         # UNKNOWN_TOPIC_ID.
         assert ids["metadata"] == {topic: topic_id}
         assert ids["wrong_id_error"] == 100
+    if "rights" in result:  # level 9 on: users and rules over the wire
+        principal, topic = f"User:{level}", f"frozen-{level}"
+        rule = [principal, "topic", topic, "read"]
+        assert result["rights"] == {
+            "listed": [rule],
+            "added": [[level, 0]],
+            "described": [[level, [["SCRAM-SHA-256", 4096]]]],
+            "deleted": [[level, 0], [level, 91]],  # the second time: RESOURCE_NOT_FOUND
+            "removed": [rule],
+            "after": [],
+        }
     if "described" in result:  # level 7 on: DescribeGroup 3 names the members it awaits
         assert result["described"] == {
             "state": "Stable",
