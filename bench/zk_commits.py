@@ -1,8 +1,8 @@
 """Offset commits per second into ZooKeeper through the coordinator's committer, next to raw
 kazoo transactions of the same size measured in the same run on the same server.
 
-* committer: ``OffsetKeeper.accept`` of 100 new offsets (one group, 100 partitions), then
-  ``OffsetKeeper.flush``, which writes them as one office-checked transaction through
+* committer: ``OffsetKeeper.accept`` of 100 new offsets (one group, 100 partitions of a topic),
+  then ``OffsetKeeper.flush``, which writes them as one office-checked transaction through
   ``ZooKeeperStore.commit_offsets`` (100 ``set_data`` plus the two checks that the office still
   holds), awaited from trio.
 * raw kazoo: a ``KazooClient`` in a worker thread committing transactions of 100 ``set_data``
@@ -45,6 +45,7 @@ async def committer_rate(hosts: str, commits: int) -> float:
     """Offsets per second through ``OffsetKeeper.accept`` + ``flush``, ``commits`` times."""
     async with open_zookeeper_store(hosts) as store:
         epoch = await store.take_slot(1, 0, 1)  # the one slot: the office of every group
+        await store.create_topic("orders", (1,) * BATCH)  # offsets name the topic's id
         keeper = OffsetKeeper(store=store, epoch=epoch, commit_interval=1.0, retry_backoff=0.2)
         partitions = [TopicPartition(topic="orders", partition=p) for p in range(BATCH)]
 

@@ -3,9 +3,11 @@
 before anything else looks at it; Kafka's mapping of requests to operations and error codes.
 
 A denied request is answered with Kafka's code for the resource it names (29 topic, 30 group,
-31 cluster) and nothing else. Every answer names only topics and groups the principal may
-describe: ClusterMetadata the topics, ListGroups the groups, OffsetFetch and DescribeGroup of a
-group it may describe the topics (their offsets, and its members' subscriptions and partitions).
+31 cluster) and nothing else. Reading the users and the rules needs DESCRIBE on the cluster,
+changing them ALTER on the cluster (which implies DESCRIBE), as in Kafka. Every answer names
+only topics and groups the principal may describe: ClusterMetadata the topics, ListGroups the
+groups, OffsetFetch and DescribeGroup of a group it may describe the topics (their offsets, and
+its members' subscriptions and partitions).
 A subscription pattern matches only topics the principal may read: the member's pattern is
 narrowed, when it registers, to the readable topic names it matches, so rules added later apply
 to it from its next registration on.
@@ -24,14 +26,19 @@ import trio
 
 from broker.pace import ANSWER_CHUNK, Pace
 from protocol import (
+    AlterUserScramCredentialsRequest,
     ClusterMetadataRequest,
     ClusterMetadataResponse,
+    CreateAclsRequest,
     CreatePartitionsRequest,
     CreateTopicRequest,
+    DeleteAclsRequest,
     DeleteGroupRequest,
     DeleteTopicRequest,
+    DescribeAclsRequest,
     DescribeGroupRequest,
     DescribeGroupResponse,
+    DescribeUserScramCredentialsRequest,
     ErrorCode,
     FetchRequest,
     GroupSummary,
@@ -45,18 +52,20 @@ from protocol import (
     RegisterConsumerRequest,
     RequestMessage,
     ResponseMessage,
+    TopicIdentity,
     TopicMetadata,
     error_response,
 )
 from protocol.types import PartitionOffset, Subscription, TopicPartition
-from statemachine.acl import CLUSTER, Authorizer, Operation, ResourceType
+from statemachine.acl import CLUSTER, Acl, Authorizer, Operation, ResourceType
 from store import SecurityStore, StoreUnavailable
 
 __all__ = ["ACL_REFRESH", "Access", "narrowed", "open_access", "refusal", "visible"]
 
 log = logging.getLogger(__name__)
 
-#: How often a broker reads the rules again: a rule added or removed applies within this long.
+#: How often a broker reads the rules again: a rule another broker added or removed applies here
+#: within this long and one read of the store.
 ACL_REFRESH = 2.0
 
 _TOPIC = ErrorCode.TOPIC_AUTHORIZATION_FAILED
@@ -65,22 +74,34 @@ _CLUSTER = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 _T = TypeVar("_T")
 #: What names one topic: an entry of an answer left out where the topic is not to be shown.
-_Named = TypeVar("_Named", PartitionOffset, TopicPartition)
+_Named = TypeVar("_Named", PartitionOffset, TopicPartition, TopicIdentity)
 
 
 @attrs.define(eq=False)
 class Access:
-    """The rules in force on this broker, read again every :data:`ACL_REFRESH`."""
+    """The rules in force on this broker, read again every :data:`ACL_REFRESH`, and where they
+    are kept (None: nowhere, for tests of other things)."""
 
     current: Authorizer
+    store: SecurityStore | None = None
+    #: Changes this broker wrote, counted: a re-read begun before one may return the rules it
+    #: replaced, and is then dropped instead of undoing the change until the next re-read.
+    writes: int = 0
+
+    def wrote(self, acls: frozenset[Acl]) -> None:
+        """Put ``acls``, what this broker's own write left in force, in force at once."""
+        self.writes += 1
+        self.current = attrs.evolve(self.current, acls=acls)
 
 
 @asynccontextmanager
 async def open_access(
     store: SecurityStore, *, enabled: bool, super_users: frozenset[str]
 ) -> AsyncIterator[Access]:
-    """The broker's access rules for the block's span: none enforced unless ``enabled``."""
-    access = Access(current=Authorizer(enabled=enabled, super_users=super_users))
+    """The broker's access rules for the block's span: none enforced unless ``enabled``. A
+    change another broker writes applies here within :data:`ACL_REFRESH` and one read of the
+    store; one this broker writes, before it answers (broker/rights.py)."""
+    access = Access(current=Authorizer(enabled=enabled, super_users=super_users), store=store)
     if not enabled:
         yield access
         return
@@ -90,12 +111,14 @@ async def open_access(
         async def refresh() -> None:
             while True:
                 await trio.sleep(ACL_REFRESH)
+                writes = access.writes
                 try:
                     acls = await store.acls()
                 except StoreUnavailable as exc:  # the rules read last stay in force
                     log.warning("cannot read the access rules again: %s", exc)
                     continue
-                access.current = attrs.evolve(access.current, acls=acls)
+                if access.writes == writes:
+                    access.current = attrs.evolve(access.current, acls=acls)
 
         nursery.start_soon(refresh)
         try:
@@ -153,6 +176,10 @@ def refusal(
             error = None if may(Operation.ALTER, ResourceType.TOPIC, topic) else _TOPIC
         case DeleteTopicRequest(topic=topic):
             error = None if may(Operation.DELETE, ResourceType.TOPIC, topic) else _TOPIC
+        case DescribeAclsRequest() | DescribeUserScramCredentialsRequest():
+            error = None if may(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER) else _CLUSTER
+        case CreateAclsRequest() | DeleteAclsRequest() | AlterUserScramCredentialsRequest():
+            error = None if may(Operation.ALTER, ResourceType.CLUSTER, CLUSTER) else _CLUSTER
     return None if error is None else error_response(message, error)
 
 
@@ -210,7 +237,11 @@ async def visible(
                     else None
                 )
 
-            return attrs.evolve(response, topics=await kept(response.topics, described))
+            return attrs.evolve(
+                response,
+                topics=await kept(response.topics, described),
+                topic_ids=await kept(response.topic_ids, topic_named),
+            )
         case ListGroupsResponse():
 
             def group_named(group: GroupSummary) -> GroupSummary | None:

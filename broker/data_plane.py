@@ -10,10 +10,13 @@ Partitions are opened — recovered, a torn tail cut — before the broker serve
 placed here when it starts are opened before ``open_broker_log`` yields, and new ones as soon as the
 store's topic watch shows them (or on the first request for one, whichever comes first, because a
 client may produce right after its CreateTopic, before the watch has caught up). A partition
-whose topic the watch shows deleted is closed and its directory removed, once a fresh read of the
-topics agrees (the watch may lag a topic created again under the name, whose new partition a
-request may have opened already); at a start, directories of topics the store does not have
-(deleted while this broker was down) are renamed aside (docs/design.md#deleting-a-topic).
+whose topic the watch shows deleted, or created again (another topic id), is closed and its
+directory removed, once a fresh read of the topics agrees (the watch may lag a topic created
+again under the name, whose new partition a request may have opened already); at a start,
+directories of topics the store does not have (deleted while this broker was down), or of
+another incarnation of the name, are renamed aside (docs/design.md#deleting-a-topic). Only the
+incarnation in force is served: a Fetch naming another topic id is refused with
+UNKNOWN_TOPIC_ID (docs/design.md#topic-ids).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import aclosing, asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -34,6 +37,7 @@ import attrs
 import trio
 
 from broker.log import (
+    LOG_FORMAT,
     CorruptSegment,
     FsyncPolicy,
     LogConfig,
@@ -42,8 +46,12 @@ from broker.log import (
     PartitionLog,
     SegmentFiles,
     check_log_format,
+    mark_log_format,
     open_partition_log,
+    read_partition_id,
+    write_partition_id,
 )
+from broker.offices import topic_reads
 from coordinator.validation import data_error
 from protocol import (
     ErrorCode,
@@ -69,7 +77,7 @@ from protocol.batches import (
 )
 from protocol.codec import ReadableBuffer
 from protocol.records import Record
-from protocol.types import TopicPartition
+from protocol.types import NO_TOPIC_ID, TopicId, TopicPartition
 from store import TopicPlacement, TopicStore
 from transport.channel import ReadBudget
 from transport.limits import FileBudget
@@ -101,6 +109,11 @@ class DataPlaneObserver(Protocol):
 class StoredPartition(Protocol):
     """One partition's log as the data plane appends to and reads it: ``PartitionLog`` (files),
     or the simulation's in memory."""
+
+    @property
+    def topic_id(self) -> TopicId:
+        """The incarnation of the topic whose records these are."""
+        ...
 
     @property
     def log_start_offset(self) -> int: ...
@@ -147,8 +160,17 @@ class DataPlaneLog(abc.ABC):
     )
 
     @abc.abstractmethod
-    async def partition(self, topic: str, partition: int) -> StoredPartition | None:
-        """The partition's log if this broker serves it; None: unknown here."""
+    async def partition(
+        self, topic: str, partition: int, topic_id: TopicId = NO_TOPIC_ID
+    ) -> StoredPartition | None:
+        """The log of the partition's incarnation in force, if this broker serves it; None:
+        unknown here. ``topic_id``: the incarnation a request names (NO_TOPIC_ID: none), which,
+        if not the one this log knows, may be newer than its view of the topics."""
+
+    @abc.abstractmethod
+    def topic_id(self, topic: str) -> TopicId | None:
+        """The id of the topic's incarnation in force, as this log knows the topics; None: no
+        such topic."""
 
     @abc.abstractmethod
     def now_ms(self) -> int:
@@ -214,8 +236,18 @@ class DataPlaneLog(abc.ABC):
         return ProduceResponse(error_code=ErrorCode.NONE, base_offset=base)
 
     async def fetch(self, message: FetchRequest, api_version: int = 1) -> FetchResponse:
-        """Whole stored batches (version 1 on); version 0 gets them decoded into records."""
-        partition = await self.partition(message.topic, message.partition)
+        """Whole stored batches (version 1 on); version 0 gets them decoded into records. A
+        Fetch naming a topic id is served only from that incarnation's log."""
+        partition = await self.partition(message.topic, message.partition, message.topic_id)
+        if message.topic_id != NO_TOPIC_ID:
+            serving = self.topic_id(message.topic) if partition is None else partition.topic_id
+            if serving != message.topic_id:
+                return FetchResponse(
+                    error_code=ErrorCode.UNKNOWN_TOPIC_ID,
+                    high_watermark=-1,
+                    log_start_offset=-1,
+                    records=(),
+                )
         if partition is None:
             return FetchResponse(
                 error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -305,6 +337,9 @@ class BrokerLog(DataPlaneLog):
     partitions: dict[TopicPartition, PartitionLog] = attrs.field(factory=dict)
     placement: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
     _opening: dict[TopicPartition, trio.Lock] = attrs.field(factory=dict)
+    #: Topic ids a fresh read of the store showed replaced or deleted: gone for good (an id is
+    #: never given twice), so no view of the topics older than that read opens them again.
+    _gone: set[TopicId] = attrs.field(factory=set)
 
     def now_ms(self) -> int:
         return _now_ms()
@@ -312,26 +347,38 @@ class BrokerLog(DataPlaneLog):
     async def run_sync(self, fn: Callable[..., _T], *args: object) -> _T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
+    def topic_id(self, topic: str) -> TopicId | None:
+        placement = self.placement.get(topic)
+        return None if placement is None else placement.topic_id
+
     def log_end_offset(self, tp: TopicPartition) -> int | None:
         """The offset after the last record a consumer may have read (the high watermark), for
         a partition placed here; None for one placed elsewhere or unknown. A partition placed
         here but not open yet was placed after this broker started (it opens every other one
         before serving), so nothing was written to it."""
         found = self.partitions.get(tp)
-        if found is not None:
+        if found is not None and _in_force(self.placement, tp, found.topic_id):
             return found.high_watermark
         return 0 if self._placed_here(tp) else None
 
-    async def partition(self, topic: str, partition: int) -> PartitionLog | None:
-        """The partition's log if it is placed on this broker, opening it on first use."""
+    async def partition(
+        self, topic: str, partition: int, topic_id: TopicId = NO_TOPIC_ID
+    ) -> PartitionLog | None:
+        """The log of the partition's incarnation in force if it is placed on this broker,
+        opening it on first use."""
         tp = TopicPartition(topic=topic, partition=partition)
         found = self.partitions.get(tp)
-        if found is not None:
+        named = topic_id in (NO_TOPIC_ID, self.topic_id(topic))
+        if found is not None and named and _in_force(self.placement, tp, found.topic_id):
             return found
+        # Not open yet, of an incarnation the topic no longer has, or a request names an id
+        # this broker does not know as the name's: the store may be newer than the watch.
+        if found is not None:
+            await self._retire_stale([tp])
+        elif not named or not self._placed_here(tp):
+            self.placement = await topic_reads(self.store).since(trio.current_time())
         if not self._placed_here(tp):
-            self.placement = await self.store.topics()  # newer than the watch, maybe
-            if not self._placed_here(tp):
-                return None
+            return None
         return await self._open(tp)
 
     def _placed_here(self, tp: TopicPartition) -> bool:
@@ -342,17 +389,25 @@ class BrokerLog(DataPlaneLog):
             and placement.brokers[tp.partition] == self.broker_id
         )
 
-    async def _open(self, tp: TopicPartition) -> PartitionLog:
+    async def _open(self, tp: TopicPartition) -> PartitionLog | None:
+        """The partition's open log, opened (for the incarnation the topics as last seen give
+        the name) if it is not; None if that incarnation is gone."""
         lock = self._opening.setdefault(tp, trio.Lock())
         async with lock:
             found = self.partitions.get(tp)
             if found is None:
+                placement = self.placement.get(tp.topic)
+                if placement is None or placement.topic_id in self._gone:
+                    return None
                 path = self.directory / f"{tp.topic}-{tp.partition}"
-                found = await open_partition_log(path, self.config, self.limiter, self.files)
+                found = await open_partition_log(
+                    path, self.config, self.limiter, self.files, topic_id=placement.topic_id
+                )
                 self.partitions[tp] = found
                 log.info(
-                    "partition %s open: offsets [%d, %d)",
+                    "partition %s (topic id %s) open: offsets [%d, %d)",
                     tp,
+                    found.topic_id,
                     found.log_start_offset,
                     found.log_end_offset,
                 )
@@ -361,35 +416,49 @@ class BrokerLog(DataPlaneLog):
     async def open_placed(self, placement: Mapping[str, TopicPlacement]) -> None:
         """Open every partition placed here, side by side: a recovery scan is a CRC over a
         segment (zlib releases the GIL for it), so the I/O threads overlap them; delete those
-        of deleted topics."""
+        of deleted topics, and of topics created again (another id)."""
         self.placement = placement
-        if any(tp.topic not in placement for tp in self.partitions):
-            await self._delete_unplaced()
+        stale = [
+            tp for tp, p in self.partitions.items() if not _in_force(placement, tp, p.topic_id)
+        ]
+        if stale:
+            await self._retire_stale(stale)
         async with trio.open_nursery() as nursery:
-            for topic, where in sorted(placement.items()):
+            for topic, where in sorted(self.placement.items()):
                 for p, broker in enumerate(where.brokers):
                     tp = TopicPartition(topic=topic, partition=p)
                     if broker == self.broker_id and tp not in self.partitions:
                         nursery.start_soon(self._open, tp)
 
-    async def _delete_unplaced(self) -> None:
-        """Close and delete the open partitions whose topic the store no longer has. Each is
-        taken out of service under its open lock, held until its directory is renamed aside, so
-        a topic created again under the name meanwhile opens a new, empty directory, never the
-        old one."""
-        self.placement = await self.store.topics()
-        for tp in [tp for tp in self.partitions if tp.topic not in self.placement]:
-            path = self.directory / f"{tp.topic}-{tp.partition}"
-            deleted = path.with_name(f"{path.name}.{uuid.uuid4().hex}.deleted")
-            async with self._opening.setdefault(tp, trio.Lock()):
+    async def _retire_stale(self, candidates: Collection[TopicPartition]) -> None:
+        """Close and delete those open partitions whose incarnation the store no longer has:
+        the topic is deleted, or created again under the name. Each is taken out of service
+        under its open lock, held until its directory is renamed aside, so the name's next
+        incarnation opens a new, empty directory, never the old one. Every lock is taken before
+        the store is read, so each partition's id was learned before that read: one the read
+        does not show is gone for good, whereas an id learned after it might be newer. Reads
+        are shared with every other request that needs one (``TopicReads``): a client naming
+        ids no topic has costs the store no more than one naming topics that do not exist."""
+        doomed: list[tuple[TopicPartition, TopicId, Path]] = []
+        async with AsyncExitStack() as held:
+            for tp in sorted(candidates):
+                await held.enter_async_context(self._opening.setdefault(tp, trio.Lock()))
+            fresh = await topic_reads(self.store).since(trio.current_time())
+            self.placement = fresh
+            for tp in sorted(candidates):
                 partition = self.partitions.get(tp)
-                if partition is None or tp.topic in self.placement:
-                    continue  # deleted by another watch value, or read again since
+                if partition is None or _in_force(fresh, tp, partition.topic_id):
+                    continue  # retired by another caller, or in force after all
+                self._gone.add(partition.topic_id)
                 del self.partitions[tp]
                 await partition.aclose()
+                path = partition.directory
+                deleted = path.with_name(f"{path.name}.{uuid.uuid4().hex}.deleted")
                 os.rename(path, deleted)
+                doomed.append((tp, partition.topic_id, deleted))
+        for tp, topic_id, deleted in doomed:
             await trio.to_thread.run_sync(shutil.rmtree, deleted, limiter=self.limiter)
-            log.info("partition %s deleted with its topic", tp)
+            log.info("partition %s (topic id %s) deleted with its incarnation", tp, topic_id)
 
     async def enforce_retention(self) -> int:
         deleted = 0
@@ -431,30 +500,55 @@ class BrokerLog(DataPlaneLog):
             await partition.aclose()
 
 
+def _in_force(
+    placement: Mapping[str, TopicPlacement], tp: TopicPartition, topic_id: TopicId
+) -> bool:
+    """Whether ``topic_id`` is the incarnation of ``tp``'s topic that ``placement`` has."""
+    where = placement.get(tp.topic)
+    return where is not None and where.topic_id == topic_id
+
+
 def _remove_deleted(directory: Path) -> None:
-    """Finish the deletions a stop cut short: directories renamed aside (``_delete_unplaced``)."""
+    """Finish the deletions a stop cut short: directories renamed aside (``_retire_stale``)."""
     if directory.is_dir():
         for path in directory.glob("*.deleted"):
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _set_strays_aside(directory: Path, topics: frozenset[str]) -> None:
-    """Rename aside the partition directories of topics the store does not have: deleted while
-    this broker was down. Renamed, not deleted, in case the store is not the one the data
-    belongs to; either way a topic created again under the name starts empty."""
+def _set_strays_aside(directory: Path, topic_ids: Mapping[str, TopicId], upgrade: bool) -> None:
+    """Rename aside the partition directories of topics the store does not have (deleted while
+    this broker was down) and of another incarnation than the store's (deleted and created
+    again meanwhile). Renamed, not deleted, in case the store is not the one the data belongs
+    to; either way the topic in force starts empty. With ``upgrade`` (a log of format 2, whose
+    directories name no id), a directory that names none is given the store's id for its
+    topic: what the log holds is taken for the incarnation in force."""
     if not directory.is_dir():
         return
     for path in directory.iterdir():
         topic, _, partition = path.name.rpartition("-")
-        if path.is_dir() and partition.isdigit() and topic not in topics:
-            stray = path.with_name(f"{path.name}.{uuid.uuid4().hex}.stray")
-            os.rename(path, stray)
-            log.warning(
-                "partition directory %s names a topic the store does not have: renamed to %s "
-                "(delete it if its topic was deleted)",
-                path.name,
-                stray.name,
-            )
+        if not (path.is_dir() and partition.isdigit()):
+            continue
+        topic_id = topic_ids.get(topic)
+        named = read_partition_id(path)
+        if topic_id is not None and named is None and upgrade:
+            write_partition_id(path, topic_id)
+            continue
+        if topic_id is not None and named == topic_id:
+            continue
+        if topic_id is None:
+            why = "names a topic the store does not have"
+        elif named is None:
+            why = f"names no topic id (the store's topic {topic} has {topic_id})"
+        else:
+            why = f"holds topic id {named}, another incarnation than the store's {topic_id}"
+        stray = path.with_name(f"{path.name}.{uuid.uuid4().hex}.stray")
+        os.rename(path, stray)
+        log.warning(
+            "partition directory %s %s: renamed to %s (delete it if its topic was deleted)",
+            path.name,
+            why,
+            stray.name,
+        )
 
 
 def log_directory(data_dir: Path) -> Path:
@@ -482,10 +576,15 @@ async def open_broker_log(
         files=SegmentFiles.of(budget or FileBudget.of_process(), config),
         observer=observer,
     )
-    await trio.to_thread.run_sync(check_log_format, broker.directory)
+    found = await trio.to_thread.run_sync(check_log_format, broker.directory)
     await trio.to_thread.run_sync(_remove_deleted, broker.directory)
     placement = await store.topics()
-    await trio.to_thread.run_sync(_set_strays_aside, broker.directory, frozenset(placement))
+    topic_ids = {topic: where.topic_id for topic, where in placement.items()}
+    upgrade = found != LOG_FORMAT
+    await trio.to_thread.run_sync(_set_strays_aside, broker.directory, topic_ids, upgrade)
+    if upgrade:  # every directory names its id now
+        await trio.to_thread.run_sync(mark_log_format, broker.directory)
+        log.info("log in %s upgraded from format %d to %d", broker.directory, found, LOG_FORMAT)
     try:
         await broker.open_placed(placement)
         async with trio.open_nursery() as nursery:

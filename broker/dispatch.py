@@ -22,7 +22,7 @@ import attrs
 import trio
 import trio_util
 
-from broker import authorization, placement
+from broker import authorization, placement, rights
 from broker.authorization import Access
 from broker.offices import (
     BySlot,
@@ -66,6 +66,7 @@ from protocol import (
     Request,
     ResponseMessage,
     Role,
+    TopicIdentity,
     TopicMetadata,
     error_response,
 )
@@ -160,6 +161,11 @@ class _Session:
 
     async def _answer(self, request: Request) -> ResponseMessage | None:
         message = request.message
+        if isinstance(message, rights.RightsRequest):
+            access = self.access
+            if access is None or access.store is None:
+                return error_response(message, ErrorCode.INVALID_REQUEST)
+            return await rights.answer(access, access.store, message, self.limits)
         if isinstance(message, GroupRequest):
             if not isinstance(message, RegisterConsumerRequest):  # answered with its epoch
                 error = validation.request_error(message, request.client_id, self.limits)
@@ -361,7 +367,8 @@ async def cluster_metadata(
     slot_holders: tuple[int, ...] = (),
 ) -> ClusterMetadataResponse:
     """The answer to ClusterMetadata from a broker that knows these topics and brokers; each
-    topic named once however often it was asked for (the answer repeats its partitions).
+    topic named once however often it was asked for (the answer repeats its partitions), with
+    the id of each that exists (``topic_ids``: version 2 on).
 
     A request of a few bytes asks for every partition of the cluster (or of a thousand named
     topics): each topic is built once per placement and kept, and the answer is put together
@@ -375,6 +382,7 @@ async def cluster_metadata(
         return refusal
     names = sorted(topics) if message.topics is None else list(dict.fromkeys(message.topics))
     found = []
+    identities = []
     pace = Pace()
     for name in names:
         await pace.did(1)
@@ -399,6 +407,7 @@ async def cluster_metadata(
                 topic=name, error_code=ErrorCode.NONE, partitions=tuple(partitions)
             )
         found.append(described)
+        identities.append(TopicIdentity(topic=name, topic_id=placement.topic_id))
     return ClusterMetadataResponse(
         error_code=ErrorCode.NONE,
         coordinator_id=coordinator_id,
@@ -406,6 +415,7 @@ async def cluster_metadata(
         brokers=brokers,
         topics=tuple(found),
         slot_holders=slot_holders,
+        topic_ids=tuple(identities),
     )
 
 

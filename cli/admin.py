@@ -8,24 +8,17 @@ import logging
 from collections.abc import Sequence
 
 from broker.status import format_age
-from cli.security import add_client_options, client_security
-from consumer.admin import Admin, open_admin
+from cli.security import add_bootstrap_option, add_client_options, client_security
+from consumer.admin import Admin, TopicListing, open_admin
 from protocol.shown import escape_unprintable
 from protocol.types import TopicPartition
-from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
 
 log = logging.getLogger("coordinator")
 
 
 def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def client(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        parser.add_argument(
-            "--bootstrap",
-            type=_bootstrap,
-            default=parse_bootstrap(DEFAULT_BOOTSTRAP),
-            metavar="HOST:PORT[,HOST:PORT...]",
-            help=f"brokers to ask first (default {DEFAULT_BOOTSTRAP})",
-        )
+        add_bootstrap_option(parser)
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
         add_client_options(parser)
         return parser
@@ -90,13 +83,6 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     where.add_argument("--to-offset", type=_non_negative_int)
 
 
-def _bootstrap(text: str) -> list[tuple[str, int]]:
-    try:
-        return parse_bootstrap(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _broker_ids(text: str) -> list[int]:
     try:
         ids = [int(part) for part in text.split(",")]
@@ -150,33 +136,45 @@ async def _topics_delete(admin: Admin, args: argparse.Namespace) -> None:
 
 
 async def _topics_list(admin: Admin, args: argparse.Namespace) -> None:
-    topics = await admin.topics()
-    rows = [(t.topic, len(t.partitions)) for t in topics]
+    listing = await admin.listing()
+    rows = [(t.topic, _topic_id(listing, t.topic), len(t.partitions)) for t in listing.topics]
     if args.json:
-        print(json.dumps([{"topic": name, "partitions": n} for name, n in rows]))
+        keys = ("topic", "topic_id", "partitions")
+        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows]))
     else:
-        _table(("TOPIC", "PARTITIONS"), rows)
+        _table(("TOPIC", "TOPIC ID", "PARTITIONS"), [(t, i or "-", n) for t, i, n in rows])
 
 
 async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
-    topics = await admin.topics(args.topic or None)
+    listing = await admin.listing(args.topic or None)
     live = {b.broker_id for b in (await admin.metadata(())).brokers}
-    bounds = await admin.log_bounds([t.topic for t in topics])
+    bounds = await admin.log_bounds([t.topic for t in listing.topics])
     rows = []
-    for topic in topics:
+    for topic in listing.topics:
+        topic_id = _topic_id(listing, topic.topic)
         for p in topic.partitions:
             start, end = bounds.get(
                 TopicPartition(topic=topic.topic, partition=p.partition), (-1, -1)
             )
-            rows.append((topic.topic, p.partition, p.broker_id, p.broker_id in live, start, end))
+            up = p.broker_id in live
+            rows.append((topic.topic, topic_id, p.partition, p.broker_id, up, start, end))
     if args.json:
-        keys = ("topic", "partition", "broker", "broker_up", "start", "end")
+        keys = ("topic", "topic_id", "partition", "broker", "broker_up", "start", "end")
         print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows]))
     else:
         _table(
-            ("TOPIC", "PARTITION", "BROKER", "UP", "START", "END"),
-            [(t, p, b, "yes" if up else "no", start, end) for t, p, b, up, start, end in rows],
+            ("TOPIC", "TOPIC ID", "PARTITION", "BROKER", "UP", "START", "END"),
+            [
+                (t, i or "-", p, b, "yes" if up else "no", start, end)
+                for t, i, p, b, up, start, end in rows
+            ],
         )
+
+
+def _topic_id(listing: TopicListing, topic: str) -> str | None:
+    """The topic's id as shown (None: the broker did not say: it answers before version 2)."""
+    topic_id = listing.ids.get(topic)
+    return None if topic_id is None else str(topic_id)
 
 
 async def _cluster(admin: Admin, args: argparse.Namespace) -> None:

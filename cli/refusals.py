@@ -33,6 +33,10 @@ _OPERATIONS: dict[tuple[str, str | None], dict[type[Refused], str]] = {
         GroupAuthorizationFailed: "read",
         TopicAuthorizationFailed: "read",
     },
+    ("users", "add"): {ClusterAuthorizationFailed: "alter"},
+    ("users", "delete"): {ClusterAuthorizationFailed: "alter"},
+    ("acls", "add"): {ClusterAuthorizationFailed: "alter"},
+    ("acls", "remove"): {ClusterAuthorizationFailed: "alter"},
 }
 
 

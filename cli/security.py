@@ -1,9 +1,11 @@
 """The CLI's security options: how ``serve`` listens (``--listener``, TLS, SASL), how every client
 verb connects (one :class:`~transport.security.ClientSecurity` built from ``--tls-*`` and
 ``--sasl-*``), the ``users`` verbs that keep SCRAM credentials and the ``acls`` verbs that keep
-access rules. Both write the metadata store directly: a running broker reads credentials at each
-authentication and rules every 2 s; the embedded store is written while its broker is stopped (it
-holds the store's lock), ZooKeeper at any time.
+access rules. Like every verb they ask a running broker (``--bootstrap``, as a principal that may
+alter the cluster), which writes the metadata store every broker reads them from
+(docs/design.md#who-may-do-what). Their offline forms write the store directly, to make a
+cluster's first super user before any broker runs: ``--data-dir`` (the embedded store of a
+stopped broker, which holds its lock while it runs) or ``--zookeeper``.
 
 Passwords never come from argv, where ``ps`` shows them to every user of the machine: a client
 reads its password from ``--password-file`` or ``$COORDINATOR_PASSWORD``, else a prompt; ``users
@@ -16,14 +18,16 @@ import argparse
 import getpass
 import os
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+from consumer.admin import open_admin
 from protocol.sasl import MECHANISMS
 from statemachine.acl import CLUSTER, Acl, Operation, ResourceType, parse_principal
-from store import SecurityStore, open_embedded_store
+from store import SecurityStore, StoreUnavailable, open_embedded_store
 from store.zookeeper import DigestAuth, open_zookeeper_store
+from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
 from transport.scram import make_credential
 from transport.security import ClientSecurity, Endpoint, ServerTls
 
@@ -136,6 +140,24 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def add_bootstrap_option(parser: argparse._ActionsContainer) -> None:
+    """``--bootstrap``, as every client verb takes it."""
+    parser.add_argument(
+        "--bootstrap",
+        type=_bootstrap_addresses,
+        default=parse_bootstrap(DEFAULT_BOOTSTRAP),
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help=f"brokers to ask first (default {DEFAULT_BOOTSTRAP})",
+    )
+
+
+def _bootstrap_addresses(text: str) -> list[tuple[str, int]]:
+    try:
+        return parse_bootstrap(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_client_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("security")
     group.add_argument(
@@ -200,7 +222,7 @@ def _prompt(prompt: str, otherwise: str) -> str:
 
 def add_user_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     users = commands.add_parser(
-        "users", help="add, delete or list SASL/SCRAM users (in the metadata store)"
+        "users", help="add, delete or list SASL/SCRAM users (of a running cluster, or offline)"
     )
     verbs = users.add_subparsers(dest="verb", required=True, metavar="VERB")
     add = verbs.add_parser("add", help="add a user, or set its password")
@@ -223,7 +245,7 @@ def add_user_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 def add_acl_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     acls = commands.add_parser(
-        "acls", help="add, remove or list access rules (in the metadata store)"
+        "acls", help="add, remove or list access rules (of a running cluster, or offline)"
     )
     verbs = acls.add_subparsers(dest="verb", required=True, metavar="VERB")
     add = verbs.add_parser("add", help="allow a principal operations on a resource")
@@ -252,35 +274,49 @@ def add_acl_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 async def run_acls(args: argparse.Namespace) -> None:
-    async with _store(args) as store:
+    rules = [] if args.verb == "list" else _rules(args)
+    if _offline(args):
+        async with _store(args) as store:
+            if args.verb == "list":
+                _print_acls(await store.acls())
+            elif args.verb == "add":
+                await store.change_acls(rules, ())
+            else:
+                _check_present(rules, await store.acls())
+                await store.change_acls((), rules)
+        return
+    async with open_admin(args.bootstrap, security=client_security(args)) as admin:
         if args.verb == "list":
-            for acl in sorted(await store.acls()):
-                print(
-                    f"{acl.principal}\t{acl.operation.value}\t{acl.resource_type.value}\t{acl.name}"
-                )
-            return
-        if args.cluster:
-            resource, name = ResourceType.CLUSTER, CLUSTER
-        elif args.topic is not None:
-            resource, name = ResourceType.TOPIC, args.topic
+            _print_acls(await admin.acls())
+        elif args.verb == "add":
+            await admin.create_acls(rules)
         else:
-            resource, name = ResourceType.GROUP, args.group
-        rules = [
-            Acl(
-                principal=args.principal,
-                resource_type=resource,
-                name=name,
-                operation=Operation(operation),
-            )
-            for operation in args.operation
-        ]
-        if args.verb == "add":
-            await store.change_acls(rules, ())
-        else:
-            missing = set(rules) - await store.acls()
-            if missing:
-                raise ValueError(f"no such rule: {min(missing)}")
-            await store.change_acls((), rules)
+            _check_present(rules, await admin.acls())
+            await admin.delete_acls(rules)
+
+
+def _rules(args: argparse.Namespace) -> list[Acl]:
+    if args.cluster:
+        resource, name = ResourceType.CLUSTER, CLUSTER
+    elif args.topic is not None:
+        resource, name = ResourceType.TOPIC, args.topic
+    else:
+        resource, name = ResourceType.GROUP, args.group
+    return [
+        Acl(principal=args.principal, resource_type=resource, name=name, operation=Operation(op))
+        for op in args.operation
+    ]
+
+
+def _print_acls(acls: Iterable[Acl]) -> None:
+    for acl in sorted(acls):
+        print(f"{acl.principal}\t{acl.operation.value}\t{acl.resource_type.value}\t{acl.name}")
+
+
+def _check_present(rules: Iterable[Acl], in_force: Iterable[Acl]) -> None:
+    missing = set(rules) - set(in_force)
+    if missing:
+        raise ValueError(f"no such rule: {min(missing)}")
 
 
 def _principal(text: str) -> str:
@@ -292,16 +328,23 @@ def _principal(text: str) -> str:
 
 def _add_store_options(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
+    add_bootstrap_option(where)
     where.add_argument(
         "--data-dir",
         type=Path,
-        default=Path("data"),
-        help="the embedded store of a stopped broker (default: %(default)s)",
+        help="offline, for a cluster's first super user: the embedded store of a stopped broker",
     )
     where.add_argument(
-        "--zookeeper", metavar="HOST:PORT[,...][/CHROOT]", help="the cluster's ZooKeeper"
+        "--zookeeper",
+        metavar="HOST:PORT[,...][/CHROOT]",
+        help="offline, for a cluster's first super user: the cluster's ZooKeeper",
     )
     add_zookeeper_auth_options(parser)
+    add_client_options(parser)
+
+
+def _offline(args: argparse.Namespace) -> bool:
+    return args.data_dir is not None or args.zookeeper is not None
 
 
 @asynccontextmanager
@@ -309,9 +352,20 @@ async def _store(args: argparse.Namespace) -> AsyncIterator[SecurityStore]:
     if args.zookeeper is not None:
         async with open_zookeeper_store(args.zookeeper, auth=zookeeper_auth(args)) as store:
             yield store
-    else:
-        async with open_embedded_store(args.data_dir / "metadata") as embedded:
-            yield embedded
+        return
+    async with AsyncExitStack() as stack:
+        try:
+            embedded = await stack.enter_async_context(
+                open_embedded_store(args.data_dir / "metadata")
+            )
+        except StoreUnavailable as exc:
+            if not isinstance(exc.__cause__, BlockingIOError):
+                raise
+            raise StoreUnavailable(
+                f"a running broker holds {args.data_dir}: ask it with --bootstrap HOST:PORT "
+                "(as a user that may alter the cluster), or stop it first"
+            ) from exc
+        yield embedded
 
 
 def _new_password(args: argparse.Namespace) -> str:
@@ -329,17 +383,32 @@ def _new_password(args: argparse.Namespace) -> str:
 
 async def run_users(args: argparse.Namespace) -> None:
     password = _new_password(args) if args.verb == "add" else None
-    async with _store(args) as store:
-        if args.verb == "add":
-            assert password is not None
-            for mechanism in args.mechanism or MECHANISMS:
-                await store.set_scram_credential(args.name, make_credential(mechanism, password))
+    mechanisms = (args.mechanism or MECHANISMS) if args.verb == "add" else ()
+    if _offline(args):
+        async with _store(args) as store:
+            if password is not None:
+                for mechanism in mechanisms:
+                    await store.set_scram_credential(
+                        args.name, make_credential(mechanism, password)
+                    )
+            elif args.verb == "delete":
+                if not await store.delete_user(args.name):
+                    raise ValueError(f"no user {args.name!r}")
+            else:
+                _print_users(await store.users())
+        return
+    async with open_admin(args.bootstrap, security=client_security(args)) as admin:
+        if password is not None:
+            await admin.set_password(args.name, password, mechanisms)
         elif args.verb == "delete":
-            if not await store.delete_user(args.name):
-                raise ValueError(f"no user {args.name!r}")
+            await admin.delete_user(args.name)
         else:
-            for name, mechanisms in (await store.users()).items():
-                print(f"{name}\t{','.join(mechanisms)}")
+            _print_users({user: sorted(found) for user, found in (await admin.users()).items()})
+
+
+def _print_users(users: Mapping[str, Iterable[str]]) -> None:
+    for name, mechanisms in users.items():
+        print(f"{name}\t{','.join(mechanisms)}")
 
 
 def _endpoint(text: str) -> Endpoint:

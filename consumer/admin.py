@@ -14,18 +14,28 @@ import attrs
 import trio
 
 from protocol import (
+    AlterUserScramCredentialsRequest,
+    AlterUserScramCredentialsResponse,
     ClusterMetadataRequest,
     ClusterMetadataResponse,
+    CreateAclsRequest,
+    CreateAclsResponse,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
     CreateTopicRequest,
     CreateTopicResponse,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
     DeleteGroupRequest,
     DeleteGroupResponse,
     DeleteTopicRequest,
     DeleteTopicResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
+    DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
     ErrorCode,
     FetchRequest,
     FetchResponse,
@@ -40,10 +50,13 @@ from protocol import (
     RemoteProtocolError,
     RequestMessage,
     ResponseMessage,
+    ScramUpsertion,
     TopicMetadata,
 )
 from protocol.batches import records_from_batches
-from protocol.types import BrokerInfo, TopicPartition
+from protocol.sasl import MECHANISMS, ScramCredential
+from protocol.types import BrokerInfo, TopicId, TopicPartition
+from statemachine.acl import Acl, Operation, ResourceType, acl_of, binding_of
 from transport.channel import Channel
 from transport.connect import (
     Address,
@@ -54,6 +67,7 @@ from transport.connect import (
     parse_bootstrap,
 )
 from transport.refusals import refusal
+from transport.scram import ITERATIONS, make_credential
 from transport.security import ClientSecurity
 
 CLIENT_ID = "coordinator-admin"
@@ -94,6 +108,10 @@ _HINTS = {
     ErrorCode.OFFSET_OUT_OF_RANGE: "an offset lies past its partition's log end",
     ErrorCode.GROUP_ID_NOT_FOUND: "no such group",
     ErrorCode.NON_EMPTY_GROUP: "the group has live members; stop its consumers first",
+    ErrorCode.RESOURCE_NOT_FOUND: "no such user",
+    ErrorCode.UNACCEPTABLE_CREDENTIAL: (
+        "the broker takes SCRAM-SHA-256 and SCRAM-SHA-512 credentials of 4096-16384 iterations"
+    ),
     ErrorCode.REBALANCE_IN_PROGRESS: (
         "a partition of the group is under a consumer's lease (one that died, or one a "
         "coordinator failover is waiting for, may still be fetching it); retry after the "
@@ -198,6 +216,16 @@ class BrokerReport:
             "slots": list(self.slots),
             "partitions": self.partitions,
         }
+
+
+@attrs.frozen(kw_only=True)
+class TopicListing:
+    """Topics as one ClusterMetadata answer gives them: their partitions, and the id of each
+    topic's incarnation in force (docs/design.md#topic-ids; none from a broker that answers
+    before version 2)."""
+
+    topics: tuple[TopicMetadata, ...]
+    ids: Mapping[str, TopicId]
 
 
 @attrs.frozen(kw_only=True)
@@ -333,10 +361,16 @@ class Admin:
         _check(f"delete topic {topic}", response.error_code)
 
     async def topics(self, names: Sequence[str] | None = None) -> tuple[TopicMetadata, ...]:
+        return (await self.listing(names)).topics
+
+    async def listing(self, names: Sequence[str] | None = None) -> TopicListing:
+        """The topics named (None: every one) and their ids; AdminError for one that does not
+        exist."""
         metadata = await self.metadata(names)
         for topic in metadata.topics:
             _check(f"topic {topic.topic}", topic.error_code)
-        return metadata.topics
+        ids = {identity.topic: identity.topic_id for identity in metadata.topic_ids}
+        return TopicListing(topics=metadata.topics, ids=ids)
 
     async def groups(self) -> tuple[GroupSummary, ...]:
         """Every broker of the cluster lists the groups of the coordinator slots it holds
@@ -431,6 +465,89 @@ class Admin:
         assert isinstance(response, OffsetCommitResponse)
         _check(f"reset offsets of {group}", response.error_code)
 
+    # Users and access rules (SPEC.md §8, 29-31 and 50-51): asked of the bootstrap broker, which
+    # writes them to the metadata store every broker reads them from.
+
+    async def acls(
+        self,
+        *,
+        principal: str | None = None,
+        resource: ResourceType | None = None,
+        name: str | None = None,
+        operation: Operation | None = None,
+    ) -> tuple[Acl, ...]:
+        """The rules in force, those matching each argument given (exactly)."""
+        response = await self.call(
+            DescribeAclsRequest(
+                principal=principal,
+                resource_type=None if resource is None else resource.value,
+                name=name,
+                operation=None if operation is None else operation.value,
+            )
+        )
+        assert isinstance(response, DescribeAclsResponse)
+        _check("list the access rules", response.error_code)
+        return tuple(acl_of(binding) for binding in response.acls)
+
+    async def create_acls(self, acls: Sequence[Acl]) -> None:
+        """Add the rules, all or none; in force on every broker within the bound of
+        docs/design.md#who-may-do-what."""
+        response = await self.call(CreateAclsRequest(acls=tuple(map(binding_of, acls))))
+        assert isinstance(response, CreateAclsResponse)
+        _check("add access rules", response.error_code)
+
+    async def delete_acls(self, acls: Sequence[Acl]) -> tuple[Acl, ...]:
+        """Remove the rules; those of them that were in force."""
+        response = await self.call(DeleteAclsRequest(acls=tuple(map(binding_of, acls))))
+        assert isinstance(response, DeleteAclsResponse)
+        _check("remove access rules", response.error_code)
+        return tuple(acl_of(binding) for binding in response.deleted)
+
+    async def users(self, names: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
+        """Each user (of ``names``, or every one) with a credential: its mechanisms and their
+        iteration counts."""
+        response = await self.call(
+            DescribeUserScramCredentialsRequest(users=None if names is None else tuple(names))
+        )
+        assert isinstance(response, DescribeUserScramCredentialsResponse)
+        _check("list users", response.error_code)
+        return {
+            user.user: {c.mechanism: c.iterations for c in user.credentials}
+            for user in response.users
+        }
+
+    async def set_password(
+        self,
+        user: str,
+        password: str,
+        mechanisms: Sequence[str] = MECHANISMS,
+        iterations: int = ITERATIONS,
+    ) -> None:
+        """Add the user, or replace its credentials for ``mechanisms``: derived here, under a
+        fresh salt each, so that the password never leaves this process (SPEC.md §12)."""
+        upsertions = [
+            scram_upsertion(user, make_credential(mechanism, password, iterations))
+            for mechanism in mechanisms
+        ]
+        await self._alter_users(f"set {user}'s password", (), upsertions)
+
+    async def delete_user(self, user: str) -> None:
+        """Delete every credential of the user; AdminError RESOURCE_NOT_FOUND if it has none."""
+        await self._alter_users(f"delete user {user}", (user,), ())
+
+    async def _alter_users(
+        self, what: str, deletions: Sequence[str], upsertions: Sequence[ScramUpsertion]
+    ) -> None:
+        response = await self.call(
+            AlterUserScramCredentialsRequest(
+                deletions=tuple(deletions), upsertions=tuple(upsertions)
+            )
+        )
+        assert isinstance(response, AlterUserScramCredentialsResponse)
+        _check(what, response.error_code)
+        for result in response.results:
+            _check(what, result.error_code)
+
     async def log_bounds(
         self, topics: Sequence[str] | None = None
     ) -> dict[TopicPartition, tuple[int, int]]:
@@ -498,6 +615,18 @@ class Admin:
             )
             self._brokers[broker.broker_id] = channel
         return channel
+
+
+def scram_upsertion(user: str, credential: ScramCredential) -> ScramUpsertion:
+    """The credential as AlterUserScramCredentials carries it: salted and hashed."""
+    return ScramUpsertion(
+        user=user,
+        mechanism=credential.mechanism,
+        iterations=credential.iterations,
+        salt=credential.salt,
+        stored_key=credential.stored_key,
+        server_key=credential.server_key,
+    )
 
 
 async def _asked_again(channel: Channel, request: RequestMessage) -> ResponseMessage:

@@ -387,8 +387,10 @@ class Consumer(CoordinatorSession, FetcherControl):
                     self._nursery.start_soon(self._run_session, session, register)
                 case sm.StopFetchers(partitions=partitions):
                     await self._stop_fetchers(partitions)
-                case sm.StartFetchers(generation=generation, streams=streams, kept=kept):
-                    await self._start_fetchers(generation, streams, kept)
+                case sm.StartFetchers(
+                    generation=generation, streams=streams, kept=kept, topic_ids=topic_ids
+                ):
+                    await self._start_fetchers(generation, streams, kept, topic_ids)
                 case sm.RespondPing(correlation_id=cid, partitions=partitions):
                     await self._respond(
                         cid,

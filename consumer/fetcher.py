@@ -179,6 +179,7 @@ async def run_fetcher(
                             partition=tp.partition,
                             offset=claim.position,
                             max_bytes=settings.max_bytes,
+                            topic_id=claim.topic_id,
                         ),
                     )
             except BrokerUnavailable as exc:
@@ -213,6 +214,16 @@ async def run_fetcher(
             )
             claim.position = claim.consumed = reset
             continue
+        if response.error_code is ErrorCode.UNKNOWN_TOPIC_ID:
+            # Another incarnation of the name (SPEC.md §11.12): nothing of it is ours, and no
+            # reset makes it so. The coordinator stops us and starts the new one afresh.
+            log.warning(
+                "%s: the topic was deleted since this consumer was started on it (it has another"
+                " id now); fetching it stops until the coordinator starts it again",
+                tp,
+            )
+            claim.topic_gone = True
+            return
         failed: CorruptBatch | None = None
         if response.error_code is ErrorCode.CORRUPT_MESSAGE:  # the broker cannot read its file
             reason = "the broker cannot read it: CORRUPT_MESSAGE"

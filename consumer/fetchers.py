@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import trio
 
-from protocol import AssignedStream
-from protocol.types import TopicPartition
+from protocol import AssignedStream, TopicIdentity
+from protocol.types import NO_TOPIC_ID, TopicPartition
 
 from .core import ConsumerCore, _Fetcher, log
 from .fetcher import FetchSettings, run_fetcher
@@ -23,10 +23,18 @@ class FetcherControl(ConsumerCore):
         generation: int,
         assigned: tuple[AssignedStream, ...],
         kept: tuple[TopicPartition, ...],
+        topic_ids: tuple[TopicIdentity, ...] = (),
     ) -> None:
         """Fetch exactly ``assigned``: the fetchers of ``kept`` go on where they are (moved with
         their buffered records if their stream changed), every other partition starts at its
-        offset, and ``on_assigned`` hears only those others."""
+        offset, and ``on_assigned`` hears only those others. Each fetches the incarnation of its
+        topic ``topic_ids`` names (SPEC.md §11.12); a kept one a broker refused as another's
+        starts again."""
+        ids = {t.topic: t.topic_id for t in topic_ids}
+        gone = [f for tp in kept if (f := self._fetchers.get(tp)) and f.claim.topic_gone]
+        for stale in gone:
+            del self._fetchers[stale.claim.partition]
+        await self._halt(gone)
         going_on = {tp: self._fetchers[tp] for tp in kept if tp in self._fetchers}
         claims: dict[TopicPartition, PartitionClaim] = {}
         by_stream: dict[int, list[PartitionClaim]] = {id(s): [] for s in self.streams}
@@ -48,6 +56,7 @@ class FetcherControl(ConsumerCore):
                         broker_id=p.broker_id,
                         position=p.offset,
                         consumed=p.offset if p.offset >= 0 else None,
+                        topic_id=ids.get(p.topic, NO_TOPIC_ID),
                     )
                     fetcher = _Fetcher(claim=claim, stream=stream)
                     added.append(fetcher)

@@ -54,7 +54,7 @@ import trio
 
 from protocol.batches import Header, RecordBatch
 from protocol.errors import ErrorCode
-from protocol.types import TopicPartition
+from protocol.types import NO_TOPIC_ID, TopicId, TopicPartition
 
 __all__ = [
     "ConsumerBatch",
@@ -127,6 +127,12 @@ class PartitionClaim:
     """The corrupt batch its fetcher stopped at: no fetching until a seek clears it."""
     sought: trio.Event = attrs.field(factory=trio.Event)
     """Set by a seek (then replaced): what a fetcher stopped at a corrupt batch waits for."""
+    topic_id: TopicId = NO_TOPIC_ID
+    """The incarnation of the topic it was started on (SPEC.md §11.12): every Fetch names it.
+    NO_TOPIC_ID: any (a coordinator that names none)."""
+    topic_gone: bool = False
+    """A broker answered UNKNOWN_TOPIC_ID: the incarnation is gone, and its fetcher stopped
+    until the coordinator's next StartFetcher."""
 
     @property
     def next_offset(self) -> int | None:

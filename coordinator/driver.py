@@ -417,11 +417,23 @@ class GroupDriver:
             for tp in beyond:
                 del counted[tp]
         offsets = self.context.offsets
-        if offsets.accept_nowait(self.group_id, generation, counted, monotonic=True) is None:
+        # Read from the incarnation the group's assignment gave them under: the committer
+        # writes them as that one's, and drops them if it is no longer in force.
+        ids = self.group.topic_ids
+        read_from = {tp.topic: ids[tp.topic] for tp in counted if tp.topic in ids}
+        accepted = offsets.accept_nowait(
+            self.group_id, generation, counted, monotonic=True, topic_ids=read_from
+        )
+        if accepted is None:
             # Not in memory (a member owns partitions only after a rebalance loaded them, and a
             # rebalance loads them before StopFetcher): load them in a task of their own.
             self.context.nursery.start_soon(
                 functools.partial(
-                    offsets.accept, self.group_id, generation, counted, monotonic=True
+                    offsets.accept,
+                    self.group_id,
+                    generation,
+                    counted,
+                    monotonic=True,
+                    topic_ids=read_from,
                 )
             )

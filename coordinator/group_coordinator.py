@@ -286,10 +286,16 @@ class GroupCoordinator:
             refusal = group.commit_refusal(member, request.generation, offsets)
             if refusal is not ErrorCode.NONE:
                 return refusal
-            # A deleted topic's count for nothing: the rebalance takes its partitions away.
-            offsets = {tp: offset for tp, offset in offsets.items() if tp.topic in self.topics}
+            # A deleted topic's count for nothing, nor those of an incarnation no longer in
+            # force: the rebalance takes their partitions away (docs/design.md#topic-ids).
+            offsets = group.of_current_incarnation(offsets, self.topics)
+            ids = group.topic_ids
             version = await self.offsets.accept(
-                request.group_id, request.generation, offsets, monotonic=True
+                request.group_id,
+                request.generation,
+                offsets,
+                monotonic=True,
+                topic_ids={tp.topic: ids[tp.topic] for tp in offsets if tp.topic in ids},
             )
         await self.offsets.wait_durable(version)
         return ErrorCode.NONE
@@ -395,7 +401,12 @@ class GroupCoordinator:
         driver = self.group(group_id, generation=generation)
         driver.perform(
             driver.group.recover(
-                record, since=since, claims=claims, longest=longest, awaiting=awaiting
+                record,
+                since=since,
+                claims=claims,
+                longest=longest,
+                awaiting=awaiting,
+                topics=self.topics,
             )
         )
         return driver

@@ -22,7 +22,7 @@ import attrs
 import trio
 from trio_util import AsyncValue
 
-from protocol.types import TopicPartition
+from protocol.types import TopicId, TopicPartition
 from store import GroupStore, OffsetBatch, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,9 @@ class _GroupOffsets:
     durable: dict[TopicPartition, int] = attrs.field(factory=dict)
     """What the store holds: loaded from it, then updated by each write that succeeded."""
     dirty: dict[TopicPartition, int] = attrs.field(factory=dict)
+    ids: dict[str, TopicId] = attrs.field(factory=dict)
+    """The incarnation each topic's offsets belong to (docs/design.md#topic-ids): what the
+    batches that write them name."""
 
 
 @attrs.frozen(kw_only=True)
@@ -64,6 +67,9 @@ class OffsetKeeper:
     _durable: AsyncValue[int] = attrs.field(factory=lambda: AsyncValue(0))
     _flush_wanted: trio.Event = attrs.field(factory=trio.Event)
     _write_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    #: The incarnation in force of each topic, as the topic watch last saw them: an offset of
+    #: another is dropped (empty until the watch first reports: nothing is dropped).
+    topic_ids: Mapping[str, TopicId] = attrs.field(factory=dict)
 
     async def committed(self, group_id: str) -> Mapping[TopicPartition, int]:
         """The group's offsets as accepted so far (durable, or about to be); not what to show
@@ -87,15 +93,21 @@ class OffsetKeeper:
         offsets: Mapping[TopicPartition, int],
         *,
         monotonic: bool,
+        topic_ids: Mapping[str, TopicId] | None = None,
     ) -> int:
         """Record offsets the caller has already checked; returns the version to wait for.
 
         Members only ever move an offset forward (``monotonic``): a late report of an older
         position must not regress what a newer one committed. A standalone committer (a reset
-        while the group is empty) may set any offset.
+        while the group is empty) may set any offset. ``topic_ids``: the incarnation each
+        topic's offsets were read from; an offset of any other than the one in force is dropped
+        (docs/design.md#topic-ids). A topic it does not name (a commit by name): the one in
+        force.
         """
         await self._load(group_id)
-        version = self.accept_nowait(group_id, generation, offsets, monotonic=monotonic)
+        version = self.accept_nowait(
+            group_id, generation, offsets, monotonic=monotonic, topic_ids=topic_ids
+        )
         return self._version if version is None else version  # None: deleted meanwhile
 
     def accept_nowait(
@@ -105,6 +117,7 @@ class OffsetKeeper:
         offsets: Mapping[TopicPartition, int],
         *,
         monotonic: bool,
+        topic_ids: Mapping[str, TopicId] | None = None,
     ) -> int | None:
         """:meth:`accept` for a group whose offsets are in memory, from a plain function (the
         reader that got a Ping answer); None when they are not in memory."""
@@ -112,11 +125,18 @@ class OffsetKeeper:
         if group is None:
             return None
         changed = False
+        current = self.topic_ids
         for tp, offset in offsets.items():
+            now_id = current.get(tp.topic)
+            read_id = topic_ids.get(tp.topic, now_id) if topic_ids else now_id
+            if now_id is not None and read_id != now_id:
+                continue  # of another incarnation of the name: never applied to this one
             if monotonic and offset <= group.committed.get(tp, -1):
                 continue
             group.committed[tp] = offset
             group.dirty[tp] = offset
+            if read_id is not None:
+                group.ids[tp.topic] = read_id
             changed = True
         if changed:
             # A standalone commit (a reset of an empty group) is written as one (-1), not under
@@ -136,7 +156,12 @@ class OffsetKeeper:
         async with self._write_lock:
             version = self._version
             batches = [
-                OffsetBatch(group_id=group_id, generation=group.generation, offsets=group.dirty)
+                OffsetBatch(
+                    group_id=group_id,
+                    generation=group.generation,
+                    offsets=group.dirty,
+                    topic_ids=_read_from(group),
+                )
                 for group_id, group in self._groups.items()
                 if group.dirty
             ]
@@ -163,16 +188,26 @@ class OffsetKeeper:
         self._groups.pop(group_id, None)
 
     async def forget_topics(self, topics: Collection[str]) -> dict[str, set[str]]:
-        """Drop every offset of ``topics`` (deleted topics') from memory, accepted or durable,
-        so that no view shows them and the committer does not write them again. Returns, per
-        group, those of ``topics`` it had written: the store's delete of the topic may have come
+        """Drop every offset of ``topics`` (deleted topics', or those of a topic's incarnation
+        no longer in force: docs/design.md#topic-ids) from memory, accepted or durable, so that
+        no view shows them and the committer does not write them again. Returns, per group,
+        those of ``topics`` it had written: the store's delete of the topic may have come
         before such a write, so the caller deletes them again. Waits for a write in flight,
-        which may hold them."""
+        which may hold them. Offsets already accepted for the incarnation in force are kept."""
         async with self._write_lock:
             written: dict[str, set[str]] = {}
+            current = self.topic_ids
             for group_id, group in self._groups.items():
+                kept = {
+                    t
+                    for t in topics
+                    if t in group.ids and t in current and group.ids[t] == current[t]
+                }
+                for topic in set(topics) - kept:
+                    group.ids.pop(topic, None)
+                topics_gone = set(topics) - kept
                 for offsets in (group.committed, group.durable, group.dirty):
-                    for tp in [tp for tp in offsets if tp.topic in topics]:
+                    for tp in [tp for tp in offsets if tp.topic in topics_gone]:
                         if offsets is group.durable:
                             written.setdefault(group_id, set()).add(tp.topic)
                         del offsets[tp]
@@ -195,8 +230,17 @@ class OffsetKeeper:
     async def _load(self, group_id: str) -> _GroupOffsets:
         if group_id not in self._groups:
             stored = await self.store.fetch_offsets(group_id)
+            # The store returns the offsets of the incarnations in force alone.
+            current = self.topic_ids
+            ids = {tp.topic: current[tp.topic] for tp in stored if tp.topic in current}
             # another task may have loaded it while this one waited on the store
             self._groups.setdefault(
-                group_id, _GroupOffsets(committed=dict(stored), durable=dict(stored))
+                group_id, _GroupOffsets(committed=dict(stored), durable=dict(stored), ids=ids)
             )
         return self._groups[group_id]
+
+
+def _read_from(group: _GroupOffsets) -> dict[str, TopicId]:
+    """The incarnation of each topic of the group's unwritten offsets, as its batch names it."""
+    ids = group.ids
+    return {topic: ids[topic] for topic in {tp.topic for tp in group.dirty} if topic in ids}

@@ -34,6 +34,7 @@ from protocol import (
     StartFetcherResponse,
     StopFetcherRequest,
     StopFetcherResponse,
+    TopicIdentity,
 )
 from protocol.types import ConsumerThread, TopicPartition
 from statemachine.consumer_group import AttemptPlan, GroupMember, topic_partition_key
@@ -73,7 +74,7 @@ def _partition_counts(driver: GroupDriver) -> dict[str, int]:
 
 async def _attempt(driver: GroupDriver) -> None:
     group = driver.group
-    plan, effects = group.plan_attempt(_partition_counts(driver), _now())
+    plan, effects = group.plan_attempt(_partition_counts(driver), _now(), driver.context.topics)
     driver.perform(effects)
     if plan is None:
         return
@@ -175,13 +176,21 @@ async def _start_all(
     # after a failover, until its owner came back and said it no longer fetches it.
     # A member that comes back meanwhile still fetching what it adopted fails the wait at once:
     # the next attempt stops it first, rather than this one waiting out a lease for nothing.
-    while (free_at := group.ownership.free_at(gained)) > _now():
-        _fail_if_adopted(driver, gained)
+    # A topic created again starts only once no process may fetch its old incarnation any more
+    # (docs/design.md#topic-ids): its old partitions are waited on as well, whatever the starts.
+    while (
+        free_at := group.ownership.free_at(waits := group.waits_on(plan, gained, _now()))
+    ) > _now():
+        _fail_if_adopted(driver, waits)
         log.info("group %s: waiting until %.3f for leases to run out", group.group_id, free_at)
         with trio.move_on_at(free_at):
             await driver.leases_freed.wait_transition()
     if attempt.cancel_called:
         return None
+    if recreated := group.stale_ids(plan, context.topics):
+        # The attempt would start an incarnation that is no longer the topic's: the topic
+        # watch has asked for another attempt, which stops its holders first.
+        raise AttemptFailed(f"topics created again during the attempt: {', '.join(recreated)}")
     try:
         await context.offsets.flush()
         record = group.record(plan, starting)
@@ -194,7 +203,7 @@ async def _start_all(
         context.topics, plan.assignment, committed, only={m.member_id for m in starting}
     )
     failures: list[str] = []
-    _fail_if_adopted(driver, gained)
+    _fail_if_adopted(driver, group.waits_on(plan, gained, _now()))
     _check_contact(driver)
     # A start the group refuses (a partition someone else may fetch) raises here, before any
     # StartFetcher is sent: the group fails and is rebuilt.
@@ -215,6 +224,7 @@ async def _start_all(
             brokers=context.brokers_by_listener.get(handle.channel.listener, context.brokers),
             acknowledged_frames=handle.channel.frames_received,
             incremental=incremental and member.versions.incremental,
+            topic_ids=_topic_ids(plan, streams.get(member.member_id, ())),
         )
 
     def answered(member: Member, response: ResponseMessage) -> None:
@@ -319,6 +329,15 @@ def _streams_by_member(
         stream_id = ConsumerThread(member_id=member_id, index=index).stream_id
         streams[member_id].append(AssignedStream(stream_id=stream_id, partitions=partitions))
     return {member_id: tuple(member_streams) for member_id, member_streams in streams.items()}
+
+
+def _topic_ids(plan: AttemptPlan, streams: tuple[AssignedStream, ...]) -> tuple[TopicIdentity, ...]:
+    """The incarnation of each topic of a member's ``streams``: the one the attempt planned
+    with, which it checked is still in force before the starts (docs/design.md#topic-ids)."""
+    names = sorted({p.topic for stream in streams for p in stream.partitions})
+    return tuple(
+        TopicIdentity(topic=t, topic_id=plan.topic_ids[t]) for t in names if t in plan.topic_ids
+    )
 
 
 def _first(item: tuple[tuple[str, int], object]) -> tuple[str, int]:

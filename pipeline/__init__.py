@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from pipeline.commits import GroupOffsetCommitter, commit_group_offsets
+from pipeline.offsets import TopicRecreated
 from pipeline.source import SCHEMA, CoordinatorDataSource
 from pipeline.wire import client_security
 
@@ -21,6 +22,7 @@ __all__ = [
     "SCHEMA",
     "CoordinatorDataSource",
     "GroupOffsetCommitter",
+    "TopicRecreated",
     "client_security",
     "commit_group_offsets",
     "register",

@@ -37,11 +37,18 @@ def commit_group_offsets(
     offsets: om.OffsetsJson | str,
     security: ClientSecurity | None = None,
 ) -> None:
-    """Commit ``offsets`` (a source offset map, as JSON text or dict) as ``group``'s offsets."""
-    parsed = om.from_json(offsets if isinstance(offsets, str) else json.dumps(offsets))
+    """Commit ``offsets`` (a source offset map, as JSON text or dict) as ``group``'s offsets.
+
+    The commit names topics, not their ids (SPEC.md §11.12): the coordinator applies it to the
+    topic of that name when it arrives. So that a batch read from a topic since deleted and
+    created again does not move the new topic's offsets, the ids the map names are checked
+    first (``pipeline.offsets.TopicRecreated``, nothing committed); a re-creation between that
+    check and the commit is not seen."""
+    text = offsets if isinstance(offsets, str) else json.dumps(offsets)
+    parsed = om.from_json(text)
     if parsed:
         with Cluster(bootstrap, security) as cluster:
-            cluster.commit_offsets(group, parsed)
+            cluster.commit_offsets(group, parsed, om.ids_from_json(text))
 
 
 def _source_offsets(source: Any) -> om.OffsetsJson | None:
@@ -53,7 +60,10 @@ def _source_offsets(source: Any) -> om.OffsetsJson | None:
         return None
     if not isinstance(data, dict) or not all(
         isinstance(partitions, dict)
-        and all(isinstance(o, int) and p.isdigit() for p, o in partitions.items())
+        and all(
+            (isinstance(o, int) and p.isdigit()) or (p == om.ID_KEY and isinstance(o, str))
+            for p, o in partitions.items()
+        )
         for partitions in data.values()
     ):
         return None

@@ -2,6 +2,9 @@
 
 An offset map is JSON ``{"topic": {"0": 10, "1": 7}}``: for each partition the next offset to
 read, exactly like a committed group offset, so a batch's end offsets are what the group commits.
+The source adds each topic's id under ``"id"`` (``{"topic": {"id": "<uuid>", "0": 10}}``), the
+incarnation the offsets belong to (docs/design.md#topic-ids): a checkpoint names topics, and a
+topic deleted and created again under its name must not be read on from the old one's offsets.
 """
 
 from __future__ import annotations
@@ -9,32 +12,101 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import uuid
 from collections.abc import Iterable, Mapping
+from typing import Any
 
-from protocol import TopicPartition
+from protocol import TopicId, TopicPartition
 
 Offsets = dict[TopicPartition, int]
-OffsetsJson = dict[str, dict[str, int]]
+TopicIds = dict[str, TopicId]
+OffsetsJson = dict[str, dict[str, int | str]]
 
 STARTING_KEYWORDS = ("earliest", "latest", "group")
+#: The key of a topic's id in its map; partitions are numbers, so it is never one's.
+ID_KEY = "id"
 
 
-def to_json(offsets: Mapping[TopicPartition, int]) -> OffsetsJson:
+class TopicRecreated(Exception):
+    """A topic was deleted, and created again under its name, since a query took offsets from
+    it: they belong to the deleted topic and mean nothing in the new one, so the query fails
+    (as Spark's Kafka source fails one that lost data, ``failOnDataLoss``) rather than read
+    the new topic from them or skip its first records. ``new`` None: the topic was found to be
+    gone while being read, and what (if anything) replaced it is not known."""
+
+    def __init__(self, topic: str, old: TopicId, new: TopicId | None) -> None:
+        what = (
+            f"was deleted and created again since this query read it (its id was {old}, it is"
+            f" now {new})"
+            if new is not None
+            else f"was deleted, and perhaps created again, while this query read it (its id"
+            f" was {old})"
+        )
+        super().__init__(
+            f"topic {topic!r} {what}: the offsets the query holds belong to the deleted topic."
+            " To read the new topic, start the query again, a streaming one with a new"
+            " checkpoint location (startingOffsets says where it begins)"
+        )
+        self.topic = topic
+        self.old = old
+        self.new = new
+
+    def __reduce__(self) -> tuple[type[TopicRecreated], tuple[str, TopicId, TopicId | None]]:
+        return (type(self), (self.topic, self.old, self.new))
+
+
+def to_json(
+    offsets: Mapping[TopicPartition, int], ids: Mapping[str, TopicId] | None = None
+) -> OffsetsJson:
+    """The map Spark checkpoints; ``ids`` names the incarnation of the topics it has."""
+    ids = ids or {}
     result: OffsetsJson = {}
     for tp in sorted(offsets):
-        result.setdefault(tp.topic, {})[str(tp.partition)] = offsets[tp]
+        partitions = result.get(tp.topic)
+        if partitions is None:
+            partitions = result[tp.topic] = {}
+            if (topic_id := ids.get(tp.topic)) is not None:
+                partitions[ID_KEY] = str(topic_id)
+        partitions[str(tp.partition)] = offsets[tp]
     return result
 
 
-def from_json(data: Mapping[str, Mapping[str, int]] | str) -> Offsets:
+def _parsed(data: Mapping[str, Mapping[str, int | str]] | str) -> Mapping[str, Any]:
     if isinstance(data, str):
         data = json.loads(data)
         assert isinstance(data, dict)
+    return data
+
+
+def from_json(data: Mapping[str, Mapping[str, int | str]] | str) -> Offsets:
+    """The offsets of a map (its ids, if any, left out: :func:`ids_from_json`)."""
     return {
         TopicPartition(topic=topic, partition=int(partition)): int(offset)
-        for topic, partitions in data.items()
+        for topic, partitions in _parsed(data).items()
         for partition, offset in partitions.items()
+        if partition != ID_KEY
     }
+
+
+def ids_from_json(data: Mapping[str, Mapping[str, int | str]] | str) -> TopicIds:
+    """The topic ids a map names; a map written before ids (or by hand) names none."""
+    return {
+        topic: uuid.UUID(str(partitions[ID_KEY]))
+        for topic, partitions in _parsed(data).items()
+        if ID_KEY in partitions
+    }
+
+
+def carry_ids(taken: Mapping[str, TopicId], current: Mapping[str, TopicId]) -> TopicIds:
+    """The ids of the next offsets of a stream whose last ones were ``taken`` under those ids,
+    now that the topics have ``current`` ids: TopicRecreated if a topic's id changed. A topic
+    that is gone keeps its id, so that it is not read on if it comes back as another; one the
+    last offsets named no id for (a checkpoint written before ids) takes its current one."""
+    for topic, old in sorted(taken.items()):
+        new = current.get(topic)
+        if new is not None and new != old:
+            raise TopicRecreated(topic, old, new)
+    return {**current, **taken}
 
 
 class TopicSelector:

@@ -2,7 +2,11 @@
 
 The driver plans (metadata, log bounds, the group's offsets); each Spark input partition is one
 topic partition's offset range, read by a Spark task straight from the broker that holds it, so
-executors fetch partitions in parallel. Offsets are ``pipeline.offsets`` JSON maps.
+executors fetch partitions in parallel. Offsets are ``pipeline.offsets`` JSON maps, which name
+the id of each topic they were taken from: a topic deleted and created again under its name
+fails the query (``pipeline.offsets.TopicRecreated``) instead of being read from the old one's
+offsets, also after a restart from the checkpoint. Every Fetch names the id too, so a task
+reading while the topic is re-created gets nothing of the new one.
 
 Group offsets are not committed here: ``DataSourceStreamReader.commit`` runs one batch late and
 not at all for the last batch under ``availableNow``. ``pipeline.commits`` commits each finished
@@ -37,7 +41,7 @@ from pipeline import offsets as om
 from pipeline.arrow import ARROW_SCHEMA, arrow_batch
 from pipeline.sink import TopicWriter
 from pipeline.wire import Cluster, PipelineError, Placement, check_options, client_security
-from protocol import ErrorCode, TopicPartition
+from protocol import NO_TOPIC_ID, ErrorCode, TopicPartition
 from protocol.batches import read_batches
 from transport.security import ClientSecurity
 
@@ -125,13 +129,21 @@ class _Planner:
             )
         return {tp: p for tp, p in found.items() if self.selector.matches(tp.topic)}
 
+    def check_named_ids(self, spec: str, placements: dict[TopicPartition, Placement]) -> None:
+        """TopicRecreated if an offset map given as an option (copied from a checkpoint or a
+        progress report) names a topic id the topic no longer has."""
+        if spec.strip().startswith("{"):
+            om.carry_ids(om.ids_from_json(spec), topic_ids(placements))
+
     def resolve_start(
         self,
         cluster: Cluster,
+        placements: dict[TopicPartition, Placement],
         bounds: dict[TopicPartition, tuple[int, int]],
         default: str,
     ) -> om.Offsets:
         spec = self.options.get("startingoffsets") or default
+        self.check_named_ids(spec, placements)
         if spec == "group" and self.group is None:
             raise ValueError("startingOffsets=group needs the group option")
         committed = cluster.committed_offsets(self.group) if spec == "group" and self.group else {}
@@ -164,10 +176,11 @@ class BatchReader(DataSourceReader):
         with Cluster(self.planner.bootstrap, self.planner.security) as cluster:
             placements = self.planner.placements(cluster)
             bounds = cluster.log_bounds(placements.values())
-            start = self.planner.resolve_start(cluster, bounds, "earliest")
+            start = self.planner.resolve_start(cluster, placements, bounds, "earliest")
         end = {tp: e for tp, (_, e) in bounds.items()}
         ending = self.planner.options.get("endingoffsets", "latest")
         if ending != "latest":
+            self.planner.check_named_ids(ending, placements)
             named = om.from_json(ending)
             end = {tp: min(named.get(tp, e), e) for tp, e in end.items()}
         return self.planner.input_partitions(placements, start, end)
@@ -199,9 +212,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._placements = self.planner.placements(self.cluster)
         return self.cluster.log_bounds(self._placements.values())
 
+    @property
+    def _ids(self) -> om.TopicIds:
+        return topic_ids(self._placements)
+
     def initialOffset(self) -> om.OffsetsJson:
         default = "group" if self.planner.group else "latest"
-        return om.to_json(self.planner.resolve_start(self.cluster, self._bounds(), default))
+        bounds = self._bounds()
+        start = self.planner.resolve_start(self.cluster, self._placements, bounds, default)
+        return om.to_json(start, self._ids)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {tp: end for tp, (_, end) in self._bounds().items()}
@@ -212,6 +231,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: om.OffsetsJson, limit: ReadLimit) -> om.OffsetsJson:
         previous = om.from_json(start)
         bounds = self._bounds()
+        ids = om.carry_ids(om.ids_from_json(start), self._ids)  # TopicRecreated: the query fails
         ends = {tp: end for tp, (_, end) in bounds.items()}
         if self._target is not None:
             # partitions that appeared after the target was taken have nothing to read this run
@@ -221,17 +241,18 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends = {tp: max(end, first[tp]) for tp, end in ends.items()}
         if isinstance(limit, ReadMaxRows):
             ends = om.limit_ends(first, ends, limit.max_rows)
-        # a partition that is gone from the metadata keeps its last offset
-        return om.to_json({**previous, **ends})
+        # a partition that is gone from the metadata keeps its last offset (and its topic's id)
+        return om.to_json({**previous, **ends}, ids)
 
     def reportLatestOffset(self) -> om.OffsetsJson | None:
         bounds = self._bounds()
-        return om.to_json({tp: end for tp, (_, end) in bounds.items()})
+        return om.to_json({tp: end for tp, (_, end) in bounds.items()}, self._ids)
 
     def partitions(self, start: om.OffsetsJson, end: om.OffsetsJson) -> Sequence[InputPartition]:
         first, until = om.from_json(start), om.from_json(end)
         if not until.keys() <= self._placements.keys():
             self._bounds()  # a restart from a checkpoint plans before any latestOffset
+        om.carry_ids(om.ids_from_json(end), self._ids)  # a batch planned before a re-creation
         return self.planner.input_partitions(self._placements, first, until)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -247,10 +268,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._cluster = None
 
 
+def topic_ids(placements: dict[TopicPartition, Placement]) -> om.TopicIds:
+    """The id of each topic of ``placements`` whose broker gave one."""
+    return {p.topic: p.topic_id for p in placements.values() if p.topic_id != NO_TOPIC_ID}
+
+
 def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Fetch [start, end) of one partition from its broker, one Arrow batch per Fetch response.
 
-    Records below the log start (deleted by retention since the batch was planned) are skipped.
+    Records below the log start (deleted by retention since the batch was planned) are skipped;
+    a topic deleted since (UNKNOWN_TOPIC_ID: the Fetch names its id) fails the task.
     """
     p = task.placement
     offset = task.start
@@ -262,6 +289,8 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
             ):
                 offset = response.log_start_offset
                 continue
+            if response.error_code is ErrorCode.UNKNOWN_TOPIC_ID:
+                raise om.TopicRecreated(p.topic, p.topic_id, None)
             if response.error_code is not ErrorCode.NONE:
                 raise RuntimeError(
                     f"fetch {p.topic}-{p.partition} at {offset}: {response.error_code.name}"

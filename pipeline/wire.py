@@ -14,8 +14,10 @@ from pathlib import Path
 
 import attrs
 
+from pipeline import offsets as om
 from protocol import (
     NEED_DATA,
+    NO_TOPIC_ID,
     ClusterMetadataRequest,
     ClusterMetadataResponse,
     Connection,
@@ -37,6 +39,7 @@ from protocol import (
     Response,
     ResponseMessage,
     Role,
+    TopicId,
     TopicPartition,
 )
 from transport.connect import parse_bootstrap
@@ -132,12 +135,14 @@ class BrokerConnection:
 
 @attrs.frozen(kw_only=True)
 class Placement:
-    """Where one partition lives."""
+    """Where one partition lives, and of which incarnation of its topic."""
 
     topic: str
     partition: int
     host: str
     port: int
+    #: The topic's id (docs/design.md#topic-ids); NO_TOPIC_ID (any) from a broker without ids.
+    topic_id: TopicId = NO_TOPIC_ID
 
 
 class Cluster:
@@ -203,10 +208,11 @@ class Cluster:
         return response
 
     def placements(self, topics: Sequence[str] | None = None) -> dict[TopicPartition, Placement]:
-        """Every partition of ``topics`` (all when None) with the broker that holds it; topics
-        that do not exist are left out."""
+        """Every partition of ``topics`` (all when None) with the broker that holds it and its
+        topic's id; topics that do not exist are left out."""
         metadata = self.metadata(topics)
         brokers = {b.broker_id: b for b in metadata.brokers}
+        ids = {i.topic: i.topic_id for i in metadata.topic_ids}
         found = {}
         for topic in metadata.topics:
             if topic.error_code is not ErrorCode.NONE:
@@ -216,7 +222,11 @@ class Cluster:
                 if broker is not None:
                     tp = TopicPartition(topic=topic.topic, partition=p.partition)
                     found[tp] = Placement(
-                        topic=topic.topic, partition=p.partition, host=broker.host, port=broker.port
+                        topic=topic.topic,
+                        partition=p.partition,
+                        host=broker.host,
+                        port=broker.port,
+                        topic_id=ids.get(topic.topic, NO_TOPIC_ID),
                     )
         return found
 
@@ -237,6 +247,8 @@ class Cluster:
     # --- data -------------------------------------------------------------------------------------
 
     def fetch(self, placement: Placement, offset: int, max_bytes: int) -> FetchResponse:
+        """Records of ``placement``'s incarnation only: a broker whose topic of that name has
+        another id answers UNKNOWN_TOPIC_ID."""
         response = self.call(
             (placement.host, placement.port),
             FetchRequest(
@@ -244,6 +256,7 @@ class Cluster:
                 partition=placement.partition,
                 offset=offset,
                 max_bytes=max_bytes,
+                topic_id=placement.topic_id,
             ),
         )
         assert isinstance(response, FetchResponse)
@@ -267,8 +280,12 @@ class Cluster:
 
     # --- group offsets ----------------------------------------------------------------------------
 
-    def _coordinator(self, group: str) -> Address:
-        metadata = self.metadata(topics=(), group=group)
+    def _coordinator(self, group: str, ids: Mapping[str, TopicId] | None = None) -> Address:
+        """The group's coordinator; with ``ids``, TopicRecreated if one of those topics has
+        another id now (asked in the same request)."""
+        metadata = self.metadata(topics=sorted(ids or ()), group=group)
+        if ids:
+            om.carry_ids(ids, {i.topic: i.topic_id for i in metadata.topic_ids})
         for broker in metadata.brokers:
             if broker.broker_id == metadata.coordinator_id:
                 return (broker.host, broker.port)
@@ -287,9 +304,15 @@ class Cluster:
             raise PipelineError(f"offsets of group {group}", response.error_code)
         return {po.topic_partition: po.offset for po in response.offsets if po.offset >= 0}
 
-    def commit_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
+    def commit_offsets(
+        self,
+        group: str,
+        offsets: dict[TopicPartition, int],
+        ids: Mapping[str, TopicId] | None = None,
+    ) -> None:
         """The standalone commit (generation -1, no member): accepted only while the group has no
-        live members, so a Spark job and a consumer group cannot both move one group's offsets."""
+        live members, so a Spark job and a consumer group cannot both move one group's offsets.
+        ``ids``: the topic ids the offsets were read under, checked first (TopicRecreated)."""
         request = OffsetCommitRequest(
             group_id=group,
             consumer_id=None,
@@ -299,7 +322,7 @@ class Cluster:
                 for tp, offset in sorted(offsets.items())
             ),
         )
-        response = self.call(self._coordinator(group), request)
+        response = self.call(self._coordinator(group, ids), request)
         assert isinstance(response, OffsetCommitResponse)
         if response.error_code is not ErrorCode.NONE:
             raise PipelineError(f"commit offsets of group {group}", response.error_code)

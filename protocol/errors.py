@@ -61,6 +61,11 @@ class ErrorCode(enum.IntEnum):
     GROUP_MAX_SIZE_REACHED = 81
     FENCED_INSTANCE_ID = 82
     """A newer process registered under this member's instance id (static membership)."""
+    RESOURCE_NOT_FOUND = 91
+    """AlterUserScramCredentials would delete a user that has no credential."""
+    UNACCEPTABLE_CREDENTIAL = 93
+    """A credential upserted with an unknown mechanism, iterations outside the broker's bounds,
+    or a salt or keys of the wrong size."""
     UNKNOWN_TOPIC_ID = 100
     """A request named a topic id the topic of that name no longer has: the topic was deleted,
     and perhaps created again, since the client learned the id (docs/design.md#topic-ids)."""

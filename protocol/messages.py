@@ -45,7 +45,12 @@ class ApiKey(enum.IntEnum):
     DELETE_GROUP = 15
     SASL_HANDSHAKE = 17
     DELETE_TOPIC = 20
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     SASL_AUTHENTICATE = 36
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
 
 
 COORDINATOR_REQUESTS: frozenset[ApiKey] = frozenset(
@@ -538,6 +543,138 @@ class DeleteTopicResponse:
     error_code: ErrorCode
 
 
+# --- 29 DESCRIBE_ACLS, 30 CREATE_ACLS, 31 DELETE_ACLS ------------------------------------------
+# Kafka's numbers; the rules of statemachine/acl.py (allow rules only), each as its four words.
+
+
+@attrs.frozen(kw_only=True)
+class AclBinding:
+    """One allow rule: ``principal`` (``User:NAME`` or ``*``) may do ``operation`` (``read``,
+    ``write``, ``create``, ``alter``, ``describe``, ``delete`` or ``all``) on the resource of
+    type ``resource_type`` (``topic``, ``group`` or ``cluster``) named ``name`` (``*``: every
+    one of its type; the cluster is named ``cluster``)."""
+
+    principal: str
+    resource_type: str
+    name: str
+    operation: str
+
+
+@attrs.frozen(kw_only=True)
+class DescribeAclsRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DESCRIBE_ACLS
+    principal: str | None
+    """Only the rules of this principal (exactly: ``*`` matches the rules for everyone); None:
+    any. The same for the fields below."""
+    resource_type: str | None
+    name: str | None
+    operation: str | None
+
+
+@attrs.frozen(kw_only=True)
+class DescribeAclsResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DESCRIBE_ACLS
+    error_code: ErrorCode
+    acls: tuple[AclBinding, ...]
+
+
+@attrs.frozen(kw_only=True)
+class CreateAclsRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_ACLS
+    acls: tuple[AclBinding, ...]
+    """Added in one write, all or none; a rule already in force is no error."""
+
+
+@attrs.frozen(kw_only=True)
+class CreateAclsResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_ACLS
+    error_code: ErrorCode
+
+
+@attrs.frozen(kw_only=True)
+class DeleteAclsRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_ACLS
+    acls: tuple[AclBinding, ...]
+    """The rules to remove, exactly (no patterns), in one write."""
+
+
+@attrs.frozen(kw_only=True)
+class DeleteAclsResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_ACLS
+    error_code: ErrorCode
+    deleted: tuple[AclBinding, ...]
+    """Those of the request's rules that were in force, and are no longer."""
+
+
+# --- 50 DESCRIBE_USER_SCRAM_CREDENTIALS, 51 ALTER_USER_SCRAM_CREDENTIALS -----------------------
+# Kafka's numbers. A credential travels as the broker keeps it (RFC 5802 §3), salted and hashed by
+# the client: never a password, nor a salted password, from which one could log in.
+
+
+@attrs.frozen(kw_only=True)
+class ScramCredentialInfo:
+    mechanism: str
+    iterations: Int32
+
+
+@attrs.frozen(kw_only=True)
+class UserScramCredentials:
+    """A user's mechanisms and their iteration counts: never its salts or keys."""
+
+    user: str
+    credentials: tuple[ScramCredentialInfo, ...]
+
+
+@attrs.frozen(kw_only=True)
+class DescribeUserScramCredentialsRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS
+    users: tuple[str, ...] | None
+    """None: every user. A user named that has no credential is left out of the answer."""
+
+
+@attrs.frozen(kw_only=True)
+class DescribeUserScramCredentialsResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS
+    error_code: ErrorCode
+    users: tuple[UserScramCredentials, ...]
+
+
+@attrs.frozen(kw_only=True)
+class ScramUpsertion:
+    """Add or replace ``user``'s credential for ``mechanism``: what the broker stores, derived
+    by the client from the password (RFC 5802 §3: StoredKey = H(ClientKey), ServerKey =
+    HMAC(SaltedPassword, "Server Key"))."""
+
+    user: str
+    mechanism: str
+    iterations: Int32
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+
+
+@attrs.frozen(kw_only=True)
+class AlterUserScramCredentialsRequest:
+    API_KEY: ClassVar[ApiKey] = ApiKey.ALTER_USER_SCRAM_CREDENTIALS
+    deletions: tuple[str, ...]
+    """Users to delete, every credential of each (Kafka deletes one mechanism at a time)."""
+    upsertions: tuple[ScramUpsertion, ...]
+
+
+@attrs.frozen(kw_only=True)
+class UserAlteration:
+    user: str
+    error_code: ErrorCode
+
+
+@attrs.frozen(kw_only=True)
+class AlterUserScramCredentialsResponse:
+    API_KEY: ClassVar[ApiKey] = ApiKey.ALTER_USER_SCRAM_CREDENTIALS
+    error_code: ErrorCode
+    results: tuple[UserAlteration, ...]
+    """One per user the request named, in its order: NONE, or why that user was not changed."""
+
+
 # --- tables -------------------------------------------------------------------------------------
 
 RequestMessage: TypeAlias = (
@@ -560,6 +697,11 @@ RequestMessage: TypeAlias = (
     | DeleteTopicRequest
     | SaslHandshakeRequest
     | SaslAuthenticateRequest
+    | DescribeAclsRequest
+    | CreateAclsRequest
+    | DeleteAclsRequest
+    | DescribeUserScramCredentialsRequest
+    | AlterUserScramCredentialsRequest
 )
 ResponseMessage: TypeAlias = (
     ProduceResponse
@@ -581,6 +723,11 @@ ResponseMessage: TypeAlias = (
     | DeleteTopicResponse
     | SaslHandshakeResponse
     | SaslAuthenticateResponse
+    | DescribeAclsResponse
+    | CreateAclsResponse
+    | DeleteAclsResponse
+    | DescribeUserScramCredentialsResponse
+    | AlterUserScramCredentialsResponse
 )
 
 _REQUESTS: tuple[type[RequestMessage], ...] = (
@@ -603,6 +750,11 @@ _REQUESTS: tuple[type[RequestMessage], ...] = (
     DeleteTopicRequest,
     SaslHandshakeRequest,
     SaslAuthenticateRequest,
+    DescribeAclsRequest,
+    CreateAclsRequest,
+    DeleteAclsRequest,
+    DescribeUserScramCredentialsRequest,
+    AlterUserScramCredentialsRequest,
 )
 _RESPONSES: tuple[type[ResponseMessage], ...] = (
     ProduceResponse,
@@ -624,6 +776,11 @@ _RESPONSES: tuple[type[ResponseMessage], ...] = (
     DeleteTopicResponse,
     SaslHandshakeResponse,
     SaslAuthenticateResponse,
+    DescribeAclsResponse,
+    CreateAclsResponse,
+    DeleteAclsResponse,
+    DescribeUserScramCredentialsResponse,
+    AlterUserScramCredentialsResponse,
 )
 
 REQUEST_TYPES: Mapping[ApiKey, type[RequestMessage]] = MappingProxyType(

@@ -31,7 +31,7 @@ import itertools
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -53,7 +53,7 @@ from protocol import (
 )
 from protocol.batches import batches_from_records
 from protocol.records import Record
-from protocol.types import BrokerInfo, Subscription, TopicPartition, TopicStreams
+from protocol.types import BrokerInfo, Subscription, TopicId, TopicPartition, TopicStreams
 from statemachine.group import GroupState
 from store import (
     MetadataStore,
@@ -119,11 +119,7 @@ class SimulatedCluster:
     _generations_seen: dict[tuple[int, str, int], int] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
-        self.log = MemoryLog(partition_count=self._partition_count)
-
-    def _partition_count(self, topic: str) -> int | None:
-        placement = self.coordinator.topics.get(topic)
-        return None if placement is None else placement.partition_count
+        self.log = MemoryLog()
 
     # --- topics -------------------------------------------------------------------------------
 
@@ -137,33 +133,54 @@ class SimulatedCluster:
         await self._topics_seen(name, placement.partition_count)
 
     async def delete_topic(self, name: str) -> ErrorCode:
-        """Send DeleteTopic, and once it succeeded return when the coordinator's topic watch
-        has seen the topic gone."""
+        """Send DeleteTopic, and once it succeeded return when the coordinator's topic watch,
+        and the log's, have seen the topic gone."""
         async with self.open_client() as client:
             response = await client.request(DeleteTopicRequest(topic=name))
         assert isinstance(response, DeleteTopicResponse)
         if response.error_code is not ErrorCode.NONE:
             return response.error_code
         for attempt in itertools.count():
-            if name not in self.coordinator.topics:
+            if name not in self.coordinator.topics and name not in self.log.placement:
                 break
             await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
         return ErrorCode.NONE
+
+    async def recreate_topic(self, name: str, *, partitions: int) -> TopicId:
+        """Delete the topic and create it again under its name with ``partitions``, both before
+        the coordinator's topic watch hears of either, so that it sees them as one change, as a
+        slow watch or a broker down through both would (docs/design.md#topic-ids). Returns the
+        new incarnation's id once the watch has seen it."""
+        old = self.coordinator.topics[name].topic_id
+        self.latency.topics_held.value = True
+        try:
+            await self.store.delete_topic(name)
+            placement = await self.store.create_topic(name, (self.broker.broker_id,) * partitions)
+        finally:
+            self.latency.topics_held.value = False
+        assert placement.topic_id != old
+        for attempt in itertools.count():
+            seen = (self.coordinator.topics.get(name), self.log.placement.get(name))
+            if all(p is not None and p.topic_id == placement.topic_id for p in seen):
+                return placement.topic_id
+            await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
+        raise AssertionError("unreachable")
 
     async def _topics_seen(self, name: str, partitions: int) -> None:
         # The watch normally catches up within the same instant; after that, let virtual time
         # run, so that a caller's deadline can fire if it never does.
         for attempt in itertools.count():
-            placement = self.coordinator.topics.get(name)
-            if placement is not None and placement.partition_count >= partitions:
+            seen = (self.coordinator.topics.get(name), self.log.placement.get(name))
+            if all(p is not None and p.partition_count >= partitions for p in seen):
                 return
             await trio.sleep(0 if attempt < 100 else SETTLE_POLL / 10)
 
-    def produce(self, topic: str, *, records: int = 1) -> None:
-        """Append ``records`` records to each partition of ``topic`` now, as a producer the test
-        does not watch would: what the consumers then fetch, finish and commit."""
+    def produce(self, topic: str, *, records: int = 1, value: bytes = b"") -> None:
+        """Append ``records`` records (each of ``value``) to each partition of ``topic`` now, as
+        a producer the test does not watch would: what the consumers then fetch, finish and
+        commit."""
         now_ms = round(trio.current_time() * 1000)
-        record = Record(offset=0, timestamp_ms=now_ms, key=None, value=b"")
+        record = Record(offset=0, timestamp_ms=now_ms, key=None, value=value)
         payload = batches_from_records([record] * records)
         for p in range(self.coordinator.topics[topic].partition_count):
             self.log.produce_now(TopicPartition(topic=topic, partition=p), payload)
@@ -227,6 +244,7 @@ class SimulatedCluster:
                 ):
                     self.store, self.coordinator = store, coordinator
                     self._connections = connections
+                    connections.start_soon(self._follow_topics, embedded)
                     self.accepting.value += 1
                     await coordinator.loaded.wait()
                     self.incarnation.value += 1
@@ -237,6 +255,12 @@ class SimulatedCluster:
                     self._connections = None
                     connections.cancel_scope.cancel()
             await trio.sleep(self._down_for)
+
+    async def _follow_topics(self, store: MetadataStore) -> None:
+        """Feed the log the store's topic watch, as a broker's data plane watches it."""
+        async with aclosing(store.topic_updates()) as updates:
+            async for placement in updates:
+                self.log.follow(placement)
 
     def open_link(
         self,

@@ -104,14 +104,20 @@ class SimulatedConsumer:
     registrations: int = 0
     #: Whether it is fetching now; tests wait on its changes.
     fetching_state: AsyncValue[bool] = attrs.field(factory=lambda: AsyncValue(False))
-    #: Every generation it started fetching under, in order.
+    #: Every generation it started fetching under, in order, and when each start was carried out
+    #: (its new partitions' fetchers running).
     started_generations: list[int] = attrs.field(factory=list)
+    started_at: list[float] = attrs.field(factory=list)
     #: How many StopFetcher and StartFetcher requests it carried out: a member whose assignment
     #: an incremental rebalance does not change gets none.
     stops_received: int = 0
     starts_received: int = 0
     #: What each StopFetcher it carried out stopped (None: everything).
     stopped_partitions: list[frozenset[TopicPartition] | None] = attrs.field(factory=list)
+    #: When each StopFetcher it carried out was answered, in order (with stopped_partitions).
+    stopped_at: list[float] = attrs.field(factory=list)
+    #: Every record its application was handed: when, of which partition, its offset, value.
+    delivered: list[tuple[float, TopicPartition, int, bytes | None]] = attrs.field(factory=list)
     consumer: Consumer | None = None
     """The library's consumer, once the process has opened it."""
     process: SimulatedProcess = attrs.field(init=False)
@@ -361,6 +367,8 @@ class SimulatedConsumer:
                 self.consumer = consumer
                 consumer.observer = self._observe
                 async for record in consumer:
+                    tp = TopicPartition(topic=record.topic, partition=record.partition)
+                    self.delivered.append((trio.current_time(), tp, record.offset, record.value))
                     consumer.mark(record)
                     if self._gave_up():
                         break
@@ -381,6 +389,7 @@ class SimulatedConsumer:
                     )
                     self.stops_received += 1
                     self.stopped_partitions.append(None if whole else frozenset(stopped))
+                    self.stopped_at.append(trio.current_time())
                 case sm.RespondStart():
                     self.starts_received += 1
         before, self._state = self._state, consumer.state
@@ -413,6 +422,7 @@ class SimulatedConsumer:
         now = trio.current_time()
         generation = self.consumer.generation
         self.started_generations.append(generation)
+        self.started_at.append(now)
         self.cluster.generations[self.group_id].append(generation)
         for tp in sorted(added):
             self._leased.add(tp)

@@ -25,7 +25,7 @@ from protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from protocol.types import TopicPartition
+from protocol.types import NO_TOPIC_ID, TopicId, TopicPartition
 from store import (
     GroupRecord,
     OffsetBatch,
@@ -68,6 +68,9 @@ class StrayFetch:
     permitted_until: float | None
     #: The members of its group permitted the partition then: a two-owner instant, if any.
     alongside: tuple[str, ...] = ()
+    #: The topic id the Fetch named, when its member was permitted the partition then, but of
+    #: another incarnation of its topic (NO_TOPIC_ID: it was not permitted the partition).
+    topic_id: TopicId = NO_TOPIC_ID
 
     def __str__(self) -> str:
         since = (
@@ -76,9 +79,10 @@ class StrayFetch:
             else f"its permission ended at {self.permitted_until:.3f}"
         )
         others = f", and {', '.join(self.alongside)} may fetch it" if self.alongside else ""
+        named = "" if self.topic_id == NO_TOPIC_ID else f" naming topic id {self.topic_id}"
         return (
             f"group {self.group_id} {self.partition}: {self.consumer_id} fetched it at "
-            f"{self.at:.3f}, but {since}{others}"
+            f"{self.at:.3f}{named}, but {since}{others}"
         )
 
 
@@ -108,6 +112,8 @@ class _Member:
     ended: dict[TopicPartition, float] = attrs.field(factory=dict)
     #: The delivery number (the ledger's count) of the latest StartFetcher naming each partition.
     started: dict[TopicPartition, int] = attrs.field(factory=dict)
+    #: The topic id the StartFetcher that permitted each partition named (NO_TOPIC_ID: none).
+    permitted_ids: dict[TopicPartition, TopicId] = attrs.field(factory=dict)
 
 
 @attrs.define(eq=False)
@@ -132,6 +138,14 @@ class _Window:
     partition: TopicPartition
     start: float
     end: float
+    #: The incarnation its StartFetcher named (NO_TOPIC_ID: none, any).
+    topic_id: TopicId = NO_TOPIC_ID
+
+
+def _same_incarnation(permitted: TopicId, fetched: TopicId) -> bool:
+    """Whether a Fetch naming ``fetched`` is of the incarnation a permission named: either
+    naming none (a client or coordinator of an older level) is of any."""
+    return permitted == fetched or NO_TOPIC_ID in (permitted, fetched)
 
 
 @attrs.define
@@ -160,8 +174,10 @@ class OwnershipLedger:
 
     :meth:`check` raises if two members of one group were permitted one partition at one
     instant (groups are independent), if a member's process sent a Fetch for a partition no
-    member of it was permitted then, or if a consumer reports fetching outside what it was
-    permitted.
+    member of it was permitted then (a Fetch naming a topic id: permitted by a StartFetcher that
+    named that id, docs/design.md#topic-ids; a StartFetcher naming another id for a partition
+    already permitted ends that permission and begins another), or if a consumer reports
+    fetching outside what it was permitted.
     """
 
     _open: dict[_Holder, float] = attrs.field(factory=dict)
@@ -230,7 +246,7 @@ class OwnershipLedger:
                 self._end(member, [tp for tp in member.permitted if tp not in held], at)
             case Request(message=FetchRequest() as fetch):
                 tp = TopicPartition(topic=fetch.topic, partition=fetch.partition)
-                self._fetched(state.process, tp, at)
+                self._fetched(state.process, tp, at, fetch.topic_id)
             case Response(
                 message=StopFetcherResponse(error_code=ErrorCode.NONE),
                 request=StopFetcherRequest() as stop,
@@ -292,10 +308,15 @@ class OwnershipLedger:
                         while (oldest := next(iter(sent))) < frame_number:
                             del sent[oldest]
                 if isinstance(message, StartFetcherRequest):
+                    ids = {t.topic: t.topic_id for t in message.topic_ids}
                     for stream in message.streams:
                         for p in stream.partitions:
                             tp = TopicPartition(topic=p.topic, partition=p.partition)
+                            topic_id = ids.get(p.topic, NO_TOPIC_ID)
+                            if member.permitted_ids.get(tp, topic_id) != topic_id:
+                                self._end(member, [tp], at)  # another incarnation: anew
                             member.permitted.setdefault(tp, at)
+                            member.permitted_ids[tp] = topic_id
                             member.started[tp] = self._deliveries
 
     def end_sent(self, link: Link, *, by_client: bool, reset: bool) -> None:
@@ -339,11 +360,16 @@ class OwnershipLedger:
     def _end(self, member: _Member, partitions: Iterable[TopicPartition] | None, at: float) -> None:
         for tp in list(member.permitted) if partitions is None else partitions:
             start = member.permitted.pop(tp, None)
+            topic_id = member.permitted_ids.pop(tp, NO_TOPIC_ID)
             if start is not None:
-                self._windows.append(_Window(member=member, partition=tp, start=start, end=at))
+                self._windows.append(
+                    _Window(member=member, partition=tp, start=start, end=at, topic_id=topic_id)
+                )
                 member.ended[tp] = at
 
-    def _fetched(self, process: object, tp: TopicPartition, at: float) -> None:
+    def _fetched(
+        self, process: object, tp: TopicPartition, at: float, topic_id: TopicId = NO_TOPIC_ID
+    ) -> None:
         members = self._by_process.get(process)
         if not members or isinstance(process, Link):
             # Not a member's process (an admin tool, a producer), or a connection of no host:
@@ -352,16 +378,10 @@ class OwnershipLedger:
         for member in members:
             self._fetching.add((member.group_id, member.consumer_id))
             self._expire(member, at)
-        if any(member.permitted.get(tp, math.inf) <= at for member in members):
+        if self._permitted(members, tp, at, topic_id):
             return
-        if any(
-            w.member in members and w.partition == tp and w.start <= at <= w.end
-            for w in self._windows
-        ):
-            # Queued inside a window that ended before its frame got out (a freeze), or in the
-            # instant it ended: a fetcher's request queued before its stop was answered can
-            # leave on its own connection just after the answer, in one virtual instant.
-            return
+        # Permitted the name then, but not the incarnation its fetch named: say which it named.
+        named = topic_id if self._permitted(members, tp, at, NO_TOPIC_ID) else NO_TOPIC_ID
         for member in members:
             alongside = []
             for other in self._members.values():
@@ -377,8 +397,31 @@ class OwnershipLedger:
                     at=at,
                     permitted_until=member.ended.get(tp),
                     alongside=tuple(sorted(alongside)),
+                    topic_id=named,
                 )
             )
+
+    def _permitted(
+        self, members: list[_Member], tp: TopicPartition, at: float, topic_id: TopicId
+    ) -> bool:
+        """Whether one of a process's ``members`` was permitted ``tp`` at ``at``, of the
+        incarnation ``topic_id`` names (NO_TOPIC_ID: of any)."""
+        if any(
+            member.permitted.get(tp, math.inf) <= at
+            and _same_incarnation(member.permitted_ids.get(tp, NO_TOPIC_ID), topic_id)
+            for member in members
+        ):
+            return True
+        # Queued inside a window that ended before its frame got out (a freeze), or in the
+        # instant it ended: a fetcher's request queued before its stop was answered can leave
+        # on its own connection just after the answer, in one virtual instant.
+        return any(
+            w.member in members
+            and w.partition == tp
+            and w.start <= at <= w.end
+            and _same_incarnation(w.topic_id, topic_id)
+            for w in self._windows
+        )
 
     def _all_windows(self, now: float) -> list[_Window]:
         still_open = [

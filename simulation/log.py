@@ -8,14 +8,16 @@ decode them, stamped with their offsets and the append time (here virtual millis
 whole; a Fetch answered with whole batches from the one holding the requested offset, at least one
 whatever ``max_bytes`` says; version 0 clients given records. What differs is the storage: nothing
 is written to disk (the real log's file I/O runs in worker threads, and virtual time would jump
-while a thread works; here every step runs on the loop), nothing is deleted, and the log outlives
-:meth:`SimulatedCluster.restart_coordinator`, as a broker's files do.
+while a thread works; here every step runs on the loop), retention deletes nothing, and the log
+outlives :meth:`SimulatedCluster.restart_coordinator`, as a broker's files do. As the real broker
+does, it follows the store's topic watch (:meth:`MemoryLog.follow`): a deleted topic's partitions
+go, and a topic created again under its name (another id) starts empty.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import attrs
@@ -26,7 +28,8 @@ from broker.log import OffsetOutOfRange
 from protocol import FetchRequest, FetchResponse
 from protocol.batches import BatchSpan, batch_spans, read_batches, stamp
 from protocol.codec import ReadableBuffer
-from protocol.types import TopicPartition
+from protocol.types import NO_TOPIC_ID, TopicId, TopicPartition
+from store import TopicPlacement
 
 __all__ = ["MemoryLog", "MemoryPartition", "StoredRecord"]
 
@@ -48,6 +51,8 @@ class MemoryPartition:
     """One partition's stored batches, back to back as the wire carries them (a
     ``broker.data_plane.StoredPartition``)."""
 
+    #: The incarnation of the topic whose records these are.
+    topic_id: TopicId
     data: bytearray = attrs.field(factory=bytearray)
     #: Per stored batch: its base offset and where it starts in ``data``.
     bases: list[int] = attrs.field(factory=list)
@@ -103,28 +108,48 @@ class MemoryPartition:
 
 @attrs.define(eq=False)
 class MemoryLog(DataPlaneLog):
-    """The data plane of the simulated broker (``handle_connection``'s ``data_plane``).
+    """The data plane of the simulated broker (``handle_connection``'s ``data_plane``), serving
+    the topics as its topic watch last showed them (:meth:`follow`)."""
 
-    ``partition_count`` says how many partitions a topic has now (None: no such topic), as the
-    coordinator's topic watch knows them."""
-
-    partition_count: Callable[[str], int | None]
+    placement: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
     partitions: dict[TopicPartition, MemoryPartition] = attrs.field(factory=dict)
     fetches: list[tuple[float, TopicPartition, int]] = attrs.field(factory=list)
     """Every Fetch: when, of which partition, from which offset."""
 
-    async def partition(self, topic: str, partition: int) -> MemoryPartition | None:
+    def follow(self, placement: Mapping[str, TopicPlacement]) -> None:
+        """The topic watch's latest value, as the real broker takes it (``BrokerLog``): the
+        partitions of a topic deleted, or created again under its name, are dropped, so that
+        nothing of an incarnation outlives it."""
+        self.placement = placement
+        for tp, stored in list(self.partitions.items()):
+            if self.topic_id(tp.topic) != stored.topic_id:
+                del self.partitions[tp]
+
+    def topic_id(self, topic: str) -> TopicId | None:
+        placement = self.placement.get(topic)
+        return None if placement is None else placement.topic_id
+
+    async def partition(
+        self, topic: str, partition: int, topic_id: TopicId = NO_TOPIC_ID
+    ) -> MemoryPartition | None:
         await trio.lowlevel.checkpoint()
-        count = self.partition_count(topic)
-        if count is None or not 0 <= partition < count:
+        placement = self.placement.get(topic)
+        if placement is None or not 0 <= partition < placement.partition_count:
             return None
-        tp = TopicPartition(topic=topic, partition=partition)
-        return self.partitions.setdefault(tp, MemoryPartition())
+        return self._stored(TopicPartition(topic=topic, partition=partition), placement.topic_id)
+
+    def _stored(self, tp: TopicPartition, topic_id: TopicId) -> MemoryPartition:
+        """The partition of incarnation ``topic_id``, a new empty one if that is not the one
+        held."""
+        stored = self.partitions.get(tp)
+        if stored is None or stored.topic_id != topic_id:
+            stored = self.partitions[tp] = MemoryPartition(topic_id=topic_id)
+        return stored
 
     def produce_now(self, tp: TopicPartition, batches: bytes) -> int:
-        """Append well-formed batches to a partition at once, as a producer the test does not
-        watch would; the first record's offset."""
-        partition = self.partitions.setdefault(tp, MemoryPartition())
+        """Append well-formed batches to a partition of a topic the log serves, at once, as a
+        producer the test does not watch would; the first record's offset."""
+        partition = self._stored(tp, self.placement[tp.topic].topic_id)
         return partition.put(batches, batch_spans(batches), self.now_ms())
 
     def now_ms(self) -> int:

@@ -3,15 +3,17 @@ recorded for the invariant checker, contact lost for a while, group reads slowed
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 
 import attrs
 import trio
 import trio.testing
+from trio_util import AsyncValue
 
-from store import ForwardingStore, GroupRecord, MetadataStore, OffsetBatch
+from store import ForwardingStore, GroupRecord, MetadataStore, OffsetBatch, TopicPlacement
 
 from .invariants import StoreHistory
 
@@ -85,15 +87,32 @@ class StoreLatency:
     :meth:`SimulatedCluster.slow_group_reads`. The cluster keeps it, so it outlives a restart."""
 
     group_reads: float = 0.0
+    #: True: the topic watch hears of no change until it is False again, and then only the
+    #: topics as they are by then (a watch slower than the writes in between, which it sees as
+    #: one); a watch that begins (a coordinator taking office) reads them as they are.
+    topics_held: AsyncValue[bool] = attrs.field(factory=lambda: AsyncValue(False))
 
 
 @attrs.define(eq=False)
 class SlowStore(ForwardingStore):
     """A store whose reads of the groups' records take ``latency.group_reads`` seconds, as a big
-    group's do on ZooKeeper, so that a coordinator's load is long enough to be seen."""
+    group's do on ZooKeeper, so that a coordinator's load is long enough to be seen; and whose
+    topic updates can be held back (``latency.topics_held``)."""
 
     latency: StoreLatency
 
     async def groups(self) -> Mapping[str, GroupRecord]:
         await trio.sleep(self.latency.group_reads)
         return await self.inner.groups()
+
+    async def topic_updates(self) -> AsyncGenerator[Mapping[str, TopicPlacement], None]:
+        held = self.latency.topics_held
+        first = True  # the topics as they are when the watch begins: never held
+        async with contextlib.aclosing(self.inner.topic_updates()) as updates:
+            async for topics in updates:
+                if held.value and not first:
+                    await held.wait_value(False)
+                    yield await self.inner.topics()
+                else:
+                    yield topics
+                first = False

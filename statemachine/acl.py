@@ -14,7 +14,18 @@ from collections.abc import Iterable
 
 import attrs
 
-__all__ = ["WILDCARD", "Acl", "Authorizer", "Operation", "ResourceType", "parse_principal"]
+from protocol import AclBinding
+
+__all__ = [
+    "WILDCARD",
+    "Acl",
+    "Authorizer",
+    "Operation",
+    "ResourceType",
+    "acl_of",
+    "binding_of",
+    "parse_principal",
+]
 
 WILDCARD = "*"
 
@@ -114,6 +125,29 @@ class Acl:
 
     def __str__(self) -> str:
         return f"{self.principal} may {self.operation.value} {self.resource_type.value} {self.name}"
+
+
+def acl_of(binding: AclBinding) -> Acl:
+    """The rule a wire binding (SPEC.md §8, CreateAcls) spells; ValueError if it spells none."""
+    try:
+        resource = ResourceType(binding.resource_type)
+        operation = Operation(binding.operation)
+    except ValueError:
+        raise ValueError(
+            f"no such resource type or operation: {binding.resource_type!r}, {binding.operation!r}"
+        ) from None
+    return Acl(
+        principal=binding.principal, resource_type=resource, name=binding.name, operation=operation
+    )
+
+
+def binding_of(acl: Acl) -> AclBinding:
+    return AclBinding(
+        principal=acl.principal,
+        resource_type=acl.resource_type.value,
+        name=acl.name,
+        operation=acl.operation.value,
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -72,7 +72,7 @@ from typing import TypeAlias
 import attrs
 
 from protocol.errors import ErrorCode
-from protocol.types import BrokerInfo, TopicPartition
+from protocol.types import BrokerInfo, TopicId, TopicPartition
 from statemachine.consumer_events import (
     Close,
     CloseConnection,
@@ -397,6 +397,8 @@ class ConsumerMachine:
     """The highest coordinator epoch seen."""
     owned: tuple[TopicPartition, ...] = ()
     """The partitions the fetchers are running for: empty whenever they are stopped."""
+    topic_ids: dict[str, TopicId] = attrs.field(factory=dict)
+    """The incarnation of each topic of the last StartFetcher that named one (SPEC.md §11.12)."""
     last_heard: float | None = None
     """Where the lease runs from: the latest instant known to come before the coordinator sent
     a request or registration answer this consumer got (docs/design.md#ownership-lease), which
@@ -539,6 +541,7 @@ class ConsumerMachine:
                 generation=generation,
                 streams=streams,
                 incremental=incremental,
+                topic_ids=topic_ids,
             ):
                 self._heard(anchor, epoch)
                 assigned = tuple(
@@ -548,21 +551,28 @@ class ConsumerMachine:
                         for p in stream.partitions
                     )
                 )
+                ids = {t.topic: t.topic_id for t in topic_ids}
                 kept: tuple[TopicPartition, ...] = ()
                 if self.state is S.FETCHING and incremental:
-                    # What goes on is never stopped; what it no longer names is (SPEC.md §11.6).
+                    # What goes on is never stopped; what it no longer names is (SPEC.md §11.6),
+                    # nor a partition of another incarnation of its topic (SPEC.md §11.12).
                     wanted = frozenset(assigned)
-                    kept = tuple(p for p in self.owned if p in wanted)
-                    dropped = tuple(p for p in self.owned if p not in wanted)
+                    kept = tuple(
+                        p for p in self.owned if p in wanted and self._same_topic(p.topic, ids)
+                    )
+                    dropped = tuple(p for p in self.owned if p not in kept)
                     if dropped:
                         effects.append(StopFetchers(partitions=dropped))
                 elif self.state is S.FETCHING:
                     effects.append(StopFetchers())
                 self.generation = generation
                 self.owned = assigned
+                self.topic_ids = ids
                 self.group_size = _group_size(event.topic_partitions, len(assigned))
                 effects += [
-                    StartFetchers(generation=generation, streams=streams, kept=kept),
+                    StartFetchers(
+                        generation=generation, streams=streams, kept=kept, topic_ids=topic_ids
+                    ),
                     RespondStart(correlation_id=cid),
                 ]
             case ConnectionLost(now=now) if self.state in (S.FETCHING, S.REREGISTERING):
@@ -660,6 +670,12 @@ class ConsumerMachine:
             effects.append(CloseConnection())
             self.coordinator = None
         return effects
+
+    def _same_topic(self, topic: str, ids: dict[str, TopicId]) -> bool:
+        """Whether a start names the incarnation of ``topic`` being fetched (or either names
+        none: a coordinator of an older level)."""
+        was, now = self.topic_ids.get(topic), ids.get(topic)
+        return was is None or now is None or was == now
 
     def _heard(self, anchor: float | None, epoch: int) -> None:
         """The coordinator was heard: the lease runs from ``anchor`` (None: renews nothing), and

@@ -8,7 +8,13 @@ from typing import TypeAlias
 import attrs
 
 from protocol.errors import ErrorCode
-from protocol.messages import AssignedStream, PingRequest, StartFetcherRequest, StopFetcherRequest
+from protocol.messages import (
+    AssignedStream,
+    PingRequest,
+    StartFetcherRequest,
+    StopFetcherRequest,
+    TopicIdentity,
+)
 from protocol.types import BrokerInfo, TopicPartition
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -103,6 +109,9 @@ class StartFetcherReceived:
     topic_partitions: int = 0
     """How many partitions the topics of ``streams`` have, as this consumer last learned (0:
     unknown): with its own share, an estimate of its group's size (``group_size``)."""
+    topic_ids: tuple[TopicIdentity, ...] = ()
+    """The incarnation of each topic of ``streams`` (StartFetcher v3, SPEC.md §11.12); a topic
+    it does not name: any (a coordinator of an older level)."""
 
 
 CoordinatorRequest: TypeAlias = PingRequest | StopFetcherRequest | StartFetcherRequest
@@ -149,6 +158,7 @@ def coordinator_input(
                 streams=request.streams,
                 incremental=request.incremental,
                 topic_partitions=topic_partitions,
+                topic_ids=request.topic_ids,
             )
 
 
@@ -248,6 +258,9 @@ class StartFetchers:
     generation: int
     streams: tuple[AssignedStream, ...]
     kept: tuple[TopicPartition, ...] = ()
+    topic_ids: tuple[TopicIdentity, ...] = ()
+    """The incarnation of each topic to fetch (SPEC.md §11.12): every Fetch names it, so a
+    broker never serves another incarnation of the name; a topic not named: any."""
 
 
 @attrs.frozen(kw_only=True)

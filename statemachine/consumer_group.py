@@ -19,7 +19,7 @@ machine; the driver fails the group then (docs/failure-domains.md), as any bug i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -50,6 +50,7 @@ from statemachine.consumer_group_types import (
     MemberDied,
     MemberStatistics,
     Note,
+    Placed,
     Retire,
     StopOrder,
     TellFenced,
@@ -367,6 +368,7 @@ class ConsumerGroup(RebalanceAttempts, FailureDetection):
         claims: Iterable[ownership_sm.Claim] = (),
         longest: float = 0.0,
         awaiting: bool = False,
+        topics: Mapping[str, Placed] | None = None,
     ) -> list[Effect]:
         """The group as a coordinator that knows none of its members finds it. The record's
         assignment stays the sticky assignor's starting point, so owners that re-register get
@@ -376,11 +378,17 @@ class ConsumerGroup(RebalanceAttempts, FailureDetection):
         re-registers under that generation first. ``awaiting``: a new coordinator recovered it
         from the store, and it waits for the members the record names, at most until their
         lease counted from ``since`` is over, and then decides once
-        (docs/design.md#adoption-after-a-failover)."""
+        (docs/design.md#adoption-after-a-failover). The record's assignment was made under
+        the topic ids it names, or, in a record from before ids, under those in force
+        (``topics``): a topic created again since is quarantined (docs/design.md#topic-ids)."""
         claims = list(claims)
         effects: list[Effect] = []
         if record is not None:
             self.assignment = dict(record.assignment)
+            self.topic_ids = dict(record.topic_ids)
+            if not record.topic_ids and topics is not None:
+                assigned = {tp.topic for tp in record.assignment}
+                self.topic_ids = {t: topics[t].topic_id for t in assigned if t in topics}
             owners: dict[str, set[TopicPartition]] = {}
             for tp, thread in record.assignment.items():
                 owners.setdefault(thread.member_id, set()).add(tp)

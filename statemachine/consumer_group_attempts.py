@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from protocol.types import PartitionOffset, TopicPartition
+from protocol.types import PartitionOffset, TopicId, TopicPartition
 from statemachine import group as group_sm
 from statemachine import member as member_sm
 from statemachine import ownership as ownership_sm
@@ -20,6 +20,7 @@ from statemachine.consumer_group_types import (
     Effect,
     GroupMember,
     Note,
+    Placed,
     StopOrder,
     topic_partition_key,
 )
@@ -50,14 +51,23 @@ class RebalanceAttempts(GroupCore):
         return sticky_assign(subscriptions, counts, self.assignment)
 
     def plan_attempt(
-        self, partition_counts: Mapping[str, int], now: float
+        self,
+        partition_counts: Mapping[str, int],
+        now: float,
+        topics: Mapping[str, Placed] | None = None,
     ) -> tuple[AttemptPlan | None, list[Effect]]:
         """Begin the pending rebalance: adopt a recovered record whole, find none needed, or
-        take a new generation and say what to ask of each member (None: no attempt follows)."""
+        take a new generation and say what to ask of each member (None: no attempt follows).
+        ``topics``: the incarnation in force of each topic (None: the group's own are)."""
         members = tuple(self.members.values())
+        quarantined = self.quarantine(topics, now)
         assignment = self.compute_assignment(partition_counts)
         recovered, self.recovered = self.recovered, None
-        if recovered is not None and self._adoptable(recovered, members, assignment):
+        if (
+            recovered is not None
+            and not quarantined
+            and self._adoptable(recovered, members, assignment)
+        ):
             for member in members:
                 member.machine.handle(member_sm.Adopted(generation=self.holding(member).generation))
             effects = self._group_input(group_sm.RecordAdopted(), now)
@@ -68,7 +78,7 @@ class RebalanceAttempts(GroupCore):
                 )
             )
             return None, effects
-        changes = self._changes(members, assignment)
+        changes = self._changes(members, assignment, quarantined)
         if self.rules.incremental:
             needed = any(change.start or change.revoked for change in changes.values())
         else:
@@ -77,7 +87,7 @@ class RebalanceAttempts(GroupCore):
                 and self.holding(m).generation == self.machine.generation
                 for m in members
             )
-            needed = not settled or assignment != self.assignment
+            needed = not settled or assignment != self.assignment or bool(quarantined)
         if not needed:
             return None, self._group_input(group_sm.AttemptNotNeeded(), now)
         generation = max(self.machine.generation, self.highest_reported_generation) + 1
@@ -89,19 +99,75 @@ class RebalanceAttempts(GroupCore):
                 (self.group_id, generation, len(members)),
             )
         )
+        assigned_ids = self._assigned_ids(assignment, topics)
         plan = AttemptPlan(
-            generation=generation, assignment=assignment, members=members, changes=changes
+            generation=generation,
+            assignment=assignment,
+            members=members,
+            changes=changes,
+            topic_ids=assigned_ids,
+            quarantined=quarantined,
+            held_over={t: self.topic_ids[t] for t in quarantined if t not in assigned_ids},
         )
         return plan, effects
 
+    def quarantine(self, topics: Mapping[str, Placed] | None, now: float) -> frozenset[str]:
+        """The topics of the group's assignment whose incarnation in force is another
+        (docs/design.md#topic-ids) and of which some process may still fetch a partition of the
+        old one. The others are released: nothing of the old incarnation is left, so the new
+        one is a topic like any new one, assigned afresh."""
+        if topics is None:
+            return frozenset()
+        stale = self.stale_topics(topics)
+        if not stale:
+            return frozenset()
+        held = {tp.topic for tp in self.ownership.of_topics(stale, now)}
+        for topic in stale - held:
+            del self.topic_ids[topic]
+            self.assignment = {tp: t for tp, t in self.assignment.items() if tp.topic != topic}
+        return frozenset(held)
+
+    def _assigned_ids(
+        self, assignment: Assignment, topics: Mapping[str, Placed] | None
+    ) -> dict[str, TopicId]:
+        """The incarnation the attempt gives each topic of ``assignment`` under: the one in
+        force (without ``topics``: the group's own, where it has one)."""
+        names = {tp.topic for tp in assignment}
+        if topics is None:
+            return {topic: self.topic_ids[topic] for topic in names if topic in self.topic_ids}
+        return {topic: topics[topic].topic_id for topic in names if topic in topics}
+
+    def waits_on(
+        self, plan: AttemptPlan, gained: set[TopicPartition], now: float
+    ) -> set[TopicPartition]:
+        """What the attempt's starts wait on: the partitions they add, and every partition of
+        a quarantined topic's old incarnation some process may still fetch, whatever its
+        number (docs/design.md#topic-ids)."""
+        return gained | self.ownership.of_topics(plan.quarantined & plan.topic_ids.keys(), now)
+
+    def stale_ids(self, plan: AttemptPlan, topics: Mapping[str, Placed]) -> list[str]:
+        """The topics the attempt would start under an incarnation no longer in force: created
+        again since it was planned (one deleted since fails the attempt when its streams are
+        built)."""
+        return sorted(
+            topic
+            for topic, topic_id in plan.topic_ids.items()
+            if (placed := topics.get(topic)) is not None and placed.topic_id != topic_id
+        )
+
     def _changes(
-        self, members: tuple[GroupMember, ...], assignment: Assignment
+        self,
+        members: tuple[GroupMember, ...],
+        assignment: Assignment,
+        quarantined: frozenset[str] = frozenset(),
     ) -> dict[GroupMember, Change]:
         """Eager: stop everyone, start everyone. Incremental: a live member stops what it holds
         outside its target, and is started if it gains a partition, if a partition it keeps moves
         to another of its streams, or if it is not Stable (new, or left Stopping or Starting by a
         failed attempt, so it may not fetch what it is meant to); the others are left alone: no
-        request, no new generation (docs/design.md#rebalance)."""
+        request, no new generation (docs/design.md#rebalance). A partition of a ``quarantined``
+        topic is never kept: it is of the old incarnation, and the new one's is another
+        partition, started afresh (docs/design.md#topic-ids)."""
         targets: dict[str, set[TopicPartition]] = defaultdict(set)
         for tp, thread in assignment.items():
             targets[thread.member_id].add(tp)
@@ -116,6 +182,8 @@ class RebalanceAttempts(GroupCore):
                 continue
             held = self.holding(member).partitions
             kept = held & target
+            if quarantined:
+                kept = frozenset(tp for tp in kept if tp.topic not in quarantined)
             start = (
                 member.machine.state is not member_sm.MemberState.STABLE
                 or len(kept) != len(target)
@@ -129,7 +197,7 @@ class RebalanceAttempts(GroupCore):
                 # whole, the eager protocol for it alone (docs/design.md#old-clients).
                 changes[member] = Change(target=target, revoked=None, start=True)
                 continue
-            changes[member] = Change(target=target, revoked=held - target, start=start)
+            changes[member] = Change(target=target, revoked=held - kept, start=start)
         return changes
 
     def _adoptable(
@@ -198,7 +266,7 @@ class RebalanceAttempts(GroupCore):
         *,
         revoked: frozenset[TopicPartition] | None,
         attempt_live: bool,
-        topics: Mapping[str, object],
+        topics: Mapping[str, Placed],
         now: float,
     ) -> tuple[dict[TopicPartition, int], list[Effect]]:
         """The member answered StopFetcher: its final report for the partitions it stopped
@@ -254,6 +322,7 @@ class RebalanceAttempts(GroupCore):
                 *self._away_records(plan),
             ),
             assignment=plan.assignment,
+            topic_ids=plan.recorded_ids,
         )
 
     def _away_records(self, plan: AttemptPlan) -> tuple[MemberRecord, ...]:
@@ -277,8 +346,10 @@ class RebalanceAttempts(GroupCore):
         )
 
     def persisted(self, plan: AttemptPlan) -> None:
-        """The attempt's record is in the store: its assignment is the one in force."""
+        """The attempt's record is in the store: its assignment is the one in force, made under
+        the incarnations it names."""
         self.assignment = dict(plan.assignment)
+        self.topic_ids = plan.recorded_ids
 
     def starts_sent(
         self,

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from protocol import ErrorCode
-from protocol.types import PartitionOffset, TopicPartition
+from protocol.types import PartitionOffset, TopicId, TopicPartition
 from statemachine import group as group_sm
 from statemachine import member as member_sm
 from statemachine import ownership as ownership_sm
@@ -22,6 +22,7 @@ from statemachine.consumer_group_types import (
     GroupMember,
     GroupRules,
     LeasesFreed,
+    Placed,
     Retire,
 )
 from statemachine.records import GroupRecord
@@ -50,6 +51,10 @@ class GroupCore:
     fenced: dict[str, str] = attrs.field(factory=dict)
     #: The intended assignment of the latest attempt that reached its start phase.
     assignment: Assignment = attrs.field(factory=dict)
+    #: The incarnation of each topic of ``assignment``, the one its partitions were given under,
+    #: and of each topic whose old incarnation a process may still fetch
+    #: (docs/design.md#topic-ids): while another is in force, the topic is quarantined.
+    topic_ids: dict[str, TopicId] = attrs.field(factory=dict)
     #: Who may fetch each partition, and from when a partition is free.
     ownership: ownership_sm.Ownership = attrs.field(factory=ownership_sm.Ownership)
     #: When the next rebalance attempt is due (None: none is due).
@@ -113,7 +118,7 @@ class GroupCore:
         generation: int,
         offsets: Iterable[PartitionOffset],
         *,
-        topics: Mapping[str, object],
+        topics: Mapping[str, Placed],
         final: bool = False,
     ) -> dict[TopicPartition, int]:
         """The offsets of a Ping response (or, ``final``, of a StopFetcher answer) that count:
@@ -127,11 +132,34 @@ class GroupCore:
         owned = self.holding(member).counted_under(generation)
         if not owned:
             return {}
+        return self.of_current_incarnation(
+            {po.topic_partition: po.offset for po in offsets if po.topic_partition in owned},
+            topics,
+        )
+
+    def of_current_incarnation(
+        self, offsets: Mapping[TopicPartition, int], topics: Mapping[str, Placed]
+    ) -> dict[TopicPartition, int]:
+        """Those of a member's ``offsets`` that belong to the incarnation in force of their topic
+        (``topics``): a deleted topic's count for nothing, and neither do those of a topic
+        created again since the group's assignment gave it (docs/design.md#topic-ids), which
+        were read from the old one."""
+        ids = self.topic_ids
         return {
-            po.topic_partition: po.offset
-            for po in offsets
-            if po.topic_partition in owned and po.topic in topics
+            tp: offset
+            for tp, offset in offsets.items()
+            if (placed := topics.get(tp.topic)) is not None
+            and ids.get(tp.topic, placed.topic_id) == placed.topic_id
         }
+
+    def stale_topics(self, topics: Mapping[str, Placed]) -> frozenset[str]:
+        """The topics of the group's assignment whose incarnation is no longer the one in force
+        (deleted, or deleted and created again)."""
+        return frozenset(
+            topic
+            for topic, topic_id in self.topic_ids.items()
+            if (placed := topics.get(topic)) is None or placed.topic_id != topic_id
+        )
 
     def commit_refusal(
         self, member: GroupMember | None, generation: int, partitions: Iterable[TopicPartition]

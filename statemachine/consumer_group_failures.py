@@ -21,6 +21,7 @@ from statemachine.consumer_group_types import (
     GroupMember,
     MemberDied,
     Note,
+    Placed,
 )
 from statemachine.records import MemberRecord
 
@@ -79,7 +80,7 @@ class FailureDetection(GroupCore):
         generation: int,
         offsets: Iterable[PartitionOffset],
         *,
-        topics: Mapping[str, object],
+        topics: Mapping[str, Placed],
         now: float,
     ) -> dict[TopicPartition, int]:
         """The member answered a Ping sent under ``generation``: it is heard from, and the

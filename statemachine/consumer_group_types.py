@@ -6,15 +6,24 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Protocol
 
 import attrs
 
-from protocol.types import ConsumerThread, Subscription, TopicPartition
+from protocol.types import ConsumerThread, Subscription, TopicId, TopicPartition
 from protocol.versions import NEWEST, PeerVersions
 from statemachine import member as member_sm
 from statemachine.records import MemberRecord
 
 Assignment = dict[TopicPartition, ConsumerThread]
+
+
+class Placed(Protocol):
+    """A topic as the coordinator knows it now (``store.TopicPlacement``): which incarnation
+    of the name is in force (docs/design.md#topic-ids)."""
+
+    @property
+    def topic_id(self) -> TopicId: ...
 
 
 @attrs.frozen(kw_only=True)
@@ -200,6 +209,21 @@ class AttemptPlan:
     assignment: Mapping[TopicPartition, ConsumerThread]
     members: tuple[GroupMember, ...]
     changes: Mapping[GroupMember, Change]
+    #: The incarnation of each topic of ``assignment`` the attempt starts
+    #: (docs/design.md#topic-ids): what its StartFetchers and its record name.
+    topic_ids: Mapping[str, TopicId] = attrs.field(factory=dict)
+    #: Topics created again whose old incarnation some process may still fetch: every holder
+    #: is stopped, and nothing is started until none holds any partition of them.
+    quarantined: frozenset[str] = frozenset()
+    #: The old incarnation of each quarantined topic the attempt does not assign (deleted, or
+    #: no longer subscribed): the group remembers it while a process may still fetch it, so
+    #: that a later creation of the name is quarantined too.
+    held_over: Mapping[str, TopicId] = attrs.field(factory=dict)
+
+    @property
+    def recorded_ids(self) -> dict[str, TopicId]:
+        """The topic ids the attempt's record names, and the group keeps once it is persisted."""
+        return {**self.held_over, **self.topic_ids}
 
 
 @attrs.frozen(kw_only=True)

@@ -426,6 +426,20 @@ class Ownership:
         )
         return frozenset(found)
 
+    def of_topics(self, topics: Collection[str], now: float) -> frozenset[TopicPartition]:
+        """The partitions of ``topics`` some process holds or may still fetch at ``now`` (Held,
+        Adopted, or Leased): a topic created again starts only once none is left of the old
+        one (docs/design.md#topic-ids). Scans what is held: asked only while one is."""
+        if not topics:
+            return frozenset()
+        found = {tp for tp in self._held if tp.topic in topics}
+        found.update(
+            tp
+            for tp, value in self._timed.items()
+            if tp.topic in topics and (type(value) is Adopted or value.until > now)
+        )
+        return frozenset(found)
+
     def under_lease(self, now: float) -> bool:
         """Whether some process may still be fetching a partition at ``now``."""
         return any(value.until > now for value in self._timed.values())

@@ -13,11 +13,15 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from protocol.types import ConsumerThread, Subscription, TopicPartition
+from protocol.types import ConsumerThread, Subscription, TopicId, TopicPartition
 
 
 def _member_tuple(values: Iterable[MemberRecord]) -> tuple[MemberRecord, ...]:
     return tuple(values)
+
+
+def _frozen_ids(topic_ids: Mapping[str, TopicId]) -> Mapping[str, TopicId]:
+    return types.MappingProxyType(dict(topic_ids))
 
 
 def _frozen_assignment(
@@ -68,3 +72,9 @@ class GroupRecord:
     members: tuple[MemberRecord, ...] = attrs.field(converter=_member_tuple)
     assignment: Mapping[TopicPartition, ConsumerThread] = attrs.field(converter=_frozen_assignment)
     complete: bool = False
+    #: The incarnation of each topic of ``assignment`` (docs/design.md#topic-ids), and of a
+    #: topic deleted or created again whose old incarnation a process may still fetch: a
+    #: successor that finds another id in force stops every holder of the old one before it
+    #: starts the new. Empty in a record written before topics had ids: read as made under the
+    #: ids in force when it is read.
+    topic_ids: Mapping[str, TopicId] = attrs.field(factory=dict, converter=_frozen_ids)

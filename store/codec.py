@@ -10,6 +10,7 @@ the wrong shape raises ``KeyError``/``TypeError``/``ValueError``, which callers 
 from __future__ import annotations
 
 import base64
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,12 +34,14 @@ __all__ = [
     "decode_member",
     "decode_owners",
     "decode_placement",
+    "decode_topic_ids",
     "encode_acl",
     "encode_credential",
     "encode_group",
     "encode_member",
     "encode_owners",
     "encode_placement",
+    "encode_topic_ids",
 ]
 
 
@@ -114,6 +117,8 @@ def encode_group(group: GroupRecord) -> dict[str, Any]:
     }
     if group.complete:  # absent when false: a record without it reads as one never completed
         encoded["complete"] = True
+    if group.topic_ids:  # absent in older records: read as made under the ids in force
+        encoded["topic_ids"] = encode_topic_ids(group.topic_ids)
     return encoded
 
 
@@ -148,6 +153,15 @@ def decode_owners(value: Mapping[str, Any]) -> dict[TopicPartition, ConsumerThre
     return assignment
 
 
+def encode_topic_ids(topic_ids: Mapping[str, TopicId]) -> dict[str, str]:
+    """A group record's topic ids (docs/design.md#topic-ids): topic -> the uuid as a string."""
+    return {topic: str(topic_id) for topic, topic_id in sorted(topic_ids.items())}
+
+
+def decode_topic_ids(value: Mapping[str, Any]) -> dict[str, TopicId]:
+    return {str(topic): uuid.UUID(str(topic_id)) for topic, topic_id in value.items()}
+
+
 def decode_group(value: Mapping[str, Any]) -> GroupRecord:
     return GroupRecord(
         group_id=str(value["group_id"]),
@@ -155,6 +169,7 @@ def decode_group(value: Mapping[str, Any]) -> GroupRecord:
         members=tuple(decode_member(member) for member in value["members"]),
         assignment=decode_owners(value["assignment"]),
         complete=bool(value.get("complete", False)),
+        topic_ids=decode_topic_ids(value.get("topic_ids", {})),
     )
 
 

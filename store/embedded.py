@@ -55,6 +55,7 @@ from .interface import (
     TopicPlacement,
     UnknownTopic,
     on_listener,
+    writable_offsets,
 )
 from .journal import Journal
 from .state import (
@@ -208,8 +209,11 @@ class EmbeddedStore:
     async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
         await self._enter()
         self._check_epoch(epoch)
-        if any(batch.offsets for batch in batches):
-            self._write(offsets_entry(batches))
+        topics = {tp.topic for batch in batches for tp in batch.offsets}
+        current = {topic: self._state.current_id(topic) for topic in topics}
+        kept = [writable_offsets(batch, current) for batch in batches]
+        if any(batch.offsets for batch in kept):
+            self._write(offsets_entry(kept))
 
     async def delete_offsets(self, epoch: int, group_id: str, topic: str) -> None:
         await self._enter()

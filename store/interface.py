@@ -20,7 +20,7 @@ from typing import Protocol
 import attrs
 
 from protocol.sasl import ScramCredential
-from protocol.types import BrokerInfo, TopicId, TopicPartition
+from protocol.types import NO_TOPIC_ID, BrokerInfo, TopicId, TopicPartition
 from statemachine.acl import Acl
 from statemachine.records import GroupRecord, MemberRecord
 
@@ -41,6 +41,8 @@ __all__ = [
     "TopicPlacement",
     "TopicStore",
     "UnknownTopic",
+    "offset_is_current",
+    "writable_offsets",
 ]
 
 
@@ -53,7 +55,15 @@ def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
 
 
 def _frozen_offsets(offsets: Mapping[TopicPartition, int]) -> Mapping[TopicPartition, int]:
+    if isinstance(offsets, types.MappingProxyType):
+        # Another batch's (``writable_offsets``): the dict behind it copies without hashing
+        # every key again, which attrs' generated hash makes a Python call each.
+        return types.MappingProxyType(offsets.copy())
     return types.MappingProxyType(dict(offsets))
+
+
+def _frozen_ids(topic_ids: Mapping[str, TopicId]) -> Mapping[str, TopicId]:
+    return types.MappingProxyType(dict(topic_ids))
 
 
 @attrs.frozen(kw_only=True)
@@ -86,10 +96,40 @@ class OffsetBatch:
     group_id: str
     generation: int
     offsets: Mapping[TopicPartition, int] = attrs.field(converter=_frozen_offsets)
-    topic_ids: Mapping[str, TopicId] = attrs.field(factory=dict, converter=_frozen_offsets)
+    topic_ids: Mapping[str, TopicId] = attrs.field(factory=dict, converter=_frozen_ids)
     """The incarnation each topic's offsets were read from (docs/design.md#topic-ids); a topic
     not named here: the one in force when the store writes them (a commit by name). The store
     writes no offset of an incarnation that is not the topic's current one."""
+
+
+def writable_offsets(batch: OffsetBatch, current: Mapping[str, TopicId]) -> OffsetBatch:
+    """The part of ``batch`` a store writes, given the id of each of its topics' incarnation in
+    force (``current``; NO_TOPIC_ID: no topic has the name): a topic's offsets read from another
+    incarnation are dropped, silently, since that incarnation is gone and its offsets mean
+    nothing to the one in force (its coordinator forgets them too); the rest are written under
+    the current id, which the result's ``topic_ids`` names for each topic it keeps. Offsets
+    committed by name while no topic has the name are written under NO_TOPIC_ID: they belong to
+    no incarnation, and none created later sees them."""
+    topic_ids: dict[str, TopicId] = {}
+    dropped = set()
+    for topic in {tp.topic for tp in batch.offsets}:
+        if batch.topic_ids.get(topic, NO_TOPIC_ID) in (NO_TOPIC_ID, current[topic]):
+            topic_ids[topic] = current[topic]
+        else:
+            dropped.add(topic)
+    offsets = batch.offsets
+    if dropped:
+        offsets = {tp: offset for tp, offset in offsets.items() if tp.topic not in dropped}
+    return OffsetBatch(
+        group_id=batch.group_id, generation=batch.generation, offsets=offsets, topic_ids=topic_ids
+    )
+
+
+def offset_is_current(stored: TopicId | None, current: TopicId) -> bool:
+    """Whether an offset stored under the id ``stored`` is one of the incarnation in force,
+    ``current`` (NO_TOPIC_ID: no topic has the name); one stored before topics had ids (None)
+    counts as the current incarnation's."""
+    return stored is None or stored == current
 
 
 class StoreError(Exception):
@@ -165,7 +205,10 @@ class TopicStore(Protocol):
         ...
 
     async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
-        """Raises ``TopicExists``, or ``InvalidPartitions`` when ``brokers`` is empty."""
+        """A new incarnation of the name, with an id no other ever had
+        (docs/design.md#topic-ids). Raises ``TopicExists``, or ``InvalidPartitions`` when
+        ``brokers`` is empty. Creates and deletes of one name are linearizable, also from two
+        brokers at once: two of them never both act on one incarnation."""
         ...
 
     async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
@@ -248,6 +291,10 @@ class GroupStore(Protocol):
 
         Later batches of the same call win over earlier ones for the same partition. A group needs
         no record to have offsets: a standalone committer's group may never register members.
+
+        A batch's offsets of a topic whose ``topic_ids`` entry is not the topic's id in force are
+        dropped without an error (``writable_offsets``); those of a topic it does not name are
+        written under the id in force (docs/design.md#topic-ids).
         """
         ...
 
@@ -257,7 +304,8 @@ class GroupStore(Protocol):
         ...
 
     async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
-        """The group's committed offsets; empty for a group the store does not know."""
+        """The group's committed offsets of the topics' incarnations in force
+        (``offset_is_current``); empty for a group the store does not know."""
         ...
 
 
@@ -297,8 +345,9 @@ class OfficeStore(Protocol):
     async def groups(self) -> Mapping[str, GroupRecord]: ...
 
     async def offset_only_groups(self) -> frozenset[str]:
-        """The groups that have committed offsets but no record: those only a standalone
-        committer ever used (``commit_offsets`` needs no record). ``groups`` leaves them out, so
+        """The groups that have committed offsets (of incarnations in force, as
+        ``fetch_offsets`` returns them) but no record: those only a standalone committer ever
+        used (``commit_offsets`` needs no record). ``groups`` leaves them out, so
         a coordinator taking office learns them here, to list and expire them
         (docs/design.md#group-retention)."""
         ...

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import types
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -33,14 +33,16 @@ from .codec import (
     decode_member,
     decode_owners,
     decode_placement,
+    decode_topic_ids,
     encode_acl,
     encode_credential,
     encode_group,
     encode_member,
     encode_owners,
     encode_placement,
+    encode_topic_ids,
 )
-from .interface import GroupRecord, OffsetBatch, TopicPlacement
+from .interface import GroupRecord, OffsetBatch, TopicPlacement, offset_is_current
 
 __all__ = [
     "SNAPSHOT_FORMAT",
@@ -56,8 +58,10 @@ __all__ = [
     "user_entry",
 ]
 
-#: 1: topics without ids. 2: each topic's id (docs/design.md#topic-ids); a store of format 1
-#: gives its topics ids when it opens, and a broker reading only format 1 refuses format 2.
+#: 1: topics without ids. 2: each topic's id, and the id each group's offsets of a topic were
+#: written for (docs/design.md#topic-ids); a store of format 1 gives its topics ids when it
+#: opens, and counts its offsets as their current incarnations'; a broker reading only format 1
+#: refuses format 2.
 SNAPSHOT_FORMAT = 2
 
 JsonObject = dict[str, Any]
@@ -153,6 +157,9 @@ def group_entry(group: GroupRecord, previous: GroupRecord | None = None) -> Json
         "owners": encode_owners(changed),
         "released": {topic: sorted(partitions) for topic, partitions in released.items()},
         "complete": group.complete,
+        # Whole: a few topics' ids (docs/design.md#topic-ids); absent, as in older entries,
+        # when the record names none.
+        **({"topic_ids": encode_topic_ids(group.topic_ids)} if group.topic_ids else {}),
     }
 
 
@@ -170,14 +177,17 @@ def delete_offsets_entry(group_id: str, topic: str) -> JsonObject:
 
 
 def offsets_entry(batches: Sequence[OffsetBatch]) -> JsonObject:
-    """Offsets as [group, generation, {topic: [[partition, offset], ...]}] per batch: a batch's
-    generation is written once, not once per offset, and no key names repeat per offset."""
+    """Offsets as [group, generation, {topic: [[partition, offset], ...]}, {topic: id}] per
+    batch: a batch's generation is written once, not once per offset, and no key names repeat
+    per offset. The ids are those the batch names (``writable_offsets`` names every topic's);
+    an entry written before topics had ids has none."""
     encoded: list[list[Any]] = []
     for batch in batches:
         by_topic: dict[str, list[list[int]]] = {}
         for tp, offset in batch.offsets.items():
             by_topic.setdefault(tp.topic, []).append([tp.partition, offset])
-        encoded.append([batch.group_id, batch.generation, by_topic])
+        ids = {topic: str(topic_id) for topic, topic_id in batch.topic_ids.items()}
+        encoded.append([batch.group_id, batch.generation, by_topic, ids])
     return {"op": "offsets", "batches": encoded}
 
 
@@ -189,6 +199,9 @@ class StoreState:
     topics: dict[str, TopicPlacement] = attrs.Factory(dict)
     groups: dict[str, GroupRecord] = attrs.Factory(dict)
     offsets: OffsetTable = attrs.Factory(dict)
+    #: group -> topic -> the id of the incarnation its offsets were written for; a topic not
+    #: named: offsets written before topics had ids, which count as the current incarnation's.
+    offset_ids: dict[str, dict[str, TopicId]] = attrs.Factory(dict)
     #: user -> mechanism -> credential
     users: dict[str, dict[str, ScramCredential]] = attrs.Factory(dict)
     acls: set[Acl] = attrs.Factory(set)
@@ -215,13 +228,18 @@ class StoreState:
             group_id = str(entry["group_id"])
             self.groups.pop(group_id, None)
             self.offsets.pop(group_id, None)
+            self.offset_ids.pop(group_id, None)
         elif op == "delete_topic":
             topic = str(entry["topic"])
             del self.topics[topic]
             for group_offsets in self.offsets.values():
                 group_offsets.pop(topic, None)
+            for group_ids in self.offset_ids.values():
+                group_ids.pop(topic, None)
         elif op == "delete_offsets":
-            self.offsets.get(str(entry["group_id"]), {}).pop(str(entry["topic"]), None)
+            group_id, topic = str(entry["group_id"]), str(entry["topic"])
+            self.offsets.get(group_id, {}).pop(topic, None)
+            self.offset_ids.get(group_id, {}).pop(topic, None)
         elif op == "office":
             self.last_epoch = int(entry["epoch"])
         elif op == "acls":
@@ -263,6 +281,7 @@ class StoreState:
             members=tuple(members),
             assignment=assignment,
             complete=bool(entry.get("complete", False)),
+            topic_ids=decode_topic_ids(entry.get("topic_ids", {})),
         )
 
     def _apply_user(self, user: str, mechanism: str, credential: Mapping[str, Any] | None) -> None:
@@ -275,25 +294,46 @@ class StoreState:
             del self.users[user]
 
     def _apply_offsets(self, batches: Sequence[Sequence[Any]]) -> None:
-        for group_id, generation, by_topic in batches:
+        for group_id, generation, by_topic, *named in batches:
             group_offsets = self.offsets.setdefault(group_id, {})
+            ids = named[0] if named else {}
+            group_ids = self.offset_ids.setdefault(group_id, {}) if ids else {}
             for topic, rows in by_topic.items():
                 partitions = group_offsets.setdefault(topic, {})
+                if topic in ids:
+                    topic_id = uuid.UUID(ids[topic])
+                    if group_ids.setdefault(topic, topic_id) != topic_id:
+                        # Another incarnation's offsets, which nothing reads any more.
+                        partitions.clear()
+                        group_ids[topic] = topic_id
                 for partition, offset in rows:
                     partitions[partition] = (offset, generation)
+
+    def current_id(self, topic: str) -> TopicId:
+        """The id of the topic's incarnation in force; NO_TOPIC_ID while no topic has the name."""
+        placement = self.topics.get(topic)
+        return NO_TOPIC_ID if placement is None else placement.topic_id
+
+    def _current_offsets(self, group_id: str) -> Iterator[tuple[str, dict[int, tuple[int, int]]]]:
+        """The group's offsets, by topic, of the incarnations in force (``offset_is_current``)."""
+        ids = self.offset_ids.get(group_id, {})
+        for topic, partitions in self.offsets.get(group_id, {}).items():
+            if offset_is_current(ids.get(topic), self.current_id(topic)):
+                yield topic, partitions
 
     def fetch_offsets(self, group_id: str) -> dict[TopicPartition, int]:
         return {
             TopicPartition(topic=topic, partition=partition): offset
-            for topic, partitions in self.offsets.get(group_id, {}).items()
+            for topic, partitions in self._current_offsets(group_id)
             for partition, (offset, _generation) in partitions.items()
         }
 
     def offset_only_groups(self) -> frozenset[str]:
         return frozenset(
             group_id
-            for group_id, by_topic in self.offsets.items()
-            if group_id not in self.groups and any(by_topic.values())
+            for group_id in self.offsets
+            if group_id not in self.groups
+            and any(partitions for _topic, partitions in self._current_offsets(group_id))
         )
 
     def has_group(self, group_id: str) -> bool:
@@ -316,6 +356,12 @@ class StoreState:
                     for topic, partitions in by_topic.items()
                 }
                 for group_id, by_topic in self.offsets.items()
+            },
+            # group -> topic -> id; a topic not named: offsets from before topics had ids
+            "offset_topic_ids": {
+                group_id: {topic: str(topic_id) for topic, topic_id in by_topic.items()}
+                for group_id, by_topic in self.offset_ids.items()
+                if by_topic
             },
             "users": {
                 user: {m: encode_credential(c) for m, c in credentials.items()}
@@ -349,6 +395,10 @@ class StoreState:
                     for topic, rows in by_topic.items()
                 }
                 for group_id, by_topic in value["offsets"].items()
+            },
+            offset_ids={
+                group_id: {topic: uuid.UUID(str(topic_id)) for topic, topic_id in by_topic.items()}
+                for group_id, by_topic in value.get("offset_topic_ids", {}).items()
             },
             users={
                 user: {m: decode_credential(m, c) for m, c in credentials.items()}

@@ -4,10 +4,11 @@ client is driven through ``kazoo_bridge``, the one module that imports kazoo.
 
 The store is in parts, one module each: the nodes and their names (``zookeeper_layout``), one
 session's requests and the transactions that check an office (``zookeeper_session``), the brokers,
-the layout and the slots' offices (``zookeeper_cluster``), the groups' records and offsets
-(``zookeeper_groups``); here, the topics, the credentials and access rules, and the handle that
-puts them together. Its offices are its slots': a coordinator runs on one slot's view of it
-(store/slot_store.py), which is a whole ``MetadataStore``.
+the layout and the slots' offices (``zookeeper_cluster``), the topics' ids
+(``zookeeper_topic_ids``), the groups' records and offsets (``zookeeper_groups``); here, the
+topics, the credentials and access rules, and the handle that puts them together. Its offices
+are its slots': a coordinator runs on one slot's view of it (store/slot_store.py), which is a
+whole ``MetadataStore``.
 """
 
 from __future__ import annotations
@@ -21,16 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
-import trio_util
 
 from protocol.sasl import ScramCredential
-from protocol.types import NO_TOPIC_ID
 from statemachine.acl import Acl
 
 from .codec import (
     decode_acl,
     decode_credential,
-    decode_placement,
     encode_acl,
     encode_credential,
     encode_placement,
@@ -60,15 +58,18 @@ from .zookeeper_layout import (
     LAYOUT,
     LAYOUT_VERSION,
     SLOT_ELECTIONS,
+    TOPIC_IDS,
     TOPICS,
     USERS,
     group_path,
     json_bytes,
     segment_name,
+    topic_id_path,
     topic_path,
     user_path,
 )
-from .zookeeper_session import RETRIES, Op
+from .zookeeper_session import RETRIES, failure
+from .zookeeper_topic_ids import TopicsView, ids_value
 
 __all__ = [
     "BROKER_IDS",
@@ -94,8 +95,6 @@ log = logging.getLogger(__name__)
 DEFAULT_SESSION_TIMEOUT = 6.0
 DEFAULT_CALL_BOUND = 10.0
 
-TopicsView = Mapping[str, TopicPlacement]
-
 
 # Not slotted, nor are its parts: Python cannot combine two slotted bases that add fields.
 @attrs.define(eq=False, repr=False, slots=False)
@@ -108,9 +107,6 @@ class ZooKeeperStore(Cluster, Groups):
     offices are over for good (``wait_slot_lost`` returns, and their writes raise ``Deposed``).
     """
 
-    _topic_watch: trio_util.AsyncValue[TopicsView | None] = attrs.Factory(
-        lambda: trio_util.AsyncValue(None)
-    )
     _topics_wake: trio.Event = attrs.Factory(trio.Event)
     _topics_lock: trio.Lock = attrs.Factory(trio.Lock)
 
@@ -125,59 +121,91 @@ class ZooKeeperStore(Cluster, Groups):
     # Topics
 
     async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+        """One transaction creates the topic node and writes its new id to the name's ids node,
+        checking the version read (docs/design.md#topic-ids): a racing create or delete of the
+        name makes it read again, and an existing topic node makes it ``TopicExists``."""
         if not brokers:
             raise InvalidPartitions(f"topic {topic!r} needs at least one partition")
-        placement = TopicPlacement(topic=topic, brokers=brokers, topic_id=NO_TOPIC_ID)
-        try:
-            await self._wait(
-                self._client.create_async(
-                    topic_path(topic), json_bytes(encode_placement(placement))
-                )
-            )
-        except NodeExistsError:
-            raise TopicExists(topic) from None
-        await self._refresh_topics()
-        data, stat = await self._wait(self._client.get_async(topic_path(topic)))
-        return self._decode_placement(topic, data, stat)
-
-    async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
-        path = topic_path(topic)
+        placement = TopicPlacement(topic=topic, brokers=brokers, topic_id=uuid.uuid4())
+        ids_path = topic_id_path(topic)
         for _ in range(RETRIES):
             try:
-                data, stat = await self._wait(self._client.get_async(path))
+                _data, stat = await self._wait(self._client.get_async(ids_path))
+                ids_version: int | None = stat.version
             except NoNodeError:
-                raise UnknownTopic(topic) from None
+                ids_version = None
+            tx = self._client.transaction()
+            tx.create(topic_path(topic), json_bytes(encode_placement(placement)))
+            if ids_version is None:
+                tx.create(ids_path, ids_value(placement.topic_id))
+            else:
+                tx.set_data(ids_path, ids_value(placement.topic_id), ids_version)
+            failed = failure(await self._wait(tx.commit_async()))
+            if failed is None:
+                await self._refresh_topics()
+                return placement
+            index, exc = failed
+            if index == 0 and isinstance(exc, NodeExistsError):
+                raise TopicExists(topic)
+            if not isinstance(exc, NodeExistsError | BadVersionError | NoNodeError):
+                raise StoreUnavailable(f"cannot create topic {topic!r}: {exc!r}")
+        raise StoreUnavailable(f"cannot create topic {topic!r}: its id keeps changing")
+
+    async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+        for _ in range(RETRIES):
+            current = (await self._incarnations([topic])).get(topic)
+            if current is None:
+                raise UnknownTopic(topic)
             if not brokers:
                 raise InvalidPartitions(f"no partitions to add to topic {topic!r}")
-            current = self._decode_placement(topic, data, stat)
-            placement = attrs.evolve(current, brokers=current.brokers + tuple(brokers))
-            value = json_bytes(encode_placement(placement))
-            try:
-                await self._wait(self._client.set_async(path, value, stat.version))
-            except BadVersionError:
-                continue  # another broker added partitions meanwhile: add ours after theirs
-            await self._refresh_topics()
-            return placement
+            placement = attrs.evolve(
+                current.placement, brokers=current.placement.brokers + tuple(brokers)
+            )
+            # The id's version too: a topic node of the same version may be another incarnation.
+            tx = self._client.transaction()
+            tx.check(topic_id_path(topic), current.ids_version)
+            tx.set_data(
+                topic_path(topic),
+                json_bytes(encode_placement(placement)),
+                current.topic_version,
+            )
+            failed = failure(await self._wait(tx.commit_async()))
+            if failed is None:
+                await self._refresh_topics()
+                return placement
+            if not isinstance(failed[1], BadVersionError | NoNodeError):
+                raise StoreUnavailable(f"cannot add partitions to {topic!r}: {failed[1]!r}")
+            # Another broker added partitions meanwhile (add ours after theirs), or the name
+            # changed hands: read again.
         raise StoreUnavailable(f"cannot add partitions to {topic!r}: it keeps changing")
 
     async def delete_topic(self, topic: str) -> None:
-        """Every group's offset nodes for the topic, then the topic's node last, with the version
-        read (partitions added meanwhile: read again). Cut short, a delete leaves the topic with
-        fewer offsets, and deleting it again finishes the job. No office is checked: none is needed
-        to delete a topic, as none is to create one."""
-        path = topic_path(topic)
+        """Every group's offset nodes for the topic, then, in one transaction, the name's ids
+        node set to null and the topic node deleted, each checking the version read with the
+        incarnation (docs/design.md#topic-ids). If either changed (the incarnation was deleted,
+        re-created, or given partitions meanwhile), it reads again and decides again: so two
+        deletes never both succeed on one incarnation, and a delete removes the offsets of the
+        incarnation it deletes, whichever it finds in force. Cut short, a delete leaves the topic
+        with fewer offsets, and deleting it again finishes the job. No office is checked: none is
+        needed to delete a topic, as none is to create one."""
         for _ in range(RETRIES):
-            try:
-                _data, stat = await self._wait(self._client.get_async(path))
-            except NoNodeError:
-                raise UnknownTopic(topic) from None
+            current = (await self._incarnations([topic])).get(topic)
+            if current is None:
+                raise UnknownTopic(topic)
             groups = await self._children(CONSUMERS, missing_ok=True)
             ops = await self._topic_offset_ops(groups, topic)
-            ops.append(Op("delete", path, version=stat.version))
-            if await self._commit_in_parts(None, ops) == len(ops):
+            if await self._commit_in_parts(None, ops) < len(ops):
+                continue
+            tx = self._client.transaction()
+            tx.set_data(topic_id_path(topic), ids_value(None), current.ids_version)
+            tx.delete(topic_path(topic), current.topic_version)
+            failed = failure(await self._wait(tx.commit_async()))
+            if failed is None:
                 self._offset_nodes = {n for n in self._offset_nodes if n[1] != topic}
                 await self._refresh_topics()
                 return
+            if not isinstance(failed[1], BadVersionError | NoNodeError):
+                raise StoreUnavailable(f"cannot delete topic {topic!r}: {failed[1]!r}")
         raise StoreUnavailable(f"cannot delete topic {topic!r}: it keeps changing")
 
     async def topics(self) -> Mapping[str, TopicPlacement]:
@@ -185,15 +213,10 @@ class ZooKeeperStore(Cluster, Groups):
 
     async def _read_topics(self, watch: Callable[[Any], None] | None) -> TopicsView:
         names = [segment_name(segment) for segment in await self._children(TOPICS, watch=watch)]
-        pending = [(name, self._client.get_async(topic_path(name), watch=watch)) for name in names]
-        topics = {}
-        for name, result in pending:
-            try:
-                data, stat = await self._wait(result)
-            except NoNodeError:
-                continue  # deleted since it was listed
-            topics[name] = self._decode_placement(name, data, stat)
-        return types.MappingProxyType(topics)
+        found = await self._incarnations(names, watch)
+        return types.MappingProxyType(
+            {name: found[name].placement for name in names if name in found}
+        )
 
     async def topic_updates(self) -> AsyncGenerator[Mapping[str, TopicPlacement], None]:
         self._check_open()
@@ -238,13 +261,6 @@ class ZooKeeperStore(Cluster, Groups):
 
     def _on_topics_watch(self, _event: object) -> None:
         self._bridge.soon(lambda: self._topics_wake.set())
-
-    def _decode_placement(self, topic: str, data: bytes, stat: Any) -> TopicPlacement:
-        # Interim: the topic node's creation zxid as its id, until the store keeps ids of its own.
-        try:
-            return decode_placement(topic, self._decode(data), uuid.UUID(int=stat.czxid))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StoreUnavailable(f"unreadable placement of topic {topic!r}: {exc}") from exc
 
     # Users
 
@@ -371,7 +387,7 @@ async def open_zookeeper_store(
     bridge.listen(store._state_changed)
     async with bridge.running():
         try:
-            for path in (BROKER_IDS, TOPICS, CONSUMERS, USERS):
+            for path in (BROKER_IDS, TOPICS, TOPIC_IDS, CONSUMERS, USERS):
                 await store._wait(store._client.ensure_path_async(path))
             if coordinator_slots is not None:
                 await store.check_layout(coordinator_slots)

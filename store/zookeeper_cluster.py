@@ -27,7 +27,7 @@ import trio_util
 from protocol.types import BrokerInfo
 
 from .interface import LayoutMismatch, StoreUnavailable, on_listener
-from .kazoo_bridge import KazooState, NodeExistsError, NoNodeError
+from .kazoo_bridge import BadVersionError, KazooState, NodeExistsError, NoNodeError
 from .zookeeper_layout import (
     BROKER_IDS,
     ELECTION,
@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 #: leaving, and the difference between the two clocks' rates. With a read every third of the
 #: session (its own, ``_keep_in_contact``), contact normally reaches at least half a session ahead.
 CONTACT_MARGIN_FRACTION = 1 / 6
+
+#: The layout version a broker of this code finds and upgrades to ``LAYOUT_VERSION``.
+_UPGRADED_LAYOUT = 2
 
 
 @attrs.define(eq=False, repr=False, slots=False)
@@ -144,26 +147,49 @@ class Cluster(Session):
     async def check_layout(self, slots: int) -> None:
         """Pin the cluster's layout version and coordinator slot count if this is the first
         broker to ask, or raise ``LayoutMismatch`` if the store holds others: the count is fixed
-        when the cluster's store is created (docs/design.md#coordinator-slots)."""
+        when the cluster's store is created (docs/design.md#coordinator-slots).
+
+        A store of layout 2 (topics without ids) is upgraded to 3 by a version-checked write,
+        so that a cluster upgrades by restarting its brokers one at a time: a broker of layout 2
+        checks the layout only when it starts, so those still running go on beside the new ones.
+        They write topic and offset nodes of the shapes they always did, which layout 3 reads (a
+        topic without an id is given one on sight, an offset without one is the current
+        incarnation's: docs/design.md#topic-ids), and read nodes whose shapes did not change (an
+        offset node's added ``topic_id`` is a key they ignore). A broker of layout 2 started after
+        the upgrade refuses the store with its one line ("has layout version 3, this broker runs
+        version 2")."""
         wanted = {"version": LAYOUT_VERSION, "slots": slots}
-        try:
-            await self._wait(self._client.create_async(LAYOUT, json_bytes(wanted)))
-            return
-        except NodeExistsError:
-            pass
-        data, _stat = await self._wait(self._client.get_async(LAYOUT))
-        found = self._decode(data)
-        if found.get("version") != LAYOUT_VERSION:
-            raise LayoutMismatch(
-                f"the cluster's ZooKeeper store has layout version {found.get('version')}, "
-                f"this broker runs version {LAYOUT_VERSION}"
-            )
-        if found.get("slots") != slots:
-            raise LayoutMismatch(
-                f"the cluster's ZooKeeper store has {found.get('slots')} coordinator slots, "
-                f"this broker is configured with {slots} "
-                f"(start it with --coordinator-slots {found.get('slots')})"
-            )
+        for _ in range(RETRIES):
+            try:
+                await self._wait(self._client.create_async(LAYOUT, json_bytes(wanted)))
+                return
+            except NodeExistsError:
+                pass
+            data, stat = await self._wait(self._client.get_async(LAYOUT))
+            found = self._decode(data)
+            if found.get("version") not in (_UPGRADED_LAYOUT, LAYOUT_VERSION):
+                raise LayoutMismatch(
+                    f"the cluster's ZooKeeper store has layout version {found.get('version')}, "
+                    f"this broker runs version {LAYOUT_VERSION} "
+                    f"(and upgrades version {_UPGRADED_LAYOUT})"
+                )
+            if found.get("slots") != slots:
+                raise LayoutMismatch(
+                    f"the cluster's ZooKeeper store has {found.get('slots')} coordinator slots, "
+                    f"this broker is configured with {slots} "
+                    f"(start it with --coordinator-slots {found.get('slots')})"
+                )
+            if found.get("version") == LAYOUT_VERSION:
+                return
+            with contextlib.suppress(BadVersionError, NoNodeError):  # changed meanwhile: again
+                await self._wait(
+                    self._client.set_async(LAYOUT, json_bytes(wanted), version=stat.version)
+                )
+                log.info(
+                    "upgraded the store from layout %d to %d", _UPGRADED_LAYOUT, LAYOUT_VERSION
+                )
+                return
+        raise StoreUnavailable(f"cannot check {LAYOUT}: it keeps changing")
 
     # The slots' offices
 

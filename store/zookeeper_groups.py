@@ -7,6 +7,12 @@ write cut short leaves the previous record whole), then the owner nodes follow, 
 names the record once all of them are written (until then, the next write lists them instead of
 trusting the record). An offset commit that needs more than one transaction leaves, if cut short,
 each partition at its old or its new offset; its call returns only once all are written.
+
+An offset node names the id of the topic's incarnation it was written for
+(docs/design.md#topic-ids), and a read returns only those of the incarnation in force
+(``offset_is_current``): a delete that raced a commit, or a commit from before a re-create, may
+leave nodes of an incarnation that is gone, which no read returns and the next commit of the
+partition overwrites.
 """
 
 from __future__ import annotations
@@ -15,19 +21,27 @@ import contextlib
 import itertools
 import json
 import types
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from protocol.types import ConsumerThread, TopicPartition
+from protocol.types import NO_TOPIC_ID, ConsumerThread, TopicId, TopicPartition
 from statemachine.slots import slot_of
 
 from .codec import decode_group, encode_group
-from .interface import GroupRecord, OffsetBatch, StoreUnavailable
+from .interface import (
+    GroupRecord,
+    OffsetBatch,
+    StoreUnavailable,
+    offset_is_current,
+    writable_offsets,
+)
 from .kazoo_bridge import NoNodeError
 from .zookeeper_layout import CONSUMERS, group_path, json_bytes, record_path, segment, segment_name
-from .zookeeper_session import RETRIES, Op, Session
+from .zookeeper_session import RETRIES, Op
+from .zookeeper_topic_ids import TopicIds
 
 __all__ = ["Groups"]
 
@@ -62,7 +76,7 @@ class GroupNodes:
 
 
 @attrs.define(eq=False, repr=False, slots=False)
-class Groups(Session):
+class Groups(TopicIds):
     """The groups' nodes as one session reads and writes them (``ZooKeeperStore``)."""
 
     _offset_nodes: set[tuple[str, str, int]] = attrs.Factory(set)
@@ -113,14 +127,24 @@ class Groups(Session):
             with contextlib.suppress(NoNodeError):  # nothing committed, or deleted meanwhile
                 base = group_path(name, "offsets")
                 directories += [
-                    (name, self._client.get_children_async(f"{base}/{topic}"))
+                    (name, segment_name(topic), self._client.get_children_async(f"{base}/{topic}"))
                     for topic in await self._wait(result)
                 ]
-        found = set()
-        for name, result in directories:
+        nodes = []
+        for name, topic, result in directories:
             # An empty directory: made for offsets whose commit did not happen.
             with contextlib.suppress(NoNodeError):
-                if await self._wait(result):
+                nodes += [
+                    (name, topic, self._client.get_async(group_path(name, "offsets", topic, p)))
+                    for p in await self._wait(result)
+                ]
+        current = await self._current_ids(sorted({topic for _name, topic, _result in nodes}))
+        found = set()
+        for name, topic, result in nodes:
+            with contextlib.suppress(NoNodeError):
+                data, _stat = await self._wait(result)
+                _offset, stored = self._decode_offset(name, data)
+                if offset_is_current(stored, current[topic]):
                     found.add(name)
         return frozenset(found)
 
@@ -369,10 +393,15 @@ class Groups(Session):
 
     async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
         office = self._check_epoch(epoch, *{batch.group_id for batch in batches})
-        latest: dict[tuple[str, str, int], tuple[int, int]] = {}
+        current = await self._writable_ids(batches)
+        latest: dict[tuple[str, str, int], bytes] = {}
         for batch in batches:
-            for tp, offset in batch.offsets.items():
-                latest[batch.group_id, tp.topic, tp.partition] = (offset, batch.generation)
+            kept = writable_offsets(batch, current)
+            ids = {topic: str(topic_id) for topic, topic_id in kept.topic_ids.items()}
+            for tp, offset in kept.offsets.items():
+                latest[batch.group_id, tp.topic, tp.partition] = json_bytes(
+                    {"offset": offset, "generation": batch.generation, "topic_id": ids[tp.topic]}
+                )
         if not latest:
             return
         for _ in range(RETRIES):
@@ -380,10 +409,8 @@ class Groups(Session):
             keys = list(latest)
             ops = []
             for key in keys:
-                offset, generation = latest[key]
                 path = group_path(key[0], "offsets", key[1], key[2])
-                value = json_bytes({"offset": offset, "generation": generation})
-                ops.append(Op("set" if key in self._offset_nodes else "create", path, value))
+                ops.append(Op("set" if key in self._offset_nodes else "create", path, latest[key]))
             done = await self._commit_in_parts(office, ops)
             self._offset_nodes.update(keys[:done])
             if done == len(keys):
@@ -393,6 +420,25 @@ class Groups(Session):
             # A node we thought was there was gone, or the other way round: learn again.
             self._offset_nodes.difference_update(latest)
         raise StoreUnavailable("cannot commit offsets: their nodes keep changing")
+
+    async def _writable_ids(self, batches: Sequence[OffsetBatch]) -> dict[str, TopicId]:
+        """The id in force of every topic the batches commit offsets of (``writable_offsets``).
+
+        The topic watch's latest read answers where it agrees with the batch: if it is stale,
+        the incarnation it names is gone, and offsets written under its id are never read.
+        Where it does not (a topic it does not know, or an id it does not hold, as when the
+        coordinator saw a re-create first), the topic's nodes are read now."""
+        published = self._topic_watch.value or {}
+        current = {topic: placement.topic_id for topic, placement in published.items()}
+        doubtful = set()
+        for batch in batches:
+            for topic in {tp.topic for tp in batch.offsets}:
+                named = batch.topic_ids.get(topic, NO_TOPIC_ID)
+                if topic not in current or named not in (NO_TOPIC_ID, current[topic]):
+                    doubtful.add(topic)
+        if doubtful:
+            current.update(await self._current_ids(sorted(doubtful)))
+        return current
 
     async def _learn_offset_nodes(self, keys: set[tuple[str, str, int]]) -> None:
         """Learn which offset nodes exist in the directories of ``keys``, creating the directories
@@ -448,11 +494,24 @@ class Groups(Session):
                 path = f"{base}/{topic}/{p}"
                 tp = TopicPartition(topic=segment_name(topic), partition=int(p))
                 pending.append((tp, self._client.get_async(path)))
+        current = await self._current_ids(sorted({tp.topic for tp, _result in pending}))
         offsets = {}
         for tp, result in pending:
             try:
                 data, _stat = await self._wait(result)
             except NoNodeError:
                 continue
-            offsets[tp] = int(self._decode(data)["offset"])
+            offset, stored = self._decode_offset(group_id, data)
+            if offset_is_current(stored, current[tp.topic]):
+                offsets[tp] = offset
         return types.MappingProxyType(offsets)
+
+    def _decode_offset(self, group_id: str, data: bytes) -> tuple[int, TopicId | None]:
+        """An offset node's offset and the id it was written under (None: before topics had
+        ids)."""
+        try:
+            value = json.loads(data)
+            stored = value.get("topic_id")
+            return int(value["offset"]), None if stored is None else uuid.UUID(str(stored))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise StoreUnavailable(f"unreadable offset of group {group_id!r}: {exc}") from exc

@@ -4,6 +4,9 @@ keep them)::
     /brokers/ids/<id>                                 ephemeral {"host": h, "port": p, "listeners":
                                                       {name: {"host": h, "port": p}, ...}}
     /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
+    /brokers/topic_ids/<topic>                        {"topic_id": uuid | null}: the id of the
+                                                      incarnation in force (null: none), written
+                                                      with every create and delete of the name
     /consumers/coordinator                            persistent {"broker_id": -1}: layout 1's
                                                       office, kept occupied (occupy_single_office)
     /coordinator_layout                               {"version": v, "slots": n}, written once
@@ -18,7 +21,9 @@ keep them)::
                                                       (codec.encode_group), cut into k pieces
     /consumers/<group>/owners                         the record r its owner nodes mirror
     /consumers/<group>/owners/<topic>/<partition>     "<member_id>-<index>" (intended owner)
-    /consumers/<group>/offsets/<topic>/<partition>    {"offset": next, "generation": g}
+    /consumers/<group>/offsets/<topic>/<partition>    {"offset": next, "generation": g,
+                                                      "topic_id": uuid}: the incarnation's id
+                                                      (absent: written before topics had ids)
 
 Group and topic names are percent-encoded where a znode name needs it (``/``, ``%``, and the name
 ``coordinator``, which the election node takes); ordinary names read as themselves.
@@ -45,18 +50,22 @@ __all__ = [
     "SLOT_ELECTIONS",
     "SLOT_EPOCHS",
     "TOPICS",
+    "TOPIC_IDS",
     "USERS",
     "group_path",
     "json_bytes",
     "record_path",
     "segment",
     "segment_name",
+    "topic_id_path",
     "topic_path",
     "user_path",
 ]
 
 BROKER_IDS = "/brokers/ids"
 TOPICS = "/brokers/topics"
+#: One node per topic name: the id of its incarnation in force (docs/design.md#topic-ids).
+TOPIC_IDS = "/brokers/topic_ids"
 CONSUMERS = "/consumers"
 #: Layout 1's single office, which no broker of layout 2 takes (``occupy_single_office``).
 ELECTION = "/consumers/coordinator"
@@ -70,8 +79,10 @@ ACLS = "/config/acls"
 
 #: The layout of the nodes above that this code reads and writes: version 1 was one election node
 #: whose holder coordinated every slot; version 2 elects a holder per slot, and a broker of either
-#: refuses to start on the other's store (docs/design.md#coordinator-slots).
-LAYOUT_VERSION = 2
+#: refuses to start on the other's store (docs/design.md#coordinator-slots); version 3 gives
+#: topics ids (``TOPIC_IDS``, the offsets' ``topic_id``), and a broker of it upgrades a store of
+#: version 2 (``Cluster.check_layout``), which a broker of version 2 then refuses.
+LAYOUT_VERSION = 3
 
 
 def json_bytes(value: Any) -> bytes:
@@ -114,3 +125,8 @@ def user_path(user: str) -> str:
 def topic_path(topic: str) -> str:
     """``/brokers/topics/<topic>``: the topic's placement."""
     return f"{TOPICS}/{segment(topic)}"
+
+
+def topic_id_path(topic: str) -> str:
+    """``/brokers/topic_ids/<topic>``: the id of the name's incarnation in force."""
+    return f"{TOPIC_IDS}/{segment(topic)}"

@@ -2,12 +2,27 @@
 
 from .config import FsyncPolicy, LogConfig
 from .files import SegmentFiles
-from .format import LOG_FORMAT, LogFormatError, check_log_format
-from .partition import LogFailed, OffsetOutOfRange, PartitionLog, open_partition_log
+from .format import (
+    LOG_FORMAT,
+    UPGRADABLE_FORMAT,
+    LogFormatError,
+    check_log_format,
+    mark_log_format,
+    read_partition_id,
+    write_partition_id,
+)
+from .partition import (
+    LogFailed,
+    OffsetOutOfRange,
+    PartitionLog,
+    WrongIncarnation,
+    open_partition_log,
+)
 from .segment import CorruptSegment
 
 __all__ = [
     "LOG_FORMAT",
+    "UPGRADABLE_FORMAT",
     "CorruptSegment",
     "FsyncPolicy",
     "LogConfig",
@@ -16,6 +31,10 @@ __all__ = [
     "OffsetOutOfRange",
     "PartitionLog",
     "SegmentFiles",
+    "WrongIncarnation",
     "check_log_format",
+    "mark_log_format",
     "open_partition_log",
+    "read_partition_id",
+    "write_partition_id",
 ]

@@ -1,27 +1,43 @@
-"""The log directory's format version, so that a broker never reads a log it does not understand.
+"""The log directory's format version, so that a broker never reads a log it does not understand,
+and each partition directory's incarnation, so that it never serves one topic's log as another's.
 
 Torn-tail recovery cuts whatever does not parse as the current format, so a broker started on a
 log of another format would take every record in it for a torn tail and delete it. The log
 directory therefore names its format in a file, and a broker refuses to start on one it does not
 know, saying what to do, before it opens any partition.
+
+A topic deleted and created again under its name is another topic (docs/design.md#topic-ids), so
+a partition directory, named after the topic, names the incarnation its records belong to in a
+``partition.metadata`` file (Kafka's name and text: ``version: 0`` and ``topic_id: <uuid>``),
+written before the directory holds any record. Format 2 had no such file: a broker reading
+format 2 gives each partition the id its store now gives the topic, then marks the log format 3.
 """
 
 from __future__ import annotations
 
-import os
+import uuid
 from pathlib import Path
 
-#: 1: records one at a time (``protocol.records``), no version file. 2: record batches.
-LOG_FORMAT = 2
+from protocol.types import TopicId
+from store.durable import replace_atomically
+
+#: 1: records one at a time (``protocol.records``), no version file. 2: record batches. 3: each
+#: partition directory names its topic's id (``partition.metadata``).
+LOG_FORMAT = 3
+#: The format this broker upgrades to :data:`LOG_FORMAT` when it starts on it.
+UPGRADABLE_FORMAT = 2
 FORMAT_FILE = "log-format"
+PARTITION_METADATA = "partition.metadata"
 
 
 class LogFormatError(ValueError):
     """The log directory holds a format this broker does not read."""
 
 
-def check_log_format(directory: Path) -> None:
-    """Refuse a log of another format; mark a new or empty one as ours (blocking)."""
+def check_log_format(directory: Path) -> int:
+    """Refuse a log of another format; mark a new or empty one as ours (blocking). Returns the
+    format found: :data:`LOG_FORMAT`, or :data:`UPGRADABLE_FORMAT`, which the broker upgrades
+    once it knows its topics' ids (:func:`mark_log_format`)."""
     marker = directory / FORMAT_FILE
     try:
         text = marker.read_text().strip()
@@ -32,21 +48,42 @@ def check_log_format(directory: Path) -> None:
             found = "format 1 (records one at a time, no version file)"
         else:
             directory.mkdir(parents=True, exist_ok=True)
-            tmp = marker.with_suffix(".tmp")
-            tmp.write_text(f"{LOG_FORMAT}\n")
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, marker)
-            return
-    elif text == str(LOG_FORMAT):
-        return
+            mark_log_format(directory)
+            return LOG_FORMAT
+    elif text in (str(LOG_FORMAT), str(UPGRADABLE_FORMAT)):
+        return int(text)
     else:
         found = f"format {text!r}"
     raise LogFormatError(
-        f"the log in {directory} is {found}, and this broker reads log format {LOG_FORMAT} only: "
-        f"start it with an empty --data-dir, or move {directory} away (its records are not "
-        "converted)"
+        f"the log in {directory} is {found}, and this broker reads log format {LOG_FORMAT} "
+        f"(or {UPGRADABLE_FORMAT}, which it upgrades) only: start it with an empty --data-dir, "
+        f"or move {directory} away (its records are not converted)"
+    )
+
+
+def mark_log_format(directory: Path) -> None:
+    """Name the directory's format as :data:`LOG_FORMAT`, durably (blocking)."""
+    replace_atomically(directory / FORMAT_FILE, f"{LOG_FORMAT}\n".encode())
+
+
+def read_partition_id(directory: Path) -> TopicId | None:
+    """The topic id a partition directory names (blocking); None if it names none, or names it
+    in a form this broker does not read."""
+    try:
+        text = (directory / PARTITION_METADATA).read_text()
+    except FileNotFoundError:
+        return None
+    fields = dict(line.partition(":")[::2] for line in text.splitlines())
+    if fields.get("version", "").strip() != "0":
+        return None
+    try:
+        return uuid.UUID(fields.get("topic_id", "").strip())
+    except ValueError:
+        return None
+
+
+def write_partition_id(directory: Path, topic_id: TopicId) -> None:
+    """Name the topic incarnation a partition directory's records belong to, durably (blocking)."""
+    replace_atomically(
+        directory / PARTITION_METADATA, f"version: 0\ntopic_id: {topic_id}\n".encode()
     )

@@ -20,10 +20,12 @@ import trio
 
 from protocol.batches import BatchSpan, stamped_pieces, stamped_spans
 from protocol.codec import ReadableBuffer
+from protocol.types import TopicId
 from transport.limits import FileBudget
 
 from .config import FsyncPolicy, LogConfig
 from .files import SegmentFiles
+from .format import read_partition_id, write_partition_id
 from .segment import (
     SUFFIX,
     CorruptSegment,
@@ -42,6 +44,13 @@ class OffsetOutOfRange(Exception):
     pass
 
 
+class WrongIncarnation(Exception):
+    """A partition directory holds (or may hold) another incarnation's records than the one it
+    was opened for: its ``partition.metadata`` names another topic id, or none while it holds
+    segments. The broker sets such a directory aside before it opens the partition; this is the
+    last check."""
+
+
 class LogFailed(Exception):
     """An fsync failed: the kernel may have dropped the pages it could not write, so a later fsync
     that succeeds proves nothing. The partition takes no more appends until a restart recovers it
@@ -51,6 +60,8 @@ class LogFailed(Exception):
 @attrs.define(eq=False)
 class PartitionLog:
     directory: Path
+    #: The incarnation of the topic whose records these are (``partition.metadata``).
+    topic_id: TopicId
     config: LogConfig
     limiter: trio.CapacityLimiter
     files: SegmentFiles
@@ -255,10 +266,17 @@ def _delete(files: SegmentFiles, directory: Path, segments: list[Segment]) -> No
     fsync_directory(directory)
 
 
-def _open_segments(directory: Path, config: LogConfig) -> list[Segment]:
-    """Recover the active segment (blocking); sealed ones are scanned on their first read."""
+def _open_segments(directory: Path, config: LogConfig, topic_id: TopicId) -> list[Segment]:
+    """Recover the active segment (blocking); sealed ones are scanned on their first read. A new
+    directory names ``topic_id`` before it holds a segment."""
     directory.mkdir(parents=True, exist_ok=True)
     bases = sorted(int(p.name[: -len(SUFFIX)]) for p in directory.glob(f"*{SUFFIX}"))
+    named = read_partition_id(directory)
+    if named is None and not bases:
+        write_partition_id(directory, topic_id)
+    elif named != topic_id:
+        held = "no topic id" if named is None else f"topic id {named}"
+        raise WrongIncarnation(f"{directory} names {held}, not {topic_id}")
     if not bases:
         return [create_segment(directory, 0, config.index_interval_bytes)]
     segments = [
@@ -277,13 +295,19 @@ async def open_partition_log(
     config: LogConfig,
     limiter: trio.CapacityLimiter,
     files: SegmentFiles | None = None,
+    *,
+    topic_id: TopicId,
 ) -> PartitionLog:
-    """Recover a partition's directory (creating it if new) and return its log, ready to serve,
-    its files open among ``files`` (None: files of its own, within the process's budget)."""
-    segments = await trio.to_thread.run_sync(_open_segments, directory, config, limiter=limiter)
+    """Recover a partition's directory of the topic incarnation ``topic_id`` (creating it if new)
+    and return its log, ready to serve, its files open among ``files`` (None: files of its own,
+    within the process's budget). WrongIncarnation if the directory is another's."""
+    segments = await trio.to_thread.run_sync(
+        _open_segments, directory, config, topic_id, limiter=limiter
+    )
     end = segments[-1].next_offset
     return PartitionLog(
         directory=directory,
+        topic_id=topic_id,
         config=config,
         limiter=limiter,
         files=files or SegmentFiles.of(FileBudget.of_process(), config),

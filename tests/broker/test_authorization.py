@@ -8,14 +8,19 @@ import pytest
 from broker.authorization import narrowed, refusal, visible
 from broker.pace import ANSWER_CHUNK
 from protocol import (
+    AlterUserScramCredentialsRequest,
     ClusterMetadataRequest,
     ClusterMetadataResponse,
+    CreateAclsRequest,
     CreatePartitionsRequest,
     CreateTopicRequest,
+    DeleteAclsRequest,
     DeleteGroupRequest,
     DeleteTopicRequest,
+    DescribeAclsRequest,
     DescribeGroupRequest,
     DescribeGroupResponse,
+    DescribeUserScramCredentialsRequest,
     ErrorCode,
     FetchRequest,
     GroupSummary,
@@ -82,6 +87,19 @@ def _commit(group: str, topic: str) -> OffsetCommitRequest:
 T = Subscription(topics=(TopicStreams(topic="t", streams=1),))
 U = Subscription(topics=(TopicStreams(topic="u", streams=1),))
 
+CLUSTER_DENIED = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+#: Reading the users and the rules: DESCRIBE on the cluster.
+RIGHTS_DESCRIBED: list[RequestMessage] = [
+    DescribeAclsRequest(principal=None, resource_type=None, name=None, operation=None),
+    DescribeUserScramCredentialsRequest(users=None),
+]
+#: Changing them: ALTER on the cluster.
+RIGHTS_ALTERED: list[RequestMessage] = [
+    CreateAclsRequest(acls=()),
+    DeleteAclsRequest(acls=()),
+    AlterUserScramCredentialsRequest(deletions=("bob",), upsertions=()),
+]
+
 ALLOWED: list[RequestMessage] = [
     FetchRequest(topic="t", partition=0, offset=0, max_bytes=1024),
     ListOffsetsRequest(topic="t", partition=0),  # read implies describe
@@ -105,6 +123,8 @@ DENIED: list[tuple[RequestMessage, ErrorCode]] = [
     (CreateTopicRequest(topic="x", partitions=1), ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
     (CreatePartitionsRequest(topic="t", total_partitions=2), TOPIC_DENIED),
     (DeleteTopicRequest(topic="t"), TOPIC_DENIED),  # reading a topic does not delete it
+    *((message, CLUSTER_DENIED) for message in RIGHTS_DESCRIBED),
+    *((message, CLUSTER_DENIED) for message in RIGHTS_ALTERED),
 ]
 
 
@@ -248,3 +268,31 @@ async def test_a_large_answer_is_filtered_a_chunk_at_a_time() -> None:
     assert {m.subscription.pattern for m in shown.members} == {"t"}
     assert not any(m.partitions for m in shown.members)
     assert {o.topic for o in shown.offsets} == {"t"} and len(shown.offsets) == 10_000
+
+
+@pytest.mark.parametrize(
+    ("operation", "allowed"),
+    [
+        (Operation.DESCRIBE, RIGHTS_DESCRIBED),
+        (Operation.ALTER, RIGHTS_DESCRIBED + RIGHTS_ALTERED),  # alter implies describe
+        (Operation.ALL, RIGHTS_DESCRIBED + RIGHTS_ALTERED),
+        (Operation.CREATE, []),
+    ],
+    ids=lambda v: v.value if isinstance(v, Operation) else "",
+)
+def test_users_and_rules_are_read_with_describe_and_changed_with_alter_on_the_cluster(
+    operation: Operation, allowed: list[RequestMessage]
+) -> None:
+    rules = Authorizer(
+        enabled=True, acls=frozenset({rule(operation, ResourceType.CLUSTER, "cluster")})
+    )
+    for message in RIGHTS_DESCRIBED + RIGHTS_ALTERED:
+        refused = refusal(rules, ALICE, message)
+        if message in allowed:
+            assert refused is None, message
+        else:
+            assert refused is not None and getattr(refused, "error_code", None) is CLUSTER_DENIED
+    topic_admin = Authorizer(
+        enabled=True, acls=frozenset({rule(Operation.ALL, ResourceType.TOPIC, "*")})
+    )
+    assert all(refusal(topic_admin, ALICE, m) is not None for m in RIGHTS_ALTERED)

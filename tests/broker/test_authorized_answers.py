@@ -19,14 +19,20 @@ import trio
 from broker.authorization import Access
 from protocol import (
     COORDINATOR_REQUESTS,
+    AclBinding,
+    AlterUserScramCredentialsRequest,
     ApiKey,
     ClusterMetadataRequest,
+    CreateAclsRequest,
     CreatePartitionsRequest,
     CreateTopicRequest,
+    DeleteAclsRequest,
     DeleteGroupRequest,
     DeleteTopicRequest,
+    DescribeAclsRequest,
     DescribeGroupRequest,
     DescribeGroupResponse,
+    DescribeUserScramCredentialsRequest,
     ErrorCode,
     FetchRequest,
     LeaveGroupRequest,
@@ -49,6 +55,7 @@ from protocol import (
     StartFetcherResponse,
     StopFetcherRequest,
     StopFetcherResponse,
+    error_response,
 )
 from protocol.types import PartitionOffset, Subscription, TopicPartition
 from statemachine.acl import Acl, Authorizer, Operation, ResourceType
@@ -95,6 +102,8 @@ def _commit(group: str, *offsets: tuple[str, int]) -> OffsetCommitRequest:
     )
 
 
+WRITE_TOPIC = AclBinding(principal=ALICE, resource_type="topic", name=TOPIC, operation="write")
+
 #: What alice asks of each api, none of it naming what she may not see.
 ASKED: dict[ApiKey, RequestMessage] = {
     ApiKey.PRODUCE: ProduceRequest(topic=TOPIC, partition=0, records=()),
@@ -113,7 +122,27 @@ ASKED: dict[ApiKey, RequestMessage] = {
     ApiKey.SASL_HANDSHAKE: SaslHandshakeRequest(mechanism="SCRAM-SHA-256"),
     ApiKey.SASL_AUTHENTICATE: SaslAuthenticateRequest(auth_bytes=b""),
     ApiKey.DELETE_TOPIC: DeleteTopicRequest(topic=TOPIC),
+    ApiKey.DESCRIBE_ACLS: DescribeAclsRequest(
+        principal=None, resource_type=None, name=None, operation=None
+    ),
+    ApiKey.CREATE_ACLS: CreateAclsRequest(acls=(WRITE_TOPIC,)),
+    ApiKey.DELETE_ACLS: DeleteAclsRequest(acls=(WRITE_TOPIC,)),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: DescribeUserScramCredentialsRequest(users=None),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: AlterUserScramCredentialsRequest(
+        deletions=("alice",), upsertions=()
+    ),
 }
+#: Apis about users and rules, which only a principal that may describe or alter the cluster
+#: may ask: alice is refused them, and told nothing else.
+CLUSTER_APIS = frozenset(
+    {
+        ApiKey.DESCRIBE_ACLS,
+        ApiKey.CREATE_ACLS,
+        ApiKey.DELETE_ACLS,
+        ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
+        ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+    }
+)
 #: Apis alice cannot ask, with the reason; what they carry is checked all the same.
 EXEMPT: dict[ApiKey, str] = {
     key: "the broker sends it to a member, and alice's member's are checked: its assignment "
@@ -216,6 +245,10 @@ async def test_no_answer_names_what_alice_may_not_describe(tmp_path: Path) -> No
                             answers[key] = await client.request(message)
 
     assert answers[ApiKey.REGISTER_CONSUMER].error_code is ErrorCode.NONE
+    assert {key: answers[key] for key in CLUSTER_APIS} == {
+        key: error_response(ASKED[key], ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+        for key in CLUSTER_APIS
+    }
     assert [key.name for key, answer in answers.items() if leaks(answer)] == []
     assert [message for message in sent if leaks(message)] == []
     # She was answered, not refused: what she may see is there.

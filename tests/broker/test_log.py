@@ -4,6 +4,7 @@ the granularity of record batches."""
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +19,19 @@ from broker.log import (
     LogFormatError,
     OffsetOutOfRange,
     PartitionLog,
+    WrongIncarnation,
     check_log_format,
     open_partition_log,
+    read_partition_id,
+    write_partition_id,
 )
 from broker.log import segment as segment_module
 from protocol.batches import batch_spans, build_batch, read_batches
 from protocol.records import Record
 
 NOW_MS = 1_700_000_000_000
+#: The incarnation of the topic whose partitions these tests open.
+TOPIC_ID = uuid.UUID("7d1a6c1e-53b4-4cbb-9a8e-0f1c2d3e4f50")
 
 
 def make_records(n: int, start: int = 0, size: int = 100) -> list[Record]:
@@ -97,7 +103,9 @@ async def read_all(log: PartitionLog, start: int) -> list[Record]:
 
 
 async def test_round_trip_is_byte_for_byte(tmp_path: Path) -> None:
-    log = await open_partition_log(tmp_path / "t-0", LogConfig(), trio.CapacityLimiter(4))
+    log = await open_partition_log(
+        tmp_path / "t-0", LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     records = make_records(50)
     records.append(Record(offset=-1, timestamp_ms=NOW_MS, key=None, value=None))
     records.append(Record(offset=-1, timestamp_ms=NOW_MS, key=b"", value=b"\x00" * 3000))
@@ -113,7 +121,9 @@ async def test_round_trip_is_byte_for_byte(tmp_path: Path) -> None:
         batch[12:20] = NOW_MS.to_bytes(8, "big")
     assert segment.read_bytes() == b"".join(sent)
     await log.aclose()
-    reopened = await open_partition_log(tmp_path / "t-0", LogConfig(), trio.CapacityLimiter(4))
+    reopened = await open_partition_log(
+        tmp_path / "t-0", LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     assert reopened.log_end_offset == len(records)
     assert await read_all(reopened, 0) == expected
 
@@ -121,7 +131,9 @@ async def test_round_trip_is_byte_for_byte(tmp_path: Path) -> None:
 async def test_fetch_returns_whole_batches_one_over_max_bytes_and_respects_the_budget(
     tmp_path: Path,
 ) -> None:
-    log = await open_partition_log(tmp_path / "t-0", LogConfig(), trio.CapacityLimiter(4))
+    log = await open_partition_log(
+        tmp_path / "t-0", LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     for i in range(5):  # five batches of two 500-byte records: ~1090 bytes each
         await append(log, make_records(2, start=2 * i, size=500))
     first = read_batches(await log.read(0, 1))
@@ -141,7 +153,9 @@ async def test_torn_tail_is_cut_on_reopen_at_the_last_whole_batch(
     tmp_path: Path, cut_into: int
 ) -> None:
     directory = tmp_path / "t-0"
-    log = await open_partition_log(directory, LogConfig(), trio.CapacityLimiter(4))
+    log = await open_partition_log(
+        directory, LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     records = make_records(20)
     await append(log, records[:12])
     await append(log, records[12:])
@@ -151,7 +165,9 @@ async def test_torn_tail_is_cut_on_reopen_at_the_last_whole_batch(
     torn_at = whole - last + (cut_into if cut_into > 0 else last - 1)
     os.truncate(segment, torn_at)  # a crash mid-write: no clean close, no index file
 
-    reopened = await open_partition_log(directory, LogConfig(), trio.CapacityLimiter(4))
+    reopened = await open_partition_log(
+        directory, LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     assert reopened.log_end_offset == 12
     assert segment.stat().st_size == whole - last
     assert await read_all(reopened, 0) == stamped(records, 0)[:12]
@@ -161,7 +177,9 @@ async def test_torn_tail_is_cut_on_reopen_at_the_last_whole_batch(
 
 async def test_corrupt_batch_is_cut_with_everything_after_it(tmp_path: Path) -> None:
     directory = tmp_path / "t-0"
-    log = await open_partition_log(directory, LogConfig(), trio.CapacityLimiter(4))
+    log = await open_partition_log(
+        directory, LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     records = make_records(20)
     for i in range(4):
         await append(log, records[5 * i : 5 * i + 5])
@@ -171,14 +189,18 @@ async def test_corrupt_batch_is_cut_with_everything_after_it(tmp_path: Path) -> 
     data[2 * size + 100] ^= 0x01  # a bit in the third batch's records
     segment.write_bytes(bytes(data))
 
-    reopened = await open_partition_log(directory, LogConfig(), trio.CapacityLimiter(4))
+    reopened = await open_partition_log(
+        directory, LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     assert reopened.log_end_offset == 10
     assert await read_all(reopened, 0) == stamped(records, 0)[:10]
 
 
 async def test_index_lookups_land_on_the_right_batch_across_segments(tmp_path: Path) -> None:
     config = LogConfig(segment_bytes=3000, index_interval_bytes=512)
-    log = await open_partition_log(tmp_path / "t-0", config, trio.CapacityLimiter(4))
+    log = await open_partition_log(
+        tmp_path / "t-0", config, trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     records: list[Record] = []
     for batch in range(20):
         chunk = make_records(7, start=batch * 7, size=90 + batch)
@@ -189,7 +211,9 @@ async def test_index_lookups_land_on_the_right_batch_across_segments(tmp_path: P
     for reopen in (False, True):
         if reopen:
             await log.aclose()
-            log = await open_partition_log(tmp_path / "t-0", config, trio.CapacityLimiter(4))
+            log = await open_partition_log(
+                tmp_path / "t-0", config, trio.CapacityLimiter(4), topic_id=TOPIC_ID
+            )
         for offset in range(len(records)):
             (first, *_) = read_batches(await log.read(offset, 1))
             assert first.base_offset <= offset <= first.last_offset
@@ -205,7 +229,7 @@ async def test_a_clean_stop_leaves_an_index_the_next_start_opens_without_a_scan(
 ) -> None:
     config = LogConfig(segment_bytes=3000, index_interval_bytes=512)
     directory = tmp_path / "t-0"
-    log = await open_partition_log(directory, config, trio.CapacityLimiter(4))
+    log = await open_partition_log(directory, config, trio.CapacityLimiter(4), topic_id=TOPIC_ID)
     records: list[Record] = []
     for batch in range(20):
         chunk = make_records(7, start=batch * 7, size=90)
@@ -220,7 +244,9 @@ async def test_a_clean_stop_leaves_an_index_the_next_start_opens_without_a_scan(
         raise AssertionError("a segment was scanned")
 
     monkeypatch.setattr(segment_module, "_scan", no_scan)
-    reopened = await open_partition_log(directory, config, trio.CapacityLimiter(4))
+    reopened = await open_partition_log(
+        directory, config, trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     assert reopened.log_end_offset == 140
     assert await read_all(reopened, 0) == stamped(records, 0)
     monkeypatch.undo()
@@ -229,7 +255,7 @@ async def test_a_clean_stop_leaves_an_index_the_next_start_opens_without_a_scan(
     await append(reopened, make_records(3, start=140))
     active = segment_files(directory)[-1]
     scanned_from = record_scans(monkeypatch)
-    again = await open_partition_log(directory, config, trio.CapacityLimiter(4))
+    again = await open_partition_log(directory, config, trio.CapacityLimiter(4), topic_id=TOPIC_ID)
     assert again.log_end_offset == 143
     assert scanned_from == [active.stat().st_size - len(batch_of(make_records(3, start=140)))]
     assert await read_all(again, 0) == stamped(records + make_records(3, start=140), 0)
@@ -240,7 +266,7 @@ async def test_after_a_crash_recovery_scans_only_what_no_checkpointed_fsync_cove
 ) -> None:
     config = LogConfig(index_checkpoint_bytes=5000, fsync=FsyncPolicy.ALWAYS)
     directory = tmp_path / "t-0"
-    log = await open_partition_log(directory, config, trio.CapacityLimiter(4))
+    log = await open_partition_log(directory, config, trio.CapacityLimiter(4), topic_id=TOPIC_ID)
     records = make_records(60)
     for i in range(20):  # 20 batches of ~400 bytes: a checkpoint every ~13 batches
         await append(log, records[3 * i : 3 * i + 3])
@@ -250,7 +276,9 @@ async def test_after_a_crash_recovery_scans_only_what_no_checkpointed_fsync_cove
     # torn: the crash cut the last batch short
     os.truncate(segment, segment.stat().st_size - 7)
     scanned_from = record_scans(monkeypatch)
-    reopened = await open_partition_log(directory, config, trio.CapacityLimiter(4))
+    reopened = await open_partition_log(
+        directory, config, trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     assert scanned_from == [checkpoint]
     assert reopened.log_end_offset == 57
     assert await read_all(reopened, 0) == stamped(records, 0)[:57]
@@ -258,7 +286,9 @@ async def test_after_a_crash_recovery_scans_only_what_no_checkpointed_fsync_cove
 
 async def test_an_index_that_does_not_describe_its_segment_is_not_trusted(tmp_path: Path) -> None:
     directory = tmp_path / "t-0"
-    log = await open_partition_log(directory, LogConfig(), trio.CapacityLimiter(4))
+    log = await open_partition_log(
+        directory, LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     await append(log, make_records(5))
     await log.aclose()
     (segment,) = segment_files(directory)
@@ -267,16 +297,18 @@ async def test_an_index_that_does_not_describe_its_segment_is_not_trusted(tmp_pa
         data = bytearray(batch_of(make_records(2, start=5)))
         data[0:8] = (5).to_bytes(8, "big")
         f.write(data)
-    reopened = await open_partition_log(directory, LogConfig(), trio.CapacityLimiter(4))
+    reopened = await open_partition_log(
+        directory, LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     assert reopened.log_end_offset == 7
     assert [r.offset for r in await read_all(reopened, 0)] == list(range(7))
 
 
 def test_a_log_of_another_format_is_refused_with_what_to_do(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh" / "log"
-    check_log_format(fresh)
-    assert (fresh / "log-format").read_text() == "2\n"
-    check_log_format(fresh)  # ours: accepted again
+    assert check_log_format(fresh) == 3
+    assert (fresh / "log-format").read_text() == "3\n"
+    assert check_log_format(fresh) == 3  # ours: accepted again
     old = tmp_path / "old" / "log"
     (old / "t-0").mkdir(parents=True)
     (old / "t-0" / f"{0:020d}.log").write_bytes(b"records of format 1")
@@ -284,18 +316,46 @@ def test_a_log_of_another_format_is_refused_with_what_to_do(tmp_path: Path) -> N
         check_log_format(old)
     assert str(caught.value) == (
         f"the log in {old} is format 1 (records one at a time, no version file), and this broker "
-        f"reads log format 2 only: start it with an empty --data-dir, or move {old} away (its "
-        "records are not converted)"
+        "reads log format 3 (or 2, which it upgrades) only: start it with an empty --data-dir, "
+        f"or move {old} away (its records are not converted)"
     )
     assert not (old / "log-format").exists()
-    (fresh / "log-format").write_text("3\n")
-    with pytest.raises(LogFormatError, match="is format '3'"):
+    (fresh / "log-format").write_text("2\n")
+    assert check_log_format(fresh) == 2  # the broker upgrades it once it knows the topic ids
+    (fresh / "log-format").write_text("4\n")
+    with pytest.raises(LogFormatError, match="is format '4'"):
         check_log_format(fresh)
+
+
+async def test_a_partition_directory_names_its_topic_id_and_opens_for_no_other(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "t-0"
+    log = await open_partition_log(
+        directory, LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
+    assert (directory / "partition.metadata").read_text() == f"version: 0\ntopic_id: {TOPIC_ID}\n"
+    assert read_partition_id(directory) == log.topic_id == TOPIC_ID
+    await append(log, make_records(3))
+    await log.aclose()
+    other = uuid.uuid4()
+    with pytest.raises(WrongIncarnation, match=f"names topic id {TOPIC_ID}, not {other}"):
+        await open_partition_log(directory, LogConfig(), trio.CapacityLimiter(4), topic_id=other)
+    (directory / "partition.metadata").unlink()  # records of no known incarnation
+    with pytest.raises(WrongIncarnation, match="names no topic id"):
+        await open_partition_log(directory, LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID)
+    write_partition_id(directory, TOPIC_ID)
+    reopened = await open_partition_log(
+        directory, LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
+    assert [r.offset for r in await read_all(reopened, 0)] == [0, 1, 2]  # nothing was touched
 
 
 async def test_retention_by_size_deletes_whole_old_segments(tmp_path: Path) -> None:
     config = LogConfig(segment_bytes=2000, retention_bytes=5000, retention_ms=None)
-    log = await open_partition_log(tmp_path / "t-0", config, trio.CapacityLimiter(4))
+    log = await open_partition_log(
+        tmp_path / "t-0", config, trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     for i in range(10):
         await append(log, make_records(6, start=i * 6, size=200))  # ~1.4 KB per batch
     before = segment_files(tmp_path / "t-0")
@@ -310,7 +370,9 @@ async def test_retention_by_size_deletes_whole_old_segments(tmp_path: Path) -> N
         await log.read(35, 1000)
     assert read_batches(await log.read(36, 1))[0].base_offset == 36
     await log.aclose()
-    reopened = await open_partition_log(tmp_path / "t-0", config, trio.CapacityLimiter(4))
+    reopened = await open_partition_log(
+        tmp_path / "t-0", config, trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     assert (reopened.log_start_offset, reopened.log_end_offset) == (36, 60)
 
 
@@ -318,7 +380,9 @@ async def test_retention_by_time_deletes_segments_whose_newest_record_is_old(
     tmp_path: Path,
 ) -> None:
     config = LogConfig(segment_bytes=1100, retention_ms=60_000)
-    log = await open_partition_log(tmp_path / "t-0", config, trio.CapacityLimiter(4))
+    log = await open_partition_log(
+        tmp_path / "t-0", config, trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     for i in range(4):
         old = [Record(offset=-1, timestamp_ms=NOW_MS - 3_600_000 + i, key=None, value=b"x" * 900)]
         await append(log, old)
@@ -335,7 +399,10 @@ async def test_retention_by_time_deletes_segments_whose_newest_record_is_old(
 
 async def test_always_policy_hides_nothing_it_acknowledged(tmp_path: Path) -> None:
     log = await open_partition_log(
-        tmp_path / "t-0", LogConfig(fsync=FsyncPolicy.ALWAYS), trio.CapacityLimiter(4)
+        tmp_path / "t-0",
+        LogConfig(fsync=FsyncPolicy.ALWAYS),
+        trio.CapacityLimiter(4),
+        topic_id=TOPIC_ID,
     )
     async with trio.open_nursery() as nursery:
         bases: list[int] = []
@@ -351,7 +418,10 @@ async def test_always_policy_hides_nothing_it_acknowledged(tmp_path: Path) -> No
 
 async def test_interval_policy_fsyncs_what_was_written(tmp_path: Path) -> None:
     log = await open_partition_log(
-        tmp_path / "t-0", LogConfig(fsync=FsyncPolicy.INTERVAL), trio.CapacityLimiter(4)
+        tmp_path / "t-0",
+        LogConfig(fsync=FsyncPolicy.INTERVAL),
+        trio.CapacityLimiter(4),
+        topic_id=TOPIC_ID,
     )
     await append(log, make_records(5))
     # readable at once, durable once the broker's interval task flushes
@@ -364,7 +434,9 @@ async def test_a_damaged_sealed_segment_fails_its_reads_loudly_and_only_its_own(
     tmp_path: Path,
 ) -> None:
     config = LogConfig(segment_bytes=1500, retention_ms=None)
-    log = await open_partition_log(tmp_path / "t-0", config, trio.CapacityLimiter(4))
+    log = await open_partition_log(
+        tmp_path / "t-0", config, trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     for i in range(4):
         await append(log, make_records(10, start=i * 10))
     await log.aclose()
@@ -374,7 +446,9 @@ async def test_a_damaged_sealed_segment_fails_its_reads_loudly_and_only_its_own(
     data[200] ^= 0x10
     second.write_bytes(bytes(data))
 
-    reopened = await open_partition_log(tmp_path / "t-0", config, trio.CapacityLimiter(4))
+    reopened = await open_partition_log(
+        tmp_path / "t-0", config, trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     assert (reopened.log_start_offset, reopened.log_end_offset) == (0, 40)
     base = int(second.stem)
     with pytest.raises(CorruptSegment):
@@ -387,7 +461,9 @@ async def test_a_failed_fsync_is_not_acknowledged_and_stops_appends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A disk that fails fsync cannot be made on demand; os.fsync is replaced for this one test.
-    log = await open_partition_log(tmp_path / "t-0", LogConfig(), trio.CapacityLimiter(4))
+    log = await open_partition_log(
+        tmp_path / "t-0", LogConfig(), trio.CapacityLimiter(4), topic_id=TOPIC_ID
+    )
     await append(log, make_records(3))
 
     def failing_fsync(fd: int) -> None:

@@ -19,7 +19,7 @@ from broker.dispatch import cluster_metadata
 from broker.offices import TopicReads
 from broker.pace import ANSWER_CHUNK
 from coordinator.limits import RequestLimits
-from protocol import ClusterMetadataRequest, ErrorCode
+from protocol import ClusterMetadataRequest, ErrorCode, TopicIdentity
 from protocol.types import BrokerInfo
 from store import TopicPlacement
 from tests.support.turns import turns_during
@@ -70,17 +70,19 @@ async def test_an_answer_for_every_partition_lets_others_run_between_chunks() ->
 
 async def test_a_topic_is_answered_as_its_placement_is_now() -> None:
     """What is kept per placement never answers for another one."""
-    message = ClusterMetadataRequest(group_id=None, topics=("t0",))
+    message = ClusterMetadataRequest(group_id=None, topics=("t0", "gone"))
     for brokers in ((1, 1), (1, 1, 2), (2,)):
+        topic_id = uuid.uuid4()  # each placement a new incarnation
         answer = await cluster_metadata(
             message,
-            topics={"t0": TopicPlacement(topic="t0", brokers=brokers, topic_id=uuid.uuid4())},
+            topics={"t0": TopicPlacement(topic="t0", brokers=brokers, topic_id=topic_id)},
             brokers=BROKERS,
             coordinator_id=1,
             coordinator_epoch=1,
             limits=RequestLimits(),
         )
         assert [p.broker_id for t in answer.topics for p in t.partitions] == list(brokers)
+        assert answer.topic_ids == (TopicIdentity(topic="t0", topic_id=topic_id),)
 
 
 @attrs.define(eq=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,9 @@ async def test_partitions_beyond_the_budget_read_back_right_through_reopened_fil
         files = SegmentFiles.of(budget, config)
         limiter = trio.CapacityLimiter(2)
         logs = [
-            await open_partition_log(tmp_path / policy.value / f"t-{p}", config, limiter, files)
+            await open_partition_log(
+                tmp_path / policy.value / f"t-{p}", config, limiter, files, topic_id=uuid.uuid4()
+            )
             for p in range(10)
         ]
         for round_ in range(3):  # ~1.2 KB a batch: a new segment every other round

@@ -1,9 +1,11 @@
 """``topics delete``: the topic leaves the listing, its partitions' directories leave the disk, and
 its group's committed offsets leave ``groups describe``, also after a restart; created again
-under the name, it is a new, empty topic that the group reads from its beginning."""
+under the name, it is a new, empty topic (another topic id) that the group reads from its
+beginning."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,8 @@ async def test_a_deleted_topic_goes_with_its_files_and_its_groups_offsets(tmp_pa
             assert done.returncode == 0, done.stderr
         assert _committed_topics(await describe_group(broker, "g")) == {"t", "kept"}
         assert (data / "log" / "t-0").is_dir() and (data / "log" / "t-1").is_dir()
+        listed = await cli_json(broker, "topics", "list")
+        (old_id,) = [uuid.UUID(entry["topic_id"]) for entry in listed if entry["topic"] == "t"]
 
         done = await run_cli("topics", "delete", "t", *at)
         assert done.returncode == 0, done.stderr
@@ -74,6 +78,9 @@ async def test_a_deleted_topic_goes_with_its_files_and_its_groups_offsets(tmp_pa
         assert done.returncode == 0, done.stderr
         described = await cli_json(broker, "topics", "describe", "t")
         assert [(p["partition"], p["end"]) for p in described] == [(0, 0), (1, 0)]
+        # another topic under the name: another id
+        (new_id,) = {uuid.UUID(p["topic_id"]) for p in described}
+        assert new_id != old_id
         new = [b"new-%d" % i for i in range(4)]
         done = await run_cli("produce", "t", *at, stdin=b"\n".join(new) + b"\n")
         assert done.returncode == 0, done.stderr

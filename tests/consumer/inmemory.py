@@ -12,7 +12,8 @@ process instead.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -48,19 +49,41 @@ from protocol import (
     StartFetcherResponse,
     StopFetcherRequest,
     StopFetcherResponse,
+    TopicIdentity,
 )
 from protocol.batches import batch_spans, build_batch
-from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
+from protocol.types import NO_TOPIC_ID, BrokerInfo, ConsumerThread, TopicId, TopicPartition
 from simulation import MemoryLog, SimulatedCluster, open_simulated_cluster
 from simulation.log import MemoryPartition
 from simulation.network import Link, LinkEnd, SimulatedHost
+from store import TopicPlacement
 from transport.channel import Channel
 
 
-def _any_partition(topic: str) -> int:
-    """Every topic has this many partitions: a scripted coordinator names its own in its
-    StartFetcher requests, and its log serves whichever it names."""
-    return 1 << 20
+class _EveryTopic(Mapping[str, TopicPlacement]):
+    """Every topic exists, with this many partitions: a scripted coordinator names its own in
+    its StartFetcher requests, and its log serves whichever it names (each topic one
+    incarnation, its id made from its name)."""
+
+    partitions = 64
+
+    def __init__(self) -> None:
+        self._made: dict[str, TopicPlacement] = {}
+
+    def __getitem__(self, topic: str) -> TopicPlacement:
+        if topic not in self._made:
+            self._made[topic] = TopicPlacement(
+                topic=topic,
+                brokers=(SCRIPTED_BROKER.broker_id,) * self.partitions,
+                topic_id=uuid.uuid5(uuid.NAMESPACE_OID, topic),
+            )
+        return self._made[topic]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._made)
+
+    def __len__(self) -> int:
+        return len(self._made)
 
 
 @attrs.define(eq=False)
@@ -91,13 +114,17 @@ class TickingLog(MemoryLog):
     listed: list[int] = attrs.field(factory=list)
     """The high watermark each ListOffsets answered."""
 
-    async def partition(self, topic: str, partition: int) -> MemoryPartition | None:
-        found = await super().partition(topic, partition)
+    async def partition(
+        self, topic: str, partition: int, topic_id: TopicId = NO_TOPIC_ID
+    ) -> MemoryPartition | None:
+        found = await super().partition(topic, partition, topic_id)
         if found is None:
             return None
         if not isinstance(found, _TickingPartition):  # made just now, empty
             tp = TopicPartition(topic=topic, partition=partition)
-            found = self.partitions[tp] = _TickingPartition(batch=self.batch)
+            found = self.partitions[tp] = _TickingPartition(
+                topic_id=found.topic_id, batch=self.batch
+            )
         due = max(0, math.floor((trio.current_time() - self.start) * self.rate))
         for offset in range(found.log_end_offset, due):
             batch = build_batch([f"{topic}/{partition}/{offset}".encode()])
@@ -200,9 +227,7 @@ async def open_in_memory_cluster(
     async with open_simulated_cluster(data_dir, config) as cluster, trio.open_nursery() as nursery:
         for name, partitions in topics.items():
             await cluster.create_topic(name, partitions=partitions)
-        cluster.log = TickingLog(
-            partition_count=cluster.log.partition_count, start=trio.current_time()
-        )
+        cluster.log = TickingLog(placement=cluster.log.placement, start=trio.current_time())
         yield InMemoryCluster(cluster=cluster, nursery=nursery)
         nursery.cancel_scope.cancel()
 
@@ -254,7 +279,12 @@ class ScriptedMember:
         )
 
     async def start(
-        self, generation: int, streams: tuple[AssignedStream, ...], *, incremental: bool = False
+        self,
+        generation: int,
+        streams: tuple[AssignedStream, ...],
+        *,
+        incremental: bool = False,
+        topic_ids: tuple[TopicIdentity, ...] = (),
     ) -> StartFetcherResponse:
         request = StartFetcherRequest(
             coordinator_epoch=self.epoch,
@@ -264,6 +294,7 @@ class ScriptedMember:
             brokers=(self.broker,),
             acknowledged_frames=self.channel.frames_received,
             incremental=incremental,
+            topic_ids=topic_ids,
         )
         return await self._ask(request, StartFetcherResponse)
 
@@ -395,6 +426,6 @@ class ScriptedCoordinator:
 @asynccontextmanager
 async def open_scripted_coordinator() -> AsyncIterator[ScriptedCoordinator]:
     async with trio.open_nursery() as nursery:
-        log = TickingLog(partition_count=_any_partition, start=trio.current_time())
+        log = TickingLog(placement=_EveryTopic(), start=trio.current_time())
         yield ScriptedCoordinator(log=log, nursery=nursery)
         nursery.cancel_scope.cancel()

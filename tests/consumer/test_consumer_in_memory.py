@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -28,10 +29,11 @@ from consumer import (
 )
 from consumer.admin import Admin
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
-from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse
+from protocol import ErrorCode, OffsetCommitRequest, OffsetCommitResponse, TopicIdentity
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from statemachine.consumer import ConsumerState
 from statemachine.group import GroupState
+from store import TopicPlacement
 from store.zookeeper import ZooKeeperStore
 from tests.consumer.inmemory import (
     InMemoryCluster,
@@ -942,3 +944,53 @@ async def test_a_static_member_restarts_into_its_partitions_and_a_newer_process_
                 assert second.last_error is ErrorCode.FENCED_INSTANCE_ID
                 assert [type(e) for e in errors] == [InstanceFenced]
         assert events == [(1.0, "assigned", dynamic.assignment.value)]
+
+
+async def test_a_partition_whose_topic_was_created_again_stops_until_the_next_start(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SPEC.md §11.12: started on t's incarnation 1, the consumer names it in every Fetch; the
+    broker has incarnation 2 under the name now and answers UNKNOWN_TOPIC_ID: t-0 stops (one
+    warning, nothing delivered, no reset) while u-0 fetches on. An incremental start naming 2
+    does not keep t-0 going as it was: it starts it afresh, at the offset it names."""
+    old, new = uuid.UUID(int=1), uuid.UUID(int=2)
+    seen: list[tuple[float, TopicPartition, int]] = []
+    u0 = TopicPartition(topic="u", partition=0)
+    async with (
+        open_scripted_coordinator() as coordinator,
+        open_consumer(
+            "broker:9092",
+            "g",
+            topics={"t": 1, "u": 1},
+            settings=ConsumerSettings(session_timeout=6.0),
+            connect=coordinator.connect,
+        ) as consumer,
+        trio.open_nursery() as app,
+    ):
+        coordinator.log.follow(
+            {
+                name: TopicPlacement(topic=name, brokers=(1,), topic_id=topic_id)
+                for name, topic_id in (("t", new), ("u", old))
+            }
+        )
+        for stream in consumer.streams:
+            app.start_soon(drain_timed, stream, seen)
+        member = await coordinator.member()
+        ids = (TopicIdentity(topic="t", topic_id=old), TopicIdentity(topic="u", topic_id=old))
+        streams = member.streams(("t", 0, 0), ("u", 0, 0))
+        await member.start(1, streams, topic_ids=ids)
+        await trio.sleep_until(2.0)
+        t_fetches = [at for at, tp, _ in coordinator.log.fetches if tp == T0]
+        assert t_fetches == [0.0]  # refused once, never asked again
+        assert delivered(seen, T0) == []
+        assert delivered(seen, u0) == list(range(19))  # the other topic flows on
+        assert coordinator.log.listed == []  # no reset
+        warnings = [r for r in caplog.records if "has another id now" in r.getMessage()]
+        assert [r.levelno for r in warnings] == [logging.WARNING]
+        assert consumer.assignment.value == {T0, u0}
+        renamed = (TopicIdentity(topic="t", topic_id=new), ids[1])
+        await member.start(2, streams, incremental=True, topic_ids=renamed)
+        await trio.sleep_until(4.0)
+        assert delivered(seen, T0)[:3] == [0, 1, 2]  # afresh, from the offset the start named
+        assert min(at for at, tp, _ in coordinator.log.fetches if tp == T0 and at > 0) == 2.0
+        app.cancel_scope.cancel()

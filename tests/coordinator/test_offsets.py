@@ -1,12 +1,16 @@
 """Offsets: fenced by member and generation, durable before the answer, kept across restarts."""
 
+import uuid
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
+import attrs
 import trio
 import trio.testing
 
 from coordinator.config import CoordinatorConfig
+from coordinator.offsets import OffsetKeeper
 from protocol import (
     DescribeGroupRequest,
     DescribeGroupResponse,
@@ -18,6 +22,7 @@ from protocol import (
 )
 from protocol.types import PartitionOffset, TopicPartition
 from simulation import SimulatedCluster, open_simulated_cluster
+from store import OffsetBatch
 from tests.support.standin_consumer import StandInConsumer
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
@@ -155,3 +160,49 @@ async def test_generations_stay_above_any_a_returning_member_reports(
         assert returning.last_register_error is ErrorCode.NONE
         assert await cluster.wait_stable("g", members=2) == 42
         assert returning.generation == 42
+
+
+@attrs.define
+class _BatchStore:
+    """The two calls an OffsetKeeper makes of its store: what it was asked to write."""
+
+    written: list[OffsetBatch] = attrs.Factory(list)
+
+    async def fetch_offsets(self, group_id: str) -> dict[TopicPartition, int]:
+        await trio.lowlevel.checkpoint()
+        return {}
+
+    async def commit_offsets(self, epoch: int, batches: Sequence[OffsetBatch]) -> None:
+        await trio.lowlevel.checkpoint()
+        self.written.extend(batches)
+
+
+async def test_offsets_carry_their_incarnation_and_an_old_ones_are_never_applied() -> None:
+    """docs/design.md#topic-ids: a report read from the incarnation no longer in force is
+    dropped; a commit by name applies to the one in force; every batch names the incarnation
+    of its offsets; forgetting an incarnation keeps what was accepted for the one after it."""
+    old, new = uuid.UUID(int=1), uuid.UUID(int=2)
+    tp0, tp1 = (
+        TopicPartition(topic="events", partition=0),
+        TopicPartition(topic="events", partition=1),
+    )
+    store = _BatchStore()
+    keeper = OffsetKeeper(store=store, epoch=1, commit_interval=1.0, retry_backoff=1.0)  # type: ignore[arg-type]
+    keeper.topic_ids = {"events": old}
+    await keeper.accept("g", 1, {tp0: 10}, monotonic=True, topic_ids={"events": old})
+    await keeper.flush()
+    assert store.written[-1].topic_ids == {"events": old}
+    keeper.topic_ids = {"events": new}  # deleted and created again
+    assert await keeper.forget_topics({"events"}) == {"g": {"events"}}
+    assert await keeper.committed("g") == {}
+    # A member still reading the old incarnation reports: dropped, not applied to the new one.
+    await keeper.accept("g", 1, {tp0: 12}, monotonic=True, topic_ids={"events": old})
+    assert await keeper.committed("g") == {}
+    # A standalone commit names no incarnation: the one in force.
+    await keeper.accept("g", -1, {tp1: 3}, monotonic=False)
+    assert await keeper.committed("g") == {tp1: 3}
+    # The topic watch forgetting the old incarnation again keeps the new one's offsets.
+    assert await keeper.forget_topics({"events"}) == {}
+    await keeper.flush()
+    assert store.written[-1].offsets == {tp1: 3}
+    assert store.written[-1].topic_ids == {"events": new}

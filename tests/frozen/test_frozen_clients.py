@@ -64,6 +64,30 @@ async def test_a_frozen_client_runs_a_whole_group(level: str, tmp_path: Path) ->
         }
     if "deleted" in result:  # level 5 on: DeleteTopic 0, then again: no such topic
         assert result["deleted"] == [0, 3]
+    if "topic_ids" in result:  # level 8 on: StartFetcher 3, Fetch 2, ClusterMetadata 2
+        ids = result["topic_ids"]
+        assert isinstance(ids, dict)
+        # Each member was told one id for the topic, the same, and not the zero id.
+        ((topic, (topic_id,)),) = ids["started"].items()
+        assert ids["started_b"] == {topic: [topic_id]}
+        assert topic_id != "00" * 16
+        # Every one of its fetches named it and was served.
+        assert ids["fetched_with_id"] >= 3 * partitions
+        # ClusterMetadata 2 names the same id, and a Fetch naming another is refused
+        # UNKNOWN_TOPIC_ID.
+        assert ids["metadata"] == {topic: topic_id}
+        assert ids["wrong_id_error"] == 100
+    if "rights" in result:  # level 9 on: users and rules over the wire
+        principal, topic = f"User:{level}", f"frozen-{level}"
+        rule = [principal, "topic", topic, "read"]
+        assert result["rights"] == {
+            "listed": [rule],
+            "added": [[level, 0]],
+            "described": [[level, [["SCRAM-SHA-256", 4096]]]],
+            "deleted": [[level, 0], [level, 91]],  # the second time: RESOURCE_NOT_FOUND
+            "removed": [rule],
+            "after": [],
+        }
     if "described" in result:  # level 7 on: DescribeGroup 3 names the members it awaits
         assert result["described"] == {
             "state": "Stable",

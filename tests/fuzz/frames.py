@@ -28,13 +28,19 @@ import trio
 from protocol import (
     COORDINATOR_REQUESTS,
     REQUEST_TYPES,
+    AclBinding,
+    AlterUserScramCredentialsRequest,
     ApiKey,
     ClusterMetadataRequest,
+    CreateAclsRequest,
     CreatePartitionsRequest,
     CreateTopicRequest,
+    DeleteAclsRequest,
     DeleteGroupRequest,
     DeleteTopicRequest,
+    DescribeAclsRequest,
     DescribeGroupRequest,
+    DescribeUserScramCredentialsRequest,
     ErrorCode,
     FetchRequest,
     LeaveGroupRequest,
@@ -51,6 +57,7 @@ from protocol import (
     RequestMessage,
     SaslAuthenticateRequest,
     SaslHandshakeRequest,
+    ScramUpsertion,
     StartFetcherRequest,
     StopFetcherRequest,
 )
@@ -222,6 +229,19 @@ def _subscription(rng: random.Random) -> Subscription:
     )
 
 
+FUZZ_USER = "fz-u"
+FUZZ_PRINCIPAL = f"User:{FUZZ_USER}"
+
+
+def _acl(rng: random.Random) -> AclBinding:
+    return AclBinding(
+        principal=FUZZ_PRINCIPAL,
+        resource_type="topic",
+        name=_topic(rng),
+        operation=rng.choice(("read", "write")),
+    )
+
+
 def _member(rng: random.Random) -> str:
     return f"fz-m{rng.randrange(4)}"
 
@@ -322,6 +342,31 @@ def _builders() -> dict[ApiKey, Callable[[random.Random], RequestMessage]]:
         ),
         ApiKey.SASL_AUTHENTICATE: lambda rng: SaslAuthenticateRequest(
             auth_bytes=rng.randbytes(rng.randrange(40))
+        ),
+        # Rules and users of the fuzz's own principal alone.
+        ApiKey.DESCRIBE_ACLS: lambda rng: DescribeAclsRequest(
+            principal=rng.choice((None, FUZZ_PRINCIPAL)),
+            resource_type=rng.choice((None, "topic", "group")),
+            name=None,
+            operation=None,
+        ),
+        ApiKey.CREATE_ACLS: lambda rng: CreateAclsRequest(acls=(_acl(rng),)),
+        ApiKey.DELETE_ACLS: lambda rng: DeleteAclsRequest(acls=(_acl(rng),)),
+        ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: lambda rng: DescribeUserScramCredentialsRequest(
+            users=rng.choice((None, (FUZZ_USER,)))
+        ),
+        ApiKey.ALTER_USER_SCRAM_CREDENTIALS: lambda rng: AlterUserScramCredentialsRequest(
+            deletions=rng.choice(((), (FUZZ_USER,))),
+            upsertions=(
+                ScramUpsertion(
+                    user=FUZZ_USER,
+                    mechanism=rng.choice(("SCRAM-SHA-256", "SCRAM-SHA-512")),
+                    iterations=4096,
+                    salt=rng.randbytes(16),
+                    stored_key=rng.randbytes(32),
+                    server_key=rng.randbytes(32),
+                ),
+            ),
         ),
     }
 

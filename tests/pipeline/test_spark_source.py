@@ -13,17 +13,23 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from consumer import open_producer
 from consumer.admin import open_admin
-from pipeline import GroupOffsetCommitter
+from pipeline import GroupOffsetCommitter, TopicRecreated, commit_group_offsets
 from pipeline.local import local_broker, local_spark
+from pipeline.offsets import OffsetsJson
+from pipeline.source import OffsetRange, StreamReader
+from pipeline.wire import Cluster
+from protocol import NO_TOPIC_ID
 from transport.connect import parse_bootstrap
 
 pytestmark = pytest.mark.realtime
@@ -263,6 +269,111 @@ def test_a_partition_added_while_the_query_runs_is_picked_up(
     rows = sink_rows(sink)
     assert {(p, o, v) for p, o, v in rows if v.startswith("h")} == later
     assert len(rows) == len(set(rows)) == 60
+
+
+def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    async def recreate() -> None:
+        async with open_admin(parse_bootstrap(bootstrap)) as admin:
+            await admin.delete_topic(topic)
+            await admin.create_topic(topic, partitions)
+
+    trio.run(recreate)
+
+
+def topic_id(bootstrap: str, topic: str) -> uuid.UUID:
+    """The id the cluster metadata gives ``topic`` (one id for all its partitions)."""
+    with Cluster(bootstrap) as cluster:
+        (found,) = {p.topic_id for p in cluster.placements([topic]).values()}
+    assert found != NO_TOPIC_ID
+    return found
+
+
+def test_a_topic_created_again_under_its_name_fails_the_query_from_its_checkpoint(
+    spark: Any, bootstrap: str, tmp_path: Path
+) -> None:
+    """The checkpoint's offsets belong to the deleted topic: going on from them would skip the
+    new topic's first records (issue 33), so the query fails and says what to do."""
+    create_topic(bootstrap, "reborn", 2)
+    old = produce(bootstrap, "reborn", [f"old{i}" for i in range(20)])
+    old_id = topic_id(bootstrap, "reborn")
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+    df = stream(spark, bootstrap, "reborn", startingOffsets="earliest")
+    run_available_now(df, sink, checkpoint, "reborn")
+    assert set(sink_rows(sink)) == old
+    # Spark's checkpoint keeps the id with the offsets: a restarted query checks it
+    offsets_log = json.loads((checkpoint / "offsets" / "0").read_text().splitlines()[-1])
+    assert offsets_log["reborn"]["id"] == str(old_id)
+
+    recreate_topic(bootstrap, "reborn", 2)
+    new_id = topic_id(bootstrap, "reborn")
+    assert new_id != old_id
+    produce(bootstrap, "reborn", [f"new{i}" for i in range(40)])
+
+    query = (
+        df.writeStream.foreachBatch(batch_file_sink(sink))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="was deleted and created again") as failed:
+        query.awaitTermination(WAIT)
+    message = str(failed.value)
+    assert "topic 'reborn' was deleted and created again since this query read it" in message
+    assert f"(its id was {old_id}, it is now {new_id})" in message
+    assert "new checkpoint location" in message
+    assert set(sink_rows(sink)) == old, "the query read the new topic from the old offsets"
+
+
+def test_the_stream_reader_takes_ids_for_a_checkpoint_written_without_them(
+    bootstrap: str,
+) -> None:
+    """Checkpoints of the source before topic ids still restart: the offsets name no id, and the
+    topic's current one is taken from then on. No Spark: the reader's planning alone."""
+    create_topic(bootstrap, "idless", 1)
+    produce(bootstrap, "idless", [f"i{i}" for i in range(5)])
+    the_id = topic_id(bootstrap, "idless")
+    reader = StreamReader({"bootstrap": bootstrap, "topic": "idless"})
+    try:
+        latest = reader.latestOffset({"idless": {"0": 2}}, ReadAllAvailable())
+        assert latest == {"idless": {"id": str(the_id), "0": 5}}
+        (planned,) = reader.partitions({"idless": {"0": 2}}, latest)
+        assert isinstance(planned, OffsetRange) and (planned.start, planned.end) == (2, 5)
+        other = str(uuid.UUID(int=the_id.int ^ 1))
+        with pytest.raises(TopicRecreated, match="topic 'idless' was deleted"):
+            reader.latestOffset({"idless": {"id": other, "0": 2}}, ReadAllAvailable())
+        with pytest.raises(TopicRecreated):  # a batch planned before the topic was re-created
+            reader.partitions({"idless": {"0": 2}}, {"idless": {"id": other, "0": 5}})
+    finally:
+        reader.stop()
+    # offsets copied from a checkpoint into startingOffsets are checked too
+    named = json.dumps({"idless": {"id": other, "0": 1}})
+    copied = StreamReader({"bootstrap": bootstrap, "topic": "idless", "startingOffsets": named})
+    try:
+        with pytest.raises(TopicRecreated, match="topic 'idless'"):
+            copied.initialOffset()
+    finally:
+        copied.stop()
+
+
+def test_the_committer_does_not_move_a_new_topics_offsets_with_the_old_ones(bootstrap: str) -> None:
+    """A batch's end offsets, read from a topic since deleted and created again, are not
+    committed to the group: the commit names topics only, and would apply to the new one."""
+    create_topic(bootstrap, "committed-reborn", 1)
+    produce(bootstrap, "committed-reborn", [f"c{i}" for i in range(6)])
+    old_id = str(topic_id(bootstrap, "committed-reborn"))
+    batch_end: OffsetsJson = {"committed-reborn": {"id": old_id, "0": 6}}
+
+    recreate_topic(bootstrap, "committed-reborn", 1)
+    produce(bootstrap, "committed-reborn", [f"d{i}" for i in range(10)])
+    with pytest.raises(TopicRecreated, match="topic 'committed-reborn' was deleted"):
+        commit_group_offsets(bootstrap, "reborn-job", batch_end)
+    with Cluster(bootstrap) as cluster:
+        assert cluster.committed_offsets("reborn-job") == {}
+
+    # offsets read from the new topic are committed
+    new_id = str(topic_id(bootstrap, "committed-reborn"))
+    commit_group_offsets(bootstrap, "reborn-job", {"committed-reborn": {"id": new_id, "0": 3}})
+    assert [p["committed"] for p in describe_group(bootstrap, "reborn-job")["partitions"]] == [3]
 
 
 def read_topic(spark: Any, bootstrap: str, topic: str) -> list[Any]:

@@ -7,15 +7,21 @@ import struct
 from protocol import (
     COORDINATOR_REQUESTS,
     NEED_DATA,
+    AclBinding,
+    AlterUserScramCredentialsRequest,
     ApiKey,
     ClusterMetadataRequest,
     Connection,
     ConnectionClosed,
+    CreateAclsRequest,
     CreatePartitionsRequest,
     CreateTopicRequest,
+    DeleteAclsRequest,
     DeleteGroupRequest,
     DeleteTopicRequest,
+    DescribeAclsRequest,
     DescribeGroupRequest,
+    DescribeUserScramCredentialsRequest,
     Event,
     FetchRequest,
     LeaveGroupRequest,
@@ -31,6 +37,7 @@ from protocol import (
     Role,
     SaslAuthenticateRequest,
     SaslHandshakeRequest,
+    ScramUpsertion,
     StartFetcherRequest,
     StopFetcherRequest,
     Subscription,
@@ -90,6 +97,9 @@ def ping_body(
 
 
 _SUB = Subscription(topics=(TopicStreams(topic="t", streams=1),))
+#: Alice may read topic t.
+READ_T = AclBinding(principal="User:alice", resource_type="topic", name="t", operation="read")
+
 SAMPLE_REQUESTS: dict[ApiKey, RequestMessage] = {
     ApiKey.PRODUCE: ProduceRequest(topic="t", partition=0, records=()),
     ApiKey.FETCH: FetchRequest(topic="t", partition=0, offset=0, max_bytes=1024),
@@ -123,5 +133,24 @@ SAMPLE_REQUESTS: dict[ApiKey, RequestMessage] = {
     ApiKey.DELETE_TOPIC: DeleteTopicRequest(topic="t"),
     ApiKey.SASL_HANDSHAKE: SaslHandshakeRequest(mechanism="SCRAM-SHA-256"),
     ApiKey.SASL_AUTHENTICATE: SaslAuthenticateRequest(auth_bytes=b"n,,n=alice,r=nonce"),
+    ApiKey.DESCRIBE_ACLS: DescribeAclsRequest(
+        principal=None, resource_type=None, name=None, operation=None
+    ),
+    ApiKey.CREATE_ACLS: CreateAclsRequest(acls=(READ_T,)),
+    ApiKey.DELETE_ACLS: DeleteAclsRequest(acls=(READ_T,)),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: DescribeUserScramCredentialsRequest(users=None),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: AlterUserScramCredentialsRequest(
+        deletions=("bob",),
+        upsertions=(
+            ScramUpsertion(
+                user="alice",
+                mechanism="SCRAM-SHA-256",
+                iterations=4096,
+                salt=b"s" * 16,
+                stored_key=b"k" * 32,
+                server_key=b"v" * 32,
+            ),
+        ),
+    ),
 }
 """One small, fixed request per api key, for tests where the content does not matter."""

@@ -15,6 +15,9 @@ from protocol import (
     COORDINATOR_REQUESTS,
     REQUEST_TYPES,
     RESPONSE_TYPES,
+    AclBinding,
+    AlterUserScramCredentialsRequest,
+    AlterUserScramCredentialsResponse,
     ApiKey,
     ApiVersionRange,
     AssignedPartition,
@@ -22,16 +25,24 @@ from protocol import (
     BrokerInfo,
     ClusterMetadataRequest,
     ClusterMetadataResponse,
+    CreateAclsRequest,
+    CreateAclsResponse,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
     CreateTopicRequest,
     CreateTopicResponse,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
     DeleteGroupRequest,
     DeleteGroupResponse,
     DeleteTopicRequest,
     DeleteTopicResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
+    DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
     ErrorCode,
     FetchRequest,
     FetchResponse,
@@ -62,6 +73,8 @@ from protocol import (
     SaslAuthenticateResponse,
     SaslHandshakeRequest,
     SaslHandshakeResponse,
+    ScramCredentialInfo,
+    ScramUpsertion,
     StartFetcherRequest,
     StartFetcherResponse,
     StopFetcherRequest,
@@ -70,6 +83,8 @@ from protocol import (
     TopicMetadata,
     TopicPartition,
     TopicStreams,
+    UserAlteration,
+    UserScramCredentials,
 )
 
 T = TypeVar("T")
@@ -114,6 +129,9 @@ topic_metadata = st.builds(
     TopicMetadata, topic=texts, error_code=error_codes, partitions=tuples_of(partition_metadata)
 )
 group_summaries = st.builds(GroupSummary, group_id=texts, state=texts)
+acl_bindings = st.builds(
+    AclBinding, principal=texts, resource_type=texts, name=texts, operation=texts
+)
 member_descriptions = st.builds(
     MemberDescription,
     member_id=texts,
@@ -207,6 +225,33 @@ REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
     ApiKey.DELETE_TOPIC: st.builds(DeleteTopicRequest, topic=texts),
     ApiKey.SASL_HANDSHAKE: st.builds(SaslHandshakeRequest, mechanism=texts),
     ApiKey.SASL_AUTHENTICATE: st.builds(SaslAuthenticateRequest, auth_bytes=st.binary()),
+    ApiKey.DESCRIBE_ACLS: st.builds(
+        DescribeAclsRequest,
+        principal=nullable_texts,
+        resource_type=nullable_texts,
+        name=nullable_texts,
+        operation=nullable_texts,
+    ),
+    ApiKey.CREATE_ACLS: st.builds(CreateAclsRequest, acls=tuples_of(acl_bindings)),
+    ApiKey.DELETE_ACLS: st.builds(DeleteAclsRequest, acls=tuples_of(acl_bindings)),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: st.builds(
+        DescribeUserScramCredentialsRequest, users=st.none() | tuples_of(texts)
+    ),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: st.builds(
+        AlterUserScramCredentialsRequest,
+        deletions=tuples_of(texts),
+        upsertions=tuples_of(
+            st.builds(
+                ScramUpsertion,
+                user=texts,
+                mechanism=texts,
+                iterations=int32,
+                salt=st.binary(),
+                stored_key=st.binary(),
+                server_key=st.binary(),
+            )
+        ),
+    ),
 }
 
 RESPONSE_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
@@ -277,6 +322,31 @@ RESPONSE_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
         error_code=error_codes,
         error_message=texts,
         auth_bytes=st.binary(),
+    ),
+    ApiKey.DESCRIBE_ACLS: st.builds(
+        DescribeAclsResponse, error_code=error_codes, acls=tuples_of(acl_bindings)
+    ),
+    ApiKey.CREATE_ACLS: st.builds(CreateAclsResponse, error_code=error_codes),
+    ApiKey.DELETE_ACLS: st.builds(
+        DeleteAclsResponse, error_code=error_codes, deleted=tuples_of(acl_bindings)
+    ),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: st.builds(
+        DescribeUserScramCredentialsResponse,
+        error_code=error_codes,
+        users=tuples_of(
+            st.builds(
+                UserScramCredentials,
+                user=texts,
+                credentials=tuples_of(
+                    st.builds(ScramCredentialInfo, mechanism=texts, iterations=int32)
+                ),
+            )
+        ),
+    ),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: st.builds(
+        AlterUserScramCredentialsResponse,
+        error_code=error_codes,
+        results=tuples_of(st.builds(UserAlteration, user=texts, error_code=error_codes)),
     ),
 }
 

@@ -87,6 +87,22 @@ CONTRACT = {
     "SaslHandshakeResponse": "error_code:int16 mechanisms:array[string]",
     "SaslAuthenticateRequest": "auth_bytes:bytes",
     "SaslAuthenticateResponse": "error_code:int16 error_message:string auth_bytes:bytes",
+    "AclBinding": "principal:string resource_type:string name:string operation:string",
+    "DescribeAclsRequest": "principal:string? resource_type:string? name:string? operation:string?",
+    "DescribeAclsResponse": "error_code:int16 acls:array[AclBinding]",
+    "CreateAclsRequest": "acls:array[AclBinding]",
+    "CreateAclsResponse": "error_code:int16",
+    "DeleteAclsRequest": "acls:array[AclBinding]",
+    "DeleteAclsResponse": "error_code:int16 deleted:array[AclBinding]",
+    "ScramCredentialInfo": "mechanism:string iterations:int32",
+    "UserScramCredentials": "user:string credentials:array[ScramCredentialInfo]",
+    "DescribeUserScramCredentialsRequest": "users:array[string]?",
+    "DescribeUserScramCredentialsResponse": "error_code:int16 users:array[UserScramCredentials]",
+    "ScramUpsertion": "user:string mechanism:string iterations:int32 salt:bytes"
+    " stored_key:bytes server_key:bytes",
+    "AlterUserScramCredentialsRequest": "deletions:array[string] upsertions:array[ScramUpsertion]",
+    "UserAlteration": "user:string error_code:int16",
+    "AlterUserScramCredentialsResponse": "error_code:int16 results:array[UserAlteration]",
 }
 # The layouts of older versions, where they differ from the newest (the class's whole field list).
 OLDER_VERSIONS = {
@@ -216,7 +232,12 @@ def test_api_keys_and_tables() -> None:
         ),
         ("SASL_HANDSHAKE", 17),  # Kafka's numbers, as Kafka's layouts
         ("DELETE_TOPIC", 20),
+        ("DESCRIBE_ACLS", 29),
+        ("CREATE_ACLS", 30),
+        ("DELETE_ACLS", 31),
         ("SASL_AUTHENTICATE", 36),
+        ("DESCRIBE_USER_SCRAM_CREDENTIALS", 50),
+        ("ALTER_USER_SCRAM_CREDENTIALS", 51),
     ]
     for key in ApiKey:
         assert REQUEST_TYPES[key].API_KEY is key is RESPONSE_TYPES[key].API_KEY
@@ -259,6 +280,8 @@ def test_error_codes() -> None:
         "GROUP_ID_NOT_FOUND": 69,
         "GROUP_MAX_SIZE_REACHED": 81,
         "FENCED_INSTANCE_ID": 82,
+        "RESOURCE_NOT_FOUND": 91,
+        "UNACCEPTABLE_CREDENTIAL": 93,
         "UNKNOWN_TOPIC_ID": 100,
         "INVALID_REGULAR_EXPRESSION": 128,
         "FRAME_TOO_LARGE": 1001,

@@ -28,7 +28,7 @@ from protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from protocol.types import Subscription, TopicPartition, TopicStreams
+from protocol.types import NO_TOPIC_ID, Subscription, TopicId, TopicPartition, TopicStreams
 from simulation import SimulatedCluster
 from simulation.network import Link, SimulatedHost
 from transport.channel import Channel, ChannelClosed, acknowledged_frames
@@ -44,10 +44,12 @@ class Adversary:
     """One member process: a coordinator connection it answers on, and a fetch connection.
 
     The rules it can be told to break: ``fetch_after_lease`` (it fetches on once its lease ran
-    out), ``fetch_after_stop`` (it answers a StopFetcher and fetches on what it named), and
-    :meth:`close_cleanly` (it ends its coordinator connection with an end of stream while it
-    still fetches). :meth:`go_deaf` is no fault of its own: it reads the coordinator's requests
-    and answers none, so its lease runs out (an honest member then stops fetching)."""
+    out), ``fetch_after_stop`` (it answers a StopFetcher and fetches on what it named),
+    ``stale_ids`` (it fetches naming the topic ids of its first start, a topic created again
+    since or not), and :meth:`close_cleanly` (it ends its coordinator connection with an end of
+    stream while it still fetches). :meth:`go_deaf` is no fault of its own: it reads the
+    coordinator's requests and answers none, so its lease runs out (an honest member then stops
+    fetching)."""
 
     cluster: SimulatedCluster
     consumer_id: str
@@ -56,6 +58,10 @@ class Adversary:
     session_timeout_ms: int = 6000
     fetch_after_lease: bool = False
     fetch_after_stop: bool = False
+    #: It fetches naming the topic id the first StartFetcher gave it, whatever a later one says.
+    stale_ids: bool = False
+    #: The topic id it fetches each topic with (SPEC.md §11.12).
+    topic_ids: dict[str, TopicId] = attrs.field(factory=dict)
     host: SimulatedHost = attrs.field(factory=SimulatedHost)
     #: What it fetches.
     fetching: set[TopicPartition] = attrs.field(factory=set)
@@ -156,6 +162,9 @@ class Adversary:
                 if not message.incremental:
                     self.fetching.clear()
                 self.fetching |= set(_partitions(message))
+                for identity in message.topic_ids:
+                    if not self.stale_ids or identity.topic not in self.topic_ids:
+                        self.topic_ids[identity.topic] = identity.topic_id
                 answer = StartFetcherResponse(
                     error_code=ErrorCode.NONE, consumer_id=self.consumer_id
                 )
@@ -172,7 +181,13 @@ class Adversary:
             for tp in sorted(self.fetching):
                 self.fetched.setdefault(tp, []).append(now)
                 fetch.request_nowait(
-                    FetchRequest(topic=tp.topic, partition=tp.partition, offset=0, max_bytes=1024),
+                    FetchRequest(
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        offset=0,
+                        max_bytes=1024,
+                        topic_id=self.topic_ids.get(tp.topic, NO_TOPIC_ID),
+                    ),
                     lambda _answer: None,
                 )
 
@@ -194,6 +209,7 @@ async def start_adversary(
         topic=topic,
         fetch_after_lease=rules.pop("fetch_after_lease", False),
         fetch_after_stop=rules.pop("fetch_after_stop", False),
+        stale_ids=rules.pop("stale_ids", False),
     )
     assert not rules, rules
     await cluster.nursery.start(adversary.run)

@@ -115,6 +115,38 @@ async def test_a_member_that_answers_a_stop_and_fetches_on_is_caught(
             await cluster.check_invariants()
 
 
+@pytest.mark.parametrize("stale_ids", [False, True], ids=["honest", "planted"])
+async def test_a_member_that_fetches_a_topic_created_again_under_the_old_id_is_caught(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, stale_ids: bool
+) -> None:
+    """ "events" is created again at 10.0: m is stopped on 2 and 3 and started on the new
+    incarnation's 2 and 3 at once (b answers at once too), under the new id; planted, it goes on
+    naming the old id in its fetches, which no permission it has names."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        m = await _m_and_b(cluster, stale_ids=stale_ids)
+        old_id = cluster.coordinator.topics["events"].topic_id
+        await trio.sleep_until(10.0)
+        new_id = await cluster.recreate_topic("events", partitions=4)
+        await trio.sleep_until(12.0)
+        assert m.fetching == {_tp(2), _tp(3)}
+        assert m.topic_ids == {"events": old_id if stale_ids else new_id}
+        assert _windows(cluster, "m") == {
+            (2, 3.0, 10.0),
+            (3, 3.0, 10.0),
+            (2, 10.0, 12.0),
+            (3, 10.0, 12.0),
+        }
+        if not stale_ids:
+            await cluster.check_invariants()
+            return
+        with pytest.raises(
+            InvariantViolation,
+            match=rf"^group g events-2: m fetched it at 10\.125 naming topic id {old_id}, but "
+            r"its permission ended at 10\.000; ",
+        ):
+            await cluster.check_invariants()
+
+
 async def test_a_member_that_closes_cleanly_while_fetching_is_caught(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -4,6 +4,7 @@ timestamps aside: the append time is wall-clock on one, virtual on the other).""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import attrs
@@ -11,6 +12,7 @@ import trio
 import trio.testing
 
 from broker.data_plane import DataPlaneLog
+from coordinator.config import CoordinatorConfig
 from protocol import (
     ErrorCode,
     FetchRequest,
@@ -22,13 +24,19 @@ from protocol import (
 )
 from protocol.batches import batch_spans, build_batch, read_batches
 from protocol.records import Record
-from simulation import MemoryLog
+from protocol.types import NO_TOPIC_ID, TopicId
+from simulation import MemoryLog, open_simulated_cluster
+from store import TopicPlacement
 from tests.broker import test_hostile_batches as hostile
 from tests.broker.test_hostile_batches import open_log
 
 #: A CRC-valid batch whose value length runs past its records section.
 POISONED = hostile.POISONED["value past its section"]
 GOOD = build_batch([b"a", b"b"], keys=[b"k", None])
+#: One topic of one partition, for a memory log alone.
+PLACEMENT = {"t": TopicPlacement(topic="t", brokers=(1,), topic_id=uuid.uuid4())}
+#: An id no topic has.
+OTHER_ID = uuid.UUID(int=1)
 
 
 def produce(batches: bytes = b"", records: tuple[Record, ...] = (), partition: int = 0) -> Request:
@@ -36,8 +44,16 @@ def produce(batches: bytes = b"", records: tuple[Record, ...] = (), partition: i
     return Request(correlation_id=0, message=message)
 
 
-def fetch(offset: int, max_bytes: int = 1 << 20, version: int = 1, topic: str = "t") -> Request:
-    message = FetchRequest(topic=topic, partition=0, offset=offset, max_bytes=max_bytes)
+def fetch(
+    offset: int,
+    max_bytes: int = 1 << 20,
+    version: int = 1,
+    topic: str = "t",
+    topic_id: TopicId = NO_TOPIC_ID,
+) -> Request:
+    message = FetchRequest(
+        topic=topic, partition=0, offset=offset, max_bytes=max_bytes, topic_id=topic_id
+    )
     return Request(correlation_id=0, message=message, api_version=version)
 
 
@@ -70,6 +86,8 @@ STEPS = [
     fetch(0, version=0),  # records, as many as max_bytes holds, one at least
     fetch(1, max_bytes=1, version=0),
     fetch(0, topic="u"),
+    fetch(0, version=2, topic_id=OTHER_ID),  # another incarnation: nothing served
+    fetch(0, version=2, topic="u", topic_id=OTHER_ID),
     list_offsets(),
     list_offsets("u"),
     list_offsets("bad/name"),
@@ -93,17 +111,20 @@ async def answers(log: DataPlaneLog) -> list[object]:
 
 
 async def test_the_memory_log_answers_as_the_broker_log_does(tmp_path: Path) -> None:
-    memory = MemoryLog(partition_count=lambda topic: 1 if topic == "t" else None)
     async with open_log(tmp_path) as files:
         expected = await answers(files)
+        memory = MemoryLog(placement=files.placement)
     assert await answers(memory) == expected
+    fetched = [a[0] for a in expected if isinstance(a, tuple)]
+    refused = [a for a in fetched if a.error_code is ErrorCode.UNKNOWN_TOPIC_ID]
+    assert len(refused) == 2
     assert [r.value for r in memory.records("t", 0)] == [b"a", b"b", b"c", b"d"]
 
 
 async def test_the_memory_log_stamps_virtual_milliseconds_and_logs_each_fetch(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    memory = MemoryLog(partition_count=lambda topic: 1)
+    memory = MemoryLog(placement=PLACEMENT)
     await trio.sleep(1.5)
     await memory(produce(GOOD))
     await trio.sleep(1.0)
@@ -117,7 +138,7 @@ async def test_the_memory_log_stamps_virtual_milliseconds_and_logs_each_fetch(
 async def test_a_stored_batch_no_consumer_can_decode_is_answered_alike(tmp_path: Path) -> None:
     """A batch stored before brokers checked what they acknowledge: version 1 hands it on (the
     consumer names it), version 0 cannot make records of it and answers CORRUPT_MESSAGE."""
-    memory = MemoryLog(partition_count=lambda topic: 1)
+    memory = MemoryLog(placement=PLACEMENT)
     async with open_log(tmp_path) as files:
         got: list[list[ResponseMessage | None]] = []
         for log in (files, memory):
@@ -130,3 +151,47 @@ async def test_a_stored_batch_no_consumer_can_decode_is_answered_alike(tmp_path:
     assert isinstance(version0, FetchResponse) and isinstance(version1, FetchResponse)
     assert (version0.error_code, version0.records) == (ErrorCode.CORRUPT_MESSAGE, ())
     assert (version1.error_code, len(version1.batches)) == (ErrorCode.NONE, len(POISONED))
+
+
+async def _fetched(log: DataPlaneLog, request: Request) -> FetchResponse:
+    answer = await log(request)
+    assert isinstance(answer, FetchResponse)
+    return answer
+
+
+async def test_a_deleted_topic_leaves_the_memory_log_and_one_created_again_starts_empty() -> None:
+    """As the broker's log does (tests/broker/test_topic_ids.py): nothing of an incarnation
+    outlives it, whether the watch shows the delete, or the delete and the re-creation at once."""
+    first = PLACEMENT["t"]
+    memory = MemoryLog(placement=PLACEMENT)
+    await memory(produce(GOOD))
+    memory.follow({})  # deleted
+    assert memory.records("t", 0) == [] and memory.partitions == {}
+    gone = await _fetched(memory, fetch(0))
+    assert gone.error_code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    memory.follow(PLACEMENT)
+    await memory(produce(GOOD))
+    second = TopicPlacement(topic="t", brokers=(1,), topic_id=uuid.uuid4())
+    memory.follow({"t": second})  # deleted and created again, seen as one change
+    assert memory.records("t", 0) == []
+    empty = await _fetched(memory, fetch(0))
+    assert (empty.error_code, empty.high_watermark) == (ErrorCode.NONE, 0)
+    refused = await _fetched(memory, fetch(0, version=2, topic_id=first.topic_id))
+    assert refused.error_code is ErrorCode.UNKNOWN_TOPIC_ID
+    await memory(produce(build_batch([b"new"])))
+    assert [r.value for r in memory.records("t", 0)] == [b"new"]
+
+
+async def test_the_simulated_cluster_feeds_its_log_the_topic_watch(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_cluster(tmp_path, CoordinatorConfig()) as cluster:
+        await cluster.create_topic("t", partitions=2)
+        cluster.produce("t", records=3)
+        assert cluster.log.high_watermark("t", 1) == 3
+        assert await cluster.delete_topic("t") is ErrorCode.NONE
+        assert cluster.log.records("t", 1) == []
+        await cluster.create_topic("t", partitions=2)
+        assert cluster.log.high_watermark("t", 1) == 0
+        cluster.produce("t", records=1)
+        assert [r.offset for r in cluster.log.records("t", 1)] == [0]

@@ -46,8 +46,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from protocol import ErrorCode
 from protocol.types import (
+    NO_TOPIC_ID,
     PartitionOffset,
     Subscription,
+    TopicId,
     TopicPartition,
     TopicStreams,
 )
@@ -86,6 +88,14 @@ class NewAttempt:
     record: GroupRecord | None = None
 
 
+@attrs.frozen
+class _Placed:
+    topic_id: TopicId = NO_TOPIC_ID
+
+
+_ONE_INCARNATION = _Placed()
+
+
 @attrs.define(eq=False)
 class NewSide:
     """A ``GroupDriver`` (and the coordinator's calls into it) without trio."""
@@ -95,6 +105,12 @@ class NewSide:
     group: ConsumerGroup | None = None
     attempt: NewAttempt | None = None
     performed: list[Performed] = attrs.Factory(list)
+
+    @property
+    def placed(self) -> dict[str, _Placed]:
+        """The topics as the coordinator's view holds them: one incarnation each (the reference
+        knows no topic ids, and none is created again here)."""
+        return {topic: _ONE_INCARNATION for topic in self.topics}
 
     # --- the door ---------------------------------------------------------------------------
 
@@ -204,7 +220,7 @@ class NewSide:
                 offsets,
                 revoked=revoked,
                 attempt_live=attempt_live,
-                topics=self.topics,
+                topics=self.placed,
                 now=now,
             )
         except Exception as exc:
@@ -223,7 +239,7 @@ class NewSide:
         now: float,
     ) -> dict[TopicPartition, int]:
         """``GroupDriver.ping_answered``."""
-        counted = group.ping_answered(member, generation, offsets, topics=self.topics, now=now)
+        counted = group.ping_answered(member, generation, offsets, topics=self.placed, now=now)
         if not counted:
             return {}
         return self.accept_counted(group, counted)

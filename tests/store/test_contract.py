@@ -6,15 +6,24 @@ closing a store and opening it again on the same backing state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager, aclosing
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Any
 
 import attrs
 import pytest
 import trio
 
-from protocol.types import BrokerInfo, ConsumerThread, Subscription, TopicPartition, TopicStreams
+from protocol.types import (
+    NO_TOPIC_ID,
+    BrokerInfo,
+    ConsumerThread,
+    Subscription,
+    TopicId,
+    TopicPartition,
+    TopicStreams,
+)
 from store import (
     Deposed,
     GroupRecord,
@@ -22,6 +31,7 @@ from store import (
     MemberRecord,
     MetadataStore,
     OffsetBatch,
+    StoreUnavailable,
     TopicExists,
     TopicPlacement,
     UnknownTopic,
@@ -117,16 +127,19 @@ async def test_broker_registrations_end_with_the_store(store_factory: StoreOpene
 
 async def test_create_topic_places_its_partitions(store: MetadataStore) -> None:
     placement = await store.create_topic("orders", (1, 2, 1))
-    assert placement == TopicPlacement(topic="orders", brokers=(1, 2, 1))
+    assert placement == TopicPlacement(
+        topic="orders", brokers=(1, 2, 1), topic_id=placement.topic_id
+    )
+    assert placement.topic_id.version == 4  # a random uuid, never NO_TOPIC_ID
     assert placement.partition_count == 3
     assert await store.topics() == {"orders": placement}
 
 
 async def test_creating_an_existing_topic_changes_nothing(store: MetadataStore) -> None:
-    await store.create_topic("orders", (1,))
+    placement = await store.create_topic("orders", (1,))
     with pytest.raises(TopicExists):
         await store.create_topic("orders", (2, 2))
-    assert await store.topics() == {"orders": TopicPlacement(topic="orders", brokers=(1,))}
+    assert await store.topics() == {"orders": placement}
 
 
 async def test_a_topic_needs_a_partition(store: MetadataStore) -> None:
@@ -136,9 +149,11 @@ async def test_a_topic_needs_a_partition(store: MetadataStore) -> None:
 
 
 async def test_add_partitions_appends_them(store: MetadataStore) -> None:
-    await store.create_topic("orders", (1, 2))
+    created = await store.create_topic("orders", (1, 2))
     placement = await store.add_partitions("orders", (3, 1))
-    assert placement == TopicPlacement(topic="orders", brokers=(1, 2, 3, 1))
+    assert placement == TopicPlacement(
+        topic="orders", brokers=(1, 2, 3, 1), topic_id=created.topic_id
+    )
     assert (await store.topics())["orders"] == placement
 
 
@@ -157,13 +172,13 @@ async def test_adding_no_partitions_changes_nothing(store: MetadataStore) -> Non
 
 async def test_topics_survive_a_reopen(store_factory: StoreOpener) -> None:
     async with store_factory() as store:
-        await store.create_topic("orders", (1, 2))
+        orders = await store.create_topic("orders", (1, 2))
         await store.add_partitions("orders", (3,))
-        await store.create_topic("logs.web", (2,))
+        logs = await store.create_topic("logs.web", (2,))
     async with store_factory() as store:
         assert await store.topics() == {
-            "orders": TopicPlacement(topic="orders", brokers=(1, 2, 3)),
-            "logs.web": TopicPlacement(topic="logs.web", brokers=(2,)),
+            "orders": TopicPlacement(topic="orders", brokers=(1, 2, 3), topic_id=orders.topic_id),
+            "logs.web": logs,
         }
 
 
@@ -173,7 +188,7 @@ async def test_deleting_a_topic_drops_it_and_every_groups_offsets_for_it(
     async with store_factory() as store:
         epoch = await store.take_office(1)
         await store.create_topic("orders", (1, 2))
-        await store.create_topic("logs", (1,))
+        logs = await store.create_topic("logs", (1,))
         await store.write_group(epoch, sample_group("billing"))
         await store.commit_offsets(
             epoch,
@@ -183,12 +198,12 @@ async def test_deleting_a_topic_drops_it_and_every_groups_offsets_for_it(
             ],
         )
         await store.delete_topic("orders")
-        assert await store.topics() == {"logs": TopicPlacement(topic="logs", brokers=(1,))}
+        assert await store.topics() == {"logs": logs}
         assert await store.fetch_offsets("billing") == {tp("logs", 0): 5}
         assert await store.fetch_offsets("standalone") == {}
     async with store_factory() as store:
         assert await everything(store, "billing", "standalone") == {
-            "topics": {"logs": TopicPlacement(topic="logs", brokers=(1,))},
+            "topics": {"logs": logs},
             "groups": {"billing": sample_group("billing")},  # records are the coordinator's
             "offsets": {"billing": {tp("logs", 0): 5}, "standalone": {}},
         }
@@ -229,6 +244,177 @@ async def test_deleting_one_groups_offsets_for_a_topic(store: MetadataStore) -> 
     assert await store.fetch_offsets("billing") == {tp("orders", 0): 1}
 
 
+# Topic ids (docs/design.md#topic-ids)
+
+
+def by_id(group_id: str, generation: int, topic_id: TopicId, **offsets: int) -> OffsetBatch:
+    """``batch``, its offsets read from the incarnation ``topic_id`` of every topic named."""
+    plain = batch(group_id, generation, **offsets)
+    return attrs.evolve(
+        plain, topic_ids=dict.fromkeys({tp.topic for tp in plain.offsets}, topic_id)
+    )
+
+
+async def test_each_creation_gets_an_id_of_its_own_which_the_topic_keeps(
+    store_factory: StoreOpener,
+) -> None:
+    async with store_factory() as store:
+        orders = await store.create_topic("orders", (1,))
+        logs = await store.create_topic("logs", (1,))
+        assert orders.topic_id.version == logs.topic_id.version == 4
+        assert orders.topic_id != logs.topic_id
+        assert (await store.add_partitions("orders", (2,))).topic_id == orders.topic_id
+    async with store_factory() as store:
+        topics = await store.topics()
+        assert topics["orders"].topic_id == orders.topic_id
+        assert topics["logs"].topic_id == logs.topic_id
+        await store.delete_topic("orders")
+        again = await store.create_topic("orders", (1,))
+        assert again.topic_id not in (orders.topic_id, logs.topic_id, NO_TOPIC_ID)
+        assert (await store.topics())["orders"] == again
+
+
+async def test_a_topic_created_again_sees_no_offset_of_the_one_deleted(
+    store_factory: StoreOpener,
+) -> None:
+    """Not the offsets committed before the delete, nor those committed by name between the
+    delete and the re-create, nor those its coordinator commits afterwards for the incarnation it
+    read them from; those committed for the new incarnation, or by name, are the new one's."""
+    async with store_factory() as store:
+        epoch = await store.take_office(1)
+        old = await store.create_topic("orders", (1, 1))
+        await store.commit_offsets(epoch, [by_id("billing", 1, old.topic_id, orders_0=10)])
+        assert await store.fetch_offsets("billing") == {tp("orders", 0): 10}
+        await store.delete_topic("orders")
+        # By name while no topic has the name: kept, and read back, until one is created.
+        await store.commit_offsets(epoch, [batch("standalone", -1, orders_1=7)])
+        assert await store.fetch_offsets("standalone") == {tp("orders", 1): 7}
+        assert await store.offset_only_groups() == {"standalone"}
+        # For the deleted incarnation: dropped.
+        await store.commit_offsets(epoch, [by_id("billing", 1, old.topic_id, orders_0=11)])
+        assert await store.fetch_offsets("billing") == {}
+
+        new = await store.create_topic("orders", (1, 1))
+        assert await store.fetch_offsets("standalone") == {}
+        assert await store.offset_only_groups() == frozenset()
+        await store.commit_offsets(
+            epoch,
+            [
+                by_id("billing", 1, old.topic_id, orders_0=12, orders_1=12),  # a late commit
+                by_id("audit", 2, new.topic_id, orders_0=1),
+                batch("reset", -1, orders_1=3),  # by name: the incarnation in force
+            ],
+        )
+        assert await store.fetch_offsets("billing") == {}
+        assert await store.fetch_offsets("audit") == {tp("orders", 0): 1}
+        assert await store.fetch_offsets("reset") == {tp("orders", 1): 3}
+        assert await store.offset_only_groups() == {"audit", "reset"}
+        # A group's offsets of the old incarnation give way to the new one's.
+        await store.commit_offsets(epoch, [by_id("standalone", -1, new.topic_id, orders_0=2)])
+        assert await store.fetch_offsets("standalone") == {tp("orders", 0): 2}
+    async with store_factory() as store:
+        assert await store.fetch_offsets("billing") == {}
+        assert await store.fetch_offsets("audit") == {tp("orders", 0): 1}
+        assert await store.fetch_offsets("standalone") == {tp("orders", 0): 2}
+        assert await store.offset_only_groups() == {"audit", "reset", "standalone"}
+
+
+async def test_offsets_named_for_a_topic_that_does_not_exist_are_dropped(
+    store: MetadataStore,
+) -> None:
+    epoch = await store.take_office(1)
+    orders = await store.create_topic("orders", (1,))
+    await store.commit_offsets(
+        epoch,
+        [
+            by_id("billing", 1, orders.topic_id, logs_0=4),
+            by_id("billing", 1, NO_TOPIC_ID, logs_1=5),
+        ],
+    )
+    # NO_TOPIC_ID names no incarnation: "any", as by name.
+    assert await store.fetch_offsets("billing") == {tp("logs", 1): 5}
+
+
+@asynccontextmanager
+async def two_handles(store_factory: StoreOpener) -> AsyncIterator[tuple[MetadataStore, ...]]:
+    """Two handles on one backing state (ZooKeeper: two sessions); a store that holds its state
+    alone (the embedded one, which locks its directory) is raced through one handle."""
+    async with store_factory() as first:
+        try:
+            async with store_factory() as second:
+                yield first, second
+                return
+        except StoreUnavailable:
+            pass
+        yield first, first
+
+
+async def outcome(call: Awaitable[object]) -> str:
+    try:
+        await call
+    except (TopicExists, UnknownTopic) as exc:
+        return type(exc).__name__
+    return "ok"
+
+
+def sequential(order: Sequence[str], exists: bool) -> tuple[dict[str, str], bool]:
+    """What ``order`` of deletes and creates answers, one after another, from ``exists``."""
+    answers = {}
+    for call in order:
+        if call.startswith("delete"):
+            answers[call] = "ok" if exists else "UnknownTopic"
+            exists = False
+        else:
+            answers[call] = "TopicExists" if exists else "ok"
+            exists = True
+    return answers, exists
+
+
+async def test_racing_deletes_and_a_create_of_one_name_are_linearizable(
+    store_factory: StoreOpener,
+) -> None:
+    """A delete, a create and a delete of one name at once, from two handles: their answers and
+    the topic left are those of some order of the three, so two deletes never both succeed on one
+    incarnation, and a topic left has an id, the one its creation answered."""
+    seen = set()
+    async with two_handles(store_factory) as (first, second):
+        for _round in range(12):
+            before = await first.create_topic("orders", (1,))
+            answers, created = await race(first, second)
+            left = await first.topics()
+            possible = [sequential(order, True) for order in itertools.permutations(answers)]
+            assert (answers, "orders" in left) in possible, answers
+            if "orders" in left:
+                expected = created[0] if created else before
+                assert left["orders"] == expected
+                assert (await second.topics())["orders"] == expected
+                await first.delete_topic("orders")
+            seen.add(tuple(sorted(answers.items())))
+    print(f"outcomes seen: {sorted(seen)}")
+
+
+async def race(
+    first: MetadataStore, second: MetadataStore
+) -> tuple[dict[str, str], list[TopicPlacement]]:
+    """A delete of "orders" on each handle and a create on the second, at once: their answers,
+    and what the create returned if it succeeded."""
+    answers: dict[str, str] = {}
+    created: list[TopicPlacement] = []
+
+    async def run(name: str, call: Callable[[], Awaitable[object]]) -> None:
+        answers[name] = await outcome(call())
+
+    async def create() -> None:
+        created.append(await second.create_topic("orders", (2,)))
+
+    with trio.fail_after(WATCH_DEADLINE):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "delete-1", lambda: first.delete_topic("orders"))
+            nursery.start_soon(run, "create", create)
+            nursery.start_soon(run, "delete-2", lambda: second.delete_topic("orders"))
+    return answers, created
+
+
 # Topic watch
 
 
@@ -254,8 +440,8 @@ async def test_topic_updates_wake_a_waiting_reader(store: MetadataStore) -> None
     with trio.fail_after(WATCH_DEADLINE):
         async with trio.open_nursery() as nursery:
             await nursery.start(watch)
-            await store.create_topic("orders", (1,))
-    assert seen == [{}, {"orders": TopicPlacement(topic="orders", brokers=(1,))}]
+            placement = await store.create_topic("orders", (1,))
+    assert seen == [{}, {"orders": placement}]
 
 
 async def test_topic_updates_coalesce_a_burst_to_the_latest(store: MetadataStore) -> None:

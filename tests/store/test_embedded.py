@@ -31,11 +31,11 @@ from store import (
     MemberRecord,
     OffsetBatch,
     StoreUnavailable,
-    TopicPlacement,
     codec,
     open_embedded_store,
 )
 from store.embedded import JOURNAL_NAME, SNAPSHOT_NAME
+from store.journal import Journal
 
 
 def tp(topic: str, partition: int) -> TopicPartition:
@@ -445,6 +445,61 @@ async def test_offsets_are_journaled_compactly(tmp_path: pathlib.Path) -> None:
         await store.commit_offsets(epoch, [offsets_batch("billing", 1, 1_000_000, count=100)])
         line = (tmp_path / JOURNAL_NAME).stat().st_size - before
     assert line < 100 * 16  # "[partition,offset]," per offset, and the batch header once
+
+
+async def test_a_store_written_before_topic_ids_opens_with_ids_and_its_offsets(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A snapshot of format 1 and journal entries naming no ids (docs/design.md#topic-ids): the
+    topics get ids when the store opens, offsets written without one count as the current
+    incarnation's, also once compacted into a snapshot of format 2, and a re-create drops them."""
+    snapshot = {
+        "format": 1,
+        "seq": 1,
+        "last_epoch": 1,
+        "topics": {"orders": {"0": 1, "1": 2}},
+        "groups": {},
+        "offsets": {"billing": {"orders": [[0, 17, 3]]}},
+    }
+    (tmp_path / SNAPSHOT_NAME).write_text(json.dumps(snapshot))
+    journal, _entries = Journal.open(tmp_path / JOURNAL_NAME)
+    journal.append({"seq": 2, "op": "topic", "topic": "logs", "placement": {"0": 1}})
+    journal.append(
+        {
+            "seq": 3,
+            "op": "offsets",
+            "batches": [["billing", 4, {"orders": [[1, 5]], "logs": [[0, 2]]}]],
+        }
+    )
+    journal.close()
+    expected = {tp("orders", 0): 17, tp("orders", 1): 5, tp("logs", 0): 2}
+    async with open_embedded_store(tmp_path, compact_after_bytes=1) as store:  # every write
+        topics = await store.topics()
+        assert {p.topic_id.version for p in topics.values()} == {4}
+        assert await store.fetch_offsets("billing") == expected
+        epoch = await store.take_office(1)
+        # A commit for the incarnation in force joins the offsets written before ids.
+        await store.commit_offsets(
+            epoch,
+            [
+                OffsetBatch(
+                    group_id="billing",
+                    generation=5,
+                    offsets={tp("orders", 1): 6},
+                    topic_ids={"orders": topics["orders"].topic_id},
+                )
+            ],
+        )
+        expected[tp("orders", 1)] = 6
+        assert await store.fetch_offsets("billing") == expected
+    assert json.loads((tmp_path / SNAPSHOT_NAME).read_text())["format"] == 2
+    async with open_embedded_store(tmp_path) as store:
+        assert await store.topics() == topics
+        assert await store.fetch_offsets("billing") == expected
+        await store.delete_topic("logs")
+        await store.create_topic("logs", (1,))
+        del expected[tp("logs", 0)]
+        assert await store.fetch_offsets("billing") == expected
 
 
 def test_a_member_record_written_before_static_members_still_loads() -> None:

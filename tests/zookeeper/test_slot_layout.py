@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient  # type: ignore[import-untyped]
@@ -29,19 +30,57 @@ async def test_the_first_broker_pins_the_slot_count_and_others_must_match(
             pytest.fail("a broker with another slot count opened the store")
 
 
-async def test_a_store_of_another_layout_version_is_refused(zookeeper_hosts: str) -> None:
-    client = KazooClient(hosts=zookeeper_hosts)
+def write_layout(hosts: str, layout: dict[str, int]) -> None:
+    client = KazooClient(hosts=hosts)
     client.start(timeout=30)
     try:
-        client.create(
-            LAYOUT, json.dumps({"version": LAYOUT_VERSION + 1, "slots": 50}).encode(), makepath=True
-        )
+        client.create(LAYOUT, json.dumps(layout).encode(), makepath=True)
     finally:
         client.stop()
         client.close()
-    with pytest.raises(LayoutMismatch, match=f"layout version {LAYOUT_VERSION + 1}"):
+
+
+def read_layout(hosts: str) -> Any:
+    client = KazooClient(hosts=hosts)
+    client.start(timeout=30)
+    try:
+        data, _stat = client.get(LAYOUT)
+        return json.loads(data)
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.mark.parametrize("version", [1, LAYOUT_VERSION + 1])
+async def test_a_store_of_another_layout_version_is_refused(
+    zookeeper_hosts: str, version: int
+) -> None:
+    write_layout(zookeeper_hosts, {"version": version, "slots": 50})
+    with pytest.raises(LayoutMismatch) as refused:
         async with open_zookeeper_store(zookeeper_hosts, coordinator_slots=50):
             pytest.fail("a broker opened a store of another layout")
+    assert str(refused.value) == (
+        f"the cluster's ZooKeeper store has layout version {version}, this broker runs version "
+        f"{LAYOUT_VERSION} (and upgrades version 2)"
+    )
+    assert read_layout(zookeeper_hosts) == {"version": version, "slots": 50}
+
+
+async def test_a_store_of_layout_2_is_upgraded_to_3(zookeeper_hosts: str) -> None:
+    """Topics get ids (docs/design.md#topic-ids): the first broker of layout 3 on a store of
+    layout 2 upgrades it, if the slot count is the one it runs; brokers of layout 2 still running
+    go on, and one started afterwards refuses the store in one line, as for any version it does
+    not run ("has layout version 3, this broker runs version 2")."""
+    assert LAYOUT_VERSION == 3
+    write_layout(zookeeper_hosts, {"version": 2, "slots": 50})
+    with pytest.raises(LayoutMismatch, match=r"has 50 coordinator slots, .* configured with 8"):
+        async with open_zookeeper_store(zookeeper_hosts, coordinator_slots=8):
+            pytest.fail("a broker with another slot count opened the store")
+    assert read_layout(zookeeper_hosts) == {"version": 2, "slots": 50}
+    async with open_zookeeper_store(zookeeper_hosts, coordinator_slots=50):
+        assert read_layout(zookeeper_hosts) == {"version": 3, "slots": 50}
+    async with open_zookeeper_store(zookeeper_hosts, coordinator_slots=50):
+        pass  # layout 3: welcome
 
 
 async def test_a_broker_configured_otherwise_refuses_to_start(

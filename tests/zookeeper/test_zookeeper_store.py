@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -19,14 +21,14 @@ from kazoo.exceptions import NoNodeError  # type: ignore[import-untyped]
 from launch.cluster import eventually
 from launch.zookeeper import Ensemble
 from protocol import Subscription
-from protocol.types import BrokerInfo, ConsumerThread, TopicPartition
+from protocol.types import NO_TOPIC_ID, BrokerInfo, ConsumerThread, TopicId, TopicPartition
 from store import (
     Deposed,
     GroupRecord,
     MemberRecord,
+    MetadataStore,
     OffsetBatch,
     StoreUnavailable,
-    TopicPlacement,
 )
 from store.codec import encode_group
 from store.zookeeper import CONTACT_MARGIN_FRACTION, ZooKeeperStore
@@ -62,17 +64,22 @@ async def expire_session(hosts: str, store: ZooKeeperStore) -> None:
     await trio.to_thread.run_sync(close_it)
 
 
-async def read_raw(hosts: str, path: str) -> bytes:
-    def read() -> bytes:
+async def raw(hosts: str, act: Callable[[Any], Any]) -> Any:
+    """``act`` on a plain kazoo client of its own: another tool, or a broker of layout 2."""
+
+    def run() -> Any:
         client = _raw_client(hosts)
         try:
-            data, _stat = client.get(path)
-            return bytes(data)
+            return act(client)
         finally:
             client.stop()
             client.close()
 
-    return await trio.to_thread.run_sync(read)
+    return await trio.to_thread.run_sync(run)
+
+
+async def read_raw(hosts: str, path: str) -> bytes:
+    return bytes(await raw(hosts, lambda client: client.get(path)[0]))
 
 
 async def hold_office(
@@ -199,10 +206,8 @@ async def test_a_topic_created_by_another_broker_reaches_the_watch(zookeeper_hos
     ):
         with trio.fail_after(DEADLINE):
             assert await anext(updates) == {}
-            await creator.create_topic("orders", (1, 2))
-            assert await anext(updates) == {
-                "orders": TopicPlacement(topic="orders", brokers=(1, 2))
-            }
+            placement = await creator.create_topic("orders", (1, 2))
+            assert await anext(updates) == {"orders": placement}
             await creator.add_partitions("orders", (3,))
             assert (await anext(updates))["orders"].brokers == (1, 2, 3)
 
@@ -210,7 +215,7 @@ async def test_a_topic_created_by_another_broker_reaches_the_watch(zookeeper_hos
 async def test_the_layout_is_readable_by_other_tools(zookeeper_hosts: str) -> None:
     async with open_office(zookeeper_hosts) as store:
         await store.register_broker(BrokerInfo(broker_id=7, host="10.0.0.7", port=9093))
-        await store.create_topic("orders", (7, 7, 8))
+        placement = await store.create_topic("orders", (7, 7, 8))
         epoch = await store.take_office(7)
         group = sample_group("billing", generation=3)
         await store.write_group(epoch, group)
@@ -222,6 +227,7 @@ async def test_the_layout_is_readable_by_other_tools(zookeeper_hosts: str) -> No
             for path in (
                 "/brokers/ids/7",
                 "/brokers/topics/orders",
+                "/brokers/topic_ids/orders",
                 "/coordinator_slots/0",
                 "/consumers/billing/offsets/orders/2",
                 "/consumers/billing/owners/orders/2",
@@ -230,10 +236,12 @@ async def test_the_layout_is_readable_by_other_tools(zookeeper_hosts: str) -> No
         }
     assert json.loads(raw["/brokers/ids/7"]) == {"host": "10.0.0.7", "port": 9093}
     assert json.loads(raw["/brokers/topics/orders"]) == {"0": 7, "1": 7, "2": 8}
+    assert json.loads(raw["/brokers/topic_ids/orders"]) == {"topic_id": str(placement.topic_id)}
     assert json.loads(raw["/coordinator_slots/0"]) == {"broker_id": 7}
     assert json.loads(raw["/consumers/billing/offsets/orders/2"]) == {
         "offset": 17,
         "generation": 3,
+        "topic_id": str(placement.topic_id),
     }
     assert raw["/consumers/billing/owners/orders/2"] == b"m3-0"
     assert raw["/consumers/billing/owners/logs.web/0"] == b"m2-2"
@@ -325,6 +333,150 @@ async def test_names_that_are_not_znode_names_round_trip(zookeeper_hosts: str) -
         assert await store.coordinator_id() == 1  # the group "coordinator" left the office alone
         await store.delete_group(epoch, "a/b")
         assert set(await store.groups()) == set(odd) - {"a/b"}
+
+
+# Topic ids (docs/design.md#topic-ids)
+
+
+async def test_a_delete_that_read_one_incarnation_leaves_no_offset_of_the_next(
+    zookeeper_hosts: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete reads the incarnation, deletes its offsets, then deletes it. If meanwhile it was
+    deleted and created again, and the new one got offsets, the delete's last transaction finds
+    the name's ids node changed, reads again, and deletes the new incarnation with its offsets.
+    Without that check it would delete the new topic node (same version) and leave its offsets
+    behind."""
+    async with (
+        open_office(zookeeper_hosts) as first,
+        open_office(zookeeper_hosts) as second,
+    ):
+        epoch = await first.take_office(1)
+        await first.create_topic("orders", (1,))
+        listed, resume = trio.Event(), trio.Event()
+        list_offsets = second.inner._topic_offset_ops
+
+        async def list_then_wait(groups: Sequence[str], topic: str) -> list[Any]:
+            ops = await list_offsets(groups, topic)
+            listed.set()
+            await resume.wait()
+            return ops
+
+        monkeypatch.setattr(second.inner, "_topic_offset_ops", list_then_wait)
+        with trio.fail_after(DEADLINE):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(second.delete_topic, "orders")
+                await listed.wait()
+                await first.delete_topic("orders")
+                again = await first.create_topic("orders", (1,))
+                await first.commit_offsets(
+                    epoch,
+                    [
+                        OffsetBatch(
+                            group_id="billing",
+                            generation=1,
+                            offsets={tp("orders", 0): 5},
+                            topic_ids={"orders": again.topic_id},
+                        )
+                    ],
+                )
+                resume.set()
+        assert await first.topics() == {}
+        assert not await raw(
+            zookeeper_hosts, lambda client: client.exists("/consumers/billing/offsets/orders")
+        )
+        assert json.loads(await read_raw(zookeeper_hosts, "/brokers/topic_ids/orders")) == {
+            "topic_id": None
+        }
+
+
+async def test_topics_of_a_layout_2_broker_get_ids_on_sight(zookeeper_hosts: str) -> None:
+    """During a rolling upgrade a broker of layout 2 creates, deletes and re-creates topic nodes
+    without ids: each broker of layout 3 that reads such a topic gives it an id or reads the one
+    another gave, so they agree; a topic node created after its name's id was written is another
+    incarnation; offsets written without an id are the current incarnation's."""
+    async with (
+        open_office(zookeeper_hosts) as first,
+        open_office(zookeeper_hosts) as second,
+        contextlib.aclosing(second.topic_updates()) as updates,
+    ):
+        with trio.fail_after(DEADLINE):
+            assert await anext(updates) == {}
+
+            def old_create(client: Any) -> None:
+                client.create("/brokers/topics/orders", b'{"0":1,"1":2}')
+                client.create(
+                    "/consumers/billing/offsets/orders/0",
+                    b'{"offset":9,"generation":1}',
+                    makepath=True,
+                )
+
+            await raw(zookeeper_hosts, old_create)
+            seen, read = await anext(updates), await first.topics()
+            assert seen == read
+            given = read["orders"]
+            assert given.brokers == (1, 2)
+            assert given.topic_id.version == 4
+            assert await first.fetch_offsets("billing") == {tp("orders", 0): 9}
+
+            def old_recreate(client: Any) -> None:
+                client.delete("/brokers/topics/orders")
+                client.create("/brokers/topics/orders", b'{"0":3}')
+
+            await raw(zookeeper_hosts, old_recreate)
+            latest = await anext(updates)
+            while "orders" not in latest or latest["orders"].brokers != (3,):
+                latest = await anext(updates)  # perhaps one without it first
+            assert latest["orders"].topic_id not in (given.topic_id, NO_TOPIC_ID)
+            assert (await first.topics())["orders"] == latest["orders"]
+
+            # Only the ids node changes (another tool): the watch sees it too.
+            other = uuid.uuid4()
+            await raw(
+                zookeeper_hosts,
+                lambda client: client.set(
+                    "/brokers/topic_ids/orders", json.dumps({"topic_id": str(other)}).encode()
+                ),
+            )
+            while (await anext(updates))["orders"].topic_id != other:
+                pass
+
+
+async def test_brokers_that_see_a_topic_without_an_id_at_once_agree_on_the_one_given(
+    zookeeper_hosts: str,
+) -> None:
+    """A topic a broker of layout 2 created over a name whose id a delete set to null reaches the
+    topic watches of four sessions at once: one id is given, and every session publishes it."""
+
+    def old_create(client: Any) -> None:
+        client.create("/brokers/topics/orders", b'{"0":1}')
+        client.set("/brokers/topic_ids/orders", b'{"topic_id":null}')
+
+    seen: list[TopicId] = []
+
+    async def watch(store: MetadataStore, task_status: trio.TaskStatus[None]) -> None:
+        async with contextlib.aclosing(store.topic_updates()) as updates:
+            while await anext(updates):
+                pass  # the watch has yet to see the delete
+            task_status.started()
+            async for topics in updates:
+                if "orders" in topics:
+                    seen.append(topics["orders"].topic_id)
+                    return
+
+    async with contextlib.AsyncExitStack() as stack:
+        stores = [await stack.enter_async_context(open_office(zookeeper_hosts)) for _ in range(4)]
+        await stores[0].create_topic("orders", (1,))
+        await stores[0].delete_topic("orders")
+        with trio.fail_after(DEADLINE):
+            async with trio.open_nursery() as nursery:
+                for store in stores:
+                    await nursery.start(watch, store)
+                await raw(zookeeper_hosts, old_create)
+        assert len(seen) == 4
+        assert len(set(seen)) == 1, seen
+        assert seen[0] != NO_TOPIC_ID
+        for store in stores:
+            assert (await store.topics())["orders"].topic_id == seen[0]
 
 
 def big_group(members: int, partitions: int, generation: int) -> GroupRecord:
