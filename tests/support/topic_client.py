@@ -29,6 +29,7 @@ from protocol import (
 )
 from protocol.batches import build_batch, records_from_batches
 from protocol.records import Record
+from protocol.types import NO_TOPIC_ID, TopicId
 from transport.channel import Channel
 from transport.connect import Address, connect_any, open_channel
 
@@ -48,10 +49,12 @@ class Unserved(Exception):
 
 @attrs.define(eq=False)
 class TopicClient:
-    """Connected to one broker (``address``), and to the others as their partitions need."""
+    """Connected to one broker (``address``), and to the others as their partitions need: each
+    connection is held by a task of the client's own nursery, so one may be opened from within
+    any cancel scope."""
 
     address: Address
-    _stack: contextlib.AsyncExitStack
+    _nursery: trio.Nursery
     _channels: dict[Address, Channel] = attrs.field(factory=dict)
 
     async def call(self, request: RequestMessage, at: Address | None = None) -> ResponseMessage:
@@ -59,25 +62,38 @@ class TopicClient:
         with trio.fail_after(REQUEST_DEADLINE):
             return await channel.request(request)
 
-    async def create_topic(self, topic: str, partitions: int) -> ErrorCode:
-        response = await self.call(CreateTopicRequest(topic=topic, partitions=partitions))
+    async def create_topic(
+        self, topic: str, partitions: int, at: Address | None = None
+    ) -> ErrorCode:
+        response = await self.call(CreateTopicRequest(topic=topic, partitions=partitions), at)
         assert isinstance(response, CreateTopicResponse)
         return response.error_code
 
-    async def delete_topic(self, topic: str) -> ErrorCode:
-        response = await self.call(DeleteTopicRequest(topic=topic))
+    async def delete_topic(self, topic: str, at: Address | None = None) -> ErrorCode:
+        response = await self.call(DeleteTopicRequest(topic=topic), at)
         assert isinstance(response, DeleteTopicResponse)
         return response.error_code
 
-    async def placement(self, topic: str) -> dict[int, Address] | None:
-        """Where each partition of ``topic`` is served, as the connected broker says; None: it
-        has no such topic."""
-        response = await self.call(ClusterMetadataRequest(group_id=None, topics=(topic,)))
+    async def placement(self, topic: str, at: Address | None = None) -> dict[int, Address] | None:
+        """Where each partition of ``topic`` is served, as the broker ``at`` (default: the
+        connected one) says; None: it has no such topic."""
+        seen = await self.incarnation(topic, at)
+        return None if seen is None else seen[0]
+
+    async def incarnation(
+        self, topic: str, at: Address | None = None
+    ) -> tuple[dict[int, Address], TopicId] | None:
+        """Where each partition of ``topic`` is served and the topic's id (NO_TOPIC_ID from a
+        broker that tells none), as the broker ``at`` (default: the connected one) says; None:
+        it has no such topic."""
+        response = await self.call(ClusterMetadataRequest(group_id=None, topics=(topic,)), at)
         assert isinstance(response, ClusterMetadataResponse)
         brokers = {b.broker_id: (b.host, b.port) for b in response.brokers}
+        ids = {found.topic: found.topic_id for found in response.topic_ids}
         for found in response.topics:
             if found.topic == topic and found.error_code is ErrorCode.NONE:
-                return {p.partition: brokers[p.broker_id] for p in found.partitions}
+                placement = {p.partition: brokers[p.broker_id] for p in found.partitions}
+                return placement, ids.get(topic, NO_TOPIC_ID)
         return None
 
     async def produce(
@@ -113,22 +129,26 @@ class TopicClient:
     async def _channel(self, address: Address) -> Channel:
         channel = self._channels.get(address)
         if channel is None or channel.closed:
-            stream, _ = await connect_any([address])
-            channel = await self._stack.enter_async_context(
-                open_channel(stream, client_id="topic-client")
-            )
+            channel = await self._nursery.start(self._hold, address)
             self._channels[address] = channel
         return channel
+
+    async def _hold(self, address: Address, *, task_status: trio.TaskStatus[Channel]) -> None:
+        stream, _ = await connect_any([address])
+        async with open_channel(stream, client_id="topic-client") as channel:
+            task_status.started(channel)
+            await trio.sleep_forever()
 
 
 @contextlib.asynccontextmanager
 async def open_topic_client(address: Address) -> AsyncIterator[TopicClient]:
     """A client whose own requests go to the broker at ``address``; its connections close at
     the block's end."""
-    async with contextlib.AsyncExitStack() as stack:
-        client = TopicClient(address=address, stack=stack)
+    async with trio.open_nursery() as nursery:
+        client = TopicClient(address=address, nursery=nursery)
         await client._channel(address)
         yield client
+        nursery.cancel_scope.cancel()
 
 
 async def at_once(*calls: Callable[[], Awaitable[_T]]) -> list[_T]:
