@@ -121,17 +121,22 @@ class Cluster:
     hosts: str
     tmp_path: Path
     running: dict[int, tuple[contextlib.AsyncExitStack, BrokerProcess]] = attrs.field(factory=dict)
+    ports: dict[int, int] = attrs.field(factory=dict)
 
     @property
     def live(self) -> list[Address]:
         return [process.address for _, (_, process) in sorted(self.running.items())]
 
     async def start(self, broker_id: int) -> None:
+        """Start the broker, on the port it had if it ran before: a broker is restarted where
+        its clients and the coordinators' StartFetchers know it."""
+        port = self.ports.get(broker_id, 0)
         stack = contextlib.AsyncExitStack()
         process = await stack.enter_async_context(
-            start_broker(self.hosts, self.tmp_path, broker_id)
+            start_broker(self.hosts, self.tmp_path, broker_id, f"--port={port}")
         )
         self.running[broker_id] = (stack, process)
+        self.ports[broker_id] = process.port
         await self._seen_by_all()
 
     async def stop(self, broker_id: int) -> None:
