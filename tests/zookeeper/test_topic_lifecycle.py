@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 
@@ -295,14 +295,24 @@ class Example:
         await self.settle()
         group_id = self.model.groups[group]
         offsets = {p: len(values) * share // 100 for p, values in enumerate(current.acknowledged)}
-        async with open_admin(self.cluster.live) as admin:
-            await admin.reset_offsets(
-                group_id,
-                {
-                    TopicPartition(topic=self.model.topic, partition=p): o
-                    for p, o in offsets.items()
-                },
-            )
+        wanted = {
+            TopicPartition(topic=self.model.topic, partition=p): o for p, o in offsets.items()
+        }
+
+        async def reset() -> bool:
+            """Refused while a consumer's lease may still run (after a coordinator failover, the
+            group's last members'): asked again, as the refusal says."""
+            refused = False
+            try:
+                async with open_admin(self.cluster.live) as admin:
+                    await admin.reset_offsets(group_id, wanted)
+            except* AdminError as failed:
+                if failed.subgroup(other_than(ErrorCode.REBALANCE_IN_PROGRESS)):
+                    raise
+                refused = True
+            return not refused
+
+        await eventually(reset, deadline=DEADLINE)
         self.model.committed[group_id] = offsets
 
     async def step_restart(self, broker_id: int, while_down: str, via: int) -> None:
@@ -398,7 +408,9 @@ class Example:
         assert seen == wanted, f"group {group_id} has committed {seen}, not {wanted}"
 
 
-NOT_FOUND = ErrorCode.GROUP_ID_NOT_FOUND
+def other_than(code: ErrorCode) -> Callable[[BaseException], bool]:
+    """Picks out of an exception group the admin errors of another code than ``code``."""
+    return lambda e: isinstance(e, AdminError) and e.error_code is not code
 
 
 async def committed_offsets(addresses: list[Address], group_id: str, topic: str) -> dict[int, int]:
@@ -409,7 +421,7 @@ async def committed_offsets(addresses: list[Address], group_id: str, topic: str)
         async with open_admin(addresses) as admin:
             reports.append(await admin.describe_group(group_id))
     except* AdminError as failed:
-        if failed.subgroup(lambda e: isinstance(e, AdminError) and e.error_code != NOT_FOUND):
+        if failed.subgroup(other_than(ErrorCode.GROUP_ID_NOT_FOUND)):
             raise
         unknown = True
     if unknown:
