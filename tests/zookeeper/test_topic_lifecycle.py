@@ -25,11 +25,13 @@ The race's answers say what must have happened: from a topic in force, a delete 
 and a create answered NONE mean the create came second (a new incarnation), a create refused
 with TOPIC_ALREADY_EXISTS that it came first; from no topic, a delete answered NONE means it
 came after the create. Anything else is not a history of the two requests one at a time, and
-fails. Without the store's serialization of the creates and deletes of a name, the deleted
-incarnation's records are served as the new one's.
+fails. A store without topic ids serves a deleted incarnation's records as the new one's and
+applies its offsets; one that wrote a name's id apart from the transaction of its topic node
+would give the topic in force a new id when a create of the name is refused, and its records
+would be retired (lost).
 
 Examples are programs drawn from a seeded generator, ``TOPIC_LIFECYCLE_EXAMPLES`` of them (20 by
-default, about 3 minutes), from seed ``TOPIC_LIFECYCLE_SEED`` (0 by default) on; a failure names
+default, under a minute), from seed ``TOPIC_LIFECYCLE_SEED`` (0 by default) on; a failure names
 its seed and program, and ``TOPIC_LIFECYCLE_SEED=<seed> TOPIC_LIFECYCLE_EXAMPLES=1`` runs it
 again. The brokers and ZooKeeper are shared by the examples (each starts them anew would triple
 the time), so every example works on a topic and groups of its own.
