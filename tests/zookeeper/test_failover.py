@@ -64,9 +64,10 @@ async def broker_processes(hosts: str, tmp_path: Path, size: int) -> AsyncIterat
 
 
 def start_broker(
-    hosts: str, tmp_path: Path, broker_id: int
+    hosts: str, tmp_path: Path, broker_id: int, *args: str
 ) -> contextlib.AbstractAsyncContextManager[BrokerProcess]:
-    """Broker ``broker_id`` on its own data dir: called again, it restarts on the same one."""
+    """Broker ``broker_id`` on its own data dir: called again, it restarts on the same one.
+    ``args``: more options of ``serve`` (``--port=N`` to listen where it did before)."""
     return run_broker(
         tmp_path / f"broker{broker_id}",
         f"--broker-id={broker_id}",
@@ -74,6 +75,7 @@ def start_broker(
         f"--zookeeper-session-timeout={SESSION}",
         "--initial-rebalance-delay=0.2",
         "--commit-interval=0.2",
+        *args,
     )
 
 
