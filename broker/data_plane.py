@@ -195,7 +195,12 @@ class DataPlaneLog(abc.ABC):
         return await self.list_offsets(message)
 
     async def produce(self, message: ProduceRequest) -> ProduceResponse:
-        partition = await self.partition(message.topic, message.partition)
+        """Appended to the incarnation in force; one naming a topic id, only if it is that one
+        (whose log replaces an older one's first, if this broker's view of the topics is
+        behind): an acknowledged record is never in a deleted incarnation's log."""
+        partition = await self.partition(message.topic, message.partition, message.topic_id)
+        if not self._serves(message.topic, message.topic_id, partition):
+            return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_ID, base_offset=-1)
         if partition is None:
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
         if message.records and message.batches:
@@ -239,15 +244,13 @@ class DataPlaneLog(abc.ABC):
         """Whole stored batches (version 1 on); version 0 gets them decoded into records. A
         Fetch naming a topic id is served only from that incarnation's log."""
         partition = await self.partition(message.topic, message.partition, message.topic_id)
-        if message.topic_id != NO_TOPIC_ID:
-            serving = self.topic_id(message.topic) if partition is None else partition.topic_id
-            if serving != message.topic_id:
-                return FetchResponse(
-                    error_code=ErrorCode.UNKNOWN_TOPIC_ID,
-                    high_watermark=-1,
-                    log_start_offset=-1,
-                    records=(),
-                )
+        if not self._serves(message.topic, message.topic_id, partition):
+            return FetchResponse(
+                error_code=ErrorCode.UNKNOWN_TOPIC_ID,
+                high_watermark=-1,
+                log_start_offset=-1,
+                records=(),
+            )
         if partition is None:
             return FetchResponse(
                 error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -292,6 +295,14 @@ class DataPlaneLog(abc.ABC):
             records=(),
             batches=data,
         )
+
+    def _serves(self, topic: str, topic_id: TopicId, partition: StoredPartition | None) -> bool:
+        """Whether a request naming ``topic_id`` (NO_TOPIC_ID: any) may be served by
+        ``partition`` (:meth:`partition`'s answer for it), or told the partition is unknown."""
+        if topic_id == NO_TOPIC_ID:
+            return True
+        serving = self.topic_id(topic) if partition is None else partition.topic_id
+        return serving == topic_id
 
     async def _records(
         self, data: bytes, spans: list[BatchSpan], offset: int, max_bytes: int

@@ -148,6 +148,9 @@ class ProduceRequest:
     batches: bytes = attrs.field(default=b"", metadata=since(1))
     """Record batches back to back (SPEC.md §6), base offsets 0: the broker checks each one's
     CRC, stamps its offsets and stores it as it came."""
+    topic_id: TopicId = attrs.field(default=NO_TOPIC_ID, metadata=since(2))
+    """The incarnation of ``topic`` the producer learned (SPEC.md §11.12): another one is
+    refused with UNKNOWN_TOPIC_ID and nothing is written; NO_TOPIC_ID: whichever is in force."""
 
 
 @attrs.frozen(kw_only=True)
@@ -793,7 +796,7 @@ RESPONSE_TYPES: Mapping[ApiKey, type[ResponseMessage]] = MappingProxyType(
 NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
     {key: 0 for key in ApiKey}
     | {
-        ApiKey.PRODUCE: 1,
+        ApiKey.PRODUCE: 2,
         ApiKey.CLUSTER_METADATA: 2,
         ApiKey.FETCH: 2,
         ApiKey.REGISTER_CONSUMER: 2,

@@ -1,7 +1,7 @@
 """A topic deleted and created again under its name is another topic (docs/design.md#topic-ids):
 each partition directory names its topic's id, and a broker serves only the incarnation in force,
 whether it was down through the delete and the re-creation, its topic watch saw the two as one
-change, or a consumer names the new id before the watch shows it. A log of format 2, whose
+change, or a consumer or a producer names the new id before the watch shows it. A log of format 2, whose
 directories name no id, is upgraded when the broker starts on it."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import trio
 
 from broker.data_plane import BrokerLog, open_broker_log
 from broker.log import FsyncPolicy, LogConfig, read_partition_id
-from protocol import ErrorCode, FetchRequest, FetchResponse
+from protocol import ErrorCode, FetchRequest, FetchResponse, ProduceResponse
 from protocol.batches import read_batches
 from protocol.types import NO_TOPIC_ID, TopicId, TopicPartition
 from store import TopicPlacement, TopicStore, open_embedded_store
@@ -29,6 +29,11 @@ async def _fetch(broker: BrokerLog, topic_id: TopicId = NO_TOPIC_ID) -> FetchRes
     """t-0 from its start: by name, or (a version-2 Fetch) naming ``topic_id``."""
     request = FetchRequest(topic="t", partition=0, offset=0, max_bytes=1 << 20, topic_id=topic_id)
     return await broker.fetch(request, 1 if topic_id == NO_TOPIC_ID else 2)
+
+
+async def _produce_to(broker: BrokerLog, topic_id: TopicId, *values: bytes) -> ProduceResponse:
+    """``values`` to t-0 by a version-2 Produce naming ``topic_id``."""
+    return await broker.produce(attrs.evolve(_produce("t", 0, *values), topic_id=topic_id))
 
 
 def _values(fetched: FetchResponse) -> list[bytes | None]:
@@ -74,8 +79,18 @@ def _hold_the_watch(
     store: TopicStore,
 ) -> tuple[TopicStore, trio.MemorySendChannel[Mapping[str, TopicPlacement]]]:
     """``store``, its topic watch held (:class:`_HeldWatch`), and where to send what it shows."""
-    send, receive = trio.open_memory_channel[Mapping[str, TopicPlacement]](1)
+    send, receive = trio.open_memory_channel[Mapping[str, TopicPlacement]](0)
     return cast(TopicStore, _HeldWatch(inner=store, changes=receive)), send
+
+
+async def _shown(
+    watch: trio.MemorySendChannel[Mapping[str, TopicPlacement]],
+    placement: Mapping[str, TopicPlacement],
+) -> None:
+    """``placement`` shown by the held watch, and handled by the broker: the watch is
+    unbuffered, and the broker takes the second copy only once it has handled the first."""
+    await watch.send(placement)
+    await watch.send(placement)
 
 
 async def test_a_new_partition_names_its_topic_id(tmp_path: Path) -> None:
@@ -175,3 +190,35 @@ async def test_a_fetch_naming_the_new_id_is_served_before_the_watch_shows_it(
             refused = await _fetch(broker, old)
             assert refused.error_code is ErrorCode.UNKNOWN_TOPIC_ID
             assert not list((tmp_path / "log").glob("t-0.*"))
+
+
+async def test_a_produce_naming_the_new_id_is_written_to_it_before_the_watch_shows_it(
+    tmp_path: Path,
+) -> None:
+    """A producer that learned the new incarnation from another broker may produce to this one
+    before its watch shows it: the record goes to the new incarnation's log (the old one's
+    retired first), and is still there once the watch, catching up, shows the delete and the
+    re-creation. A Produce naming the old id is refused and writes nothing."""
+    async with open_embedded_store(tmp_path / "metadata") as store:
+        await store.create_topic("t", (1,))
+        held, watch = _hold_the_watch(store)
+        async with open_broker_log(held, 1, tmp_path, CONFIG) as broker:
+            old = await _topic_id(store)
+            assert (await _produce_to(broker, old, b"a", b"b")).error_code is ErrorCode.NONE
+            await store.delete_topic("t")
+            deleted = await store.topics()
+            await store.create_topic("t", (1,))
+            new = await _topic_id(store)
+            produced = await _produce_to(broker, new, b"c")
+            assert (produced.error_code, produced.base_offset) == (ErrorCode.NONE, 0)
+            refused = await _produce_to(broker, old, b"lost")
+            assert (refused.error_code, refused.base_offset) == (ErrorCode.UNKNOWN_TOPIC_ID, -1)
+            for placement in (deleted, await store.topics()):
+                await _shown(watch, placement)
+            assert read_partition_id(tmp_path / "log" / "t-0") == new
+            fetched = await _fetch(broker, new)
+            assert (fetched.error_code, _values(fetched)) == (ErrorCode.NONE, [b"c"])
+            assert (await _produce_to(broker, old, b"lost")).error_code is (
+                ErrorCode.UNKNOWN_TOPIC_ID
+            )
+            assert _values(await _fetch(broker)) == [b"c"]

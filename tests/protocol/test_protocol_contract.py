@@ -33,7 +33,8 @@ CONTRACT = {
     "GroupSummary": "group_id:string state:string",
     "MemberDescription": "member_id:string client_id:string session_timeout_ms:int32"
     " subscription:Subscription partitions:array[TopicPartition]",
-    "ProduceRequest": "topic:string partition:int32 records:array[Record] batches:bytes",
+    "ProduceRequest": "topic:string partition:int32 records:array[Record] batches:bytes"
+    " topic_id:uuid",
     "ProduceResponse": "error_code:int16 base_offset:int64",
     "FetchRequest": "topic:string partition:int32 offset:int64 max_bytes:int32 topic_id:uuid",
     "FetchResponse": "error_code:int16 high_watermark:int64 log_start_offset:int64"
@@ -112,6 +113,7 @@ OLDER_VERSIONS = {
     " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]"
     " slot_holders:array[int32]",
     ("ProduceRequest", 0): "topic:string partition:int32 records:array[Record]",
+    ("ProduceRequest", 1): "topic:string partition:int32 records:array[Record] batches:bytes",
     ("FetchRequest", 0): "topic:string partition:int32 offset:int64 max_bytes:int32",
     ("FetchRequest", 1): "topic:string partition:int32 offset:int64 max_bytes:int32",
     ("StartFetcherRequest", 2): "coordinator_epoch:int64 generation:int32 consumer_id:string"
