@@ -28,6 +28,7 @@ from .producer import (
     ProduceError,
     Producer,
     ProducerConfig,
+    TopicRecreated,
     open_producer,
 )
 from .runtime import Stop, WrongEventLoop, stop_on_signals
@@ -59,6 +60,7 @@ __all__ = [
     "Refused",
     "Stop",
     "TopicAuthorizationFailed",
+    "TopicRecreated",
     "UnsupportedVersion",
     "WrongEventLoop",
     "open_consumer",

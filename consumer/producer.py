@@ -11,6 +11,12 @@ in a way a retry can fix (broker unreachable, partition moved: UNKNOWN_TOPIC_OR_
 retried against fresh metadata until ``delivery_timeout``; a retry after a lost connection may
 store the batch twice (at-least-once), never zero times once acknowledged.
 
+Each batch names the incarnation of its topic the producer knew when the batch was opened (its
+id, from ClusterMetadata v2; SPEC.md §11.12), and only that one may store it: a batch of an
+incarnation a broker says is gone (UNKNOWN_TOPIC_ID: the topic was deleted, and perhaps created
+again) fails with :class:`TopicRecreated` instead of being written to the new one or into the
+deleted one's log, to vanish with it (docs/producer.md).
+
 Partitioning: a keyed record goes to ``crc32(key) % partitions`` (zlib's CRC-32: stable across
 processes and languages, unlike ``hash()``; not Kafka's murmur2, so a key lands on a different
 partition than Java Kafka would pick); a record without a key goes round robin.
@@ -19,6 +25,7 @@ partition than Java Kafka would pick); a record without a key goes round robin.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import zlib
@@ -38,7 +45,7 @@ from protocol import (
     ProduceResponse,
 )
 from protocol.batches import BatchBuilder, Compression, Header
-from protocol.types import TopicPartition
+from protocol.types import NO_TOPIC_ID, TopicId, TopicPartition
 from transport.channel import ChannelClosed
 from transport.connect import connect_any, open_channel, parse_bootstrap
 from transport.refusals import Refused, final_refusal, refusal
@@ -54,6 +61,7 @@ __all__ = [
     "Producer",
     "ProducerConfig",
     "Serializer",
+    "TopicRecreated",
     "open_producer",
 ]
 
@@ -68,6 +76,24 @@ class ProduceError(Exception):
     def __init__(self, message: str, error_code: ErrorCode) -> None:
         super().__init__(message)
         self.error_code = error_code
+
+
+class TopicRecreated(ProduceError):
+    """The incarnation of the topic a record was sent to is gone: the topic was deleted (and
+    perhaps created again under its name) before a broker stored the record. The record is not
+    written, neither to the deleted topic nor to the new one, which is another topic; send it
+    again to write it to the new one. ``new``: the id the topic has now (None: none known)."""
+
+    def __init__(self, topic: str, old: TopicId, new: TopicId | None) -> None:
+        now = "no other incarnation is known" if new is None else f"it was created again, id {new}"
+        super().__init__(
+            f"topic {topic!r} (id {old}) was deleted before this record was stored, and {now}:"
+            " the record was not written",
+            ErrorCode.UNKNOWN_TOPIC_ID,
+        )
+        self.topic = topic
+        self.old = old
+        self.new = new
 
 
 class NotAwaited(RuntimeError):
@@ -98,6 +124,9 @@ class _Batch:
     """One record batch of one partition: filled by sends, then sent whole and answered once."""
 
     builder: BatchBuilder
+    #: The incarnation the batch is for (NO_TOPIC_ID: whichever the name has; a broker that
+    #: gives no ids).
+    topic_id: TopicId = NO_TOPIC_ID
     base_offset: int = -1
     error: BaseException | None = None
     done: trio.Event = attrs.field(factory=trio.Event)
@@ -166,6 +195,10 @@ class Producer:
     connect: Connect
     #: topic -> broker id of each partition
     placement: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
+    #: topic -> the id of the incarnation ``placement`` is of (none: a broker that gives none)
+    topic_ids: dict[str, TopicId] = attrs.field(factory=dict)
+    #: Ids a broker answered UNKNOWN_TOPIC_ID for: gone for good (an id is never given twice).
+    _gone: set[TopicId] = attrs.field(factory=set)
     #: keyed by (topic, partition): a tuple hashes faster than a TopicPartition, once per record
     _batchers: dict[tuple[str, int], _Batcher] = attrs.field(factory=dict)
     _round_robin: dict[str, itertools.count[int]] = attrs.field(factory=dict)
@@ -301,15 +334,16 @@ class Producer:
             self.nursery.start_soon(self._drain, tp, batcher)
         batch = batcher.open
         if batch is None or not batch.builder.append(value, key, timestamp_ms, headers):
-            batch = self._open_batch(batcher)
+            batch = self._open_batch(batcher, self.topic_ids.get(topic, NO_TOPIC_ID))
             batch.builder.append(value, key, timestamp_ms, headers)
         builder = batch.builder
         if builder.full:
             batcher.seal()
         return Delivery(topic, partition, batch, builder.count - 1)
 
-    def _open_batch(self, batcher: _Batcher) -> _Batch:
-        """Seal the partition's open batch (if any) and open the next one."""
+    def _open_batch(self, batcher: _Batcher, topic_id: TopicId) -> _Batch:
+        """Seal the partition's open batch (if any) and open the next one, of the topic's
+        incarnation ``topic_id``."""
         batcher.seal()
         config = self.config
         batch = _Batch(
@@ -317,7 +351,8 @@ class Producer:
                 compression=config.compression,
                 max_bytes=config.max_batch_bytes,
                 max_records=config.max_batch_records,
-            )
+            ),
+            topic_id=topic_id,
         )
         batcher.open = batch
         batcher.batches.append(batch)
@@ -398,6 +433,7 @@ class Producer:
                 raise BrokerUnavailable("every bootstrap broker closed the connection unanswered")
             assert isinstance(response, ClusterMetadataResponse)
             self.connections.update(response.brokers)
+            ids = {identity.topic: identity.topic_id for identity in response.topic_ids}
             for metadata in response.topics:
                 refused = refusal(
                     metadata.error_code, f"topic {metadata.topic!r}", name=metadata.topic
@@ -407,8 +443,23 @@ class Producer:
                 if metadata.error_code is ErrorCode.NONE:
                     by_partition = sorted((p.partition, p.broker_id) for p in metadata.partitions)
                     self.placement[metadata.topic] = tuple(b for _, b in by_partition)
+                    self._learn_id(metadata.topic, ids.get(metadata.topic, NO_TOPIC_ID))
                 else:
                     self.placement.pop(metadata.topic, None)
+                    self.topic_ids.pop(metadata.topic, None)
+
+    def _learn_id(self, topic: str, topic_id: TopicId) -> None:
+        """``topic``'s incarnation is ``topic_id`` now: a record sent from here on joins no batch
+        of another one (its open batches are sealed, and fail as that one's, if it is gone)."""
+        known = self.topic_ids.get(topic, NO_TOPIC_ID)
+        if topic_id == NO_TOPIC_ID:
+            self.topic_ids.pop(topic, None)
+        else:
+            self.topic_ids[topic] = topic_id
+        if known not in (NO_TOPIC_ID, topic_id):
+            for (name, _), batcher in self._batchers.items():
+                if name == topic:
+                    batcher.seal()
 
     async def _drain(self, tp: TopicPartition, batcher: _Batcher) -> None:
         """This partition's sender: one batch in flight, in the order records were sent."""
@@ -437,11 +488,18 @@ class Producer:
     async def _send_batch(self, tp: TopicPartition, batch: _Batch) -> None:
         config = self.config
         request = ProduceRequest(
-            topic=tp.topic, partition=tp.partition, records=(), batches=batch.builder.build()
+            topic=tp.topic,
+            partition=tp.partition,
+            records=(),
+            batches=batch.builder.build(),
+            topic_id=batch.topic_id,
         )
         give_up = trio.current_time() + config.delivery_timeout
         while True:
             error: Exception
+            if batch.topic_id in self._gone:
+                error = self._recreated(tp.topic, batch.topic_id)
+                break
             try:
                 broker_id = (await self._placement(tp.topic))[tp.partition]
                 with trio.fail_after(config.request_timeout):
@@ -461,6 +519,17 @@ class Producer:
                     batch.resolve(response.base_offset)
                     return
                 code = response.error_code
+                if code is ErrorCode.UNKNOWN_TOPIC_ID:
+                    # The broker read the store: the incarnation is gone, its batches with it;
+                    # the next records learn the new one.
+                    self._gone.add(batch.topic_id)
+                    self.placement.pop(tp.topic, None)
+                    with contextlib.suppress(
+                        ProduceError, Refused, BrokerUnavailable, OSError, trio.TooSlowError
+                    ):  # the next send asks again
+                        await self._placement(tp.topic)
+                    error = self._recreated(tp.topic, batch.topic_id)
+                    break
                 error = refusal(
                     code, f"topic {tp.topic!r}", operation="write", name=tp.topic
                 ) or ProduceError(f"{tp}: {code.name}", code)
@@ -472,6 +541,11 @@ class Producer:
             await trio.sleep(config.retry_backoff)
             self.placement.pop(tp.topic, None)  # refresh before the next attempt
         batch.resolve(-1, error)
+
+    def _recreated(self, topic: str, gone: TopicId) -> TopicRecreated:
+        """The error of a batch of ``topic``'s incarnation ``gone``."""
+        now = self.topic_ids.get(topic)
+        return TopicRecreated(topic, gone, None if now in (None, gone) else now)
 
 
 async def _tcp(host: str, port: int) -> trio.abc.Stream:

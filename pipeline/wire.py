@@ -263,12 +263,17 @@ class Cluster:
         return response
 
     def produce(self, placement: Placement, batches: bytes) -> int:
-        """Append record ``batches`` (acknowledged under the broker's fsync policy): the base
-        offset."""
+        """Append record ``batches`` (acknowledged under the broker's fsync policy) to the
+        placement's incarnation of the topic: the base offset. UNKNOWN_TOPIC_ID (PipelineError):
+        that incarnation is gone."""
         response = self.call(
             (placement.host, placement.port),
             ProduceRequest(
-                topic=placement.topic, partition=placement.partition, records=(), batches=batches
+                topic=placement.topic,
+                partition=placement.partition,
+                records=(),
+                batches=batches,
+                topic_id=placement.topic_id,
             ),
         )
         assert isinstance(response, ProduceResponse)

@@ -1,8 +1,8 @@
 """A topic deleted and created again under its name is another topic (docs/design.md#topic-ids):
 each partition directory names its topic's id, and a broker serves only the incarnation in force,
 whether it was down through the delete and the re-creation, its topic watch saw the two as one
-change, or a consumer or a producer names the new id before the watch shows it. A log of format 2, whose
-directories name no id, is upgraded when the broker starts on it."""
+change, or a consumer or a producer names the new id before the watch shows it. A log of format
+2, whose directories name no id, is upgraded when the broker starts on it."""
 
 from __future__ import annotations
 
