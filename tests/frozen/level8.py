@@ -4,7 +4,8 @@
 (§11.12): the member reads StartFetcher 3 (RegisterConsumer 2 lists Ping 0-1, StopFetcher 0-2,
 StartFetcher 0-3), which names each topic's id, and fetches with Fetch 2 naming that id (whole
 record batches, §6.2, of which it reads the headers); the admin asks ClusterMetadata 2, which
-names each topic's id, and fetches once with an id no topic has.
+names each topic's id, produces with Produce 2 naming the id it gave (record batches, §6.2),
+and fetches and produces once with an id no topic has.
 
 Written from SPEC.md's layouts with the standard library only, as a third party would, and never
 changed afterwards: a new api version adds a new frozen client beside it. It runs a whole group
@@ -144,10 +145,31 @@ class Reader:
 # --- §6 records and §7 structures ----------------------------------------------------------
 
 
-def record(value):
+def batch(values):
+    """§6.2: one batch as a producer sends it: base offset 0, no append time, the reserved fields
+    -1, null keys, every record stamped now."""
+    n = len(values)
     timestamp = int(time.time() * 1000)
-    covered = i64(timestamp) + nbytes(None) + nbytes(value)
-    return i64(-1) + struct.pack(">I", zlib.crc32(covered)) + covered
+    section = (
+        struct.pack(f"<{n}i", *[0] * n)  # timestamp_deltas
+        + struct.pack(f"<{n}i", *[-1] * n)  # key_lengths: null keys
+        + struct.pack(f"<{n}i", *[len(v) for v in values])
+        + b"".join(values)
+    )
+    covered = (
+        i8(2)  # magic
+        + i16(0)  # attributes: not compressed, timestamps of their own, no headers
+        + i32(n - 1)
+        + i64(timestamp)
+        + i64(timestamp)
+        + i64(-1)  # producer_id
+        + i16(-1)  # producer_epoch
+        + i32(-1)  # base_sequence
+        + i32(n)
+        + section
+    )
+    crc = struct.pack(">I", zlib.crc32(covered))
+    return i64(0) + i32(8 + 4 + len(covered)) + i64(-1) + crc + covered
 
 
 def read_record(r):
@@ -324,15 +346,45 @@ class Admin:
         self.conn = Connection(address)
         self.metadata_ids = {}  # topic -> id, as ClusterMetadata 2 names them
         self.fetched_with_id = 0  # Fetch 2 naming a topic id, served
+        self.produced_with_id = 0  # Produce 2 naming a topic id, written
 
     def create_topic(self, topic, partitions):
         r = self.conn.request(CREATE_TOPIC, 0, string(topic) + i32(partitions))
         check(r.i16(), "CreateTopic")
 
+    def learn_id(self, topic):
+        """ClusterMetadata 2 naming ``topic``: its id (§11.12), asked until the broker knows it."""
+        give_up = time.monotonic() + DEADLINE
+        while True:
+            r = self.conn.request(CLUSTER_METADATA, 2, string(None) + array([topic], string))
+            check(r.i16(), "ClusterMetadata")
+            r.i32()
+            r.i64()
+            r.array(read_broker)
+            r.array(read_topic_metadata)
+            r.array(lambda r: r.i32())  # slot_holders (v1)
+            ids = dict(r.array(read_topic_identity))  # topic_ids (v2)
+            r.end()
+            if topic in ids:
+                self.metadata_ids[topic] = ids[topic]
+                return ids[topic]
+            if time.monotonic() > give_up:
+                raise Failed(f"ClusterMetadata 2 names no id for {topic}")
+            time.sleep(0.05)
+
     def produce(self, topic, partition, values):
-        body = string(topic) + i32(partition) + array(values, record)
-        r = self.conn.request(PRODUCE, 0, body)
-        check(r.i16(), "Produce")
+        """Produce 2 (§11.12): to the incarnation of ``topic`` ClusterMetadata 2 named."""
+        check(self.produce_error(topic, partition, values, self.metadata_ids[topic]), "Produce")
+        self.produced_with_id += 1
+
+    def produce_error(self, topic, partition, values, topic_id):
+        """The error code of a Produce 2 of ``values`` naming ``topic_id``."""
+        body = string(topic) + i32(partition) + array([], None) + nbytes(batch(values))
+        r = self.conn.request(PRODUCE, 2, body + uuid(topic_id))
+        code = r.i16()
+        r.i64()
+        r.end()
+        return code
 
     def fetch(self, topic, partition, offset, topic_id):
         """Fetch 2 (§11.12): only from the incarnation ``topic_id`` names; the offsets of the
@@ -532,6 +584,7 @@ def run(address, name, partitions=4):
     topic = group = f"frozen-{name}"
     admin = Admin(address)
     admin.create_topic(topic, partitions)
+    admin.learn_id(topic)
     for p in range(partitions):
         admin.produce(topic, p, [f"{p}-{i}".encode() for i in range(10)])
     coordinator = admin.coordinator(group)
@@ -550,6 +603,8 @@ def run(address, name, partitions=4):
     state, members, awaiting = admin.describe(group)
     admin.coordinator(group)  # ClusterMetadata 2 names the topic's id
     wrong_id_error = admin.fetch_error(topic, 0, NO_SUCH_ID)
+    # refused, and nothing written: the group's commits count 15 records
+    wrong_id_produce_error = admin.produce_error(topic, 0, [b"refused"], NO_SUCH_ID)
     b.leave()
     a.wait_holding(partitions)
     a.consume()
@@ -568,6 +623,8 @@ def run(address, name, partitions=4):
             "metadata": {t: i.hex() for t, i in admin.metadata_ids.items() if t == topic},
             "fetched_with_id": admin.fetched_with_id,
             "wrong_id_error": wrong_id_error,
+            "produced_with_id": admin.produced_with_id,
+            "wrong_id_produce_error": wrong_id_produce_error,
         },
         "described": {
             "state": state,

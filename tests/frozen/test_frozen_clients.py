@@ -64,7 +64,7 @@ async def test_a_frozen_client_runs_a_whole_group(level: str, tmp_path: Path) ->
         }
     if "deleted" in result:  # level 5 on: DeleteTopic 0, then again: no such topic
         assert result["deleted"] == [0, 3]
-    if "topic_ids" in result:  # level 8 on: StartFetcher 3, Fetch 2, ClusterMetadata 2
+    if "topic_ids" in result:  # level 8 on: StartFetcher 3, Fetch 2, Produce 2, ClusterMetadata 2
         ids = result["topic_ids"]
         assert isinstance(ids, dict)
         # Each member was told one id for the topic, the same, and not the zero id.
@@ -77,6 +77,11 @@ async def test_a_frozen_client_runs_a_whole_group(level: str, tmp_path: Path) ->
         # UNKNOWN_TOPIC_ID.
         assert ids["metadata"] == {topic: topic_id}
         assert ids["wrong_id_error"] == 100
+        # Every produce named the id ClusterMetadata 2 gave and was written (the members read
+        # and committed every record); one naming another is refused UNKNOWN_TOPIC_ID, and
+        # writes nothing (the commits count no 16th record of partition 0).
+        assert ids["produced_with_id"] == 2 * partitions
+        assert ids["wrong_id_produce_error"] == 100
     if "rights" in result:  # level 9 on: users and rules over the wire
         principal, topic = f"User:{level}", f"frozen-{level}"
         rule = [principal, "topic", topic, "read"]
