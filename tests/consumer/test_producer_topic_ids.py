@@ -50,3 +50,24 @@ async def test_records_waiting_for_a_recreated_topic_fail_and_the_next_go_to_the
         assert [r.value for r in cluster.log.records("t", sent.partition)] == [b"z"]
         stored = cluster.log.partitions[TopicPartition(topic="t", partition=sent.partition)]
         assert stored.topic_id == new
+
+
+async def test_a_record_sent_after_the_producer_learned_the_new_id_joins_no_batch_of_the_old(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Metadata read for any reason that shows the topic's new id seals the batches of the old
+    one: a record sent after is written to the new topic, those before fail."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        await cluster.create_topic("t", partitions=1)
+        config = ProducerConfig(linger=LINGER)
+        async with open_producer("b:1", connect=cluster.connect_to, config=config) as producer:
+            await producer.partitions_for("t")
+            before = producer.enqueue_nowait("t", b"x")
+            new = await cluster.recreate_topic("t", partitions=1)
+            await producer.refresh_metadata("t")
+            after = producer.enqueue_nowait("t", b"y")
+            with pytest.raises(TopicRecreated):
+                await before.wait()
+            assert await after.wait() == (0, 0)
+        assert [r.value for r in cluster.log.records("t", 0)] == [b"y"]
+        assert cluster.log.partitions[TopicPartition(topic="t", partition=0)].topic_id == new
