@@ -133,6 +133,7 @@ class Elector:
             else:
                 self.brokers[""] = live
                 self.holders = holders
+                self._tell_coordinators()
                 plan = plan_slots(slots, [b.broker_id for b in live], holders)
                 for slot in range(slots):
                     standing = self._standing.get(slot)
@@ -150,6 +151,16 @@ class Elector:
                     await trio.sleep(PLAN_GATHER)
                 else:
                     await trio.sleep_forever()
+
+    def _tell_coordinators(self) -> None:
+        """The live brokers as just read, to the coordinators of the slots held here: their
+        StartFetchers name each partition's broker at the address it has now, not the one it had
+        when the office was taken (a broker restarted on another port or host)."""
+        listeners = {name: brokers for name, brokers in self.brokers.items() if name}
+        for standing in self._standing.values():
+            if standing.coordinator is not None:
+                standing.coordinator.brokers = self.brokers[""]
+                standing.coordinator.brokers_by_listener.update(listeners)
 
     async def _abandon(self, slot: int) -> None:
         with contextlib.suppress(StoreError):
