@@ -97,24 +97,41 @@ class TopicClient:
         return None
 
     async def produce(
-        self, topic: str, partition: int, values: Sequence[bytes], at: Address
+        self,
+        topic: str,
+        partition: int,
+        values: Sequence[bytes],
+        at: Address,
+        topic_id: TopicId = NO_TOPIC_ID,
     ) -> ProduceResponse:
-        """One batch of ``values`` to the partition, at the broker ``at``."""
+        """One batch of ``values`` to the partition, at the broker ``at``, for the incarnation
+        ``topic_id`` names (as the library's producer sends it; NO_TOPIC_ID: by name)."""
         request = ProduceRequest(
-            topic=topic, partition=partition, records=(), batches=build_batch(values)
+            topic=topic,
+            partition=partition,
+            records=(),
+            batches=build_batch(values),
+            topic_id=topic_id,
         )
         response = await self.call(request, at)
         assert isinstance(response, ProduceResponse)
         return response
 
-    async def read(self, topic: str, partition: int, at: Address) -> list[Record]:
-        """Every record the broker ``at`` serves for the partition, from offset 0 to its high
+    async def read(
+        self, topic: str, partition: int, at: Address, topic_id: TopicId = NO_TOPIC_ID
+    ) -> list[Record]:
+        """Every record the broker ``at`` serves for the partition's incarnation ``topic_id``
+        (as the library's consumer fetches; NO_TOPIC_ID: by name), from offset 0 to its high
         watermark; :class:`Unserved` if it refuses."""
         records: list[Record] = []
         offset = 0
         while True:
             request = FetchRequest(
-                topic=topic, partition=partition, offset=offset, max_bytes=1 << 20
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                max_bytes=1 << 20,
+                topic_id=topic_id,
             )
             response = await self.call(request, at)
             assert isinstance(response, FetchResponse)

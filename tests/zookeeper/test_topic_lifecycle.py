@@ -240,11 +240,12 @@ class Example:
             return
         await self.settle()
         client = self.client
-        placement = await client.placement(self.model.topic, self.at(0))
-        assert placement is not None
+        seen = await client.incarnation(self.model.topic, self.at(0))
+        assert seen is not None
+        placement, topic_id = seen
         for partition, at in sorted(placement.items()):
             values = self.model.values(partition, count)
-            produced = await client.produce(self.model.topic, partition, values, at)
+            produced = await client.produce(self.model.topic, partition, values, at, topic_id)
             assert produced.error_code is ErrorCode.NONE, (partition, produced)
             assert produced.base_offset == len(current.acknowledged[partition]), (
                 f"partition {partition}: the records went to offset {produced.base_offset}, "
@@ -378,11 +379,13 @@ class Example:
         current = self.model.current
         client = self.client
         if current is not None:
-            placement = await client.placement(self.model.topic, self.at(0))
-            assert placement is not None
+            seen = await client.incarnation(self.model.topic, self.at(0))
+            assert seen is not None
+            placement, topic_id = seen
             for partition, at in sorted(placement.items()):
                 values = [
-                    r.value or b"" for r in await client.read(self.model.topic, partition, at)
+                    r.value or b""
+                    for r in await client.read(self.model.topic, partition, at, topic_id)
                 ]
                 wanted = current.acknowledged[partition]
                 stale = [v for v in values if v not in wanted]
