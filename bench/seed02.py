@@ -299,7 +299,7 @@ class ZooKeeperCluster(SimulatedCluster):
             ):
                 self.store, self.coordinator = office, coordinator
                 self._connections = connections
-                connections.start_soon(self._follow_topics, store)
+                connections.start_soon(self._follow_topics, office)
                 self.incarnation.value += 1
                 task_status.started()
                 await trio.sleep_forever()
