@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 
 import trio
 
-from cli.security import add_client_options, client_security
+from cli.security import add_bootstrap_option, add_client_options, client_security
 from consumer import (
     ConsumerSettings,
     CorruptBatch,
@@ -32,7 +32,6 @@ from consumer import (
 )
 from consumer.admin import open_admin
 from protocol.batches import Compression
-from transport.connect import DEFAULT_BOOTSTRAP, parse_bootstrap
 from transport.refusals import Refused
 
 #: Lines produced between two checkpoints (the producer does not yield per record).
@@ -90,21 +89,8 @@ def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     consume.add_argument("--print-key", action="store_true", help="print KEY<TAB>VALUE")
     for parser in (produce, consume):
-        parser.add_argument(
-            "--bootstrap",
-            type=_bootstrap,
-            default=parse_bootstrap(DEFAULT_BOOTSTRAP),
-            metavar="HOST:PORT[,HOST:PORT...]",
-            help=f"brokers to ask first (default {DEFAULT_BOOTSTRAP})",
-        )
+        add_bootstrap_option(parser)
         add_client_options(parser)
-
-
-def _bootstrap(text: str) -> list[tuple[str, int]]:
-    try:
-        return parse_bootstrap(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 async def run_produce(args: argparse.Namespace) -> int:
