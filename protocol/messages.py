@@ -197,6 +197,9 @@ class ListOffsetsRequest:
     API_KEY: ClassVar[ApiKey] = ApiKey.LIST_OFFSETS
     topic: str
     partition: Int32
+    timestamp_ms: Int64 = attrs.field(default=-1, metadata=since(1))
+    """-1: no lookup by time. Otherwise the earliest offset whose record's timestamp is at
+    least this (Kafka's offsetsForTimes), answered in the response's ``offset``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -205,6 +208,11 @@ class ListOffsetsResponse:
     error_code: ErrorCode
     log_start_offset: Int64
     high_watermark: Int64
+    offset: Int64 = attrs.field(default=-1, metadata=since(1))
+    """The offset the request's ``timestamp_ms`` found: -1 if it asked none, or if no record
+    below the high watermark has a timestamp that late."""
+    timestamp_ms: Int64 = attrs.field(default=-1, metadata=since(1))
+    """That record's timestamp (-1 with ``offset`` -1)."""
 
 
 # --- 3 CLUSTER_METADATA -------------------------------------------------------------------------
@@ -799,6 +807,7 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
         ApiKey.PRODUCE: 2,
         ApiKey.CLUSTER_METADATA: 2,
         ApiKey.FETCH: 2,
+        ApiKey.LIST_OFFSETS: 1,
         ApiKey.REGISTER_CONSUMER: 2,
         ApiKey.CREATE_TOPIC: 1,
         ApiKey.CREATE_PARTITIONS: 1,

@@ -39,8 +39,9 @@ CONTRACT = {
     "FetchRequest": "topic:string partition:int32 offset:int64 max_bytes:int32 topic_id:uuid",
     "FetchResponse": "error_code:int16 high_watermark:int64 log_start_offset:int64"
     " records:array[Record] batches:bytes",
-    "ListOffsetsRequest": "topic:string partition:int32",
-    "ListOffsetsResponse": "error_code:int16 log_start_offset:int64 high_watermark:int64",
+    "ListOffsetsRequest": "topic:string partition:int32 timestamp_ms:int64",
+    "ListOffsetsResponse": "error_code:int16 log_start_offset:int64 high_watermark:int64"
+    " offset:int64 timestamp_ms:int64",
     "ClusterMetadataRequest": "group_id:string? topics:array[string]?",
     "ClusterMetadataResponse": "error_code:int16 coordinator_id:int32 coordinator_epoch:int64"
     " brokers:array[BrokerInfo] topics:array[TopicMetadata] slot_holders:array[int32]"
@@ -107,6 +108,8 @@ CONTRACT = {
 }
 # The layouts of older versions, where they differ from the newest (the class's whole field list).
 OLDER_VERSIONS = {
+    ("ListOffsetsRequest", 0): "topic:string partition:int32",
+    ("ListOffsetsResponse", 0): "error_code:int16 log_start_offset:int64 high_watermark:int64",
     ("ClusterMetadataResponse", 0): "error_code:int16 coordinator_id:int32"
     " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]",
     ("ClusterMetadataResponse", 1): "error_code:int16 coordinator_id:int32"
