@@ -16,6 +16,9 @@ nothing else needs kazoo's modules (kazoo ships no type hints: they are ``Any`` 
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import Any
@@ -36,6 +39,8 @@ from kazoo.handlers.threading import KazooTimeoutError  # type: ignore[import-un
 from kazoo.security import make_digest_acl  # type: ignore[import-untyped]
 
 from .interface import StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BadVersionError",
@@ -125,24 +130,53 @@ class KazooBridge:
         client_id = self.client.client_id
         return None if client_id is None else int(client_id[0])
 
-    async def heard_in_session(self, ask: Callable[[], Any]) -> tuple[int, float] | None:
-        """Send the request that ``ask`` queues (a kazoo ``*_async`` call) and await its answer,
-        uncounted: ``(session, asked_at)`` if it was answered within one session, None if kazoo
-        had no connection when asked or holds another session by the time the answer arrives.
-        Raises as ``answer``.
+    async def keep_heard(
+        self,
+        ask: Callable[[], Any],
+        *,
+        interval: float,
+        heard: Callable[[int, float], None],
+    ) -> None:
+        """Until cancelled, send the request ``ask`` queues (a kazoo ``*_async`` call) every
+        ``interval`` seconds and call ``heard(session, asked_at)`` for each one answered within
+        one session, from a thread of its own and never through the trio loop.
 
-        ``asked_at`` is the trio time before the request was queued, so the server heard from the
-        session after it, and cannot have expired the session before ``asked_at`` plus the
-        session timeout. The time the answer arrives would not do: the server heard the request
-        earlier. Kazoo's own session pings are answered inside its connection thread, unseen
-        here, so a caller that must know it is in contact asks something itself.
+        ``asked_at`` is taken before the request is queued, so the server heard from the session
+        after it and cannot have expired the session before ``asked_at`` plus the session
+        timeout; the time the answer arrives would not do, the server heard the request earlier.
+
+        Whether the session is alive is a fact about the ensemble, not about this process's
+        event loop: a task that asks and then waits its turn to read the answer falls behind
+        with the loop, and a busy broker would count itself out of contact with a store that
+        answered promptly (docs/design.md#a-slow-store-is-not-a-lost-store). The request is the
+        session's heartbeat (kazoo sends no ping while requests flow, and its pings are answered
+        inside its connection thread, unseen). ``heard`` runs on this method's thread: it must
+        only store what it is given. ``asked_at`` is in trio's clock, which is
+        ``time.perf_counter`` plus an offset, measured once here.
         """
-        session = self.session_id()
-        asked_at = trio.current_time()
-        if session is None:
-            return None
-        await self.answer(ask(), counted=False)
-        return (session, asked_at) if self.session_id() == session else None
+        offset = trio.current_time() - time.perf_counter()
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.is_set():
+                session = self.session_id()
+                asked = time.perf_counter()
+                if session is not None:
+                    try:
+                        ask().get(timeout=self.call_bound)
+                    except (KazooException, KazooTimeoutError) as exc:
+                        log.debug("no answer from ZooKeeper: %r", exc)
+                    else:
+                        if self.session_id() == session:
+                            heard(session, asked + offset)
+                stop.wait(max(0.0, asked + interval - time.perf_counter()))
+
+        try:
+            await trio.to_thread.run_sync(
+                beat, abandon_on_cancel=True, limiter=trio.CapacityLimiter(1)
+            )
+        finally:
+            stop.set()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

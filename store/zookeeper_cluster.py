@@ -8,8 +8,10 @@ one, holds the one slot of a count of 1 (store/slot_store.py).
 
 Contact. ``slot_in_contact_until`` tells a slot's coordinator until when it may renew consumers'
 leases: a session timeout, less a margin, after it asked something that its office's session
-answered (docs/design.md#coordinator-epochs-and-the-election). A task reads a node every third of
-the session to keep that fresh, since kazoo's own session pings are not seen from here.
+answered (docs/design.md#coordinator-epochs-and-the-election). A thread reads a node every third
+of the session to keep that fresh (kazoo's own session pings are not seen from here), so that a
+broker whose event loop is behind is not out of contact with a store that answers
+(docs/design.md#a-slow-store-is-not-a-lost-store).
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class Cluster(Session):
     #: (session, instant) of the latest request the server answered within one session, asked
     #: at that instant: the session lives at least a session timeout past it.
     _contact: tuple[int, float] | None = None
+    #: The latest ``(session, asked_at)`` that ``_keep_in_contact``'s thread heard answered.
+    _beat: tuple[int, float] | None = None
     _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
     _advertised: dict[int, dict[str, tuple[str, int]]] = attrs.Factory(dict)
 
@@ -317,34 +321,37 @@ class Cluster(Session):
         instant until which its coordinator may renew leases, ``-inf`` while this handle does
         not hold it."""
         office = self._offices.get(slot)
-        contact = self._contact
-        if self._closed or office is None or contact is None or contact[0] != office.session:
+        if self._closed or office is None:
             return -math.inf
-        return contact[1] + self._session_timeout * (1 - CONTACT_MARGIN_FRACTION)
+        heard = max(
+            (
+                contact[1]
+                for contact in (self._contact, self._beat)
+                if contact is not None and contact[0] == office.session
+            ),
+            default=-math.inf,
+        )
+        return heard + self._session_timeout * (1 - CONTACT_MARGIN_FRACTION)
 
     def _heard(self, session: int, asked_at: float) -> None:
         if self._contact is None or self._contact[0] != session or self._contact[1] < asked_at:
             self._contact = (session, asked_at)
 
+    def _heartbeat(self, session: int, asked_at: float) -> None:
+        """``_heard`` for ``_keep_in_contact``'s thread: it alone writes ``_beat``, one
+        assignment, so the trio thread never sees half of it."""
+        self._beat = (session, asked_at)
+
     async def _keep_in_contact(self) -> None:
-        """Ask ZooKeeper something cheap every third of the session, so that
-        ``in_contact_until`` stays ahead while the session lives: kazoo's own session pings are
-        not seen from here (``KazooBridge.heard_in_session``). Each answer within one session
+        """Ask ZooKeeper something cheap every third of the session, from a thread
+        (``KazooBridge.keep_heard``), so that ``in_contact_until`` stays ahead while the session
+        lives, however far behind the broker's event loop is. Each answer within one session
         moves the contact forward; a failure or a new session leaves it to run out."""
-        interval = self._session_timeout / 3
-        while True:
-            asked_at = trio.current_time()
-            with trio.move_on_at(asked_at + self._session_timeout):
-                try:
-                    heard = await self._bridge.heard_in_session(
-                        lambda: self._client.exists_async(ELECTION)
-                    )
-                except StoreUnavailable as exc:
-                    log.debug("no contact with ZooKeeper: %s", exc)
-                else:
-                    if heard is not None:
-                        self._heard(*heard)
-            await trio.sleep_until(asked_at + interval)
+        await self._bridge.keep_heard(
+            lambda: self._client.exists_async(ELECTION),
+            interval=self._session_timeout / 3,
+            heard=self._heartbeat,
+        )
 
     async def wait_slot_lost(self, slot: int, *, suspended_grace: float | None = None) -> None:
         """Return once this handle's office of ``slot`` may be over: another session holds the

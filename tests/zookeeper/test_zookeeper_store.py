@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -175,6 +176,24 @@ async def test_a_coordinator_stays_in_contact_while_its_session_lives(
             await trio.sleep(0.05)
         print(f"contact reached at least {lowest:.3f}s ahead over {2 * session}s")
         assert lowest > 0
+
+
+async def test_a_coordinator_whose_loop_is_behind_stays_in_contact_with_a_store_that_answers(
+    zookeeper_hosts: str,
+) -> None:
+    """The broker's event loop is busy for longer than contact lasts (here one stretch of
+    CPU-bound work that never yields, the worst case of a loop behind its timers); the ensemble
+    answers all along, so the coordinator is still in contact the moment the loop is free
+    again: contact is judged from the session's own heartbeats, not from a task that waits its
+    turn behind other work (issue 36: 121 rebalances refused "out of contact" at load 8-11).
+    With a task reading the node, contact ran out 2.5 s into the 3.6 s stretch."""
+    session = 3.0  # contact lasts 2.5 s past each answer, renewed every 1 s
+    async with open_office(zookeeper_hosts, session_timeout=session) as store:
+        await store.take_office(1)
+        busy_until = time.perf_counter() + 1.2 * session
+        while time.perf_counter() < busy_until:
+            sum(range(1000))  # holds the loop, as a busy broker's work does, not the GIL
+        assert store.in_contact_until() > trio.current_time()
 
 
 async def test_a_coordinator_whose_session_ended_falls_out_of_contact(
