@@ -11,8 +11,13 @@ request head of at most MAX_HEAD_BYTES read within HEAD_DEADLINE of the accept, 
 within ANSWER_DEADLINE, at most MAX_CONNECTIONS connections open (more are accepted and closed at
 once, as the broker's listener does) and MAX_CONCURRENT answered at once. Its connections are
 kept out of the broker's file budget (transport.limits.FILE_RESERVE holds them), so no number of
-clients of this port can take files from the broker's. It has no authentication, which is why it
-listens on the loopback unless told otherwise (README: Metrics).
+clients of this port can take files from the broker's. The page and the metrics have no
+authentication, which is why it listens on the loopback unless told otherwise (README: Metrics);
+only the record viewer's page (``/records``, broker/viewer.py) logs its user in, since it shows
+what clients wrote.
+
+The page's layout is in sections (:func:`_topics_section`, :func:`_groups_section`), each a
+function that adds its own HTML, so that a new figure is a new section.
 """
 
 from __future__ import annotations

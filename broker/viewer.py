@@ -84,7 +84,8 @@ def basic_login(head: bytes) -> Login | None:
         except (binascii.Error, UnicodeDecodeError):
             return None
         user, separator, password = text.partition(":")
-        if not separator or not user or len(user) > MAX_LOGIN_CHARS or len(password) > MAX_LOGIN_CHARS:
+        too_long = max(len(user), len(password)) > MAX_LOGIN_CHARS
+        if not separator or not user or too_long:
             return None
         return Login(user=user, password=password)
     return None
@@ -133,19 +134,18 @@ class RecordViewer:
 
     async def principal(self, login: Login) -> str | None:
         """The principal ``login`` authenticates as; None, :data:`FAILED_AUTHENTICATION_DELAY`
-        late and after any earlier failure's answer, if it does not. An unknown user is checked
-        against a decoy credential, so that it takes as long as a wrong password."""
-        found = [
-            credential
-            for mechanism in MECHANISMS
-            if (credential := await self.credential(login.user, mechanism)) is not None
-        ]
+        late and after any earlier failure's answer, if it does not. The password is checked
+        against the user's credential for every mechanism, a decoy's where it has none, so that
+        an unknown user takes as long as a wrong password."""
         matched = False
-        for credential in found or [SCRAMP.decoy(MECHANISMS[0])]:
-            matched |= await trio.to_thread.run_sync(
-                password_matches, credential, login.password, limiter=self._checks
+        for mechanism in MECHANISMS:
+            credential = await self.credential(login.user, mechanism)
+            checked = credential or SCRAMP.decoy(mechanism)
+            right = await trio.to_thread.run_sync(
+                password_matches, checked, login.password, limiter=self._checks
             )
-        if matched and found:
+            matched |= right and credential is not None
+        if matched:
             return principal_of(login.user)
         async with self._failures:
             await trio.sleep(FAILED_AUTHENTICATION_DELAY)
