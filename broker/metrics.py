@@ -107,8 +107,8 @@ class PartitionLag:
     records: int
     #: The group's offset on the partition, accepted (written or not), and the partition's end:
     #: ``records`` is how far apart they are.
-    offset: int = 0
-    end: int = 0
+    offset: int
+    end: int
     #: The offset the store holds (None: none yet); ``offset`` is ahead of it until written.
     committed: int | None = None
     #: Age of the oldest record not yet consumed; 0 with no lag; None where the record's
@@ -140,8 +140,8 @@ class GroupView:
 
 @attrs.frozen(kw_only=True)
 class LogSize:
-    """What one partition's log on this broker holds: its segments' bytes, and its records (the
-    offsets from the log's start to its end, which are dense)."""
+    """What one partition's log on this broker holds: its segments' bytes, and the records readers
+    may see (the offsets from the log's start to its high watermark, which are dense)."""
 
     bytes: int
     records: int

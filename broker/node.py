@@ -239,7 +239,7 @@ async def _snapshot(
 ) -> Snapshot:
     log_ends = {tp: p.high_watermark for tp, p in data_plane.partitions.items()}
     log_sizes = {
-        tp: LogSize(bytes=p.size_bytes, records=p.log_end_offset - p.log_start_offset)
+        tp: LogSize(bytes=p.size_bytes, records=p.high_watermark - p.log_start_offset)
         for tp, p in data_plane.partitions.items()
     }
 
