@@ -105,6 +105,12 @@ class PartitionLag:
     group_id: str
     tp: TopicPartition
     records: int
+    #: The group's offset on the partition, accepted (written or not), and the partition's end:
+    #: ``records`` is how far apart they are.
+    offset: int
+    end: int
+    #: The offset the store holds (None: none yet); ``offset`` is ahead of it until written.
+    committed: int | None = None
     #: Age of the oldest record not yet consumed; 0 with no lag; None where the record's
     #: timestamp is not readable here (the partition is on another broker).
     seconds: float | None
@@ -133,6 +139,15 @@ class GroupView:
 
 
 @attrs.frozen(kw_only=True)
+class LogSize:
+    """What one partition's log on this broker holds: its segments' bytes, and the records readers
+    may see (the offsets from the log's start to its high watermark, which are dense)."""
+
+    bytes: int
+    records: int
+
+
+@attrs.frozen(kw_only=True)
 class Snapshot:
     """What the broker knows at one scrape: the page and the gauges render the same one."""
 
@@ -146,6 +161,8 @@ class Snapshot:
     taken_at: float
     #: The coordinator slots this broker holds (docs/design.md#coordinator-slots).
     slots: tuple[int, ...] = ()
+    #: The partitions whose logs are on this broker, by their size.
+    log_sizes: Mapping[TopicPartition, LogSize] = attrs.field(factory=dict)
 
 
 #: A partition's record at an offset, read from this broker's log: its timestamp in ms, or None.
@@ -429,6 +446,7 @@ async def take_snapshot(
     store: TopicStore,
     log_ends: Mapping[TopicPartition, int],
     read_timestamp: ReadTimestamp,
+    log_sizes: Mapping[TopicPartition, LogSize] | None = None,
 ) -> Snapshot:
     """Read what the gauges and the page show; ``read_timestamp(tp, offset)`` awaits the
     timestamp in ms of the record at ``offset`` of a partition on this broker (None if absent);
@@ -464,7 +482,17 @@ async def take_snapshot(
             if behind:
                 ts = await read_timestamp(tp, offset) if tp in log_ends else None
                 seconds = None if ts is None else max(0.0, (now_ms - ts) / 1000)
-            lags.append(PartitionLag(group_id=group_id, tp=tp, records=behind, seconds=seconds))
+            lags.append(
+                PartitionLag(
+                    group_id=group_id,
+                    tp=tp,
+                    records=behind,
+                    seconds=seconds,
+                    offset=offset,
+                    end=end,
+                    committed=view.durable.get(tp),
+                )
+            )
         groups.append(
             GroupView(
                 group_id=group_id,
@@ -487,6 +515,7 @@ async def take_snapshot(
         groups=tuple(groups),
         rebalances=tuple(reversed(metrics.rebalances)),
         taken_at=time.time(),  # real-clock: shown to a person
+        log_sizes={} if log_sizes is None else log_sizes,
     )
     metrics.snapshot = snapshot
     return snapshot

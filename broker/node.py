@@ -25,6 +25,7 @@ from broker.election import open_elector
 from broker.log import CorruptSegment, LogConfig, OffsetOutOfRange, check_log_format
 from broker.metrics import (
     BrokerMetrics,
+    LogSize,
     MetricsConfig,
     Snapshot,
     TimedStore,
@@ -33,6 +34,7 @@ from broker.metrics import (
 )
 from broker.offices import BySlot, whole_office
 from broker.status import serve_status
+from broker.viewer import RecordViewer
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import open_group_coordinator
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
@@ -197,7 +199,12 @@ async def run_node(
                 async def snapshot() -> Snapshot:
                     return await _snapshot(metrics, broker, current(), store, data_plane)
 
-                await nursery.start(serve_status, metrics, snapshot)
+                viewer = RecordViewer(
+                    access=access,
+                    credential=store.scram_credential,
+                    partitions=lambda: data_plane.partitions,
+                )
+                await nursery.start(serve_status, metrics, snapshot, viewer)
             gate = ConnectionGate.of(settings.connections, budget)
             await nursery.start(serve_listeners, handler, listeners, gate)
             log.info("broker %d serving, data in %s", broker.broker_id, settings.data_dir)
@@ -231,6 +238,10 @@ async def _snapshot(
     data_plane: BrokerLog,
 ) -> Snapshot:
     log_ends = {tp: p.high_watermark for tp, p in data_plane.partitions.items()}
+    log_sizes = {
+        tp: LogSize(bytes=p.size_bytes, records=p.high_watermark - p.log_start_offset)
+        for tp, p in data_plane.partitions.items()
+    }
 
     async def read_timestamp(tp: TopicPartition, offset: int) -> int | None:
         partition = data_plane.partitions.get(tp)
@@ -241,7 +252,7 @@ async def _snapshot(
         except (OffsetOutOfRange, CorruptSegment, RemoteProtocolError):
             return None  # gone by retention, or unreadable: the page says "?"
 
-    return await take_snapshot(metrics, broker, by_slot, store, log_ends, read_timestamp)
+    return await take_snapshot(metrics, broker, by_slot, store, log_ends, read_timestamp, log_sizes)
 
 
 def _listener_security(

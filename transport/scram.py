@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hmac
 import secrets
 
 import attrs
@@ -11,7 +12,7 @@ import scramp
 
 from protocol.sasl import MECHANISMS, ClientEngine, ScramCredential, ScramFailure, ServerEngine
 
-__all__ = ["ITERATIONS", "SCRAMP", "Scramp", "make_credential"]
+__all__ = ["ITERATIONS", "SCRAMP", "Scramp", "make_credential", "password_matches"]
 
 #: PBKDF2 rounds for a new credential: RFC 7677's minimum, and Kafka's default.
 ITERATIONS = 4096
@@ -32,6 +33,23 @@ def make_credential(mechanism: str, password: str, iterations: int = ITERATIONS)
         server_key=server_key,
         iterations=count,
     )
+
+
+def password_matches(credential: ScramCredential, password: str) -> bool:
+    """Whether ``password`` is the one ``credential`` was made from: the salted password derived
+    again under the stored salt and iterations, and StoredKey and ServerKey compared with the
+    stored ones in constant time. For a login that sends the password itself (HTTP Basic, on the
+    status page) rather than a SCRAM proof; PBKDF2's iterations make it cost milliseconds, so
+    callers run it in a thread and bound how many run at once."""
+    try:
+        _, stored_key, server_key, _ = scramp.ScramMechanism(credential.mechanism).make_auth_info(
+            password, iteration_count=credential.iterations, salt=credential.salt
+        )
+    except (scramp.ScramException, ValueError, TypeError):
+        return False  # not a password SASLprep allows, or a mechanism scramp does not know
+    stored = hmac.compare_digest(stored_key, credential.stored_key)
+    server = hmac.compare_digest(server_key, credential.server_key)
+    return stored and server
 
 
 @attrs.define(eq=False)

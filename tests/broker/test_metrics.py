@@ -110,6 +110,8 @@ def _snapshot(partitions: int) -> Snapshot:
             tp=TopicPartition(topic="t", partition=p),
             records=p,
             seconds=float(p),
+            offset=0,
+            end=p,
         )
         for p in range(partitions)
     )

@@ -8,7 +8,11 @@ import pytest
 import trio
 
 from broker import status
+from broker.authorization import Access
 from broker.metrics import BrokerMetrics, MetricsConfig, Snapshot
+from broker.viewer import RecordViewer
+from protocol.sasl import ScramCredential
+from statemachine.acl import Authorizer
 
 DEADLINE = 10.0
 
@@ -53,3 +57,31 @@ async def test_the_metrics_port_bounds_its_connections_and_their_requests(
         for stream in (*idle, extra, big, fine):
             await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def no_users(user: str, mechanism: str) -> ScramCredential | None:
+    return None
+
+
+async def test_the_record_viewer_asks_a_browser_to_log_in_and_is_off_without_rules() -> None:
+    """A browser shows its login prompt on a 401 with a Basic challenge; a broker enforcing no
+    access rules answers 404, saying the viewer is off."""
+    metrics = BrokerMetrics(config=MetricsConfig(port=0))
+    answers = {}
+    for enabled in (True, False):
+        viewer = RecordViewer(
+            access=Access(current=Authorizer(enabled=enabled)), credential=no_users, partitions=dict
+        )
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(status.serve_status, metrics, no_snapshot, viewer)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET /records?topic=t&partition=0 HTTP/1.0\r\n\r\n")
+            answers[enabled] = await received_until_closed(stream)
+            await stream.aclose()
+            nursery.cancel_scope.cancel()
+    head, _, body = answers[True].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 401 ")
+    assert b'\r\nWWW-Authenticate: Basic realm="broker", charset="UTF-8"' in head
+    head, _, body = answers[False].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 404 ") and b"WWW-Authenticate" not in head
+    assert body.decode().strip() == status.VIEWER_OFF
