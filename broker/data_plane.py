@@ -69,6 +69,7 @@ from protocol import (
 from protocol.batches import (
     MAX_SECTION_BYTES,
     BatchSpan,
+    batch_at,
     batch_spans,
     batches_from_records,
     check_batches,
@@ -139,6 +140,11 @@ class StoredPartition(Protocol):
         """Whole batches from the one holding ``offset``, at least one, about ``max_bytes``;
         OffsetOutOfRange outside [log start, high watermark]; CorruptSegment for a stored batch
         it cannot read."""
+        ...
+
+    async def batch_at_time(self, timestamp_ms: int) -> bytes:
+        """The first whole stored batch below the high watermark whose newest timestamp is at
+        least ``timestamp_ms`` (b"": none); CorruptSegment for a stored batch it cannot read."""
         ...
 
 
@@ -321,6 +327,9 @@ class DataPlaneLog(abc.ABC):
             self.decompressed.release(claim)
 
     async def list_offsets(self, message: ListOffsetsRequest) -> ListOffsetsResponse:
+        """The log's bounds; from version 1, with a ``timestamp_ms`` of 0 or more, also the
+        earliest offset whose record is that late (SPEC.md §8, 2): the log finds the one batch
+        that holds it by the batches' newest timestamps, and only that batch is decoded here."""
         partition = await self.partition(message.topic, message.partition)
         if partition is None:
             return ListOffsetsResponse(
@@ -328,11 +337,47 @@ class DataPlaneLog(abc.ABC):
                 log_start_offset=-1,
                 high_watermark=-1,
             )
+        found = (-1, -1)
+        error = ErrorCode.NONE
+        if message.timestamp_ms >= 0:
+            try:
+                found = await self._offset_at_time(partition, message.timestamp_ms)
+            except (CorruptSegment, RemoteProtocolError) as exc:
+                log.error("list offsets %s-%d: %s", message.topic, message.partition, exc)
+                error = ErrorCode.CORRUPT_MESSAGE
         return ListOffsetsResponse(
-            error_code=ErrorCode.NONE,
+            error_code=error,
             log_start_offset=partition.log_start_offset,
             high_watermark=partition.high_watermark,
+            offset=found[0],
+            timestamp_ms=found[1],
         )
+
+    async def _offset_at_time(
+        self, partition: StoredPartition, timestamp_ms: int
+    ) -> tuple[int, int]:
+        """(offset, timestamp) of the earliest record at least ``timestamp_ms`` late, (-1, -1)
+        if none: its batch decoded by :meth:`run_sync`, under the decompression budget."""
+        data = await partition.batch_at_time(timestamp_ms)
+        if not data:
+            return -1, -1
+        spans = batch_spans(data, check_crc=False)
+        claim = section_bound(data, spans)
+        await self.decompressed.claim(0, claim)
+        try:
+            return await self.run_sync(_first_record_at, data, timestamp_ms)
+        finally:
+            self.decompressed.release(claim)
+
+
+def _first_record_at(data: bytes, timestamp_ms: int) -> tuple[int, int]:
+    """(offset, timestamp) of the first record of the batch ``data`` at least ``timestamp_ms``
+    late; (-1, -1) if none is (its header claimed one)."""
+    batch = batch_at(data, 0, len(data))
+    for offset, ts in zip(batch.offsets, batch.timestamps(), strict=True):
+        if ts >= timestamp_ms:
+            return offset, ts
+    return -1, -1
 
 
 @attrs.define(eq=False)

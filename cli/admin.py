@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 from collections.abc import Sequence
@@ -81,6 +82,13 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     where.add_argument("--to-earliest", action="store_true")
     where.add_argument("--to-latest", action="store_true")
     where.add_argument("--to-offset", type=_non_negative_int)
+    where.add_argument(
+        "--to-datetime",
+        type=datetime_ms,
+        metavar="YYYY-MM-DDTHH:mm:SS.sss",
+        help="the earliest offset whose record is at least that late (the log end if none is); "
+        "ISO 8601, with a timezone offset (Z, +01:00) or in local time",
+    )
 
 
 def _broker_ids(text: str) -> list[int]:
@@ -91,6 +99,21 @@ def _broker_ids(text: str) -> list[int]:
     if len(set(ids)) != len(ids):
         raise argparse.ArgumentTypeError(f"a broker id is named twice: {text!r}")
     return ids
+
+
+def datetime_ms(text: str) -> int:
+    """An ISO 8601 date and time (kafka-consumer-groups' ``--to-datetime``), local time unless
+    it names an offset, as milliseconds since the epoch."""
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 date and time such as 2026-11-28T10:00:00.000: {text!r}"
+        ) from None
+    ms = round(when.timestamp() * 1000)  # a naive one is local time
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"before 1970: {text!r}")
+    return ms
 
 
 def positive_int(text: str) -> int:
@@ -286,6 +309,12 @@ async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
             if not start <= args.to_offset <= end:
                 raise ValueError(f"offset {args.to_offset} is outside {tp}'s log [{start}, {end}]")
         offsets = {tp: args.to_offset for tp in bounds}
+    elif args.to_datetime is not None:
+        found = await admin.offsets_for_times(dict.fromkeys(bounds, args.to_datetime))
+        offsets = {}
+        for tp, (_, end) in bounds.items():  # none that late: the end, as Kafka's tool does
+            at = found[tp]
+            offsets[tp] = end if at is None else at.offset
     else:
         offsets = {tp: start if args.to_earliest else end for tp, (start, end) in bounds.items()}
     await admin.reset_offsets(args.group, offsets)

@@ -266,6 +266,15 @@ def cluster_report(metadata: ClusterMetadataResponse) -> ClusterReport:
     )
 
 
+@attrs.frozen
+class OffsetAndTimestamp:
+    """What a lookup by time found (aiokafka's ``OffsetAndTimestamp``): the earliest offset
+    whose record is at least as late as asked, and that record's timestamp (ms)."""
+
+    offset: int
+    timestamp: int
+
+
 @attrs.define(eq=False)
 class Admin:
     #: The connection to the bootstrap broker that answered.
@@ -562,6 +571,39 @@ class Admin:
                 bounds[tp] = (response.log_start_offset, response.high_watermark)
         return bounds
 
+    async def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """For each partition, the earliest offset whose record's timestamp (ms) is at least the
+        one given, with that timestamp; None where no record is that late (Kafka's and
+        aiokafka's ``offsets_for_times``; ListOffsets 1, SPEC.md §8, 2). Each asked of the broker
+        that holds the partition; AdminError (UNKNOWN_TOPIC_OR_PARTITION) for a partition no
+        broker that answers holds."""
+        for tp, ms in timestamps.items():
+            if ms < 0:
+                raise ValueError(f"the timestamp for {tp} is {ms}: a timestamp is >= 0 (ms)")
+        found: dict[TopicPartition, OffsetAndTimestamp | None] = {}
+        async for tp, channel in self._partition_channels(sorted({tp.topic for tp in timestamps})):
+            if tp not in timestamps:
+                continue
+            response = await channel.request(
+                ListOffsetsRequest(
+                    topic=tp.topic, partition=tp.partition, timestamp_ms=timestamps[tp]
+                )
+            )
+            assert isinstance(response, ListOffsetsResponse)
+            _check(f"look up {tp.topic}-{tp.partition} by time", response.error_code)
+            found[tp] = (
+                None
+                if response.offset < 0
+                else OffsetAndTimestamp(offset=response.offset, timestamp=response.timestamp_ms)
+            )
+        for tp in timestamps.keys() - found.keys():
+            raise AdminError(
+                f"look up {tp.topic}-{tp.partition} by time", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            )
+        return {tp: found[tp] for tp in timestamps}
+
     async def timestamps_at(
         self, offsets: Mapping[TopicPartition, int]
     ) -> dict[TopicPartition, int]:
@@ -648,13 +690,16 @@ def _check(what: str, error_code: ErrorCode) -> None:
 
 @asynccontextmanager
 async def open_admin(
-    bootstrap: str | Sequence[Address], *, security: ClientSecurity | None = None
+    bootstrap: str | Sequence[Address],
+    *,
+    security: ClientSecurity | None = None,
+    connect: Connector | None = None,
 ) -> AsyncIterator[Admin]:
     """An admin client of the cluster ``bootstrap`` (``"host:port[,...]"`` or a list of
     addresses) names, connecting as ``security`` says (default: plaintext, no
-    authentication)."""
+    authentication), or through ``connect`` (a consumer's own connector)."""
     addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else bootstrap
-    connect = (security or ClientSecurity()).connector()
+    connect = connect or (security or ClientSecurity()).connector()
     stream, address = await connect_any(addresses, connect=connect)
     async with AsyncExitStack() as stack:
         channel = await stack.enter_async_context(open_channel(stream, client_id=CLIENT_ID))

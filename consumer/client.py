@@ -49,6 +49,7 @@ from statemachine import consumer as sm
 from transport.connect import Connector, parse_bootstrap
 from transport.security import ClientSecurity
 
+from .admin import OffsetAndTimestamp, open_admin
 from .core import _DiscoveryRun, _Session, _Source, log
 from .discovery import Discovery
 from .fetcher import BrokerConnections
@@ -244,6 +245,17 @@ class Consumer(CoordinatorSession, FetcherControl):
         claim.delivered = None
         self._handed.pop(tp, None)
         stream.reposition(claim)
+
+    async def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """For each partition (assigned or not), the earliest offset whose record's timestamp
+        (ms) is at least the one given, and that timestamp; None where no record is that late,
+        as aiokafka's. ``seek(tp, found.offset)`` goes on from there. Asked over connections of
+        its own, made as the consumer's are (``consumer.admin.Admin.offsets_for_times``)."""
+        with unwrap_single():
+            async with open_admin(self._discovery.addresses, connect=self._connect) as admin:
+                return await admin.offsets_for_times(timestamps)
 
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop handing out and fetching records of ``partitions`` (default: all assigned) until

@@ -124,6 +124,8 @@ def data_error(message: ProduceRequest | FetchRequest | ListOffsetsRequest) -> E
     topic was created since the broker last looked."""
     if message.partition < 0 or not valid_topic_name(message.topic):
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    if isinstance(message, ListOffsetsRequest) and message.timestamp_ms < -1:
+        return ErrorCode.INVALID_REQUEST  # -1 asks no lookup by time; other negatives nothing
     return ErrorCode.NONE
 
 

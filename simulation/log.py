@@ -26,7 +26,7 @@ import trio
 from broker.data_plane import DataPlaneLog
 from broker.log import OffsetOutOfRange
 from protocol import FetchRequest, FetchResponse
-from protocol.batches import BatchSpan, batch_spans, read_batches, stamp
+from protocol.batches import BatchSpan, batch_spans, read_batches, stamp, walk_batches
 from protocol.codec import ReadableBuffer
 from protocol.types import NO_TOPIC_ID, TopicId, TopicPartition
 from store import TopicPlacement
@@ -104,6 +104,16 @@ class MemoryPartition:
                 break
             end = position
         return bytes(self.data[start:end])
+
+    async def batch_at_time(self, timestamp_ms: int) -> bytes:
+        """The first stored batch whose newest timestamp is at least ``timestamp_ms``, by a walk
+        of the headers from the log start (memory has no index to keep)."""
+        for position, size, base, _, newest in walk_batches(self.data, check_crc=False):
+            if base >= self.high_watermark:
+                break
+            if newest >= timestamp_ms:
+                return bytes(self.data[position : position + size])
+        return b""
 
 
 @attrs.define(eq=False)

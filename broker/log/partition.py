@@ -201,6 +201,30 @@ class PartitionLog:
                 break  # the budget ended inside this segment
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    async def batch_at_time(self, timestamp_ms: int) -> bytes:
+        """The first whole stored batch below the high watermark whose newest timestamp is at
+        least ``timestamp_ms`` (>= 0), as stored (b"": none): the one that holds the earliest
+        record that late (ListOffsets 1). Segments whose newest record is older are passed over
+        without a read; in the one that is not, one region the time index narrows it to is
+        read. CorruptSegment for a segment it cannot read."""
+        limit = self.high_watermark
+
+        def find(segments: list[Segment]) -> bytes:
+            for segment in segments:
+                if segment.base_offset >= limit:
+                    break
+                if segment.empty:
+                    continue
+                try:
+                    found = segment.batch_at_time(self.files, timestamp_ms, limit)
+                except FileNotFoundError:
+                    continue  # deleted by retention meanwhile: its records are gone
+                if found is not None:
+                    return found
+            return b""
+
+        return await trio.to_thread.run_sync(find, list(self.segments), limiter=self.limiter)
+
     async def enforce_retention(self, now_ms: int) -> int:
         """Delete whole segments past the time or size limit; returns how many went.
 

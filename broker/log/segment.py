@@ -1,4 +1,5 @@
-"""One segment file: record batches back to back as the wire carries them, and its offset index.
+"""One segment file: record batches back to back as the wire carries them, and its offset and
+time index.
 
 Everything here blocks (file I/O); the partition log calls it from a worker thread, with the
 broker's open segment files (:mod:`broker.log.files`), from which each call borrows the segment's
@@ -6,21 +7,27 @@ descriptor. The file is ``<base_offset:020d>.log`` and holds nothing but :mod:`p
 batches, stamped with their offsets, so the on-disk format is the wire format and a fetch answers
 a byte range of the file.
 
-The sparse offset index, ``(offset, position)`` of a batch every ``index_interval`` bytes, is kept
-in memory and written to ``<base_offset:020d>.index``, with the segment's size, next offset and
-newest timestamp: when a segment is sealed (fsynced with it), when the log closes cleanly, and for
-the active segment after an fsync that made ``checkpoint_bytes`` more durable (Kafka's recovery
+The sparse index, ``(offset, position, newest_before)`` of a batch every ``index_interval`` bytes,
+is kept in memory and written to ``<base_offset:020d>.index``, with the segment's size, next offset
+and newest timestamp. ``newest_before`` is the newest timestamp of the segment's batches before
+that one (-1: none), so the entries rise in time as in offset: a lookup by time (ListOffsets 1,
+Kafka's time index) finds the two entries between which the first batch that late lies and reads
+that one region of the file, whatever order the producers' timestamps came in. It is written:
+when a segment is sealed (fsynced with it), when the log closes cleanly, and for the active
+segment after an fsync that made ``checkpoint_bytes`` more durable (Kafka's recovery
 point). An index file describes a prefix of its segment that an fsync had covered, so it never
 describes bytes the segment does not hold. Opening a log reads one index file per segment; after
 a clean stop that is all, after a crash the active segment is scanned from its recovery point on
 (at most ``checkpoint_bytes`` plus what was not yet fsynced), checking each batch's CRC and
 cutting a torn or corrupt tail. A sealed segment without a usable index is scanned on its first
-read.
+read. An index file of another version (one written before the index knew time) is not used:
+the segment is scanned as if it had none, and its index written again.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import mmap
 import os
@@ -45,9 +52,10 @@ INDEX_SUFFIX = ".index"
 #: magic, version, segment size, next offset, newest timestamp, entry count
 _INDEX_HEAD = struct.Struct(">4sIqqqI")
 _INDEX_MAGIC = b"CCIX"
-_INDEX_VERSION = 1
-#: relative offset, position: 8 bytes an entry, as in Kafka's .index
-_INDEX_ENTRY = struct.Struct(">II")
+#: 1: (relative offset, position) entries; 2: the newest timestamp before each entry too.
+_INDEX_VERSION = 2
+#: relative offset, position (Kafka's .index), newest timestamp before it (Kafka's .timeindex)
+_INDEX_ENTRY = struct.Struct(">IIq")
 
 
 class CorruptSegment(Exception):
@@ -62,6 +70,10 @@ def index_path(directory: Path, base_offset: int) -> Path:
     return directory / f"{base_offset:020d}{INDEX_SUFFIX}"
 
 
+#: A batch's offset, its position in the file, and the newest timestamp of the batches before it.
+IndexEntry = tuple[int, int, int]
+
+
 @attrs.define(eq=False)
 class Segment:
     base_offset: int
@@ -73,10 +85,10 @@ class Segment:
     #: Newest record timestamp, for time retention (-1: empty).
     max_timestamp_ms: int
     index_interval: int
-    #: Sparse (offset, position) pairs of batch starts, ascending; the first is always the first
-    #: batch. One list of pairs, appended whole, so a reader thread never sees an offset without
-    #: its position.
-    index: list[tuple[int, int]] = attrs.field(factory=list)
+    #: Sparse (offset, position, newest_before) of batch starts, ascending in each; the first is
+    #: always the first batch. One list of tuples, appended whole, so a reader thread never sees
+    #: an offset without its position.
+    index: list[IndexEntry] = attrs.field(factory=list)
     #: False for a sealed segment opened without a usable index until its first read scans it.
     scanned: bool = True
     #: Bytes an fsync covered (or that were on disk when the log opened): the segment's open
@@ -108,8 +120,10 @@ class Segment:
         return self.path.with_suffix(INDEX_SUFFIX)
 
     def _index(self, offset: int, position: int) -> None:
+        """(state lock held, or the segment not shared yet) Index the batch at ``position`` if it
+        is ``index_interval`` past the last one indexed, before its timestamp counts."""
         if not self.index or position - self.index[-1][1] >= self.index_interval:
-            self.index.append((offset, position))
+            self.index.append((offset, position, self.max_timestamp_ms))
 
     def append(
         self, files: SegmentFiles, pieces: list[ReadableBuffer], size: int, spans: list[BatchSpan]
@@ -154,6 +168,8 @@ class Segment:
             self.index = scan.index
             self.max_timestamp_ms = scan.max_timestamp_ms
             self.scanned = True
+            if not self.discarded:  # the next start opens it from the index, without a scan
+                self.write_index(durable=False)
 
     def flush(self, files: SegmentFiles, checkpoint_bytes: int | None = None) -> None:
         """fsync what was written since the last one; then, if ``checkpoint_bytes`` have been
@@ -185,11 +201,12 @@ class Segment:
         size: int,
         next_offset: int,
         max_timestamp_ms: int,
-        index: list[tuple[int, int]],
+        index: list[IndexEntry],
         durable: bool,
     ) -> None:
         entries = [
-            _INDEX_ENTRY.pack(offset - self.base_offset, position) for offset, position in index
+            _INDEX_ENTRY.pack(offset - self.base_offset, position, newest_before)
+            for offset, position, newest_before in index
         ]
         head = _INDEX_HEAD.pack(
             _INDEX_MAGIC, _INDEX_VERSION, size, next_offset, max_timestamp_ms, len(entries)
@@ -262,6 +279,38 @@ class Segment:
                 return buf[start - buf_at : stop - buf_at], after
             return _read_exactly(fd, start, stop - start), after
 
+    def batch_at_time(
+        self, files: SegmentFiles, timestamp_ms: int, limit_offset: int
+    ) -> bytes | None:
+        """The first whole batch below ``limit_offset`` whose newest timestamp is at least
+        ``timestamp_ms`` (>= 0), as the file holds it; None if this segment has none.
+
+        The index narrows it to the region between the last entry before which every batch is
+        older and the next entry (or the end), at most ``index_interval`` bytes and one batch:
+        that region is read in one call and walked by the batches' headers, none decoded.
+        """
+        self.ensure_scanned()
+        with self._state_lock:  # an append updates these together
+            if self.max_timestamp_ms < timestamp_ms or not self.index:
+                return None
+            index, end = self.index, self.size
+            entries = len(index)
+        # index[0] says -1: every lookup starts at or after it
+        at = bisect.bisect_left(index, timestamp_ms, hi=entries, key=_newest_before) - 1
+        start = index[at][1]
+        stop = index[at + 1][1] if at + 1 < entries else end
+        with files.borrow(self) as fd:
+            region = _read_exactly(fd, start, stop - start)
+        try:
+            for position, size, base, _, newest in walk_batches(region, check_crc=False):
+                if base >= limit_offset:
+                    return None
+                if newest >= timestamp_ms:
+                    return region[position : position + size]
+        except RemoteProtocolError as exc:
+            raise CorruptSegment(f"{self.path} at byte {start}: {exc}") from exc
+        return None
+
 
 #: iovecs one writev takes (Linux's IOV_MAX is 1024)
 _IOV_MAX = 1024
@@ -291,13 +340,17 @@ def _read_exactly(fd: int, position: int, size: int) -> bytes:
     return data
 
 
-def _offset_of(entry: tuple[int, int]) -> int:
+def _offset_of(entry: IndexEntry) -> int:
     return entry[0]
+
+
+def _newest_before(entry: IndexEntry) -> int:
+    return entry[2]
 
 
 @attrs.frozen(kw_only=True)
 class _Scan:
-    index: list[tuple[int, int]]
+    index: list[IndexEntry]
     size: int
     next_offset: int
     max_timestamp_ms: int
@@ -319,7 +372,7 @@ def _scan(path: Path, base_offset: int, index_interval: int, start: Segment | No
     file_size = path.stat().st_size
     pos = start.size if start is not None else 0
     expected = start.next_offset if start is not None else base_offset
-    max_ts = start.max_timestamp_ms if start is not None else -1
+    probe.max_timestamp_ms = start.max_timestamp_ms if start is not None else -1
     reason: str | None = None
     if file_size > pos:
         with (
@@ -333,13 +386,17 @@ def _scan(path: Path, base_offset: int, index_interval: int, start: Segment | No
                         reason = f"offset {base} where {expected} belongs"
                         break
                     probe._index(expected, position)
-                    max_ts = max(max_ts, ts)
+                    probe.max_timestamp_ms = max(probe.max_timestamp_ms, ts)
                     expected += count
                     pos = position + size
             except RemoteProtocolError as exc:
                 reason = f"{exc.error_code.name}: {exc}"
     return _Scan(
-        index=probe.index, size=pos, next_offset=expected, max_timestamp_ms=max_ts, reason=reason
+        index=probe.index,
+        size=pos,
+        next_offset=expected,
+        max_timestamp_ms=probe.max_timestamp_ms,
+        reason=reason,
     )
 
 
@@ -363,10 +420,15 @@ def _load_index(segment: Segment, file_size: int, prefix: bool = False) -> bool:
         return False
     base = segment.base_offset
     index = [
-        (base + relative, position)
-        for relative, position in _INDEX_ENTRY.iter_unpack(data[_INDEX_HEAD.size :])
+        (base + relative, position, newest_before)
+        for relative, position, newest_before in _INDEX_ENTRY.iter_unpack(data[_INDEX_HEAD.size :])
     ]
-    if size and (not index or index[0] != (base, 0) or any(p >= size for _, p in index)):
+    if size and (
+        not index
+        or index[0] != (base, 0, -1)
+        or any(p >= size or t > max_ts for _, p, t in index)
+        or any(a[2] > b[2] for a, b in itertools.pairwise(index))
+    ):
         return False
     segment.size = size
     segment.next_offset = next_offset

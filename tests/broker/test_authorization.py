@@ -103,6 +103,7 @@ RIGHTS_ALTERED: list[RequestMessage] = [
 ALLOWED: list[RequestMessage] = [
     FetchRequest(topic="t", partition=0, offset=0, max_bytes=1024),
     ListOffsetsRequest(topic="t", partition=0),  # read implies describe
+    ListOffsetsRequest(topic="t", partition=0, timestamp_ms=0),  # by time, alike
     _register("g", T),
     _commit("g", "t"),
     OffsetFetchRequest(group_id="g", partitions=None),
@@ -114,6 +115,7 @@ ALLOWED: list[RequestMessage] = [
 DENIED: list[tuple[RequestMessage, ErrorCode]] = [
     (ProduceRequest(topic="t", partition=0, records=()), TOPIC_DENIED),
     (FetchRequest(topic="u", partition=0, offset=0, max_bytes=1), TOPIC_DENIED),
+    (ListOffsetsRequest(topic="u", partition=0, timestamp_ms=0), TOPIC_DENIED),
     (_register("h", T), GROUP_DENIED),
     (_register("g", U), TOPIC_DENIED),
     (_commit("h", "t"), GROUP_DENIED),

@@ -38,6 +38,7 @@ from protocol import (
     LeaveGroupRequest,
     ListGroupsRequest,
     ListOffsetsRequest,
+    ListOffsetsResponse,
     OffsetCommitRequest,
     OffsetFetchRequest,
     OffsetFetchResponse,
@@ -108,7 +109,8 @@ WRITE_TOPIC = AclBinding(principal=ALICE, resource_type="topic", name=TOPIC, ope
 ASKED: dict[ApiKey, RequestMessage] = {
     ApiKey.PRODUCE: ProduceRequest(topic=TOPIC, partition=0, records=()),
     ApiKey.FETCH: FetchRequest(topic=TOPIC, partition=0, offset=0, max_bytes=1 << 16),
-    ApiKey.LIST_OFFSETS: ListOffsetsRequest(topic=TOPIC, partition=0),
+    # version 1: a lookup by time (SPEC.md §8, 2), which finds the one record produced
+    ApiKey.LIST_OFFSETS: ListOffsetsRequest(topic=TOPIC, partition=0, timestamp_ms=0),
     ApiKey.CLUSTER_METADATA: ClusterMetadataRequest(group_id=GROUP, topics=None),
     ApiKey.REGISTER_CONSUMER: _register(GROUP, "alice", Subscription(pattern=".*")),
     ApiKey.OFFSET_COMMIT: _commit(GROUP, (TOPIC, 3)),
@@ -258,6 +260,9 @@ async def test_no_answer_names_what_alice_may_not_describe(tmp_path: Path) -> No
     described = answers[ApiKey.DESCRIBE_GROUP]
     assert isinstance(described, DescribeGroupResponse)
     assert described.offsets == fetched.offsets
+    listed = answers[ApiKey.LIST_OFFSETS]
+    assert isinstance(listed, ListOffsetsResponse)
+    assert (listed.error_code, listed.high_watermark, listed.offset) == (ErrorCode.NONE, 1, 0)
     # Both members' patterns, as the topics alice may see that they take.
     assert [m.subscription.pattern for m in described.members] == [r"open\-topic"] * 2
     assigned = [

@@ -104,9 +104,10 @@ class TickingLog(MemoryLog):
     trio time from ``start`` (offset ``o`` holds ``b"<topic>/<partition>/<o>"``), as if a
     producer kept up that rate: what has come due is appended, a batch a record, whenever a
     request looks at the partition, so the log holds, at every instant, exactly what that rate
-    has made. A Fetch gets at most ``batch`` records. Each Fetch is logged with its instant
-    (``fetches``), so tests can see exactly when a consumer fetched, and each ListOffsets
-    answer's high watermark (``listed``)."""
+    has made, each record stamped with the instant it came due (``due_ms``: what a lookup by
+    time, ListOffsets 1, finds it by). A Fetch gets at most ``batch`` records. Each Fetch is
+    logged with its instant (``fetches``), so tests can see exactly when a consumer fetched, and
+    each ListOffsets answer's high watermark (``listed``)."""
 
     start: float = attrs.field(kw_only=True)
     rate: float = attrs.field(default=10.0, kw_only=True)
@@ -128,8 +129,12 @@ class TickingLog(MemoryLog):
         due = max(0, math.floor((trio.current_time() - self.start) * self.rate))
         for offset in range(found.log_end_offset, due):
             batch = build_batch([f"{topic}/{partition}/{offset}".encode()])
-            await found.append(batch, batch_spans(batch), self.now_ms())
+            await found.append(batch, batch_spans(batch), self.due_ms(offset))
         return found
+
+    def due_ms(self, offset: int) -> int:
+        """The virtual millisecond at which the record at ``offset`` comes due."""
+        return round((self.start + (offset + 1) / self.rate) * 1000)
 
     async def list_offsets(self, message: ListOffsetsRequest) -> ListOffsetsResponse:
         answer = await super().list_offsets(message)

@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from consumer import ConsumerSettings, RebalanceListener, open_consumer, open_producer
+from consumer.admin import AdminError, OffsetAndTimestamp
 from coordinator.config import CoordinatorConfig
 from protocol.types import TopicPartition
 from simulation import open_simulated_cluster
@@ -195,3 +196,34 @@ async def test_headers_and_serializers_go_from_producer_to_consumer(
             rest = await c.getmany()
         assert (first.key, first.value) == ("user-1", {"n": 1})
         assert [(r.key, r.value) for r in rest[A0]] == [("user-2", {"n": 2})]
+
+
+async def test_offsets_for_times_finds_where_a_time_begins_and_seek_goes_on_from_there(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """aiokafka's ``offsets_for_times``: the earliest offset at least that late, with its
+    timestamp, for assigned partitions and others alike; None where no record is that late."""
+    settings = ConsumerSettings(auto_commit=False)
+    async with (
+        open_in_memory_cluster(tmp_path, CONFIG, {"a": 2, "b": 1}) as net,
+        open_consumer("b:1", "g", topics="a", settings=settings, connect=net.connect) as consumer,
+    ):
+        await consumer.assignment.wait_value(lambda a: len(a) == 2)
+        await trio.sleep(3.0)  # 30 records and more in each partition, one every 100 ms
+        due = net.log.due_ms
+        found = await consumer.offsets_for_times({A0: due(12), A1: due(12) - 1, B0: due(5) + 1})
+        assert found == {
+            A0: OffsetAndTimestamp(offset=12, timestamp=due(12)),
+            A1: OffsetAndTimestamp(offset=12, timestamp=due(12)),
+            B0: OffsetAndTimestamp(offset=6, timestamp=due(6)),  # not assigned here
+        }
+        assert await consumer.offsets_for_times({A0: due(10_000)}) == {A0: None}
+        consumer.seek(A0, 12)
+        async for record in consumer:
+            if record.topic_partition == A0:
+                assert record.offset == 12
+                break
+        with pytest.raises(ValueError, match="timestamp"):
+            await consumer.offsets_for_times({A0: -1})
+        with pytest.raises(AdminError, match="no such topic"):
+            await consumer.offsets_for_times({TopicPartition(topic="zz", partition=0): 0})

@@ -93,6 +93,17 @@ async def test_a_frozen_client_runs_a_whole_group(level: str, tmp_path: Path) ->
             "removed": [rule],
             "after": [],
         }
+    if "times" in result:  # level 10 on: ListOffsets 1, offsets by time
+        # [error, log start, high watermark, offset, timestamp]; records stamped 1000, 1000,
+        # 3000, 2000: the earliest offset that late, not the record written after that time
+        assert result["times"] == {
+            "0": [0, 0, 4, 0, 1000],
+            "1000": [0, 0, 4, 0, 1000],
+            "1500": [0, 0, 4, 2, 3000],
+            "3001": [0, 0, 4, -1, -1],
+            "-1": [0, 0, 4, -1, -1],  # no lookup asked
+            "-2": [42, -1, -1, -1, -1],  # INVALID_REQUEST
+        }
     if "described" in result:  # level 7 on: DescribeGroup 3 names the members it awaits
         assert result["described"] == {
             "state": "Stable",

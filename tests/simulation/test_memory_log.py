@@ -18,6 +18,7 @@ from protocol import (
     FetchRequest,
     FetchResponse,
     ListOffsetsRequest,
+    ListOffsetsResponse,
     ProduceRequest,
     Request,
     ResponseMessage,
@@ -195,3 +196,51 @@ async def test_the_simulated_cluster_feeds_its_log_the_topic_watch(
         assert cluster.log.high_watermark("t", 1) == 0
         cluster.produce("t", records=1)
         assert [r.offset for r in cluster.log.records("t", 1)] == [0]
+
+
+def by_time(timestamp_ms: int, topic: str = "t") -> Request:
+    message = ListOffsetsRequest(topic=topic, partition=0, timestamp_ms=timestamp_ms)
+    return Request(correlation_id=0, message=message, api_version=1)
+
+
+#: Producer timestamps, out of order within a batch and across batches, at offsets 0-6.
+TIMED = [(300, 100, 200), (150,), (500, 400), (450,)]
+
+
+async def test_lookups_by_time_answer_alike_with_the_earliest_offset_that_late(
+    tmp_path: Path,
+) -> None:
+    """ListOffsets 1 (SPEC.md §8, 2): the first offset whose record's timestamp is at least the
+    one asked, not the first record written after it; -1 and -1 when none is; -1 asks nothing;
+    other negative timestamps are refused."""
+    asked = [0, 100, 150, 201, 300, 301, 450, 451, 500, 501, -1, -2]
+    got: list[list[object]] = []
+    async with open_log(tmp_path) as files:
+        memory = MemoryLog(placement=files.placement)
+        for log in (files, memory):
+            for stamps in TIMED:
+                values = [str(s).encode() for s in stamps]
+                await log(produce(build_batch(values, timestamps_ms=stamps)))
+            answers = [await log(by_time(t)) for t in asked]
+            assert all(isinstance(a, ListOffsetsResponse) for a in answers)
+            got.append([(a.error_code, a.offset, a.timestamp_ms) for a in answers])  # type: ignore[union-attr]
+            got[-1].append(await log(by_time(0, topic="u")))
+    assert got[0] == got[1]
+    none = (ErrorCode.NONE, -1, -1)
+    assert got[0][:-1] == [
+        (ErrorCode.NONE, 0, 300),  # 0
+        (ErrorCode.NONE, 0, 300),  # 100: offset 1 is 100, but offset 0 is later still
+        (ErrorCode.NONE, 0, 300),
+        (ErrorCode.NONE, 0, 300),
+        (ErrorCode.NONE, 0, 300),
+        (ErrorCode.NONE, 4, 500),  # 301
+        (ErrorCode.NONE, 4, 500),  # 450: offset 6 is 450, but offset 4 comes first
+        (ErrorCode.NONE, 4, 500),
+        (ErrorCode.NONE, 4, 500),
+        none,  # 501: no record that late
+        none,  # -1: no lookup asked
+        (ErrorCode.INVALID_REQUEST, -1, -1),
+    ]
+    assert got[0][-1] == ListOffsetsResponse(
+        error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, log_start_offset=-1, high_watermark=-1
+    )
