@@ -47,7 +47,7 @@ class OffsetCommits(ConsumerCore):
         CommitFailed and a ValueError) when refused for ``offsets`` of partitions this consumer
         does not own. Not awaiting it is an error when the ``open_consumer`` block ends
         (:class:`~consumer.runtime.NotAwaited`), as for the producer's ``send``."""
-        return self._not_awaited.track("commit", self._commit, offsets)
+        return self._not_awaited.track("commit", "commit", self._commit, offsets)
 
     async def _commit(self, offsets: Mapping[TopicPartition, int] | None) -> None:
         if self._machine.state is sm.ConsumerState.FENCED:

@@ -348,7 +348,15 @@ class Producer:
         caller = sys._getframe(1)
         where = (caller.f_code.co_filename, caller.f_lineno)
         return self._not_awaited.track(
-            f"send to {topic!r}", self._sent, where, topic, value, key, timestamp_ms, headers
+            "send",
+            f"send to {topic!r}",
+            self._sent,
+            where,
+            topic,
+            value,
+            key,
+            timestamp_ms,
+            headers,
         )
 
     async def _sent(
@@ -379,6 +387,7 @@ class Producer:
         """``await producer.send_and_wait(...)``: send one record and wait until the broker
         acknowledged it: ``(partition, offset)``, or raises (aiokafka's ``send_and_wait``)."""
         return self._not_awaited.track(
+            "send_and_wait",
             f"send_and_wait to {topic!r}",
             self._send_and_wait,
             topic,
@@ -413,7 +422,14 @@ class Producer:
         its own time. Not awaiting it is an error (:class:`NotAwaited`).
         """
         return self._not_awaited.track(
-            f"enqueue to {topic!r}", self._enqueue, topic, value, key, timestamp_ms, headers
+            "enqueue",
+            f"enqueue to {topic!r}",
+            self._enqueue,
+            topic,
+            value,
+            key,
+            timestamp_ms,
+            headers,
         )
 
     async def _enqueue(

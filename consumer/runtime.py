@@ -61,12 +61,12 @@ class Unawaited:
 
     owner: str
     """How the fix is spelled in the error: ``producer``, ``consumer``."""
-    _waiting: dict[int, tuple[str, Coroutine[Any, Any, Any]]] = attrs.field(factory=dict)
+    _waiting: dict[int, tuple[str, str, Coroutine[Any, Any, Any]]] = attrs.field(factory=dict)
     _calls: itertools.count[int] = attrs.field(factory=itertools.count)
 
-    def track(self, what: str, run: Any, *args: Any) -> Coroutine[Any, Any, Any]:
-        """``run(*args)``, an async function, as a coroutine that is an error to forget;
-        ``what``: the call as the error names it (``send``)."""
+    def track(self, name: str, what: str, run: Any, *args: Any) -> Coroutine[Any, Any, Any]:
+        """``run(*args)``, an async function, as a coroutine that is an error to forget: the
+        error names the method ``name`` (``send``) and the call, ``what`` (``send to 't'``)."""
         call = next(self._calls)
 
         async def started() -> Any:
@@ -74,7 +74,7 @@ class Unawaited:
             return await run(*args)
 
         coroutine = started()
-        self._waiting[call] = (what, coroutine)
+        self._waiting[call] = (name, what, coroutine)
         return coroutine
 
     def check(self) -> None:
@@ -82,12 +82,12 @@ class Unawaited:
         Python does not warn a second time)."""
         forgotten, self._waiting = self._waiting, {}
         if forgotten:
-            for _, coroutine in forgotten.values():
+            for _, _, coroutine in forgotten.values():
                 coroutine.close()
-            what = next(iter(forgotten.values()))[0]
+            name, what, _ = next(iter(forgotten.values()))
             raise NotAwaited(
                 f"{len(forgotten)} {self.owner} call(s) were never awaited (e.g. {what}), so they "
-                f"did nothing: write `await {self.owner}.{what.split()[0]}(...)`"
+                f"did nothing: write `await {self.owner}.{name}(...)`"
             )
 
 
