@@ -224,3 +224,13 @@ async def test_seek_to_beginning_and_end_may_be_awaited_as_in_aiokafka(
         assert (await c.__anext__()).offset >= 30
         c.seek_to_beginning(T0)  # the form without await goes on working
         assert (await c.__anext__()).offset == 0
+
+
+def test_docs_name_only_compressions_that_exist() -> None:
+    """docs/producer.md's `compression` row lists what ``Compression`` has (no GZIP)."""
+    from protocol.batches import Compression
+
+    docs = (Path(__file__).parents[2] / "docs" / "producer.md").read_text()
+    (row,) = [line for line in docs.splitlines() if line.startswith("| `config` |")]
+    named = set(re.findall(r"`(?:Compression\.)?([A-Z0-9]+)`", row))
+    assert named == {c.name for c in Compression}
