@@ -192,25 +192,18 @@ class Delivery:
     """One record's fate, aiokafka's future of ``send``: ``await delivery`` (or ``await
     delivery.wait()``) -> ``(partition, offset)`` once acknowledged, or raises.
 
-    It is not the ``(partition, offset)`` an awaited ``send`` used to give: unpacking, indexing
-    or comparing it with a tuple raises a TypeError naming ``send_and_wait``."""
+    Code written for a ``send`` that returned ``(partition, offset)`` gets a TypeError naming
+    ``send_and_wait`` from unpacking, indexing or comparing it with a tuple."""
 
     __slots__ = ("_batch", "_index", "_unread", "partition", "topic")
 
-    def __init__(
-        self,
-        topic: str,
-        partition: int,
-        batch: _Batch,
-        index: int,
-        unread: _Unread | None = None,
-    ) -> None:
+    def __init__(self, topic: str, partition: int, batch: _Batch, index: int) -> None:
         self.topic = topic
         self.partition = partition
         self._batch = batch
         self._index = index
-        self._unread = unread
-        """The producer's count of sent deliveries nobody looked at: this one is in it."""
+        # send's count of deliveries nobody looked at, while this one is in it
+        self._unread: _Unread | None = None
 
     def _read(self) -> None:
         unread = self._unread
@@ -248,7 +241,7 @@ class Delivery:
         state = "pending" if not self._batch.done.is_set() else f"offset {self.offset}"
         return f"<Delivery {self.topic}-{self.partition}: {state}>"
 
-    # What code written for the old ``send`` (which gave the tuple) would do with it.
+    # What code written for a send that returned (partition, offset) would do with it.
     def __iter__(self) -> Generator[int, None, None]:
         self._read()  # told here: no SendDoesNotWait for it as well
         raise TypeError(_OLD_SEND)

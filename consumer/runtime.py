@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 import logging
 import signal
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import sniffio
@@ -24,8 +24,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 class WrongEventLoop(RuntimeError):
@@ -57,14 +55,16 @@ class Unawaited:
     """The coroutines a producer or a consumer handed out that have not started: each removes
     itself as it starts (awaited, or started as a task), so :meth:`check` finds the forgotten
     ``await``. They stay real coroutines, so mypy's ``unused-coroutine`` flags the mistake too,
-    and ``nursery.start_soon(producer.send, ...)`` works."""
+    and ``nursery.start_soon(producer.send_and_wait, ...)`` works."""
 
     owner: str
     """How the fix is spelled in the error: ``producer``, ``consumer``."""
     _waiting: dict[int, tuple[str, str, Coroutine[Any, Any, Any]]] = attrs.field(factory=dict)
     _calls: itertools.count[int] = attrs.field(factory=itertools.count)
 
-    def track(self, name: str, what: str, run: Any, *args: Any) -> Coroutine[Any, Any, Any]:
+    def track(
+        self, name: str, what: str, run: Callable[..., Awaitable[Any]], *args: Any
+    ) -> Coroutine[Any, Any, Any]:
         """``run(*args)``, an async function, as a coroutine that is an error to forget: the
         error names the method ``name`` (``send``) and the call, ``what`` (``send to 't'``)."""
         call = next(self._calls)
