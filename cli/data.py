@@ -164,7 +164,8 @@ def _skip_hint(exc: CorruptBatch, group: str) -> str:
 def _offset_reset(args: argparse.Namespace) -> str:
     if args.from_beginning and args.auto_offset_reset == "latest":
         raise ValueError("--from-beginning contradicts --auto-offset-reset latest")
-    return "earliest" if args.from_beginning else args.auto_offset_reset or "latest"
+    default = ConsumerSettings().auto_offset_reset  # one default: the library's
+    return "earliest" if args.from_beginning else args.auto_offset_reset or default
 
 
 async def run_consume(args: argparse.Namespace) -> int:

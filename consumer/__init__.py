@@ -1,5 +1,6 @@
 """The trio client library: the producer and the group consumer (seed 03)."""
 
+from protocol.types import TopicPartition
 from transport.refusals import (
     AuthenticationFailed,
     ClusterAuthorizationFailed,
@@ -11,12 +12,14 @@ from transport.refusals import (
     UnsupportedVersion,
 )
 
+from .admin import Admin, AdminError, open_admin
 from .client import (
     CommitFailed,
     Consumer,
     ConsumerSettings,
     CoordinatorUnavailable,
     InstanceFenced,
+    PartitionNotAssigned,
     RebalanceCallback,
     RebalanceListener,
     open_consumer,
@@ -28,6 +31,7 @@ from .producer import (
     ProduceError,
     Producer,
     ProducerConfig,
+    SendDoesNotWait,
     TopicRecreated,
     open_producer,
 )
@@ -35,6 +39,8 @@ from .runtime import Stop, WrongEventLoop, stop_on_signals
 from .streams import ConsumerBatch, ConsumerRecord, CorruptBatch, RecordStream
 
 __all__ = [
+    "Admin",
+    "AdminError",
     "AuthenticationFailed",
     "ClusterAuthorizationFailed",
     "CommitFailed",
@@ -51,6 +57,7 @@ __all__ = [
     "ListenerNeedsSasl",
     "ListenerNeedsTls",
     "NotAwaited",
+    "PartitionNotAssigned",
     "ProduceError",
     "Producer",
     "ProducerConfig",
@@ -58,11 +65,14 @@ __all__ = [
     "RebalanceListener",
     "RecordStream",
     "Refused",
+    "SendDoesNotWait",
     "Stop",
     "TopicAuthorizationFailed",
+    "TopicPartition",
     "TopicRecreated",
     "UnsupportedVersion",
     "WrongEventLoop",
+    "open_admin",
     "open_consumer",
     "open_producer",
     "stop_on_signals",

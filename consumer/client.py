@@ -31,7 +31,7 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -60,6 +60,7 @@ from .settings import (
     CommitFailed,
     ConsumerSettings,
     CoordinatorUnavailable,
+    PartitionNotAssigned,
     RebalanceCallback,
     RebalanceListener,
 )
@@ -71,10 +72,28 @@ __all__ = [
     "ConsumerSettings",
     "CoordinatorUnavailable",
     "InstanceFenced",
+    "PartitionNotAssigned",
     "RebalanceCallback",
     "RebalanceListener",
     "open_consumer",
 ]
+
+
+class Done:
+    """What a call that is done when it returns gives back, so that aiokafka's ``await`` of it
+    (a coroutine there) works too; forgetting the ``await`` loses nothing."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield  # a generator: awaiting it returns at once, without a checkpoint
+
+    def __repr__(self) -> str:
+        return "<done>"
+
+
+DONE = Done()
 
 #: Chooses each discovery's jitter (``statemachine.consumer.Discover``): its only job is to keep a
 #: group's consumers from looking all at once, so one generator for the process serves.
@@ -219,15 +238,19 @@ class Consumer(CoordinatorSession, FetcherControl):
             raise ValueError("seek to an offset >= 0 (seek_to_beginning / seek_to_end otherwise)")
         self._reposition(tp, offset, None)
 
-    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
-        """Go on from the log start of ``partitions`` (default: all assigned)."""
+    def seek_to_beginning(self, *partitions: TopicPartition) -> Done:
+        """Go on from the log start of ``partitions`` (default: all assigned). Done at once;
+        ``await consumer.seek_to_beginning()`` (aiokafka's form, a coroutine there) works too."""
         for tp in self._targets(partitions):
             self._reposition(tp, -1, "earliest")
+        return DONE
 
-    def seek_to_end(self, *partitions: TopicPartition) -> None:
-        """Go on from the end of ``partitions`` (default: all assigned): only new records."""
+    def seek_to_end(self, *partitions: TopicPartition) -> Done:
+        """Go on from the end of ``partitions`` (default: all assigned): only new records. Done
+        at once; ``await consumer.seek_to_end()`` works too."""
         for tp in self._targets(partitions):
             self._reposition(tp, -1, "latest")
+        return DONE
 
     def _reposition(self, tp: TopicPartition, offset: int, reset: str | None) -> None:
         claim, stream = self._claim(tp)
@@ -486,7 +509,8 @@ async def open_consumer(
     member sends none: it closes cleanly, which frees its partitions, and may come back). Every
     connection is made as ``security`` says (default: plaintext, no authentication).
     ``listener`` (a :class:`RebalanceListener`) is the object form of ``on_revoked`` and
-    ``on_assigned``.
+    ``on_assigned``. A ``commit()`` never awaited makes the block's end raise
+    :class:`~consumer.runtime.NotAwaited`.
     """
     require_trio("open_consumer")
     if isinstance(topics, str):
@@ -574,3 +598,4 @@ async def open_consumer(
                 ):
                     await consumer.aclose()
                 nursery.cancel_scope.cancel()
+    consumer._not_awaited.check()

@@ -19,6 +19,7 @@ from transport.connect import Connector
 
 from .discovery import Discovery
 from .fetcher import BrokerConnections
+from .runtime import Unawaited
 from .settings import ConsumerSettings, RebalanceCallback
 from .streams import ConsumerRecord, PartitionClaim, RecordStream
 
@@ -110,6 +111,8 @@ class ConsumerCore:
     """The last record of each partition handed out by iterating the consumer or ``getmany``:
     finished when the application asks for more."""
     _next_stream: int = 0
+    _not_awaited: Unawaited = attrs.field(factory=lambda: Unawaited("consumer"))
+    """A ``commit()`` never awaited: an error when the ``open_consumer`` block ends."""
     observer: Callable[[Consumer, list[sm.Effect]], None] | None = None
     """Called with the effects of each input the machine took, once performed: what a test harness
     (the simulation's consumer) reads the machine's state and requests through, in the instant

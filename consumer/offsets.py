@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any
 
 import trio
 
@@ -19,7 +20,7 @@ from statemachine import consumer as sm
 from transport.channel import ChannelClosed
 
 from .core import ConsumerCore, _Session
-from .settings import CommitFailed
+from .settings import CommitFailed, PartitionNotAssigned
 from .streams import InstanceFenced
 
 
@@ -28,9 +29,12 @@ class OffsetCommits(ConsumerCore):
 
     __slots__ = ()
 
-    async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
-        """OffsetCommit the consumed offsets now (or exactly ``offsets``, ``{partition: the next
-        offset to read}``), answered once durable at the coordinator.
+    def commit(
+        self, offsets: Mapping[TopicPartition, int] | None = None
+    ) -> Coroutine[Any, Any, None]:
+        """``await consumer.commit()``: OffsetCommit the consumed offsets now (or exactly
+        ``offsets``, ``{partition: the next offset to read}``), answered once durable at the
+        coordinator.
 
         A no-op when nothing is assigned (and no ``offsets`` are given). With ``auto_commit``
         the consumer goes on reporting its consumed offsets, which may overwrite ``offsets``:
@@ -39,7 +43,13 @@ class OffsetCommits(ConsumerCore):
         Raises CommitFailed when not registered, or when the coordinator refuses
         (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID after a rebalance moved on; NOT_COORDINATOR,
         which also sends the consumer looking for the coordinator), and InstanceFenced when a
-        newer process took this consumer's instance id (which ends it)."""
+        newer process took this consumer's instance id (which ends it); PartitionNotAssigned (a
+        CommitFailed and a ValueError) when refused for ``offsets`` of partitions this consumer
+        does not own. Not awaiting it is an error when the ``open_consumer`` block ends
+        (:class:`~consumer.runtime.NotAwaited`), as for the producer's ``send``."""
+        return self._not_awaited.track("commit", "commit", self._commit, offsets)
+
+    async def _commit(self, offsets: Mapping[TopicPartition, int] | None) -> None:
         if self._machine.state is sm.ConsumerState.FENCED:
             raise InstanceFenced(self.instance_id)
         if offsets is None:
@@ -76,6 +86,12 @@ class OffsetCommits(ConsumerCore):
         if code is ErrorCode.FENCED_INSTANCE_ID:
             await self._send.send((session, sm.Fenced(now=trio.current_time())))
             raise InstanceFenced(self.instance_id)
+        if code is ErrorCode.ILLEGAL_GENERATION and offsets is not None:
+            owned = {tp for tp, claim in self._claims.items() if claim.active}
+            owned.update(self._revoking)
+            foreign = sorted(set(offsets) - owned)
+            if foreign:
+                raise PartitionNotAssigned(foreign, owned)
         if code is not ErrorCode.NONE:
             raise CommitFailed(code)
 

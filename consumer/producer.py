@@ -1,5 +1,7 @@
-"""The producer: ``await producer.send(topic, value, key)`` returns ``(partition, offset)`` once the
-broker holding the partition has the record durable under its fsync policy.
+"""The producer: ``await producer.send(topic, value, key)`` hands the record to its partition's
+batch and returns its :class:`Delivery`, as aiokafka's ``send`` returns a future; ``await`` that
+(or call ``send_and_wait``) for ``(partition, offset)`` once the broker holding the partition has
+the record durable under its fsync policy.
 
 Records wait per partition for at most ``linger`` seconds (or until a batch is full) so that many
 concurrent sends share one ProduceRequest and one fsync. A send appends its record straight to
@@ -28,8 +30,10 @@ import collections
 import contextlib
 import itertools
 import logging
+import sys
+import warnings
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -51,7 +55,7 @@ from transport.connect import connect_any, open_channel, parse_bootstrap
 from transport.refusals import Refused, final_refusal, refusal
 from transport.security import ClientSecurity
 
-from .runtime import require_trio, unwrap_single
+from .runtime import NotAwaited, Unawaited, require_trio, unwrap_single
 
 __all__ = [
     "Compression",
@@ -60,6 +64,7 @@ __all__ = [
     "ProduceError",
     "Producer",
     "ProducerConfig",
+    "SendDoesNotWait",
     "Serializer",
     "TopicRecreated",
     "open_producer",
@@ -96,9 +101,55 @@ class TopicRecreated(ProduceError):
         self.new = new
 
 
-class NotAwaited(RuntimeError):
-    """A ``send``/``enqueue`` call was never awaited, so its record was never sent: raised when
-    the producer's block ends (or at ``flush``) instead of losing the record silently."""
+class SendDoesNotWait(FutureWarning):
+    """Records were sent with ``await producer.send(...)`` and their :class:`Delivery` was never
+    looked at. ``send`` used to wait for the broker's acknowledgement; it now returns once the
+    record is in its batch, as aiokafka's does, so code that relied on the old meaning (read the
+    record back, stop a broker, count it as stored) now races: such code calls
+    ``send_and_wait``. Said at ``flush`` and at the end of the ``open_producer`` block, for the
+    releases of the deprecation period (docs/producer.md#send-and-send_and_wait); code that means
+    fire-and-forget silences it with ``warnings.filterwarnings("ignore",
+    category=SendDoesNotWait)``."""
+
+
+_OLD_SEND = (
+    "`await producer.send(...)` returns the record's Delivery, as aiokafka's send returns a "
+    "future, not (partition, offset): write `await producer.send_and_wait(...)` for the "
+    "acknowledged (partition, offset), or `await delivery` / `await delivery.wait()`"
+)
+
+
+def _as_bytes(data: object, what: str) -> bytes:
+    """A key or value the batch can hold, or a TypeError saying how to send it: without a
+    serializer the record's key and value are bytes (aiokafka and kafka-python say the same)."""
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    hint = (
+        f"pass {what}_serializer=str.encode to open_producer, or send {what}.encode()"
+        if isinstance(data, str)
+        else f"pass a {what}_serializer (e.g. lambda v: json.dumps(v).encode()) to open_producer"
+    )
+    raise TypeError(f"a record's {what} is bytes (or None), not {type(data).__name__}: {hint}")
+
+
+def _checked_headers(headers: object) -> Sequence[Header]:
+    """``headers`` as the batch encodes them, or a TypeError naming the form: a list of
+    ``(name: str, value: bytes | None)`` pairs (aiokafka's), not a dict or bare strings."""
+    form = "headers are a list of (name: str, value: bytes | None) pairs, e.g. [('trace', b'1')]"
+    if isinstance(headers, dict):
+        raise TypeError(f"{form}, not a dict: pass list(headers.items())")
+    if isinstance(headers, str | bytes) or not isinstance(headers, Sequence):
+        raise TypeError(f"{form}, not {type(headers).__name__}")
+    for header in headers:
+        if not isinstance(header, tuple | list) or len(header) != 2:
+            raise TypeError(f"{form}; got {header!r}")
+        name, value = header
+        if not isinstance(name, str):
+            raise TypeError(f"{form}; the name {name!r} is {type(name).__name__}")
+        if value is not None and not isinstance(value, bytes | bytearray | memoryview):
+            hint = ": encode it (value.encode())" if isinstance(value, str) else ""
+            raise TypeError(f"{form}; the value of {name!r} is {type(value).__name__}{hint}")
+    return headers
 
 
 @attrs.frozen(kw_only=True)
@@ -138,34 +189,87 @@ class _Batch:
 
 
 class Delivery:
-    """One record's fate: ``await delivery.wait()`` -> ``(partition, offset)`` or raises."""
+    """One record's fate, aiokafka's future of ``send``: ``await delivery`` (or ``await
+    delivery.wait()``) -> ``(partition, offset)`` once acknowledged, or raises.
 
-    __slots__ = ("_batch", "_index", "partition", "topic")
+    Code written for a ``send`` that returned ``(partition, offset)`` gets a TypeError naming
+    ``send_and_wait`` from unpacking, indexing or comparing it with a tuple."""
+
+    __slots__ = ("_batch", "_index", "_unread", "partition", "topic")
 
     def __init__(self, topic: str, partition: int, batch: _Batch, index: int) -> None:
         self.topic = topic
         self.partition = partition
         self._batch = batch
         self._index = index
+        # send's count of deliveries nobody looked at, while this one is in it
+        self._unread: _Unread | None = None
+
+    def _read(self) -> None:
+        unread = self._unread
+        if unread is not None:
+            self._unread = None
+            unread.count -= 1
 
     @property
     def done(self) -> bool:
+        self._read()
         return self._batch.done.is_set()
 
     @property
     def error(self) -> BaseException | None:
+        self._read()
         return self._batch.error
 
     @property
     def offset(self) -> int:
+        self._read()
         base = self._batch.base_offset
         return -1 if base < 0 else base + self._index
 
     async def wait(self) -> tuple[int, int]:
+        self._read()
         await self._batch.done.wait()
         if self._batch.error is not None:
             raise self._batch.error
         return self.partition, self.offset
+
+    def __await__(self) -> Generator[Any, None, tuple[int, int]]:
+        return self.wait().__await__()
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._batch.done.is_set() else f"offset {self.offset}"
+        return f"<Delivery {self.topic}-{self.partition}: {state}>"
+
+    # What code written for a send that returned (partition, offset) would do with it.
+    def __iter__(self) -> Generator[int, None, None]:
+        self._read()  # told here: no SendDoesNotWait for it as well
+        raise TypeError(_OLD_SEND)
+
+    def __getitem__(self, index: object) -> int:
+        self._read()
+        raise TypeError(_OLD_SEND)
+
+    def __len__(self) -> int:
+        self._read()
+        raise TypeError(_OLD_SEND)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, tuple):
+            self._read()
+            raise TypeError(_OLD_SEND)
+        return self is other
+
+    __hash__ = object.__hash__
+
+
+@attrs.define(eq=False)
+class _Unread:
+    """Deliveries ``send`` returned that nobody awaited or looked at (:class:`SendDoesNotWait`)."""
+
+    count: int = 0
+    first: str = ""
+    """Where the first of them was sent (file:line), for the warning."""
 
 
 @attrs.define(eq=False)
@@ -209,12 +313,11 @@ class Producer:
     _metadata_lock: trio.Lock = attrs.field(factory=trio.Lock)
     _first_lookup: trio.Lock = attrs.field(factory=trio.Lock)
     _bootstrap_start: int = 0
-    _not_awaited: dict[int, tuple[str, Coroutine[Any, Any, Any]]] = attrs.field(factory=dict)
-    """The coroutines ``send`` / ``enqueue`` returned that have not started: each removes
-    itself as it starts, so that a forgotten ``await`` is an error at ``flush`` and at the end
-    of the ``open_producer`` block, not a record lost with only a "never awaited" warning.
-    They are real coroutines, so ``nursery.start_soon(producer.send, ...)`` works too."""
-    _calls: itertools.count[int] = attrs.field(factory=itertools.count)
+    _not_awaited: Unawaited = attrs.field(factory=lambda: Unawaited("producer"))
+    """A forgotten ``await`` of ``send`` / ``send_and_wait`` / ``enqueue`` is an error at
+    ``flush`` and at the end of the ``open_producer`` block, not a record lost with only a
+    "never awaited" warning."""
+    _unread: _Unread = attrs.field(factory=_Unread)
     key_serializer: Serializer | None = None
     """Turns each key (not None) into bytes, e.g. ``str.encode``."""
     value_serializer: Serializer | None = None
@@ -228,14 +331,42 @@ class Producer:
         *,
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
-    ) -> Coroutine[Any, Any, tuple[int, int]]:
-        """``await producer.send(...)``: send one record and wait until the broker acknowledged
-        it, ``(partition, offset)``. ``headers``: ``(name, value)`` pairs the consumer gets as
-        ``record.headers``. Not awaiting it is an error (:class:`NotAwaited`)."""
-        call = next(self._calls)
-        coroutine = self._send(call, topic, value, key, timestamp_ms, headers)
-        self._not_awaited[call] = (f"send to {topic!r}", coroutine)
-        return coroutine
+    ) -> Coroutine[Any, Any, Delivery]:
+        """``await producer.send(...)``, as in aiokafka: hand one record to its partition's batch
+        and return its :class:`Delivery`, to await for ``(partition, offset)`` once the broker
+        acknowledged it (:meth:`send_and_wait` does both). ``headers``: ``(name, value)`` pairs
+        the consumer gets as ``record.headers``. Waits only for room, as :meth:`enqueue`. Not
+        awaiting it is an error (:class:`NotAwaited`); never looking at the Delivery is a
+        :class:`SendDoesNotWait` warning in the deprecation period, since ``send`` used to wait."""
+        caller = sys._getframe(1)
+        where = (caller.f_code.co_filename, caller.f_lineno)
+        return self._not_awaited.track(
+            "send",
+            f"send to {topic!r}",
+            self._sent,
+            where,
+            topic,
+            value,
+            key,
+            timestamp_ms,
+            headers,
+        )
+
+    async def _sent(
+        self,
+        where: tuple[str, int],
+        topic: str,
+        value: Any,
+        key: Any,
+        timestamp_ms: int,
+        headers: Sequence[Header],
+    ) -> Delivery:
+        delivery = await self._enqueue(topic, value, key, timestamp_ms, headers)
+        unread = delivery._unread = self._unread
+        if unread.count == 0:
+            unread.first = f"{where[0]}:{where[1]}"
+        unread.count += 1
+        return delivery
 
     def send_and_wait(
         self,
@@ -246,19 +377,23 @@ class Producer:
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
     ) -> Coroutine[Any, Any, tuple[int, int]]:
-        """aiokafka's name for :meth:`send`."""
-        return self.send(topic, value, key, timestamp_ms=timestamp_ms, headers=headers)
+        """``await producer.send_and_wait(...)``: send one record and wait until the broker
+        acknowledged it: ``(partition, offset)``, or raises (aiokafka's ``send_and_wait``)."""
+        return self._not_awaited.track(
+            "send_and_wait",
+            f"send_and_wait to {topic!r}",
+            self._send_and_wait,
+            topic,
+            value,
+            key,
+            timestamp_ms,
+            headers,
+        )
 
-    async def _send(
-        self,
-        call: int,
-        topic: str,
-        value: Any,
-        key: Any,
-        timestamp_ms: int,
-        headers: Sequence[Header],
+    async def _send_and_wait(
+        self, topic: str, value: Any, key: Any, timestamp_ms: int, headers: Sequence[Header]
     ) -> tuple[int, int]:
-        delivery = await self._enqueue(call, topic, value, key, timestamp_ms, headers)
+        delivery = await self._enqueue(topic, value, key, timestamp_ms, headers)
         return await delivery.wait()
 
     def enqueue(
@@ -270,29 +405,34 @@ class Producer:
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
     ) -> Coroutine[Any, Any, Delivery]:
-        """``await producer.enqueue(...)``: hand a record to its partition's batch without waiting
-        for the acknowledgement; the :class:`Delivery` says when it is.
+        """``await producer.enqueue(...)``: :meth:`send` under the name that never meant waiting
+        for the acknowledgement (no :class:`SendDoesNotWait` for its deliveries); the
+        :class:`Delivery` says when it is.
 
         Waits only while ``max_pending_records`` are unacknowledged, and otherwise does not even
         yield to the scheduler (a checkpoint per record would cost more than the record), so a loop
         of enqueues should await something now and then. ``timestamp_ms`` -1: the broker stamps
         its own time. Not awaiting it is an error (:class:`NotAwaited`).
         """
-        call = next(self._calls)
-        coroutine = self._enqueue(call, topic, value, key, timestamp_ms, headers)
-        self._not_awaited[call] = (f"enqueue to {topic!r}", coroutine)
-        return coroutine
+        return self._not_awaited.track(
+            "enqueue",
+            f"enqueue to {topic!r}",
+            self._enqueue,
+            topic,
+            value,
+            key,
+            timestamp_ms,
+            headers,
+        )
 
     async def _enqueue(
         self,
-        call: int,
         topic: str,
         value: Any,
         key: Any,
         timestamp_ms: int,
         headers: Sequence[Header],
     ) -> Delivery:
-        self._not_awaited.pop(call, None)  # started: awaited (or started as a task)
         if topic not in self.placement:
             await self._placement(topic)
         while self._pending >= self.config.max_pending_records:
@@ -315,10 +455,18 @@ class Producer:
         partitions = self.placement.get(topic)
         if not partitions or self._pending >= self.config.max_pending_records:
             raise trio.WouldBlock
-        if self.key_serializer is not None and key is not None:
-            key = self.key_serializer(key)
-        if self.value_serializer is not None and value is not None:
-            value = self.value_serializer(value)
+        if key is not None:
+            if self.key_serializer is not None:
+                key = self.key_serializer(key)
+            if type(key) is not bytes:
+                key = _as_bytes(key, "key")
+        if value is not None:
+            if self.value_serializer is not None:
+                value = self.value_serializer(value)
+            if type(value) is not bytes:
+                value = _as_bytes(value, "value")
+        if headers:
+            headers = _checked_headers(headers)
         if key is not None:
             partition = zlib.crc32(key) % len(partitions)
         else:
@@ -366,21 +514,28 @@ class Producer:
         sent)."""
         self._check_awaited()
         await self._acknowledged()
+        self._warn_unread(stacklevel=3)
 
     async def _acknowledged(self) -> None:
         for batch in list(self._unacknowledged):
             await batch.done.wait()
 
     def _check_awaited(self) -> None:
-        forgotten, self._not_awaited = self._not_awaited, {}
-        if forgotten:
-            for _, coroutine in forgotten.values():
-                coroutine.close()  # no second "never awaited" warning: NotAwaited says it
-            example = next(iter(forgotten.values()))[0]
-            raise NotAwaited(
-                f"{len(forgotten)} producer call(s) were never awaited (e.g. {example}), so their "
-                "records were not sent: write `await producer.send(...)`"
+        self._not_awaited.check()
+
+    def _warn_unread(self, stacklevel: int) -> None:
+        unread = self._unread
+        if unread.count > 0:
+            warnings.warn(
+                f"{unread.count} record(s) were sent with `await producer.send(...)` (the first "
+                f"at {unread.first}) and their delivery never awaited: send no longer waits for "
+                "the broker's acknowledgement (aiokafka's meaning); where the code relied on it, "
+                "write `await producer.send_and_wait(...)` (docs/producer.md)",
+                SendDoesNotWait,
+                stacklevel=stacklevel,
             )
+            # one warning per batch of them
+            self._unread = _Unread()
 
     async def partitions_for(self, topic: str) -> int:
         return len(await self._placement(topic))
@@ -566,7 +721,8 @@ async def open_producer(
 
     ``bootstrap`` is ``"host:port[,host:port...]"`` or a list of ``(host, port)``. It connects as
     ``security`` says (default: plaintext, no authentication). A ``send``/``enqueue`` that was
-    never awaited makes the block's end raise :class:`NotAwaited`. ``key_serializer`` and
+    never awaited makes the block's end raise :class:`NotAwaited`; a ``send`` whose delivery
+    nobody awaited, a :class:`SendDoesNotWait` warning. ``key_serializer`` and
     ``value_serializer`` turn what is sent into bytes (without them keys and values are
     bytes)."""
     require_trio("open_producer")
@@ -596,3 +752,4 @@ async def open_producer(
             finally:
                 nursery.cancel_scope.cancel()
     producer._check_awaited()
+    producer._warn_unread(stacklevel=4)

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import attrs
 import sniffio
 import trio
 
-__all__ = ["Stop", "WrongEventLoop", "require_trio", "stop_on_signals", "unwrap_single"]
+__all__ = [
+    "NotAwaited",
+    "Stop",
+    "Unawaited",
+    "WrongEventLoop",
+    "require_trio",
+    "stop_on_signals",
+    "unwrap_single",
+]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +42,53 @@ def require_trio(what: str) -> None:
             f"{what} runs under trio (trio.run(main)), not {library}; "
             "asyncio code can call it through trio-asyncio or a trio thread"
         )
+
+
+class NotAwaited(RuntimeError):
+    """A call of the library that returns a coroutine (``producer.send``, ``consumer.commit``...)
+    was never awaited, so it did nothing: raised when its block ends (or at ``flush``) instead of
+    losing the record or the commit with only Python's "never awaited" warning."""
+
+
+@attrs.define(eq=False)
+class Unawaited:
+    """The coroutines a producer or a consumer handed out that have not started: each removes
+    itself as it starts (awaited, or started as a task), so :meth:`check` finds the forgotten
+    ``await``. They stay real coroutines, so mypy's ``unused-coroutine`` flags the mistake too,
+    and ``nursery.start_soon(producer.send_and_wait, ...)`` works."""
+
+    owner: str
+    """How the fix is spelled in the error: ``producer``, ``consumer``."""
+    _waiting: dict[int, tuple[str, str, Coroutine[Any, Any, Any]]] = attrs.field(factory=dict)
+    _calls: itertools.count[int] = attrs.field(factory=itertools.count)
+
+    def track(
+        self, name: str, what: str, run: Callable[..., Awaitable[Any]], *args: Any
+    ) -> Coroutine[Any, Any, Any]:
+        """``run(*args)``, an async function, as a coroutine that is an error to forget: the
+        error names the method ``name`` (``send``) and the call, ``what`` (``send to 't'``)."""
+        call = next(self._calls)
+
+        async def started() -> Any:
+            self._waiting.pop(call, None)
+            return await run(*args)
+
+        coroutine = started()
+        self._waiting[call] = (name, what, coroutine)
+        return coroutine
+
+    def check(self) -> None:
+        """Raise :class:`NotAwaited` if a tracked coroutine never started (and close them, so
+        Python does not warn a second time)."""
+        forgotten, self._waiting = self._waiting, {}
+        if forgotten:
+            for _, _, coroutine in forgotten.values():
+                coroutine.close()
+            name, what, _ = next(iter(forgotten.values()))
+            raise NotAwaited(
+                f"{len(forgotten)} {self.owner} call(s) were never awaited (e.g. {what}), so they "
+                f"did nothing: write `await {self.owner}.{name}(...)`"
+            )
 
 
 @contextmanager

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import attrs
 
@@ -61,9 +61,10 @@ class ConsumerSettings:
     (docs/design.md#defaults-that-fit-a-failover). A larger T detects a frozen member later."""
     auto_commit: bool = True
     """Report consumed offsets in Ping and StopFetcher responses, and commit on close."""
-    auto_offset_reset: str = attrs.field(default="earliest", converter=_offset_reset)
+    auto_offset_reset: str = attrs.field(default="latest", converter=_offset_reset)
     """Where to start a partition with no committed offset, or whose offset is out of range:
-    ``earliest`` (the log start) or ``latest`` (the end: only records produced from now on).
+    ``earliest`` (the log start) or ``latest`` (the end: only records produced from now on), the
+    default, as in Kafka, aiokafka and ``coordinator consume``.
     The seeds' ``smallest`` / ``largest`` are accepted with a DeprecationWarning."""
     client_id: str = "consumer"
     retry_backoff: float = 0.1
@@ -116,3 +117,21 @@ class CommitFailed(Exception):
     def __init__(self, error_code: ErrorCode, message: str = "") -> None:
         self.error_code = error_code
         super().__init__(message or error_code.name)
+
+
+class PartitionNotAssigned(CommitFailed, ValueError):
+    """A commit named partitions this consumer does not own, and the coordinator refused it
+    (ILLEGAL_GENERATION, its word for "not yours under this generation"). A ValueError, as
+    aiokafka's consumer refuses such a commit, and a CommitFailed, as a commit that lost a
+    rebalance race is one. ``partitions``: those not owned."""
+
+    def __init__(self, partitions: Sequence[TopicPartition], owned: Iterable[TopicPartition]):
+        self.partitions = tuple(partitions)
+        names = ", ".join(map(str, self.partitions))
+        mine = ", ".join(map(str, sorted(owned))) or "none"
+        super().__init__(
+            ErrorCode.ILLEGAL_GENERATION,
+            f"{names} not assigned to this consumer (it owns {mine}): commit offsets only of "
+            "partitions in consumer.assignment (group offsets of other partitions: "
+            "admin.reset_offsets of an empty group, or `coordinator groups reset-offsets`)",
+        )

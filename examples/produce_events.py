@@ -22,7 +22,7 @@ async def main(bootstrap: str) -> None:
             delivery = await producer.enqueue("events", {"n": n}, key=f"user-{n % 10}")
         partition, offset = await delivery.wait()
         print(f"event 99 is stored at partition {partition}, offset {offset}")
-        # send_and_wait (or send): one record, answered once the broker has it
+        # send_and_wait: one record, answered once the broker has it
         partition, offset = await producer.send_and_wait("events", {"n": 100}, key="user-0")
         print(f"event 100 is stored at partition {partition}, offset {offset}")
     # leaving the block waited for every record sent

@@ -142,7 +142,7 @@ async def test_produce_and_fetch_round_trip(tmp_path: Path) -> None:
         assert no_partition.error_code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         async with open_producer([broker.address]) as producer:
             with pytest.raises(ProduceError) as raised:
-                await producer.send("missing", b"x")
+                await producer.send_and_wait("missing", b"x")
         assert raised.value.error_code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
@@ -160,7 +160,7 @@ async def test_kill_9_loses_no_acknowledged_record_and_cuts_the_torn_tail(
         async def produce(writer: int) -> None:
             for i in range(1_000_000):
                 payload = f"w{writer}-{i}".encode().ljust(100, b".")
-                _, offset = await producer.send("stream", payload)
+                _, offset = await producer.send_and_wait("stream", payload)
                 acknowledged[offset] = payload
                 if len(acknowledged) >= 2000:
                     enough.set()
@@ -193,7 +193,7 @@ async def test_kill_9_loses_no_acknowledged_record_and_cuts_the_torn_tail(
             assert by_offset.get(offset) == payload
         # the log goes on right after the last whole record
         async with open_producer([broker.address]) as producer:
-            assert await producer.send("stream", b"after") == (0, len(stored))
+            assert await producer.send_and_wait("stream", b"after") == (0, len(stored))
 
 
 async def test_retention_removes_old_segments_and_moves_the_log_start(tmp_path: Path) -> None:
@@ -241,7 +241,7 @@ async def test_producer_rides_out_a_broker_restart(tmp_path: Path) -> None:
             await create_topic(channel, "t", 2)
         async with open_producer([broker.address], config=config) as producer:
             for i in range(10):
-                acknowledged[await producer.send("t", b"before-%d" % i)] = b"before-%d" % i
+                acknowledged[await producer.send_and_wait("t", b"before-%d" % i)] = b"before-%d" % i
             await broker.kill()
             # sent while the broker is down: retried against fresh metadata until it is back
             deliveries = [
@@ -315,7 +315,7 @@ async def test_a_clean_stop_leaves_an_index_per_segment_and_a_kill_9_loses_nothi
         async with open_producer([broker.address]) as producer:
             for i in range(5):
                 sent.append(value(1000 + i))
-                assert await producer.send("t", sent[-1]) == (0, len(sent) - 1)
+                assert await producer.send_and_wait("t", sent[-1]) == (0, len(sent) - 1)
         await broker.kill()
     async with run_broker(data, *args) as broker, client(broker) as channel:
         assert [r.value for r in await fetch_all(channel, "t", 0)] == sent

@@ -132,7 +132,9 @@ async def reading(addresses: Sequence[Address]) -> AsyncIterator[list[bytes]]:
     that it gets committed); the values it was handed, in order. It closes at the block's end,
     committing them."""
     seen: list[bytes] = []
-    settings = ConsumerSettings(session_timeout=2.0, client_id="reader", max_retry_backoff=1.0)
+    settings = ConsumerSettings(
+        auto_offset_reset="earliest", session_timeout=2.0, client_id="reader", max_retry_backoff=1.0
+    )
     async with (
         open_consumer(addresses, GROUP, topics={TOPIC: 1}, settings=settings) as consumer,
         trio.open_nursery() as nursery,

@@ -76,7 +76,9 @@ async def test_committed_offsets_shown_before_a_kill_9_are_there_after_it(tmp_pa
             await admin.create_topic("t", 2)
         await produce(broker, 2)
         bootstrap = f"{broker.host}:{broker.port}"
-        settings = ConsumerSettings(session_timeout=6.0, request_timeout=2.0)
+        settings = ConsumerSettings(
+            auto_offset_reset="earliest", session_timeout=6.0, request_timeout=2.0
+        )
         seen: list[object] = []
         async with (
             open_consumer(bootstrap, "g", topics={"t": 1}, settings=settings) as consumer,

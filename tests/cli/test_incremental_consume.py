@@ -90,7 +90,9 @@ async def test_a_rebalance_that_does_not_touch_a_consumers_partitions_leaves_its
                 async def produce_steadily() -> None:
                     for i in itertools.count():
                         tried.append(str(i))  # a send cancelled at the end may still land
-                        await producer.send("a", str(i).encode())  # round robin over a-0, a-1
+                        await producer.send_and_wait(
+                            "a", str(i).encode()
+                        )  # round robin over a-0, a-1
                         sent.append(str(i))
                         await trio.sleep(0.005)
 

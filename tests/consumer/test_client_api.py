@@ -18,6 +18,9 @@ from protocol.types import TopicPartition
 from simulation import open_simulated_cluster
 from tests.consumer.inmemory import open_in_memory_cluster
 
+#: Where these tests start: they read what was produced before they joined.
+EARLIEST = ConsumerSettings(auto_offset_reset="earliest")
+
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
 A0, A1, B0, B1 = (TopicPartition(topic=t, partition=p) for t in "ab" for p in (0, 1))
 
@@ -27,7 +30,9 @@ async def test_async_for_over_the_consumer_reads_every_partition_it_owns_in_orde
 ) -> None:
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"a": 2, "b": 2}) as net,
-        open_consumer("b:1", "g", topics=["a", "b"], connect=net.connect) as consumer,
+        open_consumer(
+            "b:1", "g", settings=EARLIEST, topics=["a", "b"], connect=net.connect
+        ) as consumer,
     ):
         assert [s.topic for s in consumer.streams] == ["a", "b"]
         seen: dict[TopicPartition, list[int]] = {}
@@ -48,7 +53,7 @@ async def test_getmany_hands_out_what_is_buffered_and_finishes_it_on_the_next_ca
 ) -> None:
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"a": 2}) as net,
-        open_consumer("b:1", "g", topics="a", connect=net.connect) as consumer,
+        open_consumer("b:1", "g", settings=EARLIEST, topics="a", connect=net.connect) as consumer,
     ):
         await consumer.assignment.wait_value(lambda a: len(a) == 2)
         await trio.sleep(2.0)
@@ -67,7 +72,7 @@ async def test_getmany_hands_out_what_is_buffered_and_finishes_it_on_the_next_ca
 async def test_seek_position_commit_and_committed(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    settings = ConsumerSettings(auto_commit=False)
+    settings = ConsumerSettings(auto_offset_reset="earliest", auto_commit=False)
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"a": 1}) as net,
         open_consumer("b:1", "g", topics="a", settings=settings, connect=net.connect) as consumer,
@@ -106,7 +111,7 @@ async def test_a_paused_partition_is_neither_fetched_nor_handed_out_until_resume
 ) -> None:
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"a": 2}) as net,
-        open_consumer("b:1", "g", topics="a", connect=net.connect) as consumer,
+        open_consumer("b:1", "g", settings=EARLIEST, topics="a", connect=net.connect) as consumer,
     ):
         await consumer.assignment.wait_value(lambda a: len(a) == 2)
         last: dict[TopicPartition, int] = {}
@@ -141,14 +146,16 @@ async def test_a_listener_object_hears_assignments(
 
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"a": 2}) as net,
-        open_consumer("b:1", "g", topics="a", listener=Listener(), connect=net.connect),
+        open_consumer(
+            "b:1", "g", settings=EARLIEST, topics="a", listener=Listener(), connect=net.connect
+        ),
     ):
         await trio.sleep(2.0)
     assert heard == [(1.0, frozenset({A0, A1}))]
 
 
 def test_offset_resets_are_earliest_and_latest_and_the_old_names_warn() -> None:
-    assert ConsumerSettings().auto_offset_reset == "earliest"
+    assert ConsumerSettings(auto_offset_reset="earliest").auto_offset_reset == "earliest"
     assert ConsumerSettings(auto_offset_reset="latest").auto_offset_reset == "latest"
     with pytest.warns(DeprecationWarning, match="say 'earliest'"):
         assert ConsumerSettings(auto_offset_reset="smallest").auto_offset_reset == "earliest"
@@ -172,10 +179,11 @@ async def test_headers_and_serializers_go_from_producer_to_consumer(
             sent = await producer.send_and_wait(
                 "a", {"n": 1}, key="user-1", headers=[("trace", b"abc"), ("retry", None)]
             )
-            await producer.send("a", {"n": 2}, key="user-2")
+            delivery = await producer.send("a", {"n": 2}, key="user-2")  # aiokafka's future
+            assert await delivery == (0, 1)
         assert sent == (0, 0)
         async with open_consumer(
-            "simulated:9092", "g", topics="a", connect=cluster.connect_to
+            "simulated:9092", "g", settings=EARLIEST, topics="a", connect=cluster.connect_to
         ) as c:
             first, second = await c.__anext__(), await c.__anext__()
         assert (first.key, first.value, first.headers) == (
@@ -188,7 +196,11 @@ async def test_headers_and_serializers_go_from_producer_to_consumer(
         assert stored_first.value == b'{"n": 1}'
 
         # A consumer with deserializers reads back what was sent, through both ways of reading.
-        settings = ConsumerSettings(key_deserializer=bytes.decode, value_deserializer=json.loads)
+        settings = ConsumerSettings(
+            auto_offset_reset="earliest",
+            key_deserializer=bytes.decode,
+            value_deserializer=json.loads,
+        )
         async with open_consumer(
             "simulated:9092", "h", topics="a", settings=settings, connect=cluster.connect_to
         ) as c:

@@ -26,6 +26,9 @@ from simulation import open_simulated_cluster
 from statemachine.consumer import ConsumerState
 from tests.consumer.inmemory import open_in_memory_cluster
 
+#: Where these tests start: they read what was produced before they joined.
+EARLIEST = ConsumerSettings(auto_offset_reset="earliest")
+
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
 
 
@@ -58,7 +61,7 @@ async def test_a_send_started_as_a_task_is_not_forgotten(
             open_producer("b:1", connect=cluster.connect_to) as producer,
             trio.open_nursery() as nursery,
         ):
-            nursery.start_soon(producer.send, "t", b"as a task")
+            nursery.start_soon(producer.send_and_wait, "t", b"as a task")
         assert [r.value for r in cluster.log.records("t", 0)] == [b"as a task"]
 
 
@@ -69,7 +72,7 @@ async def test_a_wrong_port_is_logged_reported_and_given_up_on(
         await trio.lowlevel.checkpoint()
         raise ConnectionRefusedError(f"[Errno 111] Connect call failed ({host!r}, {port})")
 
-    settings = ConsumerSettings(discovery_timeout=10.0)
+    settings = ConsumerSettings(auto_offset_reset="earliest", discovery_timeout=10.0)
     caplog.set_level(logging.WARNING, logger="consumer")
     with pytest.raises(CoordinatorUnavailable, match=r"127\.0\.0\.1:9999") as raised:
         async with open_consumer(
@@ -99,7 +102,9 @@ async def test_a_subscription_to_a_missing_topic_warns(
     caplog.set_level(logging.WARNING, logger="consumer")
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net,
-        open_consumer("b:1", "g", topics={"t": 1, "typo": 1}, connect=net.connect) as consumer,
+        open_consumer(
+            "b:1", "g", settings=EARLIEST, topics={"t": 1, "typo": 1}, connect=net.connect
+        ) as consumer,
     ):
         await consumer.assignment.wait_value(lambda a: len(a) == 2)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -112,7 +117,7 @@ async def test_a_subscription_to_a_missing_topic_warns(
 
 def test_asyncio_instead_of_trio_is_a_clear_error() -> None:
     async def consume() -> None:
-        async with open_consumer("127.0.0.1:9092", "g", topics={"t": 1}):
+        async with open_consumer("127.0.0.1:9092", "g", settings=EARLIEST, topics={"t": 1}):
             pass
 
     async def produce() -> None:
@@ -132,7 +137,9 @@ async def test_an_error_in_the_block_comes_out_as_itself_after_a_graceful_close(
     KeyboardInterrupt) catches what the application raised."""
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
         with pytest.raises(ValueError, match="the application's own error"):
-            async with open_consumer("b:1", "g", topics="t", connect=net.connect) as consumer:
+            async with open_consumer(
+                "b:1", "g", settings=EARLIEST, topics="t", connect=net.connect
+            ) as consumer:
                 await consumer.assignment.wait_value(lambda a: len(a) == 2)
                 raise ValueError("the application's own error")
         assert consumer.state is ConsumerState.CLOSED  # it still closed gracefully

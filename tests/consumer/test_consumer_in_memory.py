@@ -44,6 +44,9 @@ from tests.consumer.inmemory import (
 )
 from transport.connect import open_channel
 
+#: Where these tests start: they read what was produced before they joined.
+EARLIEST = ConsumerSettings(auto_offset_reset="earliest")
+
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
 ALL_12 = frozenset(TopicPartition(topic="t", partition=p) for p in range(12))
 
@@ -56,7 +59,7 @@ async def drain(stream: RecordStream, seen: list[tuple[TopicPartition, int]]) ->
 async def test_a_group_splits_grows_and_hands_over_at_once_on_close(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    settings = ConsumerSettings(session_timeout=6.0)
+    settings = ConsumerSettings(auto_offset_reset="earliest", session_timeout=6.0)
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 12}) as net:
         start = trio.current_time()
         async with (
@@ -106,7 +109,9 @@ async def test_two_streams_split_their_members_partitions(
 ) -> None:
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"t": 4}) as net,
-        open_consumer("broker:9092", "g", topics={"t": 2}, connect=net.connect) as consumer,
+        open_consumer(
+            "broker:9092", "g", settings=EARLIEST, topics={"t": 2}, connect=net.connect
+        ) as consumer,
     ):
         first, second = consumer.streams_for("t")
         await consumer.assignment.wait_value(lambda owned: len(owned) == 4)
@@ -130,7 +135,7 @@ async def test_two_streams_split_their_members_partitions(
 async def test_finished_records_are_reported_in_pings_and_committed(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    settings = ConsumerSettings(session_timeout=3.0)
+    settings = ConsumerSettings(auto_offset_reset="earliest", session_timeout=3.0)
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"t": 1}) as net,
         open_consumer("b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect) as c,
@@ -157,7 +162,9 @@ async def test_a_silent_coordinator_stops_the_fetchers_at_the_last_request_plus_
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     session_timeout = 3.0
-    settings = ConsumerSettings(session_timeout=session_timeout, fetch_idle_interval=0.1)
+    settings = ConsumerSettings(
+        auto_offset_reset="earliest", session_timeout=session_timeout, fetch_idle_interval=0.1
+    )
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"t": 4}) as net,
         open_consumer("b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect) as c,
@@ -186,7 +193,7 @@ async def test_a_silent_coordinator_stops_the_fetchers_at_the_last_request_plus_
 async def test_a_consumer_back_from_a_silence_rejoins_and_fetches_again(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    settings = ConsumerSettings(session_timeout=3.0)
+    settings = ConsumerSettings(auto_offset_reset="earliest", session_timeout=3.0)
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"t": 4}) as net,
         open_consumer("b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect) as c,
@@ -259,6 +266,7 @@ async def test_rebalance_callbacks_see_revoked_before_assigned(
         open_consumer(
             "b:1",
             "g",
+            settings=EARLIEST,
             topics={"t": 1},
             connect=net.connect,
             on_revoked=revoked,
@@ -266,7 +274,9 @@ async def test_rebalance_callbacks_see_revoked_before_assigned(
         ) as a,
     ):
         await a.assignment.wait_value(lambda owned: len(owned) == 4)
-        async with open_consumer("b:1", "g", topics={"t": 1}, connect=net.connect) as b:
+        async with open_consumer(
+            "b:1", "g", settings=EARLIEST, topics={"t": 1}, connect=net.connect
+        ) as b:
             await b.assignment.wait_value(lambda owned: len(owned) == 2)
             await a.assignment.wait_value(lambda owned: len(owned) == 2)
         await a.assignment.wait_value(lambda owned: len(owned) == 4)
@@ -287,7 +297,9 @@ async def test_a_wildcard_subscription_takes_every_matching_topic(
 ) -> None:
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"clicks": 2, "views": 2, "other": 3}) as net,
-        open_consumer("b:1", "g", pattern="clicks|views", connect=net.connect) as c,
+        open_consumer(
+            "b:1", "g", settings=EARLIEST, pattern="clicks|views", connect=net.connect
+        ) as c,
     ):
         await c.assignment.wait_value(lambda owned: len(owned) == 4)
         assert {tp.topic for tp in c.assignment.value} == {"clicks", "views"}
@@ -309,7 +321,9 @@ async def test_discovery_goes_round_robin_and_backs_off_until_a_broker_answers(
             return await net.connect(host, port)
 
         net.refusing = True
-        async with open_consumer("dead:1,alive:1", "g", topics={"t": 1}, connect=connect) as c:
+        async with open_consumer(
+            "dead:1,alive:1", "g", settings=EARLIEST, topics={"t": 1}, connect=connect
+        ) as c:
             await trio.sleep(1.0)
             net.refusing = False
             await c.assignment.wait_value(lambda owned: len(owned) == 1)
@@ -326,7 +340,7 @@ async def test_discovery_goes_round_robin_and_backs_off_until_a_broker_answers(
 async def test_a_consumer_silenced_while_starting_loses_its_lease_and_the_coordinator_survives(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    settings = ConsumerSettings(session_timeout=3.0)
+    settings = ConsumerSettings(auto_offset_reset="earliest", session_timeout=3.0)
     net_box: list[InMemoryCluster] = []
 
     async def assigned(partitions: frozenset[TopicPartition]) -> None:
@@ -387,7 +401,9 @@ async def test_after_losing_its_coordinator_a_consumer_believes_the_follower_nam
             net.nursery.start_soon(handle_connection, followers[host], server)
             return client
 
-        async with open_consumer("f2:1,f3:1,f4:1", "g", topics={"t": 1}, connect=connect) as c:
+        async with open_consumer(
+            "f2:1,f3:1,f4:1", "g", settings=EARLIEST, topics={"t": 1}, connect=connect
+        ) as c:
             await c.assignment.wait_value(lambda owned: len(owned) == 2)
             assert asked == [(0.0, "f2")]
             assert [at for at, line in coordinator_lines if line.carries_registration] == [0.0]
@@ -434,7 +450,7 @@ async def test_a_consumer_registering_while_the_coordinator_loads_is_in_right_af
     # coordinator answers COORDINATOR_LOAD_IN_PROGRESS, and the consumer asks again every 50 ms
     # (failover_retry), not after a growing backoff.
     caplog.set_level(logging.DEBUG, logger="consumer.client")
-    settings = ConsumerSettings(session_timeout=6.0)
+    settings = ConsumerSettings(auto_offset_reset="earliest", session_timeout=6.0)
     assert settings.failover_retry == 0.05
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
         took_office = await restart_slowly_with_a_group(net, settings)
@@ -462,7 +478,7 @@ async def test_a_consumer_registering_while_the_coordinator_loads_is_in_right_af
 async def test_an_admin_asks_again_while_the_coordinator_loads(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    settings = ConsumerSettings(session_timeout=6.0)
+    settings = ConsumerSettings(auto_offset_reset="earliest", session_timeout=6.0)
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 2}) as net:
         took_office = await restart_slowly_with_a_group(net, settings)
         async with (
@@ -483,7 +499,9 @@ async def test_consumers_fetch_through_a_coordinator_restart_and_are_adopted(
     their lease, find the coordinator again and re-register holding their partitions under their
     generation, which the restarted coordinator adopts as its completed record says: no new
     generation, no StopFetcher or StartFetcher (docs/design.md#adoption-after-a-failover)."""
-    settings = ConsumerSettings(session_timeout=6.0, failover_jitter=0.0)
+    settings = ConsumerSettings(
+        auto_offset_reset="earliest", session_timeout=6.0, failover_jitter=0.0
+    )
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"t": 12}) as net,
         open_consumer("b:1", "g", topics={"t": 1}, settings=settings, connect=net.connect) as a,
@@ -592,7 +610,7 @@ async def test_a_revocation_stops_only_its_partitions_and_the_rest_flow_on_witho
 ) -> None:
     events: list[tuple[float, str, frozenset[TopicPartition]]] = []
     revoked, assigned = recorders(events)
-    settings = ConsumerSettings(session_timeout=6.0)
+    settings = ConsumerSettings(auto_offset_reset="earliest", session_timeout=6.0)
     seen: list[tuple[float, TopicPartition, int]] = []
     async with (
         open_scripted_coordinator() as coordinator,
@@ -670,7 +688,9 @@ async def test_an_incremental_start_moves_a_kept_partition_to_another_stream_wit
             "broker:9092",
             "g",
             topics={"t": 2},
-            settings=ConsumerSettings(session_timeout=6.0, max_buffered_records=8),
+            settings=ConsumerSettings(
+                auto_offset_reset="earliest", session_timeout=6.0, max_buffered_records=8
+            ),
             connect=coordinator.connect,
             on_revoked=on_revoked,
         ) as consumer,
@@ -712,7 +732,9 @@ async def test_a_commit_from_on_revoked_still_counts_the_revoked_partitions(
             "broker:9092",
             "g",
             topics={"t": 1},
-            settings=ConsumerSettings(session_timeout=6.0, auto_commit=False),
+            settings=ConsumerSettings(
+                auto_offset_reset="earliest", session_timeout=6.0, auto_commit=False
+            ),
             connect=coordinator.connect,
             on_revoked=commit_on_revoke,
         ) as consumer,
@@ -736,7 +758,9 @@ async def test_a_commit_from_on_revoked_still_counts_the_revoked_partitions(
 async def test_a_static_member_registers_under_its_instance_id_and_closes_without_leaving(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
+    settings = ConsumerSettings(
+        auto_offset_reset="earliest", session_timeout=6.0, instance_id="billing-1"
+    )
     async with open_scripted_coordinator() as coordinator:
         async with open_consumer(
             "broker:9092", "g", topics={"t": 1}, settings=settings, connect=coordinator.connect
@@ -786,7 +810,9 @@ async def a_static_consumer_reading(
     errors: list[BaseException],
 ) -> AsyncIterator[tuple[ScriptedCoordinator, Consumer]]:
     """Static member billing-1 on a coordinator played by hand, its stream read until fenced."""
-    settings = ConsumerSettings(session_timeout=6.0, instance_id="billing-1")
+    settings = ConsumerSettings(
+        auto_offset_reset="earliest", session_timeout=6.0, instance_id="billing-1"
+    )
     async with (
         open_scripted_coordinator() as coordinator,
         open_consumer(
@@ -853,7 +879,7 @@ async def test_a_rebalance_that_does_not_touch_a_consumer_leaves_it_fetching_and
     its generation, and its commits under that generation still count."""
     events: list[tuple[float, str, frozenset[TopicPartition]]] = []
     revoked, assigned = recorders(events)
-    settings = ConsumerSettings(session_timeout=6.0)
+    settings = ConsumerSettings(auto_offset_reset="earliest", session_timeout=6.0)
     seen: list[tuple[float, TopicPartition, int]] = []
     async with (
         open_in_memory_cluster(tmp_path, CONFIG, {"a": 2, "b": 4}) as net,
@@ -903,7 +929,7 @@ async def test_a_static_member_restarts_into_its_partitions_and_a_newer_process_
     static member that closes and starts again within T gets exactly its partitions back, and a
     third process under its instance id fences the second, which ends with InstanceFenced; the
     dynamic member beside them hears nothing after the group formed."""
-    static = ConsumerSettings(session_timeout=6.0, instance_id="s1")
+    static = ConsumerSettings(auto_offset_reset="earliest", session_timeout=6.0, instance_id="s1")
     events: list[tuple[float, str, frozenset[TopicPartition]]] = []
     revoked, assigned = recorders(events)
     errors: list[BaseException] = []
@@ -913,7 +939,7 @@ async def test_a_static_member_restarts_into_its_partitions_and_a_newer_process_
             "b:1",
             "g",
             topics={"t": 1},
-            settings=ConsumerSettings(session_timeout=6.0),
+            settings=ConsumerSettings(auto_offset_reset="earliest", session_timeout=6.0),
             connect=net.connect,
             on_revoked=revoked,
             on_assigned=assigned,
@@ -962,7 +988,7 @@ async def test_a_partition_whose_topic_was_created_again_stops_until_the_next_st
             "broker:9092",
             "g",
             topics={"t": 1, "u": 1},
-            settings=ConsumerSettings(session_timeout=6.0),
+            settings=ConsumerSettings(auto_offset_reset="earliest", session_timeout=6.0),
             connect=coordinator.connect,
         ) as consumer,
         trio.open_nursery() as app,

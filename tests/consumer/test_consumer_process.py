@@ -25,7 +25,7 @@ pytestmark = pytest.mark.realtime
 
 WAIT = 30.0
 POLL = 0.05
-SETTINGS = ConsumerSettings(session_timeout=6.0)
+SETTINGS = ConsumerSettings(auto_offset_reset="earliest", session_timeout=6.0)
 BROKER_ARGS = ("--initial-rebalance-delay", "0.2")
 ALL_12 = frozenset(TopicPartition(topic="t", partition=p) for p in range(12))
 

@@ -18,7 +18,9 @@ T0 = TopicPartition(topic="t", partition=0)
 async def test_a_group_refused_on_registering_again_stops_the_fetchers_and_ends_the_streams(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    settings = ConsumerSettings(session_timeout=6.0, failover_jitter=0.0)
+    settings = ConsumerSettings(
+        auto_offset_reset="earliest", session_timeout=6.0, failover_jitter=0.0
+    )
     async with open_scripted_coordinator() as coordinator:
         async with open_consumer(
             "broker:9092", "g", topics={"t": 1}, settings=settings, connect=coordinator.connect

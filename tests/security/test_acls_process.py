@@ -100,7 +100,7 @@ async def test_a_reader_of_t_in_g_consumes_t_and_may_do_nothing_else(
                 parse_bootstrap(broker.bootstrap("SASL_SSL")),
                 "g",
                 pattern=".*",
-                settings=ConsumerSettings(session_timeout=6.0),
+                settings=ConsumerSettings(auto_offset_reset="earliest", session_timeout=6.0),
                 security=alice,
             ) as consumer:
                 held = await consumer.assignment.wait_value(lambda held: bool(held))

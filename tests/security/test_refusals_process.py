@@ -108,7 +108,7 @@ async def _consumed(
     secured: Secured, group: str, topic: str, security: ClientSecurity | None = None
 ) -> BaseException:
     """What the library's consumer (default: as alice) raises from its stream of ``topic``."""
-    settings = ConsumerSettings(discovery_timeout=REFUSED_WITHIN)
+    settings = ConsumerSettings(auto_offset_reset="earliest", discovery_timeout=REFUSED_WITHIN)
     with trio.fail_after(REFUSED_WITHIN):
         async with open_consumer(
             secured.broker.bootstrap("SASL_SSL"),

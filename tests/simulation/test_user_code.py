@@ -35,7 +35,9 @@ class Tally:
 async def count_per_key(tally: Tally, *, connect: Connector) -> None:
     """Count the records per key; commit every 50 records and whenever partitions are taken
     away, so that their next owner goes on from there."""
-    settings = ConsumerSettings(session_timeout=6.0, auto_commit=False)
+    settings = ConsumerSettings(
+        auto_offset_reset="earliest", session_timeout=6.0, auto_commit=False
+    )
     consumer: Consumer
 
     async def commit() -> None:

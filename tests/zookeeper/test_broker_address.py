@@ -59,7 +59,9 @@ async def test_a_consumer_is_told_the_address_a_restarted_broker_has_now(
         assert running[1].port != old_port
         brokers = [(broker_id, process.address) for broker_id, process in running.items()]
         assert await agreed_coordinator(brokers, group=GROUP, deadline=DEADLINE) == 3
-        settings = ConsumerSettings(session_timeout=SESSION, max_retry_backoff=1.0)
+        settings = ConsumerSettings(
+            auto_offset_reset="earliest", session_timeout=SESSION, max_retry_backoff=1.0
+        )
         values = []
         with trio.fail_after(DEADLINE):
             async with open_consumer(

@@ -197,7 +197,10 @@ async def open_group(group_id: str, bootstrap: list[Address]) -> AsyncIterator[G
     # Consumers look for a new coordinator at least every second (by default their backoff
     # grows to 5 s while the dead one is still named).
     settings = ConsumerSettings(
-        session_timeout=CONSUMER_SESSION, client_id=group_id, max_retry_backoff=1.0
+        auto_offset_reset="earliest",
+        session_timeout=CONSUMER_SESSION,
+        client_id=group_id,
+        max_retry_backoff=1.0,
     )
     peers: list[Member] = []
     overlaps: list[tuple[int, frozenset[TopicPartition]]] = []
@@ -347,7 +350,7 @@ async def produce(addresses: list[Address], count: int, partitions: set[int]) ->
         while sent.total() < count:
             key += 1
             if zlib.crc32(b"%d" % key) % PARTITIONS in partitions:
-                partition, _offset = await producer.send(TOPIC, b"record", key=b"%d" % key)
+                partition, _offset = await producer.send_and_wait(TOPIC, b"record", key=b"%d" % key)
                 sent[partition] += 1
     return sent
 

@@ -75,7 +75,12 @@ async def test_the_group_is_whole_again_after_the_coordinator_goes(
 
         # Consumers look for the new coordinator at least every second (by default their backoff
         # grows to 5 s while the dead one is still named), so the time measured is the cluster's.
-        settings = ConsumerSettings(session_timeout=SESSION, client_id="c", max_retry_backoff=1.0)
+        settings = ConsumerSettings(
+            auto_offset_reset="earliest",
+            session_timeout=SESSION,
+            client_id="c",
+            max_retry_backoff=1.0,
+        )
         bootstrap = [b.address for b in brokers]
         all_partitions = {TopicPartition(topic="orders", partition=p) for p in range(4)}
         async with (

@@ -91,7 +91,9 @@ async def open_group(brokers: list[Broker], size: int) -> AsyncIterator[list[Con
     # Their leases (T = 2 s) run out before a successor is elected, so they look for it with the
     # backoff, which grows to 5 s by default: at least every second here, so the time measured
     # is the cluster's.
-    settings = ConsumerSettings(session_timeout=SESSION, client_id="c", max_retry_backoff=1.0)
+    settings = ConsumerSettings(
+        auto_offset_reset="earliest", session_timeout=SESSION, client_id="c", max_retry_backoff=1.0
+    )
     bootstrap = [b.address for b in brokers]
     async with contextlib.AsyncExitStack() as stack:
         yield [
@@ -133,7 +135,7 @@ async def produce(producer: Producer, topic: str, acknowledged: set[Offset], cou
     the broker acknowledged."""
     sent = 0
     while sent != count:
-        acknowledged.add(await producer.send(topic, b"record %d" % sent))
+        acknowledged.add(await producer.send_and_wait(topic, b"record %d" % sent))
         sent += 1
         if count < 0:
             await trio.sleep(0.02)  # a steady trickle, not a flood, on two shared cores

@@ -128,7 +128,7 @@ async def test_kill_9_of_the_coordinator_keeps_the_consume_processes_group_and_r
                     with producing:
                         for seq in range(1_000_000):
                             value = str(seq)
-                            partition, _ = await producer.send("orders", value.encode())
+                            partition, _ = await producer.send_and_wait("orders", value.encode())
                             acknowledged[value] = (partition, trio.current_time())
                             await trio.sleep(0.02)
 

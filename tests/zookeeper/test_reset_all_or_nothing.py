@@ -45,7 +45,7 @@ async def test_a_reset_with_a_broker_down_writes_nothing_and_names_what_it_could
         assert on_second and len(on_second) < PARTITIONS
         async with open_producer([first.address]) as producer:
             for n in range(2 * PARTITIONS):
-                await producer.send("t", b"%d" % n)
+                await producer.send_and_wait("t", b"%d" % n)
         everything = {TopicPartition(topic="t", partition=p) for p in range(PARTITIONS)}
         async with open_admin([first.address]) as admin:
             await admin.reset_offsets("g", dict.fromkeys(everything, 0))  # an empty group's

@@ -44,7 +44,9 @@ CONFIG = CoordinatorConfig(initial_rebalance_delay=0.2, commit_interval=0.2)
 STAYING, MOVING = "payments", "g"
 PARTITIONS = 4
 #: Consumers look for a moved coordinator at least every second.
-SETTINGS = ConsumerSettings(session_timeout=SESSION * 3, client_id="c", max_retry_backoff=1.0)
+SETTINGS = ConsumerSettings(
+    auto_offset_reset="earliest", session_timeout=SESSION * 3, client_id="c", max_retry_backoff=1.0
+)
 
 
 def test_the_groups_fall_on_either_side_of_the_split() -> None:
@@ -179,7 +181,7 @@ async def test_a_joining_broker_takes_its_share_by_handoff_and_only_those_groups
                     for consumer in members:
                         consuming.start_soon(consume, consumer, seen[group])
                 for n in range(40):
-                    acknowledged.add(await producer.send("t", b"before %d" % n))
+                    acknowledged.add(await producer.send_and_wait("t", b"before %d" % n))
 
                 async def settled() -> bool:
                     return all(whole(members) for members in groups.values()) and all(
@@ -218,7 +220,7 @@ async def test_a_joining_broker_takes_its_share_by_handoff_and_only_those_groups
                 # Flushed before the handoff, read by the successor: nothing went back.
                 assert await committed(second.address, MOVING) == before
                 for n in range(40):
-                    acknowledged.add(await producer.send("t", b"after %d" % n))
+                    acknowledged.add(await producer.send_and_wait("t", b"after %d" % n))
                 await eventually(settled, deadline=DEADLINE)
                 await eventually(partial(committed_everything, second.address), deadline=DEADLINE)
                 after = await committed(second.address, MOVING)

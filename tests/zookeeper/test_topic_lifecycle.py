@@ -75,7 +75,9 @@ DEADLINE = 60.0
 #: How long a consumer may take to hand over records that are all there; those still missing
 #: after it were skipped.
 READ_WITHIN = 20.0
-GROUP_SETTINGS = ConsumerSettings(session_timeout=2.0, client_id="life", max_retry_backoff=1.0)
+GROUP_SETTINGS = ConsumerSettings(
+    auto_offset_reset="earliest", session_timeout=2.0, client_id="life", max_retry_backoff=1.0
+)
 
 
 @attrs.define
