@@ -93,17 +93,13 @@ class TopicMetadata:
 
 @attrs.frozen(kw_only=True)
 class ConfigEntry:
-    """One of a topic's settings by Kafka's name (protocol/topic_configs.py), its value written
-    as a decimal integer."""
-
     name: str
+    """A topic setting's Kafka name (protocol/topic_configs.py); ``value`` is an integer."""
     value: str
 
 
 @attrs.frozen(kw_only=True)
 class TopicConfigs:
-    """The settings a topic was created with; a setting it does not name is the broker's."""
-
     topic: str
     configs: tuple[ConfigEntry, ...]
 
@@ -259,7 +255,7 @@ class ClusterMetadataResponse:
     topic_ids: tuple[TopicIdentity, ...] = attrs.field(default=(), metadata=since(2))
     """The id of each topic in ``topics`` that exists."""
     topic_configs: tuple[TopicConfigs, ...] = attrs.field(default=(), metadata=since(3))
-    """The settings of each topic in ``topics`` that exists and was created with any."""
+    """The settings each topic in ``topics`` was created with (those that have any)."""
 
 
 # --- 4 REGISTER_CONSUMER ------------------------------------------------------------------------
