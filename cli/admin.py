@@ -47,9 +47,8 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a setting of the topic's own, repeatable: "
-        + ", ".join(f"{name} ({s.meaning})" for name, s in SETTINGS.items())
-        + " (default: the broker's --retention-ms, --retention-bytes, --segment-bytes)",
+        help=f"a setting of the topic's own, repeatable: {', '.join(SETTINGS)}; -1: no limit "
+        "(default: the broker's --retention-ms, --retention-bytes, --segment-bytes)",
     )
     create.add_argument(
         "--if-not-exists",

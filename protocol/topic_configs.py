@@ -34,26 +34,17 @@ SEGMENT_BYTES = "segment.bytes"
 class Setting:
     minimum: int
     maximum: int
-    meaning: str
 
 
-#: Kafka's bounds: retention -1 (none) up; segment.bytes from Kafka's smallest segment (14) to
-#: Kafka's int32 limit.
+#: Kafka's names and bounds: retention from -1 (none) up; segment.bytes from Kafka's smallest
+#: segment (14) to Kafka's int32 limit.
 SETTINGS: Mapping[str, Setting] = {
-    RETENTION_MS: Setting(
-        minimum=-1,
-        maximum=2**63 - 1,
-        meaning="delete a segment once its newest record is this old (-1: keep forever)",
-    ),
-    RETENTION_BYTES: Setting(
-        minimum=-1,
-        maximum=2**63 - 1,
-        meaning="delete the oldest segments while the rest still hold this much, per partition "
-        "(-1: no limit)",
-    ),
-    SEGMENT_BYTES: Setting(
-        minimum=14, maximum=2**31 - 1, meaning="start a new segment file past this size"
-    ),
+    #: Delete a segment once its newest record is this old (-1: keep forever).
+    RETENTION_MS: Setting(minimum=-1, maximum=2**63 - 1),
+    #: Delete a partition's oldest segments while the rest still hold this much (-1: no limit).
+    RETENTION_BYTES: Setting(minimum=-1, maximum=2**63 - 1),
+    #: Start a new segment file past this size.
+    SEGMENT_BYTES: Setting(minimum=14, maximum=2**31 - 1),
 }
 
 #: Digits only: ``int()`` also takes ``+``, ``_`` and other scripts' digits, which no other
