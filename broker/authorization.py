@@ -52,6 +52,7 @@ from protocol import (
     RegisterConsumerRequest,
     RequestMessage,
     ResponseMessage,
+    TopicConfigs,
     TopicIdentity,
     TopicMetadata,
     error_response,
@@ -74,7 +75,7 @@ _CLUSTER = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 _T = TypeVar("_T")
 #: What names one topic: an entry of an answer left out where the topic is not to be shown.
-_Named = TypeVar("_Named", PartitionOffset, TopicPartition, TopicIdentity)
+_Named = TypeVar("_Named", PartitionOffset, TopicPartition, TopicIdentity, TopicConfigs)
 
 
 @attrs.define(eq=False)
@@ -241,6 +242,7 @@ async def visible(
                 response,
                 topics=await kept(response.topics, described),
                 topic_ids=await kept(response.topic_ids, topic_named),
+                topic_configs=await kept(response.topic_configs, topic_named),
             )
         case ListGroupsResponse():
 

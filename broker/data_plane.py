@@ -457,7 +457,11 @@ class BrokerLog(DataPlaneLog):
                     return None
                 path = self.directory / f"{tp.topic}-{tp.partition}"
                 found = await open_partition_log(
-                    path, self.config, self.limiter, self.files, topic_id=placement.topic_id
+                    path,
+                    self.config.for_topic(placement.configs),
+                    self.limiter,
+                    self.files,
+                    topic_id=placement.topic_id,
                 )
                 self.partitions[tp] = found
                 log.info(
@@ -645,8 +649,8 @@ async def open_broker_log(
         await broker.open_placed(placement)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker._watch_topics)
-            if config.retention_ms is not None or config.retention_bytes is not None:
-                nursery.start_soon(broker._retention_loop)
+            # Also without a limit of the broker's own: a topic may be created with one.
+            nursery.start_soon(broker._retention_loop)
             if config.fsync is FsyncPolicy.INTERVAL:
                 nursery.start_soon(broker._flush_loop)
             yield broker

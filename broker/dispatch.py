@@ -41,6 +41,7 @@ from coordinator.limits import RequestLimits
 from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
+    ConfigEntry,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
     CreateTopicRequest,
@@ -66,6 +67,7 @@ from protocol import (
     Request,
     ResponseMessage,
     Role,
+    TopicConfigs,
     TopicIdentity,
     TopicMetadata,
     error_response,
@@ -368,7 +370,8 @@ async def cluster_metadata(
 ) -> ClusterMetadataResponse:
     """The answer to ClusterMetadata from a broker that knows these topics and brokers; each
     topic named once however often it was asked for (the answer repeats its partitions), with
-    the id of each that exists (``topic_ids``: version 2 on).
+    the id of each that exists (``topic_ids``: version 2 on) and the settings of each created
+    with any (``topic_configs``: version 3 on).
 
     A request of a few bytes asks for every partition of the cluster (or of a thousand named
     topics): each topic is built once per placement and kept, and the answer is put together
@@ -383,6 +386,7 @@ async def cluster_metadata(
     names = sorted(topics) if message.topics is None else list(dict.fromkeys(message.topics))
     found = []
     identities = []
+    settings = []
     pace = Pace()
     for name in names:
         await pace.did(1)
@@ -408,6 +412,9 @@ async def cluster_metadata(
             )
         found.append(described)
         identities.append(TopicIdentity(topic=name, topic_id=placement.topic_id))
+        if placement.configs:
+            entries = tuple(ConfigEntry(name=k, value=v) for k, v in placement.configs)
+            settings.append(TopicConfigs(topic=name, configs=entries))
     return ClusterMetadataResponse(
         error_code=ErrorCode.NONE,
         coordinator_id=coordinator_id,
@@ -416,6 +423,7 @@ async def cluster_metadata(
         topics=tuple(found),
         slot_holders=slot_holders,
         topic_ids=tuple(identities),
+        topic_configs=tuple(settings),
     )
 
 
@@ -446,7 +454,9 @@ async def create_topic(
     if error is not ErrorCode.NONE:
         return error
     try:
-        await store.create_topic(message.topic, placed)
+        await store.create_topic(
+            message.topic, placed, tuple((c.name, c.value) for c in message.configs)
+        )
     except TopicExists:
         return ErrorCode.TOPIC_ALREADY_EXISTS
     return ErrorCode.NONE

@@ -573,5 +573,7 @@ class TimedStore(ForwardingStore):
     async def groups(self) -> Mapping[str, GroupRecord]:
         return await self._timed("groups", self.inner.groups())
 
-    async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
-        return await self._timed("create_topic", self.inner.create_topic(topic, brokers))
+    async def create_topic(
+        self, topic: str, brokers: tuple[int, ...], configs: tuple[tuple[str, str], ...] = ()
+    ) -> TopicPlacement:
+        return await self._timed("create_topic", self.inner.create_topic(topic, brokers, configs))

@@ -10,8 +10,15 @@ from collections.abc import Sequence
 
 from broker.status import format_age
 from cli.security import add_bootstrap_option, add_client_options, client_security
-from consumer.admin import Admin, TopicListing, open_admin
+from consumer.admin import Admin, AdminError, TopicListing, open_admin
+from protocol.errors import ErrorCode
 from protocol.shown import escape_unprintable
+from protocol.topic_configs import (
+    SETTINGS,
+    InvalidTopicConfig,
+    checked_configs,
+    parse_config_argument,
+)
 from protocol.types import TopicPartition
 
 log = logging.getLogger("coordinator")
@@ -34,6 +41,20 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
         type=_broker_ids,
         metavar="ID[,ID...]",
         help="place the partitions on these brokers, round robin (default: every live broker)",
+    )
+    create.add_argument(
+        "--config",
+        type=_topic_config,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=f"a setting of the topic's own, repeatable: {', '.join(SETTINGS)}; -1: no limit "
+        "(default: the broker's --retention-ms, --retention-bytes, --segment-bytes)",
+    )
+    create.add_argument(
+        "--if-not-exists",
+        action="store_true",
+        help="if the topic exists, say so and succeed (its settings are left as they are)",
     )
     client(verbs.add_parser("list", help="list topics"))
     describe = client(verbs.add_parser("describe", help="partitions, brokers and offsets"))
@@ -116,6 +137,13 @@ def datetime_ms(text: str) -> int:
     return ms
 
 
+def _topic_config(text: str) -> tuple[str, str]:
+    try:
+        return parse_config_argument(text)
+    except InvalidTopicConfig as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -136,7 +164,18 @@ async def run_admin(args: argparse.Namespace) -> None:
 
 
 async def _topics_create(admin: Admin, args: argparse.Namespace) -> None:
-    await admin.create_topic(args.topic, args.partitions, args.brokers)
+    configs = dict(checked_configs(args.config))  # a setting named twice is refused here
+    try:
+        await admin.create_topic(args.topic, args.partitions, args.brokers, configs)
+    except AdminError as exc:
+        if not (args.if_not_exists and exc.error_code is ErrorCode.TOPIC_ALREADY_EXISTS):
+            raise
+        _say(
+            args,
+            {"topic": args.topic, "created": False},
+            f"topic {args.topic} already exists: left as it is",
+        )
+        return
     _say(
         args,
         {"topic": args.topic, "partitions": args.partitions, "created": True},
@@ -172,6 +211,11 @@ async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
     listing = await admin.listing(args.topic or None)
     live = {b.broker_id for b in (await admin.metadata(())).brokers}
     bounds = await admin.log_bounds([t.topic for t in listing.topics])
+    settings = [
+        (topic, name, value)
+        for topic, configs in sorted(listing.configs.items())
+        for name, value in sorted(configs.items())
+    ]
     rows = []
     for topic in listing.topics:
         topic_id = _topic_id(listing, topic.topic)
@@ -183,15 +227,25 @@ async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
             rows.append((topic.topic, topic_id, p.partition, p.broker_id, up, start, end))
     if args.json:
         keys = ("topic", "topic_id", "partition", "broker", "broker_up", "start", "end")
-        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows]))
-    else:
-        _table(
-            ("TOPIC", "TOPIC ID", "PARTITION", "BROKER", "UP", "START", "END"),
-            [
-                (t, i or "-", p, b, "yes" if up else "no", start, end)
-                for t, i, p, b, up, start, end in rows
-            ],
+        print(
+            json.dumps(
+                [
+                    dict(zip(keys, row, strict=True), configs=listing.configs.get(row[0], {}))
+                    for row in rows
+                ]
+            )
         )
+        return
+    _table(
+        ("TOPIC", "TOPIC ID", "PARTITION", "BROKER", "UP", "START", "END"),
+        [
+            (t, i or "-", p, b, "yes" if up else "no", start, end)
+            for t, i, p, b, up, start, end in rows
+        ],
+    )
+    if settings:  # the rest are each broker's own (serve --retention-ms and so on)
+        print()
+        _table(("TOPIC", "SETTING", "VALUE"), settings)
 
 
 def _topic_id(listing: TopicListing, topic: str) -> str | None:

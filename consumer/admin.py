@@ -18,6 +18,7 @@ from protocol import (
     AlterUserScramCredentialsResponse,
     ClusterMetadataRequest,
     ClusterMetadataResponse,
+    ConfigEntry,
     CreateAclsRequest,
     CreateAclsResponse,
     CreatePartitionsRequest,
@@ -55,6 +56,7 @@ from protocol import (
 )
 from protocol.batches import records_from_batches
 from protocol.sasl import MECHANISMS, ScramCredential
+from protocol.topic_configs import checked_configs
 from protocol.types import BrokerInfo, TopicId, TopicPartition
 from statemachine.acl import Acl, Operation, ResourceType, acl_of, binding_of
 from transport.channel import Channel
@@ -101,6 +103,10 @@ _HINTS = {
     ),
     ErrorCode.POLICY_VIOLATION: "the broker would hold more than its --max-partitions-per-broker",
     ErrorCode.INVALID_REPLICA_ASSIGNMENT: "name live brokers, each once",
+    ErrorCode.INVALID_CONFIG: (
+        "a topic's settings are retention.ms, retention.bytes and segment.bytes, each once, "
+        "as whole numbers within their bounds"
+    ),
     ErrorCode.INVALID_TOPIC_EXCEPTION: "a topic name is 1-249 characters of [A-Za-z0-9._-]",
     ErrorCode.INVALID_GROUP_ID: (
         "a group id is at most the broker's --max-id-bytes, without control characters"
@@ -226,6 +232,9 @@ class TopicListing:
 
     topics: tuple[TopicMetadata, ...]
     ids: Mapping[str, TopicId]
+    #: The settings each topic was created with, by name (protocol/topic_configs.py); a topic
+    #: not here has none of its own (or the broker answers before version 3).
+    configs: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -336,14 +345,23 @@ class Admin:
         return cluster_report(await self.metadata())
 
     async def create_topic(
-        self, topic: str, partitions: int, brokers: Sequence[int] | None = None
+        self,
+        topic: str,
+        partitions: int,
+        brokers: Sequence[int] | None = None,
+        configs: Mapping[str, str] | None = None,
     ) -> None:
-        """``brokers``: the ids to place the partitions on; None: every live broker."""
+        """``brokers``: the ids to place the partitions on; None: every live broker.
+        ``configs``: the topic's own settings by Kafka's names (``{"retention.ms": "3600000"}``;
+        protocol/topic_configs.py), the broker's for those not named; one it does not take
+        raises ``InvalidTopicConfig`` (a ValueError) before anything is sent."""
+        settings = checked_configs((configs or {}).items())
         response = await self.call(
             CreateTopicRequest(
                 topic=topic,
                 partitions=partitions,
                 broker_ids=None if brokers is None else tuple(brokers),
+                configs=tuple(ConfigEntry(name=k, value=v) for k, v in settings),
             )
         )
         assert isinstance(response, CreateTopicResponse)
@@ -379,7 +397,11 @@ class Admin:
         for topic in metadata.topics:
             _check(f"topic {topic.topic}", topic.error_code)
         ids = {identity.topic: identity.topic_id for identity in metadata.topic_ids}
-        return TopicListing(topics=metadata.topics, ids=ids)
+        configs = {
+            entry.topic: {c.name: c.value for c in entry.configs}
+            for entry in metadata.topic_configs
+        }
+        return TopicListing(topics=metadata.topics, ids=ids, configs=configs)
 
     async def groups(self) -> tuple[GroupSummary, ...]:
         """Every broker of the cluster lists the groups of the coordinator slots it holds

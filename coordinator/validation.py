@@ -33,6 +33,7 @@ from protocol import (
     RegisterConsumerRequest,
     RequestMessage,
 )
+from protocol.topic_configs import InvalidTopicConfig, checked_configs
 from protocol.types import InvalidPattern, Subscription, TopicPartition, compile_pattern
 
 TOPIC_NAME_MAX = 249
@@ -103,6 +104,10 @@ def request_error(message: RequestMessage, client_id: str, limits: RequestLimits
         case CreateTopicRequest():
             if not valid_topic_name(message.topic):
                 return ErrorCode.INVALID_TOPIC_EXCEPTION
+            try:  # stops at the first unknown or repeated name: a long list costs no more
+                checked_configs((c.name, c.value) for c in message.configs)
+            except InvalidTopicConfig:
+                return ErrorCode.INVALID_CONFIG
             return partition_count_error(message.partitions, limits)
         case CreatePartitionsRequest():
             if not valid_topic_name(message.topic):

@@ -49,6 +49,9 @@ class ErrorCode(enum.IntEnum):
     INVALID_PARTITIONS = 37
     INVALID_REPLICA_ASSIGNMENT = 39
     """CreateTopic or CreatePartitions named a broker that is not live, or one twice."""
+    INVALID_CONFIG = 40
+    """A CreateTopic's setting with an unknown name, a value out of bounds, or named twice
+    (protocol/topic_configs.py)."""
     INVALID_REQUEST = 42
     POLICY_VIOLATION = 44
     """A CreateTopic or CreatePartitions would place more partitions on the broker than its

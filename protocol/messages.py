@@ -92,6 +92,19 @@ class TopicMetadata:
 
 
 @attrs.frozen(kw_only=True)
+class ConfigEntry:
+    name: str
+    """A topic setting's Kafka name (protocol/topic_configs.py); ``value`` is an integer."""
+    value: str
+
+
+@attrs.frozen(kw_only=True)
+class TopicConfigs:
+    topic: str
+    configs: tuple[ConfigEntry, ...]
+
+
+@attrs.frozen(kw_only=True)
 class TopicIdentity:
     """A topic's name and the id of the incarnation the sender means (docs/design.md#topic-ids)."""
 
@@ -241,6 +254,8 @@ class ClusterMetadataResponse:
     the cluster's coordinator slot count (docs/design.md#coordinator-slots)."""
     topic_ids: tuple[TopicIdentity, ...] = attrs.field(default=(), metadata=since(2))
     """The id of each topic in ``topics`` that exists."""
+    topic_configs: tuple[TopicConfigs, ...] = attrs.field(default=(), metadata=since(3))
+    """The settings each topic in ``topics`` was created with (those that have any)."""
 
 
 # --- 4 REGISTER_CONSUMER ------------------------------------------------------------------------
@@ -407,6 +422,8 @@ class CreateTopicRequest:
     partitions: Int32
     broker_ids: tuple[Int32, ...] | None = attrs.field(default=None, metadata=since(1))
     """The brokers to place the partitions on, round robin; None: every live broker."""
+    configs: tuple[ConfigEntry, ...] = attrs.field(default=(), metadata=since(2))
+    """The topic's own settings (protocol/topic_configs.py); those not named are the broker's."""
 
 
 @attrs.frozen(kw_only=True)
@@ -805,11 +822,11 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
     {key: 0 for key in ApiKey}
     | {
         ApiKey.PRODUCE: 2,
-        ApiKey.CLUSTER_METADATA: 2,
+        ApiKey.CLUSTER_METADATA: 3,
         ApiKey.FETCH: 2,
         ApiKey.LIST_OFFSETS: 1,
         ApiKey.REGISTER_CONSUMER: 2,
-        ApiKey.CREATE_TOPIC: 1,
+        ApiKey.CREATE_TOPIC: 2,
         ApiKey.CREATE_PARTITIONS: 1,
         ApiKey.PING: 1,
         ApiKey.STOP_FETCHER: 2,

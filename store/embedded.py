@@ -40,6 +40,7 @@ import trio
 import trio_util
 
 from protocol.sasl import ScramCredential
+from protocol.topic_configs import checked_configs
 from protocol.types import NO_TOPIC_ID, BrokerInfo, TopicPartition
 from statemachine.acl import Acl
 
@@ -135,13 +136,22 @@ class EmbeddedStore:
             listener,
         )
 
-    async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+    async def create_topic(
+        self, topic: str, brokers: tuple[int, ...], configs: tuple[tuple[str, str], ...] = ()
+    ) -> TopicPlacement:
         await self._enter()
         if topic in self._state.topics:
             raise TopicExists(topic)
         if not brokers:
             raise InvalidPartitions(f"topic {topic!r} needs at least one partition")
-        return self._place(TopicPlacement(topic=topic, brokers=brokers, topic_id=uuid.uuid4()))
+        return self._place(
+            TopicPlacement(
+                topic=topic,
+                brokers=brokers,
+                topic_id=uuid.uuid4(),
+                configs=checked_configs(configs),
+            )
+        )
 
     async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
         await self._enter()

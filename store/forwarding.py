@@ -36,8 +36,10 @@ class ForwardingCluster(Generic[Inner]):
     async def brokers(self, listener: str | None = None) -> tuple[BrokerInfo, ...]:
         return await self.inner.brokers(listener)
 
-    async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
-        return await self.inner.create_topic(topic, brokers)
+    async def create_topic(
+        self, topic: str, brokers: tuple[int, ...], configs: tuple[tuple[str, str], ...] = ()
+    ) -> TopicPlacement:
+        return await self.inner.create_topic(topic, brokers, configs)
 
     async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
         return await self.inner.add_partitions(topic, brokers)

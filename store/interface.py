@@ -79,6 +79,10 @@ class TopicPlacement:
     topic: str
     brokers: tuple[int, ...] = attrs.field(converter=_int_tuple)
     topic_id: TopicId
+    #: The settings the topic was created with, sorted by name (protocol/topic_configs.py: the
+    #: names Kafka's, the values checked); one it does not name is each broker's own. A tuple,
+    #: not a mapping, so a placement stays hashable (broker/dispatch.py keeps answers by it).
+    configs: tuple[tuple[str, str], ...] = ()
 
     @property
     def partition_count(self) -> int:
@@ -204,7 +208,9 @@ class TopicStore(Protocol):
         ``listener`` (those without that listener left out); None: their first listener's."""
         ...
 
-    async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+    async def create_topic(
+        self, topic: str, brokers: tuple[int, ...], configs: tuple[tuple[str, str], ...] = ()
+    ) -> TopicPlacement:
         """A new incarnation of the name, with an id no other ever had
         (docs/design.md#topic-ids). Raises ``TopicExists``, or ``InvalidPartitions`` when
         ``brokers`` is empty. Creates and deletes of one name are linearizable, also from two

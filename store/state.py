@@ -77,7 +77,19 @@ def topic_entry(placement: TopicPlacement) -> JsonObject:
         "topic": placement.topic,
         "placement": encode_placement(placement),
         "topic_id": str(placement.topic_id),
+        **_encode_configs(placement),
     }
+
+
+def _encode_configs(placement: TopicPlacement) -> JsonObject:
+    """A topic's settings as an entry or snapshot holds them: absent when it has none, so a
+    file written before topics had settings reads as they all being the broker's, and a broker
+    of that time reads this one's files (serving every topic with its own settings)."""
+    return {"configs": dict(placement.configs)} if placement.configs else {}
+
+
+def _decode_configs(value: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), str(v)) for k, v in value.get("configs", {}).items()))
 
 
 def _topic_id(value: object) -> TopicId:
@@ -216,8 +228,9 @@ class StoreState:
             self._apply_offsets(entry["batches"])
         elif op == "topic":
             topic = str(entry["topic"])
-            self.topics[topic] = decode_placement(
-                topic, entry["placement"], _topic_id(entry.get("topic_id"))
+            self.topics[topic] = attrs.evolve(
+                decode_placement(topic, entry["placement"], _topic_id(entry.get("topic_id"))),
+                configs=_decode_configs(entry),
             )
         elif op == "group":
             group = decode_group(entry["group"])
@@ -345,7 +358,11 @@ class StoreState:
             "seq": self.seq,
             "last_epoch": self.last_epoch,
             "topics": {
-                topic: {"placement": encode_placement(p), "topic_id": str(p.topic_id)}
+                topic: {
+                    "placement": encode_placement(p),
+                    "topic_id": str(p.topic_id),
+                    **_encode_configs(p),
+                }
                 for topic, p in self.topics.items()
             },
             "groups": {group_id: encode_group(g) for group_id, g in self.groups.items()},
@@ -381,7 +398,10 @@ class StoreState:
             topics = {t: decode_placement(t, p) for t, p in value["topics"].items()}
         else:
             topics = {
-                t: decode_placement(t, p["placement"], _topic_id(p["topic_id"]))
+                t: attrs.evolve(
+                    decode_placement(t, p["placement"], _topic_id(p["topic_id"])),
+                    configs=_decode_configs(p),
+                )
                 for t, p in value["topics"].items()
             }
         return cls(

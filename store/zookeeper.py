@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from protocol.sasl import ScramCredential
+from protocol.topic_configs import checked_configs
 from statemachine.acl import Acl
 
 from .codec import (
@@ -58,12 +59,15 @@ from .zookeeper_layout import (
     LAYOUT,
     LAYOUT_VERSION,
     SLOT_ELECTIONS,
+    TOPIC_CONFIGS,
     TOPIC_IDS,
     TOPICS,
     USERS,
     group_path,
     json_bytes,
     segment_name,
+    topic_config_path,
+    topic_config_value,
     topic_id_path,
     topic_path,
     user_path,
@@ -120,26 +124,32 @@ class ZooKeeperStore(Cluster, Groups):
 
     # Topics
 
-    async def create_topic(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
-        """One transaction creates the topic node and writes its new id to the name's ids node,
-        checking the version read (docs/design.md#topic-ids): a racing create or delete of the
-        name makes it read again, and an existing topic node makes it ``TopicExists``."""
+    async def create_topic(
+        self, topic: str, brokers: tuple[int, ...], configs: tuple[tuple[str, str], ...] = ()
+    ) -> TopicPlacement:
+        """One transaction creates the topic node, writes its new id to the name's ids node
+        and its settings to the name's settings node, each checking the version read
+        (docs/design.md#topic-ids): a racing create or delete of the name makes it read again,
+        and an existing topic node makes it ``TopicExists``."""
         if not brokers:
             raise InvalidPartitions(f"topic {topic!r} needs at least one partition")
-        placement = TopicPlacement(topic=topic, brokers=brokers, topic_id=uuid.uuid4())
-        ids_path = topic_id_path(topic)
+        placement = TopicPlacement(
+            topic=topic, brokers=brokers, topic_id=uuid.uuid4(), configs=checked_configs(configs)
+        )
+        ids_path, config_path = topic_id_path(topic), topic_config_path(topic)
         for _ in range(RETRIES):
-            try:
-                _data, stat = await self._wait(self._client.get_async(ids_path))
-                ids_version: int | None = stat.version
-            except NoNodeError:
-                ids_version = None
+            ids_version = await self._version(ids_path)
+            config_version = await self._version(config_path)
             tx = self._client.transaction()
             tx.create(topic_path(topic), json_bytes(encode_placement(placement)))
-            if ids_version is None:
-                tx.create(ids_path, ids_value(placement.topic_id))
-            else:
-                tx.set_data(ids_path, ids_value(placement.topic_id), ids_version)
+            for path, value, version in (
+                (ids_path, ids_value(placement.topic_id), ids_version),
+                (config_path, topic_config_value(placement.configs), config_version),
+            ):
+                if version is None:
+                    tx.create(path, value)
+                else:
+                    tx.set_data(path, value, version)
             failed = failure(await self._wait(tx.commit_async()))
             if failed is None:
                 await self._refresh_topics()
@@ -150,6 +160,14 @@ class ZooKeeperStore(Cluster, Groups):
             if not isinstance(exc, NodeExistsError | BadVersionError | NoNodeError):
                 raise StoreUnavailable(f"cannot create topic {topic!r}: {exc!r}")
         raise StoreUnavailable(f"cannot create topic {topic!r}: its id keeps changing")
+
+    async def _version(self, path: str) -> int | None:
+        """The node's version; None: there is no such node."""
+        try:
+            _data, stat = await self._wait(self._client.get_async(path))
+        except NoNodeError:
+            return None
+        return int(stat.version)
 
     async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
         for _ in range(RETRIES):
@@ -202,6 +220,15 @@ class ZooKeeperStore(Cluster, Groups):
             failed = failure(await self._wait(tx.commit_async()))
             if failed is None:
                 self._offset_nodes = {n for n in self._offset_nodes if n[1] != topic}
+                if current.config_version is not None:
+                    # Not in the transaction: topics created before settings had nodes have
+                    # none. Its version read with the incarnation: a create since keeps its own.
+                    with contextlib.suppress(BadVersionError, NoNodeError):
+                        await self._wait(
+                            self._client.delete_async(
+                                topic_config_path(topic), current.config_version
+                            )
+                        )
                 await self._refresh_topics()
                 return
             if not isinstance(failed[1], BadVersionError | NoNodeError):
@@ -387,7 +414,7 @@ async def open_zookeeper_store(
     bridge.listen(store._state_changed)
     async with bridge.running():
         try:
-            for path in (BROKER_IDS, TOPICS, TOPIC_IDS, CONSUMERS, USERS):
+            for path in (BROKER_IDS, TOPICS, TOPIC_IDS, TOPIC_CONFIGS, CONSUMERS, USERS):
                 await store._wait(store._client.ensure_path_async(path))
             if coordinator_slots is not None:
                 await store.check_layout(coordinator_slots)

@@ -12,6 +12,11 @@ keep them)::
     /coordinator_layout                               {"version": v, "slots": n}, written once
     /coordinator_slots/<slot>                         ephemeral {"broker_id": id}; czxid = epoch
     /coordinator_slot_epochs/<slot>                   persistent; its version counts its terms
+    /config/topics/<topic>                            {"version": 1, "config": {name: value}}:
+                                                      Kafka's node of the topic's settings,
+                                                      written in the transaction creating the
+                                                      topic node; one older than that node is a
+                                                      deleted incarnation's and counts for none
     /config/users/<user>                              {mechanism: {"salt", "stored_key",
                                                       "server_key", "iterations"}} (SCRAM)
     /config/acls                                      [{"principal", "resource_type", "name",
@@ -50,6 +55,7 @@ __all__ = [
     "SLOT_ELECTIONS",
     "SLOT_EPOCHS",
     "TOPICS",
+    "TOPIC_CONFIGS",
     "TOPIC_IDS",
     "USERS",
     "group_path",
@@ -57,6 +63,8 @@ __all__ = [
     "record_path",
     "segment",
     "segment_name",
+    "topic_config_path",
+    "topic_config_value",
     "topic_id_path",
     "topic_path",
     "user_path",
@@ -75,6 +83,10 @@ LAYOUT = "/coordinator_layout"
 SLOT_ELECTIONS = "/coordinator_slots"
 SLOT_EPOCHS = "/coordinator_slot_epochs"
 USERS = "/config/users"
+#: One node per topic created with this layout: its settings (protocol/topic_configs.py), in
+#: Kafka's shape. Brokers that predate it read no such node and serve every topic with their own
+#: settings, as they always did; so it adds a node without changing any, and no layout version.
+TOPIC_CONFIGS = "/config/topics"
 ACLS = "/config/acls"
 
 #: The layout of the nodes above that this code reads and writes: version 1 was one election node
@@ -130,3 +142,13 @@ def topic_path(topic: str) -> str:
 def topic_id_path(topic: str) -> str:
     """``/brokers/topic_ids/<topic>``: the id of the name's incarnation in force."""
     return f"{TOPIC_IDS}/{segment(topic)}"
+
+
+def topic_config_path(topic: str) -> str:
+    """``/config/topics/<topic>``: the settings the topic was created with."""
+    return f"{TOPIC_CONFIGS}/{segment(topic)}"
+
+
+def topic_config_value(configs: tuple[tuple[str, str], ...]) -> bytes:
+    """A settings node's data, as Kafka writes it."""
+    return json_bytes({"version": 1, "config": dict(configs)})

@@ -23,12 +23,13 @@ from typing import Any
 import attrs
 import trio_util
 
+from protocol.topic_configs import checked_configs
 from protocol.types import NO_TOPIC_ID, TopicId
 
 from .codec import decode_placement
 from .interface import StoreUnavailable, TopicPlacement
 from .kazoo_bridge import NoNodeError
-from .zookeeper_layout import json_bytes, topic_id_path, topic_path
+from .zookeeper_layout import json_bytes, topic_config_path, topic_id_path, topic_path
 from .zookeeper_session import RETRIES, Session, failure
 
 __all__ = ["Incarnation", "TopicIds", "TopicsView", "ids_value"]
@@ -44,6 +45,9 @@ class Incarnation:
     placement: TopicPlacement
     topic_version: int
     ids_version: int
+    #: The version of the settings node written with this incarnation (None: it has none, as a
+    #: topic created by a broker older than topic settings).
+    config_version: int | None = None
 
 
 @attrs.frozen
@@ -56,6 +60,9 @@ class _Read:
     stat: Any
     recorded: TopicId | None
     ids_version: int | None
+    #: The settings written with this topic node, and their node's version (None: none).
+    configs: tuple[tuple[str, str], ...] = ()
+    config_version: int | None = None
 
 
 @attrs.define(eq=False, repr=False, slots=False)
@@ -109,14 +116,21 @@ class TopicIds(Session):
         # The ids node is asked first, and one session's requests are answered in order: an id
         # written at or after the creation of the topic node read next was in force, for that
         # node, when the ids node was read (a node re-created between the reads is younger).
+        # A settings node is written only with its topic node (in one transaction), so the
+        # topic node's watch covers it.
         pending = []
         for name in names:
             ids_result = self._client.get_async(topic_id_path(name), watch=watch)
             pending.append(
-                (name, ids_result, self._client.get_async(topic_path(name), watch=watch))
+                (
+                    name,
+                    ids_result,
+                    self._client.get_async(topic_path(name), watch=watch),
+                    self._client.get_async(topic_config_path(name)),
+                )
             )
         reads = []
-        for name, ids_result, topic_result in pending:
+        for name, ids_result, topic_result, config_result in pending:
             try:
                 ids_data, ids_stat = await self._wait(ids_result)
             except NoNodeError:
@@ -131,8 +145,28 @@ class TopicIds(Session):
                 if recorded == NO_TOPIC_ID:  # names no incarnation (another tool wrote it)
                     recorded = None
             version = None if ids_stat is None else int(ids_stat.version)
-            reads.append(_Read(name, data, stat, recorded, version))
+            configs, config_version = await self._read_configs(name, config_result, stat.czxid)
+            reads.append(_Read(name, data, stat, recorded, version, configs, config_version))
         return reads
+
+    async def _read_configs(
+        self, topic: str, result: Any, created: int
+    ) -> tuple[tuple[tuple[str, str], ...], int | None]:
+        """The settings of the topic node created at zxid ``created``, and their node's version:
+        none if the node is older than the topic node (a deleted incarnation's, left by a
+        broker that knew no settings nodes)."""
+        try:
+            data, stat = await self._wait(result)
+        except NoNodeError:
+            return (), None
+        if stat.mzxid < created:
+            return (), None
+        try:
+            found = json.loads(data)["config"]
+            configs = checked_configs((str(k), str(v)) for k, v in found.items())
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise StoreUnavailable(f"unreadable settings of topic {topic!r}: {exc}") from exc
+        return configs, int(stat.version)
 
     def _give_id(self, read: _Read, topic_id: TopicId) -> Any:
         """A transaction giving the topic node read the id, if it is still that node (its
@@ -151,7 +185,10 @@ class TopicIds(Session):
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreUnavailable(f"unreadable placement of topic {read.topic!r}: {exc}") from exc
         return Incarnation(
-            placement=placement, topic_version=int(read.stat.version), ids_version=ids_version
+            placement=attrs.evolve(placement, configs=read.configs),
+            topic_version=int(read.stat.version),
+            ids_version=ids_version,
+            config_version=read.config_version,
         )
 
     def _decode_id(self, topic: str, data: bytes) -> TopicId | None:

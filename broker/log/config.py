@@ -6,6 +6,8 @@ import enum
 
 import attrs
 
+from protocol.topic_configs import RETENTION_BYTES, RETENTION_MS, SEGMENT_BYTES
+
 
 class FsyncPolicy(enum.Enum):
     #: fsync before a produce is acknowledged: an acknowledged record survives a power loss.
@@ -41,3 +43,18 @@ class LogConfig:
     #: A record batch larger than this (as sent, compressed or not) is refused with
     #: MESSAGE_TOO_LARGE.
     max_batch_bytes: int = attrs.field(default=1024 * 1024, validator=attrs.validators.gt(0))
+
+    def for_topic(self, configs: tuple[tuple[str, str], ...]) -> LogConfig:
+        """This broker's settings with those a topic was created with (checked already:
+        protocol/topic_configs.py) in place of its own; -1 is "no limit", as in Kafka."""
+        config = self
+        for name, value in configs:
+            number = int(value)
+            limit = None if number < 0 else number
+            if name == RETENTION_MS:
+                config = attrs.evolve(config, retention_ms=limit)
+            elif name == RETENTION_BYTES:
+                config = attrs.evolve(config, retention_bytes=limit)
+            elif name == SEGMENT_BYTES:
+                config = attrs.evolve(config, segment_bytes=number)
+        return config

@@ -231,6 +231,8 @@ class PartitionLog:
         The active segment always stays, so the log start and end survive a restart in its name.
         """
         config = self.config
+        if config.retention_ms is None and config.retention_bytes is None:
+            return 0  # kept forever: not worth a lock
         async with self._append_lock, self._flush_lock:
             doomed: list[Segment] = []
             total = self.size_bytes

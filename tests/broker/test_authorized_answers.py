@@ -23,6 +23,8 @@ from protocol import (
     AlterUserScramCredentialsRequest,
     ApiKey,
     ClusterMetadataRequest,
+    ClusterMetadataResponse,
+    ConfigEntry,
     CreateAclsRequest,
     CreatePartitionsRequest,
     CreateTopicRequest,
@@ -56,6 +58,7 @@ from protocol import (
     StartFetcherResponse,
     StopFetcherRequest,
     StopFetcherResponse,
+    TopicConfigs,
     error_response,
 )
 from protocol.types import PartitionOffset, Subscription, TopicPartition
@@ -103,6 +106,9 @@ def _commit(group: str, *offsets: tuple[str, int]) -> OffsetCommitRequest:
     )
 
 
+#: Each topic's own settings, which ClusterMetadata shows (v3) where it shows the topic.
+SETTINGS = (ConfigEntry(name="segment.bytes", value="1048576"),)
+
 WRITE_TOPIC = AclBinding(principal=ALICE, resource_type="topic", name=TOPIC, operation="write")
 
 #: What alice asks of each api, none of it naming what she may not see.
@@ -115,7 +121,9 @@ ASKED: dict[ApiKey, RequestMessage] = {
     ApiKey.REGISTER_CONSUMER: _register(GROUP, "alice", Subscription(pattern=".*")),
     ApiKey.OFFSET_COMMIT: _commit(GROUP, (TOPIC, 3)),
     ApiKey.OFFSET_FETCH: OffsetFetchRequest(group_id=GROUP, partitions=None),
-    ApiKey.CREATE_TOPIC: CreateTopicRequest(topic="new-topic", partitions=1),
+    ApiKey.CREATE_TOPIC: CreateTopicRequest(
+        topic="new-topic", partitions=1, configs=(ConfigEntry(name="retention.ms", value="1"),)
+    ),
     ApiKey.CREATE_PARTITIONS: CreatePartitionsRequest(topic=TOPIC, total_partitions=3),
     ApiKey.LIST_GROUPS: ListGroupsRequest(),
     ApiKey.DESCRIBE_GROUP: DescribeGroupRequest(group_id=GROUP),
@@ -195,7 +203,9 @@ def _member(
 async def _set_up(broker: Broker) -> None:
     """The topics, the offsets, and records on both topics; as a client held to no rules."""
     for topic in (TOPIC, HIDDEN_TOPIC):
-        created = await broker.request(CreateTopicRequest(topic=topic, partitions=2))
+        created = await broker.request(
+            CreateTopicRequest(topic=topic, partitions=2, configs=SETTINGS)
+        )
         assert created.error_code is ErrorCode.NONE
         produced = await broker.request(
             ProduceRequest(
@@ -254,6 +264,10 @@ async def test_no_answer_names_what_alice_may_not_describe(tmp_path: Path) -> No
     assert [key.name for key, answer in answers.items() if leaks(answer)] == []
     assert [message for message in sent if leaks(message)] == []
     # She was answered, not refused: what she may see is there.
+    metadata = answers[ApiKey.CLUSTER_METADATA]
+    assert isinstance(metadata, ClusterMetadataResponse)
+    assert metadata.topic_configs == (TopicConfigs(topic=TOPIC, configs=SETTINGS),)
+    assert answers[ApiKey.CREATE_TOPIC].error_code is ErrorCode.CLUSTER_AUTHORIZATION_FAILED
     fetched = answers[ApiKey.OFFSET_FETCH]
     assert isinstance(fetched, OffsetFetchResponse)
     assert fetched.offsets == (PartitionOffset(topic=TOPIC, partition=0, offset=1),)

@@ -476,3 +476,13 @@ async def test_a_failed_fsync_is_not_acknowledged_and_stops_appends(
     assert log.high_watermark == 3  # never shown to a reader, never acknowledged
     with pytest.raises(LogFailed):
         await append(log, make_records(1))  # a later fsync that "works" proves nothing
+
+
+def test_a_topics_settings_take_the_place_of_the_brokers() -> None:
+    """-1 lifts a limit the broker has, as in Kafka; a setting not named stays the broker's."""
+    broker = LogConfig(retention_ms=1000, retention_bytes=None, segment_bytes=1 << 20)
+    assert broker.for_topic(()) == broker
+    topic = broker.for_topic((("retention.bytes", "4096"), ("retention.ms", "-1")))
+    assert (topic.retention_ms, topic.retention_bytes, topic.segment_bytes) == (None, 4096, 1 << 20)
+    topic = broker.for_topic((("segment.bytes", "2048"),))
+    assert (topic.retention_ms, topic.segment_bytes) == (1000, 2048)

@@ -18,7 +18,8 @@ from launch.processes import BrokerProcess, run_broker
 pytestmark = pytest.mark.realtime
 
 HERE = Path(__file__).resolve().parent
-LEVELS = sorted(path.stem for path in HERE.glob("level*.py"))
+#: Each level's whole-group client; a fragment (``level10_configs.py``) tries one api alone.
+LEVELS = sorted(path.stem for path in HERE.glob("level*.py") if path.stem[5:].isdigit())
 
 
 async def run_frozen(level: str, broker: BrokerProcess, name: str) -> dict[str, object]:
@@ -110,3 +111,20 @@ async def test_a_frozen_client_runs_a_whole_group(level: str, tmp_path: Path) ->
             "members": {"a": partitions // 2, "b": partitions // 2},
             "awaiting": [],
         }
+
+
+async def test_a_frozen_client_sets_a_topics_settings(tmp_path: Path) -> None:
+    """Level 10's CreateTopic 2 and ClusterMetadata 3 (SPEC.md §8, 10): settings kept in the
+    broker's canonical order, a setting it does not know refused INVALID_CONFIG (40) with no
+    topic created, and a second create TOPIC_ALREADY_EXISTS (36)."""
+    async with run_broker(tmp_path / "data") as broker:
+        result = await run_frozen("level10_configs", broker, "level10")
+    assert result == {
+        "created": 0,
+        "refused": 40,
+        "again": 36,
+        "codes": {"level10-settings": 0, "level10-refused": 3},
+        "configs": {
+            "level10-settings": [["retention.ms", "86400000"], ["segment.bytes", "1048576"]]
+        },
+    }

@@ -30,6 +30,8 @@ CONTRACT = {
     "PartitionMetadata": "partition:int32 broker_id:int32",
     "TopicMetadata": "topic:string error_code:int16 partitions:array[PartitionMetadata]",
     "TopicIdentity": "topic:string topic_id:uuid",
+    "ConfigEntry": "name:string value:string",
+    "TopicConfigs": "topic:string configs:array[ConfigEntry]",
     "GroupSummary": "group_id:string state:string",
     "MemberDescription": "member_id:string client_id:string session_timeout_ms:int32"
     " subscription:Subscription partitions:array[TopicPartition]",
@@ -45,7 +47,7 @@ CONTRACT = {
     "ClusterMetadataRequest": "group_id:string? topics:array[string]?",
     "ClusterMetadataResponse": "error_code:int16 coordinator_id:int32 coordinator_epoch:int64"
     " brokers:array[BrokerInfo] topics:array[TopicMetadata] slot_holders:array[int32]"
-    " topic_ids:array[TopicIdentity]",
+    " topic_ids:array[TopicIdentity] topic_configs:array[TopicConfigs]",
     "RegisterConsumerRequest": "group_id:string consumer_id:string subscription:Subscription"
     " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
     " owned_partitions:array[TopicPartition] instance_id:string?"
@@ -67,7 +69,8 @@ CONTRACT = {
     "OffsetCommitResponse": "error_code:int16",
     "OffsetFetchRequest": "group_id:string partitions:array[TopicPartition]?",
     "OffsetFetchResponse": "error_code:int16 offsets:array[PartitionOffset]",
-    "CreateTopicRequest": "topic:string partitions:int32 broker_ids:array[int32]?",
+    "CreateTopicRequest": "topic:string partitions:int32 broker_ids:array[int32]?"
+    " configs:array[ConfigEntry]",
     "CreateTopicResponse": "error_code:int16",
     "CreatePartitionsRequest": "topic:string total_partitions:int32 broker_ids:array[int32]?",
     "CreatePartitionsResponse": "error_code:int16",
@@ -115,6 +118,9 @@ OLDER_VERSIONS = {
     ("ClusterMetadataResponse", 1): "error_code:int16 coordinator_id:int32"
     " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]"
     " slot_holders:array[int32]",
+    ("ClusterMetadataResponse", 2): "error_code:int16 coordinator_id:int32"
+    " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]"
+    " slot_holders:array[int32] topic_ids:array[TopicIdentity]",
     ("ProduceRequest", 0): "topic:string partition:int32 records:array[Record]",
     ("ProduceRequest", 1): "topic:string partition:int32 records:array[Record] batches:bytes",
     ("FetchRequest", 0): "topic:string partition:int32 offset:int64 max_bytes:int32",
@@ -133,6 +139,7 @@ OLDER_VERSIONS = {
     " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
     " owned_partitions:array[TopicPartition] instance_id:string?",
     ("CreateTopicRequest", 0): "topic:string partitions:int32",
+    ("CreateTopicRequest", 1): "topic:string partitions:int32 broker_ids:array[int32]?",
     ("CreatePartitionsRequest", 0): "topic:string total_partitions:int32",
     ("StopFetcherRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string",
     ("StopFetcherRequest", 1): "coordinator_epoch:int64 generation:int32 consumer_id:string"
@@ -278,6 +285,7 @@ def test_error_codes() -> None:
         "TOPIC_ALREADY_EXISTS": 36,
         "INVALID_PARTITIONS": 37,
         "INVALID_REPLICA_ASSIGNMENT": 39,
+        "INVALID_CONFIG": 40,
         "INVALID_REQUEST": 42,
         "POLICY_VIOLATION": 44,
         "SASL_AUTHENTICATION_FAILED": 58,

@@ -15,6 +15,7 @@ import attrs
 import pytest
 import trio
 
+from protocol.topic_configs import InvalidTopicConfig
 from protocol.types import (
     NO_TOPIC_ID,
     BrokerInfo,
@@ -180,6 +181,37 @@ async def test_topics_survive_a_reopen(store_factory: StoreOpener) -> None:
             "orders": TopicPlacement(topic="orders", brokers=(1, 2, 3), topic_id=orders.topic_id),
             "logs.web": logs,
         }
+
+
+async def test_a_topic_keeps_its_settings_across_a_reopen_and_until_deleted(
+    store_factory: StoreOpener,
+) -> None:
+    """The settings are the incarnation's: kept by a reopen and by added partitions, and gone
+    with a delete (the name created again has none)."""
+    settings = (("retention.ms", "60000"), ("segment.bytes", "1048576"))
+    async with store_factory() as store:
+        created = await store.create_topic("orders", (1, 2), (settings[1], settings[0]))
+        assert created.configs == settings  # sorted by name
+        await store.add_partitions("orders", (3,))
+        plain = await store.create_topic("logs", (1,))
+        assert plain.configs == ()
+    async with store_factory() as store:
+        topics = await store.topics()
+        assert topics["orders"] == attrs.evolve(created, brokers=(1, 2, 3))
+        assert topics["logs"] == plain
+        await store.delete_topic("orders")
+        again = await store.create_topic("orders", (1,), (("retention.bytes", "-1"),))
+        assert again.configs == (("retention.bytes", "-1"),)
+        await store.delete_topic("orders")
+        assert (await store.create_topic("orders", (1,))).configs == ()
+    async with store_factory() as store:
+        assert (await store.topics())["orders"].configs == ()
+
+
+async def test_a_topic_with_a_wrong_setting_is_not_created(store: MetadataStore) -> None:
+    with pytest.raises(InvalidTopicConfig, match=r"unknown topic setting 'cleanup\.policy'"):
+        await store.create_topic("orders", (1,), (("cleanup.policy", "compact"),))
+    assert "orders" not in await store.topics()
 
 
 async def test_deleting_a_topic_drops_it_and_every_groups_offsets_for_it(

@@ -533,3 +533,22 @@ def test_a_member_record_written_before_static_members_still_loads() -> None:
     encoded = codec.encode_group(record)
     assert all("instance_id" not in member for member in encoded["members"])
     assert codec.decode_group(encoded) == record
+
+
+async def test_a_topics_settings_survive_compaction_into_the_snapshot(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Written only where a topic has settings: a topic without keeps the snapshot's old shape."""
+    async with open_embedded_store(tmp_path, compact_after_bytes=1) as store:
+        plain = await store.create_topic("logs", (1,))
+        created = await store.create_topic("orders", (1,), (("retention.ms", "60000"),))
+        for n in range(50):  # a snapshot is due once the journal outgrows the last one
+            if "orders" in json.loads((tmp_path / SNAPSHOT_NAME).read_text())["topics"]:
+                break
+            await store.create_topic(f"filler{n}", (1,))
+    topics = json.loads((tmp_path / SNAPSHOT_NAME).read_text())["topics"]
+    assert topics["orders"]["configs"] == {"retention.ms": "60000"}
+    assert "configs" not in topics["logs"]
+    async with open_embedded_store(tmp_path) as store:
+        found = await store.topics()
+        assert (found["orders"], found["logs"]) == (created, plain)

@@ -460,6 +460,39 @@ async def test_topics_of_a_layout_2_broker_get_ids_on_sight(zookeeper_hosts: str
                 pass
 
 
+async def test_a_topics_settings_are_kafkas_node_and_a_deleted_incarnations_count_for_none(
+    zookeeper_hosts: str,
+) -> None:
+    """``/config/topics/<topic>`` in Kafka's shape, written with the topic and deleted with it;
+    one a broker that knows no settings nodes left behind (it deleted the topic node alone) is
+    older than the next topic node of the name, and gives that topic no settings."""
+    settings = (("retention.ms", "60000"),)
+    async with open_office(zookeeper_hosts) as store:
+        await store.create_topic("orders", (1,), settings)
+        assert json.loads(await read_raw(zookeeper_hosts, "/config/topics/orders")) == {
+            "version": 1,
+            "config": {"retention.ms": "60000"},
+        }
+        await store.delete_topic("orders")
+        with pytest.raises(NoNodeError):
+            await read_raw(zookeeper_hosts, "/config/topics/orders")
+
+        await store.create_topic("orders", (1,), settings)
+
+        def old_delete_and_create(client: Any) -> None:  # a broker of layout 3, before settings
+            client.delete("/brokers/topics/orders")
+            client.create("/brokers/topics/orders", b'{"0":2}')
+
+        await raw(zookeeper_hosts, old_delete_and_create)
+        with trio.fail_after(DEADLINE):
+            while (found := (await store.topics())["orders"]).brokers != (2,):
+                await trio.sleep(0.05)
+        assert found.configs == ()
+        await store.delete_topic("orders")  # the stale node stays: nobody wrote it for this one
+        again = await store.create_topic("orders", (1,), (("segment.bytes", "1024"),))
+        assert (await store.topics())["orders"].configs == again.configs
+
+
 async def test_brokers_that_see_a_topic_without_an_id_at_once_agree_on_the_one_given(
     zookeeper_hosts: str,
 ) -> None:
