@@ -269,6 +269,7 @@ class Producer:
         *,
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
+        partition: int | None = None,
     ) -> Coroutine[Any, Any, Delivery]:
         """``await producer.enqueue(...)``: hand a record to its partition's batch without waiting
         for the acknowledgement; the :class:`Delivery` says when it is.
@@ -276,10 +277,12 @@ class Producer:
         Waits only while ``max_pending_records`` are unacknowledged, and otherwise does not even
         yield to the scheduler (a checkpoint per record would cost more than the record), so a loop
         of enqueues should await something now and then. ``timestamp_ms`` -1: the broker stamps
-        its own time. Not awaiting it is an error (:class:`NotAwaited`).
+        its own time. ``partition``: this one, not the key's hash or the round robin
+        (ValueError if the topic has no such partition). Not awaiting it is an error
+        (:class:`NotAwaited`).
         """
         call = next(self._calls)
-        coroutine = self._enqueue(call, topic, value, key, timestamp_ms, headers)
+        coroutine = self._enqueue(call, topic, value, key, timestamp_ms, headers, partition)
         self._not_awaited[call] = (f"enqueue to {topic!r}", coroutine)
         return coroutine
 
@@ -291,13 +294,16 @@ class Producer:
         key: Any,
         timestamp_ms: int,
         headers: Sequence[Header],
+        partition: int | None = None,
     ) -> Delivery:
         self._not_awaited.pop(call, None)  # started: awaited (or started as a task)
         if topic not in self.placement:
             await self._placement(topic)
         while self._pending >= self.config.max_pending_records:
             await self._room.wait()
-        return self.enqueue_nowait(topic, value, key, timestamp_ms=timestamp_ms, headers=headers)
+        return self.enqueue_nowait(
+            topic, value, key, timestamp_ms=timestamp_ms, headers=headers, partition=partition
+        )
 
     def enqueue_nowait(
         self,
@@ -307,6 +313,7 @@ class Producer:
         *,
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
+        partition: int | None = None,
     ) -> Delivery:
         """:meth:`enqueue` without awaiting anything: the fast path of a loop that sends many
         records (no coroutine, no checkpoint per record). Raises ``trio.WouldBlock`` when
@@ -319,7 +326,10 @@ class Producer:
             key = self.key_serializer(key)
         if self.value_serializer is not None and value is not None:
             value = self.value_serializer(value)
-        if key is not None:
+        if partition is not None:
+            if not 0 <= partition < len(partitions):
+                raise ValueError(f"topic {topic} has no partition {partition}")
+        elif key is not None:
             partition = zlib.crc32(key) % len(partitions)
         else:
             counter = self._round_robin.get(topic)
