@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from broker.status import format_age
 from cli.security import add_bootstrap_option, add_client_options, client_security
 from consumer.admin import Admin, TopicListing, open_admin
+from protocol import TopicMetadata
 from protocol.shown import escape_unprintable
 from protocol.types import TopicPartition
 
@@ -106,8 +107,8 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     mode.add_argument(
         "--execute",
         action="store_true",
-        help="move the offsets and print the plan (also the default without --dry-run, unlike"
-        " Kafka's tool: see docs/cli.md#groups-reset-offsets)",
+        help="move the offsets and print the plan (also done without either flag, unlike"
+        " Kafka's tool: README.md#coming-from-kafka-consumer-groups-kcat-or-rpk)",
     )
 
 
@@ -304,14 +305,7 @@ async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
         names = [args.topic]
     topics = await admin.topics(names)  # an unknown topic has no bounds: refused here
     bounds = await admin.log_bounds(names)
-    wanted = []
-    for topic in topics:
-        partitions = sorted(p.partition for p in topic.partitions)
-        if args.partition is not None:
-            if args.partition not in partitions:
-                raise ValueError(f"{topic.topic} has no partition {args.partition}")
-            partitions = [args.partition]
-        wanted += [TopicPartition(topic=topic.topic, partition=p) for p in partitions]
+    wanted = chosen_partitions(topics, args.partition)
     unread = [tp for tp in wanted if tp not in bounds]
     bounds = {tp: bounds[tp] for tp in wanted if tp in bounds}
     if unread:
@@ -358,6 +352,21 @@ async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
         )
         if args.dry_run:
             print("(dry run: nothing changed; --execute moves the offsets)")
+
+
+def chosen_partitions(
+    topics: Sequence[TopicMetadata], partition: int | None
+) -> list[TopicPartition]:
+    """Every partition of ``topics``, or ``partition`` of each (ValueError where it has none)."""
+    chosen = []
+    for topic in topics:
+        partitions = sorted(p.partition for p in topic.partitions)
+        if partition is not None:
+            if partition not in partitions:
+                raise ValueError(f"topic {topic.topic} has no partition {partition}")
+            partitions = [partition]
+        chosen += [TopicPartition(topic=topic.topic, partition=p) for p in partitions]
+    return chosen
 
 
 def _new_offsets(

@@ -24,7 +24,7 @@ from typing import BinaryIO, Protocol, TypeVar
 import attrs
 import trio
 
-from cli.admin import non_negative_int
+from cli.admin import chosen_partitions, non_negative_int
 from cli.security import add_bootstrap_option, add_client_options, client_security
 from consumer import (
     ConsumerSettings,
@@ -508,14 +508,7 @@ async def _consume_without_group(
 ) -> int:
     """kcat's ``-p``/``-o``: partitions read from a given offset with no group, so nothing is
     committed and nobody else's assignment changes."""
-    wanted = []
-    for topic in topics:
-        partitions = sorted(p.partition for p in topic.partitions)
-        if args.partition is not None:
-            if args.partition not in partitions:
-                raise ValueError(f"topic {topic.topic} has no partition {args.partition}")
-            partitions = [args.partition]
-        wanted += [TopicPartition(topic=topic.topic, partition=p) for p in partitions]
+    wanted = chosen_partitions(topics, args.partition)
     bounds = await admin.log_bounds(sorted({tp.topic for tp in wanted}))
     starts = {}
     for tp in wanted:
