@@ -88,7 +88,7 @@ def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         help="print records as lines, in a group, or from a partition and offset without one",
     )
     consume.add_argument(
-        "topics",
+        "topic",
         nargs="*",
         metavar="TOPIC",
         help="the topics to read (one or more), or give --pattern",
@@ -406,7 +406,7 @@ class _Printer:
 def _check_consume(args: argparse.Namespace) -> None:
     if args.max_messages is not None and args.max_messages < 1:
         raise ValueError("--max-messages must be at least 1")
-    if bool(args.topics) == (args.pattern is not None):
+    if bool(args.topic) == (args.pattern is not None):
         raise ValueError("name the topics to read, or give --pattern, not both")
     if args.pattern is not None:
         try:
@@ -441,7 +441,7 @@ async def run_consume(args: argparse.Namespace) -> int:
         limit=args.max_messages,
     )
     async with open_admin(args.bootstrap, security=security) as admin:
-        topics = await admin.topics(args.topics) if args.topics else ()
+        topics = await admin.topics(args.topic) if args.topic else ()
         if args.partition is not None or args.offset is not None:
             return await _consume_without_group(admin, args, topics, printer)
     group = args.group or f"console-consumer-{uuid.uuid4().hex[:8]}"
@@ -454,7 +454,7 @@ async def run_consume(args: argparse.Namespace) -> int:
     async with open_consumer(
         args.bootstrap,
         group,
-        topics=args.topics or None,
+        topics=args.topic or None,
         pattern=args.pattern,
         settings=settings,
         security=security,
