@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from broker.status import format_age
 from cli.security import add_bootstrap_option, add_client_options, client_security
 from consumer.admin import Admin, AdminError, TopicListing, open_admin
+from protocol import TopicMetadata
 from protocol.errors import ErrorCode
 from protocol.shown import escape_unprintable
 from protocol.topic_configs import (
@@ -90,25 +91,53 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     delete = client(verbs.add_parser("delete", help="delete an empty group and its offsets"))
     delete.add_argument("group")
     reset = client(
-        verbs.add_parser("reset-offsets", help="move an empty group's committed offsets")
+        verbs.add_parser(
+            "reset-offsets",
+            help="move an empty group's committed offsets (or, with --dry-run, show the plan)",
+        )
     )
     reset.add_argument("group")
-    reset.add_argument("--topic", required=True)
+    which = reset.add_mutually_exclusive_group(required=True)
+    which.add_argument("--topic", help="the topic whose offsets move")
+    which.add_argument(
+        "--all-topics",
+        action="store_true",
+        help="every topic the group has committed offsets for",
+    )
     reset.add_argument(
         "--partition",
-        type=_non_negative_int,
-        help="only this partition (default: every one), e.g. to skip a corrupt batch",
+        type=non_negative_int,
+        help="only this partition of --topic (default: every one), e.g. to skip a corrupt batch",
     )
     where = reset.add_mutually_exclusive_group(required=True)
     where.add_argument("--to-earliest", action="store_true")
     where.add_argument("--to-latest", action="store_true")
-    where.add_argument("--to-offset", type=_non_negative_int)
+    where.add_argument("--to-offset", type=non_negative_int)
     where.add_argument(
         "--to-datetime",
         type=datetime_ms,
         metavar="YYYY-MM-DDTHH:mm:SS.sss",
         help="the earliest offset whose record is at least that late (the log end if none is); "
         "ISO 8601, with a timezone offset (Z, +01:00) or in local time",
+    )
+    where.add_argument(
+        "--shift-by",
+        type=int,
+        metavar="N",
+        help="move each committed offset by N (negative: back), kept within the log's bounds;"
+        " every partition must have one",
+    )
+    mode = reset.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only print the plan (current and new offset of each partition); change nothing",
+    )
+    mode.add_argument(
+        "--execute",
+        action="store_true",
+        help="move the offsets and print the plan (also done without either flag, unlike"
+        " Kafka's tool: README.md#coming-from-kafka-consumer-groups-kcat-or-rpk)",
     )
 
 
@@ -151,7 +180,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _non_negative_int(text: str) -> int:
+def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, not {value}")
@@ -342,43 +371,112 @@ async def _groups_delete(admin: Admin, args: argparse.Namespace) -> None:
 
 
 async def _groups_reset_offsets(admin: Admin, args: argparse.Namespace) -> None:
-    (topic,) = await admin.topics([args.topic])  # an unknown topic has no bounds: refused here
-    bounds = await admin.log_bounds([args.topic])
-    partitions = sorted(p.partition for p in topic.partitions)
-    if args.partition is not None:
-        if args.partition not in partitions:
-            raise ValueError(f"{args.topic} has no partition {args.partition}")
-        partitions = [args.partition]
-    wanted = [TopicPartition(topic=args.topic, partition=p) for p in partitions]
-    unread = [tp.partition for tp in wanted if tp not in bounds]
+    if args.all_topics and args.partition is not None:
+        raise ValueError("--partition names a partition of --topic: not with --all-topics")
+    current = await admin.committed_offsets(args.group)
+    if args.all_topics:
+        names = sorted({tp.topic for tp in current})
+        if not names:
+            raise ValueError(f"group {args.group} has no committed offsets: name a --topic")
+    else:
+        names = [args.topic]
+    topics = await admin.topics(names)  # an unknown topic has no bounds: refused here
+    bounds = await admin.log_bounds(names)
+    wanted = chosen_partitions(topics, args.partition)
+    unread = [tp for tp in wanted if tp not in bounds]
     bounds = {tp: bounds[tp] for tp in wanted if tp in bounds}
     if unread:
         # All or nothing: a reset that skipped a partition would leave the group half moved.
-        named = ", ".join(f"{args.topic}-{p}" for p in unread)
+        named = ", ".join(map(str, unread))
         raise ConnectionError(
             f"cannot read the log bounds of {named} (is its broker down?): nothing was reset"
         )
+    offsets = await _new_offsets(admin, args, bounds, current)
+    if not args.dry_run:
+        await admin.reset_offsets(args.group, offsets)
+        for tp, offset in sorted(offsets.items()):  # records skipped or read again: on the record
+            log.warning("group %s: committed offset of %s set to %d", args.group, tp, offset)
+        if not args.execute:
+            log.warning(
+                "group %s: reset without --execute or --dry-run: done, as always here (Kafka's"
+                " tool would only have shown the plan)",
+                args.group,
+            )
+    rows = [
+        (tp.topic, tp.partition, current.get(tp), offset) for tp, offset in sorted(offsets.items())
+    ]
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "group": args.group,
+                        "topic": t,
+                        "partition": p,
+                        "current": c,
+                        "committed": n if not args.dry_run else c,
+                        "new": n,
+                        "executed": not args.dry_run,
+                    }
+                    for t, p, c, n in rows
+                ]
+            )
+        )
+    else:
+        _table(
+            ("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"),
+            [(args.group, t, p, "-" if c is None else c, n) for t, p, c, n in rows],
+        )
+        if args.dry_run:
+            print("(dry run: nothing changed; --execute moves the offsets)")
+
+
+def chosen_partitions(
+    topics: Sequence[TopicMetadata], partition: int | None
+) -> list[TopicPartition]:
+    """Every partition of ``topics``, or ``partition`` of each (ValueError where it has none)."""
+    chosen = []
+    for topic in topics:
+        partitions = sorted(p.partition for p in topic.partitions)
+        if partition is not None:
+            if partition not in partitions:
+                raise ValueError(f"topic {topic.topic} has no partition {partition}")
+            partitions = [partition]
+        chosen += [TopicPartition(topic=topic.topic, partition=p) for p in partitions]
+    return chosen
+
+
+async def _new_offsets(
+    admin: Admin,
+    args: argparse.Namespace,
+    bounds: dict[TopicPartition, tuple[int, int]],
+    current: dict[TopicPartition, int],
+) -> dict[TopicPartition, int]:
+    """Where each partition's committed offset goes, checked against its log [start, end]."""
     if args.to_offset is not None:
         for tp, (start, end) in sorted(bounds.items()):
             if not start <= args.to_offset <= end:
                 raise ValueError(f"offset {args.to_offset} is outside {tp}'s log [{start}, {end}]")
-        offsets = {tp: args.to_offset for tp in bounds}
-    elif args.to_datetime is not None:
+        return dict.fromkeys(bounds, args.to_offset)
+    if args.to_datetime is not None:
         found = await admin.offsets_for_times(dict.fromkeys(bounds, args.to_datetime))
-        offsets = {}
-        for tp, (_, end) in bounds.items():  # none that late: the end, as Kafka's tool does
-            at = found[tp]
-            offsets[tp] = end if at is None else at.offset
-    else:
-        offsets = {tp: start if args.to_earliest else end for tp, (start, end) in bounds.items()}
-    await admin.reset_offsets(args.group, offsets)
-    for tp, offset in sorted(offsets.items()):  # records skipped or read again: on the record
-        log.warning("group %s: committed offset of %s set to %d", args.group, tp, offset)
-    rows = [(tp.topic, tp.partition, offset) for tp, offset in sorted(offsets.items())]
-    if args.json:
-        print(json.dumps([{"topic": t, "partition": p, "committed": o} for t, p, o in rows]))
-    else:
-        _table(("TOPIC", "PARTITION", "COMMITTED"), rows)
+        # none that late: the end, as Kafka's tool does
+        return {
+            tp: end if (at := found[tp]) is None else at.offset for tp, (_, end) in bounds.items()
+        }
+    if args.shift_by is not None:
+        missing = sorted(tp for tp in bounds if tp not in current)
+        if missing:  # as Kafka's tool: there is nothing to shift
+            raise ValueError(
+                f"group {args.group} has no committed offset for {', '.join(map(str, missing))}:"
+                " nothing to shift (use --to-earliest, --to-latest or --to-offset)"
+            )
+        # clamped, as Kafka's tool does: an offset outside the log cannot be read from
+        return {
+            tp: min(max(current[tp] + args.shift_by, start), end)
+            for tp, (start, end) in bounds.items()
+        }
+    return {tp: start if args.to_earliest else end for tp, (start, end) in bounds.items()}
 
 
 _VERBS = {

@@ -54,7 +54,7 @@ from protocol import (
     ScramUpsertion,
     TopicMetadata,
 )
-from protocol.batches import records_from_batches
+from protocol.batches import RecordBatch, batch_at, records_from_batches, walk_batches
 from protocol.sasl import MECHANISMS, ScramCredential
 from protocol.topic_configs import checked_configs
 from protocol.types import BrokerInfo, TopicId, TopicPartition
@@ -284,6 +284,15 @@ class OffsetAndTimestamp:
     timestamp: int
 
 
+@attrs.frozen(kw_only=True)
+class PartitionRead:
+    """What :meth:`Admin.read` found: checked batches, and the partition's log bounds then."""
+
+    batches: tuple[RecordBatch, ...]
+    log_start: int
+    high_watermark: int
+
+
 @attrs.define(eq=False)
 class Admin:
     #: The connection to the bootstrap broker that answered.
@@ -291,6 +300,8 @@ class Admin:
     address: Address
     _stack: AsyncExitStack
     _brokers: dict[int, Channel] = attrs.field(factory=dict)
+    #: The broker channel each partition :meth:`read` reads was last found on.
+    _readers: dict[TopicPartition, Channel] = attrs.field(factory=dict)
     #: How this admin connects to the other brokers of the cluster: as to the first.
     _connect: Connector = attrs.field(factory=lambda: ClientSecurity().connector())
 
@@ -481,6 +492,16 @@ class Admin:
             partitions=tuple(rows),
         )
 
+    async def committed_offsets(self, group: str) -> dict[TopicPartition, int]:
+        """The group's committed offsets, of the partitions it has one for (none: a group the
+        coordinator does not know, which a reset may still create)."""
+        response = await self.call_coordinator(DescribeGroupRequest(group_id=group), group)
+        assert isinstance(response, DescribeGroupResponse)
+        if response.error_code is ErrorCode.GROUP_ID_NOT_FOUND:
+            return {}
+        _check(f"group {group}", response.error_code)
+        return {po.topic_partition: po.offset for po in response.offsets if po.offset >= 0}
+
     async def reset_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
         """A standalone commit: accepted only while the group has no live members."""
         request = OffsetCommitRequest(
@@ -649,6 +670,41 @@ class Admin:
             if first is not None:
                 stamps[tp] = first.timestamp_ms
         return stamps
+
+    async def read(
+        self, tp: TopicPartition, offset: int, max_bytes: int = 1024 * 1024
+    ) -> PartitionRead:
+        """The stored batches of ``tp`` from the one holding ``offset`` on, up to about
+        ``max_bytes``, read without a group (kcat's ``-p``/``-o``): nothing is committed and no
+        coordinator is asked. Each batch is checked whole (:class:`RemoteProtocolError`
+        CORRUPT_MESSAGE if one does not check out); those ending before ``offset`` are left
+        out, and the first may begin before it."""
+        channel = self._readers.get(tp)
+        if channel is None:
+            async for at, holder in self._partition_channels([tp.topic]):
+                if at == tp:
+                    channel = holder
+            if channel is None:
+                raise AdminError(f"read {tp}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            self._readers[tp] = channel
+        response = await channel.request(
+            FetchRequest(topic=tp.topic, partition=tp.partition, offset=offset, max_bytes=max_bytes)
+        )
+        assert isinstance(response, FetchResponse)
+        if response.error_code is not ErrorCode.NONE:
+            del self._readers[tp]  # maybe moved to another broker: looked up again next time
+        _check(f"read {tp} at offset {offset}", response.error_code)
+        batches = []
+        for position, size, _, _, _ in walk_batches(response.batches):
+            batch = batch_at(response.batches, position, size)
+            if batch.next_offset > offset:
+                batch.section()
+                batches.append(batch)
+        return PartitionRead(
+            batches=tuple(batches),
+            log_start=response.log_start_offset,
+            high_watermark=response.high_watermark,
+        )
 
     async def _partition_channels(
         self, topics: Sequence[str] | None

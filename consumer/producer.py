@@ -331,11 +331,13 @@ class Producer:
         *,
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
+        partition: int | None = None,
     ) -> Coroutine[Any, Any, Delivery]:
         """``await producer.send(...)``, as in aiokafka: hand one record to its partition's batch
         and return its :class:`Delivery`, to await for ``(partition, offset)`` once the broker
         acknowledged it (:meth:`send_and_wait` does both). ``headers``: ``(name, value)`` pairs
-        the consumer gets as ``record.headers``. Waits only for room, as :meth:`enqueue`. Not
+        the consumer gets as ``record.headers``; ``partition`` as :meth:`enqueue`. Waits only
+        for room, as :meth:`enqueue`. Not
         awaiting it is an error (:class:`NotAwaited`); never looking at the Delivery is a
         :class:`SendDoesNotWait` warning in the deprecation period, since ``send`` used to wait."""
         caller = sys._getframe(1)
@@ -350,6 +352,7 @@ class Producer:
             key,
             timestamp_ms,
             headers,
+            partition,
         )
 
     async def _sent(
@@ -360,8 +363,9 @@ class Producer:
         key: Any,
         timestamp_ms: int,
         headers: Sequence[Header],
+        partition: int | None,
     ) -> Delivery:
-        delivery = await self._enqueue(topic, value, key, timestamp_ms, headers)
+        delivery = await self._enqueue(topic, value, key, timestamp_ms, headers, partition)
         unread = delivery._unread = self._unread
         if unread.count == 0:
             unread.first = f"{where[0]}:{where[1]}"
@@ -376,6 +380,7 @@ class Producer:
         *,
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
+        partition: int | None = None,
     ) -> Coroutine[Any, Any, tuple[int, int]]:
         """``await producer.send_and_wait(...)``: send one record and wait until the broker
         acknowledged it: ``(partition, offset)``, or raises (aiokafka's ``send_and_wait``)."""
@@ -388,12 +393,19 @@ class Producer:
             key,
             timestamp_ms,
             headers,
+            partition,
         )
 
     async def _send_and_wait(
-        self, topic: str, value: Any, key: Any, timestamp_ms: int, headers: Sequence[Header]
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        timestamp_ms: int,
+        headers: Sequence[Header],
+        partition: int | None,
     ) -> tuple[int, int]:
-        delivery = await self._enqueue(topic, value, key, timestamp_ms, headers)
+        delivery = await self._enqueue(topic, value, key, timestamp_ms, headers, partition)
         return await delivery.wait()
 
     def enqueue(
@@ -404,6 +416,7 @@ class Producer:
         *,
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
+        partition: int | None = None,
     ) -> Coroutine[Any, Any, Delivery]:
         """``await producer.enqueue(...)``: :meth:`send` under the name that never meant waiting
         for the acknowledgement (no :class:`SendDoesNotWait` for its deliveries); the
@@ -412,7 +425,9 @@ class Producer:
         Waits only while ``max_pending_records`` are unacknowledged, and otherwise does not even
         yield to the scheduler (a checkpoint per record would cost more than the record), so a loop
         of enqueues should await something now and then. ``timestamp_ms`` -1: the broker stamps
-        its own time. Not awaiting it is an error (:class:`NotAwaited`).
+        its own time. ``partition``: this one, not the key's hash or the round robin
+        (ValueError if the topic has no such partition). Not awaiting it is an error
+        (:class:`NotAwaited`).
         """
         return self._not_awaited.track(
             "enqueue",
@@ -423,6 +438,7 @@ class Producer:
             key,
             timestamp_ms,
             headers,
+            partition,
         )
 
     async def _enqueue(
@@ -432,12 +448,15 @@ class Producer:
         key: Any,
         timestamp_ms: int,
         headers: Sequence[Header],
+        partition: int | None = None,
     ) -> Delivery:
         if topic not in self.placement:
             await self._placement(topic)
         while self._pending >= self.config.max_pending_records:
             await self._room.wait()
-        return self.enqueue_nowait(topic, value, key, timestamp_ms=timestamp_ms, headers=headers)
+        return self.enqueue_nowait(
+            topic, value, key, timestamp_ms=timestamp_ms, headers=headers, partition=partition
+        )
 
     def enqueue_nowait(
         self,
@@ -447,6 +466,7 @@ class Producer:
         *,
         timestamp_ms: int = -1,
         headers: Sequence[Header] = (),
+        partition: int | None = None,
     ) -> Delivery:
         """:meth:`enqueue` without awaiting anything: the fast path of a loop that sends many
         records (no coroutine, no checkpoint per record). Raises ``trio.WouldBlock`` when
@@ -467,7 +487,10 @@ class Producer:
                 value = _as_bytes(value, "value")
         if headers:
             headers = _checked_headers(headers)
-        if key is not None:
+        if partition is not None:
+            if not 0 <= partition < len(partitions):
+                raise ValueError(f"topic {topic} has no partition {partition}")
+        elif key is not None:
             partition = zlib.crc32(key) % len(partitions)
         else:
             counter = self._round_robin.get(topic)
