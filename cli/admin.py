@@ -26,8 +26,10 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     topics = commands.add_parser("topics", help="create, list, describe, alter or delete topics")
     verbs = topics.add_subparsers(dest="verb", required=True, metavar="VERB")
     create = client(verbs.add_parser("create", help="create a topic"))
-    create.add_argument("topic")
-    create.add_argument("--partitions", type=positive_int, required=True)
+    create.add_argument("topic", help="the topic's name")
+    create.add_argument(
+        "--partitions", type=positive_int, required=True, metavar="N", help="how many (required)"
+    )
     create.add_argument(
         "--brokers",
         type=_broker_ids,
@@ -36,10 +38,16 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     client(verbs.add_parser("list", help="list topics"))
     describe = client(verbs.add_parser("describe", help="partitions, brokers and offsets"))
-    describe.add_argument("topic", nargs="*")
+    describe.add_argument("topic", nargs="*", help="these topics (default: every one)")
     alter = client(verbs.add_parser("alter", help="add partitions to a topic"))
-    alter.add_argument("topic")
-    alter.add_argument("--partitions", type=positive_int, required=True, help="new total")
+    alter.add_argument("topic", help="the topic's name")
+    alter.add_argument(
+        "--partitions",
+        type=positive_int,
+        required=True,
+        metavar="N",
+        help="the new total, more than it has (required)",
+    )
     alter.add_argument(
         "--brokers",
         type=_broker_ids,
@@ -51,7 +59,7 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
             "delete", help="delete a topic, its partitions' files and every group's offsets for it"
         )
     )
-    delete.add_argument("topic")
+    delete.add_argument("topic", help="the topic's name")
 
     cluster = client(
         commands.add_parser(
@@ -64,23 +72,28 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     verbs = groups.add_subparsers(dest="verb", required=True, metavar="VERB")
     client(verbs.add_parser("list", help="list groups and their states"))
     describe = client(verbs.add_parser("describe", help="members, assignment, offsets and lag"))
-    describe.add_argument("group")
+    describe.add_argument("group", help="the group's id")
     delete = client(verbs.add_parser("delete", help="delete an empty group and its offsets"))
-    delete.add_argument("group")
+    delete.add_argument("group", help="the group's id")
     reset = client(
         verbs.add_parser("reset-offsets", help="move an empty group's committed offsets")
     )
-    reset.add_argument("group")
-    reset.add_argument("--topic", required=True)
+    reset.add_argument("group", help="the group's id")
+    reset.add_argument("--topic", required=True, help="the topic whose offsets move (required)")
     reset.add_argument(
         "--partition",
         type=_non_negative_int,
         help="only this partition (default: every one), e.g. to skip a corrupt batch",
     )
     where = reset.add_mutually_exclusive_group(required=True)
-    where.add_argument("--to-earliest", action="store_true")
-    where.add_argument("--to-latest", action="store_true")
-    where.add_argument("--to-offset", type=_non_negative_int)
+    where.add_argument("--to-earliest", action="store_true", help="to each partition's log start")
+    where.add_argument("--to-latest", action="store_true", help="to each partition's log end")
+    where.add_argument(
+        "--to-offset",
+        type=_non_negative_int,
+        metavar="OFFSET",
+        help="to this offset in every partition it resets (within each one's log)",
+    )
 
 
 def _broker_ids(text: str) -> list[int]:

@@ -42,7 +42,7 @@ READ_BLOCK = 64 * 1024
 
 def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     produce = commands.add_parser("produce", help="send lines from stdin as records")
-    produce.add_argument("topic")
+    produce.add_argument("topic", help="the topic to send to")
     produce.add_argument(
         "--key-separator",
         metavar="SEP",
@@ -56,7 +56,7 @@ def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         help="compress each record batch (stored compressed; consumers decompress)",
     )
     consume = commands.add_parser("consume", help="print records as lines, in a group")
-    consume.add_argument("topic")
+    consume.add_argument("topic", help="the topic to read")
     consume.add_argument("--group", help="consumer group (default: a new one of its own)")
     consume.add_argument(
         "--auto-offset-reset",
@@ -70,7 +70,13 @@ def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         action="store_true",
         help="the same as --auto-offset-reset earliest (Kafka's console consumer's name)",
     )
-    consume.add_argument("--max-messages", type=int, default=None, metavar="N")
+    consume.add_argument(
+        "--max-messages",
+        type=int,
+        default=None,
+        metavar="N",
+        help="exit after N records, their offsets committed (default: run until Ctrl-C)",
+    )
     consume.add_argument(
         "--session-timeout",
         type=float,
