@@ -173,12 +173,19 @@ async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
             rows.append((topic.topic, topic_id, p.partition, p.broker_id, up, start, end))
     if args.json:
         keys = ("topic", "topic_id", "partition", "broker", "broker_up", "start", "end")
-        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows]))
+        print(
+            json.dumps(
+                [
+                    dict(zip(keys, (*row[:5], _or_null(row[5]), _or_null(row[6])), strict=True))
+                    for row in rows
+                ]
+            )
+        )
     else:
         _table(
             ("TOPIC", "TOPIC ID", "PARTITION", "BROKER", "UP", "START", "END"),
             [
-                (t, i or "-", p, b, "yes" if up else "no", start, end)
+                (t, i or "-", p, b, "yes" if up else "no", _or_dash(start), _or_dash(end))
                 for t, i, p, b, up, start, end in rows
             ],
         )
@@ -326,7 +333,12 @@ _VERBS = {
 
 
 def _or_dash(value: int) -> object:
+    """No value, in a table: "-" in every verb's (--json: null, :func:`_or_null`)."""
     return "-" if value < 0 else value
+
+
+def _or_null(value: int) -> int | None:
+    return None if value < 0 else value
 
 
 def _say(args: argparse.Namespace, as_json: dict[str, object], text: str) -> None:

@@ -68,6 +68,31 @@ async def test_client_verbs_take_kafkas_option_names_and_a_reader_going_away(
             at,
         )
         assert done.returncode == 0, done.stderr
+        # no value: "-" in a table, null in JSON, in every verb
+        done = await run_cli(
+            "groups",
+            "reset-offsets",
+            "h",
+            "--topic",
+            "t",
+            "--partition",
+            "0",
+            "--to-earliest",
+            "--bootstrap",
+            at,
+        )
+        assert done.returncode == 0, done.stderr
+        done = await run_cli("groups", "describe", "h", "--bootstrap", at)
+        assert done.returncode == 0, done.stderr
+        rows = [line.split() for line in done.stdout.decode().splitlines()[2:]]
+        assert [row[3] for row in rows] == ["0", "-"]  # COMMITTED
+        done = await run_cli("groups", "describe", "h", "--bootstrap", at, "--json")
+        assert done.returncode == 0, done.stderr
+        partitions = json.loads(done.stdout)["partitions"]
+        assert [(p["committed"], p["lag_seconds"] is None) for p in partitions] == [
+            (0, False),
+            (None, True),
+        ]
         # `groups describe g | head -3`: no "Broken pipe", the status of a process SIGPIPE ended
         for verb in (("groups", "describe", "g"), ("topics", "describe")):
             gone = _to_a_gone_reader(*verb, "--bootstrap", at)

@@ -182,7 +182,7 @@ def test_available_now_picks_up_what_was_produced_between_runs_and_commits_the_g
         # the listener commits each finished batch, the last one included
         wait_until(
             lambda: (
-                sum(p["committed"] for p in describe_group(bootstrap, "nightly")["partitions"])
+                sum(p["committed"] or 0 for p in describe_group(bootstrap, "nightly")["partitions"])
                 == 200
             ),
             "the group's offsets at the end of the first run",
@@ -434,7 +434,9 @@ def test_a_named_query_copies_a_topic_and_its_committer_moves_the_group(
     )
     # the listener may still be delivering earlier batches' progress
     wait_until(
-        lambda: sum(p["committed"] for p in describe_group(bootstrap, group)["partitions"]) == 120,
+        lambda: (
+            sum(p["committed"] or 0 for p in describe_group(bootstrap, group)["partitions"]) == 120
+        ),
         "the group's offsets at the end of the query",
     )
     partitions = describe_group(bootstrap, group)["partitions"]
