@@ -24,7 +24,7 @@ EVERYWHERE = {"--help", "-h", "--log-level"}
 def _names(action: argparse.Action) -> set[str]:
     if action.option_strings:
         return set(action.option_strings)
-    return {(action.metavar or action.dest).upper()}
+    return {str(action.metavar or action.dest).upper()}
 
 
 def _leaves(
