@@ -241,16 +241,14 @@ def _parser() -> argparse.ArgumentParser:
     add_data_commands(commands)
     add_user_commands(commands)
     add_acl_commands(commands)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            action.required = False  # a bare command shows its help (main), not an error
-    for sub in _subparsers(parser):
+    for sub in [parser, *_subparsers(parser)]:
         for action in sub._actions:
             if isinstance(action, argparse._SubParsersAction):
-                action.required = False
-        # after the command too, as git's and Kafka's tools take theirs; SUPPRESS: not given
-        # there, the value given before the command (or None) stands
-        _add_log_level(sub, default=argparse.SUPPRESS)
+                action.required = False  # a bare command shows its help (main), not an error
+        if sub is not parser:
+            # after the command too, as git's and Kafka's tools take theirs; SUPPRESS: not
+            # given there, the value given before the command (or None) stands
+            _add_log_level(sub, default=argparse.SUPPRESS)
     return parser
 
 
