@@ -35,8 +35,10 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     topics = commands.add_parser("topics", help="create, list, describe, alter or delete topics")
     verbs = topics.add_subparsers(dest="verb", required=True, metavar="VERB")
     create = client(verbs.add_parser("create", help="create a topic"))
-    create.add_argument("topic")
-    create.add_argument("--partitions", type=positive_int, required=True)
+    create.add_argument("topic", help="the topic's name")
+    create.add_argument(
+        "--partitions", type=positive_int, required=True, metavar="N", help="how many (required)"
+    )
     create.add_argument(
         "--brokers",
         type=_broker_ids,
@@ -59,10 +61,16 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     client(verbs.add_parser("list", help="list topics"))
     describe = client(verbs.add_parser("describe", help="partitions, brokers and offsets"))
-    describe.add_argument("topic", nargs="*")
+    describe.add_argument("topic", nargs="*", help="these topics (default: every one)")
     alter = client(verbs.add_parser("alter", help="add partitions to a topic"))
-    alter.add_argument("topic")
-    alter.add_argument("--partitions", type=positive_int, required=True, help="new total")
+    alter.add_argument("topic", help="the topic's name")
+    alter.add_argument(
+        "--partitions",
+        type=positive_int,
+        required=True,
+        metavar="N",
+        help="the new total, more than it has (required)",
+    )
     alter.add_argument(
         "--brokers",
         type=_broker_ids,
@@ -74,7 +82,7 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
             "delete", help="delete a topic, its partitions' files and every group's offsets for it"
         )
     )
-    delete.add_argument("topic")
+    delete.add_argument("topic", help="the topic's name")
 
     cluster = client(
         commands.add_parser(
@@ -87,16 +95,16 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     verbs = groups.add_subparsers(dest="verb", required=True, metavar="VERB")
     client(verbs.add_parser("list", help="list groups and their states"))
     describe = client(verbs.add_parser("describe", help="members, assignment, offsets and lag"))
-    describe.add_argument("group")
+    describe.add_argument("group", help="the group's id")
     delete = client(verbs.add_parser("delete", help="delete an empty group and its offsets"))
-    delete.add_argument("group")
+    delete.add_argument("group", help="the group's id")
     reset = client(
         verbs.add_parser(
             "reset-offsets",
             help="move an empty group's committed offsets (or, with --dry-run, show the plan)",
         )
     )
-    reset.add_argument("group")
+    reset.add_argument("group", help="the group's id")
     which = reset.add_mutually_exclusive_group(required=True)
     which.add_argument("--topic", help="the topic whose offsets move")
     which.add_argument(
@@ -110,9 +118,14 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
         help="only this partition of --topic (default: every one), e.g. to skip a corrupt batch",
     )
     where = reset.add_mutually_exclusive_group(required=True)
-    where.add_argument("--to-earliest", action="store_true")
-    where.add_argument("--to-latest", action="store_true")
-    where.add_argument("--to-offset", type=non_negative_int)
+    where.add_argument("--to-earliest", action="store_true", help="to each partition's log start")
+    where.add_argument("--to-latest", action="store_true", help="to each partition's log end")
+    where.add_argument(
+        "--to-offset",
+        type=non_negative_int,
+        metavar="OFFSET",
+        help="to this offset in every partition it resets (within each one's log)",
+    )
     where.add_argument(
         "--to-datetime",
         type=datetime_ms,
@@ -259,7 +272,10 @@ async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
         print(
             json.dumps(
                 [
-                    dict(zip(keys, row, strict=True), configs=listing.configs.get(row[0], {}))
+                    dict(
+                        zip(keys, (*row[:5], _or_null(row[5]), _or_null(row[6])), strict=True),
+                        configs=listing.configs.get(row[0], {}),
+                    )
                     for row in rows
                 ]
             )
@@ -268,7 +284,7 @@ async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
     _table(
         ("TOPIC", "TOPIC ID", "PARTITION", "BROKER", "UP", "START", "END"),
         [
-            (t, i or "-", p, b, "yes" if up else "no", start, end)
+            (t, i or "-", p, b, "yes" if up else "no", _or_dash(start), _or_dash(end))
             for t, i, p, b, up, start, end in rows
         ],
     )
@@ -494,7 +510,12 @@ _VERBS = {
 
 
 def _or_dash(value: int) -> object:
+    """No value, in a table: "-" in every verb's (--json: null, :func:`_or_null`)."""
     return "-" if value < 0 else value
+
+
+def _or_null(value: int) -> int | None:
+    return None if value < 0 else value
 
 
 def _say(args: argparse.Namespace, as_json: dict[str, object], text: str) -> None:

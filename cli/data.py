@@ -53,7 +53,7 @@ _T = TypeVar("_T")
 
 def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     produce = commands.add_parser("produce", help="send lines from stdin as records")
-    produce.add_argument("topic")
+    produce.add_argument("topic", help="the topic to send to")
     produce.add_argument(
         "--key-separator",
         metavar="SEP",
@@ -130,7 +130,13 @@ def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         action="store_true",
         help="the same as --auto-offset-reset earliest (Kafka's console consumer's name)",
     )
-    consume.add_argument("--max-messages", type=int, default=None, metavar="N")
+    consume.add_argument(
+        "--max-messages",
+        type=int,
+        default=None,
+        metavar="N",
+        help="exit after N records, their offsets committed (default: run until Ctrl-C)",
+    )
     consume.add_argument(
         "--session-timeout",
         type=float,

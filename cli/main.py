@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import errno
 import gc
+import importlib.metadata
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import trio
 
@@ -46,8 +48,28 @@ from transport.refusals import Refused
 log = logging.getLogger("coordinator")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it says the default itself."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        if (
+            "default" in help
+            or not action.option_strings
+            or action.default in (None, False, argparse.SUPPRESS)
+            or action.default == []
+        ):
+            return help
+        return f"{help} (default: %(default)s)" if help else "(default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
-    """Bad arguments are one line, like every other error a user can make (not a usage block)."""
+    """Bad arguments are one line, like every other error a user can make (not a usage block);
+    every parser, subcommands' too, shows each option's default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
@@ -66,17 +88,27 @@ def _parser() -> argparse.ArgumentParser:
         prog="coordinator",
         description="A Kafka-style broker with a broker-side consumer group coordinator.",
     )
-    parser.add_argument(
-        "--log-level",
-        default=None,
-        help="DEBUG, INFO, WARNING or ERROR (default: INFO for serve, WARNING otherwise)",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    _add_log_level(parser, default=None)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser("serve", help="run a broker and its coordinator")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=9092, help="port to listen on (0: any)")
-    serve.add_argument("--broker-id", type=int, default=1)
-    serve.add_argument("--data-dir", type=Path, default=Path("data"))
+    serve.add_argument(
+        "--broker-id",
+        type=int,
+        default=1,
+        metavar="ID",
+        help="this broker's id, unique in its cluster (Kafka's broker.id)",
+    )
+    serve.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("data"),
+        metavar="DIR",
+        help="the partition logs, and the embedded metadata store without --zookeeper "
+        "(Kafka's log.dirs)",
+    )
     serve.add_argument(
         "--zookeeper",
         metavar="HOST:PORT[,HOST:PORT...][/CHROOT]",
@@ -106,10 +138,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     defaults = CoordinatorConfig()
     serve.add_argument(
-        "--min-session-timeout-ms", type=int, default=defaults.min_session_timeout_ms
+        "--min-session-timeout-ms",
+        type=int,
+        default=defaults.min_session_timeout_ms,
+        metavar="MS",
+        help="the shortest session timeout a consumer may ask for (Kafka's "
+        "group.min.session.timeout.ms)",
     )
     serve.add_argument(
-        "--max-session-timeout-ms", type=int, default=defaults.max_session_timeout_ms
+        "--max-session-timeout-ms",
+        type=int,
+        default=defaults.max_session_timeout_ms,
+        metavar="MS",
+        help="the longest session timeout a consumer may ask for (Kafka's "
+        "group.max.session.timeout.ms)",
     )
     serve.add_argument(
         "--ping-misses",
@@ -157,15 +199,41 @@ def _parser() -> argparse.ArgumentParser:
         default=logs.fsync.value,
         help="always: fsync before acknowledging a produce; interval: every --fsync-interval-ms",
     )
-    serve.add_argument("--fsync-interval-ms", type=int, default=logs.fsync_interval_ms)
     serve.add_argument(
-        "--retention-ms", type=int, default=logs.retention_ms, help="-1: keep forever"
+        "--fsync-interval-ms",
+        type=int,
+        default=logs.fsync_interval_ms,
+        metavar="MS",
+        help="with --fsync interval, milliseconds between fsyncs",
     )
     serve.add_argument(
-        "--retention-bytes", type=int, default=-1, help="per partition; -1: no limit"
+        "--retention-ms",
+        type=int,
+        default=logs.retention_ms,
+        metavar="MS",
+        help="delete a partition's segments once their records are this old; -1: keep forever",
     )
-    serve.add_argument("--retention-check-ms", type=int, default=logs.retention_check_ms)
-    serve.add_argument("--segment-bytes", type=int, default=logs.segment_bytes)
+    serve.add_argument(
+        "--retention-bytes",
+        type=int,
+        default=-1,
+        metavar="BYTES",
+        help="delete a partition's oldest segments while the rest hold this much; -1: no limit",
+    )
+    serve.add_argument(
+        "--retention-check-ms",
+        type=int,
+        default=logs.retention_check_ms,
+        metavar="MS",
+        help="milliseconds between two looks for segments retention deletes",
+    )
+    serve.add_argument(
+        "--segment-bytes",
+        type=int,
+        default=logs.segment_bytes,
+        metavar="BYTES",
+        help="a partition's log rolls to a new segment file at this size",
+    )
     _add_limit_options(serve)
     _add_metrics_options(serve)
     add_serve_options(serve)
@@ -173,7 +241,56 @@ def _parser() -> argparse.ArgumentParser:
     add_data_commands(commands)
     add_user_commands(commands)
     add_acl_commands(commands)
+    for sub in [parser, *_subparsers(parser)]:
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                action.required = False  # a bare command shows its help (main), not an error
+        if sub is not parser:
+            # after the command too, as git's and Kafka's tools take theirs; SUPPRESS: not
+            # given there, the value given before the command (or None) stands
+            _add_log_level(sub, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None:
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        metavar="LEVEL",
+        help="DEBUG, INFO, WARNING or ERROR (default: INFO for serve, WARNING otherwise)",
+    )
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("consumer-coordinator")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "(not installed)"
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every command's and verb's parser under ``parser``, depth first."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield sub
+                yield from _subparsers(sub)
+
+
+def _unfinished(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser | None:
+    """The parser whose command or verb ``args`` lacks (``coordinator``, ``coordinator
+    topics``), if any: its help is what a user who typed that wants to see."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest, None)
+            if chosen is None:
+                return parser
+            return _unfinished(action.choices[chosen], args)
+    return None
 
 
 def _add_metrics_options(serve: argparse.ArgumentParser) -> None:
@@ -251,17 +368,41 @@ def _add_limit_options(serve: argparse.ArgumentParser) -> None:
         default=CoordinatorConfig().max_frame_size,
         help="largest frame received or sent, in bytes",
     )
-    group.add_argument("--max-id-bytes", type=int, default=requests.max_id_bytes)
-    group.add_argument("--max-pattern-bytes", type=int, default=requests.max_pattern_bytes)
-    group.add_argument("--max-streams-per-topic", type=int, default=requests.max_streams_per_topic)
     group.add_argument(
-        "--max-topics-per-subscription", type=int, default=requests.max_topics_per_subscription
+        "--max-id-bytes",
+        type=int,
+        default=requests.max_id_bytes,
+        help="UTF-8 bytes of an id or a name a client sends (group, member, topic, client id)",
     )
     group.add_argument(
-        "--max-partitions-per-topic", type=int, default=requests.max_partitions_per_topic
+        "--max-pattern-bytes",
+        type=int,
+        default=requests.max_pattern_bytes,
+        help="UTF-8 bytes of a subscription's pattern",
     )
     group.add_argument(
-        "--max-partitions-per-broker", type=int, default=requests.max_partitions_per_broker
+        "--max-streams-per-topic",
+        type=int,
+        default=requests.max_streams_per_topic,
+        help="streams a subscription may ask for on one topic or pattern",
+    )
+    group.add_argument(
+        "--max-topics-per-subscription",
+        type=int,
+        default=requests.max_topics_per_subscription,
+        help="topics one subscription or metadata request may name",
+    )
+    group.add_argument(
+        "--max-partitions-per-topic",
+        type=int,
+        default=requests.max_partitions_per_topic,
+        help="partitions of one topic",
+    )
+    group.add_argument(
+        "--max-partitions-per-broker",
+        type=int,
+        default=requests.max_partitions_per_broker,
+        help="partitions placed on one broker, over all topics",
     )
     group.add_argument(
         "--max-group-size",
@@ -295,8 +436,36 @@ async def _serve(settings: NodeSettings) -> None:
                 break
 
 
+#: The exit status of a command whose reader went away (``coordinator groups describe g | head
+#: -3``): that of a process SIGPIPE ended, as ``cat`` and ``git log`` end then, without a word.
+READER_GONE = 128 + signal.SIGPIPE
+
+#: The exit status of a command without its verb, after its help: a usage mistake, as argparse's
+#: (and POSIX utilities') other ones.
+USAGE = 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        try:
+            status = _main(argv)
+        finally:
+            sys.stdout.flush()  # here, where a closed pipe is caught: not at interpreter exit
+    except BrokenPipeError:
+        # Nothing more reaches the reader, and the interpreter's own flush at exit must not
+        # report what is left in the buffer either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return READER_GONE
+    return status
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    unfinished = _unfinished(parser, args)
+    if unfinished is not None:
+        unfinished.print_help()
+        return USAGE
     configure_logging(
         (args.log_level or ("INFO" if args.command == "serve" else "WARNING")).upper(), sys.stderr
     )
@@ -383,6 +552,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cause = _user_error(exc)
         if cause is None:
             raise
+        if isinstance(cause, BrokenPipeError):
+            raise cause from None  # not a mistake to report: the reader has all it wanted
         message = _describe(cause)
         if isinstance(cause, Refused):
             message = f"{message}: {what_to_do(cause, args)}"

@@ -41,7 +41,12 @@ def add_zookeeper_auth_options(parser: argparse.ArgumentParser) -> None:
         help="authenticate to ZooKeeper (digest) as this user; the znodes made are then its "
         f"alone. The password: --zookeeper-password-file or ${ZOOKEEPER_PASSWORD_VARIABLE}",
     )
-    parser.add_argument("--zookeeper-password-file", type=Path)
+    parser.add_argument(
+        "--zookeeper-password-file",
+        type=Path,
+        metavar="FILE",
+        help="--zookeeper-user's password, the file's first line",
+    )
 
 
 def zookeeper_auth(args: argparse.Namespace) -> DigestAuth | None:
@@ -141,9 +146,12 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
 
 
 def add_bootstrap_option(parser: argparse._ActionsContainer) -> None:
-    """``--bootstrap``, as every client verb takes it."""
+    """``--bootstrap``, as every client verb takes it (``--bootstrap-server``: Kafka's tools'
+    name for it)."""
     parser.add_argument(
         "--bootstrap",
+        "--bootstrap-server",
+        dest="bootstrap",
         type=_bootstrap_addresses,
         default=parse_bootstrap(DEFAULT_BOOTSTRAP),
         metavar="HOST:PORT[,HOST:PORT...]",
@@ -226,7 +234,7 @@ def add_user_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     verbs = users.add_subparsers(dest="verb", required=True, metavar="VERB")
     add = verbs.add_parser("add", help="add a user, or set its password")
-    add.add_argument("name")
+    add.add_argument("name", help="the user's name")
     add.add_argument(
         "--mechanism",
         choices=MECHANISMS,
@@ -237,7 +245,7 @@ def add_user_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "--password-stdin", action="store_true", help="read the password from stdin's first line"
     )
     delete = verbs.add_parser("delete", help="delete a user")
-    delete.add_argument("name")
+    delete.add_argument("name", help="the user's name")
     listed = verbs.add_parser("list", help="list users and their mechanisms")
     for parser in (add, delete, listed):
         _add_store_options(parser)

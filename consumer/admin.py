@@ -150,7 +150,12 @@ class PartitionLag:
     lag_seconds: float | None = None
 
     def as_json(self) -> dict[str, object]:
-        return attrs.asdict(self)
+        """No value is null, as ``reported``'s and ``lag``'s, not -1 (the table's "-")."""
+        shown = attrs.asdict(self)
+        for name in ("committed", "end"):
+            if shown[name] < 0:
+                shown[name] = None
+        return shown
 
 
 @attrs.frozen(kw_only=True)

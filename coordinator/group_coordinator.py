@@ -476,9 +476,9 @@ class GroupCoordinator:
                     continue
                 if error is ErrorCode.NONE:
                     log.info(
-                        "group %s had no member since %.3f: removed with its offsets",
+                        "group %s had no member for %.0f s: removed with its offsets",
                         group_id,
-                        since,
+                        now - since,
                     )
 
     def _idle_since(self, group_id: str) -> float | None:

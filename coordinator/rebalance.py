@@ -182,7 +182,7 @@ async def _start_all(
         free_at := group.ownership.free_at(waits := group.waits_on(plan, gained, _now()))
     ) > _now():
         _fail_if_adopted(driver, waits)
-        log.info("group %s: waiting until %.3f for leases to run out", group.group_id, free_at)
+        log.info("group %s: waiting %.1f s for leases to run out", group.group_id, free_at - _now())
         with trio.move_on_at(free_at):
             await driver.leases_freed.wait_transition()
     if attempt.cancel_called:

@@ -76,6 +76,18 @@ def feed(bootstrap: str, rate: int, stop: threading.Event, sent: list[int]) -> N
     trio.run(run)
 
 
+def closing_hint(bootstrap: str, own_broker: bool) -> str:
+    """Where to look next. The broker the example started stops with it, so its address would
+    lead nowhere: a broker of the user's own keeps the group to look at."""
+    if own_broker:
+        return (
+            f"this run's broker stopped with it; to follow the group with coordinator groups "
+            f"describe {GROUP}, start a broker (scripts/serve.sh) and run this example with "
+            "--bootstrap 127.0.0.1:9092"
+        )
+    return f"coordinator groups describe {GROUP} --bootstrap {bootstrap}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", help="HOST:PORT of a broker (default: start one)")
@@ -176,7 +188,7 @@ def main() -> int:
                     "consumed_committed": sum(committed.values()),
                     "parquet_rows": parquet_rows,
                     "records_in_" + TOTALS: sum(end for _, end in bounds.values()),
-                    "see": f"coordinator groups describe {GROUP} --bootstrap {bootstrap}",
+                    "see": closing_hint(bootstrap, own_broker=args.bootstrap is None),
                 }
             ),
             flush=True,

@@ -14,17 +14,19 @@ import sys
 from typing import Any
 
 from pipeline.commits import GroupOffsetCommitter, commit_group_offsets
-from pipeline.offsets import TopicRecreated
+from pipeline.offsets import OptionError, TopicRecreated
 from pipeline.source import SCHEMA, CoordinatorDataSource
-from pipeline.wire import client_security
+from pipeline.wire import client_security, error_line
 
 __all__ = [
     "SCHEMA",
     "CoordinatorDataSource",
     "GroupOffsetCommitter",
+    "OptionError",
     "TopicRecreated",
     "client_security",
     "commit_group_offsets",
+    "error_line",
     "register",
 ]
 
@@ -38,9 +40,29 @@ def register(spark: Any) -> None:
     Spark's Python workers run ``PYSPARK_PYTHON`` (default: ``python3`` from PATH), which must
     have this project and pyarrow; when neither it nor ``spark.pyspark.python`` is set, the
     workers of the data source run this interpreter, as they must in local mode. On a cluster,
-    set ``PYSPARK_PYTHON`` to an environment that has both on every node."""
+    set ``PYSPARK_PYTHON`` to an environment that has both on every node.
+
+    A mistake of the source's or the sink's (an unknown option, a missing topic) reaches the
+    driver wrapped in Spark's AnalysisException around the Python worker's traceback; left
+    uncaught, it is shown as its one line (``error_line``), every other error as before."""
     _workers_run_this_interpreter(spark)
     spark.dataSource.register(CoordinatorDataSource)
+    if not isinstance(sys.excepthook, _OneLine):
+        sys.excepthook = _OneLine(sys.excepthook)
+
+
+class _OneLine:
+    """``sys.excepthook`` showing an uncaught error of this package in one line on stderr."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __call__(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        line = error_line(value)
+        if line is None:
+            self.previous(kind, value, tb)
+        else:
+            print(f"format coordinator: {line}", file=sys.stderr)
 
 
 def _workers_run_this_interpreter(spark: Any) -> None:

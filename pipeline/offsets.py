@@ -27,6 +27,11 @@ STARTING_KEYWORDS = ("earliest", "latest", "group")
 ID_KEY = "id"
 
 
+class OptionError(ValueError):
+    """An option missing, unknown or of a wrong value (its message says which, and what is
+    taken instead)."""
+
+
 class TopicRecreated(Exception):
     """A topic was deleted, and created again under its name, since a query took offsets from
     it: they belong to the deleted topic and mean nothing in the new one, so the query fails
@@ -116,7 +121,7 @@ class TopicSelector:
     def __init__(self, options: Mapping[str, str]) -> None:
         given = [key for key in ("topic", "topics", "pattern") if options.get(key)]
         if len(given) != 1:
-            raise ValueError("give exactly one of the options topic, topics, pattern")
+            raise OptionError("give exactly one of the options topic, topics, pattern")
         self.names: tuple[str, ...] | None = None
         self.pattern: re.Pattern[str] | None = None
         if given[0] == "pattern":
@@ -149,7 +154,7 @@ def starting_offsets(
     elif spec in STARTING_KEYWORDS:
         named = {}
     else:
-        raise ValueError(f"startingOffsets must be earliest, latest, group or JSON, not {spec!r}")
+        raise OptionError(f"startingOffsets must be earliest, latest, group or JSON, not {spec!r}")
     result = {}
     for tp, (start, end) in bounds.items():
         if spec == "latest":

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from pipeline.offsets import OptionError
 from pipeline.wire import Cluster, PipelineError, Placement, client_security
 from protocol import ErrorCode, TopicPartition
 from protocol.batches import BatchBuilder
@@ -54,7 +55,7 @@ class TopicWriter:
     def from_options(cls, options: dict[str, str]) -> TopicWriter:
         topic = options.get("topic")
         if not topic:
-            raise ValueError("writing to format coordinator needs the topic option")
+            raise OptionError("writing to format coordinator needs the topic option")
         return cls(
             bootstrap=options.get("bootstrap", "127.0.0.1:9092"),
             topic=topic,

@@ -90,6 +90,9 @@ class CoordinatorDataSource(DataSource):
         return "coordinator"
 
     def schema(self) -> str:
+        # Spark asks for the schema as ``load()`` runs: an option neither a read nor a write
+        # takes (a Kafka source's, a misspelt one) fails there, before any query starts.
+        check_options(self.options, (*READ_OPTIONS, *WRITE_OPTIONS), "format coordinator")
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -145,7 +148,7 @@ class _Planner:
         spec = self.options.get("startingoffsets") or default
         self.check_named_ids(spec, placements)
         if spec == "group" and self.group is None:
-            raise ValueError("startingOffsets=group needs the group option")
+            raise om.OptionError("startingOffsets=group needs the group option")
         committed = cluster.committed_offsets(self.group) if spec == "group" and self.group else {}
         return om.starting_offsets(spec, bounds, committed)
 

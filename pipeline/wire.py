@@ -8,6 +8,7 @@ processes: each process opens its own connections, so the data source itself sta
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import attrs
 
 from pipeline import offsets as om
+from pipeline.offsets import OptionError
 from protocol import (
     NEED_DATA,
     NO_TOPIC_ID,
@@ -66,17 +68,62 @@ SECURITY_OPTIONS = (
 )
 
 
+#: Spark's Kafka source's and sink's options (lowercased, as Spark hands keys over), and what
+#: this source calls each: code written for ``format("kafka")`` gets the name to use instead.
+KAFKA_OPTIONS = {
+    "kafka.bootstrap.servers": "bootstrap",
+    "subscribe": "topics (or topic)",
+    "subscribepattern": "pattern",
+    "assign": "topics (whole topics: no partition list)",
+    "kafka.group.id": "group",
+    "groupidprefix": "group",
+    "maxoffsetspertrigger": "maxRecordsPerTrigger",
+    "kafka.security.protocol": "tls and sasl.mechanism",
+    "kafka.sasl.mechanism": "sasl.mechanism",
+    "kafka.ssl.truststore.location": "tls.ca (a PEM file)",
+    "kafka.ssl.keystore.location": "tls.cert and tls.key (PEM files)",
+}
+
+
 def check_options(options: Mapping[str, str], known: Sequence[str], what: str) -> None:
-    """ValueError naming every unknown option and the known ones: a misspelt option
+    """OptionError naming every unknown option and the known ones: a misspelt option
     (``groupId``, ``startingOffset``) must not be ignored, which would silently read from
-    elsewhere. Spark hands the keys over lowercased, so they are compared lowercased."""
+    elsewhere; a Kafka source's (``kafka.bootstrap.servers``, ``subscribe``) is named with this
+    source's name for it. Spark hands the keys over lowercased, so they are compared
+    lowercased."""
     by_key = {name.lower(): name for name in (*known, *SECURITY_OPTIONS)}
     unknown = sorted(key for key in options if key.lower() not in by_key)
     if unknown:
-        raise ValueError(
-            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+        named = ", ".join(
+            repr(key)
+            + (
+                f" (Kafka's; here: {KAFKA_OPTIONS[key.lower()]})"
+                if key.lower() in KAFKA_OPTIONS
+                else ""
+            )
+            for key in unknown
+        )
+        raise OptionError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {named} "
             f"for {what}; the known options are {', '.join(sorted(by_key.values()))}"
         )
+
+
+#: This package's own errors as Spark shows them: the last line of the Python traceback it
+#: wraps in an AnalysisException or a StreamingQueryException.
+_OWN_ERROR = re.compile(
+    r"^pipeline\.(?:offsets\.OptionError|wire\.PipelineError|offsets\.TopicRecreated): (.+?)"
+    r"(?: SQLSTATE: \w+)*$",
+    re.MULTILINE,
+)
+
+
+def error_line(exc: BaseException) -> str | None:
+    """The one line saying what is wrong, when ``exc`` is Spark's exception around an error of
+    the source or the sink (None otherwise): Spark shows it inside its own error class and the
+    Python worker's traceback, several frames deep."""
+    found = _OWN_ERROR.findall(str(exc))
+    return found[-1] if found else None
 
 
 def client_security(options: Mapping[str, str]) -> ClientSecurity:

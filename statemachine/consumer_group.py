@@ -42,6 +42,7 @@ from statemachine.consumer_group_types import (
     CloseConnection,
     Effect,
     Ending,
+    FromNow,
     GroupInput,
     GroupMember,
     GroupRules,
@@ -70,6 +71,7 @@ __all__ = [
     "ConsumerGroup",
     "Effect",
     "Ending",
+    "FromNow",
     "GroupInput",
     "GroupMember",
     "GroupRules",
@@ -300,9 +302,14 @@ class ConsumerGroup(RebalanceAttempts, FailureDetection):
         effects = self._own(died)
         effects.append(
             Note(
-                "group %s: a newer process fenced %s (process %s); its partitions are free at "
-                "%.3f at the latest",
-                (self.group_id, older.member_id, older.consumer_id, death.partitions_free_at),
+                "group %s: a newer process fenced %s (process %s); its partitions are free %s "
+                "at the latest",
+                (
+                    self.group_id,
+                    older.member_id,
+                    older.consumer_id,
+                    FromNow(death.partitions_free_at, now),
+                ),
             )
         )
         effects.append(TellFenced(incarnation=older.incarnation))

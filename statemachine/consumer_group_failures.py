@@ -18,6 +18,7 @@ from statemachine.consumer_group_types import (
     CloseConnection,
     Effect,
     Ending,
+    FromNow,
     GroupMember,
     MemberDied,
     Note,
@@ -138,26 +139,32 @@ class FailureDetection(GroupCore):
             effects.append(AwayUntil(member_id=member.member_id, away=away))
             effects.append(
                 Note(
-                    "group %s: %s's process ended (%s); away until %.3f, its partitions free at "
-                    "%.3f",
+                    "group %s: %s's process ended (%s); away (its session timeout ends %s), its "
+                    "partitions free %s",
                     (
                         self.group_id,
                         member.member_id,
                         death.cause.value,
-                        away.until,
-                        death.partitions_free_at,
+                        FromNow(away.until, now),
+                        FromNow(death.partitions_free_at, now),
                     ),
                 )
             )
             effects += self._group_input(group_sm.MemberAway(member_id=member.member_id), now)
             return effects
         self._streams -= member.record.subscription.stream_count
-        effects.append(
-            Note(
-                "group %s: %s is dead (%s); its partitions are free at %.3f",
-                (self.group_id, member.member_id, death.cause.value, death.partitions_free_at),
+        free = FromNow(death.partitions_free_at, now)
+        if death.cause is member_sm.DeathCause.LEFT:
+            note = Note(
+                "group %s: %s left; its partitions are free %s",
+                (self.group_id, member.member_id, free),
             )
-        )
+        else:
+            note = Note(
+                "group %s: %s is dead (%s); its partitions are free %s",
+                (self.group_id, member.member_id, death.cause.value, free),
+            )
+        effects.append(note)
         effects += self._departed(member.member_id, now, death.cause)
         return effects
 

@@ -174,6 +174,19 @@ class Note:
     args: tuple[object, ...] = ()
 
 
+@attrs.frozen
+class FromNow:
+    """An instant as a log line shows it: "now" or "in 4.2 s" (an instant of the coordinator's
+    monotonic clock says nothing to whoever reads the log)."""
+
+    at: float
+    now: float
+
+    def __str__(self) -> str:
+        left = self.at - self.now
+        return "now" if left <= 0 else f"in {left:.1f} s"
+
+
 Effect = (
     CloseConnection
     | TellFenced

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pipeline import register
+from pipeline import OptionError, error_line, register
 from pipeline.local import local_broker
 from pipeline.source import BatchReader, BatchWriter, StreamWriter
 from pipeline.wire import Cluster, PipelineError
@@ -28,6 +28,37 @@ def test_a_misspelt_read_option_is_an_error_naming_the_known_ones() -> None:
     assert "startingOffsets" in message and "sasl.user" in message
     # Spark lowercases the keys it hands over: the right names still pass
     BatchReader({"topic": "events", "group": "g", "startingoffsets": "earliest"})
+
+
+def test_a_kafka_sources_option_names_this_sources_own() -> None:
+    with pytest.raises(OptionError) as raised:
+        # as Spark hands a streaming read's keys over: lowercased
+        BatchReader({"kafka.bootstrap.servers": "b:9092", "subscribepattern": "ev.*"})
+    assert str(raised.value).startswith(
+        "unknown options 'kafka.bootstrap.servers' (Kafka's; here: bootstrap), "
+        "'subscribepattern' (Kafka's; here: pattern) for reading format coordinator; "
+    )
+    with pytest.raises(OptionError, match=r"'maxOffsetsPerTrigger' \(Kafka's; here: maxRecords"):
+        BatchReader({"topic": "t", "maxOffsetsPerTrigger": "100"})
+    with pytest.raises(OptionError, match=r"'kafka.bootstrap.servers' \(Kafka's; here: bootstrap"):
+        BatchWriter({"topic": "t", "kafka.bootstrap.servers": "b:9092"})
+
+
+def test_the_line_of_a_sources_error_is_found_inside_sparks_exception() -> None:
+    """As Spark 4 wraps it: its error class, the worker's traceback, the SQL state."""
+    wrapped = Exception(
+        "[PYTHON_DATA_SOURCE_ERROR] Failed to create Python data source instance: Traceback "
+        "(most recent call last):\n"
+        '  File "pipeline/source.py", line 96, in schema\n'
+        "    check_options(...)\n"
+        "pipeline.offsets.OptionError: unknown option 'subscribe' (Kafka's; here: topics (or "
+        "topic)) for format coordinator; the known options are bootstrap SQLSTATE: 38000"
+    )
+    assert error_line(wrapped) == (
+        "unknown option 'subscribe' (Kafka's; here: topics (or topic)) for format coordinator; "
+        "the known options are bootstrap"
+    )
+    assert error_line(Exception("[STREAM_FAILED] ... ValueError: something else")) is None
 
 
 def test_a_misspelt_write_option_is_an_error() -> None:

@@ -24,7 +24,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from consumer import open_producer
 from consumer.admin import open_admin
-from pipeline import GroupOffsetCommitter, TopicRecreated, commit_group_offsets
+from pipeline import GroupOffsetCommitter, TopicRecreated, commit_group_offsets, error_line
 from pipeline.local import local_broker, local_spark
 from pipeline.offsets import OffsetsJson
 from pipeline.source import OffsetRange, StreamReader
@@ -182,7 +182,7 @@ def test_available_now_picks_up_what_was_produced_between_runs_and_commits_the_g
         # the listener commits each finished batch, the last one included
         wait_until(
             lambda: (
-                sum(p["committed"] for p in describe_group(bootstrap, "nightly")["partitions"])
+                sum(p["committed"] or 0 for p in describe_group(bootstrap, "nightly")["partitions"])
                 == 200
             ),
             "the group's offsets at the end of the first run",
@@ -324,6 +324,28 @@ def test_a_topic_created_again_under_its_name_fails_the_query_from_its_checkpoin
     assert set(sink_rows(sink)) == old, "the query read the new topic from the old offsets"
 
 
+def test_a_kafka_sources_options_fail_at_load_in_one_line_naming_this_sources_own(
+    spark: Any, bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Code written for ``format("kafka")`` hears at ``load()``, before any query starts, which
+    option to use instead; uncaught, Spark's exception around the worker's traceback is shown
+    as that one line (``register`` installed the hook)."""
+    with pytest.raises(Exception) as raised:
+        spark.readStream.format("coordinator").option("kafka.bootstrap.servers", bootstrap).option(
+            "subscribe", "events"
+        ).option("startingOffsets", "earliest").load()
+    assert type(raised.value).__name__ == "AnalysisException"
+    line = error_line(raised.value)
+    assert line is not None, str(raised.value)
+    assert line.startswith(
+        "unknown options 'kafka.bootstrap.servers' (Kafka's; here: bootstrap), 'subscribe' "
+        "(Kafka's; here: topics (or topic)) for format coordinator; the known options are "
+        "bootstrap, "
+    ), line
+    sys.excepthook(type(raised.value), raised.value, raised.value.__traceback__)
+    assert capsys.readouterr().err == f"format coordinator: {line}\n"
+
+
 def test_the_stream_reader_takes_ids_for_a_checkpoint_written_without_them(
     bootstrap: str,
 ) -> None:
@@ -434,7 +456,9 @@ def test_a_named_query_copies_a_topic_and_its_committer_moves_the_group(
     )
     # the listener may still be delivering earlier batches' progress
     wait_until(
-        lambda: sum(p["committed"] for p in describe_group(bootstrap, group)["partitions"]) == 120,
+        lambda: (
+            sum(p["committed"] or 0 for p in describe_group(bootstrap, group)["partitions"]) == 120
+        ),
         "the group's offsets at the end of the query",
     )
     partitions = describe_group(bootstrap, group)["partitions"]

@@ -118,7 +118,7 @@ class NewSide:
         for effect in effects:
             match effect:
                 case cg.Note(message=message, args=args):
-                    self.performed.append(("note", message % args))
+                    self.performed.append(("note", _in_old_words(message, args)))
                 case cg.CloseConnection(incarnation=incarnation):
                     self.performed.append(("close", incarnation))
                 case cg.GroupInput(event=event):
@@ -462,6 +462,36 @@ class AwayTimer:
     old: ref.Away
     new_group: ConsumerGroup
     new: cg.Away
+
+
+#: Log lines whose words changed on purpose after 453776a (issue 35: an instant of the monotonic
+#: clock as "in 4.2 s", a clean leave as "left"), and the reference's words for them.
+_OLD_WORDS = {
+    "group %s: %s's process ended (%s); away (its session timeout ends %s), its partitions free "
+    "%s": "group %s: %s's process ended (%s); away until %.3f, its partitions free at %.3f",
+    "group %s: %s is dead (%s); its partitions are free %s": (
+        "group %s: %s is dead (%s); its partitions are free at %.3f"
+    ),
+    "group %s: a newer process fenced %s (process %s); its partitions are free %s at the latest": (
+        "group %s: a newer process fenced %s (process %s); its partitions are free at %.3f "
+        "at the latest"
+    ),
+}
+
+
+def _in_old_words(message: str, args: tuple[object, ...]) -> str:
+    """The new group's log line as 453776a worded it, each instant where it said one."""
+    shown = tuple(a.at if isinstance(a, cg.FromNow) else a for a in args)
+    if message == "group %s: %s left; its partitions are free %s":
+        group, member, free = shown
+        cause = "left the group"  # DeathCause.LEFT's words
+        return _OLD_WORDS["group %s: %s is dead (%s); its partitions are free %s"] % (
+            group,
+            member,
+            cause,
+            free,
+        )
+    return _OLD_WORDS.get(message, message) % shown
 
 
 def _normalized(performed: Performed) -> Performed:
