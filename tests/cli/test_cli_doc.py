@@ -16,7 +16,7 @@ from cli.main import _parser
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 SECTION = re.compile(r"^#{2,3} (.+)$", re.MULTILINE)
-NAMED = re.compile(r"`(--[\w-]+|[A-Z][A-Z_]*)`")
+NAMED = re.compile(r"`(--?[\w-]+|[A-Z][A-Z_]*)`")
 #: argparse's own, on every parser; the global options are checked where they are defined.
 EVERYWHERE = {"--help", "-h", "--log-level"}
 
