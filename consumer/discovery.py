@@ -47,8 +47,11 @@ class Discovery:
     """Why the latest broker asked did not name a coordinator (for the application's logs)."""
     last_code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE
     """COORDINATOR_LOAD_IN_PROGRESS when a broker of the latest pass said the group's
-    coordinator slot has no live holder yet (a failover under way); COORDINATOR_NOT_AVAILABLE
-    otherwise."""
+    coordinator slot has no live holder yet (a failover under way); BROKER_BUSY when one was
+    too busy to answer (and none said that); COORDINATOR_NOT_AVAILABLE otherwise."""
+    retry_after: float = 0.0
+    """The longest back-off a busy broker of the latest pass asked for, in seconds (SPEC.md
+    §11.7): the consumer machine waits at least that long before the next pass."""
     partition_counts: dict[str, int] = attrs.field(factory=dict)
     """Each topic's partition count, as the latest answer naming it said."""
     said: str | None = None
@@ -65,6 +68,7 @@ class Discovery:
         start = self._next
         self._next = (self._next + 1) % len(self.addresses)
         self.last_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        self.retry_after = 0.0
         self.refused = None
         for i in range(len(self.addresses)):
             host, port = self.addresses[(start + i) % len(self.addresses)]
@@ -77,6 +81,10 @@ class Discovery:
             if response.error_code is not ErrorCode.NONE:
                 if response.error_code is ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
                     self.last_code = response.error_code
+                elif response.error_code is ErrorCode.BROKER_BUSY:
+                    if self.last_code is not ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+                        self.last_code = response.error_code
+                    self.retry_after = max(self.retry_after, response.throttle_time_ms / 1000)
                 self._problem(f"{host}:{port}: no coordinator ({response.error_code.name})")
                 continue
             coordinator = next(

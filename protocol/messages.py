@@ -22,7 +22,7 @@ import attrs
 from .codec import Codec, Int16, Int32, Int64
 from .errors import ErrorCode
 from .records import Record
-from .schema import since, struct_codec
+from .schema import SINCE, since, struct_codec
 from .types import NO_TOPIC_ID, BrokerInfo, PartitionOffset, Subscription, TopicId, TopicPartition
 
 
@@ -241,6 +241,8 @@ class ClusterMetadataResponse:
     the cluster's coordinator slot count (docs/design.md#coordinator-slots)."""
     topic_ids: tuple[TopicIdentity, ...] = attrs.field(default=(), metadata=since(2))
     """The id of each topic in ``topics`` that exists."""
+    throttle_time_ms: Int32 = attrs.field(default=0, metadata=since(3))
+    """With BROKER_BUSY: how long to wait before asking this broker again (SPEC.md §11.7)."""
 
 
 # --- 4 REGISTER_CONSUMER ------------------------------------------------------------------------
@@ -277,6 +279,8 @@ class RegisterConsumerResponse:
     error_code: ErrorCode
     coordinator_epoch: Int64
     generation: Int32
+    throttle_time_ms: Int32 = attrs.field(default=0, metadata=since(3))
+    """With BROKER_BUSY: how long to wait before registering again (SPEC.md §11.7)."""
 
 
 # --- 5 PING (coordinator -> consumer) -----------------------------------------------------------
@@ -805,10 +809,10 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
     {key: 0 for key in ApiKey}
     | {
         ApiKey.PRODUCE: 2,
-        ApiKey.CLUSTER_METADATA: 2,
+        ApiKey.CLUSTER_METADATA: 3,
         ApiKey.FETCH: 2,
         ApiKey.LIST_OFFSETS: 1,
-        ApiKey.REGISTER_CONSUMER: 2,
+        ApiKey.REGISTER_CONSUMER: 3,
         ApiKey.CREATE_TOPIC: 1,
         ApiKey.CREATE_PARTITIONS: 1,
         ApiKey.PING: 1,
@@ -850,6 +854,9 @@ RESPONSE_CODECS: Mapping[tuple[ApiKey, int], Codec[Any]] = MappingProxyType(
 assert len(REQUEST_TYPES) == len(RESPONSE_TYPES) == len(ApiKey), "every api key has both halves"
 
 
+_FACTORY: type = type(attrs.Factory(list))
+
+
 def error_response(request: RequestMessage, error_code: ErrorCode) -> ResponseMessage:
     """The response that answers ``request`` with nothing but ``error_code``.
 
@@ -862,7 +869,10 @@ def error_response(request: RequestMessage, error_code: ErrorCode) -> ResponseMe
     fields: dict[str, Any] = {}
     for field in attrs.fields(response_type):
         hint = hints[field.name]
-        if hint is ErrorCode:
+        if SINCE in field.metadata and not isinstance(field.default, _FACTORY):
+            # A field a later version added: its default is what older versions carry.
+            fields[field.name] = field.default
+        elif hint is ErrorCode:
             fields[field.name] = error_code
         elif type(None) in typing.get_args(hint):
             fields[field.name] = None

@@ -1,0 +1,106 @@
+"""Shedding load at the door: while the broker's own loop is behind, it takes no new work it
+can put off, so that the members it already serves keep getting their Pings on time
+(docs/design.md#shedding-load).
+
+What is put off: the first request of a connection (a newcomer's discovery, a registration),
+and admin requests. What never is: a re-registration that lists partitions it still fetches (a
+member whose lease is at stake, which a refusal could cost its partitions), and every request
+of a member or a fetcher already in. A shed request is answered at once, without touching the
+store or a coordinator: BROKER_BUSY with a back-off hint where the request's version carries
+``throttle_time_ms``, COORDINATOR_NOT_AVAILABLE otherwise (every level's reference client
+retries it with backoff; SPEC.md §11.7).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+
+from broker import rights
+from protocol import (
+    ClusterMetadataRequest,
+    ClusterMetadataResponse,
+    CreatePartitionsRequest,
+    CreateTopicRequest,
+    DeleteGroupRequest,
+    DeleteTopicRequest,
+    DescribeGroupRequest,
+    ErrorCode,
+    ListGroupsRequest,
+    RegisterConsumerRequest,
+    RegisterConsumerResponse,
+    Request,
+    ResponseMessage,
+    error_response,
+)
+
+__all__ = ["Door", "Lag"]
+
+#: The first version of ClusterMetadata and RegisterConsumer whose answer carries
+#: ``throttle_time_ms`` (level 11).
+HINTED_VERSION = 3
+
+#: Requests put off wherever they come on a connection.
+ADMIN = (
+    CreateTopicRequest
+    | CreatePartitionsRequest
+    | DeleteTopicRequest
+    | ListGroupsRequest
+    | DescribeGroupRequest
+    | DeleteGroupRequest
+    | rights.RightsRequest
+)
+
+
+class Lag(Protocol):
+    def now(self) -> float:
+        """How late the broker's loop is now, in seconds."""
+        ...
+
+
+@attrs.define(eq=False)
+class Door:
+    lag: Lag
+    bound: float = 0.25
+    """Above this loop lag (seconds), new work waits: well below a Ping deadline (2T/3), so
+    shedding starts long before a member's answer could be judged late."""
+    retry_after: float = 1.0
+    """The least back-off hint sent; a loop further behind asks for twice its lag, up to
+    ``max_retry_after``."""
+    max_retry_after: float = 10.0
+    shed: int = 0
+    """Requests refused so far (a metric)."""
+
+    def refusal(self, request: Request, *, first: bool) -> ResponseMessage | None:
+        """The answer that puts ``request`` off (``first``: the first of its connection), or
+        None to serve it."""
+        message = request.message
+        if not (first or isinstance(message, ADMIN)):
+            return None
+        if isinstance(message, RegisterConsumerRequest) and message.owned_partitions:
+            return None
+        if not isinstance(message, ClusterMetadataRequest | RegisterConsumerRequest | ADMIN):
+            return None  # a fetcher's or a producer's data, not the group's load
+        lag = self.lag.now()
+        if lag <= self.bound:
+            return None
+        self.shed += 1
+        if isinstance(message, ADMIN) or request.api_version < HINTED_VERSION:
+            return error_response(message, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        wait = round(1000 * min(self.max_retry_after, max(self.retry_after, 2 * lag)))
+        if isinstance(message, RegisterConsumerRequest):
+            return RegisterConsumerResponse(
+                error_code=ErrorCode.BROKER_BUSY,
+                coordinator_epoch=-1,
+                generation=-1,
+                throttle_time_ms=wait,
+            )
+        return ClusterMetadataResponse(
+            error_code=ErrorCode.BROKER_BUSY,
+            coordinator_id=-1,
+            coordinator_epoch=-1,
+            brokers=(),
+            topics=(),
+            throttle_time_ms=wait,
+        )
