@@ -129,11 +129,12 @@ class _Session:
     _commits: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(COMMITS_IN_FLIGHT))
 
     async def work(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
-        first = True
+        # A connection is new until the door lets one of its requests through.
+        new = True
         async for request in requests:
-            response = None if self.door is None else self.door.refusal(request, first=first)
-            first = False
+            response = None if self.door is None else self.door.refusal(request, first=new)
             if response is None:
+                new = False
                 response = await self.answer(request)
             if self.member is not None:
                 self.channel.never_idle()

@@ -2,13 +2,13 @@
 can put off, so that the members it already serves keep getting their Pings on time
 (docs/design.md#shedding-load).
 
-What is put off: the first request of a connection (a newcomer's discovery, a registration),
-and admin requests. What never is: a re-registration that lists partitions it still fetches (a
-member whose lease is at stake, which a refusal could cost its partitions), and every request
-of a member or a fetcher already in. A shed request is answered at once, without touching the
-store or a coordinator: BROKER_BUSY with a back-off hint where the request's version carries
-``throttle_time_ms``, COORDINATOR_NOT_AVAILABLE otherwise (every level's reference client
-retries it with backoff; SPEC.md §11.7).
+What is put off: the requests of a new connection (one none of whose requests was served
+yet: a newcomer's discovery, a registration), and admin requests. What never is: a
+re-registration that lists partitions it still fetches (a member whose lease is at stake, which
+a refusal could cost its partitions), and every request of a member or a fetcher already in. A
+shed request is answered at once, without touching the store or a coordinator: BROKER_BUSY with
+a back-off hint where the request's version carries ``throttle_time_ms``, COORDINATOR_NOT_AVAILABLE
+otherwise (every level's reference client retries it with backoff; SPEC.md §11.7).
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ class Door:
     """Requests refused so far (a metric)."""
 
     def refusal(self, request: Request, *, first: bool) -> ResponseMessage | None:
-        """The answer that puts ``request`` off (``first``: the first of its connection), or
-        None to serve it."""
+        """The answer that puts ``request`` off (``first``: no request of its connection was
+        served yet), or None to serve it."""
         message = request.message
         if not (first or isinstance(message, ADMIN)):
             return None

@@ -15,7 +15,8 @@ import trio.testing
 
 from broker.door import Door
 from broker.loop_lag import LoopLag
-from consumer import Consumer, ConsumerSettings, open_consumer
+from consumer import Consumer, ConsumerSettings, open_consumer, open_producer, runtime
+from consumer.admin import Admin
 from coordinator.config import CoordinatorConfig
 from protocol import (
     ClusterMetadataRequest,
@@ -247,3 +248,41 @@ async def test_a_lagging_broker_tells_each_level_a_code_it_retries(
     # The hint (twice the lag of 0.5 s) only where the version carries it.
     hint = 1000 if version >= 3 else 0
     assert metadata.throttle_time_ms == registration.throttle_time_ms == hint
+
+
+async def test_a_producer_and_an_admin_wait_for_a_busy_broker_and_then_get_their_answer(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The jitter at its longest, for exact instants.
+    monkeypatch.setattr(runtime._JITTER, "uniform", lambda low, high: high)
+    async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 3}) as net:
+        lag = StubLag(1.5)  # a hint of 3 s
+        net.cluster.door = Door(lag=lag, bound=0.25)
+
+        async def keeps_up_again() -> None:
+            await trio.sleep(1.0)
+            lag.value = 0.0
+
+        start = trio.current_time()
+        net.nursery.start_soon(keeps_up_again)
+        async with open_producer("broker:9092", connect=net.connect) as producer:
+            # Told BROKER_BUSY with 3 s, it asks again 3 s and half of that later, not at once,
+            # and is served then: the topic exists, busy is not "no such topic".
+            assert await producer.partitions_for("t") == 3
+        assert trio.current_time() - start == pytest.approx(4.5)
+        lag.value = 1.5
+        net.nursery.start_soon(keeps_up_again)
+        start = trio.current_time()
+        async with (
+            open_channel(await net.connect("broker", 9092), client_id="admin") as channel,
+            AsyncExitStack() as stack,
+        ):
+            admin = Admin(
+                channel=channel, address=("broker", 9092), stack=stack, connect=net.connect
+            )
+            # Shed with COORDINATOR_NOT_AVAILABLE (its answer has no hint), asked again with
+            # backoff from 0.1 s, doubling, lengthened by half: after 0.15, 0.3 and 0.6 s, the
+            # third time past the busy second.
+            await admin.create_topic("u", 2)
+        assert trio.current_time() - start == pytest.approx(1.05)
+        assert len((await net.cluster.store.topics())["u"].brokers) == 2
