@@ -13,6 +13,7 @@ otherwise (every level's reference client retries it with backoff; SPEC.md §11.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -70,7 +71,9 @@ class Door:
     ``max_retry_after``."""
     max_retry_after: float = 10.0
     shed: int = 0
-    """Requests refused so far (a metric)."""
+    """Requests refused so far."""
+    on_shed: Callable[[], object] | None = None
+    """Called for each request refused (the broker's metric)."""
 
     def refusal(self, request: Request, *, first: bool) -> ResponseMessage | None:
         """The answer that puts ``request`` off (``first``: no request of its connection was
@@ -86,6 +89,8 @@ class Door:
         if lag <= self.bound:
             return None
         self.shed += 1
+        if self.on_shed is not None:
+            self.on_shed()
         if isinstance(message, ADMIN) or request.api_version < HINTED_VERSION:
             return error_response(message, ErrorCode.COORDINATOR_NOT_AVAILABLE)
         wait = round(1000 * min(self.max_retry_after, max(self.retry_after, 2 * lag)))

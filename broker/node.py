@@ -181,7 +181,7 @@ async def run_node(
             bounds = ReadBounds.of(settings.connections)
             lag = LoopLag()
             await nursery.start(lag.run)
-            door = Door(lag=lag)
+            door = Door(lag=lag, on_shed=None if metrics is None else metrics.requests_shed.inc)
             serve = partial(
                 serve_connection,
                 data_plane=data_plane,
