@@ -5,7 +5,8 @@ can put off, so that the members it already serves keep getting their Pings on t
 What is put off: the requests of a new connection (one none of whose requests was served
 yet: a newcomer's discovery, a registration), and admin requests. What never is: a
 re-registration that lists partitions it still fetches (a member whose lease is at stake, which
-a refusal could cost its partitions), and every request of a member or a fetcher already in. A
+a refusal could cost its partitions) nor the discovery before it (a ClusterMetadata marked
+``leased``), and every request of a member or a fetcher already in. A
 shed request is answered at once, without touching the store or a coordinator: BROKER_BUSY with
 a back-off hint where the request's version carries ``throttle_time_ms``, COORDINATOR_NOT_AVAILABLE
 otherwise (every level's reference client retries it with backoff; SPEC.md §11.7).
@@ -63,9 +64,11 @@ class Lag(Protocol):
 @attrs.define(eq=False)
 class Door:
     lag: Lag
-    bound: float = 0.25
-    """Above this loop lag (seconds), new work waits: well below a Ping deadline (2T/3), so
-    shedding starts long before a member's answer could be judged late."""
+    bound: float = 0.5
+    """Above this loop lag (seconds), new work waits: a third of what a member with T = 6 s can
+    bear (T/3 less the lease margin, docs/design.md#shedding-load), so shedding starts long
+    before lag could cost a member; and above the pauses a loaded machine gives a process now
+    and then, so a broker that keeps up does not turn clients away for them."""
     retry_after: float = 1.0
     """The least back-off hint sent; a loop further behind asks for twice its lag, up to
     ``max_retry_after``."""
@@ -83,6 +86,8 @@ class Door:
             return None
         if isinstance(message, RegisterConsumerRequest) and message.owned_partitions:
             return None
+        if isinstance(message, ClusterMetadataRequest) and message.leased:
+            return None  # the discovery before such a re-registration
         if not isinstance(message, ClusterMetadataRequest | RegisterConsumerRequest | ADMIN):
             return None  # a fetcher's or a producer's data, not the group's load
         lag = self.lag.now()

@@ -63,8 +63,10 @@ class Discovery:
     _next: int = 0
     _warned_missing: set[str] = attrs.field(factory=set)
 
-    async def find(self) -> Found | None:
-        """One round-robin pass: the first broker that names a coordinator it also lists wins."""
+    async def find(self, *, leased: bool = False) -> Found | None:
+        """One round-robin pass: the first broker that names a coordinator it also lists wins.
+        ``leased``: the consumer fetches under its lease, which a busy broker does not make
+        wait (SPEC.md §11.7)."""
         start = self._next
         self._next = (self._next + 1) % len(self.addresses)
         self.last_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -72,7 +74,7 @@ class Discovery:
         self.refused = None
         for i in range(len(self.addresses)):
             host, port = self.addresses[(start + i) % len(self.addresses)]
-            response = await self._ask(host, port)
+            response = await self._ask(host, port, leased)
             if response is None:
                 continue
             self._learn(response.brokers)
@@ -101,7 +103,7 @@ class Discovery:
             )
         return None
 
-    async def _ask(self, host: str, port: int) -> ClusterMetadataResponse | None:
+    async def _ask(self, host: str, port: int, leased: bool) -> ClusterMetadataResponse | None:
         with trio.move_on_after(self.request_timeout):
             try:
                 stream = await self.connect(host, port)
@@ -114,7 +116,9 @@ class Discovery:
                     stream, client_id=self.client_id, max_frame_size=self.max_frame_size
                 ) as channel:
                     response = await channel.request(
-                        ClusterMetadataRequest(group_id=self.group_id, topics=self.topics)
+                        ClusterMetadataRequest(
+                            group_id=self.group_id, topics=self.topics, leased=leased
+                        )
                     )
             except (ChannelClosed, RemoteProtocolError) as exc:
                 self._refused(exc)

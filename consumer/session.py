@@ -45,7 +45,7 @@ class CoordinatorSession(OffsetCommits):
     async def _discover(self, run: _DiscoveryRun, delay: float) -> None:
         with run.scope:
             await trio.sleep(delay)
-            found = await self._discovery.find()
+            found = await self._discovery.find(leased=self._machine.leased(trio.current_time()))
             now = trio.current_time()
             if self._discovery.refused is not None:
                 self._failure = self._discovery.refused

@@ -225,6 +225,9 @@ class ClusterMetadataRequest:
     """Set: also find this group's coordinator."""
     topics: tuple[str, ...] | None
     """None: all topics."""
+    leased: bool = attrs.field(default=False, metadata=since(3))
+    """The asker is a consumer fetching under its lease, looking for its coordinator to register
+    again with what it fetches: a busy broker answers it all the same (SPEC.md §11.7)."""
 
 
 @attrs.frozen(kw_only=True)

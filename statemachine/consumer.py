@@ -438,6 +438,12 @@ class ConsumerMachine:
             return []
         return self._step(LeaseExpired(now=now))
 
+    def leased(self, now: float) -> bool:
+        """Whether it fetches under a lease that has not run out: what it looks for the
+        coordinator with is never shed by a busy broker (SPEC.md §11.7)."""
+        deadline = self.lease_deadline()
+        return bool(self.owned) and deadline is not None and now < deadline
+
     def failover_pace(self) -> float:
         """The delay between looks for the coordinator while fetching under the lease: the
         group's looks spread to ``failover_looks_per_second`` (at least ``failover_retry``), and

@@ -93,6 +93,9 @@ def test_the_door_sheds_new_work_above_its_bound_and_never_a_member_with_partiti
     owned = (TopicPartition(topic="t", partition=0),)
     assert door.refusal(_request(_registration(owned), 3), first=True) is None
     assert door.refusal(_request(metadata, 3), first=False) is None
+    # Nor the discovery of a consumer fetching under its lease.
+    leased = ClusterMetadataRequest(group_id="g", topics=None, leased=True)
+    assert door.refusal(_request(leased, 3), first=True) is None
     fetch = FetchRequest(topic="t", partition=0, offset=0, max_bytes=1024)
     assert door.refusal(_request(fetch, 2), first=True) is None
     # An admin request is shed wherever it comes; its answer has no hint in any version.
@@ -155,7 +158,9 @@ async def _consumers(
 async def test_a_lagging_broker_keeps_its_members_and_makes_newcomers_wait_their_turn(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    settings = ConsumerSettings(session_timeout=6.0, busy_jitter=0.0, max_retry_backoff=1.0)
+    settings = ConsumerSettings(
+        session_timeout=6.0, busy_jitter=0.0, failover_jitter=0.0, max_retry_backoff=1.0
+    )
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 12}) as net:
         lag = LoopLag()
         net.cluster.door = Door(lag=lag, bound=0.25, retry_after=2.0, max_retry_after=2.0)
@@ -208,13 +213,23 @@ async def test_a_lagging_broker_keeps_its_members_and_makes_newcomers_wait_their
                 assert [m.assignment.value for m in members] == held
                 assert all(m.generation == generation for m in members)
                 assert all(m.state is sm.ConsumerState.FETCHING for m in members)
+                # A member whose coordinator connection breaks while the loop lags finds its
+                # coordinator and registers again, fetching on: neither is shed.
+                first = next(line for line in net.lines if line.carries_registration)
+                first.abort()
+                await trio.sleep(4.0)
+                assert [m.assignment.value for m in members] == held
+                assert all(m.state is sm.ConsumerState.FETCHING for m in members)
+                assert sum(line.carries_registration for line in net.lines) == registrations + 1
+                assert all(m.last_error is None for m in members)
                 stall.cancel()
                 quiet = trio.current_time()
                 # The loop keeps up again: within the hint and a rebalance, everyone is in.
                 for consumer in (*members, *newcomers):
                     await consumer.assignment.wait_value(lambda owned: 1 <= len(owned) <= 2)
-                # The looks due at 34.5 find the coordinator, and the group takes them at once.
-                assert (quiet, trio.current_time()) == pytest.approx((33.0, 34.5))
+                # The newcomers' next looks (the hint after their last refusal) find the
+                # coordinator, and the group takes them at once.
+                assert (quiet, trio.current_time()) == pytest.approx((37.0, 39.0))
                 everyone = (*members, *newcomers)
                 assert frozenset().union(*(c.assignment.value for c in everyone)) == ALL_12
                 assert sum(len(c.assignment.value) for c in everyone) == 12

@@ -1,11 +1,12 @@
 # mypy: ignore-errors
 # (a third party's code, written once from SPEC.md and never changed: checked by running it)
 """A frozen client of level 11 (protocol/SPEC.md §3): level 9's member and admin (topic ids,
-§11.12; users and access rules over the wire, §8, 29-31 and 50-51), asking ClusterMetadata 3 and
-RegisterConsumer 3, whose answers end with `throttle_time_ms`: a busy broker's back-off hint with
-BROKER_BUSY (1009, §11.7). Told BROKER_BUSY, it waits the hint lengthened at random by up to half
-and asks again (a registration on a new connection, §11.1); it reports every hint it was given.
-(Level 10's LIST_OFFSETS 1 is not part of this client.)
+§11.12; users and access rules over the wire, §8, 29-31 and 50-51), asking ClusterMetadata 3
+(never `leased`: its members re-register holding nothing) and RegisterConsumer 3, whose answers
+end with `throttle_time_ms`: a busy broker's back-off hint with BROKER_BUSY (1009, §11.7). Told
+BROKER_BUSY, it waits the hint lengthened at random by up to half and asks again (a registration
+on a new connection, §11.1); it reports every hint it was given. (Level 10's LIST_OFFSETS 1 is
+not part of this client.)
 
 Written from SPEC.md's layouts with the standard library only, as a third party would, and never
 changed afterwards: a new api version adds a new frozen client beside it. It runs a whole group
@@ -443,7 +444,8 @@ class Admin:
         """ClusterMetadata 3 naming ``topic``: its id (§11.12), asked until the broker knows it."""
         give_up = time.monotonic() + DEADLINE
         while True:
-            r = self.conn.request(CLUSTER_METADATA, 3, string(None) + array([topic], string))
+            body = string(None) + array([topic], string) + i8(0)  # leased (v3): no
+            r = self.conn.request(CLUSTER_METADATA, 3, body)
             code = r.i16()
             r.i32()
             r.i64()
@@ -501,7 +503,8 @@ class Admin:
     def coordinator(self, group):
         give_up = time.monotonic() + DEADLINE
         while True:
-            r = self.conn.request(CLUSTER_METADATA, 3, string(group) + array(None, string))
+            body = string(group) + array(None, string) + i8(0)  # leased (v3): no
+            r = self.conn.request(CLUSTER_METADATA, 3, body)
             code = r.i16()
             coordinator_id = r.i32()
             r.i64()

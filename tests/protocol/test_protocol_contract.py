@@ -42,7 +42,7 @@ CONTRACT = {
     "ListOffsetsRequest": "topic:string partition:int32 timestamp_ms:int64",
     "ListOffsetsResponse": "error_code:int16 log_start_offset:int64 high_watermark:int64"
     " offset:int64 timestamp_ms:int64",
-    "ClusterMetadataRequest": "group_id:string? topics:array[string]?",
+    "ClusterMetadataRequest": "group_id:string? topics:array[string]? leased:bool",
     "ClusterMetadataResponse": "error_code:int16 coordinator_id:int32 coordinator_epoch:int64"
     " brokers:array[BrokerInfo] topics:array[TopicMetadata] slot_holders:array[int32]"
     " topic_ids:array[TopicIdentity] throttle_time_ms:int32",
@@ -116,6 +116,9 @@ OLDER_VERSIONS = {
     ("ClusterMetadataResponse", 1): "error_code:int16 coordinator_id:int32"
     " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]"
     " slot_holders:array[int32]",
+    ("ClusterMetadataRequest", 0): "group_id:string? topics:array[string]?",
+    ("ClusterMetadataRequest", 1): "group_id:string? topics:array[string]?",
+    ("ClusterMetadataRequest", 2): "group_id:string? topics:array[string]?",
     ("ClusterMetadataResponse", 2): "error_code:int16 coordinator_id:int32"
     " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]"
     " slot_holders:array[int32] topic_ids:array[TopicIdentity]",
