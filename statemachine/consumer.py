@@ -50,7 +50,9 @@ answered so, or a discovery pass told that the group's coordinator slot has no l
 coordinator failover is under way: the next discovery goes after the short ``failover_retry``, not
 the backoff, for at most ``max_failover_retries`` in a row (the guard ``FAILOVER``; the state is
 the same either way), so the consumer reaches a new coordinator within milliseconds of its load
-ending (docs/design.md#loading).
+ending (docs/design.md#loading). BROKER_BUSY (a broker whose loop is behind sheds new clients,
+SPEC.md §11.7) comes with a hint: the next look waits the longer of it and the backoff,
+lengthened at random by up to ``busy_jitter`` of it.
 
 A consumer that fetches under its lease has more at stake than one that holds nothing: until the
 lease runs out it looks for the coordinator at the *failover pace* whatever went wrong (no holder
