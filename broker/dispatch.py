@@ -24,6 +24,7 @@ import trio_util
 
 from broker import authorization, placement, rights
 from broker.authorization import Access
+from broker.door import Door
 from broker.offices import (
     BySlot,
     Offices,
@@ -120,6 +121,8 @@ class _Session:
     data_plane: DataPlane | None
     #: The access rules in force; None: everyone may do everything.
     access: Access | None = None
+    #: What puts new work off while the broker's loop is behind; None: nothing is.
+    door: Door | None = None
     member: Member | None = None
     #: The coordinator ``member`` registered with.
     member_coordinator: GroupCoordinator | None = None
@@ -128,8 +131,13 @@ class _Session:
     _commits: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(COMMITS_IN_FLIGHT))
 
     async def work(self, requests: trio.MemoryReceiveChannel[Request]) -> None:
+        # A connection is new until the door lets one of its requests through.
+        new = True
         async for request in requests:
-            response = await self.answer(request)
+            response = None if self.door is None else self.door.refusal(request, first=new)
+            if response is None:
+                new = False
+                response = await self.answer(request)
             if self.member is not None:
                 self.channel.never_idle()
             if response is not None:
@@ -532,6 +540,7 @@ async def handle_connection(
     bounds: ReadBounds | None = None,
     peer: Peer | None = None,
     access: Access | None = None,
+    door: Door | None = None,
 ) -> None:
     """Serve one peer until it closes, breaks the protocol, or its member is declared dead;
     group requests go to the coordinator of the group's slot among ``offices`` (a coordinator:
@@ -543,7 +552,8 @@ async def handle_connection(
     ended), so that its client finds the group's coordinator afresh. ``bounds``: the broker's
     limits on reading (none: unbounded, for tests of other things); ``peer``: who the listener
     admitted, and on which listener (None: a connection no listener admitted, for tests);
-    ``access``: the rules every request is checked against (None: none)."""
+    ``access``: the rules every request is checked against (None: none); ``door``: what puts
+    new work off while the broker's loop is behind (None: nothing is)."""
     if isinstance(offices, GroupCoordinator):
         offices = whole_office(offices)
     channel = Channel.open(
@@ -554,7 +564,7 @@ async def handle_connection(
         channel.principal = peer.principal
         channel.host = peer.host
     used: set[GroupCoordinator] = set()
-    serve = partial(_serve, offices, channel, used, data_plane, access)
+    serve = partial(_serve, offices, channel, used, data_plane, access, door)
     if offices.fixed:
         await serve()
         return
@@ -572,6 +582,7 @@ async def _serve(
     used: set[GroupCoordinator],
     data_plane: DataPlane | None,
     access: Access | None,
+    door: Door | None,
 ) -> None:
     send_requests, receive_requests = trio.open_memory_channel[Request](REQUEST_QUEUE)
     violation = False
@@ -586,6 +597,7 @@ async def _serve(
                 nursery=nursery,
                 data_plane=data_plane,
                 access=access,
+                door=door,
                 used=used,
             )
             nursery.start_soon(session.work, receive_requests)

@@ -240,6 +240,11 @@ class BrokerMetrics:
             registry=r,
         )
         self.connections = Gauge("broker_connections", "Open client connections", registry=r)
+        self.requests_shed = Counter(
+            "broker_requests_shed",
+            "Requests refused at the door while the broker's loop lagged (BROKER_BUSY)",
+            registry=r,
+        )
         self.produced_records = Counter(
             "broker_produced_records", "Records appended, by topic", ["topic"], registry=r
         )

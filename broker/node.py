@@ -21,8 +21,10 @@ import trio
 from broker.authorization import open_access
 from broker.data_plane import BrokerLog, log_directory, open_broker_log
 from broker.dispatch import handle_connection
+from broker.door import Door
 from broker.election import open_elector
 from broker.log import CorruptSegment, LogConfig, OffsetOutOfRange, check_log_format
+from broker.loop_lag import LoopLag
 from broker.metrics import (
     BrokerMetrics,
     LogSize,
@@ -179,18 +181,24 @@ async def run_node(
             trio.open_nursery() as nursery,
         ):
             bounds = ReadBounds.of(settings.connections)
+            lag = LoopLag()
+            await nursery.start(lag.run)
+            door = Door(lag=lag, on_shed=None if metrics is None else metrics.requests_shed.inc)
+            serve = partial(
+                serve_connection,
+                data_plane=data_plane,
+                bounds=bounds,
+                access=access,
+                door=door,
+            )
 
             async def handler(stream: trio.abc.Stream, peer: Peer) -> None:
                 if metrics is None:
-                    await serve_connection(
-                        stream, data_plane=data_plane, bounds=bounds, peer=peer, access=access
-                    )
+                    await serve(stream, peer=peer)
                     return
                 metrics.connections.inc()
                 try:
-                    await serve_connection(
-                        stream, data_plane=data_plane, bounds=bounds, peer=peer, access=access
-                    )
+                    await serve(stream, peer=peer)
                 finally:
                     metrics.connections.dec()
 

@@ -7,12 +7,14 @@ Everything here is a client of the brokers like any other (it is what the CLI's 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 
 import attrs
 import trio
 
+from consumer.runtime import busy_wait
 from protocol import (
     AlterUserScramCredentialsRequest,
     AlterUserScramCredentialsResponse,
@@ -127,11 +129,14 @@ _HINTS = {
 
 
 #: Codes that mean the coordinator is loading or moving: ask again shortly (SPEC.md §11.7).
-_ASK_AGAIN = (
-    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-    ErrorCode.NOT_COORDINATOR,
-    ErrorCode.COORDINATOR_NOT_AVAILABLE,
-)
+_ASK_AGAIN = (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.NOT_COORDINATOR)
+
+#: Codes of a broker that is busy (it sheds admin requests while its loop is behind) or cannot
+#: reach its store for a moment: asked again with backoff, and at least a BROKER_BUSY answer's
+#: hint, with jitter (SPEC.md §11.7)...
+_BACK_OFF = (ErrorCode.BROKER_BUSY, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+#: ... from this long, doubling to 5 s, for this long in all before the code is reported.
+BACKOFF, MAX_BACKOFF, PATIENCE = 0.1, 5.0, 15.0
 
 
 @attrs.frozen(kw_only=True)
@@ -311,7 +316,7 @@ class Admin:
     _connect: Connector = attrs.field(factory=lambda: ClientSecurity().connector())
 
     async def call(self, request: RequestMessage) -> ResponseMessage:
-        return await self.channel.request(request)
+        return await _patiently(partial(self.channel.request, request))
 
     async def call_coordinator(self, request: RequestMessage, group_id: str) -> ResponseMessage:
         """A group request, sent to the coordinator of ``group_id``, found through whichever
@@ -321,7 +326,7 @@ class Admin:
         for _ in range(LOAD_RETRIES):
             channel = await self._coordinator(group_id)
             if channel is not None:
-                response = await channel.request(request)
+                response = await _patiently(partial(channel.request, request))
                 if getattr(response, "error_code", None) not in _ASK_AGAIN:
                     return response
             await trio.sleep(LOAD_RETRY)
@@ -755,14 +760,31 @@ def scram_upsertion(user: str, credential: ScramCredential) -> ScramUpsertion:
 
 
 async def _asked_again(channel: Channel, request: RequestMessage) -> ResponseMessage:
-    """The broker's answer, asked again while it is still loading."""
-    response = await channel.request(request)
+    """The broker's answer, asked again while it is still loading or busy."""
+    ask = partial(_patiently, partial(channel.request, request))
+    response = await ask()
     for _ in range(LOAD_RETRIES):
         if getattr(response, "error_code", None) is not ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
             break
         await trio.sleep(LOAD_RETRY)
-        response = await channel.request(request)
+        response = await ask()
     return response
+
+
+async def _patiently(ask: Callable[[], Awaitable[ResponseMessage]]) -> ResponseMessage:
+    """``ask()``'s answer, asked again with backoff and jitter while it is :data:`_BACK_OFF`'s
+    (for up to :data:`PATIENCE`)."""
+    give_up = trio.current_time() + PATIENCE
+    backoff = BACKOFF
+    while True:
+        response = await ask()
+        if getattr(response, "error_code", None) not in _BACK_OFF:
+            return response
+        wait = busy_wait(getattr(response, "throttle_time_ms", 0), backoff)
+        if trio.current_time() + wait > give_up:
+            return response
+        await trio.sleep(wait)
+        backoff = min(2 * backoff, MAX_BACKOFF)
 
 
 def _check(what: str, error_code: ErrorCode) -> None:

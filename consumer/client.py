@@ -362,7 +362,8 @@ class Consumer(CoordinatorSession, FetcherControl):
         """A discovery pass failed: warn (what went wrong, once per reason), and give up (True) once
         a consumer that never registered has looked for ``discovery_timeout``."""
         problem = self._discovery.last_problem or "no broker named a coordinator"
-        if self._registered_once or trio.current_time() < give_up:
+        busy = self._discovery.last_code is ErrorCode.BROKER_BUSY
+        if self._registered_once or busy or trio.current_time() < give_up:
             # Said once per reason while it lasts, not at every pass.
             level = logging.DEBUG if problem == self._discovery.said else logging.WARNING
             self._discovery.said = problem
@@ -548,6 +549,7 @@ async def open_consumer(
             max_retry_backoff=settings.max_retry_backoff,
             failover_retry=settings.failover_retry,
             failover_jitter=settings.failover_jitter,
+            busy_jitter=settings.busy_jitter,
             instance_id=settings.instance_id,
         )
     )

@@ -47,8 +47,11 @@ class Discovery:
     """Why the latest broker asked did not name a coordinator (for the application's logs)."""
     last_code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE
     """COORDINATOR_LOAD_IN_PROGRESS when a broker of the latest pass said the group's
-    coordinator slot has no live holder yet (a failover under way); COORDINATOR_NOT_AVAILABLE
-    otherwise."""
+    coordinator slot has no live holder yet (a failover under way); BROKER_BUSY when one was
+    too busy to answer (and none said that); COORDINATOR_NOT_AVAILABLE otherwise."""
+    retry_after: float = 0.0
+    """The longest back-off a busy broker of the latest pass asked for, in seconds (SPEC.md
+    §11.7): the consumer machine waits at least that long before the next pass."""
     partition_counts: dict[str, int] = attrs.field(factory=dict)
     """Each topic's partition count, as the latest answer naming it said."""
     said: str | None = None
@@ -60,15 +63,18 @@ class Discovery:
     _next: int = 0
     _warned_missing: set[str] = attrs.field(factory=set)
 
-    async def find(self) -> Found | None:
-        """One round-robin pass: the first broker that names a coordinator it also lists wins."""
+    async def find(self, *, leased: bool = False) -> Found | None:
+        """One round-robin pass: the first broker that names a coordinator it also lists wins.
+        ``leased``: the consumer fetches under its lease, which a busy broker does not make
+        wait (SPEC.md §11.7)."""
         start = self._next
         self._next = (self._next + 1) % len(self.addresses)
         self.last_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        self.retry_after = 0.0
         self.refused = None
         for i in range(len(self.addresses)):
             host, port = self.addresses[(start + i) % len(self.addresses)]
-            response = await self._ask(host, port)
+            response = await self._ask(host, port, leased)
             if response is None:
                 continue
             self._learn(response.brokers)
@@ -77,6 +83,10 @@ class Discovery:
             if response.error_code is not ErrorCode.NONE:
                 if response.error_code is ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
                     self.last_code = response.error_code
+                elif response.error_code is ErrorCode.BROKER_BUSY:
+                    if self.last_code is not ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+                        self.last_code = response.error_code
+                    self.retry_after = max(self.retry_after, response.throttle_time_ms / 1000)
                 self._problem(f"{host}:{port}: no coordinator ({response.error_code.name})")
                 continue
             coordinator = next(
@@ -93,7 +103,7 @@ class Discovery:
             )
         return None
 
-    async def _ask(self, host: str, port: int) -> ClusterMetadataResponse | None:
+    async def _ask(self, host: str, port: int, leased: bool) -> ClusterMetadataResponse | None:
         with trio.move_on_after(self.request_timeout):
             try:
                 stream = await self.connect(host, port)
@@ -106,7 +116,9 @@ class Discovery:
                     stream, client_id=self.client_id, max_frame_size=self.max_frame_size
                 ) as channel:
                     response = await channel.request(
-                        ClusterMetadataRequest(group_id=self.group_id, topics=self.topics)
+                        ClusterMetadataRequest(
+                            group_id=self.group_id, topics=self.topics, leased=leased
+                        )
                     )
             except (ChannelClosed, RemoteProtocolError) as exc:
                 self._refused(exc)

@@ -55,7 +55,7 @@ from transport.connect import connect_any, open_channel, parse_bootstrap
 from transport.refusals import Refused, final_refusal, refusal
 from transport.security import ClientSecurity
 
-from .runtime import NotAwaited, Unawaited, require_trio, unwrap_single
+from .runtime import NotAwaited, Unawaited, busy_wait, require_trio, unwrap_single
 
 __all__ = [
     "Compression",
@@ -581,35 +581,23 @@ class Producer:
     async def refresh_metadata(self, topic: str) -> None:
         """Ask a bootstrap broker where ``topic``'s partitions live (one pass over the list): a
         broker that dies before it answers (its connection closes under the request) is like
-        one that refuses the connection, and the next one is asked."""
+        one that refuses the connection, and the next one is asked. A busy one (BROKER_BUSY) is
+        asked again after its hint, with jitter, for up to ``delivery_timeout``."""
         async with self._metadata_lock:
-            response = None
-            for _ in self.bootstrap:
-                stream, _address = await connect_any(
-                    self.bootstrap, connect=self.connect, start=self._bootstrap_start
-                )
-                self._bootstrap_start += 1
-                try:
-                    async with open_channel(
-                        stream,
-                        client_id=self.config.client_id,
-                        max_frame_size=self.config.max_frame_size,
-                    ) as channel:
-                        with trio.fail_after(self.config.request_timeout):
-                            response = await channel.request(
-                                ClusterMetadataRequest(group_id=None, topics=(topic,))
-                            )
+            give_up = trio.current_time() + self.config.delivery_timeout
+            backoff = self.config.retry_backoff
+            while True:
+                response = await self._ask_metadata(topic)
+                if response.error_code is not ErrorCode.BROKER_BUSY:
                     break
-                except BaseExceptionGroup as group:
-                    closed, rest = group.split(ChannelClosed)
-                    if closed is None or rest is not None:
-                        raise
-                    refused = final_refusal(closed)
-                    if refused is not None:  # the cluster's answer, not one broker's absence
-                        raise refused from None
-            if response is None:
-                raise BrokerUnavailable("every bootstrap broker closed the connection unanswered")
-            assert isinstance(response, ClusterMetadataResponse)
+                wait = busy_wait(response.throttle_time_ms, backoff)
+                if trio.current_time() + wait >= give_up:
+                    raise ProduceError(
+                        f"topic {topic!r}: every broker asked was too busy", response.error_code
+                    )
+                log.info("topic %r: the broker is busy; asking again in %.1f s", topic, wait)
+                await trio.sleep(wait)
+                backoff *= 2
             self.connections.update(response.brokers)
             ids = {identity.topic: identity.topic_id for identity in response.topic_ids}
             for metadata in response.topics:
@@ -625,6 +613,37 @@ class Producer:
                 else:
                     self.placement.pop(metadata.topic, None)
                     self.topic_ids.pop(metadata.topic, None)
+
+    async def _ask_metadata(self, topic: str) -> ClusterMetadataResponse:
+        """One pass over the bootstrap brokers: the first answer."""
+        response = None
+        for _ in self.bootstrap:
+            stream, _address = await connect_any(
+                self.bootstrap, connect=self.connect, start=self._bootstrap_start
+            )
+            self._bootstrap_start += 1
+            try:
+                async with open_channel(
+                    stream,
+                    client_id=self.config.client_id,
+                    max_frame_size=self.config.max_frame_size,
+                ) as channel:
+                    with trio.fail_after(self.config.request_timeout):
+                        response = await channel.request(
+                            ClusterMetadataRequest(group_id=None, topics=(topic,))
+                        )
+                break
+            except BaseExceptionGroup as group:
+                closed, rest = group.split(ChannelClosed)
+                if closed is None or rest is not None:
+                    raise
+                refused = final_refusal(closed)
+                if refused is not None:  # the cluster's answer, not one broker's absence
+                    raise refused from None
+        if response is None:
+            raise BrokerUnavailable("every bootstrap broker closed the connection unanswered")
+        assert isinstance(response, ClusterMetadataResponse)
+        return response
 
     def _learn_id(self, topic: str, topic_id: TopicId) -> None:
         """``topic``'s incarnation is ``topic_id`` now: a record sent from here on joins no batch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -18,12 +19,25 @@ __all__ = [
     "Stop",
     "Unawaited",
     "WrongEventLoop",
+    "busy_wait",
     "require_trio",
     "stop_on_signals",
     "unwrap_single",
 ]
 
 log = logging.getLogger(__name__)
+
+#: What spreads the clients a busy broker refused together (:func:`busy_wait`).
+_JITTER = random.Random()
+
+
+def busy_wait(throttle_time_ms: int, backoff: float = 0.0, jitter: float = 0.5) -> float:
+    """How long to wait after a BROKER_BUSY answer (SPEC.md §11.7): its hint or ``backoff``,
+    whichever is longer, lengthened at random by up to ``jitter`` of it, so the clients a busy
+    broker refused together do not all come back together. The consumer machine computes the
+    same for consumers (``statemachine.consumer``)."""
+    wait = max(throttle_time_ms / 1000, backoff)
+    return wait * (1 + _JITTER.uniform(0, jitter))
 
 
 class WrongEventLoop(RuntimeError):

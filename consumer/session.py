@@ -45,12 +45,16 @@ class CoordinatorSession(OffsetCommits):
     async def _discover(self, run: _DiscoveryRun, delay: float) -> None:
         with run.scope:
             await trio.sleep(delay)
-            found = await self._discovery.find()
+            found = await self._discovery.find(leased=self._machine.leased(trio.current_time()))
             now = trio.current_time()
             if self._discovery.refused is not None:
                 self._failure = self._discovery.refused
             if found is None:
-                failed = sm.DiscoveryFailed(now=now, error_code=self._discovery.last_code)
+                failed = sm.DiscoveryFailed(
+                    now=now,
+                    error_code=self._discovery.last_code,
+                    retry_after=self._discovery.retry_after,
+                )
                 await self._send.send((run, failed))
                 return
             self._brokers.update(found.brokers)
@@ -116,7 +120,9 @@ class CoordinatorSession(OffsetCommits):
                 # Retried: said once per answer, not at every retry.
                 level = logging.DEBUG if code is self._machine.last_error else logging.WARNING
                 log.log(level, "%s: registration refused: %s; retrying", self.member_id, code.name)
-            return sm.RegistrationRejected(now=now, error_code=code)
+            return sm.RegistrationRejected(
+                now=now, error_code=code, retry_after=response.throttle_time_ms / 1000
+            )
         log.info("%s: no registration answer in time", self.member_id)
         return sm.ConnectionLost(now=trio.current_time())
 

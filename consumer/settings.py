@@ -80,6 +80,11 @@ class ConsumerSettings:
     """While fetching under its lease, each look for the coordinator comes at the failover pace
     moved at random by up to this share of it either way, so a group's consumers do not look all
     at once (0: exactly at the pace)."""
+    busy_jitter: float = 0.5
+    """Told BROKER_BUSY (a broker whose loop is behind sheds new clients, SPEC.md §11.7), the
+    consumer waits the broker's hint (or its backoff, if longer) lengthened at random by up to
+    this share of it, so the clients refused together do not come back together (0: exactly
+    the hint)."""
     request_timeout: float = 5.0
     """Bound on each discovery, registration, commit and LeaveGroup round trip."""
     fetch_max_bytes: int = 1024 * 1024
@@ -89,7 +94,8 @@ class ConsumerSettings:
     max_frame_size: int = 4 * 1024 * 1024
     discovery_timeout: float | None = 60.0
     """How long a new consumer looks for its coordinator before giving up: its streams then
-    raise :class:`CoordinatorUnavailable` (a wrong bootstrap address or a cluster that is down).
+    raise :class:`CoordinatorUnavailable` (a wrong bootstrap address or a cluster that is down;
+    not a broker that answers BROKER_BUSY, which is there and asks to be asked again later).
     None: look forever. Once registered, a consumer looks for a lost coordinator forever."""
     key_deserializer: Deserializer | None = None
     """Turns each record's key (not None) into what ``async for`` and ``getmany`` hand over, as

@@ -87,6 +87,11 @@ class ErrorCode(enum.IntEnum):
     RESPONSE_TOO_LARGE = 1008
     """The answer to the request would not fit one frame: ask for less (fewer topics, a group
     with fewer members)."""
+    BROKER_BUSY = 1009
+    """The broker's own loop is behind, so it takes no new client, registration or admin
+    request now: ask again after the answer's ``throttle_time_ms``, with jitter (SPEC.md §11.7).
+    Only answers of versions that carry ``throttle_time_ms`` use it; older ones get
+    COORDINATOR_NOT_AVAILABLE, which every level retries with backoff."""
 
     @classmethod
     def from_wire(cls, value: int) -> ErrorCode:

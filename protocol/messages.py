@@ -22,7 +22,7 @@ import attrs
 from .codec import Codec, Int16, Int32, Int64
 from .errors import ErrorCode
 from .records import Record
-from .schema import since, struct_codec
+from .schema import SINCE, since, struct_codec
 from .types import NO_TOPIC_ID, BrokerInfo, PartitionOffset, Subscription, TopicId, TopicPartition
 
 
@@ -238,6 +238,9 @@ class ClusterMetadataRequest:
     """Set: also find this group's coordinator."""
     topics: tuple[str, ...] | None
     """None: all topics."""
+    leased: bool = attrs.field(default=False, metadata=since(4))
+    """The asker is a consumer fetching under its lease, looking for its coordinator to register
+    again with what it fetches: a busy broker answers it all the same (SPEC.md §11.7)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -256,6 +259,8 @@ class ClusterMetadataResponse:
     """The id of each topic in ``topics`` that exists."""
     topic_configs: tuple[TopicConfigs, ...] = attrs.field(default=(), metadata=since(3))
     """The settings each topic in ``topics`` was created with (those that have any)."""
+    throttle_time_ms: Int32 = attrs.field(default=0, metadata=since(4))
+    """With BROKER_BUSY: how long to wait before asking this broker again (SPEC.md §11.7)."""
 
 
 # --- 4 REGISTER_CONSUMER ------------------------------------------------------------------------
@@ -292,6 +297,8 @@ class RegisterConsumerResponse:
     error_code: ErrorCode
     coordinator_epoch: Int64
     generation: Int32
+    throttle_time_ms: Int32 = attrs.field(default=0, metadata=since(3))
+    """With BROKER_BUSY: how long to wait before registering again (SPEC.md §11.7)."""
 
 
 # --- 5 PING (coordinator -> consumer) -----------------------------------------------------------
@@ -758,58 +765,8 @@ ResponseMessage: TypeAlias = (
     | AlterUserScramCredentialsResponse
 )
 
-_REQUESTS: tuple[type[RequestMessage], ...] = (
-    ProduceRequest,
-    FetchRequest,
-    ListOffsetsRequest,
-    ClusterMetadataRequest,
-    RegisterConsumerRequest,
-    PingRequest,
-    StopFetcherRequest,
-    StartFetcherRequest,
-    OffsetCommitRequest,
-    OffsetFetchRequest,
-    CreateTopicRequest,
-    CreatePartitionsRequest,
-    ListGroupsRequest,
-    DescribeGroupRequest,
-    LeaveGroupRequest,
-    DeleteGroupRequest,
-    DeleteTopicRequest,
-    SaslHandshakeRequest,
-    SaslAuthenticateRequest,
-    DescribeAclsRequest,
-    CreateAclsRequest,
-    DeleteAclsRequest,
-    DescribeUserScramCredentialsRequest,
-    AlterUserScramCredentialsRequest,
-)
-_RESPONSES: tuple[type[ResponseMessage], ...] = (
-    ProduceResponse,
-    FetchResponse,
-    ListOffsetsResponse,
-    ClusterMetadataResponse,
-    RegisterConsumerResponse,
-    PingResponse,
-    StopFetcherResponse,
-    StartFetcherResponse,
-    OffsetCommitResponse,
-    OffsetFetchResponse,
-    CreateTopicResponse,
-    CreatePartitionsResponse,
-    ListGroupsResponse,
-    DescribeGroupResponse,
-    LeaveGroupResponse,
-    DeleteGroupResponse,
-    DeleteTopicResponse,
-    SaslHandshakeResponse,
-    SaslAuthenticateResponse,
-    DescribeAclsResponse,
-    CreateAclsResponse,
-    DeleteAclsResponse,
-    DescribeUserScramCredentialsResponse,
-    AlterUserScramCredentialsResponse,
-)
+_REQUESTS: tuple[type[RequestMessage], ...] = typing.get_args(RequestMessage)
+_RESPONSES: tuple[type[ResponseMessage], ...] = typing.get_args(ResponseMessage)
 
 REQUEST_TYPES: Mapping[ApiKey, type[RequestMessage]] = MappingProxyType(
     {cls.API_KEY: cls for cls in _REQUESTS}
@@ -822,10 +779,10 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
     {key: 0 for key in ApiKey}
     | {
         ApiKey.PRODUCE: 2,
-        ApiKey.CLUSTER_METADATA: 3,
+        ApiKey.CLUSTER_METADATA: 4,
         ApiKey.FETCH: 2,
         ApiKey.LIST_OFFSETS: 1,
-        ApiKey.REGISTER_CONSUMER: 2,
+        ApiKey.REGISTER_CONSUMER: 3,
         ApiKey.CREATE_TOPIC: 2,
         ApiKey.CREATE_PARTITIONS: 1,
         ApiKey.PING: 1,
@@ -867,6 +824,9 @@ RESPONSE_CODECS: Mapping[tuple[ApiKey, int], Codec[Any]] = MappingProxyType(
 assert len(REQUEST_TYPES) == len(RESPONSE_TYPES) == len(ApiKey), "every api key has both halves"
 
 
+_FACTORY: type = type(attrs.Factory(list))
+
+
 def error_response(request: RequestMessage, error_code: ErrorCode) -> ResponseMessage:
     """The response that answers ``request`` with nothing but ``error_code``.
 
@@ -879,7 +839,10 @@ def error_response(request: RequestMessage, error_code: ErrorCode) -> ResponseMe
     fields: dict[str, Any] = {}
     for field in attrs.fields(response_type):
         hint = hints[field.name]
-        if hint is ErrorCode:
+        if SINCE in field.metadata and not isinstance(field.default, _FACTORY):
+            # A field a later version added: its default is what older versions carry.
+            fields[field.name] = field.default
+        elif hint is ErrorCode:
             fields[field.name] = error_code
         elif type(None) in typing.get_args(hint):
             fields[field.name] = None
@@ -889,8 +852,6 @@ def error_response(request: RequestMessage, error_code: ErrorCode) -> ResponseMe
             fields[field.name] = b""
         elif hint is bool:
             fields[field.name] = False
-        elif hint is bytes:
-            fields[field.name] = b""
         elif typing.get_origin(hint) is tuple:
             fields[field.name] = ()
         else:  # Int32 / Int64

@@ -42,6 +42,7 @@ import trio.testing
 from trio_util import AsyncValue
 
 from broker.dispatch import handle_connection
+from broker.door import Door
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from protocol import (
@@ -112,6 +113,9 @@ class SimulatedCluster:
     bounds: ReadBounds | None = attrs.field(
         factory=lambda: ReadBounds.of(ConnectionLimits(), threads=False)
     )
+    #: What puts new work off while the broker's loop is behind (None: nothing, the default: a
+    #: test that sheds sets one with the lag figure it means the broker to see).
+    door: Door | None = None
     _connections: trio.Nursery | None = None
     _stop_requested: trio.Event = attrs.field(factory=trio.Event)
     _down_for: float = 0.0
@@ -286,7 +290,7 @@ class SimulatedCluster:
         client = LinkEnd(link=link, outgoing=link.to_server, incoming=link.to_client, hold=hold)
         server = LinkEnd(link=link, outgoing=link.to_client, incoming=link.to_server)
         self._connections.start_soon(
-            partial(handle_connection, data_plane=self.log, bounds=self.bounds),
+            partial(handle_connection, data_plane=self.log, bounds=self.bounds, door=self.door),
             self.coordinator,
             server,
         )

@@ -50,7 +50,9 @@ answered so, or a discovery pass told that the group's coordinator slot has no l
 coordinator failover is under way: the next discovery goes after the short ``failover_retry``, not
 the backoff, for at most ``max_failover_retries`` in a row (the guard ``FAILOVER``; the state is
 the same either way), so the consumer reaches a new coordinator within milliseconds of its load
-ending (docs/design.md#loading).
+ending (docs/design.md#loading). BROKER_BUSY (a broker whose loop is behind sheds new clients,
+SPEC.md §11.7) comes with a hint: the next look waits the longer of it and the backoff,
+lengthened at random by up to ``busy_jitter`` of it.
 
 A consumer that fetches under its lease has more at stake than one that holds nothing: until the
 lease runs out it looks for the coordinator at the *failover pace* whatever went wrong (no holder
@@ -375,6 +377,12 @@ class ConsumerConfig:
     )
     """The share of the failover pace by which each look is moved at random, either way, so that a
     group's consumers spread their looks (0: none, for tests that assert exact instants)."""
+    busy_jitter: float = attrs.field(
+        default=0.5, validator=[attrs.validators.ge(0), attrs.validators.le(1)]
+    )
+    """After a busy broker's back-off hint (BROKER_BUSY, SPEC.md §11.7), the next look comes
+    that long plus a random share of it up to this (0: exactly the hint, for tests that assert
+    exact instants)."""
     failover_looks_per_second: float = attrs.field(default=200.0, validator=attrs.validators.gt(0))
     """How often a whole group may look for its coordinator while its consumers fetch under their
     leases: each consumer's pace is its estimate of the group's size divided by this, at least
@@ -431,6 +439,12 @@ class ConsumerMachine:
         if deadline is None or now < deadline:
             return []
         return self._step(LeaseExpired(now=now))
+
+    def leased(self, now: float) -> bool:
+        """Whether it fetches under a lease that has not run out: what it looks for the
+        coordinator with is never shed by a busy broker (SPEC.md §11.7)."""
+        deadline = self.lease_deadline()
+        return bool(self.owned) and deadline is not None and now < deadline
 
     def failover_pace(self) -> float:
         """The delay between looks for the coordinator while fetching under the lease: the
@@ -495,9 +509,10 @@ class ConsumerMachine:
                         instance_id=self.config.instance_id,
                     )
                 )
-            case DiscoveryFailed(now=now, error_code=code):
+            case DiscoveryFailed(now=now, error_code=code, retry_after=hint):
                 self.last_error = code
-                effects += self._failed_discovery(now, failover=transition.guard == FAILOVER.name)
+                failover = transition.guard == FAILOVER.name
+                effects.append(self._look_again(now, failover=failover, hint=hint))
             case Registered(anchor=anchor, epoch=epoch):
                 # The answer's generation is the group's, not one this process was started
                 # under: taking it would let a re-registration claim what another process under
@@ -507,10 +522,10 @@ class ConsumerMachine:
                 self.last_error = None
             case RegistrationRejected() | Fenced() if next_state is S.FENCED:
                 effects += self._fenced()
-            case (
-                RegistrationRejected(now=now, error_code=code)
-                | CoordinatorMoved(now=now, error_code=code)
-            ):
+            case RegistrationRejected(now=now, error_code=code, retry_after=hint):
+                failover = transition.guard == FAILOVER.name
+                effects += self._rejected(code, now, failover=failover, hint=hint)
+            case CoordinatorMoved(now=now, error_code=code):
                 effects += self._rejected(code, now, failover=transition.guard == FAILOVER.name)
             case PingReceived(anchor=anchor, correlation_id=cid, epoch=epoch):
                 self._heard(anchor, epoch)
@@ -619,29 +634,33 @@ class ConsumerMachine:
         effects.append(CloseConnection())
         return effects
 
-    def _failed_discovery(self, now: float, *, failover: bool = False) -> list[Effect]:
-        return [self._look_again(now, failover=failover)]
+    def _failed_discovery(self, now: float) -> list[Effect]:
+        return [self._look_again(now, failover=False)]
 
-    def _rejected(self, code: ErrorCode, now: float, *, failover: bool = False) -> list[Effect]:
+    def _rejected(
+        self, code: ErrorCode, now: float, *, failover: bool = False, hint: float = 0.0
+    ) -> list[Effect]:
         """The broker we registered with is not (or no longer) our coordinator: look again, soon
-        if it said a failover is under way (``failover``), else after the backoff."""
+        if it said a failover is under way (``failover``), else after the backoff (and at least
+        a busy broker's ``hint``)."""
         self.last_error = code
-        look = self._look_again(now, failover=failover)
+        look = self._look_again(now, failover=failover, hint=hint)
         self.coordinator = None
         fetching = self.state in (ConsumerState.FETCHING, ConsumerState.REREGISTERING)
         return [CloseConnection(reset=fetching), look]
 
-    def _look_again(self, now: float, *, failover: bool) -> Discover:
+    def _look_again(self, now: float, *, failover: bool, hint: float = 0.0) -> Discover:
         """The next look after a failed one: at the failover pace while fetching under the lease
-        (whatever failed), else soon after an answer that a failover is under way, else after
-        the backoff."""
+        (whatever failed: a re-registration with partitions at stake is never shed, SPEC.md
+        §11.7), else soon after an answer that a failover is under way, else after the backoff,
+        and no sooner than a busy broker's ``hint``."""
         leased = self._leased_look(now)
         if leased is not None:
             return leased
         if failover:
             self.failover_retries += 1
             return Discover(delay=self.config.failover_retry)
-        return self._backed_off()
+        return self._backed_off(hint)
 
     def _leased_look(self, now: float) -> Discover | None:
         """While fetching under a lease that has not run out, the next look at the failover pace
@@ -655,9 +674,17 @@ class ConsumerMachine:
         pace = self.failover_pace()
         return Discover(delay=pace, jitter=pace * self.config.failover_jitter)
 
-    def _backed_off(self) -> Discover:
+    def _backed_off(self, hint: float = 0.0) -> Discover:
+        """After the backoff; after a busy broker's ``hint`` if that is longer, lengthened at
+        random by up to ``busy_jitter`` of it, so the clients it refused together do not all
+        come back together."""
         self.failures += 1
-        return Discover(delay=self._backoff())
+        delay = self._backoff()
+        if hint <= 0:
+            return Discover(delay=delay)
+        wait = max(delay, hint)
+        spread = wait * self.config.busy_jitter / 2
+        return Discover(delay=wait + spread, jitter=spread)
 
     def _stop_and_disconnect(self) -> list[Effect]:
         """Stop fetching (if still fetching), then close the coordinator connection (if any)."""

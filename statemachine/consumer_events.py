@@ -42,8 +42,11 @@ class DiscoveryFailed:
     now: float
     error_code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE
     """COORDINATOR_LOAD_IN_PROGRESS when a broker said the group's coordinator slot has no live
-    holder yet (a failover under way, the guard ``FAILOVER``); COORDINATOR_NOT_AVAILABLE
-    otherwise."""
+    holder yet (a failover under way, the guard ``FAILOVER``); BROKER_BUSY when a broker was too
+    busy to answer; COORDINATOR_NOT_AVAILABLE otherwise."""
+    retry_after: float = 0.0
+    """The longest back-off a busy broker of the pass asked for (its ``throttle_time_ms``, in
+    seconds; SPEC.md §11.7)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -66,6 +69,9 @@ class RegistrationRejected:
 
     now: float
     error_code: ErrorCode
+    retry_after: float = 0.0
+    """With BROKER_BUSY: the back-off the broker asked for (its ``throttle_time_ms``, in
+    seconds; SPEC.md §11.7)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -105,6 +105,13 @@ async def test_a_frozen_client_runs_a_whole_group(level: str, tmp_path: Path) ->
             "-1": [0, 0, 4, -1, -1],  # no lookup asked
             "-2": [42, -1, -1, -1, -1],  # INVALID_REQUEST
         }
+    if "throttle_hints" in result:  # level 11 on: ClusterMetadata 3, RegisterConsumer 3
+        # A broker that keeps up sheds nothing: every answer read to its end, hint included,
+        # and none asked to back off.
+        hints = result["throttle_hints"]
+        assert isinstance(hints, list)
+        assert len(hints) >= 4  # a topic's id, the coordinator twice, two registrations
+        assert set(hints) == {0}
     if "described" in result:  # level 7 on: DescribeGroup 3 names the members it awaits
         assert result["described"] == {
             "state": "Stable",

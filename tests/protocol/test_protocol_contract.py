@@ -44,16 +44,17 @@ CONTRACT = {
     "ListOffsetsRequest": "topic:string partition:int32 timestamp_ms:int64",
     "ListOffsetsResponse": "error_code:int16 log_start_offset:int64 high_watermark:int64"
     " offset:int64 timestamp_ms:int64",
-    "ClusterMetadataRequest": "group_id:string? topics:array[string]?",
+    "ClusterMetadataRequest": "group_id:string? topics:array[string]? leased:bool",
     "ClusterMetadataResponse": "error_code:int16 coordinator_id:int32 coordinator_epoch:int64"
     " brokers:array[BrokerInfo] topics:array[TopicMetadata] slot_holders:array[int32]"
-    " topic_ids:array[TopicIdentity] topic_configs:array[TopicConfigs]",
+    " topic_ids:array[TopicIdentity] topic_configs:array[TopicConfigs] throttle_time_ms:int32",
     "RegisterConsumerRequest": "group_id:string consumer_id:string subscription:Subscription"
     " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
     " owned_partitions:array[TopicPartition] instance_id:string?"
     " served_versions:array[ApiVersionRange]",
     "ApiVersionRange": "api_key:int16 min_version:int16 max_version:int16",
-    "RegisterConsumerResponse": "error_code:int16 coordinator_epoch:int64 generation:int32",
+    "RegisterConsumerResponse": "error_code:int16 coordinator_epoch:int64 generation:int32"
+    " throttle_time_ms:int32",
     "PingRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string num_retries:int32"
     " acknowledged_frames:int64",
     "PingResponse": "error_code:int16 consumer_id:string offsets:array[PartitionOffset]",
@@ -118,9 +119,19 @@ OLDER_VERSIONS = {
     ("ClusterMetadataResponse", 1): "error_code:int16 coordinator_id:int32"
     " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]"
     " slot_holders:array[int32]",
+    ("ClusterMetadataRequest", 0): "group_id:string? topics:array[string]?",
+    ("ClusterMetadataRequest", 1): "group_id:string? topics:array[string]?",
+    ("ClusterMetadataRequest", 2): "group_id:string? topics:array[string]?",
+    ("ClusterMetadataRequest", 3): "group_id:string? topics:array[string]?",
     ("ClusterMetadataResponse", 2): "error_code:int16 coordinator_id:int32"
     " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]"
     " slot_holders:array[int32] topic_ids:array[TopicIdentity]",
+    ("ClusterMetadataResponse", 3): "error_code:int16 coordinator_id:int32"
+    " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]"
+    " slot_holders:array[int32] topic_ids:array[TopicIdentity] topic_configs:array[TopicConfigs]",
+    ("RegisterConsumerResponse", 0): "error_code:int16 coordinator_epoch:int64 generation:int32",
+    ("RegisterConsumerResponse", 1): "error_code:int16 coordinator_epoch:int64 generation:int32",
+    ("RegisterConsumerResponse", 2): "error_code:int16 coordinator_epoch:int64 generation:int32",
     ("ProduceRequest", 0): "topic:string partition:int32 records:array[Record]",
     ("ProduceRequest", 1): "topic:string partition:int32 records:array[Record] batches:bytes",
     ("FetchRequest", 0): "topic:string partition:int32 offset:int64 max_bytes:int32",
@@ -305,6 +316,7 @@ def test_error_codes() -> None:
         "UNEXPECTED_RESPONSE": 1006,
         "INVALID_OFFSET_RESET": 1007,
         "RESPONSE_TOO_LARGE": 1008,
+        "BROKER_BUSY": 1009,
     }
 
 
