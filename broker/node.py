@@ -29,12 +29,14 @@ from broker.metrics import (
     Snapshot,
     TimedStore,
     first_timestamp,
+    probe_store,
     take_snapshot,
 )
 from broker.offices import BySlot, whole_office
 from broker.status import serve_status
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import open_group_coordinator
+from coordinator.loop_lag import watch_loop
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.validation import LogEnd
 from protocol import RemoteProtocolError
@@ -192,12 +194,17 @@ async def run_node(
                 finally:
                     metrics.connections.dec()
 
-            if metrics is not None:
+            # The heartbeat reads the loop's lag (docs/design.md#a-broker-that-falls-behind).
+            if metrics is None:
+                await nursery.start(watch_loop)
+            else:
+                await nursery.start(watch_loop, metrics.loop_lagged)
 
                 async def snapshot() -> Snapshot:
                     return await _snapshot(metrics, broker, current(), store, data_plane)
 
                 await nursery.start(serve_status, metrics, snapshot)
+                await nursery.start(probe_store, store, metrics)
             gate = ConnectionGate.of(settings.connections, budget)
             await nursery.start(serve_listeners, handler, listeners, gate)
             log.info("broker %d serving, data in %s", broker.broker_id, settings.data_dir)
