@@ -9,9 +9,10 @@ connection's reader hands each answer straight back: a Ping round trip costs the
 frame out, a frame in, and two heap operations.
 
 A broker that falls behind (docs/design.md#a-broker-that-falls-behind) keeps its members: each
-Ping falls due T/3 after the previous one fell due, not after it was sent, so a late send does not
-push every later Ping back; answers already waiting are read before a deadline is judged; and a
-miss while the loop was behind is not counted, the next Ping going out at once instead.
+Ping falls due T/3 after the previous one fell due (not after it was sent, unless that was more
+than T/6 late), so a late send does not push every later Ping back; answers already waiting are
+read before a deadline is judged; and a miss while the loop was behind is not counted, the next
+Ping going out at once instead.
 """
 
 from __future__ import annotations
@@ -159,9 +160,12 @@ class Pinger:
         if isinstance(response, PingResponse) and machine.alive:
             member.driver.ping_answered(member, ping.generation, response.offsets, now)
             self.context.observer.ping_answered(now - ping.sent_at)
-        # From when this Ping fell due: a loop that sent it late does not delay the next one as
-        # well, which would stretch the gap between two Pings past the lease a member keeps.
-        self._schedule(max(ping.due + machine.timeouts.ping_interval, now), member)
+        # T/3 from when this Ping fell due, so that a late send (the loop was stopped, or in a
+        # burst) does not push the next one back too; but at least T/6 from when it was sent, so
+        # that a loop steadily further behind than that sends fewer Pings instead of piling them
+        # up (docs/design.md#a-broker-that-falls-behind).
+        interval = machine.timeouts.ping_interval
+        self._schedule(max(ping.due + interval, ping.sent_at + interval / 2, now), member)
 
     def _deadline_passed(self, ping: _Ping) -> None:
         member = ping.member

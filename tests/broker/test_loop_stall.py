@@ -22,11 +22,11 @@ MEMBERS = 300
 SESSION_TIMEOUT_MS = 6000
 #: The broker is stopped for STOPPED seconds at a time and runs for RUNNING in between, as a CPU
 #: quota would throttle it. Each stop is under T/3 less the margin (1.5 s), the bound the lease
-#: sets on the broker's lag (docs/design.md#a-broker-that-falls-behind). With this period a Ping
-#: scheduled T/3 after the previous one was *sent* (as on 453776a) falls due early in a stop
-#: every time: each Ping of a member goes out 1.2 s late, and its lease lapses between two.
-STOPPED = 1.4
-RUNNING = 1.8
+#: sets on the broker's lag (docs/design.md#a-broker-that-falls-behind). With this period (3.2 s) a
+#: Ping scheduled T/3 after the previous one was *sent* (as on 453776a) falls due 0.1 s into a
+#: stop every time: each Ping of a member goes out 1.2 s late, and its lease lapses between two.
+STOPPED = 1.3
+RUNNING = 1.9
 THROTTLED = 13.0
 
 
