@@ -8,11 +8,10 @@ Ping and every Ping deadline in one heap, sends Pings with :meth:`Channel.reques
 connection's reader hands each answer straight back: a Ping round trip costs the coordinator a
 frame out, a frame in, and two heap operations.
 
-A broker that falls behind (docs/design.md#a-broker-that-falls-behind) keeps its members: each
-Ping falls due T/3 after the previous one fell due (not after it was sent, unless that was more
-than T/6 late), so a late send does not push every later Ping back; answers already waiting are
-read before a deadline is judged; and a miss while the loop was behind is not counted, the next
-Ping going out at once instead.
+A broker that falls behind (docs/design.md#a-broker-that-falls-behind) judges its members on
+what they did, not on what it failed to read: answers already waiting are read before a deadline
+is judged, and a miss while the loop was behind is not counted, the next Ping going out at once
+instead.
 """
 
 from __future__ import annotations
@@ -44,8 +43,6 @@ class _Ping:
     """A Ping sent and not yet answered or given up on."""
 
     member: Member
-    #: When it fell due, and when it was sent (later, if the loop was behind).
-    due: float
     sent_at: float
     generation: int
     correlation_id: int
@@ -77,10 +74,10 @@ class Pinger:
             sent = 0
             passed: list[_Ping] = []
             while self._due and self._due[0][0] <= trio.current_time():
-                at, _, item = heapq.heappop(self._due)
+                _, _, item = heapq.heappop(self._due)
                 if isinstance(item, _Ping):
                     passed.append(item)
-                elif self._send(item, at):
+                elif self._send(item):
                     sent += 1
                     if sent % BATCH == 0:
                         await trio.lowlevel.checkpoint()
@@ -99,7 +96,7 @@ class Pinger:
         if self._sleep is not None and at < self._sleep.deadline:
             self._sleep.deadline = at
 
-    def _send(self, member: Member, due: float) -> bool:
+    def _send(self, member: Member) -> bool:
         state = member.state
         machine = state.machine
         if not machine.alive or member in self._outstanding:
@@ -125,13 +122,7 @@ class Pinger:
             num_retries=machine.missed,
             acknowledged_frames=member.channel.frames_received,
         )
-        ping = _Ping(
-            member=member,
-            due=due,
-            sent_at=now,
-            generation=request.generation,
-            correlation_id=-1,
-        )
+        ping = _Ping(member=member, sent_at=now, generation=request.generation, correlation_id=-1)
 
         def on_response(response: ResponseMessage | None) -> None:
             self._answered(ping, response)
@@ -160,12 +151,10 @@ class Pinger:
         if isinstance(response, PingResponse) and machine.alive:
             member.driver.ping_answered(member, ping.generation, response.offsets, now)
             self.context.observer.ping_answered(now - ping.sent_at)
-        # T/3 from when this Ping fell due, so that a late send (the loop was stopped, or in a
-        # burst) does not push the next one back too; but at least T/6 from when it was sent, so
-        # that a loop steadily further behind than that sends fewer Pings instead of piling them
-        # up (docs/design.md#a-broker-that-falls-behind).
-        interval = machine.timeouts.ping_interval
-        self._schedule(max(ping.due + interval, ping.sent_at + interval / 2, now), member)
+        # From when this one was sent, not when it fell due: a broker steadily behind then sends
+        # fewer Pings instead of piling up work it cannot do (docs/design.md#a-broker-that-falls-
+        # behind).
+        self._schedule(max(ping.sent_at + machine.timeouts.ping_interval, now), member)
 
     def _deadline_passed(self, ping: _Ping) -> None:
         member = ping.member
