@@ -152,8 +152,8 @@ class Pinger:
             member.driver.ping_answered(member, ping.generation, response.offsets, now)
             self.context.observer.ping_answered(now - ping.sent_at)
         # From when this one was sent, not when it fell due: a broker steadily behind then sends
-        # fewer Pings instead of piling up work it cannot do (docs/design.md#a-broker-that-falls-
-        # behind).
+        # fewer Pings instead of piling up work it cannot do
+        # (docs/design.md#a-broker-that-falls-behind).
         self._schedule(max(ping.sent_at + machine.timeouts.ping_interval, now), member)
 
     def _deadline_passed(self, ping: _Ping) -> None:
