@@ -57,8 +57,9 @@ ADMIN = (
 
 
 class Lag(Protocol):
-    def now(self) -> float:
-        """How late the broker's loop is now, in seconds."""
+    def recent(self) -> float:
+        """How late the broker's own loop has been lately, in seconds
+        (``coordinator.loop_lag.LoopLag.recent``)."""
         ...
 
 
@@ -91,7 +92,7 @@ class Door:
             return None  # the discovery before such a re-registration
         if not isinstance(message, ClusterMetadataRequest | RegisterConsumerRequest | ADMIN):
             return None  # a fetcher's or a producer's data, not the group's load
-        lag = self.lag.now()
+        lag = self.lag.recent()
         if lag <= self.bound:
             return None
         self.shed += 1

@@ -66,6 +66,10 @@ _PING_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 _REBALANCE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _STORE_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 _BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000)
+_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+#: How often the store is probed (:func:`probe_store`).
+STORE_PROBE_INTERVAL = 1.0
 
 
 @attrs.frozen(kw_only=True)
@@ -214,6 +218,30 @@ class BrokerMetrics:
         self.pings_missed = Counter(
             "coordinator_pings_missed", "Pings whose deadline passed unanswered", registry=r
         )
+        self.pings_excused = Counter(
+            "coordinator_pings_excused",
+            "Pings whose deadline passed unanswered while the broker's loop was behind, not "
+            "counted against the member",
+            registry=r,
+        )
+        self.loop_lag_seconds = Histogram(
+            "broker_loop_lag_seconds",
+            "How late the event loop woke a task that slept a tenth of a second",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag_latest = Gauge(
+            "broker_loop_lag_latest_seconds", "The event loop's latest measured lag", registry=r
+        )
+        self.store_probe_seconds = Histogram(
+            "broker_store_probe_seconds",
+            "A small read of the metadata store, made every second whatever the broker does",
+            buckets=_STORE_BUCKETS,
+            registry=r,
+        )
+        self.store_probe_errors = Counter(
+            "broker_store_probe_errors", "Probes of the metadata store that failed", registry=r
+        )
         self.commit_seconds = Histogram(
             "coordinator_offset_commit_seconds",
             "The committer's writes of accepted offsets to the store",
@@ -321,6 +349,16 @@ class BrokerMetrics:
 
     def ping_missed(self) -> None:
         self.pings_missed.inc()
+
+    def ping_excused(self) -> None:
+        self.pings_excused.inc()
+
+    # --- the broker's own health --------------------------------------------------------------
+
+    def loop_lagged(self, lag: float) -> None:
+        """One measure of the loop's lag (coordinator/loop_lag.py)."""
+        self.loop_lag_seconds.observe(lag)
+        self.loop_lag_latest.set(lag)
 
     # --- the data plane ---------------------------------------------------------------------
 
@@ -582,3 +620,24 @@ class TimedStore(ForwardingStore):
         self, topic: str, brokers: tuple[int, ...], configs: tuple[tuple[str, str], ...] = ()
     ) -> TopicPlacement:
         return await self._timed("create_topic", self.inner.create_topic(topic, brokers, configs))
+
+
+async def probe_store(
+    store: TopicStore,
+    metrics: BrokerMetrics,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Time one small read of the store every :data:`STORE_PROBE_INTERVAL` until cancelled:
+    the store operations a coordinator makes are timed too, but only when it makes them, and
+    an operator judging whether the store or the broker is slow needs the figure all the time."""
+    task_status.started()
+    while True:
+        start = trio.current_time()
+        try:
+            await store.brokers()
+        except StoreError:
+            metrics.store_probe_errors.inc()
+        else:
+            metrics.store_probe_seconds.observe(trio.current_time() - start)
+        await trio.sleep_until(start + STORE_PROBE_INTERVAL)

@@ -24,7 +24,6 @@ from broker.dispatch import handle_connection
 from broker.door import Door
 from broker.election import open_elector
 from broker.log import CorruptSegment, LogConfig, OffsetOutOfRange, check_log_format
-from broker.loop_lag import LoopLag
 from broker.metrics import (
     BrokerMetrics,
     LogSize,
@@ -32,6 +31,7 @@ from broker.metrics import (
     Snapshot,
     TimedStore,
     first_timestamp,
+    probe_store,
     take_snapshot,
 )
 from broker.offices import BySlot, whole_office
@@ -39,6 +39,7 @@ from broker.status import serve_status
 from broker.viewer import RecordViewer
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import open_group_coordinator
+from coordinator.loop_lag import LoopLag, watch_loop
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.validation import LogEnd
 from protocol import RemoteProtocolError
@@ -181,9 +182,10 @@ async def run_node(
             trio.open_nursery() as nursery,
         ):
             bounds = ReadBounds.of(settings.connections)
-            lag = LoopLag()
-            await nursery.start(lag.run)
-            door = Door(lag=lag, on_shed=None if metrics is None else metrics.requests_shed.inc)
+            door = Door(
+                lag=LoopLag.of_run(),
+                on_shed=None if metrics is None else metrics.requests_shed.inc,
+            )
             serve = partial(
                 serve_connection,
                 data_plane=data_plane,
@@ -202,7 +204,12 @@ async def run_node(
                 finally:
                     metrics.connections.dec()
 
-            if metrics is not None:
+            # The heartbeat and the door read the loop's lag
+            # (docs/design.md#a-broker-that-falls-behind, #shedding-load).
+            if metrics is None:
+                await nursery.start(watch_loop)
+            else:
+                await nursery.start(watch_loop, metrics.loop_lagged)
 
                 async def snapshot() -> Snapshot:
                     return await _snapshot(metrics, broker, current(), store, data_plane)
@@ -213,6 +220,7 @@ async def run_node(
                     partitions=lambda: data_plane.partitions,
                 )
                 await nursery.start(serve_status, metrics, snapshot, viewer)
+                await nursery.start(probe_store, store, metrics)
             gate = ConnectionGate.of(settings.connections, budget)
             await nursery.start(serve_listeners, handler, listeners, gate)
             log.info("broker %d serving, data in %s", broker.broker_id, settings.data_dir)

@@ -7,6 +7,11 @@ thousands of members those are most of the coordinator's CPU. Here one scheduler
 Ping and every Ping deadline in one heap, sends Pings with :meth:`Channel.request_nowait`, and the
 connection's reader hands each answer straight back: a Ping round trip costs the coordinator a
 frame out, a frame in, and two heap operations.
+
+A broker that falls behind (docs/design.md#a-broker-that-falls-behind) judges its members on
+what they did, not on what it failed to read: answers already waiting are read before a deadline
+is judged, and a miss while the loop was behind is not counted, the next Ping going out at once
+instead.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import trio
 
 from coordinator.context import CoordinatorContext
 from coordinator.driver import Member
+from coordinator.loop_lag import LoopLag
 from protocol import LocalProtocolError, PingRequest, PingResponse, ResponseMessage
 from transport.channel import ChannelClosed
 
@@ -66,14 +72,24 @@ class Pinger:
                 await trio.sleep_forever()
             self._sleep = None
             sent = 0
+            passed: list[_Ping] = []
             while self._due and self._due[0][0] <= trio.current_time():
                 _, _, item = heapq.heappop(self._due)
                 if isinstance(item, _Ping):
-                    self._deadline_passed(item)
+                    passed.append(item)
                 elif self._send(item):
                     sent += 1
                     if sent % BATCH == 0:
                         await trio.lowlevel.checkpoint()
+            if passed:
+                # Answers that arrived before their deadline may still wait in socket buffers
+                # (the loop was stopped, or is behind): the first pass lets the loop poll the
+                # sockets and wake their readers, the second lets the readers hand the answers
+                # back, before any deadline is judged.
+                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.checkpoint()
+                for ping in passed:
+                    self._deadline_passed(ping)
 
     def _schedule(self, at: float, item: Member | _Ping) -> None:
         heapq.heappush(self._due, (at, next(self._order), item))
@@ -135,6 +151,9 @@ class Pinger:
         if isinstance(response, PingResponse) and machine.alive:
             member.driver.ping_answered(member, ping.generation, response.offsets, now)
             self.context.observer.ping_answered(now - ping.sent_at)
+        # From when this one was sent, not when it fell due: a broker steadily behind then sends
+        # fewer Pings instead of piling up work it cannot do
+        # (docs/design.md#a-broker-that-falls-behind).
         self._schedule(max(ping.sent_at + machine.timeouts.ping_interval, now), member)
 
     def _deadline_passed(self, ping: _Ping) -> None:
@@ -145,7 +164,26 @@ class Pinger:
         member.channel.abandon(ping.correlation_id)
         if not member.machine.alive:
             return
+        now = trio.current_time()
+        if self._excused(ping, now):
+            # The next Ping goes now, through the member machine: if the lease as the
+            # coordinator counts it has run out, sending it declares the member dead instead.
+            self.context.observer.ping_excused()
+            self._schedule(now, member)
+            return
         self.context.observer.ping_missed()
         member.driver.ping_missed(member)
         if member.machine.alive:  # more misses allowed: the next Ping goes now
-            self._schedule(trio.current_time(), member)
+            self._schedule(now, member)
+
+    @staticmethod
+    def _excused(ping: _Ping, now: float) -> bool:
+        """Whether a miss says more about this broker than about the member: the loop was
+        behind while the Ping was out, so the answer may be late for the broker's own reasons,
+        and the broker read the member's last answer less than T ago. The member's lease runs
+        at most T from a frame it queued before the broker read it, so past that a Ping could
+        only reach a lease that has lapsed (docs/design.md#a-broker-that-falls-behind), and
+        the miss counts as it always did: a silent member dies at most one deadline later."""
+        machine = ping.member.machine
+        behind = LoopLag.of_run().worst_since(ping.sent_at) > 0
+        return behind and now < machine.last_heard + machine.timeouts.session_timeout

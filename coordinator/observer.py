@@ -31,6 +31,10 @@ class CoordinatorObserver(Protocol):
     def ping_missed(self) -> None:
         """A Ping's deadline passed unanswered."""
 
+    def ping_excused(self) -> None:
+        """A Ping's deadline passed unanswered while the broker's loop was behind: not counted
+        against the member (coordinator/heartbeat.py)."""
+
 
 class NullObserver:
     """Watches nothing: the default."""
@@ -47,6 +51,9 @@ class NullObserver:
         pass
 
     def ping_missed(self) -> None:
+        pass
+
+    def ping_excused(self) -> None:
         pass
 
 

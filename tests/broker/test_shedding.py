@@ -14,10 +14,10 @@ import trio
 import trio.testing
 
 from broker.door import Door
-from broker.loop_lag import LoopLag
 from consumer import Consumer, ConsumerSettings, open_consumer, open_producer, runtime
 from consumer.admin import Admin
 from coordinator.config import CoordinatorConfig
+from coordinator.loop_lag import LoopLag, watch_loop
 from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
@@ -45,7 +45,7 @@ class StubLag:
 
     value: float = 0.0
 
-    def now(self) -> float:
+    def recent(self) -> float:
         return self.value
 
 
@@ -163,9 +163,10 @@ async def test_a_lagging_broker_keeps_its_members_and_makes_newcomers_wait_their
         session_timeout=6.0, busy_jitter=0.0, failover_jitter=0.0, max_retry_backoff=1.0
     )
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 12}) as net:
-        lag = LoopLag()
-        net.cluster.door = Door(lag=lag, bound=0.25, retry_after=2.0, max_retry_after=2.0)
-        await net.nursery.start(lag.run)
+        net.cluster.door = Door(
+            lag=LoopLag.of_run(), bound=0.25, retry_after=2.0, max_retry_after=2.0
+        )
+        await net.nursery.start(watch_loop)
         stall = trio.CancelScope()
 
         async def stalls() -> None:
@@ -183,7 +184,7 @@ async def test_a_lagging_broker_keeps_its_members_and_makes_newcomers_wait_their
             registrations = sum(line.carries_registration for line in net.lines)
             net.nursery.start_soon(stalls)
             await trio.sleep(2.0)
-            assert lag.now() == pytest.approx(0.5)
+            assert LoopLag.of_run().recent() == pytest.approx(0.5)
             looks: dict[str, list[tuple[float, float]]] = {}
 
             def seen(consumer: Consumer, effects: list[sm.Effect]) -> None:
@@ -249,9 +250,8 @@ async def test_a_lagging_broker_tells_each_level_a_code_it_retries(
 ) -> None:
     """Level 10 (ClusterMetadata 3, RegisterConsumer 2) and level 11 (4 and 3)."""
     async with open_in_memory_cluster(tmp_path, CONFIG, {"t": 12}) as net:
-        lag = LoopLag()
-        net.cluster.door = Door(lag=lag, bound=0.25)
-        await net.nursery.start(lag.run)
+        net.cluster.door = Door(lag=LoopLag.of_run(), bound=0.25)
+        await net.nursery.start(watch_loop)
         async with trio.open_nursery() as load:
             load.start_soon(_busy, autojump_clock, 0.5, 1.0)  # hold 0.5 s every 1 s
             await trio.sleep(2.0)
