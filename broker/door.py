@@ -38,7 +38,7 @@ from protocol import (
     error_response,
 )
 
-__all__ = ["Door", "Lag"]
+__all__ = ["BOUND", "Door", "Lag"]
 
 #: The first version of ClusterMetadata and of RegisterConsumer whose answer carries
 #: ``throttle_time_ms`` (level 11).
@@ -63,10 +63,14 @@ class Lag(Protocol):
         ...
 
 
+#: The loop lag (seconds) above which new work waits (``Door.bound``'s default).
+BOUND = 0.5
+
+
 @attrs.define(eq=False)
 class Door:
     lag: Lag
-    bound: float = 0.5
+    bound: float = BOUND
     """Above this loop lag (seconds), new work waits: a third of what a member with T = 6 s can
     bear (T/3 less the lease margin, docs/design.md#shedding-load), so shedding starts long
     before lag could cost a member; and above the pauses a loaded machine gives a process now

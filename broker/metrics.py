@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from broker.offices import distinct
 from coordinator.group_coordinator import GroupCoordinator
+from coordinator.loop_lag import LoopLag
 from protocol.batches import records_from_batches
 from protocol.types import BrokerInfo, TopicPartition
 from statemachine import group as group_sm
@@ -167,6 +168,24 @@ class Snapshot:
     slots: tuple[int, ...] = ()
     #: The partitions whose logs are on this broker, by their size.
     log_sizes: Mapping[TopicPartition, LogSize] = attrs.field(factory=dict)
+    health: Health | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Health:
+    """Whether the broker keeps up (docs/design.md#a-broker-that-falls-behind): its loop's lag,
+    how long its store takes to answer, and what it refused or forgave for being behind."""
+
+    loop_lag: float
+    """Seconds, the latest measure."""
+    worst_loop_lag: float
+    """Seconds, the longest in the last minute (0 when never behind)."""
+    store_read: float | None
+    """Seconds the latest probe of the store took (None: none answered yet)."""
+    shed: int
+    """Requests refused at the door (BROKER_BUSY) since the broker started."""
+    pings_excused: int
+    """Ping misses not counted because the broker was behind, since it started."""
 
 
 #: A partition's record at an offset, read from this broker's log: its timestamp in ms, or None.
@@ -184,6 +203,11 @@ class BrokerMetrics:
     )
     _pending: dict[str, _Pending] = attrs.field(factory=dict)
     snapshot: Snapshot | None = None
+    #: Seconds the latest probe of the store took (``probe_store``).
+    store_read: float | None = None
+    #: Requests refused at the door, and Ping misses excused, since the broker started.
+    shed: int = 0
+    excused: int = 0
 
     def __attrs_post_init__(self) -> None:
         r = self.registry
@@ -351,7 +375,13 @@ class BrokerMetrics:
         self.pings_missed.inc()
 
     def ping_excused(self) -> None:
+        self.excused += 1
         self.pings_excused.inc()
+
+    def request_shed(self) -> None:
+        """The door refused a request (broker/door.py)."""
+        self.shed += 1
+        self.requests_shed.inc()
 
     # --- the broker's own health --------------------------------------------------------------
 
@@ -559,9 +589,21 @@ async def take_snapshot(
         rebalances=tuple(reversed(metrics.rebalances)),
         taken_at=time.time(),  # real-clock: shown to a person
         log_sizes={} if log_sizes is None else log_sizes,
+        health=_health(metrics),
     )
     metrics.snapshot = snapshot
     return snapshot
+
+
+def _health(metrics: BrokerMetrics) -> Health:
+    lag = LoopLag.of_run()
+    return Health(
+        loop_lag=lag.latest,
+        worst_loop_lag=lag.worst_since(trio.current_time() - 60),
+        store_read=metrics.store_read,
+        shed=metrics.shed,
+        pings_excused=metrics.excused,
+    )
 
 
 def _log_end(coordinator: GroupCoordinator, tp: TopicPartition) -> int | None:
@@ -639,5 +681,6 @@ async def probe_store(
         except StoreError:
             metrics.store_probe_errors.inc()
         else:
-            metrics.store_probe_seconds.observe(trio.current_time() - start)
+            metrics.store_read = trio.current_time() - start
+            metrics.store_probe_seconds.observe(metrics.store_read)
         await trio.sleep_until(start + STORE_PROBE_INTERVAL)

@@ -184,7 +184,7 @@ async def run_node(
             bounds = ReadBounds.of(settings.connections)
             door = Door(
                 lag=LoopLag.of_run(),
-                on_shed=None if metrics is None else metrics.requests_shed.inc,
+                on_shed=None if metrics is None else metrics.request_shed,
             )
             serve = partial(
                 serve_connection,

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from broker.door import BOUND
 from broker.metrics import BrokerMetrics, PartitionLag, Snapshot
 from broker.viewer import SHOWN_BYTES, TAIL_RECORDS, RecordViewer, Tail, basic_login, read_tail
 from protocol.shown import escape_unprintable
@@ -291,7 +292,7 @@ def render_page(snapshot: Snapshot, *, sort: str = SORTS[0], viewer: bool = Fals
     add(
         "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;"
         "margin-bottom:1em}td,th{border:1px solid #bbb;padding:2px 8px;text-align:left}"
-        "th{background:#eee}.num{text-align:right}tr.behind td{background:#fdd}</style>"
+        "th{background:#eee}.num{text-align:right}tr.behind td,p.behind{background:#fdd}</style>"
         "</head><body>"
     )
     add(f"<h1>Broker {me.broker_id} ({_e(me.host)}:{me.port})</h1>")
@@ -300,6 +301,7 @@ def render_page(snapshot: Snapshot, *, sort: str = SORTS[0], viewer: bool = Fals
     add(f"<p>Coordinator: broker <span id=coordinator>{_e(coordinator)}</span>; ")
     add(f"this broker holds <span id=slots>{len(snapshot.slots)}</span> coordinator slots. ")
     add(f"As of {shown}; this page reloads every {REFRESH_SECONDS} s.</p>")
+    _health_section(add, snapshot)
 
     add("<h2>Brokers</h2><table id=brokers><tr><th>id</th><th>address</th></tr>")
     for b in snapshot.brokers:
@@ -319,6 +321,23 @@ def render_page(snapshot: Snapshot, *, sort: str = SORTS[0], viewer: bool = Fals
         )
     add("</table></body></html>\n")
     return "".join(out)
+
+
+def _health_section(add: Callable[[str], object], snapshot: Snapshot) -> None:
+    """Whether the broker keeps up: a loop behind judges its members late and sheds new work
+    (docs/design.md#a-broker-that-falls-behind); marked when the lag is past the door's bound."""
+    health = snapshot.health
+    if health is None:
+        return
+    store = "-" if health.store_read is None else f"{health.store_read * 1000:.0f} ms"
+    mark = " class=behind" if health.worst_loop_lag > BOUND else ""
+    add(
+        f"<p id=health{mark}>Loop lag <span id=loop-lag>{health.loop_lag:.3f} s</span>"
+        f" (worst in the last minute <span id=worst-loop-lag>{health.worst_loop_lag:.3f} s"
+        f"</span>); store read <span id=store-read>{store}</span>; requests shed at the door"
+        f" <span id=shed>{health.shed}</span>; Ping misses excused"
+        f" <span id=excused>{health.pings_excused}</span>.</p>"
+    )
 
 
 def _topics_section(add: Callable[[str], object], snapshot: Snapshot, viewer: bool) -> None:
