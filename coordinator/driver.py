@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -58,6 +59,9 @@ class Member:
     channel: Channel
     #: Cancelling it ends the member's connection task, which closes the connection.
     connection_scope: trio.CancelScope
+    #: When the heartbeat last sent it a Ping (-inf: never): the next falls due from the one
+    #: before (coordinator/heartbeat.py).
+    pinged_at: float = -math.inf
 
     def request_nowait(self, message: RequestMessage, on_response: ResponseHandler) -> int:
         """Send a coordinator request in the version this member reads."""

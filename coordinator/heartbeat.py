@@ -44,6 +44,8 @@ class _Ping:
 
     member: Member
     sent_at: float
+    #: When the Ping before this one was sent (-inf: this is the member's first).
+    previous_sent_at: float
     generation: int
     correlation_id: int
 
@@ -122,7 +124,14 @@ class Pinger:
             num_retries=machine.missed,
             acknowledged_frames=member.channel.frames_received,
         )
-        ping = _Ping(member=member, sent_at=now, generation=request.generation, correlation_id=-1)
+        ping = _Ping(
+            member=member,
+            sent_at=now,
+            previous_sent_at=member.pinged_at,
+            generation=request.generation,
+            correlation_id=-1,
+        )
+        member.pinged_at = now
 
         def on_response(response: ResponseMessage | None) -> None:
             self._answered(ping, response)
@@ -151,10 +160,7 @@ class Pinger:
         if isinstance(response, PingResponse) and machine.alive:
             member.driver.ping_answered(member, ping.generation, response.offsets, now)
             self.context.observer.ping_answered(now - ping.sent_at)
-        # From when this one was sent, not when it fell due: a broker steadily behind then sends
-        # fewer Pings instead of piling up work it cannot do
-        # (docs/design.md#a-broker-that-falls-behind).
-        self._schedule(max(ping.sent_at + machine.timeouts.ping_interval, now), member)
+        self._schedule(max(_next_due(ping, machine.timeouts.ping_interval), now), member)
 
     def _deadline_passed(self, ping: _Ping) -> None:
         member = ping.member
@@ -187,3 +193,17 @@ class Pinger:
         machine = ping.member.machine
         behind = LoopLag.of_run().worst_since(ping.sent_at) > 0
         return behind and now < machine.last_heard + machine.timeouts.session_timeout
+
+
+def _next_due(ping: _Ping, interval: float) -> float:
+    """When the Ping after ``ping`` falls due: two intervals after the one before ``ping`` was
+    sent, but at least half an interval after ``ping`` (docs/design.md#a-broker-that-falls-behind).
+    A member's lease spans two of its Pings, so what keeps it is that no two Pings in a row are
+    more than T apart: after a Ping sent D late the next comes D early (at most half an interval
+    early), and a broker steadily L behind sends them T/3 + L/2 apart, fewer than on time, each
+    pair at most 2T/3 + L apart. The half interval keeps a broker that was stopped from sending
+    every member two Pings at once when it resumes, when it is furthest behind. On time, as for a
+    member's first Ping, it is one interval after ``ping`` was sent."""
+    if ping.previous_sent_at == -math.inf:
+        return ping.sent_at + interval
+    return max(ping.previous_sent_at + 2 * interval, ping.sent_at + interval / 2)
