@@ -94,6 +94,10 @@ class NodeSettings:
     super_users: frozenset[str] = frozenset()
     #: The Prometheus endpoint and status page (broker/metrics.py, broker/status.py).
     metrics: MetricsConfig = attrs.field(factory=MetricsConfig)
+    #: The loop lag in seconds above which the broker sheds new work at the door
+    #: (docs/design.md#shedding-load); None: it never does, the default until shedding is shown
+    #: not to slow a coordinator failover on a loaded machine.
+    shed_above_lag: float | None = None
 
     def endpoints(self) -> tuple[Endpoint, ...]:
         return self.listeners or (
@@ -182,9 +186,14 @@ async def run_node(
             trio.open_nursery() as nursery,
         ):
             bounds = ReadBounds.of(settings.connections)
-            door = Door(
-                lag=LoopLag.of_run(),
-                on_shed=None if metrics is None else metrics.request_shed,
+            door = (
+                None
+                if settings.shed_above_lag is None
+                else Door(
+                    lag=LoopLag.of_run(),
+                    bound=settings.shed_above_lag,
+                    on_shed=None if metrics is None else metrics.request_shed,
+                )
             )
             serve = partial(
                 serve_connection,

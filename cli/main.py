@@ -160,6 +160,15 @@ def _parser() -> argparse.ArgumentParser:
         help="deadlines a consumer may miss in a row before it is declared dead",
     )
     serve.add_argument(
+        "--shed-above-lag",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="refuse new connections, registrations and admin requests with a retriable code "
+        "while the broker's own event loop is more than SECONDS behind, so that its members' "
+        "Pings keep their time (default: off; 0.5 suits T = 6 s: docs/design.md#shedding-load)",
+    )
+    serve.add_argument(
         "--initial-rebalance-delay",
         type=float,
         default=defaults.initial_rebalance_delay,
@@ -525,6 +534,7 @@ def _main(argv: Sequence[str] | None) -> int:
                     partition_lag=args.metrics_partition_lag,
                     partition_lag_max_series=args.metrics_partition_lag_max_series,
                 ),
+                shed_above_lag=args.shed_above_lag,
                 **serve_security(args),  # type: ignore[arg-type]
             )
             gc.set_threshold(*SERVER_GC_THRESHOLDS)

@@ -27,7 +27,9 @@ ALL_12 = frozenset(TopicPartition(topic="t", partition=p) for p in range(12))
 async def test_a_stalled_broker_keeps_its_members_and_makes_newcomers_back_off(
     tmp_path: Path,
 ) -> None:
-    async with run_broker(tmp_path / "broker", "--initial-rebalance-delay", "0.2") as broker:
+    async with run_broker(
+        tmp_path / "broker", "--initial-rebalance-delay", "0.2", "--shed-above-lag", "0.5"
+    ) as broker:
         bootstrap = f"{broker.host}:{broker.port}"
         async with open_admin([broker.address]) as admin:
             await admin.create_topic("t", 12)
