@@ -59,6 +59,10 @@ async def test_cluster_capacity_holds_every_consumer_with_no_false_death(tmp_pat
     (joined,) = figures["connect_and_register_time"]
     assert joined["registered"] == joined["bare_connected"] == CONSUMERS, joined
     assert joined["value"] > 0 and joined["baseline"] > 0
+    # Every group rebalanced at least once, each completed rebalance writing its record twice.
+    (rebalances,) = figures["rebalances"]
+    assert rebalances["value"] >= GROUPS, rebalances
+    assert rebalances["group_record_writes"] >= 2 * rebalances["value"], rebalances
     # The join's CPU is every process's on each side, as itemized.
     (cpu,) = figures["join_cpu_seconds"]
     ours = cpu["consumers_cpu"] + sum(cpu["brokers_cpu"]) + cpu["zookeeper_cpu"]
