@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -519,15 +520,18 @@ async def hold_bare(
     hold: float,
     connect_timeout: float,
     started_idle: bool = False,
+    together: bool = True,
 ) -> BareHold:
     """Wait (bounded) until ``count`` bare clients are connected over ``servers``, then hold
     for ``hold`` seconds and measure each server. ``started_idle``: the workers were started
-    idle, and all join at once here (:func:`join`)."""
+    idle, and join here (:func:`join`), all at once or, unless ``together``, one worker after
+    another, taking the servers in turn."""
     every = [w for _, clients in servers for w in clients]
     joined = None
     if started_idle:
         pids = [server.process.pid for server, _ in servers]
-        joined = await join(every, together=True, within=connect_timeout, pids=pids)
+        in_turn = [w for ws in itertools.zip_longest(*(c for _, c in servers)) for w in ws if w]
+        joined = await join(in_turn, together=together, within=connect_timeout, pids=pids)
         connect = joined.wall
     else:
         started = now()
