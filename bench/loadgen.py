@@ -384,6 +384,8 @@ class ConsumerWorker:
     #: Members whose machine closed their connection on a coordinator request: its lease ran
     #: out before the request was read (the worker fell behind), or it was fenced.
     closed_by_machine: int = 0
+    #: Consumers added that have not yet registered nor given up.
+    joining: int = 0
     config: sm.ConsumerConfig = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -467,7 +469,7 @@ class ConsumerWorker:
                 effects = self._closing(consumer, consumer.machine.handle(event))
                 if consumer.machine.state is sm.ConsumerState.STOPPED:
                     consumer.registered = True
-                    consumer.settled_at = now()
+                    self._settle(consumer)
                     if consumer.answered is not None:
                         consumer.answered.set()
                 else:
@@ -676,6 +678,7 @@ class ConsumerWorker:
         machine = sm.ConsumerMachine(config=self.config)
         consumer = _Consumer(consumer_id=consumer_id, group_id=group_id, machine=machine)
         self.consumers.append(consumer)
+        self.joining += 1
         nursery.start_soon(self._run, consumer, len(self.consumers))
         return consumer
 
@@ -683,13 +686,18 @@ class ConsumerWorker:
         try:
             await self.run_consumer(consumer, index)
         finally:
-            if consumer.settled_at is None:
-                consumer.settled_at = now()
+            self._settle(consumer)
+
+    def _settle(self, consumer: _Consumer) -> None:
+        """The consumer's join is over: it registered, or gave up."""
+        if consumer.settled_at is None:
+            consumer.settled_at = now()
+            self.joining -= 1
 
     async def settled(self) -> dict[str, Any]:
         """Once every consumer added so far has registered or given up: when the last of them
         did (the end of the join, not when this noticed it), and how many registered."""
-        while any(c.settled_at is None for c in self.consumers):
+        while self.joining:
             await trio.sleep(SETTLE_POLL)
         return {
             "t": max((c.settled_at or 0.0 for c in self.consumers), default=now()),
