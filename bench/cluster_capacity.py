@@ -6,10 +6,28 @@ The cluster: a standalone ZooKeeper server and three real brokers (``cli serve -
 --broker-id N``), each coordinating the groups of the coordinator slots it holds
 (docs/design.md#coordinator-slots). The load: ``--consumers`` consumers in ``--groups`` groups of
 equal size, in load-generator processes of at most 5,000 each (a process may hold 20,000 open
-files), started one at a time once the previous one's consumers are registered. Each consumer
-finds its group's coordinator as the consumer library does, by asking a broker (each consumer
-starts at another) for ClusterMetadata naming its group, and registers there; a topic of one
-partition per member of a group gives every member one partition.
+files). Each consumer finds its group's coordinator as the consumer library does, by asking a
+broker (each consumer starts at another) for ClusterMetadata naming its group over a connection
+of its own, and registers there; a topic of one partition per member of a group gives every
+member one partition.
+
+The join is timed the same way on both sides: every worker process is started and has loaded
+its modules before the clock starts; then the workers start their clients one worker after
+another, each once the previous one's have joined (at most 200 joining at a time), the bare
+workers taking the three servers in turn; and each worker says when its last client joined, so
+the figure runs from the first client started to the last joined with no poll interval in it.
+The bare clients join as a consumer does on the wire with no protocol: a connection of their own
+for one round trip of ClusterMetadata's sizes, closed, then their connection with one round trip
+of RegisterConsumer's sizes. One worker at a time, not all at once: with nine workers of 200
+joins in flight beside three brokers on two cores, a trial of 45,000 counted 4,196 false deaths
+while they joined (docs/benchmarks.md, Results XIV), and the hold is measured here, not how the
+brokers weather a stampede. Until issue 36 the consumers' workers
+were started one after the other, each once the previous one's consumers were seen registered
+at a stats poll every 2 s, while the bare clients joined all at once over one connection and
+one round trip each: the consumers' figure counted nine process starts and nine poll waits, and
+the baseline half the connections and round trips, and used both cores where the consumers had
+one. The CPU seconds of every process over each join are reported beside the times (on a shared
+machine they vary less than the wall time).
 
 Per run: consumers held (the fewest live at any poll of the hold, if nothing died), false deaths
 (connections the coordinator closed, failed registrations, consumers not live at some poll) and
@@ -18,6 +36,8 @@ members and groups it coordinates, the slots it holds, its open files (peak, aga
 CPU seconds over the hold and the share of one core, and peak RSS. The baseline is three bare
 echo servers (``bench.loadgen bare-serve``), each with a third of the connections doing one
 round trip of the Ping's sizes per Ping interval (T/3): what trio itself costs to hold them.
+Joining: the seconds to start and register every consumer, and every process's CPU seconds over
+it, against the bare clients' and servers' (above).
 
     python -m bench.cluster_capacity [--quick] [--consumers N] [--groups G] [--hold S]
 """
@@ -37,7 +57,7 @@ import attrs
 import trio
 
 from bench import harness
-from bench.loadgen import PER_WORKER, frame_sizes
+from bench.loadgen import frame_sizes
 from bench.measure import figure, micros_per, now, reporting_errors
 from consumer.admin import ClusterReport, open_admin
 from launch.cluster import eventually
@@ -47,9 +67,11 @@ BENCH = "cluster_capacity"
 BROKERS = 3
 SESSION_TIMEOUT_MS = 30_000
 POLL = 5.0
-#: How often the workers are asked for their stats while consumers join: each answer walks all
+#: How often the workers are asked for their stats while the groups form: each answer walks all
 #: of a worker's consumers, and nine workers asked five times a second are load of their own.
 STATS_EVERY = 2.0
+#: How long the joins may take (plus a second per 20 clients) before the run ends.
+JOIN_DEADLINE = 120.0
 TOPIC = "bench"
 #: How long the brokers have to register and share the slots (counts differing by at most one)
 #: before the run goes on and reports the shares as they are.
@@ -71,16 +93,25 @@ class Broker:
         self.peak_open_files = max(self.peak_open_files, self.server.open_files())
 
     def metrics(self) -> dict[str, float]:
-        """The broker's own count of what it holds, from its Prometheus endpoint."""
+        """The broker's own count of what it holds, of the rebalances it completed (whatever
+        started them) and of its group records written to the store, from its Prometheus
+        endpoint."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=60) as answer:
             text = answer.read().decode()
-        wanted = ("coordinator_members", "broker_connections")
+        wanted = {
+            "coordinator_members": "coordinator_members",
+            "broker_connections": "broker_connections",
+            "coordinator_rebalances_total": "rebalances",
+            'coordinator_store_operation_seconds_count{operation="write_group"}': "group_writes",
+        }
         found: dict[str, float] = {}
         for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name in wanted:
-                found[name] = float(value)
+            name, _, value = line.rpartition(" ")
+            rebalances = name.startswith("coordinator_rebalances_total{")  # one per cause
+            key = wanted.get("coordinator_rebalances_total" if rebalances else name)
+            if key is not None:
+                found[key] = found.get(key, 0.0) + float(value)
         return found
 
 
@@ -165,36 +196,26 @@ async def main() -> None:
             async with open_cluster(f"{ensemble.hosts}/{BENCH}", work) as brokers:
                 view, shared = await shared_view(brokers)
                 await create_topic(brokers, group_size)
-                async with contextlib.AsyncExitStack() as stack:
-                    # One worker's consumers at a time, each registered before the next joins:
-                    # the hold is measured, not how the brokers weather a stampede.
-                    workers: list[harness.Worker] = []
-                    started = now()
-                    for first in range(0, n, PER_WORKER):
-                        count = min(PER_WORKER, n - first)
-                        workers += await stack.enter_async_context(
-                            harness.open_consumers(
-                                brokers[0].server,
-                                count,
-                                work,
-                                group_size=group_size,
-                                session_timeout_ms=SESSION_TIMEOUT_MS,
-                                first=first,
-                                bootstrap=[b.server for b in brokers],
-                            )
-                        )
-                        await harness.wait_until(
-                            workers,
-                            harness.registered(first + count),
-                            timeout=120 + count / 20,
-                            every=STATS_EVERY,
-                        )
-                    connect_time = now() - started
+                async with harness.open_consumers(
+                    brokers[0].server,
+                    n,
+                    work,
+                    group_size=group_size,
+                    session_timeout_ms=SESSION_TIMEOUT_MS,
+                    bootstrap=[b.server for b in brokers],
+                    idle=True,
+                ) as workers:
+                    # One worker after another, as the bare clients below: the same shape.
+                    (zookeeper,) = ensemble.nodes
+                    assert zookeeper.process is not None
+                    pids = [*(b.server.process.pid for b in brokers), zookeeper.process.pid]
+                    joining = await harness.join(
+                        workers, together=False, within=JOIN_DEADLINE + n / 20, pids=pids
+                    )
+                    joined = await harness.stats(workers)
                     formed = await harness.groups_formed(workers, timeout=300, every=STATS_EVERY)
                     for broker in brokers:
                         broker.sample()
-                    (zookeeper,) = ensemble.nodes
-                    assert zookeeper.process is not None
                     t0 = now()
 
                     def sample() -> None:
@@ -206,7 +227,7 @@ async def main() -> None:
                         n,
                         hold,
                         every=POLL,
-                        pids=[*(b.server.process.pid for b in brokers), zookeeper.process.pid],
+                        pids=pids,
                         each_poll=sample,
                     )
                     *broker_cpu, zookeeper_cpu = holding.cpu
@@ -220,9 +241,22 @@ async def main() -> None:
                     view_after = await cluster_view(brokers)
 
         async with harness.open_bare(
-            work / "bare", n, interval=interval, ping=sizes.ping, servers=BROKERS
+            work / "bare",
+            n,
+            interval=interval,
+            ping=sizes.ping,
+            servers=BROKERS,
+            join_sizes=(*sizes.discover, *sizes.register),
+            idle=True,
         ) as servers:
-            bare = await harness.hold_bare(servers, n, hold=bare_hold, connect_timeout=60 + n / 150)
+            bare = await harness.hold_bare(
+                servers,
+                n,
+                hold=bare_hold,
+                connect_timeout=JOIN_DEADLINE + n / 20,
+                started_idle=True,
+                together=False,
+            )
 
         members = summed(st, "coordinators")
         groups_at: dict[str, set[str]] = {}
@@ -254,7 +288,45 @@ async def main() -> None:
             None,
             **common,
         )
-        figure(BENCH, "connect_and_register_time", connect_time, "s", bare.connect, **common)
+        figure(
+            BENCH,
+            "connect_and_register_time",
+            joining.wall,
+            "s",
+            bare.connect,
+            **common,
+            registered=sum(s["registered"] for s in joined),
+            bare_connected=sum(bare.held),
+        )
+        # The store writes the join cost: each rebalance writes its group's record twice
+        # (docs/design.md#rebalance); none is expected in the hold.
+        figure(
+            BENCH,
+            "rebalances",
+            sum(o.get("rebalances", 0.0) for o in own.values()),
+            "rebalances",
+            None,
+            **common,
+            group_record_writes=sum(o.get("group_writes", 0.0) for o in own.values()),
+        )
+        # Where the join's time went: every process's CPU over it, against the bare join's
+        # (clients and servers), on the same cores.
+        bare_join = bare.joined
+        assert bare_join is not None
+        *brokers_cpu, zookeeper_join_cpu = joining.servers_cpu
+        figure(
+            BENCH,
+            "join_cpu_seconds",
+            joining.clients_cpu + sum(joining.servers_cpu),
+            "s",
+            bare_join.clients_cpu + sum(bare_join.servers_cpu),
+            **common,
+            consumers_cpu=round(joining.clients_cpu, 1),
+            brokers_cpu=[round(c, 1) for c in brokers_cpu],
+            zookeeper_cpu=round(zookeeper_join_cpu, 1),
+            bare_clients_cpu=round(bare_join.clients_cpu, 1),
+            bare_servers_cpu=[round(c, 1) for c in bare_join.servers_cpu],
+        )
         slots_before = {b.broker_id: list(b.slots) for b in view.brokers}
         slots_after = {b.broker_id: list(b.slots) for b in view_after.brokers}
         for index, broker in enumerate(brokers):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -125,12 +126,14 @@ def open_bare_server(
 class Worker:
     process: trio.Process
     lines: LineReader
+    #: The clients this worker was started for (those it joins on "join", if started idle).
+    share: int = 0
 
-    async def command(self, line: str) -> dict[str, Any]:
+    async def command(self, line: str, *, within: float = 60.0) -> dict[str, Any]:
         assert self.process.stdin is not None
         # One exchange, never cut in half by the caller's deadline: an unread reply would be
         # taken as the answer to the next command.
-        with trio.CancelScope(shield=True), trio.fail_after(60):
+        with trio.CancelScope(shield=True), trio.fail_after(within):
             await self.process.stdin.send_all(line.encode() + b"\n")
             reply = await self.lines.next()
         if reply is None:
@@ -184,8 +187,10 @@ async def _open_workers(
     async with trio.open_nursery() as nursery:
         try:
             for first in range(0, count, per_worker):
-                arguments, log_path = command(first, min(per_worker, count - first))
+                share = min(per_worker, count - first)
+                arguments, log_path = command(first, share)
                 workers.append(await _start(nursery, arguments, log_path))
+                workers[-1].share = share
             yield workers
         finally:
             nursery.cancel_scope.cancel()
@@ -205,16 +210,19 @@ def open_consumers(
     per_worker: int = PER_WORKER,
     tls_ca: Path | None = None,
     bootstrap: Sequence[ServerProcess] = (),
+    idle: bool = False,
 ) -> AbstractAsyncContextManager[list[Worker]]:
     """``count`` consumers over ceil(count / per_worker) workers; member i is in group
     i // group_size; over TLS trusting ``tls_ca`` if given. With ``bootstrap``, each consumer
-    registers with its group's coordinator as these brokers name it, not with ``server``."""
+    registers with its group's coordinator as these brokers name it, not with ``server``.
+    ``idle``: the workers start with no consumer, for :func:`join` to start their share."""
     found_through = ",".join(f"{b.host}:{b.port}" for b in bootstrap)
 
     def command(offset: int, share: int) -> tuple[list[str], Path]:
         index = first + offset
         arguments = ["consumers", f"--host={server.host}", f"--port={server.port}"]
-        arguments += [f"--count={share}", f"--first={index}", f"--group-size={group_size}"]
+        arguments += [f"--count={0 if idle else share}", f"--first={index}"]
+        arguments += [f"--group-size={group_size}"]
         arguments += [f"--group-prefix={group_prefix}", f"--member-prefix={member_prefix}"]
         arguments += [f"--topic={topic}", f"--session-timeout-ms={session_timeout_ms}"]
         arguments += [] if tls_ca is None else [f"--tls-ca={tls_ca}"]
@@ -233,11 +241,17 @@ def open_bare_clients(
     request_size: int = 64,
     reply_size: int = 64,
     per_worker: int = PER_WORKER,
+    join_sizes: Sequence[int] = (),
+    idle: bool = False,
 ) -> AbstractAsyncContextManager[list[Worker]]:
+    """``count`` bare clients (see :func:`open_consumers` for ``idle``); ``join_sizes``: they
+    join as a consumer does on the wire (``bench.loadgen bare --join-sizes``)."""
+
     def command(first: int, share: int) -> tuple[list[str], Path]:
         arguments = ["bare", f"--host={server.host}", f"--port={server.port}"]
-        arguments += [f"--count={share}", f"--interval={interval}"]
+        arguments += [f"--count={0 if idle else share}", f"--interval={interval}"]
         arguments += [f"--request-size={request_size}", f"--reply-size={reply_size}"]
+        arguments += ["--join-sizes", *map(str, join_sizes)] if join_sizes else []
         return arguments, work_dir / f"bare{first}.log"
 
     return _open_workers(count, per_worker, command)
@@ -245,11 +259,19 @@ def open_bare_clients(
 
 @asynccontextmanager
 async def open_bare(
-    work: Path, count: int, *, interval: float, ping: tuple[int, int], servers: int = 1
+    work: Path,
+    count: int,
+    *,
+    interval: float,
+    ping: tuple[int, int],
+    servers: int = 1,
+    join_sizes: Sequence[int] = (),
+    idle: bool = False,
 ) -> AsyncIterator[list[tuple[ServerProcess, list[Worker]]]]:
     """``servers`` bare servers, each with its share of ``count`` clients doing one round trip
     per ``interval``; ``ping``: the Ping's request and answer sizes, of which a bare server
-    receives the answer's and sends the request's, as a coordinator does."""
+    receives the answer's and sends the request's, as a coordinator does. ``join_sizes`` and
+    ``idle``: see :func:`open_bare_clients`."""
     async with contextlib.AsyncExitStack() as stack:
         held = []
         for index in range(servers):
@@ -258,7 +280,14 @@ async def open_bare(
             bare = await stack.enter_async_context(open_bare_server(where))
             clients = await stack.enter_async_context(
                 open_bare_clients(
-                    bare, share, where, interval=interval, request_size=ping[1], reply_size=ping[0]
+                    bare,
+                    share,
+                    where,
+                    interval=interval,
+                    request_size=ping[1],
+                    reply_size=ping[0],
+                    join_sizes=join_sizes,
+                    idle=idle,
                 )
             )
             held.append((bare, clients))
@@ -275,6 +304,44 @@ async def _start(nursery: trio.Nursery, arguments: list[str], log_path: Path) ->
 
     worker: Worker = await nursery.start(hold)
     return worker
+
+
+@attrs.frozen(kw_only=True)
+class Join:
+    """Seconds from the first client started to the last joined; CPU seconds over that time of
+    the clients' workers together, and of each server process asked about."""
+
+    wall: float
+    clients_cpu: float
+    servers_cpu: list[float]
+
+
+async def join(
+    workers: Sequence[Worker], *, together: bool, within: float, pids: Sequence[int] = ()
+) -> Join:
+    """Start each idle worker's share of clients (consumers or bare) and wait until every one
+    has joined or given up. ``together``: all workers at once; else one after the other, each
+    once the previous one's have joined. A worker says when its last client joined, so no poll
+    interval is counted; the workers are running before the clock starts, so no process start
+    is either. ``pids``: the servers whose CPU is measured."""
+    for worker in workers:
+        await worker.command("stats")  # up, its modules loaded
+    clients = [w.process.pid for w in workers]
+    cpu0 = [cpu_seconds(pid) for pid in (*clients, *pids)]
+    started = now()
+    ended = started
+    if together:
+        for worker in workers:
+            await worker.command(f"join {worker.share}")
+    for worker in workers:
+        if not together:
+            await worker.command(f"join {worker.share}")
+        reply = await worker.command("settled", within=within)
+        ended = max(ended, float(reply["t"]))
+    cpu = [cpu_seconds(pid) - c for pid, c in zip((*clients, *pids), cpu0, strict=True)]
+    return Join(
+        wall=ended - started, clients_cpu=sum(cpu[: len(clients)]), servers_cpu=cpu[len(clients) :]
+    )
 
 
 async def stats(workers: Sequence[Worker]) -> list[dict[str, Any]]:
@@ -442,6 +509,8 @@ class BareHold:
     round_trips: int
     wall: float
     connect: float
+    #: With the workers started idle: the join's CPU seconds (:class:`Join`).
+    joined: Join | None = None
 
 
 async def hold_bare(
@@ -450,18 +519,29 @@ async def hold_bare(
     *,
     hold: float,
     connect_timeout: float,
+    started_idle: bool = False,
+    together: bool = True,
 ) -> BareHold:
     """Wait (bounded) until ``count`` bare clients are connected over ``servers``, then hold
-    for ``hold`` seconds and measure each server."""
+    for ``hold`` seconds and measure each server. ``started_idle``: the workers were started
+    idle, and join here (:func:`join`), all at once or, unless ``together``, one worker after
+    another, taking the servers in turn."""
     every = [w for _, clients in servers for w in clients]
-    started = now()
-    # Under load trio's accept loop takes one connection per scheduler pass, and a bare server
-    # may not get them all in time: what it then holds is the baseline.
-    with contextlib.suppress(RuntimeError):
-        await wait_until(
-            every, lambda st: sum(s["connected"] for s in st) >= count, timeout=connect_timeout
-        )
-    connect = now() - started
+    joined = None
+    if started_idle:
+        pids = [server.process.pid for server, _ in servers]
+        in_turn = [w for ws in itertools.zip_longest(*(c for _, c in servers)) for w in ws if w]
+        joined = await join(in_turn, together=together, within=connect_timeout, pids=pids)
+        connect = joined.wall
+    else:
+        started = now()
+        # Under load trio's accept loop takes one connection per scheduler pass, and a bare
+        # server may not get them all in time: what it then holds is the baseline.
+        with contextlib.suppress(RuntimeError):
+            await wait_until(
+                every, lambda st: sum(s["connected"] for s in st) >= count, timeout=connect_timeout
+            )
+        connect = now() - started
     await trio.sleep(1.0)
     for worker in every:
         await worker.command("reset")
@@ -479,6 +559,7 @@ async def hold_bare(
         round_trips=sum(s["round_trips"] for st in per_server for s in st),
         wall=wall,
         connect=connect,
+        joined=joined,
     )
 
 

@@ -45,6 +45,8 @@ from consumer.discovery import Discovery
 from protocol import (
     AssignedPartition,
     AssignedStream,
+    ClusterMetadataRequest,
+    ClusterMetadataResponse,
     Connection,
     ErrorCode,
     PingRequest,
@@ -52,6 +54,7 @@ from protocol import (
     RegisterConsumerRequest,
     RegisterConsumerResponse,
     Request,
+    RequestMessage,
     Response,
     ResponseMessage,
     Role,
@@ -75,6 +78,9 @@ LATENESS_SAMPLES = 20_000
 #: finding its coordinator; and how long one broker has to answer.
 DISCOVERY_PASSES = 30
 DISCOVERY_TIMEOUT = 30.0
+#: How often a worker asked when its joins are over looks again (the answer carries the time
+#: the last one ended, not the time it was seen).
+SETTLE_POLL = 0.05
 _SIZE = struct.Struct(">i")
 
 
@@ -106,6 +112,24 @@ class FrameSizes:
     ping: tuple[int, int]
     stop: tuple[int, int]
     start: tuple[int, int]
+    #: A consumer's join, each (its request, the answer): ClusterMetadata naming its group (with
+    #: three brokers and 50 slot holders in the answer), then RegisterConsumer.
+    discover: tuple[int, int]
+    register: tuple[int, int]
+
+
+def _client_round_trip(request: RequestMessage, response: ResponseMessage) -> tuple[int, int]:
+    """Bytes on the wire of a request a client sends and the broker's answer."""
+    consumer = Connection(Role.CONSUMER, max_frame_size=MAX_FRAME)
+    broker = Connection(Role.BROKER, max_frame_size=MAX_FRAME)
+    sent = consumer.send(consumer.new_request(request))
+    broker.receive_data(sent)
+    event = broker.next_event()
+    assert isinstance(event, Request)
+    answer = broker.send(
+        Response(correlation_id=event.correlation_id, message=response, request=event.message)
+    )
+    return len(sent), len(answer)
 
 
 def frame_sizes(consumer_id: str, topic: str, partitions_per_member: int) -> FrameSizes:
@@ -122,7 +146,33 @@ def frame_sizes(consumer_id: str, topic: str, partitions_per_member: int) -> Fra
         streams=(AssignedStream(stream_id=f"{consumer_id}-0", partitions=assigned),),
         brokers=(BrokerInfo(broker_id=1, host="127.0.0.1", port=9092),),
     )
+    brokers = tuple(BrokerInfo(broker_id=b, host="127.0.0.1", port=40000 + b) for b in (1, 2, 3))
+    register = RegisterConsumerRequest(
+        group_id="g123",
+        consumer_id=consumer_id,
+        subscription=Subscription(topics=(TopicStreams(topic=topic, streams=1),)),
+        auto_commit=False,
+        auto_offset_reset="smallest",
+        session_timeout_ms=30_000,
+        generation=-1,
+        owned_partitions=(),
+    )
     return FrameSizes(
+        discover=_client_round_trip(
+            ClusterMetadataRequest(group_id="g123", topics=()),
+            ClusterMetadataResponse(
+                error_code=ErrorCode.NONE,
+                coordinator_id=1,
+                coordinator_epoch=1,
+                brokers=brokers,
+                topics=(),
+                slot_holders=(1,) * 50,
+            ),
+        ),
+        register=_client_round_trip(
+            register,
+            RegisterConsumerResponse(error_code=ErrorCode.NONE, coordinator_epoch=1, generation=0),
+        ),
         ping=(
             len(_request_frame(ping)),
             _response_frame(
@@ -278,6 +328,9 @@ class _Consumer:
     #: How the machine said to close the connection (CloseConnection); False: cleanly.
     reset: bool = False
     registered: bool = False
+    #: When its registration was answered, or when it gave up (CLOCK_MONOTONIC): the end of
+    #: its join.
+    settled_at: float | None = None
     closing: bool = False
     dropped: bool = False
     last_ping: float | None = None
@@ -331,6 +384,8 @@ class ConsumerWorker:
     #: Members whose machine closed their connection on a coordinator request: its lease ran
     #: out before the request was read (the worker fell behind), or it was fenced.
     closed_by_machine: int = 0
+    #: Consumers added that have not yet registered nor given up.
+    joining: int = 0
     config: sm.ConsumerConfig = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -414,6 +469,7 @@ class ConsumerWorker:
                 effects = self._closing(consumer, consumer.machine.handle(event))
                 if consumer.machine.state is sm.ConsumerState.STOPPED:
                     consumer.registered = True
+                    self._settle(consumer)
                     if consumer.answered is not None:
                         consumer.answered.set()
                 else:
@@ -622,8 +678,33 @@ class ConsumerWorker:
         machine = sm.ConsumerMachine(config=self.config)
         consumer = _Consumer(consumer_id=consumer_id, group_id=group_id, machine=machine)
         self.consumers.append(consumer)
-        nursery.start_soon(self.run_consumer, consumer, len(self.consumers))
+        self.joining += 1
+        nursery.start_soon(self._run, consumer, len(self.consumers))
         return consumer
+
+    async def _run(self, consumer: _Consumer, index: int) -> None:
+        try:
+            await self.run_consumer(consumer, index)
+        finally:
+            self._settle(consumer)
+
+    def _settle(self, consumer: _Consumer) -> None:
+        """The consumer's join is over: it registered, or gave up."""
+        if consumer.settled_at is None:
+            consumer.settled_at = now()
+            self.joining -= 1
+
+    async def settled(self) -> dict[str, Any]:
+        """Once every consumer added so far has registered or given up: when the last of them
+        did (the end of the join, not when this noticed it), and how many registered."""
+        while self.joining:
+            await trio.sleep(SETTLE_POLL)
+        return {
+            "t": max((c.settled_at or 0.0 for c in self.consumers), default=now()),
+            "registered": sum(c.registered for c in self.consumers),
+            "error_count": len(self.errors),
+            "errors": self.errors[:5],
+        }
 
 
 async def run_consumer_worker(args: argparse.Namespace) -> None:
@@ -669,6 +750,8 @@ async def run_consumer_worker(args: argparse.Namespace) -> None:
                     # What it held is unowned from here.
                     worker.close(consumer)
                     reply["closed"].append(consumer.consumer_id)
+            elif verb == "settled":
+                reply = await worker.settled()
             elif verb == "holdings":
                 reply = worker.holdings()
             elif verb == "handoffs":
@@ -681,27 +764,45 @@ async def run_consumer_worker(args: argparse.Namespace) -> None:
 
 async def run_bare_worker(args: argparse.Namespace) -> None:
     """Bare clients: each sends an 'E' frame every ``interval`` seconds (0: never) and answers the
-    server's 'S' frames; round trips and their times are counted for the parent."""
+    server's 'S' frames; round trips and their times are counted for the parent.
+
+    With ``--join-sizes`` a client first joins as a consumer does on the wire, with no protocol:
+    a connection of its own for one round trip of ClusterMetadata's sizes, closed, then its
+    connection and one round trip of RegisterConsumer's sizes."""
     round_trips = 0
     rtts: list[float] = []
     connected = 0
     dropped = 0
+    started = 0
+    last_settled = now()
     limiter = trio.CapacityLimiter(CONNECT_CONCURRENCY)
 
+    async def discover(request_size: int, reply_size: int) -> bool:
+        async with await trio.open_tcp_stream(args.host, args.port) as stream:
+            await stream.send_all(bare_frame(b"E", request_size, reply_size))
+            return await FrameReader(stream).next() is not None
+
     async def client() -> None:
-        nonlocal round_trips, connected, dropped
+        nonlocal round_trips, connected, dropped, last_settled
+        first = (args.request_size, args.reply_size)
         async with limiter:
+            if args.join_sizes:
+                first = args.join_sizes[2], args.join_sizes[3]
+                if not await discover(*args.join_sizes[:2]):
+                    dropped += 1
+                    return
             stream = await trio.open_tcp_stream(args.host, args.port)
             await stream.send_all(bare_frame(b"H", 9))
             # One round trip before the next client connects, as a consumer registers before
             # the next: a connect returns once the handshake is in the server's accept queue,
             # and a flood overflows that queue into the kernel's SYN-ACK retry backoff.
             reader = FrameReader(stream)
-            await stream.send_all(bare_frame(b"E", args.request_size, args.reply_size))
+            await stream.send_all(bare_frame(b"E", *first))
             if await reader.next() is None:
                 dropped += 1
                 return
         connected += 1
+        last_settled = now()
         try:
             if args.interval > 0:
                 request = bare_frame(b"E", args.request_size, args.reply_size)
@@ -724,12 +825,28 @@ async def run_bare_worker(args: argparse.Namespace) -> None:
             pass
         dropped += 1
 
-    async with trio.open_nursery() as nursery:
-        for _ in range(args.count):
+    def start(count: int) -> None:
+        nonlocal started
+        started += count
+        for _ in range(count):
             nursery.start_soon(client)
+
+    async with trio.open_nursery() as nursery:
+        start(args.count)
         lines = LineReader(trio.lowlevel.FdStream(os.dup(0)))
         while (line := await lines.next()) is not None:
-            if line == "stats":
+            verb, _, arg = line.partition(" ")
+            reply: dict[str, Any]
+            if verb == "join":
+                reply = {"t0": now()}
+                start(int(arg))
+            elif verb == "settled":
+                # Every client started has connected and made its first round trip, or failed
+                # (a client that failed before connecting counts as dropped).
+                while connected + dropped < started:
+                    await trio.sleep(SETTLE_POLL)
+                reply = {"t": last_settled, "connected": connected, "dropped": dropped}
+            elif line == "stats":
                 reply = {
                     "connected": connected,
                     "dropped": dropped,
@@ -798,6 +915,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     bare.add_argument("--interval", type=float, default=0.0)
     bare.add_argument("--request-size", type=int, default=64)
     bare.add_argument("--reply-size", type=int, default=64)
+    bare.add_argument(
+        "--join-sizes",
+        type=int,
+        nargs=4,
+        default=None,
+        help="DISCOVER_REQUEST DISCOVER_REPLY REGISTER_REQUEST REGISTER_REPLY: join as a consumer "
+        "does on the wire (a connection of its own for discovery, then one for registering)",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if args.command == "bare-serve":

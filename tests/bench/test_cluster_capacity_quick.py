@@ -54,3 +54,19 @@ async def test_cluster_capacity_holds_every_consumer_with_no_false_death(tmp_pat
         assert line["value"] > 0 and line["baseline"] > 0
     for line in figures["broker_open_files_peak"]:
         assert 0 < line["value"] < line["file_limit"]
+    # The join is timed on both sides from the first client started to the last joined, every
+    # client counted: the consumers registered, the bare clients through their second connection.
+    (joined,) = figures["connect_and_register_time"]
+    assert joined["registered"] == joined["bare_connected"] == CONSUMERS, joined
+    assert joined["value"] > 0 and joined["baseline"] > 0
+    # Every group rebalanced at least once, each completed rebalance writing its record twice.
+    (rebalances,) = figures["rebalances"]
+    assert rebalances["value"] >= GROUPS, rebalances
+    assert rebalances["group_record_writes"] >= 2 * rebalances["value"], rebalances
+    # The join's CPU is every process's on each side, as itemized.
+    (cpu,) = figures["join_cpu_seconds"]
+    ours = cpu["consumers_cpu"] + sum(cpu["brokers_cpu"]) + cpu["zookeeper_cpu"]
+    bare = cpu["bare_clients_cpu"] + sum(cpu["bare_servers_cpu"])
+    assert cpu["value"] == pytest.approx(ours, abs=0.3), cpu
+    assert cpu["baseline"] == pytest.approx(bare, abs=0.3), cpu
+    assert len(cpu["brokers_cpu"]) == len(cpu["bare_servers_cpu"]) == 3, cpu
