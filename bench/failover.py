@@ -56,6 +56,7 @@ from typing import Any
 import attrs
 import trio
 
+from bench.bare import LineReader
 from bench.harness import (
     ServerProcess,
     bench_arguments,
@@ -64,7 +65,6 @@ from bench.harness import (
     run,
     work_area,
 )
-from bench.loadgen import LineReader
 from bench.measure import figure, percentile, reporting_errors
 from consumer import Delivery, open_producer
 from consumer.admin import AdminError, GroupReport, open_admin

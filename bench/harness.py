@@ -31,7 +31,8 @@ from typing import Any
 import attrs
 import trio
 
-from bench.loadgen import BROADCAST_SIZES, PER_WORKER, FrameReader, LineReader, bare_frame
+from bench.bare import BROADCAST_SIZES, FrameReader, LineReader, bare_frame
+from bench.loadgen import PER_WORKER
 from bench.measure import figure, now
 from launch.processes import open_serving_process, stop_process
 from protocol import ClusterMetadataRequest, CreateTopicRequest, CreateTopicResponse, ErrorCode

@@ -18,8 +18,8 @@ import attrs
 import trio
 
 from bench import incremental_figures as scenarios
+from bench.bare import LineReader
 from bench.harness import ServerProcess, create_topic, open_module
-from bench.loadgen import LineReader
 from bench.measure import reporting_errors
 from consumer import open_producer
 

@@ -44,12 +44,12 @@ from pathlib import Path
 import attrs
 import trio
 
+from bench.bare import LineReader
 from bench.harness import (
     bench_arguments,
     run,
     work_area,
 )
-from bench.loadgen import LineReader
 from bench.measure import figure, reporting_errors
 from bench.seed02_consumer import Seed02Consumer
 from bench.seed02_session import ZooKeeperRebalanceSession, open_zk_rebalance_session
