@@ -191,7 +191,7 @@ class Pinger:
         only reach a lease that has lapsed (docs/design.md#a-broker-that-falls-behind), and
         the miss counts as it always did: a silent member dies at most one deadline later."""
         machine = ping.member.machine
-        behind = LoopLag.of_run().worst_since(ping.sent_at) > 0
+        behind = LoopLag.of_run().behind_since(ping.sent_at)
         return behind and now < machine.last_heard + machine.timeouts.session_timeout
 
 

@@ -70,6 +70,12 @@ class LoopLag:
             worst = max(worst, lag)
         return worst if worst >= BEHIND else 0.0
 
+    def behind_since(self, since: float) -> bool:
+        """Whether the loop was :data:`BEHIND` at any time from ``since`` to now: what
+        ``worst_since(since) > 0`` says, without walking the kept lags (the heartbeat asks it
+        for every deadline that passes, most often when the loop is behind)."""
+        return self.now() >= BEHIND or (bool(self._behind) and self._behind[-1][0] >= since)
+
     def recent(self, window: float = 1.0) -> float:
         """The longest lag of the last ``window`` seconds, or now's if longer: one punctual
         wake between two stalls must not make a busy loop look idle (the door's figure,

@@ -103,14 +103,14 @@ class KazooBridge:
         the session's state changes, from the start of ``running`` on."""
         self.client.add_listener(lambda state: self.soon(partial(callback, state)))
 
-    async def answer(self, result: Any, *, counted: bool = True) -> Any:
-        """The value of a kazoo async result, counted in ``requests`` unless not ``counted``,
+    async def answer(self, result: Any) -> Any:
+        """The value of a kazoo async result, counted in ``requests``,
         waiting at most ``call_bound`` seconds for it, woken from kazoo's thread through ``soon``.
 
         Kazoo's own errors (no node, node exists, bad version, not empty) pass through for the
         caller to interpret; connection trouble becomes ``StoreUnavailable``.
         """
-        self.requests += counted
+        self.requests += 1
         if not result.ready():  # of thousands of requests sent at once, most are answered by now
             done = trio.Event()
             result.rawlink(lambda _result: self.soon(done.set))

@@ -29,6 +29,11 @@ async def test_the_lag_is_how_late_the_watcher_woke(
         assert lag.worst_since(0.0) == pytest.approx(0.45)
         assert lag.worst_since(0.55) == pytest.approx(0.45)
         assert lag.worst_since(0.6) == 0.0
+        assert (lag.behind_since(0.0), lag.behind_since(0.55), lag.behind_since(0.6)) == (
+            True,
+            True,
+            False,
+        )
         nursery.cancel_scope.cancel()
 
 
@@ -43,6 +48,7 @@ async def test_a_lag_under_a_tenth_of_a_second_is_not_behind(
         await trio.sleep(0.01)
         assert lag.latest == pytest.approx(0.05)
         assert lag.worst_since(0.0) == 0.0
+        assert not lag.behind_since(0.0)
         nursery.cancel_scope.cancel()
 
 
@@ -50,3 +56,4 @@ async def test_without_a_watcher_the_loop_is_never_behind() -> None:
     lag = LoopLag.of_run()
     assert lag.now() == 0.0
     assert lag.worst_since(-1.0) == 0.0
+    assert not lag.behind_since(-1.0)
