@@ -1,6 +1,8 @@
 """The broker's partition logs: append-only segment files of the wire's record batches."""
 
+from .checkpoints import CorruptCheckpoint, read_high_watermarks, write_high_watermarks
 from .config import FsyncPolicy, LogConfig
+from .epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEnd, EpochRefused, LeaderEpochCache
 from .files import SegmentFiles
 from .format import (
     LOG_FORMAT,
@@ -13,6 +15,7 @@ from .format import (
 )
 from .partition import (
     LogFailed,
+    NotContiguous,
     OffsetOutOfRange,
     PartitionLog,
     WrongIncarnation,
@@ -22,12 +25,19 @@ from .segment import CorruptSegment
 
 __all__ = [
     "LOG_FORMAT",
+    "UNDEFINED_EPOCH",
+    "UNDEFINED_OFFSET",
     "UPGRADABLE_FORMAT",
+    "CorruptCheckpoint",
     "CorruptSegment",
+    "EpochEnd",
+    "EpochRefused",
     "FsyncPolicy",
+    "LeaderEpochCache",
     "LogConfig",
     "LogFailed",
     "LogFormatError",
+    "NotContiguous",
     "OffsetOutOfRange",
     "PartitionLog",
     "SegmentFiles",
@@ -35,6 +45,8 @@ __all__ = [
     "check_log_format",
     "mark_log_format",
     "open_partition_log",
+    "read_high_watermarks",
     "read_partition_id",
+    "write_high_watermarks",
     "write_partition_id",
 ]
