@@ -5,10 +5,13 @@ of its leader's batches as the leader stored them."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.log import (
     CorruptSegment,
@@ -384,3 +387,55 @@ async def read_all_below(log: PartitionLog, start: int, limit: int) -> list[Reco
             return out
         out.extend(got)
         offset = got[-1].offset + 1
+
+
+# --- any sequence of appends, truncations and restarts ---------------------------------------
+
+Step = tuple[str, int]
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 9)),
+        st.tuples(st.just("truncate"), st.integers(0, 1000)),
+        st.tuples(st.sampled_from(["restart", "crash"]), st.just(0)),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=steps, interval=st.sampled_from([64, 512, 4096]))
+async def test_a_log_is_what_its_appends_and_truncations_left(
+    steps: list[Step], interval: int
+) -> None:
+    config = LogConfig(segment_bytes=1500, index_interval_bytes=interval)
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(scratch) / "t-0"
+        log = await open_log(directory, config)
+        model: list[Record] = []
+        for i, (what, n) in enumerate(steps):
+            if what == "append":
+                chunk = make_records(n, start=100 * i, size=40)
+                await append(log, chunk)
+                model.extend(stamped(chunk, len(model)))
+            elif what == "truncate":
+                target = n * (len(model) + 3) // 1000
+                end = await log.truncate_to(target)
+                # the cut falls on the start of the batch holding the target
+                assert end <= target
+                assert end >= min(target, len(model)) - 8
+                del model[end:]
+            else:
+                if what == "restart":
+                    await log.aclose()
+                log = await open_log(directory, config)
+            assert log.log_end_offset == len(model)
+        assert await read_all(log, 0) == model
+        for segment in log.segments:  # each read above scanned what was not
+            held = [r for r in model if segment.base_offset <= r.offset < segment.next_offset]
+            assert segment.max_timestamp_ms == max((r.timestamp_ms for r in held), default=-1)
+        for probe in {r.timestamp_ms for r in model[-3:]}:
+            assert await log.batch_at_time(probe) != b""
+        assert await log.batch_at_time(max((r.timestamp_ms for r in model), default=0) + 1) == b""
+        crashed = await open_log(directory, config)
+        assert await read_all(crashed, 0) == model
+        await log.aclose()
