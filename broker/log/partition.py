@@ -389,11 +389,10 @@ class PartitionLog:
         """The partition's leader-epoch cache, read on first use (CorruptCheckpoint if damaged).
         Entries from the log end on, or before the log start, are dropped as it is read: a crash
         between cutting the log and cutting the cache leaves them (broker/log/epochs.py)."""
-        if self._epochs is None:
-            async with self._append_lock:
-                await self._loaded_epochs()
-        assert self._epochs is not None
-        return self._epochs
+        if self._epochs is not None:
+            return self._epochs
+        async with self._append_lock:
+            return await self._loaded_epochs()
 
     async def _loaded_epochs(self) -> LeaderEpochCache:
         """(append lock held)"""
