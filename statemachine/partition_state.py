@@ -27,8 +27,10 @@ __all__ = [
     "PartitionState",
     "ReplicationCode",
     "StateWrite",
+    "assign_epoch",
     "epoch_end",
     "slot_key",
+    "truncate_epochs",
 ]
 
 #: A partition with no leader now (an election under way, or every eligible replica down).
@@ -130,3 +132,22 @@ def epoch_end(cache: Sequence[EpochStart], log_end: int, epoch: int) -> tuple[in
             return (epoch if floor is None else floor.epoch), entry.start_offset
         floor = entry
     return NO_EPOCH, -1
+
+
+def assign_epoch(
+    cache: Sequence[EpochStart], epoch: int, start_offset: int
+) -> tuple[EpochStart, ...]:
+    """``cache`` once records of ``epoch`` start at ``start_offset`` (a leader elected there, or a
+    follower appending the leader's records): entries of that epoch or later, or starting there
+    or later, describe records that are not there (a leader elected that wrote nothing), so they
+    go; an epoch already last stays as it started (Kafka's ``assign``)."""
+    if cache and cache[-1].epoch == epoch and cache[-1].start_offset <= start_offset:
+        return tuple(cache)
+    kept = tuple(e for e in cache if e.epoch < epoch and e.start_offset < start_offset)
+    return (*kept, EpochStart(epoch=epoch, start_offset=start_offset))
+
+
+def truncate_epochs(cache: Sequence[EpochStart], log_end: int) -> tuple[EpochStart, ...]:
+    """``cache`` for a log cut to end at ``log_end`` (a truncation, or a restart that recovered
+    less than the cache names): epochs starting there or later have no record left."""
+    return tuple(e for e in cache if e.start_offset < log_end)

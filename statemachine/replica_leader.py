@@ -42,11 +42,14 @@ import attrs
 
 from protocol.errors import ErrorCode, IllegalInput
 from statemachine.partition_state import (
+    NO_EPOCH,
+    EpochStart,
     IsrEntry,
     PartitionKey,
     PartitionState,
     ReplicationCode,
     StateWrite,
+    epoch_end,
 )
 from statemachine.table import Guard, Guarded, TransitionTable
 
@@ -73,6 +76,8 @@ __all__ = [
     "StateSeen",
     "Tick",
     "WriteIsr",
+    "diverging",
+    "epochs_between",
 ]
 
 
@@ -563,3 +568,43 @@ _HANDLERS: dict[type, Callable[[ReplicaLeader, Any], list[Effect]]] = {
     StateRead: ReplicaLeader._state_read,
     StateSeen: ReplicaLeader._state_seen,
 }
+
+
+# --- serving a follower's fetch: the leader's half of the handshake ----------------------------
+
+
+def diverging(
+    cache: Sequence[EpochStart], log_end: int, last_fetched_epoch: int, fetch_offset: int
+) -> tuple[int, int] | None:
+    """Whether a follower fetching from ``fetch_offset``, its last record of
+    ``last_fetched_epoch``, has records this leader's log (``cache``, ending at ``log_end``)
+    does not: then (this leader's largest epoch at or below it, where that epoch ends), for the
+    follower to truncate to, and no data (KIP-320/595's diverging epoch, which makes KIP-101's
+    OffsetsForLeaderEpoch round trip unneeded). A follower with records but no epoch is sent back
+    to where this leader's first epoch starts."""
+    if last_fetched_epoch == NO_EPOCH:
+        if fetch_offset == 0 or not cache:
+            return None
+        return NO_EPOCH, min(cache[0].start_offset, fetch_offset)
+    if cache and last_fetched_epoch > cache[-1].epoch:
+        epoch, end = cache[-1].epoch, log_end
+    else:
+        epoch, end = epoch_end(cache, log_end, last_fetched_epoch)
+    if epoch == NO_EPOCH:
+        return NO_EPOCH, 0
+    if epoch < last_fetched_epoch or end < fetch_offset:
+        return epoch, end
+    return None
+
+
+def epochs_between(cache: Sequence[EpochStart], start: int, end: int) -> tuple[EpochStart, ...]:
+    """The entries of ``cache`` for the records in ``[start, end)`` that a fetch returns: the
+    batch header has no epoch, so the follower learns its epochs from these."""
+    if start >= end:
+        return ()
+    chosen = []
+    for i, entry in enumerate(cache):
+        next_start = cache[i + 1].start_offset if i + 1 < len(cache) else end
+        if entry.start_offset < end and next_start > start:
+            chosen.append(entry)
+    return tuple(chosen)
