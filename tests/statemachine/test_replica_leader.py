@@ -259,19 +259,75 @@ def test_an_illegal_input_raises_and_changes_nothing() -> None:
         leader(isr=(2, 3))  # a state that does not name it leader
 
 
-def test_every_table_entry_is_reached_where_it_says() -> None:
-    """Each phase the table lists is entered by the input it names (the diagram's edges)."""
-    reached = set()
-    machine = leader()
-    for event, expected in (
-        (fetched(2, 0, now=1.0), S.STEADY),
-        (rl.Tick(now=LAG + 5), S.CHANGING),
-        (rl.IsrWriteLost(), S.REREADING),
-    ):
-        assert rl.TABLE.next_state(machine.phase, event, machine) is expected
+def in_phase(phase: rl.LeaderPhase) -> rl.ReplicaLeader:
+    """A leader of (1, 2, 3) whose followers caught up at 1.0, brought into ``phase``."""
+    machine = leader(leo=4)
+    machine.handle(fetched(2, 4, now=1.0))
+    machine.handle(fetched(3, 4, now=1.0))
+    if phase is S.RESIGNED:
+        machine.handle(rl.StateSeen(state=other_leader(machine)))
+    elif phase is not S.STEADY:
+        machine.handle(rl.Tick(now=LAG + 5))  # both followers lag: a shrink in flight
+        if phase is S.REREADING:
+            machine.handle(rl.IsrWriteLost())
+    assert machine.phase is phase
+    return machine
+
+
+def other_leader(machine: rl.ReplicaLeader) -> PartitionState:
+    return PartitionState(leader=2, leader_epoch=6, isr=entries(2), version=machine.version + 1)
+
+
+def event_for(machine: rl.ReplicaLeader, event_type: type, guard: str | None) -> rl.Event:
+    """An input of ``event_type`` for which ``guard`` holds in ``machine``."""
+    same = PartitionState(leader=1, leader_epoch=5, isr=machine.isr, version=machine.version)
+    late = LAG + 5  # follower 3 (and 2) last caught up at 1.0: too long ago by then
+    events: dict[tuple[type, str | None], rl.Event] = {
+        (rl.ProduceAsked, None): rl.ProduceAsked(request=1, acks_all=False),
+        (rl.Appended, None): rl.Appended(
+            request=1, acks_all=False, end=machine.leo + 1, durable_end=machine.leo
+        ),
+        (rl.Flushed, None): rl.Flushed(durable_end=machine.leo),
+        (rl.ProduceExpired, None): rl.ProduceExpired(request=1),
+        (rl.StateSeen, "deposed"): rl.StateSeen(state=other_leader(machine)),
+        (rl.StateSeen, "still leading"): rl.StateSeen(state=same),
+        (rl.StateSeen, None): rl.StateSeen(state=same),
+        (rl.FollowerFetched, "proposes a change"): fetched(2, 4, now=late),
+        (rl.FollowerFetched, "nothing to change"): fetched(2, 4, now=2.0),
+        (rl.FollowerFetched, None): fetched(2, 4, now=2.0),
+        (rl.Tick, "proposes a change"): rl.Tick(now=late),
+        (rl.Tick, "nothing to change"): rl.Tick(now=2.0),
+        (rl.Tick, None): rl.Tick(now=2.0),
+        (rl.IsrWritten, None): rl.IsrWritten(),
+        (rl.IsrWriteLost, None): rl.IsrWriteLost(),
+        (rl.StateRead, "deposed"): rl.StateRead(state=other_leader(machine)),
+        (rl.StateRead, "still leading"): rl.StateRead(
+            state=attrs.evolve(same, version=machine.version + 1)
+        ),
+    }
+    return events[(event_type, guard)]
+
+
+def test_the_leader_lands_where_its_table_says_for_every_outcome() -> None:
+    for entry in rl.TABLE.entries():
+        machine = in_phase(entry.source)
+        event = event_for(machine, entry.event_type, entry.guard)
+        assert rl.TABLE.lookup(machine.phase, event, machine) == entry
         machine.handle(event)
-        reached.add(machine.phase)
-    assert reached == {S.STEADY, S.CHANGING, S.REREADING}
+        assert machine.phase is entry.target, entry
+
+
+def test_an_input_its_phase_does_not_take_raises_and_changes_nothing() -> None:
+    for phase in S:
+        for event_type in rl.TABLE.inputs():
+            if rl.TABLE.allows(phase, event_type):
+                continue
+            machine = in_phase(phase)
+            before = copy.deepcopy(machine)
+            guard = "deposed" if event_type is rl.StateRead else None
+            with pytest.raises(IllegalTransition):
+                machine.handle(event_for(machine, event_type, guard))
+            assert machine == before
 
 
 # --- a property: the high watermark never passes what the ISR in force has --------------------
