@@ -102,8 +102,10 @@ class StartOver:
 
 @attrs.frozen(kw_only=True)
 class RefreshLeader:
-    """This broker is not the partition's leader under the follower's epoch (or the partition
-    is gone): wait for the state view to show the leader and epoch in force, and follow that."""
+    """This broker is not the partition's leader under the follower's epoch, or the topic is
+    gone: follow the leader and epoch the state view shows once it shows others; while it still
+    shows these (the leader has not learned its election, or the view lags), fetch again after
+    the backoff."""
 
     code: int
 
@@ -124,7 +126,6 @@ _REFRESH = frozenset(
     {
         ReplicationCode.NOT_LEADER_OR_FOLLOWER,
         ReplicationCode.FENCED_LEADER_EPOCH,
-        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
         ErrorCode.UNKNOWN_TOPIC_ID,
     }
 )

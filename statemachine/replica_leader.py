@@ -226,7 +226,9 @@ class Answered:
 
 @attrs.frozen(kw_only=True)
 class WriteIsr:
-    """Write the state, conditional on the version; answer with IsrWritten or IsrWriteLost."""
+    """Write the state, conditional on the version; answer with IsrWritten, or IsrWriteLost
+    when the version did not match or the outcome is unknown (the store unreachable): reading the
+    state again tells which ISR is in force."""
 
     write: StateWrite
 

@@ -140,6 +140,9 @@ def test_error_answers() -> None:
         cache, 3, rf.LeaderAnswer(error_code=ReplicationCode.UNKNOWN_LEADER_EPOCH)
     )
     assert isinstance(unknown, rf.BackOff) and unknown.code == 75
+    # a leader that has not opened the partition yet: try it again
+    not_open = rf.LeaderAnswer(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    assert isinstance(rf.next_step(cache, 3, not_open), rf.BackOff)
     gone = rf.LeaderAnswer(error_code=ErrorCode.OFFSET_OUT_OF_RANGE, log_start_offset=50)
     assert rf.next_step(cache, 3, gone) == rf.StartOver(offset=50)
 
