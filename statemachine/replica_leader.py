@@ -15,7 +15,8 @@ The rules, which are Kafka's with what it learned:
   in this epoch, or that fetches from another directory (its disk was wiped), holds the high
   watermark where it is. It never goes down.
 * **Expand**: a replica outside the ISR that fetches from at least the high watermark and the
-  start of this leader's epoch joins it, under the directory it fetches from.
+  start of this leader's epoch, from the log directory its broker registered, joins it under that
+  directory (so that the controller can elect it by that entry).
 * **Shrink**: a follower that has not caught up with the log end for ``replica_lag``, or that
   fetches from another directory than its entry's, leaves it. The leader never leaves.
 * **One change at a time**: while a change is written, no other is proposed. A change that lost
@@ -35,7 +36,7 @@ from __future__ import annotations
 import collections
 import enum
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -57,6 +58,7 @@ __all__ = [
     "TABLE",
     "Answered",
     "Appended",
+    "BrokersSeen",
     "Effect",
     "Event",
     "Flushed",
@@ -194,6 +196,13 @@ class StateSeen:
     state: PartitionState
 
 
+@attrs.frozen(kw_only=True)
+class BrokersSeen:
+    """The live brokers changed: each with the log directory it registered."""
+
+    registered: Mapping[int, uuid.UUID]
+
+
 Event = (
     ProduceAsked
     | Appended
@@ -205,6 +214,7 @@ Event = (
     | IsrWriteLost
     | StateRead
     | StateSeen
+    | BrokersSeen
 )
 
 
@@ -274,6 +284,7 @@ def _build_table() -> TransitionTable[LeaderPhase]:
         for produced in (ProduceAsked, Appended, Flushed, ProduceExpired):
             t[(phase, produced)] = phase
         t[(phase, StateSeen)] = Guarded(((DEPOSED, S.RESIGNED), (~DEPOSED, phase)))
+        t[(phase, BrokersSeen)] = phase
     for event_type in (FollowerFetched, Tick):
         t[(S.STEADY, event_type)] = Guarded(((PROPOSES, S.CHANGING), (~PROPOSES, S.STEADY)))
         t[(S.CHANGING, event_type)] = S.CHANGING
@@ -310,6 +321,8 @@ class ReplicaLeader:
     durable_end: int
     hw: int
     followers: dict[int, FollowerPosition]
+    #: Each live broker's registered log directory: only a replica fetching from it may join.
+    registered: Mapping[int, uuid.UUID]
     pending: IsrChange | None = None
     phase: LeaderPhase = LeaderPhase.STEADY
     #: (end, request) of the acks=all produces waiting for the high watermark, by end.
@@ -328,6 +341,7 @@ class ReplicaLeader:
         leo: int,
         durable_end: int,
         hw: int,
+        registered: Mapping[int, uuid.UUID],
         now: float,
     ) -> ReplicaLeader:
         """The leader ``state`` names this broker, its log ending at ``leo`` (durable to
@@ -352,6 +366,7 @@ class ReplicaLeader:
             durable_end=durable_end,
             hw=min(hw, durable_end),
             followers={b: FollowerPosition(caught_up_at=now) for b in replicas if b != broker_id},
+            registered=dict(registered),
         )
 
     # --- what the runtime reads ----------------------------------------------------------
@@ -462,6 +477,10 @@ class ReplicaLeader:
         self._adopt(event.state)
         return self._settle()
 
+    def _brokers_seen(self, event: BrokersSeen) -> list[Effect]:
+        self.registered = dict(event.registered)
+        return []
+
     # --- rules ---------------------------------------------------------------------------
 
     def _enough_before_append(self) -> bool:
@@ -499,6 +518,8 @@ class ReplicaLeader:
         for broker, position in sorted(followers.items()):
             if broker in members or position.log_dir is None or position.fetch_offset is None:
                 continue
+            if self.registered.get(broker) != position.log_dir:
+                continue  # a process the store does not know as this broker's now
             if position.fetch_offset >= joining and position.caught_up_at >= stale:
                 kept.append(IsrEntry(broker_id=broker, log_dir=position.log_dir))
         isr = tuple(kept)
@@ -569,6 +590,7 @@ _HANDLERS: dict[type, Callable[[ReplicaLeader, Any], list[Effect]]] = {
     IsrWriteLost: ReplicaLeader._isr_write_lost,
     StateRead: ReplicaLeader._state_read,
     StateSeen: ReplicaLeader._state_seen,
+    BrokersSeen: ReplicaLeader._brokers_seen,
 }
 
 
