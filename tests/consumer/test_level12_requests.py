@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from consumer import ConsumerSettings, ProducerConfig, open_consumer, open_producer
-from consumer.admin import open_admin
+from consumer.admin import AdminError, open_admin
 from coordinator.config import CoordinatorConfig
 from protocol import (
     NEED_DATA,
@@ -19,6 +19,7 @@ from protocol import (
     ClusterMetadataRequest,
     Connection,
     CreateTopicRequest,
+    ErrorCode,
     FetchRequest,
     ListOffsetsRequest,
     ProduceRequest,
@@ -117,3 +118,12 @@ async def test_the_producer_consumer_and_admin_send_level_12_keeping_their_meani
     metadata = _of(sent, ApiKey.CLUSTER_METADATA)
     assert metadata and {v for v, _ in metadata} == {5}
     assert all(isinstance(m, ClusterMetadataRequest) for _, m in metadata)
+
+
+def test_a_refused_replication_factor_says_replication_is_not_served_yet() -> None:
+    """CreateTopic's answer is a code alone: the admin's error says what it means."""
+    refused = AdminError("create topic t", ErrorCode.INVALID_REPLICATION_FACTOR)
+    assert str(refused) == (
+        "create topic t: brokers serve no replication yet: a topic's replication factor is 1"
+        " (or -1, the broker's default) (INVALID_REPLICATION_FACTOR)"
+    )
