@@ -165,6 +165,7 @@ class StoredPartition(Protocol):
 
 
 _T = TypeVar("_T")
+_R = TypeVar("_R", ProduceResponse, FetchResponse, ListOffsetsResponse)
 
 
 @attrs.define(eq=False)
@@ -209,6 +210,13 @@ class DataPlaneLog(abc.ABC):
         broker id."""
         return -1
 
+    def _answering(self, response: Callable[..., _R]) -> Callable[..., _R]:
+        """``response`` with the leader hint filled in: the leader and its epoch, or -1 and -1
+        where this log knows no broker id."""
+        leader = self.leader_id
+        epoch = SOLE_REPLICA_EPOCH if leader >= 0 else -1
+        return partial(response, leader_id=leader, leader_epoch=epoch)
+
     async def __call__(self, request: Request) -> ResponseMessage | None:
         message = request.message
         if isinstance(message, ReplicaFetchRequest):
@@ -239,9 +247,7 @@ class DataPlaneLog(abc.ABC):
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_ID, base_offset=-1)
         if partition is None:
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
-        answered = partial(
-            ProduceResponse, leader_id=self.leader_id, leader_epoch=SOLE_REPLICA_EPOCH
-        )
+        answered = self._answering(ProduceResponse)
         if message.records and message.batches:
             return answered(error_code=ErrorCode.INVALID_REQUEST, base_offset=-1)
         payload = message.batches
@@ -297,7 +303,7 @@ class DataPlaneLog(abc.ABC):
                 log_start_offset=-1,
                 records=(),
             )
-        answered = partial(FetchResponse, leader_id=self.leader_id, leader_epoch=SOLE_REPLICA_EPOCH)
+        answered = self._answering(FetchResponse)
         fenced = epoch_error(message.current_leader_epoch)
         if fenced is not ErrorCode.NONE:
             return answered(error_code=fenced, high_watermark=-1, log_start_offset=-1, records=())
@@ -374,9 +380,7 @@ class DataPlaneLog(abc.ABC):
                 log_start_offset=-1,
                 high_watermark=-1,
             )
-        answered = partial(
-            ListOffsetsResponse, leader_id=self.leader_id, leader_epoch=SOLE_REPLICA_EPOCH
-        )
+        answered = self._answering(ListOffsetsResponse)
         fenced = epoch_error(message.current_leader_epoch)
         if fenced is not ErrorCode.NONE:
             return answered(error_code=fenced, log_start_offset=-1, high_watermark=-1)

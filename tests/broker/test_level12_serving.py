@@ -34,6 +34,8 @@ from protocol import (
     TopicReplicas,
 )
 from protocol.batches import build_batch
+from simulation.log import MemoryLog
+from store import TopicPlacement
 from tests.coordinator.test_boundary import DEADLINE, Broker, open_broker
 
 
@@ -279,3 +281,17 @@ async def test_replica_fetch_is_bounded(tmp_path: Path) -> None:
     async with open_broker(tmp_path) as broker:
         answer: ResponseMessage = await broker.request(_replica_fetch(0, max_wait_ms=501))
     assert answer == ReplicaFetchResponse(error_code=ErrorCode.INVALID_REQUEST, partitions=())
+
+
+async def test_a_log_that_knows_no_broker_id_hints_no_leader() -> None:
+    """The simulated broker's log (one broker, no id): a leader hint of -1 and -1, unknown."""
+    log = MemoryLog()
+    log.follow({"t": TopicPlacement(topic="t", brokers=(1,), topic_id=uuid.uuid4())})
+    produced = await log.produce(_produce(acks=-1))
+    fetched = await log.fetch(FetchRequest(topic="t", partition=0, offset=0, max_bytes=1 << 16))
+    assert (produced.error_code, produced.leader_id, produced.leader_epoch) == (
+        ErrorCode.NONE,
+        -1,
+        -1,
+    )
+    assert (fetched.error_code, fetched.leader_id, fetched.leader_epoch) == (ErrorCode.NONE, -1, -1)
