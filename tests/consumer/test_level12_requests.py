@@ -1,12 +1,12 @@
 """The library's clients speak level 12 (SPEC.md §11.13) with the values that keep what they did
 before it: the producer asks acks=1, the consumer and the admin name no leader epoch, and a topic
-the admin creates has one replica. What each sends is read off the wire as the broker reads it."""
+the admin creates has one replica."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import attrs
+import pytest
 import trio
 import trio.testing
 
@@ -14,7 +14,6 @@ from consumer import ConsumerSettings, ProducerConfig, open_consumer, open_produ
 from consumer.admin import AdminError, open_admin
 from coordinator.config import CoordinatorConfig
 from protocol import (
-    NEED_DATA,
     ApiKey,
     ClusterMetadataRequest,
     Connection,
@@ -33,55 +32,33 @@ from simulation import open_simulated_cluster
 CONFIG = CoordinatorConfig(initial_rebalance_delay=1.0)
 
 
-@attrs.define(eq=False)
-class _Tap(trio.abc.Stream):
-    """A client's connection whose outgoing bytes are also read as the broker reads them."""
-
-    inner: trio.abc.Stream
-    sent: list[Request]
-    reader: Connection = attrs.field(factory=lambda: Connection(Role.BROKER))
-    #: Bytes of a frame not yet whole.
-    pending: bytearray = attrs.field(factory=bytearray)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        self.pending += data
-        while len(self.pending) >= 4:
-            end = 4 + int.from_bytes(self.pending[:4], "big")
-            if len(self.pending) < end:
-                break
-            frame, self.pending[:end] = bytes(self.pending[:end]), b""
-            if frame[4] == 0:  # a request (SPEC.md §3); a member's responses are not read here
-                self.reader.receive_data(frame)
-                while (event := self.reader.next_event()) is not NEED_DATA:
-                    if isinstance(event, Request):
-                        self.sent.append(event)
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
-
-    async def send_eof(self) -> None:
-        await self.inner.send_eof()  # type: ignore[attr-defined]
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
 def _of(sent: list[Request], api_key: ApiKey) -> list[tuple[int, RequestMessage]]:
     return [(r.api_version, r.message) for r in sent if r.message.API_KEY is api_key]
 
 
-async def test_the_producer_consumer_and_admin_send_level_12_keeping_their_meaning(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
-) -> None:
+def recording(monkeypatch: pytest.MonkeyPatch) -> list[Request]:
+    """Every request a connection of this process makes from now on, with its version."""
     sent: list[Request] = []
-    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+    new_request = Connection.new_request
 
-        async def connect(host: str, port: int) -> trio.abc.Stream:
-            return _Tap(inner=await cluster.connect_to(host, port), sent=sent)
+    def recorded(
+        self: Connection, message: RequestMessage, api_version: int | None = None
+    ) -> Request:
+        request = new_request(self, message, api_version)
+        if self.our_role is Role.CONSUMER:
+            sent.append(request)
+        return request
+
+    monkeypatch.setattr(Connection, "new_request", recorded)
+    return sent
+
+
+async def test_the_producer_consumer_and_admin_send_level_12_keeping_their_meaning(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent = recording(monkeypatch)
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        connect = cluster.connect_to
 
         async with open_admin("b:1", connect=connect) as admin:
             await admin.create_topic("t", 1)

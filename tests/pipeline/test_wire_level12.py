@@ -11,17 +11,15 @@ from pipeline.local import local_broker
 from pipeline.wire import Cluster
 from protocol import (
     ApiKey,
-    Connection,
     CreateTopicRequest,
     ErrorCode,
     FetchRequest,
     ListOffsetsRequest,
     ProduceRequest,
-    Request,
-    RequestMessage,
 )
 from protocol.batches import build_batch
 from protocol.types import TopicPartition
+from tests.consumer.test_level12_requests import recording
 
 pytestmark = pytest.mark.realtime
 
@@ -29,17 +27,7 @@ pytestmark = pytest.mark.realtime
 def test_the_wire_sends_level_12_keeping_its_meaning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sent: list[Request] = []
-    new_request = Connection.new_request
-
-    def recorded(
-        self: Connection, message: RequestMessage, api_version: int | None = None
-    ) -> Request:
-        request = new_request(self, message, api_version)
-        sent.append(request)
-        return request
-
-    monkeypatch.setattr(Connection, "new_request", recorded)
+    sent = recording(monkeypatch)
     with local_broker(tmp_path / "broker") as address, Cluster(address) as cluster:
         created = cluster.call_any(CreateTopicRequest(topic="t", partitions=1))
         assert created.error_code is ErrorCode.NONE
