@@ -4,7 +4,8 @@ before anything else looks at it; Kafka's mapping of requests to operations and 
 
 A denied request is answered with Kafka's code for the resource it names (29 topic, 30 group,
 31 cluster) and nothing else. Reading the users and the rules needs DESCRIBE on the cluster,
-changing them ALTER on the cluster (which implies DESCRIBE), as in Kafka. Every answer names
+changing them ALTER on the cluster (which implies DESCRIBE), as in Kafka; so does a follower
+broker's REPLICA_FETCH (Kafka's ClusterAction, which these rules do not have). Every answer names
 only topics and groups the principal may describe: ClusterMetadata the topics, ListGroups the
 groups, OffsetFetch and DescribeGroup of a group it may describe the topics (their offsets, and
 its members' subscriptions and partitions).
@@ -50,11 +51,13 @@ from protocol import (
     OffsetFetchResponse,
     ProduceRequest,
     RegisterConsumerRequest,
+    ReplicaFetchRequest,
     RequestMessage,
     ResponseMessage,
     TopicConfigs,
     TopicIdentity,
     TopicMetadata,
+    TopicReplicas,
     error_response,
 )
 from protocol.types import PartitionOffset, Subscription, TopicPartition
@@ -75,7 +78,9 @@ _CLUSTER = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 _T = TypeVar("_T")
 #: What names one topic: an entry of an answer left out where the topic is not to be shown.
-_Named = TypeVar("_Named", PartitionOffset, TopicPartition, TopicIdentity, TopicConfigs)
+_Named = TypeVar(
+    "_Named", PartitionOffset, TopicPartition, TopicIdentity, TopicConfigs, TopicReplicas
+)
 
 
 @attrs.define(eq=False)
@@ -179,7 +184,13 @@ def refusal(
             error = None if may(Operation.DELETE, ResourceType.TOPIC, topic) else _TOPIC
         case DescribeAclsRequest() | DescribeUserScramCredentialsRequest():
             error = None if may(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER) else _CLUSTER
-        case CreateAclsRequest() | DeleteAclsRequest() | AlterUserScramCredentialsRequest():
+        case (
+            CreateAclsRequest()
+            | DeleteAclsRequest()
+            | AlterUserScramCredentialsRequest()
+            | ReplicaFetchRequest()
+        ):
+            # A follower reads every record of what it follows, whatever the topic's rules.
             error = None if may(Operation.ALTER, ResourceType.CLUSTER, CLUSTER) else _CLUSTER
     return None if error is None else error_response(message, error)
 
@@ -243,6 +254,7 @@ async def visible(
                 topics=await kept(response.topics, described),
                 topic_ids=await kept(response.topic_ids, topic_named),
                 topic_configs=await kept(response.topic_configs, topic_named),
+                replicas=await kept(response.replicas, topic_named),
             )
         case ListGroupsResponse():
 

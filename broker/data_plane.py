@@ -17,6 +17,11 @@ directories of topics the store does not have (deleted while this broker was dow
 another incarnation of the name, are renamed aside (docs/design.md#deleting-a-topic). Only the
 incarnation in force is served: a Fetch naming another topic id is refused with
 UNKNOWN_TOPIC_ID (docs/design.md#topic-ids).
+
+Level 12's versions (SPEC.md §11.13) are answered as a broker that serves no replication yet:
+every partition it holds has one replica, which leads it at epoch 0, so an acks=all Produce is
+an acks=1 one, a Fetch or ListOffsets naming epoch 0 (or none) is served, and a REPLICA_FETCH
+finds no partition led here for a follower.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ from protocol import (
     ProduceRequest,
     ProduceResponse,
     RemoteProtocolError,
+    ReplicaFetchData,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
     Request,
     ResponseMessage,
     error_response,
@@ -95,6 +103,14 @@ MAX_FETCH_BYTES = 2 * 1024 * 1024
 #: converting batches for a version-0 Fetch) may take together: four of the largest a batch may
 #: decompress to (``protocol.batches.MAX_SECTION_BYTES``).
 DECOMPRESSION_BUDGET = 4 * MAX_SECTION_BYTES
+#: The longest a Produce may ask to wait for its in-sync replicas (its ``timeout_ms``): a
+#: producer's whole delivery timeout is 120 s, and a request held longer only holds memory.
+MAX_PRODUCE_TIMEOUT_MS = 300_000
+#: The leader epoch of every partition while brokers serve no replication: its one replica has
+#: led it since its creation.
+SOLE_REPLICA_EPOCH = 0
+#: A Produce's ``acks``: the leader's write (1), or every in-sync replica's (-1).
+_ACKS = frozenset({1, -1})
 
 
 def _now_ms() -> int:
@@ -149,6 +165,7 @@ class StoredPartition(Protocol):
 
 
 _T = TypeVar("_T")
+_R = TypeVar("_R", ProduceResponse, FetchResponse, ListOffsetsResponse)
 
 
 @attrs.define(eq=False)
@@ -186,8 +203,24 @@ class DataPlaneLog(abc.ABC):
     async def run_sync(self, fn: Callable[..., _T], *args: object) -> _T:
         """``fn(*args)`` where this log runs its decoding: a worker thread, or the loop."""
 
+    @property
+    def leader_id(self) -> int:
+        """The broker that leads the partitions this log serves, for an answer's leader hint
+        (SPEC.md §11.13): this one, each partition having one replica; -1: a log that knows no
+        broker id."""
+        return -1
+
+    def _answering(self, response: Callable[..., _R]) -> Callable[..., _R]:
+        """``response`` with the leader hint filled in: the leader and its epoch, or -1 and -1
+        where this log knows no broker id."""
+        leader = self.leader_id
+        epoch = SOLE_REPLICA_EPOCH if leader >= 0 else -1
+        return partial(response, leader_id=leader, leader_epoch=epoch)
+
     async def __call__(self, request: Request) -> ResponseMessage | None:
         message = request.message
+        if isinstance(message, ReplicaFetchRequest):
+            return await self.replica_fetch(message)
         if not isinstance(message, ProduceRequest | FetchRequest | ListOffsetsRequest):
             return error_response(message, ErrorCode.INVALID_REQUEST)
         error = data_error(message)
@@ -203,26 +236,32 @@ class DataPlaneLog(abc.ABC):
     async def produce(self, message: ProduceRequest) -> ProduceResponse:
         """Appended to the incarnation in force; one naming a topic id, only if it is that one
         (whose log replaces an older one's first, if this broker's view of the topics is
-        behind): an acknowledged record is never in a deleted incarnation's log."""
+        behind): an acknowledged record is never in a deleted incarnation's log. Its one
+        replica is every in-sync replica, so acks=all waits for nothing more than acks=1."""
+        if message.acks not in _ACKS:
+            return ProduceResponse(error_code=ErrorCode.INVALID_REQUIRED_ACKS, base_offset=-1)
+        if not 0 <= message.timeout_ms <= MAX_PRODUCE_TIMEOUT_MS:
+            return ProduceResponse(error_code=ErrorCode.INVALID_REQUEST, base_offset=-1)
         partition = await self.partition(message.topic, message.partition, message.topic_id)
         if not self._serves(message.topic, message.topic_id, partition):
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_ID, base_offset=-1)
         if partition is None:
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
+        answered = self._answering(ProduceResponse)
         if message.records and message.batches:
-            return ProduceResponse(error_code=ErrorCode.INVALID_REQUEST, base_offset=-1)
+            return answered(error_code=ErrorCode.INVALID_REQUEST, base_offset=-1)
         payload = message.batches
         if message.records:  # version 0: batches built in proportion to the records, off the loop
             payload = await self.run_sync(batches_from_records, message.records)
         if not payload:
-            return ProduceResponse(error_code=ErrorCode.NONE, base_offset=partition.log_end_offset)
+            return answered(error_code=ErrorCode.NONE, base_offset=partition.log_end_offset)
         try:
             spans = batch_spans(payload)  # headers and one CRC call a batch
         except RemoteProtocolError as exc:
             log.warning("produce to %s-%d refused: %s", message.topic, message.partition, exc)
-            return ProduceResponse(error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1)
+            return answered(error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1)
         if any(span.size > self.config.max_batch_bytes for span in spans):
-            return ProduceResponse(error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1)
+            return answered(error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1)
         # Every record is checked as a consumer will decode it, by the append before it writes
         # (in the worker that writes, for files): what is acknowledged can be read
         # (docs/design.md#the-partition-log).
@@ -234,17 +273,17 @@ class DataPlaneLog(abc.ABC):
             )
         except RemoteProtocolError as exc:
             log.warning("produce to %s-%d refused: %s", message.topic, message.partition, exc)
-            return ProduceResponse(error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1)
+            return answered(error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1)
         except (OSError, LogFailed) as exc:
             # not acknowledged: the producer may retry; the log is unchanged or refuses appends
             log.error("produce to %s-%d failed: %s", message.topic, message.partition, exc)
-            return ProduceResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR, base_offset=-1)
+            return answered(error_code=ErrorCode.UNKNOWN_SERVER_ERROR, base_offset=-1)
         finally:
             self.decompressed.release(claim)
         if self.observer is not None:
             count = sum(span.record_count for span in spans)
             self.observer.produced(message.topic, count, len(payload))
-        return ProduceResponse(error_code=ErrorCode.NONE, base_offset=base)
+        return answered(error_code=ErrorCode.NONE, base_offset=base)
 
     async def fetch(self, message: FetchRequest, api_version: int = 1) -> FetchResponse:
         """Whole stored batches (version 1 on); version 0 gets them decoded into records. A
@@ -264,6 +303,10 @@ class DataPlaneLog(abc.ABC):
                 log_start_offset=-1,
                 records=(),
             )
+        answered = self._answering(FetchResponse)
+        fenced = epoch_error(message.current_leader_epoch)
+        if fenced is not ErrorCode.NONE:
+            return answered(error_code=fenced, high_watermark=-1, log_start_offset=-1, records=())
         data = b""
         # At least one whole batch is answered whatever max_bytes says (zero or negative
         # included), so a consumer always moves on; at most MAX_FETCH_BYTES beyond it.
@@ -294,7 +337,7 @@ class DataPlaneLog(abc.ABC):
                 log_start_offset=partition.log_start_offset,
                 records=records,
             )
-        return FetchResponse(
+        return answered(
             error_code=error,
             high_watermark=partition.high_watermark,
             log_start_offset=partition.log_start_offset,
@@ -337,6 +380,10 @@ class DataPlaneLog(abc.ABC):
                 log_start_offset=-1,
                 high_watermark=-1,
             )
+        answered = self._answering(ListOffsetsResponse)
+        fenced = epoch_error(message.current_leader_epoch)
+        if fenced is not ErrorCode.NONE:
+            return answered(error_code=fenced, log_start_offset=-1, high_watermark=-1)
         found = (-1, -1)
         error = ErrorCode.NONE
         if message.timestamp_ms >= 0:
@@ -345,7 +392,7 @@ class DataPlaneLog(abc.ABC):
             except (CorruptSegment, RemoteProtocolError) as exc:
                 log.error("list offsets %s-%d: %s", message.topic, message.partition, exc)
                 error = ErrorCode.CORRUPT_MESSAGE
-        return ListOffsetsResponse(
+        return answered(
             error_code=error,
             log_start_offset=partition.log_start_offset,
             high_watermark=partition.high_watermark,
@@ -368,6 +415,39 @@ class DataPlaneLog(abc.ABC):
             return await self.run_sync(_first_record_at, data, timestamp_ms)
         finally:
             self.decompressed.release(claim)
+
+    async def replica_fetch(self, message: ReplicaFetchRequest) -> ReplicaFetchResponse:
+        """No partition is led here for a follower: every one has its sole replica here. The
+        request was bounded before (``broker.dispatch``: its answer repeats each partition)."""
+        await trio.lowlevel.checkpoint()
+        return ReplicaFetchResponse(
+            error_code=ErrorCode.NONE,
+            partitions=tuple(
+                ReplicaFetchData(
+                    topic_id=wanted.topic_id,
+                    partition=wanted.partition,
+                    error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                    high_watermark=-1,
+                    log_start_offset=-1,
+                    diverging_epoch=-1,
+                    diverging_end_offset=-1,
+                    epoch_starts=(),
+                    batches=b"",
+                )
+                for wanted in message.partitions
+            ),
+        )
+
+
+def epoch_error(current_leader_epoch: int) -> ErrorCode:
+    """What a Fetch or ListOffsets naming ``current_leader_epoch`` is refused with by the sole
+    replica, which leads at :data:`SOLE_REPLICA_EPOCH` (KIP-320): a newer epoch than the
+    leader's is one it has not learned, an older one a stale view; -1 asks no check."""
+    if current_leader_epoch in (-1, SOLE_REPLICA_EPOCH):
+        return ErrorCode.NONE
+    if current_leader_epoch > SOLE_REPLICA_EPOCH:
+        return ErrorCode.UNKNOWN_LEADER_EPOCH
+    return ErrorCode.FENCED_LEADER_EPOCH
 
 
 def _first_record_at(data: bytes, timestamp_ms: int) -> tuple[int, int]:
@@ -396,6 +476,10 @@ class BrokerLog(DataPlaneLog):
     #: Topic ids a fresh read of the store showed replaced or deleted: gone for good (an id is
     #: never given twice), so no view of the topics older than that read opens them again.
     _gone: set[TopicId] = attrs.field(factory=set)
+
+    @property
+    def leader_id(self) -> int:
+        return self.broker_id
 
     def now_ms(self) -> int:
         return _now_ms()

@@ -24,6 +24,7 @@ import trio_util
 
 from broker import authorization, placement, rights
 from broker.authorization import Access
+from broker.data_plane import SOLE_REPLICA_EPOCH
 from broker.door import Door
 from broker.offices import (
     BySlot,
@@ -62,17 +63,21 @@ from protocol import (
     OffsetFetchRequest,
     OffsetFetchResponse,
     PartitionMetadata,
+    PartitionReplicas,
     RegisterConsumerRequest,
     RegisterConsumerResponse,
     RemoteProtocolError,
+    ReplicaFetchRequest,
     Request,
     ResponseMessage,
     Role,
     TopicConfigs,
     TopicIdentity,
     TopicMetadata,
+    TopicReplicas,
     error_response,
 )
+from protocol.replica_messages import MAX_REPLICA_WAIT_MS
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from protocol.versions import Refusal, negotiate
 from store import (
@@ -196,6 +201,8 @@ class _Session:
             and any(c.loading(None) for c in self._coordinators())
         ):
             error = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        if error is ErrorCode.NONE and isinstance(message, ReplicaFetchRequest):
+            error = replica_fetch_error(message, self.limits)
         if error is not ErrorCode.NONE:
             return error_response(message, error)
         match message:
@@ -366,6 +373,16 @@ class _Session:
         return await add_partitions(self.offices.store, message, self.limits)
 
 
+def replica_fetch_error(message: ReplicaFetchRequest, limits: RequestLimits) -> ErrorCode:
+    """A REPLICA_FETCH's bounds (SPEC.md §8, 1000): a short long poll, and no more partitions
+    than any request may name, since the answer repeats each one."""
+    if not 0 <= message.max_wait_ms <= MAX_REPLICA_WAIT_MS:
+        return ErrorCode.INVALID_REQUEST
+    if len(message.partitions) > limits.max_partitions_per_request:
+        return ErrorCode.INVALID_REQUEST
+    return ErrorCode.NONE
+
+
 async def cluster_metadata(
     message: ClusterMetadataRequest,
     *,
@@ -378,8 +395,9 @@ async def cluster_metadata(
 ) -> ClusterMetadataResponse:
     """The answer to ClusterMetadata from a broker that knows these topics and brokers; each
     topic named once however often it was asked for (the answer repeats its partitions), with
-    the id of each that exists (``topic_ids``: version 2 on) and the settings of each created
-    with any (``topic_configs``: version 3 on).
+    the id of each that exists (``topic_ids``: version 2 on), the settings of each created
+    with any (``topic_configs``: version 3 on) and its replicas (``replicas``: version 5 on):
+    each partition's one broker leads it, at epoch 0, the only replica and in sync.
 
     A request of a few bytes asks for every partition of the cluster (or of a thousand named
     topics): each topic is built once per placement and kept, and the answer is put together
@@ -395,6 +413,7 @@ async def cluster_metadata(
     found = []
     identities = []
     settings = []
+    replicas = []
     pace = Pace()
     for name in names:
         await pace.did(1)
@@ -407,18 +426,27 @@ async def cluster_metadata(
             )
             continue
         described = _DESCRIBED.get(placement)
-        if described is None or described.topic != name:
+        if described is None or described[0].topic != name:
             partitions: list[PartitionMetadata] = []
+            held: list[PartitionReplicas] = []
             for start in range(0, placement.partition_count, ANSWER_CHUNK):
                 chunk = placement.brokers[start : start + ANSWER_CHUNK]
                 partitions.extend(
                     PartitionMetadata(partition=p, broker_id=b) for p, b in enumerate(chunk, start)
                 )
+                held.extend(
+                    PartitionReplicas(
+                        partition=p, leader_epoch=SOLE_REPLICA_EPOCH, replicas=(b,), isr=(b,)
+                    )
+                    for p, b in enumerate(chunk, start)
+                )
                 await pace.did(len(chunk))
-            described = _DESCRIBED[placement] = TopicMetadata(
-                topic=name, error_code=ErrorCode.NONE, partitions=tuple(partitions)
+            described = _DESCRIBED[placement] = (
+                TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=tuple(partitions)),
+                TopicReplicas(topic=name, partitions=tuple(held)),
             )
-        found.append(described)
+        found.append(described[0])
+        replicas.append(described[1])
         identities.append(TopicIdentity(topic=name, topic_id=placement.topic_id))
         if placement.configs:
             entries = tuple(ConfigEntry(name=k, value=v) for k, v in placement.configs)
@@ -432,12 +460,16 @@ async def cluster_metadata(
         slot_holders=slot_holders,
         topic_ids=tuple(identities),
         topic_configs=tuple(settings),
+        replicas=tuple(replicas),
     )
 
 
-#: Each topic as ClusterMetadata answers it, for as long as a view of the topics holds its
-#: placement: built once, not for every request (a topic may have 10,000 partitions).
-_DESCRIBED: weakref.WeakKeyDictionary[TopicPlacement, TopicMetadata] = weakref.WeakKeyDictionary()
+#: Each topic as ClusterMetadata answers it (its partitions' leaders, and their replicas), for as
+#: long as a view of the topics holds its placement: built once, not for every request (a topic
+#: may have 10,000 partitions).
+_DESCRIBED: weakref.WeakKeyDictionary[TopicPlacement, tuple[TopicMetadata, TopicReplicas]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 async def create_topic(
@@ -451,6 +483,8 @@ async def create_topic(
     once may both pass the per-broker check and overshoot it by one topic's partitions at most;
     the bound is on resources, not exact."""
     error = validation.request_error(message, "", limits)
+    if error is ErrorCode.NONE:
+        error = replication_factor_error(message.replication_factor)
     if error is not ErrorCode.NONE:
         return error
     live = [b.broker_id for b in await store.brokers()]
@@ -468,6 +502,17 @@ async def create_topic(
     except TopicExists:
         return ErrorCode.TOPIC_ALREADY_EXISTS
     return ErrorCode.NONE
+
+
+def replication_factor_error(factor: int) -> ErrorCode:
+    """A CreateTopic's ``replication_factor`` (SPEC.md §8, 10): -1 (the broker's default, 1 while
+    brokers serve no replication) and 1 are today's topic, one replica per partition; above 1 is
+    refused until brokers serve replication, and below 1 is never a factor."""
+    if factor in (-1, 1):
+        return ErrorCode.NONE
+    if factor > 1:
+        log.info("refusing replication factor %d: brokers serve no replication yet", factor)
+    return ErrorCode.INVALID_REPLICATION_FACTOR
 
 
 async def delete_topic(

@@ -105,6 +105,10 @@ _HINTS = {
     ),
     ErrorCode.POLICY_VIOLATION: "the broker would hold more than its --max-partitions-per-broker",
     ErrorCode.INVALID_REPLICA_ASSIGNMENT: "name live brokers, each once",
+    ErrorCode.INVALID_REPLICATION_FACTOR: (
+        "brokers serve no replication yet: a topic's replication factor is 1 (or -1, the "
+        "broker's default)"
+    ),
     ErrorCode.INVALID_CONFIG: (
         "a topic's settings are retention.ms, retention.bytes and segment.bytes, each once, "
         "as whole numbers within their bounds"

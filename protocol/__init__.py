@@ -89,6 +89,15 @@ from .messages import (
     error_response,
 )
 from .records import Record, decode_record, encode_record, record_size
+from .replica_messages import (
+    EpochStart,
+    PartitionReplicas,
+    ReplicaFetchData,
+    ReplicaFetchPartition,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+    TopicReplicas,
+)
 from .types import (
     NO_TOPIC_ID,
     BrokerInfo,
@@ -138,6 +147,7 @@ __all__ = [
     "DescribeGroupResponse",
     "DescribeUserScramCredentialsRequest",
     "DescribeUserScramCredentialsResponse",
+    "EpochStart",
     "ErrorCode",
     "Event",
     "FetchRequest",
@@ -160,6 +170,7 @@ __all__ = [
     "OffsetFetchResponse",
     "PartitionMetadata",
     "PartitionOffset",
+    "PartitionReplicas",
     "PeerError",
     "PingRequest",
     "PingResponse",
@@ -170,6 +181,10 @@ __all__ = [
     "RegisterConsumerRequest",
     "RegisterConsumerResponse",
     "RemoteProtocolError",
+    "ReplicaFetchData",
+    "ReplicaFetchPartition",
+    "ReplicaFetchRequest",
+    "ReplicaFetchResponse",
     "Request",
     "RequestMessage",
     "Response",
@@ -191,6 +206,7 @@ __all__ = [
     "TopicIdentity",
     "TopicMetadata",
     "TopicPartition",
+    "TopicReplicas",
     "TopicStreams",
     "UserAlteration",
     "UserScramCredentials",

@@ -281,12 +281,22 @@ def _decode_uuid(r: Reader) -> uuid.UUID:
 UUID: Codec[uuid.UUID] = Codec("uuid", _encode_uuid, _decode_uuid, 16)
 
 
+#: Arrays of fixed-width ints shorter than this are packed by a packer made once.
+_KEPT_PACKERS = 8
+
+
 def array(item: Codec[Any], *, nullable: bool = False) -> Codec[Any]:
     """``int32`` count then the items; -1 is null, accepted only where the field is Optional."""
     item_encode = item.encode
     item_decode = item.decode
     item_min = max(item.min_size, 1)
     name = f"{'nullable ' if nullable else ''}array of {item.name}"
+    # Fixed-width ints (a partition's replicas, a cluster's slot holders) go in one struct call
+    # with their count: per element, a call would cost more than the packing. The short arrays
+    # that make up most of an answer (replicas, in-sync replicas) keep their packer.
+    fixed = item.fixed if item.from_int is None else None
+    packers = [struct.Struct(f">i{n}{fixed}").pack for n in range(_KEPT_PACKERS)] if fixed else []
+    unpackers = [struct.Struct(f">{n}{fixed}") for n in range(_KEPT_PACKERS)] if fixed else []
 
     def encode(w: bytearray, value: Any) -> None:
         if value is None:
@@ -296,6 +306,16 @@ def array(item: Codec[Any], *, nullable: bool = False) -> Codec[Any]:
             return
         if not isinstance(value, tuple | list):
             raise LocalProtocolError(f"expected a tuple, got {value!r}", ErrorCode.INVALID_REQUEST)
+        if fixed is not None:
+            n = len(value)
+            try:
+                if n < _KEPT_PACKERS:
+                    w += packers[n](n, *value)
+                else:
+                    w += struct.pack(f">i{n}{fixed}", n, *value)
+                return
+            except struct.error:
+                pass  # the element that does not fit is named below, nothing written yet
         w += _pack_i32(len(value))
         for element in value:
             item_encode(w, element)
@@ -312,6 +332,11 @@ def array(item: Codec[Any], *, nullable: bool = False) -> Codec[Any]:
             raise malformed(f"{name} count {n}")
         if n * item_min > r.end - r.pos:
             raise malformed(f"{n} items of {name} cannot fit in {r.end - r.pos} bytes")
+        if fixed is not None:
+            unpacker = unpackers[n] if n < _KEPT_PACKERS else struct.Struct(f">{n}{fixed}")
+            values: tuple[Any, ...] = unpacker.unpack_from(r.buf, r.pos)
+            r.pos += unpacker.size
+            return values
         return tuple([item_decode(r) for _ in range(n)])
 
     return Codec(name, encode, decode, 4)

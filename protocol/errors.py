@@ -25,8 +25,16 @@ class ErrorCode(enum.IntEnum):
     CORRUPT_MESSAGE = 2
     """A record's CRC does not match its contents."""
     UNKNOWN_TOPIC_OR_PARTITION = 3
+    LEADER_NOT_AVAILABLE = 5
+    """The partition has no leader now (an election under way, or every replica offline):
+    refresh metadata and retry."""
+    NOT_LEADER_OR_FOLLOWER = 6
+    """This broker does not lead the partition (nor, for REPLICA_FETCH, follow it as asked):
+    refresh metadata, or take the answer's leader hint, and go to the leader."""
     REQUEST_TIMED_OUT = 7
-    """A frame begun was not finished within the receiver's frame timeout."""
+    """A frame begun was not finished within the receiver's frame timeout; in a Produce
+    version 3 answer, an acks=all write not confirmed by the in-sync replicas in time (the
+    records may be stored)."""
     MESSAGE_TOO_LARGE = 10
     COORDINATOR_LOAD_IN_PROGRESS = 14
     """The seeds' CoordinatorStartupNotComplete."""
@@ -34,6 +42,14 @@ class ErrorCode(enum.IntEnum):
     NOT_COORDINATOR = 16
     INVALID_TOPIC_EXCEPTION = 17
     ILLEGAL_GENERATION = 22
+    NOT_ENOUGH_REPLICAS = 19
+    """An acks=all Produce while fewer replicas are in sync than the topic's
+    ``min.insync.replicas``: nothing was written; retriable."""
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+    """Written on the leader, but the in-sync replicas fell below the minimum before they all
+    had it: not acknowledged, and a retry may store the records twice; retriable."""
+    INVALID_REQUIRED_ACKS = 21
+    """A Produce's ``acks`` is neither 1 nor -1 (all)."""
     INVALID_GROUP_ID = 24
     """Empty, longer than the broker's ``max_id_bytes``, or holding a control character."""
     UNKNOWN_MEMBER_ID = 25
@@ -47,6 +63,9 @@ class ErrorCode(enum.IntEnum):
     UNSUPPORTED_VERSION = 35
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    """A CreateTopic's ``replication_factor`` below 1 (other than -1, the broker's default),
+    or above what the cluster can place; above 1 until brokers serve replication."""
     INVALID_REPLICA_ASSIGNMENT = 39
     """CreateTopic or CreatePartitions named a broker that is not live, or one twice."""
     INVALID_CONFIG = 40
@@ -69,6 +88,12 @@ class ErrorCode(enum.IntEnum):
     UNACCEPTABLE_CREDENTIAL = 93
     """A credential upserted with an unknown mechanism, iterations outside the broker's bounds,
     or a salt or keys of the wrong size."""
+    FENCED_LEADER_EPOCH = 74
+    """The request's leader epoch is older than the partition's (KIP-320): the sender's view is
+    stale; refresh metadata."""
+    UNKNOWN_LEADER_EPOCH = 75
+    """The request's leader epoch is newer than this broker knows: it has not learned of the
+    election yet; retry."""
     UNKNOWN_TOPIC_ID = 100
     """A request named a topic id the topic of that name no longer has: the topic was deleted,
     and perhaps created again, since the client learned the id (docs/design.md#topic-ids)."""
@@ -105,6 +130,39 @@ class ErrorCode(enum.IntEnum):
 
 
 _BY_VALUE: dict[int, ErrorCode] = {code.value: code for code in ErrorCode}
+
+#: The codes after which the same request may succeed if sent again (Kafka's
+#: ``RetriableException``s, and BROKER_BUSY): the condition passes (a failover, an election, a
+#: busy loop) or a metadata refresh finds where to send it (:data:`STALE_METADATA`).
+RETRIABLE: frozenset[ErrorCode] = frozenset(
+    {
+        ErrorCode.CORRUPT_MESSAGE,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_TOPIC_ID,
+        ErrorCode.BROKER_BUSY,
+    }
+)
+#: Of those, the codes that mean the client's view of the partitions is stale (Kafka's
+#: ``InvalidMetadataException``s): refresh metadata before sending again.
+STALE_METADATA: frozenset[ErrorCode] = frozenset(
+    {
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_TOPIC_ID,
+    }
+)
 
 
 class IllegalInput(Exception):

@@ -11,7 +11,6 @@ Each api has versions 0 to :data:`NEWEST_VERSION`; a field that a later version 
 
 from __future__ import annotations
 
-import enum
 import typing
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -19,46 +18,14 @@ from typing import Any, ClassVar, TypeAlias
 
 import attrs
 
+from .api_keys import COORDINATOR_REQUESTS as COORDINATOR_REQUESTS
+from .api_keys import ApiKey as ApiKey
 from .codec import Codec, Int16, Int32, Int64
 from .errors import ErrorCode
 from .records import Record
+from .replica_messages import ReplicaFetchRequest, ReplicaFetchResponse, TopicReplicas
 from .schema import SINCE, since, struct_codec
 from .types import NO_TOPIC_ID, BrokerInfo, PartitionOffset, Subscription, TopicId, TopicPartition
-
-
-class ApiKey(enum.IntEnum):
-    PRODUCE = 0
-    FETCH = 1
-    LIST_OFFSETS = 2
-    CLUSTER_METADATA = 3
-    REGISTER_CONSUMER = 4
-    PING = 5
-    STOP_FETCHER = 6
-    START_FETCHER = 7
-    OFFSET_COMMIT = 8
-    OFFSET_FETCH = 9
-    CREATE_TOPIC = 10
-    CREATE_PARTITIONS = 11
-    LIST_GROUPS = 12
-    DESCRIBE_GROUP = 13
-    LEAVE_GROUP = 14
-    DELETE_GROUP = 15
-    SASL_HANDSHAKE = 17
-    DELETE_TOPIC = 20
-    DESCRIBE_ACLS = 29
-    CREATE_ACLS = 30
-    DELETE_ACLS = 31
-    SASL_AUTHENTICATE = 36
-    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
-    ALTER_USER_SCRAM_CREDENTIALS = 51
-
-
-COORDINATOR_REQUESTS: frozenset[ApiKey] = frozenset(
-    {ApiKey.PING, ApiKey.STOP_FETCHER, ApiKey.START_FETCHER}
-)
-"""Requests only the broker side sends (over the connection the consumer opened); the consumer side
-sends every other request and never these."""
-
 
 # --- nested types -------------------------------------------------------------------------------
 
@@ -164,6 +131,12 @@ class ProduceRequest:
     topic_id: TopicId = attrs.field(default=NO_TOPIC_ID, metadata=since(2))
     """The incarnation of ``topic`` the producer learned (SPEC.md §11.12): another one is
     refused with UNKNOWN_TOPIC_ID and nothing is written; NO_TOPIC_ID: whichever is in force."""
+    acks: Int16 = attrs.field(default=1, metadata=since(3))
+    """1: acknowledged once the leader wrote it; -1 (all): once every in-sync replica has it,
+    refused NOT_ENOUGH_REPLICAS if fewer are in sync than the topic's minimum. Else
+    INVALID_REQUIRED_ACKS; versions before 3 mean 1."""
+    timeout_ms: Int32 = attrs.field(default=30_000, metadata=since(3))
+    """How long an acks=all write may wait for the in-sync replicas (REQUEST_TIMED_OUT after)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -171,6 +144,10 @@ class ProduceResponse:
     API_KEY: ClassVar[ApiKey] = ApiKey.PRODUCE
     error_code: ErrorCode
     base_offset: Int64
+    leader_id: Int32 = attrs.field(default=-1, metadata=since(3))
+    """The partition's leader as this broker knows it (KIP-951's hint), -1: unknown."""
+    leader_epoch: Int64 = attrs.field(default=-1, metadata=since(3))
+    """That leader's epoch, -1: unknown."""
 
 
 # --- 1 FETCH ------------------------------------------------------------------------------------
@@ -187,6 +164,9 @@ class FetchRequest:
     """The incarnation of ``topic`` the consumer was started on: another one, or none, is
     refused with UNKNOWN_TOPIC_ID instead of served. The zero id (and version 0 and 1): any
     incarnation of the name."""
+    current_leader_epoch: Int64 = attrs.field(default=-1, metadata=since(3))
+    """The leader epoch the consumer learned (KIP-320): an older one is refused
+    FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH; -1 (and before 3): not checked."""
 
 
 @attrs.frozen(kw_only=True)
@@ -200,6 +180,9 @@ class FetchResponse:
     batches: bytes = attrs.field(default=b"", metadata=since(1))
     """Whole stored batches, the first one holding the requested offset (so it may begin
     before it: a consumer skips those records), as the log holds them."""
+    leader_id: Int32 = attrs.field(default=-1, metadata=since(3))
+    """As in :class:`ProduceResponse`."""
+    leader_epoch: Int64 = attrs.field(default=-1, metadata=since(3))
 
 
 # --- 2 LIST_OFFSETS -----------------------------------------------------------------------------
@@ -213,6 +196,8 @@ class ListOffsetsRequest:
     timestamp_ms: Int64 = attrs.field(default=-1, metadata=since(1))
     """-1: no lookup by time. Otherwise the earliest offset whose record's timestamp is at
     least this (Kafka's offsetsForTimes), answered in the response's ``offset``."""
+    current_leader_epoch: Int64 = attrs.field(default=-1, metadata=since(2))
+    """As in :class:`FetchRequest`."""
 
 
 @attrs.frozen(kw_only=True)
@@ -226,6 +211,9 @@ class ListOffsetsResponse:
     below the high watermark has a timestamp that late."""
     timestamp_ms: Int64 = attrs.field(default=-1, metadata=since(1))
     """That record's timestamp (-1 with ``offset`` -1)."""
+    leader_id: Int32 = attrs.field(default=-1, metadata=since(2))
+    """As in :class:`ProduceResponse`."""
+    leader_epoch: Int64 = attrs.field(default=-1, metadata=since(2))
 
 
 # --- 3 CLUSTER_METADATA -------------------------------------------------------------------------
@@ -261,6 +249,9 @@ class ClusterMetadataResponse:
     """The settings each topic in ``topics`` was created with (those that have any)."""
     throttle_time_ms: Int32 = attrs.field(default=0, metadata=since(4))
     """With BROKER_BUSY: how long to wait before asking this broker again (SPEC.md §11.7)."""
+    replicas: tuple[TopicReplicas, ...] = attrs.field(default=(), metadata=since(5))
+    """Each partition's leader epoch, replicas and in-sync replicas, for the topics of
+    ``topics`` that exist; ``topics`` names each partition's leader (in every version)."""
 
 
 # --- 4 REGISTER_CONSUMER ------------------------------------------------------------------------
@@ -431,6 +422,8 @@ class CreateTopicRequest:
     """The brokers to place the partitions on, round robin; None: every live broker."""
     configs: tuple[ConfigEntry, ...] = attrs.field(default=(), metadata=since(2))
     """The topic's own settings (protocol/topic_configs.py); those not named are the broker's."""
+    replication_factor: Int16 = attrs.field(default=1, metadata=since(3))
+    """Replicas per partition; -1: the broker's default. Versions before 3 mean 1."""
 
 
 @attrs.frozen(kw_only=True)
@@ -737,6 +730,7 @@ RequestMessage: TypeAlias = (
     | DeleteAclsRequest
     | DescribeUserScramCredentialsRequest
     | AlterUserScramCredentialsRequest
+    | ReplicaFetchRequest
 )
 ResponseMessage: TypeAlias = (
     ProduceResponse
@@ -763,6 +757,7 @@ ResponseMessage: TypeAlias = (
     | DeleteAclsResponse
     | DescribeUserScramCredentialsResponse
     | AlterUserScramCredentialsResponse
+    | ReplicaFetchResponse
 )
 
 _REQUESTS: tuple[type[RequestMessage], ...] = typing.get_args(RequestMessage)
@@ -778,12 +773,12 @@ RESPONSE_TYPES: Mapping[ApiKey, type[ResponseMessage]] = MappingProxyType(
 NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
     {key: 0 for key in ApiKey}
     | {
-        ApiKey.PRODUCE: 2,
-        ApiKey.CLUSTER_METADATA: 4,
-        ApiKey.FETCH: 2,
-        ApiKey.LIST_OFFSETS: 1,
+        ApiKey.PRODUCE: 3,
+        ApiKey.CLUSTER_METADATA: 5,
+        ApiKey.FETCH: 3,
+        ApiKey.LIST_OFFSETS: 2,
         ApiKey.REGISTER_CONSUMER: 3,
-        ApiKey.CREATE_TOPIC: 2,
+        ApiKey.CREATE_TOPIC: 3,
         ApiKey.CREATE_PARTITIONS: 1,
         ApiKey.PING: 1,
         ApiKey.STOP_FETCHER: 2,

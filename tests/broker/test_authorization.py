@@ -9,6 +9,7 @@ from broker.authorization import narrowed, refusal, visible
 from broker.pace import ANSWER_CHUNK
 from protocol import (
     AlterUserScramCredentialsRequest,
+    ApiKey,
     ClusterMetadataRequest,
     ClusterMetadataResponse,
     CreateAclsRequest,
@@ -35,9 +36,12 @@ from protocol import (
     RegisterConsumerRequest,
     RequestMessage,
     TopicMetadata,
+    TopicReplicas,
+    error_response,
 )
 from protocol.types import PartitionOffset, Subscription, TopicPartition, TopicStreams
 from statemachine.acl import Acl, Authorizer, Operation, ResourceType
+from tests.protocol.protocol_testing import SAMPLE_REQUESTS
 from tests.support.turns import turns_during
 
 ALICE = "User:alice"
@@ -100,6 +104,9 @@ RIGHTS_ALTERED: list[RequestMessage] = [
     AlterUserScramCredentialsRequest(deletions=("bob",), upsertions=()),
 ]
 
+#: A follower broker's fetch (SPEC.md §8, 1000).
+REPLICA_FETCH = SAMPLE_REQUESTS[ApiKey.REPLICA_FETCH]
+
 ALLOWED: list[RequestMessage] = [
     FetchRequest(topic="t", partition=0, offset=0, max_bytes=1024),
     ListOffsetsRequest(topic="t", partition=0),  # read implies describe
@@ -127,6 +134,7 @@ DENIED: list[tuple[RequestMessage, ErrorCode]] = [
     (DeleteTopicRequest(topic="t"), TOPIC_DENIED),  # reading a topic does not delete it
     *((message, CLUSTER_DENIED) for message in RIGHTS_DESCRIBED),
     *((message, CLUSTER_DENIED) for message in RIGHTS_ALTERED),
+    (REPLICA_FETCH, CLUSTER_DENIED),
 ]
 
 
@@ -182,12 +190,14 @@ async def test_lists_show_only_what_the_principal_may_describe() -> None:
             TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=())
             for name in ("secret", "t")
         ),
+        replicas=tuple(TopicReplicas(topic=name, partitions=()) for name in ("secret", "t")),
     )
     every = await visible(
         READER, ALICE, ClusterMetadataRequest(group_id=None, topics=None), metadata
     )
     assert isinstance(every, ClusterMetadataResponse)
     assert [t.topic for t in every.topics] == ["t"]
+    assert [t.topic for t in every.replicas] == ["t"]
     named = await visible(
         READER, ALICE, ClusterMetadataRequest(group_id=None, topics=("secret", "t")), metadata
     )
@@ -298,3 +308,25 @@ def test_users_and_rules_are_read_with_describe_and_changed_with_alter_on_the_cl
         enabled=True, acls=frozenset({rule(Operation.ALL, ResourceType.TOPIC, "*")})
     )
     assert all(refusal(topic_admin, ALICE, m) is not None for m in RIGHTS_ALTERED)
+
+
+@pytest.mark.parametrize(
+    ("resource", "operation", "allowed"),
+    [
+        (ResourceType.CLUSTER, Operation.ALTER, True),
+        (ResourceType.CLUSTER, Operation.ALL, True),
+        (ResourceType.CLUSTER, Operation.DESCRIBE, False),
+        (ResourceType.CLUSTER, Operation.CREATE, False),
+        (ResourceType.TOPIC, Operation.ALL, False),  # every right on every topic is not a broker's
+    ],
+)
+def test_a_replica_fetch_needs_alter_on_the_cluster(
+    resource: ResourceType, operation: Operation, allowed: bool
+) -> None:
+    name = "cluster" if resource is ResourceType.CLUSTER else "*"
+    rules = Authorizer(enabled=True, acls=frozenset({rule(operation, resource, name)}))
+    refused = refusal(rules, ALICE, REPLICA_FETCH)
+    if allowed:
+        assert refused is None
+    else:
+        assert refused == error_response(REPLICA_FETCH, CLUSTER_DENIED)

@@ -64,6 +64,7 @@ from protocol import (
 from protocol.types import PartitionOffset, Subscription, TopicPartition
 from statemachine.acl import Acl, Authorizer, Operation, ResourceType
 from tests.coordinator.test_boundary import DEADLINE, Broker, open_broker
+from tests.protocol.protocol_testing import SAMPLE_REQUESTS
 from transport.channel import Channel
 from transport.security import Peer
 
@@ -141,9 +142,10 @@ ASKED: dict[ApiKey, RequestMessage] = {
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: AlterUserScramCredentialsRequest(
         deletions=("alice",), upsertions=()
     ),
+    ApiKey.REPLICA_FETCH: SAMPLE_REQUESTS[ApiKey.REPLICA_FETCH],
 }
-#: Apis about users and rules, which only a principal that may describe or alter the cluster
-#: may ask: alice is refused them, and told nothing else.
+#: Apis about users and rules, and a follower broker's REPLICA_FETCH, which only a principal that
+#: may describe or alter the cluster may ask: alice is refused them, and told nothing else.
 CLUSTER_APIS = frozenset(
     {
         ApiKey.DESCRIBE_ACLS,
@@ -151,6 +153,7 @@ CLUSTER_APIS = frozenset(
         ApiKey.DELETE_ACLS,
         ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
         ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+        ApiKey.REPLICA_FETCH,  # a follower broker's
     }
 )
 #: Apis alice cannot ask, with the reason; what they carry is checked all the same.

@@ -112,6 +112,20 @@ async def test_a_frozen_client_runs_a_whole_group(level: str, tmp_path: Path) ->
         assert isinstance(hints, list)
         assert len(hints) >= 4  # a topic's id, the coordinator twice, two registrations
         assert set(hints) == {0}
+    if "replication" in result:  # level 12 on: replication's versions, one replica each
+        replication = result["replication"]
+        assert isinstance(replication, dict)
+        (broker_id,) = {leader for _, _, _, leader in replication["replicas"].values()}
+        assert replication == {
+            "refused_factor": 38,  # INVALID_REPLICATION_FACTOR: no replication served yet
+            # each partition's sole replica leads it at epoch 0, and is its ISR
+            "replicas": {str(p): [0, [broker_id], [broker_id], broker_id] for p in range(4)},
+            "hints": [[broker_id, 0]],  # every Produce, Fetch and ListOffsets answer's
+            "listed": [0, 0, 15],
+            "newer_epoch": [75, 75],  # UNKNOWN_LEADER_EPOCH from Fetch 3 and ListOffsets 2
+            "acks_0": 21,  # INVALID_REQUIRED_ACKS, nothing written (the commits count 15)
+            "replica_fetch": [0, [[p, 6] for p in range(partitions)]],  # NOT_LEADER_OR_FOLLOWER
+        }
     if "described" in result:  # level 7 on: DescribeGroup 3 names the members it awaits
         assert result["described"] == {
             "state": "Stable",

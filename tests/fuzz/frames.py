@@ -18,6 +18,7 @@ import functools
 import math
 import random
 import struct
+import uuid
 import zlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
@@ -54,6 +55,8 @@ from protocol import (
     ProtocolError,
     Record,
     RegisterConsumerRequest,
+    ReplicaFetchPartition,
+    ReplicaFetchRequest,
     RequestMessage,
     SaslAuthenticateRequest,
     SaslHandshakeRequest,
@@ -365,6 +368,23 @@ def _builders() -> dict[ApiKey, Callable[[random.Random], RequestMessage]]:
                     salt=rng.randbytes(16),
                     stored_key=rng.randbytes(32),
                     server_key=rng.randbytes(32),
+                ),
+            ),
+        ),
+        # A follower's fetch: every partition is answered NOT_LEADER_OR_FOLLOWER, or refused
+        # with the rest if the request is out of bounds.
+        ApiKey.REPLICA_FETCH: lambda rng: ReplicaFetchRequest(
+            replica_id=rng.randrange(4),
+            log_dir=uuid.UUID(bytes=rng.randbytes(16)),
+            max_wait_ms=rng.randrange(501),
+            max_bytes=1 << 16,
+            partitions=(
+                ReplicaFetchPartition(
+                    topic_id=uuid.UUID(bytes=rng.randbytes(16)),
+                    partition=rng.randrange(4),
+                    leader_epoch=rng.randrange(2),
+                    fetch_offset=rng.randrange(4),
+                    last_fetched_epoch=-1,
                 ),
             ),
         ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import uuid
 
 from protocol import (
     COORDINATOR_REQUESTS,
@@ -33,6 +34,8 @@ from protocol import (
     PingRequest,
     ProduceRequest,
     RegisterConsumerRequest,
+    ReplicaFetchPartition,
+    ReplicaFetchRequest,
     RequestMessage,
     Role,
     SaslAuthenticateRequest,
@@ -149,6 +152,21 @@ SAMPLE_REQUESTS: dict[ApiKey, RequestMessage] = {
                 salt=b"s" * 16,
                 stored_key=b"k" * 32,
                 server_key=b"v" * 32,
+            ),
+        ),
+    ),
+    ApiKey.REPLICA_FETCH: ReplicaFetchRequest(
+        replica_id=2,
+        log_dir=uuid.UUID(int=7),
+        max_wait_ms=500,
+        max_bytes=1 << 20,
+        partitions=(
+            ReplicaFetchPartition(
+                topic_id=uuid.UUID(int=1),
+                partition=0,
+                leader_epoch=0,
+                fetch_offset=0,
+                last_fetched_epoch=-1,
             ),
         ),
     ),

@@ -43,6 +43,7 @@ from protocol import (
     DescribeGroupResponse,
     DescribeUserScramCredentialsRequest,
     DescribeUserScramCredentialsResponse,
+    EpochStart,
     ErrorCode,
     FetchRequest,
     FetchResponse,
@@ -67,6 +68,10 @@ from protocol import (
     Record,
     RegisterConsumerRequest,
     RegisterConsumerResponse,
+    ReplicaFetchData,
+    ReplicaFetchPartition,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
     RequestMessage,
     ResponseMessage,
     SaslAuthenticateRequest,
@@ -139,6 +144,27 @@ member_descriptions = st.builds(
     session_timeout_ms=int32,
     subscription=subscriptions,
     partitions=tuples_of(topic_partitions),
+)
+
+replica_fetch_partitions = st.builds(
+    ReplicaFetchPartition,
+    topic_id=st.uuids(),
+    partition=int32,
+    leader_epoch=int64,
+    fetch_offset=int64,
+    last_fetched_epoch=int64,
+)
+replica_fetch_data = st.builds(
+    ReplicaFetchData,
+    topic_id=st.uuids(),
+    partition=int32,
+    error_code=error_codes,
+    high_watermark=int64,
+    log_start_offset=int64,
+    diverging_epoch=int64,
+    diverging_end_offset=int64,
+    epoch_starts=tuples_of(st.builds(EpochStart, epoch=int64, start_offset=int64)),
+    batches=st.binary(max_size=40),
 )
 
 REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
@@ -252,6 +278,14 @@ REQUEST_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
             )
         ),
     ),
+    ApiKey.REPLICA_FETCH: st.builds(
+        ReplicaFetchRequest,
+        replica_id=int32,
+        log_dir=st.uuids(),
+        max_wait_ms=int32,
+        max_bytes=int32,
+        partitions=tuples_of(replica_fetch_partitions),
+    ),
 }
 
 RESPONSE_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
@@ -347,6 +381,9 @@ RESPONSE_STRATEGIES: dict[ApiKey, st.SearchStrategy[Any]] = {
         AlterUserScramCredentialsResponse,
         error_code=error_codes,
         results=tuples_of(st.builds(UserAlteration, user=texts, error_code=error_codes)),
+    ),
+    ApiKey.REPLICA_FETCH: st.builds(
+        ReplicaFetchResponse, error_code=error_codes, partitions=tuples_of(replica_fetch_data)
     ),
 }
 

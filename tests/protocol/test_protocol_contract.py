@@ -13,6 +13,7 @@ import pytest
 import protocol
 from protocol import NEWEST_VERSION, REQUEST_TYPES, RESPONSE_TYPES, ApiKey
 from protocol.codec import Codec
+from protocol.errors import RETRIABLE, STALE_METADATA
 from protocol.schema import struct_codec
 
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "protocol" / "SPEC.md"
@@ -36,18 +37,24 @@ CONTRACT = {
     "MemberDescription": "member_id:string client_id:string session_timeout_ms:int32"
     " subscription:Subscription partitions:array[TopicPartition]",
     "ProduceRequest": "topic:string partition:int32 records:array[Record] batches:bytes"
-    " topic_id:uuid",
-    "ProduceResponse": "error_code:int16 base_offset:int64",
-    "FetchRequest": "topic:string partition:int32 offset:int64 max_bytes:int32 topic_id:uuid",
+    " topic_id:uuid acks:int16 timeout_ms:int32",
+    "ProduceResponse": "error_code:int16 base_offset:int64 leader_id:int32 leader_epoch:int64",
+    "FetchRequest": "topic:string partition:int32 offset:int64 max_bytes:int32 topic_id:uuid"
+    " current_leader_epoch:int64",
     "FetchResponse": "error_code:int16 high_watermark:int64 log_start_offset:int64"
-    " records:array[Record] batches:bytes",
-    "ListOffsetsRequest": "topic:string partition:int32 timestamp_ms:int64",
+    " records:array[Record] batches:bytes leader_id:int32 leader_epoch:int64",
+    "ListOffsetsRequest": "topic:string partition:int32 timestamp_ms:int64"
+    " current_leader_epoch:int64",
     "ListOffsetsResponse": "error_code:int16 log_start_offset:int64 high_watermark:int64"
-    " offset:int64 timestamp_ms:int64",
+    " offset:int64 timestamp_ms:int64 leader_id:int32 leader_epoch:int64",
     "ClusterMetadataRequest": "group_id:string? topics:array[string]? leased:bool",
     "ClusterMetadataResponse": "error_code:int16 coordinator_id:int32 coordinator_epoch:int64"
     " brokers:array[BrokerInfo] topics:array[TopicMetadata] slot_holders:array[int32]"
-    " topic_ids:array[TopicIdentity] topic_configs:array[TopicConfigs] throttle_time_ms:int32",
+    " topic_ids:array[TopicIdentity] topic_configs:array[TopicConfigs] throttle_time_ms:int32"
+    " replicas:array[TopicReplicas]",
+    "TopicReplicas": "topic:string partitions:array[PartitionReplicas]",
+    "PartitionReplicas": "partition:int32 leader_epoch:int64 replicas:array[int32]"
+    " isr:array[int32]",
     "RegisterConsumerRequest": "group_id:string consumer_id:string subscription:Subscription"
     " auto_commit:bool auto_offset_reset:string session_timeout_ms:int32 generation:int32"
     " owned_partitions:array[TopicPartition] instance_id:string?"
@@ -71,7 +78,7 @@ CONTRACT = {
     "OffsetFetchRequest": "group_id:string partitions:array[TopicPartition]?",
     "OffsetFetchResponse": "error_code:int16 offsets:array[PartitionOffset]",
     "CreateTopicRequest": "topic:string partitions:int32 broker_ids:array[int32]?"
-    " configs:array[ConfigEntry]",
+    " configs:array[ConfigEntry] replication_factor:int16",
     "CreateTopicResponse": "error_code:int16",
     "CreatePartitionsRequest": "topic:string total_partitions:int32 broker_ids:array[int32]?",
     "CreatePartitionsResponse": "error_code:int16",
@@ -109,11 +116,39 @@ CONTRACT = {
     "AlterUserScramCredentialsRequest": "deletions:array[string] upsertions:array[ScramUpsertion]",
     "UserAlteration": "user:string error_code:int16",
     "AlterUserScramCredentialsResponse": "error_code:int16 results:array[UserAlteration]",
+    "ReplicaFetchRequest": "replica_id:int32 log_dir:uuid max_wait_ms:int32 max_bytes:int32"
+    " partitions:array[ReplicaFetchPartition]",
+    "ReplicaFetchPartition": "topic_id:uuid partition:int32 leader_epoch:int64"
+    " fetch_offset:int64 last_fetched_epoch:int64",
+    "ReplicaFetchResponse": "error_code:int16 partitions:array[ReplicaFetchData]",
+    "ReplicaFetchData": "topic_id:uuid partition:int32 error_code:int16 high_watermark:int64"
+    " log_start_offset:int64 diverging_epoch:int64 diverging_end_offset:int64"
+    " epoch_starts:array[EpochStart] batches:bytes",
+    "EpochStart": "epoch:int64 start_offset:int64",
 }
 # The layouts of older versions, where they differ from the newest (the class's whole field list).
 OLDER_VERSIONS = {
     ("ListOffsetsRequest", 0): "topic:string partition:int32",
     ("ListOffsetsResponse", 0): "error_code:int16 log_start_offset:int64 high_watermark:int64",
+    ("ListOffsetsRequest", 1): "topic:string partition:int32 timestamp_ms:int64",
+    ("ListOffsetsResponse", 1): "error_code:int16 log_start_offset:int64 high_watermark:int64"
+    " offset:int64 timestamp_ms:int64",
+    ("ProduceRequest", 2): "topic:string partition:int32 records:array[Record] batches:bytes"
+    " topic_id:uuid",
+    ("ProduceResponse", 0): "error_code:int16 base_offset:int64",
+    ("ProduceResponse", 1): "error_code:int16 base_offset:int64",
+    ("ProduceResponse", 2): "error_code:int16 base_offset:int64",
+    ("FetchRequest", 2): "topic:string partition:int32 offset:int64 max_bytes:int32 topic_id:uuid",
+    ("FetchResponse", 1): "error_code:int16 high_watermark:int64 log_start_offset:int64"
+    " records:array[Record] batches:bytes",
+    ("FetchResponse", 2): "error_code:int16 high_watermark:int64 log_start_offset:int64"
+    " records:array[Record] batches:bytes",
+    ("ClusterMetadataResponse", 4): "error_code:int16 coordinator_id:int32"
+    " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]"
+    " slot_holders:array[int32] topic_ids:array[TopicIdentity] topic_configs:array[TopicConfigs]"
+    " throttle_time_ms:int32",
+    ("CreateTopicRequest", 2): "topic:string partitions:int32 broker_ids:array[int32]?"
+    " configs:array[ConfigEntry]",
     ("ClusterMetadataResponse", 0): "error_code:int16 coordinator_id:int32"
     " coordinator_epoch:int64 brokers:array[BrokerInfo] topics:array[TopicMetadata]",
     ("ClusterMetadataResponse", 1): "error_code:int16 coordinator_id:int32"
@@ -261,6 +296,7 @@ def test_api_keys_and_tables() -> None:
         ("SASL_AUTHENTICATE", 36),
         ("DESCRIBE_USER_SCRAM_CREDENTIALS", 50),
         ("ALTER_USER_SCRAM_CREDENTIALS", 51),
+        ("REPLICA_FETCH", 1000),  # ours: Kafka's replicas fetch with FETCH
     ]
     for key in ApiKey:
         assert REQUEST_TYPES[key].API_KEY is key is RESPONSE_TYPES[key].API_KEY
@@ -276,12 +312,17 @@ def test_error_codes() -> None:
         "OFFSET_OUT_OF_RANGE": 1,
         "CORRUPT_MESSAGE": 2,
         "UNKNOWN_TOPIC_OR_PARTITION": 3,
+        "LEADER_NOT_AVAILABLE": 5,
+        "NOT_LEADER_OR_FOLLOWER": 6,
         "REQUEST_TIMED_OUT": 7,
         "MESSAGE_TOO_LARGE": 10,
         "COORDINATOR_LOAD_IN_PROGRESS": 14,
         "COORDINATOR_NOT_AVAILABLE": 15,
         "NOT_COORDINATOR": 16,
         "INVALID_TOPIC_EXCEPTION": 17,
+        "NOT_ENOUGH_REPLICAS": 19,
+        "NOT_ENOUGH_REPLICAS_AFTER_APPEND": 20,
+        "INVALID_REQUIRED_ACKS": 21,
         "ILLEGAL_GENERATION": 22,
         "INVALID_GROUP_ID": 24,
         "UNKNOWN_MEMBER_ID": 25,
@@ -295,6 +336,7 @@ def test_error_codes() -> None:
         "UNSUPPORTED_VERSION": 35,
         "TOPIC_ALREADY_EXISTS": 36,
         "INVALID_PARTITIONS": 37,
+        "INVALID_REPLICATION_FACTOR": 38,
         "INVALID_REPLICA_ASSIGNMENT": 39,
         "INVALID_CONFIG": 40,
         "INVALID_REQUEST": 42,
@@ -306,6 +348,8 @@ def test_error_codes() -> None:
         "FENCED_INSTANCE_ID": 82,
         "RESOURCE_NOT_FOUND": 91,
         "UNACCEPTABLE_CREDENTIAL": 93,
+        "FENCED_LEADER_EPOCH": 74,
+        "UNKNOWN_LEADER_EPOCH": 75,
         "UNKNOWN_TOPIC_ID": 100,
         "INVALID_REGULAR_EXPRESSION": 128,
         "FRAME_TOO_LARGE": 1001,
@@ -318,6 +362,35 @@ def test_error_codes() -> None:
         "RESPONSE_TOO_LARGE": 1008,
         "BROKER_BUSY": 1009,
     }
+
+
+def test_the_retriable_codes_are_kafkas() -> None:
+    """Kafka's RetriableExceptions among our codes (and our BROKER_BUSY); those that mean a
+    stale view of the partitions are its InvalidMetadataExceptions."""
+    assert {code.name for code in RETRIABLE} == {
+        "CORRUPT_MESSAGE",
+        "UNKNOWN_TOPIC_OR_PARTITION",
+        "LEADER_NOT_AVAILABLE",
+        "NOT_LEADER_OR_FOLLOWER",
+        "REQUEST_TIMED_OUT",
+        "COORDINATOR_LOAD_IN_PROGRESS",
+        "COORDINATOR_NOT_AVAILABLE",
+        "NOT_COORDINATOR",
+        "NOT_ENOUGH_REPLICAS",
+        "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+        "FENCED_LEADER_EPOCH",
+        "UNKNOWN_LEADER_EPOCH",
+        "UNKNOWN_TOPIC_ID",
+        "BROKER_BUSY",
+    }
+    assert {code.name for code in STALE_METADATA} == {
+        "UNKNOWN_TOPIC_OR_PARTITION",
+        "LEADER_NOT_AVAILABLE",
+        "NOT_LEADER_OR_FOLLOWER",
+        "FENCED_LEADER_EPOCH",
+        "UNKNOWN_TOPIC_ID",
+    }
+    assert STALE_METADATA <= RETRIABLE
 
 
 def test_protocol_error_cannot_be_raised_directly() -> None:

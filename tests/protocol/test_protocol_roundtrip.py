@@ -29,6 +29,7 @@ from protocol import (
     ResponseMessage,
     Role,
 )
+from protocol.codec import INT16, INT32, INT64, Codec, Reader, array
 from protocol.schema import SINCE
 from tests.protocol.protocol_testing import drain, other, sender_role
 from tests.protocol.strategies import (
@@ -196,3 +197,38 @@ def test_a_large_batch_of_frames_in_one_chunk_decodes_in_order() -> None:
     assert len(data) > 300_000
     half = len(data) // 2 + 7
     assert _feed(Role.CONSUMER, [data[:half], data[half:]]) == expected
+
+
+@given(
+    st.sampled_from([(INT16, 16), (INT32, 32), (INT64, 64)]).flatmap(
+        lambda codec_bits: st.tuples(
+            st.just(codec_bits[0]),
+            st.lists(
+                st.integers(-(2 ** (codec_bits[1] - 1)), 2 ** (codec_bits[1] - 1) - 1),
+                max_size=40,
+            ).map(tuple),
+        )
+    )
+)
+def test_an_array_of_fixed_width_ints_round_trips_at_any_length(
+    codec_values: tuple[Codec[int], tuple[int, ...]],
+) -> None:
+    """Packed whole (short arrays by a packer made once, longer by one made per call), as each
+    element alone would be."""
+    codec, values = codec_values
+    packed = bytearray()
+    array(codec).encode(packed, values)
+    one_by_one = bytearray(len(values).to_bytes(4, "big"))
+    for value in values:
+        codec.encode(one_by_one, value)
+    assert packed == one_by_one
+    reader = Reader(bytes(packed))
+    assert array(codec).decode(reader) == values
+    assert reader.remaining == 0
+
+
+@pytest.mark.parametrize("length", [1, 7, 8, 30])
+def test_an_int_out_of_its_width_in_an_array_is_named_and_not_sent(length: int) -> None:
+    values = (*range(length - 1), 2**31)
+    with pytest.raises(LocalProtocolError, match="2147483648 does not fit in int32"):
+        array(INT32).encode(bytearray(), values)
