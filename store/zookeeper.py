@@ -454,3 +454,4 @@ async def open_zookeeper_store(
         finally:
             store._closed = True
             store._topic_watch.value = None
+            store._partition_events.note()  # a reader waiting for notes finds the store closed

@@ -546,6 +546,16 @@ async def test_a_controllers_state_writes_are_fenced_by_its_epoch(store: Metadat
     assert await store.write_partition_states(new, []) == ()
 
 
+async def test_a_closed_store_ends_its_partition_state_watch(store_factory: StoreOpener) -> None:
+    async with store_factory() as store:
+        updates = store.partition_state_updates()
+        with trio.fail_after(WATCH_DEADLINE):
+            assert await anext(updates) == {}
+    with trio.fail_after(WATCH_DEADLINE), pytest.raises(StoreUnavailable):
+        await anext(updates)
+    await updates.aclose()
+
+
 async def test_replication_settings_are_checked_against_the_replication_factor(
     store: MetadataStore,
 ) -> None:
