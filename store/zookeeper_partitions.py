@@ -244,7 +244,8 @@ class Partitions(Session):
         parts: list[list[StateWrite]] = []
         size = budget
         for write in writes:
-            cost = overhead + 2 * len(json_bytes(_note_entry(write))) + 40
+            path = partition_state_path(write.key.topic_id, write.key.partition)
+            cost = overhead + len(path) + 2 * len(json_bytes(_note_entry(write)))
             if size + cost > budget:
                 parts.append([])
                 size = 0

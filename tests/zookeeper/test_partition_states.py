@@ -353,3 +353,28 @@ async def test_a_broker_of_layout_3_registered_holds_off_replicated_topics(
     finally:
         await trio.to_thread.run_sync(old_broker.stop)
         await trio.to_thread.run_sync(old_broker.close)
+
+
+async def test_many_states_are_written_in_parts_under_the_request_limit(
+    zookeeper_hosts: str,
+) -> None:
+    """ZooKeeper drops a request over 1 MiB: thousands of states (a broker's death moves a
+    third of its leaders) go out as several transactions, each with its note, and a stale one
+    among them is reported alone."""
+    count = 6000
+    async with controller(zookeeper_hosts) as (store, epoch):
+        placement = await replicated_topic(store, partitions=count)
+        keys = keys_of(placement)
+        first = StateWrite(key=keys[4000], state=state(1, 0, 1, 2, 3), expected_version=-1)
+        assert await store.write_partition_states(epoch, [first]) == ()
+        writes = [
+            StateWrite(key=key, state=state(2, 0, 2, 3, 1), expected_version=-1) for key in keys
+        ]
+        with trio.fail_after(DEADLINE):
+            assert await store.write_partition_states(epoch, writes) == (keys[4000],)
+            states = await store.partition_states()
+        assert len(states) == count
+        assert states[keys[4000]].leader == 1
+        assert {states[key].leader for key in keys[:4000] + keys[4001:]} == {2}
+        notes = await raw(zookeeper_hosts, lambda client: client.get_children(PARTITION_CHANGES))
+        assert len(notes) > 2  # the first write's, and the big one's parts
