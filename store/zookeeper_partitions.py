@@ -153,6 +153,9 @@ class Partitions(Session):
     # The watch
 
     async def partition_state_updates(self) -> AsyncGenerator[StateView, None]:
+        """``ReplicationStore.partition_state_updates``: a read that fails once the first
+        view is out is tried again on the next event, or after a second (a lost connection,
+        which a new session may follow), unless the store is closed."""
         self._check_open()
         events = self._partition_events
         seen = events.seen
@@ -162,19 +165,33 @@ class Partitions(Session):
         while True:
             await events.after(seen)
             seen = events.seen
-            later = await self._list_notes()
-            changed: dict[PartitionKey, PartitionState] | None = None
-            if not listing.missed_notes(later):
-                changed = await self._read_notes(
-                    sorted(later.names - listing.names, key=_seq), held
-                )
-            if changed is None:  # a note went before it was read: every state afresh
-                log.info("partition state notes were missed; reading every state")
-                changed = _newer(await self._read_all_states(), held)
+            try:
+                later = await self._list_notes()
+                changed = await self._changes(listing, later, held)
+            except StoreUnavailable as exc:
+                if self._closed:
+                    raise
+                log.warning("cannot read the partition states (%s); retrying", exc)
+                with trio.move_on_after(1.0):
+                    await events.after(seen)
+                events.note()  # read again at once, whatever woke this
+                continue
             listing = later
             held.update(changed)
             if changed:
                 yield types.MappingProxyType(changed)
+
+    async def _changes(
+        self, listing: _Listing, later: _Listing, held: Mapping[PartitionKey, PartitionState]
+    ) -> dict[PartitionKey, PartitionState]:
+        """The states that moved on from ``held`` between the two listings of the notes."""
+        if not listing.missed_notes(later):
+            changed = await self._read_notes(sorted(later.names - listing.names, key=_seq), held)
+            if changed is not None:
+                return changed
+        # A note went before it was read: every state afresh.
+        log.info("partition state notes were missed; reading every state")
+        return _newer(await self._read_all_states(), held)
 
     async def _list_notes(self) -> _Listing:
         try:

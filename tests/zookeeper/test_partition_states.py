@@ -378,3 +378,22 @@ async def test_many_states_are_written_in_parts_under_the_request_limit(
         assert {states[key].leader for key in keys[:4000] + keys[4001:]} == {2}
         notes = await raw(zookeeper_hosts, lambda client: client.get_children(PARTITION_CHANGES))
         assert len(notes) > 2  # the first write's, and the big one's parts
+
+
+async def test_a_reader_follows_the_states_into_a_new_session(zookeeper_hosts: str) -> None:
+    """A watch dies with its session: a reader whose session ended reads again under the next
+    one, and hears of what was written meanwhile."""
+    async with controller(zookeeper_hosts) as (writer, epoch):
+        placement = await replicated_topic(writer, partitions=1)
+        [key] = keys_of(placement)
+        async with (
+            open_zookeeper_store(zookeeper_hosts) as reader,
+            aclosing(reader.partition_state_updates()) as updates,
+        ):
+            with trio.fail_after(DEADLINE):
+                assert await anext(updates) == {}
+            await expire_session(zookeeper_hosts, reader)
+            first = StateWrite(key=key, state=state(1, 0, 1, 2, 3), expected_version=-1)
+            assert await writer.write_partition_states(epoch, [first]) == ()
+            with trio.fail_after(DEADLINE):
+                assert versioned(await anext(updates)) == {key: (1, 0, (1, 2, 3), 0)}
