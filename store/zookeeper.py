@@ -138,7 +138,7 @@ class ZooKeeperStore(Cluster, Groups, Partitions):
         (docs/design.md#topic-ids): a racing create or delete of the name makes it read again,
         and an existing topic node makes it ``TopicExists``. A replicated topic, or one with
         replication settings, only once every registered broker reads them
-        (``check_all_read_replicas``)."""
+        (``check_every_broker_reads_replicas``)."""
         if not brokers:
             raise InvalidPartitions(f"topic {topic!r} needs at least one partition")
         replicas = replica_lists(brokers)
@@ -150,7 +150,7 @@ class ZooKeeperStore(Cluster, Groups, Partitions):
         )
         names = {name for name, _value in placement.configs}
         if placement.replication_factor > 1 or names & REPLICATION_SETTINGS:
-            await self.check_all_read_replicas()
+            await self.check_every_broker_reads_replicas()
         ids_path, config_path = topic_id_path(topic), topic_config_path(topic)
         for _ in range(RETRIES):
             ids_version = await self._version(ids_path)

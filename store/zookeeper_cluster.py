@@ -105,7 +105,7 @@ class Cluster(Session):
         if listeners:
             value["listeners"] = listeners
         # The layout it runs, so that no topic a registered broker could not read is written
-        # (``check_all_read_replicas``); keys a broker of layout 3 ignores.
+        # (``check_every_broker_reads_replicas``); keys a broker of layout 3 ignores.
         value["layout"] = LAYOUT_VERSION
         log_dir = self._log_dirs.get(broker.broker_id)
         if log_dir is not None:
@@ -169,7 +169,7 @@ class Cluster(Session):
                     raise StoreUnavailable(f"unreadable log_dir of broker {broker_id}") from exc
         return found
 
-    async def check_all_read_replicas(self) -> None:
+    async def check_every_broker_reads_replicas(self) -> None:
         """Raise ``InvalidReplicationFactor`` while a registered broker runs a layout before 4:
         it reads a topic node with replica lists, or settings it does not know, as unreadable,
         and would fail every read of the topics (docs/design.md#coordinator-slots)."""
@@ -209,9 +209,9 @@ class Cluster(Session):
         is the current incarnation's: docs/design.md#topic-ids), and read nodes whose shapes did
         not change (an offset node's added ``topic_id``, a registration's ``layout`` are keys
         they ignore); no topic they could not read is written while one of them is registered
-        (``check_all_read_replicas``). A broker of an older layout started after the upgrade
-        refuses the store with its one line ("has layout version 4, this broker runs version
-        3")."""
+        (``check_every_broker_reads_replicas``). A broker of an older layout started after the
+        upgrade refuses the store with its one line ("has layout version 4, this broker runs
+        version 3")."""
         wanted = {"version": LAYOUT_VERSION, "slots": slots}
         for _ in range(RETRIES):
             try:
