@@ -10,22 +10,29 @@ brokers (which serve by them); here so that none of them imports another.
 
 from __future__ import annotations
 
+import enum
 import uuid
+from collections.abc import Sequence
 
 import attrs
 
 from protocol.types import TopicId
 
 __all__ = [
+    "NO_EPOCH",
     "NO_LEADER",
     "UNKNOWN_LOG_DIR",
     "EpochStart",
     "IsrEntry",
     "PartitionKey",
     "PartitionState",
+    "ReplicationCode",
     "StateWrite",
+    "assign_epoch",
+    "epoch_end",
     "slot_key",
     "sole_replica_state",
+    "truncate_epochs",
 ]
 
 #: A partition with no leader now (an election under way, or every eligible replica down).
@@ -34,6 +41,26 @@ NO_LEADER = -1
 #: The log directory of a broker that registered none (one of a release before log directory
 #: ids): never equal to a directory's id, so such a replica is never taken for one in sync there.
 UNKNOWN_LOG_DIR = uuid.UUID(int=0)
+
+#: No epoch: an empty log has no last epoch, and an epoch cache may know none at or below one.
+NO_EPOCH = -1
+
+
+class ReplicationCode(enum.IntEnum):
+    """The error codes of replication (Kafka's numbers, DESIGN37 §2.3) that the sans-IO decisions
+    answer with, until ``protocol.errors.ErrorCode`` has them: the values are the wire's, so
+    ``ErrorCode(code)`` reads one once it does."""
+
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    NOT_ENOUGH_REPLICAS = 19
+    """acks=all refused before appending: the ISR is below ``min.insync.replicas``."""
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+    """Appended, but the ISR fell below ``min.insync.replicas`` before the high watermark covered
+    the records: not acknowledged, and a retry may store them twice."""
+    INVALID_REPLICATION_FACTOR = 38
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
 
 
 @attrs.frozen(kw_only=True, order=True)
@@ -103,3 +130,41 @@ def sole_replica_state(broker_id: int, log_dir: uuid.UUID) -> PartitionState:
         isr=(IsrEntry(broker_id=broker_id, log_dir=log_dir),),
         version=0,
     )
+
+
+def epoch_end(cache: Sequence[EpochStart], log_end: int, epoch: int) -> tuple[int, int]:
+    """Kafka's ``endOffsetFor``: (the largest epoch of ``cache`` at or below ``epoch``, the offset
+    where it ends) in a log ending at ``log_end``, the cache sorted by epoch. The latest epoch
+    ends at the log end, any other where the next one starts. An ``epoch`` older than every entry
+    ends where the first one starts (nothing of it is here); with no entry above ``epoch``
+    either (an empty cache, or a newer epoch than any), ``(NO_EPOCH, -1)``: the epoch is unknown.
+    """
+    if not cache or epoch == NO_EPOCH:
+        return NO_EPOCH, -1
+    if epoch == cache[-1].epoch:
+        return epoch, log_end
+    floor: EpochStart | None = None
+    for entry in cache:
+        if entry.epoch > epoch:
+            return (epoch if floor is None else floor.epoch), entry.start_offset
+        floor = entry
+    return NO_EPOCH, -1
+
+
+def assign_epoch(
+    cache: Sequence[EpochStart], epoch: int, start_offset: int
+) -> tuple[EpochStart, ...]:
+    """``cache`` once records of ``epoch`` start at ``start_offset`` (a leader elected there, or a
+    follower appending the leader's records): entries of that epoch or later, or starting there
+    or later, describe records that are not there (a leader elected that wrote nothing), so they
+    go; an epoch already last stays as it started (Kafka's ``assign``)."""
+    if cache and cache[-1].epoch == epoch and cache[-1].start_offset <= start_offset:
+        return tuple(cache)
+    kept = tuple(e for e in cache if e.epoch < epoch and e.start_offset < start_offset)
+    return (*kept, EpochStart(epoch=epoch, start_offset=start_offset))
+
+
+def truncate_epochs(cache: Sequence[EpochStart], log_end: int) -> tuple[EpochStart, ...]:
+    """``cache`` for a log cut to end at ``log_end`` (a truncation, or a restart that recovered
+    less than the cache names): epochs starting there or later have no record left."""
+    return tuple(e for e in cache if e.start_offset < log_end)
