@@ -35,6 +35,7 @@ from statemachine import group as group_sm
 from statemachine.consumer_group import MemberStatistics
 from statemachine.member import DeathCause
 from store import (
+    Assignment,
     ForwardingStore,
     GroupRecord,
     OffsetBatch,
@@ -659,7 +660,7 @@ class TimedStore(ForwardingStore):
         return await self._timed("groups", self.inner.groups())
 
     async def create_topic(
-        self, topic: str, brokers: tuple[int, ...], configs: tuple[tuple[str, str], ...] = ()
+        self, topic: str, brokers: Assignment, configs: tuple[tuple[str, str], ...] = ()
     ) -> TopicPlacement:
         return await self._timed("create_topic", self.inner.create_topic(topic, brokers, configs))
 

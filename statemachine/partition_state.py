@@ -21,6 +21,7 @@ from protocol.types import TopicId
 __all__ = [
     "NO_EPOCH",
     "NO_LEADER",
+    "UNKNOWN_LOG_DIR",
     "EpochStart",
     "IsrEntry",
     "PartitionKey",
@@ -30,11 +31,16 @@ __all__ = [
     "assign_epoch",
     "epoch_end",
     "slot_key",
+    "sole_replica_state",
     "truncate_epochs",
 ]
 
 #: A partition with no leader now (an election under way, or every eligible replica down).
 NO_LEADER = -1
+
+#: The log directory of a broker that registered none (one of a release before log directory
+#: ids): never equal to a directory's id, so such a replica is never taken for one in sync there.
+UNKNOWN_LOG_DIR = uuid.UUID(int=0)
 
 #: No epoch: an empty log has no last epoch, and an epoch cache may know none at or below one.
 NO_EPOCH = -1
@@ -113,6 +119,17 @@ class EpochStart:
 
     epoch: int
     start_offset: int
+
+
+def sole_replica_state(broker_id: int, log_dir: uuid.UUID) -> PartitionState:
+    """The state of a partition of replication factor 1, which nobody elects or writes: its one
+    broker leads it, at leader epoch 0, in sync by itself in ``log_dir``."""
+    return PartitionState(
+        leader=broker_id,
+        leader_epoch=0,
+        isr=(IsrEntry(broker_id=broker_id, log_dir=log_dir),),
+        version=0,
+    )
 
 
 def epoch_end(cache: Sequence[EpochStart], log_end: int, epoch: int) -> tuple[int, int]:

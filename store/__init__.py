@@ -1,4 +1,4 @@
-"""The metadata store: its interface, four protocols and their union (``interface``), the embedded
+"""The metadata store: its interface, five protocols and their union (``interface``), the embedded
 implementation (``embedded``), and the ZooKeeper one (``zookeeper`` and its ``zookeeper_*``
 modules, on ``kazoo_bridge``, the one module that imports kazoo), whose offices are its slots'
 (``slot_store``). The coordinator imports from here and nowhere deeper."""
@@ -6,16 +6,19 @@ modules, on ``kazoo_bridge``, the one module that imports kazoo), whose offices 
 from .embedded import EmbeddedStore, open_embedded_store
 from .forwarding import ForwardingStore
 from .interface import (
+    Assignment,
     ClusterStore,
     Deposed,
     GroupRecord,
     GroupStore,
     InvalidPartitions,
+    InvalidReplicationFactor,
     LayoutMismatch,
     MemberRecord,
     MetadataStore,
     OfficeStore,
     OffsetBatch,
+    ReplicationStore,
     SecurityStore,
     StoreError,
     StoreUnavailable,
@@ -26,6 +29,7 @@ from .interface import (
 )
 
 __all__ = [
+    "Assignment",
     "ClusterStore",
     "Deposed",
     "EmbeddedStore",
@@ -33,11 +37,13 @@ __all__ = [
     "GroupRecord",
     "GroupStore",
     "InvalidPartitions",
+    "InvalidReplicationFactor",
     "LayoutMismatch",
     "MemberRecord",
     "MetadataStore",
     "OfficeStore",
     "OffsetBatch",
+    "ReplicationStore",
     "SecurityStore",
     "StoreError",
     "StoreUnavailable",

@@ -24,6 +24,7 @@ from protocol.types import (
     TopicStreams,
 )
 from statemachine.acl import Acl, Operation, ResourceType
+from statemachine.partition_state import IsrEntry, PartitionState
 
 from .interface import GroupRecord, MemberRecord, TopicPlacement
 
@@ -33,6 +34,7 @@ __all__ = [
     "decode_group",
     "decode_member",
     "decode_owners",
+    "decode_partition_state",
     "decode_placement",
     "decode_topic_ids",
     "encode_acl",
@@ -40,23 +42,54 @@ __all__ = [
     "encode_group",
     "encode_member",
     "encode_owners",
+    "encode_partition_state",
     "encode_placement",
     "encode_topic_ids",
 ]
 
 
-def encode_placement(placement: TopicPlacement) -> dict[str, int]:
-    """Kafka 0.8's map from partition number (as a string: JSON keys are strings) to broker id."""
-    return {str(partition): broker for partition, broker in enumerate(placement.brokers)}
+def encode_placement(placement: TopicPlacement) -> dict[str, int] | dict[str, list[int]]:
+    """Kafka 0.8's map from partition number (as a string: JSON keys are strings) to broker id
+    at replication factor 1, the bytes it always was; to the replicas' ids (Kafka's shape, the
+    preferred leader first) above."""
+    if placement.replication_factor == 1:
+        return {str(partition): broker for partition, broker in enumerate(placement.brokers)}
+    return {str(partition): list(replicas) for partition, replicas in enumerate(placement.replicas)}
 
 
 def decode_placement(
     topic: str, value: Mapping[str, Any], topic_id: TopicId = NO_TOPIC_ID
 ) -> TopicPlacement:
-    """``topic_id`` NO_TOPIC_ID: a placement written before topics had ids, which its store gives
-    one before publishing it."""
-    brokers = [int(value[str(partition)]) for partition in range(len(value))]
-    return TopicPlacement(topic=topic, brokers=tuple(brokers), topic_id=topic_id)
+    """Either shape of ``encode_placement``. ``topic_id`` NO_TOPIC_ID: a placement written before
+    topics had ids, which its store gives one before publishing it."""
+    listed = [value[str(partition)] for partition in range(len(value))]
+    if not any(isinstance(replicas, list) for replicas in listed):
+        brokers = tuple(int(broker) for broker in listed)
+        return TopicPlacement(topic=topic, brokers=brokers, topic_id=topic_id)
+    if not all(isinstance(replicas, list) and replicas for replicas in listed):
+        raise ValueError(f"partitions of topic {topic!r} are placed in two shapes")
+    return TopicPlacement.of(topic=topic, assignment=tuple(map(tuple, listed)), topic_id=topic_id)
+
+
+def encode_partition_state(state: PartitionState) -> dict[str, Any]:
+    """A replicated partition's state, without its version (the node's, on ZooKeeper)."""
+    return {
+        "leader": state.leader,
+        "leader_epoch": state.leader_epoch,
+        "isr": [[entry.broker_id, str(entry.log_dir)] for entry in state.isr],
+    }
+
+
+def decode_partition_state(value: Mapping[str, Any], version: int) -> PartitionState:
+    return PartitionState(
+        leader=int(value["leader"]),
+        leader_epoch=int(value["leader_epoch"]),
+        isr=tuple(
+            IsrEntry(broker_id=int(broker), log_dir=uuid.UUID(str(log_dir)))
+            for broker, log_dir in value["isr"]
+        ),
+        version=version,
+    )
 
 
 def _encode_subscription(subscription: Subscription) -> dict[str, Any]:

@@ -28,11 +28,13 @@ import fcntl
 import json
 import logging
 import math
+import operator
 import os
 import pathlib
 import types
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -43,12 +45,21 @@ from protocol.sasl import ScramCredential
 from protocol.topic_configs import checked_configs
 from protocol.types import NO_TOPIC_ID, BrokerInfo, TopicPartition
 from statemachine.acl import Acl
+from statemachine.partition_state import (
+    UNKNOWN_LOG_DIR,
+    PartitionKey,
+    PartitionState,
+    StateWrite,
+    sole_replica_state,
+)
 
 from .durable import replace_atomically
 from .interface import (
+    Assignment,
     Deposed,
     GroupRecord,
     InvalidPartitions,
+    InvalidReplicationFactor,
     MetadataStore,
     OffsetBatch,
     StoreUnavailable,
@@ -56,6 +67,7 @@ from .interface import (
     TopicPlacement,
     UnknownTopic,
     on_listener,
+    replica_lists,
     writable_offsets,
 )
 from .journal import Journal
@@ -116,17 +128,29 @@ class EmbeddedStore:
     _office_broker: int | None = None
     _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
     _advertised: dict[int, dict[str, tuple[str, int]]] = attrs.Factory(dict)
+    _log_dirs: dict[int, uuid.UUID] = attrs.Factory(dict)
+    #: Counts the changes of what the partitions' states are made of (topics, log directories).
+    _state_changes: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
     _closed: bool = False
 
     def __repr__(self) -> str:
         return f"<EmbeddedStore {str(self._data_dir)!r}>"
 
     async def register_broker(
-        self, broker: BrokerInfo, advertised: Mapping[str, tuple[str, int]] | None = None
+        self,
+        broker: BrokerInfo,
+        advertised: Mapping[str, tuple[str, int]] | None = None,
+        *,
+        log_dir: uuid.UUID | None = None,
     ) -> None:
         await self._enter()
         self._brokers[broker.broker_id] = broker
         self._advertised[broker.broker_id] = dict(advertised or {})
+        if log_dir is None:
+            self._log_dirs.pop(broker.broker_id, None)
+        else:
+            self._log_dirs[broker.broker_id] = log_dir
+        self._state_changes.value += 1
 
     async def brokers(self, listener: str | None = None) -> tuple[BrokerInfo, ...]:
         await self._enter()
@@ -137,30 +161,36 @@ class EmbeddedStore:
         )
 
     async def create_topic(
-        self, topic: str, brokers: tuple[int, ...], configs: tuple[tuple[str, str], ...] = ()
+        self, topic: str, brokers: Assignment, configs: tuple[tuple[str, str], ...] = ()
     ) -> TopicPlacement:
         await self._enter()
         if topic in self._state.topics:
             raise TopicExists(topic)
         if not brokers:
             raise InvalidPartitions(f"topic {topic!r} needs at least one partition")
+        replicas = replica_lists(brokers)
+        if any(len(listed) != 1 for listed in replicas):
+            raise InvalidReplicationFactor(
+                "the embedded store keeps one replica of a partition: replication needs a "
+                "cluster (--zookeeper)"
+            )
         return self._place(
-            TopicPlacement(
+            TopicPlacement.of(
                 topic=topic,
-                brokers=brokers,
+                assignment=replicas,
                 topic_id=uuid.uuid4(),
-                configs=checked_configs(configs),
+                configs=checked_configs(configs, replication_factor=1),
             )
         )
 
-    async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+    async def add_partitions(self, topic: str, brokers: Assignment) -> TopicPlacement:
         await self._enter()
         current = self._state.topics.get(topic)
         if current is None:
             raise UnknownTopic(topic)
         if not brokers:
             raise InvalidPartitions(f"no partitions to add to topic {topic!r}")
-        return self._place(attrs.evolve(current, brokers=current.brokers + tuple(brokers)))
+        return self._place(current.with_partitions(brokers))
 
     async def delete_topic(self, topic: str) -> None:
         await self._enter()
@@ -180,6 +210,61 @@ class EmbeddedStore:
                 if topics is None:
                     raise StoreUnavailable("the store was closed")
                 yield topics
+
+    # Replication: every partition has one replica, led by its broker, which nobody writes.
+
+    async def partition_states(self) -> Mapping[PartitionKey, PartitionState]:
+        await self._enter()
+        return types.MappingProxyType(self._sole_replica_states())
+
+    async def partition_state_updates(
+        self,
+    ) -> AsyncGenerator[Mapping[PartitionKey, PartitionState], None]:
+        await self._enter()
+        seen = self._state_changes.value
+        held = self._sole_replica_states()
+        yield types.MappingProxyType(dict(held))
+        while True:
+            seen = await self._state_changes.wait_value(partial(operator.ne, seen))
+            if self._closed:
+                raise StoreUnavailable("the store was closed")
+            states = self._sole_replica_states()
+            changed = {key: state for key, state in states.items() if held.get(key) != state}
+            held = states
+            if changed:
+                yield types.MappingProxyType(changed)
+
+    async def read_partition_states(
+        self, keys: Iterable[PartitionKey]
+    ) -> Mapping[PartitionKey, PartitionState]:
+        await self._enter()
+        states = self._sole_replica_states()
+        return types.MappingProxyType({key: states[key] for key in keys if key in states})
+
+    async def write_partition_states(
+        self, epoch: int | None, writes: Sequence[StateWrite]
+    ) -> tuple[PartitionKey, ...]:
+        await self._enter()
+        if epoch is not None:
+            self._check_epoch(epoch)
+        if writes:
+            raise InvalidReplicationFactor(
+                "the embedded store keeps one replica of a partition, whose state nobody writes"
+            )
+        return ()
+
+    async def broker_dirs(self) -> Mapping[int, uuid.UUID]:
+        await self._enter()
+        return types.MappingProxyType(dict(sorted(self._log_dirs.items())))
+
+    def _sole_replica_states(self) -> dict[PartitionKey, PartitionState]:
+        states = {}
+        for placement in self._topics.values():
+            for partition, broker in enumerate(placement.brokers):
+                key = PartitionKey(topic_id=placement.topic_id, partition=partition)
+                log_dir = self._log_dirs.get(broker, UNKNOWN_LOG_DIR)
+                states[key] = sole_replica_state(broker, log_dir)
+        return states
 
     async def take_office(self, broker_id: int) -> int:
         await self._enter()
@@ -283,6 +368,7 @@ class EmbeddedStore:
     def _publish_topics(self) -> None:
         self._topics = types.MappingProxyType(dict(self._state.topics))
         self._topic_watch.value = self._topics
+        self._state_changes.value += 1
 
     def _write(self, entry: dict[str, Any]) -> None:
         """Journal the entry, then apply it: memory only ever holds what the disk holds."""
@@ -317,6 +403,7 @@ class EmbeddedStore:
             return
         self._closed = True
         self._topic_watch.value = None
+        self._state_changes.value += 1
         self._journal.close()
         os.close(self._lock_fd)
 

@@ -5,7 +5,8 @@ through, as it cannot through ``__getattr__``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+import uuid
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import attrs
@@ -13,8 +14,16 @@ import attrs
 from protocol.sasl import ScramCredential
 from protocol.types import BrokerInfo, TopicPartition
 from statemachine.acl import Acl
+from statemachine.partition_state import PartitionKey, PartitionState, StateWrite
 
-from .interface import ClusterStore, GroupRecord, MetadataStore, OffsetBatch, TopicPlacement
+from .interface import (
+    Assignment,
+    ClusterStore,
+    GroupRecord,
+    MetadataStore,
+    OffsetBatch,
+    TopicPlacement,
+)
 
 __all__ = ["ForwardingCluster", "ForwardingStore"]
 
@@ -29,19 +38,23 @@ class ForwardingCluster(Generic[Inner]):
     inner: Inner
 
     async def register_broker(
-        self, broker: BrokerInfo, advertised: Mapping[str, tuple[str, int]] | None = None
+        self,
+        broker: BrokerInfo,
+        advertised: Mapping[str, tuple[str, int]] | None = None,
+        *,
+        log_dir: uuid.UUID | None = None,
     ) -> None:
-        await self.inner.register_broker(broker, advertised)
+        await self.inner.register_broker(broker, advertised, log_dir=log_dir)
 
     async def brokers(self, listener: str | None = None) -> tuple[BrokerInfo, ...]:
         return await self.inner.brokers(listener)
 
     async def create_topic(
-        self, topic: str, brokers: tuple[int, ...], configs: tuple[tuple[str, str], ...] = ()
+        self, topic: str, brokers: Assignment, configs: tuple[tuple[str, str], ...] = ()
     ) -> TopicPlacement:
         return await self.inner.create_topic(topic, brokers, configs)
 
-    async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+    async def add_partitions(self, topic: str, brokers: Assignment) -> TopicPlacement:
         return await self.inner.add_partitions(topic, brokers)
 
     async def delete_topic(self, topic: str) -> None:
@@ -67,6 +80,27 @@ class ForwardingCluster(Generic[Inner]):
 
     async def fetch_offsets(self, group_id: str) -> Mapping[TopicPartition, int]:
         return await self.inner.fetch_offsets(group_id)
+
+    async def partition_states(self) -> Mapping[PartitionKey, PartitionState]:
+        return await self.inner.partition_states()
+
+    def partition_state_updates(
+        self,
+    ) -> AsyncGenerator[Mapping[PartitionKey, PartitionState], None]:
+        return self.inner.partition_state_updates()
+
+    async def read_partition_states(
+        self, keys: Iterable[PartitionKey]
+    ) -> Mapping[PartitionKey, PartitionState]:
+        return await self.inner.read_partition_states(keys)
+
+    async def write_partition_states(
+        self, epoch: int | None, writes: Sequence[StateWrite]
+    ) -> tuple[PartitionKey, ...]:
+        return await self.inner.write_partition_states(epoch, writes)
+
+    async def broker_dirs(self) -> Mapping[int, uuid.UUID]:
+        return await self.inner.broker_dirs()
 
     async def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
         return await self.inner.scram_credential(user, mechanism)

@@ -1,10 +1,11 @@
 """The metadata store's contract: the records it keeps, the errors it raises, and the interface
 that the embedded store and the ZooKeeper store both implement (docs/design.md#metadata-layout).
 
-The interface is four protocols, one per concern, so that a user names the part it uses and a
+The interface is five protocols, one per concern, so that a user names the part it uses and a
 wrapper the part it changes: ``TopicStore`` (brokers, placements), ``SecurityStore`` (credentials,
-rules), ``GroupStore`` (records and offsets by group) and ``OfficeStore`` (a coordinator's office,
-its contact and the groups it recovers). ``MetadataStore`` is all four: the embedded store, and
+rules), ``GroupStore`` (records and offsets by group), ``ReplicationStore`` (replicated
+partitions' leaders and in-sync replicas) and ``OfficeStore`` (a coordinator's office, its
+contact and the groups it recovers). ``MetadataStore`` is all five: the embedded store, and
 one slot's view of the ZooKeeper store (store/slot_store.py), on which the coordinator runs
 unchanged, so that a single broker runs with zero set-up and a cluster swaps in ZooKeeper without
 the coordinator noticing. The contract suite in ``tests/store`` is the executable form of this
@@ -14,6 +15,7 @@ module's promises.
 from __future__ import annotations
 
 import types
+import uuid
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -22,18 +24,22 @@ import attrs
 from protocol.sasl import ScramCredential
 from protocol.types import NO_TOPIC_ID, BrokerInfo, TopicId, TopicPartition
 from statemachine.acl import Acl
+from statemachine.partition_state import PartitionKey, PartitionState, StateWrite
 from statemachine.records import GroupRecord, MemberRecord
 
 __all__ = [
+    "Assignment",
     "ClusterStore",
     "Deposed",
     "GroupRecord",
     "GroupStore",
     "InvalidPartitions",
+    "InvalidReplicationFactor",
     "MemberRecord",
     "MetadataStore",
     "OfficeStore",
     "OffsetBatch",
+    "ReplicationStore",
     "SecurityStore",
     "StoreError",
     "StoreUnavailable",
@@ -42,6 +48,7 @@ __all__ = [
     "TopicStore",
     "UnknownTopic",
     "offset_is_current",
+    "replica_lists",
     "writable_offsets",
 ]
 
@@ -66,14 +73,37 @@ def _frozen_ids(topic_ids: Mapping[str, TopicId]) -> Mapping[str, TopicId]:
     return types.MappingProxyType(dict(topic_ids))
 
 
+#: The brokers a store is asked to place partitions on: one broker per partition (replication
+#: factor 1), or each partition's replicas, its preferred leader first.
+Assignment = tuple[int, ...] | tuple[tuple[int, ...], ...]
+
+
+def replica_lists(assignment: Iterable[int | Iterable[int]]) -> tuple[tuple[int, ...], ...]:
+    """Each partition's replicas, from an ``Assignment`` of either shape."""
+    return tuple(
+        (int(replicas),) if isinstance(replicas, int) else tuple(int(b) for b in replicas)
+        for replicas in assignment
+    )
+
+
+def _replicated(values: Iterable[Iterable[int]]) -> tuple[tuple[int, ...], ...]:
+    """Factor 1 spelled as one-replica lists is factor 1: kept as none, so that two placements
+    of one topic compare (and hash) equal however they were built."""
+    replicas = replica_lists(values)
+    return () if all(len(r) == 1 for r in replicas) else replicas
+
+
 @attrs.frozen(kw_only=True)
 class TopicPlacement:
-    """Where a topic's partitions live: ``brokers[p]`` is the broker holding partition ``p``.
+    """Where a topic's partitions live: ``brokers[p]`` is partition ``p``'s preferred leader,
+    its one broker at replication factor 1, and ``replicas[p]`` every broker holding a replica
+    of it, the preferred leader first; the tuples' length is the partition count. Who leads a
+    replicated partition now is its state's (``ReplicationStore``), not the placement's.
 
-    There is no replication (docs/design.md#placement), so a partition has exactly one home and the
-    tuple's length is the partition count. On ZooKeeper it is the JSON map ``{"0": 1, ...}`` at
-    ``/brokers/topics/<topic>``. ``topic_id`` names the incarnation (docs/design.md#topic-ids):
-    a store gives every topic it publishes one.
+    On ZooKeeper it is the JSON map ``{"0": 1, ...}`` at ``/brokers/topics/<topic>``, or with
+    replicas ``{"0": [1, 2, 3], ...}``. ``topic_id`` names the incarnation
+    (docs/design.md#topic-ids): a store gives every topic it publishes one. Build a replicated
+    one with ``of``: ``brokers`` must be the replicas' first.
     """
 
     topic: str
@@ -83,10 +113,71 @@ class TopicPlacement:
     #: names Kafka's, the values checked); one it does not name is each broker's own. A tuple,
     #: not a mapping, so a placement stays hashable (broker/dispatch.py keeps answers by it).
     configs: tuple[tuple[str, str], ...] = ()
+    #: Each partition's replicas at a factor above 1; none at factor 1 (``replicas`` derives
+    #: them from ``brokers``), so a factor-1 placement is what it always was.
+    _replicas: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_replicated)
+
+    @_replicas.validator
+    def _check_replicas(self, _attribute: object, replicas: tuple[tuple[int, ...], ...]) -> None:
+        if not replicas:
+            return
+        if len(replicas) != len(self.brokers):
+            raise ValueError(f"{len(replicas)} replica lists for {len(self.brokers)} partitions")
+        factor = len(replicas[0])
+        for partition, (broker, listed) in enumerate(zip(self.brokers, replicas, strict=True)):
+            if len(listed) != factor or len(set(listed)) != factor or listed[0] != broker:
+                raise ValueError(
+                    f"partition {partition}'s replicas {list(listed)} are not {factor} distinct "
+                    f"brokers led by broker {broker}"
+                )
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        topic: str,
+        assignment: Assignment,
+        topic_id: TopicId,
+        configs: tuple[tuple[str, str], ...] = (),
+    ) -> TopicPlacement:
+        """The placement of ``assignment`` (either shape), ``brokers`` its first replicas."""
+        replicas = replica_lists(assignment)
+        return cls(
+            topic=topic,
+            brokers=tuple(r[0] for r in replicas),
+            replicas=replicas,
+            topic_id=topic_id,
+            configs=configs,
+        )
+
+    def with_partitions(self, brokers: Assignment) -> TopicPlacement:
+        """This placement with partitions on ``brokers`` after its own, each with as many
+        replicas as the topic's (``InvalidReplicationFactor`` otherwise)."""
+        replicas = replica_lists(brokers)
+        factor = self.replication_factor
+        if any(len(listed) != factor for listed in replicas):
+            raise InvalidReplicationFactor(
+                f"topic {self.topic!r} has replication factor {factor}: "
+                f"partitions are added with as many replicas"
+            )
+        return TopicPlacement.of(
+            topic=self.topic,
+            assignment=self.replicas + replicas,
+            topic_id=self.topic_id,
+            configs=self.configs,
+        )
 
     @property
     def partition_count(self) -> int:
         return len(self.brokers)
+
+    @property
+    def replicas(self) -> tuple[tuple[int, ...], ...]:
+        return self._replicas or tuple((broker,) for broker in self.brokers)
+
+    @property
+    def replication_factor(self) -> int:
+        return len(self._replicas[0]) if self._replicas else 1
 
 
 @attrs.frozen(kw_only=True)
@@ -174,6 +265,14 @@ class InvalidPartitions(StoreError):
     """An empty placement: a topic has at least one partition and partitions never shrink."""
 
 
+class InvalidReplicationFactor(StoreError):
+    """A replication factor this store cannot keep now (INVALID_REPLICATION_FACTOR, 38): above
+    1 on the embedded store, partitions added to a topic with another factor than its own, or a
+    replicated topic (or one with replication settings) while a broker of an older layout is
+    registered, which could not read it (docs/design.md#coordinator-slots); the message says
+    which."""
+
+
 def on_listener(
     brokers: Iterable[BrokerInfo],
     advertised: Mapping[int, Mapping[str, tuple[str, int]]],
@@ -196,11 +295,17 @@ class TopicStore(Protocol):
     a topic."""
 
     async def register_broker(
-        self, broker: BrokerInfo, advertised: Mapping[str, tuple[str, int]] | None = None
+        self,
+        broker: BrokerInfo,
+        advertised: Mapping[str, tuple[str, int]] | None = None,
+        *,
+        log_dir: uuid.UUID | None = None,
     ) -> None:
         """Announce a live broker; a later registration of the same id replaces it.
         ``advertised``: the address it advertises on each of its listeners, by listener name
-        (Kafka's ``advertised.listeners``); ``broker`` holds the address of its first."""
+        (Kafka's ``advertised.listeners``); ``broker`` holds the address of its first.
+        ``log_dir``: the id of its log directory (``ReplicationStore.broker_dirs``), new when
+        the directory is new or wiped; None: it names none."""
         ...
 
     async def brokers(self, listener: str | None = None) -> tuple[BrokerInfo, ...]:
@@ -209,18 +314,22 @@ class TopicStore(Protocol):
         ...
 
     async def create_topic(
-        self, topic: str, brokers: tuple[int, ...], configs: tuple[tuple[str, str], ...] = ()
+        self, topic: str, brokers: Assignment, configs: tuple[tuple[str, str], ...] = ()
     ) -> TopicPlacement:
         """A new incarnation of the name, with an id no other ever had
-        (docs/design.md#topic-ids). Raises ``TopicExists``, or ``InvalidPartitions`` when
-        ``brokers`` is empty. Creates and deletes of one name are linearizable, also from two
-        brokers at once: two of them never both act on one incarnation."""
+        (docs/design.md#topic-ids), its partitions on ``brokers``: one broker each, or each its
+        replicas. Raises ``TopicExists``, ``InvalidPartitions`` when ``brokers`` is empty, or
+        ``InvalidReplicationFactor``. Creates and deletes of one name are linearizable, also
+        from two brokers at once: two of them never both act on one incarnation. A replicated
+        partition has no state until its controller writes one (``ReplicationStore``)."""
         ...
 
-    async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
-        """Append partitions placed on ``brokers``; existing ones keep their numbers and homes.
+    async def add_partitions(self, topic: str, brokers: Assignment) -> TopicPlacement:
+        """Append partitions placed on ``brokers`` (replicas as many as the topic's factor);
+        existing ones keep their numbers and homes.
 
-        Raises ``UnknownTopic``, or ``InvalidPartitions`` when ``brokers`` is empty.
+        Raises ``UnknownTopic``, ``InvalidPartitions`` when ``brokers`` is empty, or
+        ``InvalidReplicationFactor``.
         """
         ...
 
@@ -359,7 +468,60 @@ class OfficeStore(Protocol):
         ...
 
 
-class ClusterStore(TopicStore, SecurityStore, GroupStore, Protocol):
+class ReplicationStore(Protocol):
+    """Replicated partitions' states (statemachine/partition_state.py): who leads each, under
+    which leader epoch, and which replicas are in sync in which log directory; and each live
+    broker's log directory. A partition's controller (the holder of the coordinator slot of its
+    ``slot_key``) writes them under its slot's epoch; its leader writes its in-sync replicas
+    with none. Every write is conditional on the state's version, which each write moves on.
+
+    A store keeps states of partitions of replication factor above 1 only; the embedded store
+    keeps none (it refuses such topics) and gives each of its partitions the one nobody writes,
+    ``sole_replica_state`` of its broker, at version 0. On ZooKeeper a partition of factor 1 has
+    no state: it is that one too (its broker leads it at epoch 0)."""
+
+    async def partition_states(self) -> Mapping[PartitionKey, PartitionState]:
+        """Every state the store holds, read now."""
+        ...
+
+    def partition_state_updates(
+        self,
+    ) -> AsyncGenerator[Mapping[PartitionKey, PartitionState], None]:
+        """A watch over ``partition_states()``: yields them all at once, then, whenever some
+        changed, the states whose version moved on (or that are new) since the reader last
+        heard of them. Changes that piled up while the reader was away come together, each
+        state at its latest; states of a deleted topic are not retracted (they name an id the
+        topics no longer do). A generator, so that a reader can close it promptly."""
+        ...
+
+    async def read_partition_states(
+        self, keys: Iterable[PartitionKey]
+    ) -> Mapping[PartitionKey, PartitionState]:
+        """The states of ``keys``, read now (what a writer that lost a race reads before it
+        decides again); a key without a state is left out."""
+        ...
+
+    async def write_partition_states(
+        self, epoch: int | None, writes: Sequence[StateWrite]
+    ) -> tuple[PartitionKey, ...]:
+        """Write each state whose version is still its ``expected_version`` (-1: it has none
+        yet), its version becoming one more (0 for a new one); return the keys of those that
+        lost the race, changing nothing of theirs: their writer reads them again
+        (``read_partition_states``) and decides again, never writing blind.
+
+        ``epoch``: a controller's, of its slot's office, which must admit every key
+        (``Deposed``, nothing written, otherwise); None: a leader's change of its in-sync
+        replicas, checked by version alone. A store may need more than one transaction for many
+        writes: if this raises part-way, each state is its old one or its new one."""
+        ...
+
+    async def broker_dirs(self) -> Mapping[int, uuid.UUID]:
+        """The log directory each live broker registered with (``register_broker``); a broker
+        that named none is left out."""
+        ...
+
+
+class ClusterStore(TopicStore, SecurityStore, GroupStore, ReplicationStore, Protocol):
     """What every broker of a cluster shares, its offices apart: the ZooKeeper store itself,
     whose offices are its slots' (store/slot_store.py)."""
 

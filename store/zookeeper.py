@@ -5,7 +5,8 @@ client is driven through ``kazoo_bridge``, the one module that imports kazoo.
 The store is in parts, one module each: the nodes and their names (``zookeeper_layout``), one
 session's requests and the transactions that check an office (``zookeeper_session``), the brokers,
 the layout and the slots' offices (``zookeeper_cluster``), the topics' ids
-(``zookeeper_topic_ids``), the groups' records and offsets (``zookeeper_groups``); here, the
+(``zookeeper_topic_ids``), the groups' records and offsets (``zookeeper_groups``), the
+replicated partitions' states (``zookeeper_partitions``); here, the
 topics, the credentials and access rules, and the handle that puts them together. Its offices
 are its slots': a coordinator runs on one slot's view of it (store/slot_store.py), which is a
 whole ``MetadataStore``.
@@ -24,7 +25,7 @@ import attrs
 import trio
 
 from protocol.sasl import ScramCredential
-from protocol.topic_configs import checked_configs
+from protocol.topic_configs import REPLICATION_SETTINGS, checked_configs
 from statemachine.acl import Acl
 
 from .codec import (
@@ -35,12 +36,14 @@ from .codec import (
     encode_placement,
 )
 from .interface import (
+    Assignment,
     ClusterStore,
     InvalidPartitions,
     StoreUnavailable,
     TopicExists,
     TopicPlacement,
     UnknownTopic,
+    replica_lists,
 )
 from .kazoo_bridge import (
     BadVersionError,
@@ -58,6 +61,8 @@ from .zookeeper_layout import (
     ELECTION,
     LAYOUT,
     LAYOUT_VERSION,
+    PARTITION_CHANGES,
+    PARTITION_STATES,
     SLOT_ELECTIONS,
     TOPIC_CONFIGS,
     TOPIC_IDS,
@@ -72,6 +77,7 @@ from .zookeeper_layout import (
     topic_path,
     user_path,
 )
+from .zookeeper_partitions import Partitions
 from .zookeeper_session import RETRIES, failure
 from .zookeeper_topic_ids import TopicsView, ids_value
 
@@ -102,7 +108,7 @@ DEFAULT_CALL_BOUND = 10.0
 
 # Not slotted, nor are its parts: Python cannot combine two slotted bases that add fields.
 @attrs.define(eq=False, repr=False, slots=False)
-class ZooKeeperStore(Cluster, Groups):
+class ZooKeeperStore(Cluster, Groups, Partitions):
     """The ``ClusterStore`` on a ZooKeeper ensemble, and its coordinator slots' offices; obtain
     one from ``open_zookeeper_store``.
 
@@ -125,17 +131,26 @@ class ZooKeeperStore(Cluster, Groups):
     # Topics
 
     async def create_topic(
-        self, topic: str, brokers: tuple[int, ...], configs: tuple[tuple[str, str], ...] = ()
+        self, topic: str, brokers: Assignment, configs: tuple[tuple[str, str], ...] = ()
     ) -> TopicPlacement:
         """One transaction creates the topic node, writes its new id to the name's ids node
         and its settings to the name's settings node, each checking the version read
         (docs/design.md#topic-ids): a racing create or delete of the name makes it read again,
-        and an existing topic node makes it ``TopicExists``."""
+        and an existing topic node makes it ``TopicExists``. A replicated topic, or one with
+        replication settings, only once every registered broker reads them
+        (``check_every_broker_reads_replicas``)."""
         if not brokers:
             raise InvalidPartitions(f"topic {topic!r} needs at least one partition")
-        placement = TopicPlacement(
-            topic=topic, brokers=brokers, topic_id=uuid.uuid4(), configs=checked_configs(configs)
+        replicas = replica_lists(brokers)
+        placement = TopicPlacement.of(
+            topic=topic,
+            assignment=replicas,
+            topic_id=uuid.uuid4(),
+            configs=checked_configs(configs, replication_factor=len(replicas[0])),
         )
+        names = {name for name, _value in placement.configs}
+        if placement.replication_factor > 1 or names & REPLICATION_SETTINGS:
+            await self.check_every_broker_reads_replicas()
         ids_path, config_path = topic_id_path(topic), topic_config_path(topic)
         for _ in range(RETRIES):
             ids_version = await self._version(ids_path)
@@ -169,16 +184,14 @@ class ZooKeeperStore(Cluster, Groups):
             return None
         return int(stat.version)
 
-    async def add_partitions(self, topic: str, brokers: tuple[int, ...]) -> TopicPlacement:
+    async def add_partitions(self, topic: str, brokers: Assignment) -> TopicPlacement:
         for _ in range(RETRIES):
             current = (await self._incarnations([topic])).get(topic)
             if current is None:
                 raise UnknownTopic(topic)
             if not brokers:
                 raise InvalidPartitions(f"no partitions to add to topic {topic!r}")
-            placement = attrs.evolve(
-                current.placement, brokers=current.placement.brokers + tuple(brokers)
-            )
+            placement = current.placement.with_partitions(brokers)
             # The id's version too: a topic node of the same version may be another incarnation.
             tx = self._client.transaction()
             tx.check(topic_id_path(topic), current.ids_version)
@@ -220,6 +233,8 @@ class ZooKeeperStore(Cluster, Groups):
             failed = failure(await self._wait(tx.commit_async()))
             if failed is None:
                 self._offset_nodes = {n for n in self._offset_nodes if n[1] != topic}
+                if current.placement.replication_factor > 1:
+                    await self._delete_partition_states(current.placement.topic_id)
                 if current.config_version is not None:
                     # Not in the transaction: topics created before settings had nodes have
                     # none. Its version read with the incarnation: a create since keeps its own.
@@ -382,6 +397,7 @@ class ZooKeeperStore(Cluster, Groups):
         log.info("ZooKeeper session %s", state)
         self._topics_wake.set()
         self._election_events.note()
+        self._partition_events.note()
         self._session_events.value += 1
 
 
@@ -414,7 +430,16 @@ async def open_zookeeper_store(
     bridge.listen(store._state_changed)
     async with bridge.running():
         try:
-            for path in (BROKER_IDS, TOPICS, TOPIC_IDS, TOPIC_CONFIGS, CONSUMERS, USERS):
+            for path in (
+                BROKER_IDS,
+                TOPICS,
+                TOPIC_IDS,
+                TOPIC_CONFIGS,
+                CONSUMERS,
+                USERS,
+                PARTITION_STATES,
+                PARTITION_CHANGES,
+            ):
                 await store._wait(store._client.ensure_path_async(path))
             if coordinator_slots is not None:
                 await store.check_layout(coordinator_slots)
@@ -429,3 +454,4 @@ async def open_zookeeper_store(
         finally:
             store._closed = True
             store._topic_watch.value = None
+            store._partition_events.note()  # a reader waiting for notes finds the store closed

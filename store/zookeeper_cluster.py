@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,7 +29,7 @@ import trio_util
 
 from protocol.types import BrokerInfo
 
-from .interface import LayoutMismatch, StoreUnavailable, on_listener
+from .interface import InvalidReplicationFactor, LayoutMismatch, StoreUnavailable, on_listener
 from .kazoo_bridge import BadVersionError, KazooState, NodeExistsError, NoNodeError
 from .zookeeper_layout import (
     BROKER_IDS,
@@ -51,8 +52,8 @@ log = logging.getLogger(__name__)
 #: session (its own, ``_keep_in_contact``), contact normally reaches at least half a session ahead.
 CONTACT_MARGIN_FRACTION = 1 / 6
 
-#: The layout version a broker of this code finds and upgrades to ``LAYOUT_VERSION``.
-_UPGRADED_LAYOUT = 2
+#: The layout versions a broker of this code finds and upgrades to ``LAYOUT_VERSION``.
+_UPGRADED_LAYOUTS = (2, 3)
 
 
 @attrs.define(eq=False, repr=False, slots=False)
@@ -75,14 +76,23 @@ class Cluster(Session):
     _beat: tuple[int, float] | None = None
     _brokers: dict[int, BrokerInfo] = attrs.Factory(dict)
     _advertised: dict[int, dict[str, tuple[str, int]]] = attrs.Factory(dict)
+    _log_dirs: dict[int, uuid.UUID] = attrs.Factory(dict)
 
     # Brokers
 
     async def register_broker(
-        self, broker: BrokerInfo, advertised: Mapping[str, tuple[str, int]] | None = None
+        self,
+        broker: BrokerInfo,
+        advertised: Mapping[str, tuple[str, int]] | None = None,
+        *,
+        log_dir: uuid.UUID | None = None,
     ) -> None:
         self._brokers[broker.broker_id] = broker
         self._advertised[broker.broker_id] = dict(advertised or {})
+        if log_dir is None:
+            self._log_dirs.pop(broker.broker_id, None)
+        else:
+            self._log_dirs[broker.broker_id] = log_dir
         await self._register(broker)
 
     async def _register(self, broker: BrokerInfo) -> None:
@@ -94,6 +104,12 @@ class Cluster(Session):
         value: dict[str, Any] = {"host": broker.host, "port": broker.port}
         if listeners:
             value["listeners"] = listeners
+        # The layout it runs, so that no topic a registered broker could not read is written
+        # (``check_every_broker_reads_replicas``); keys a broker of layout 3 ignores.
+        value["layout"] = LAYOUT_VERSION
+        log_dir = self._log_dirs.get(broker.broker_id)
+        if log_dir is not None:
+            value["log_dir"] = str(log_dir)
         data = json_bytes(value)
         for _ in range(RETRIES):
             try:
@@ -115,16 +131,10 @@ class Cluster(Session):
     async def _read_brokers(
         self, listener: str | None, watch: Callable[[Any], None] | None
     ) -> tuple[BrokerInfo, ...]:
-        ids = await self._children(BROKER_IDS, watch=watch)
-        pending = [(int(i), self._client.get_async(f"{BROKER_IDS}/{i}")) for i in ids]
+        registrations = await self._read_registrations(watch)
         found = []
         advertised: dict[int, dict[str, tuple[str, int]]] = {}
-        for broker_id, result in pending:
-            try:
-                data, _stat = await self._wait(result)
-            except NoNodeError:
-                continue
-            value = self._decode(data)
+        for broker_id, value in registrations.items():
             found.append(BrokerInfo(broker_id=broker_id, host=value["host"], port=value["port"]))
             advertised[broker_id] = {
                 str(name): (str(address["host"]), int(address["port"]))
@@ -132,6 +142,44 @@ class Cluster(Session):
             }
         found.sort(key=lambda broker: broker.broker_id)
         return on_listener(found, advertised, listener)
+
+    async def _read_registrations(
+        self, watch: Callable[[Any], None] | None = None
+    ) -> dict[int, Any]:
+        """Each live broker's registration node, decoded, by id."""
+        ids = await self._children(BROKER_IDS, watch=watch)
+        pending = [(int(i), self._client.get_async(f"{BROKER_IDS}/{i}")) for i in ids]
+        found = {}
+        for broker_id, result in pending:
+            try:
+                data, _stat = await self._wait(result)
+            except NoNodeError:
+                continue
+            found[broker_id] = self._decode(data)
+        return found
+
+    async def broker_dirs(self) -> Mapping[int, uuid.UUID]:
+        found = {}
+        for broker_id, value in sorted((await self._read_registrations()).items()):
+            log_dir = value.get("log_dir")
+            if log_dir is not None:
+                try:
+                    found[broker_id] = uuid.UUID(str(log_dir))
+                except ValueError as exc:
+                    raise StoreUnavailable(f"unreadable log_dir of broker {broker_id}") from exc
+        return found
+
+    async def check_every_broker_reads_replicas(self) -> None:
+        """Raise ``InvalidReplicationFactor`` while a registered broker runs a layout before 4:
+        it reads a topic node with replica lists, or settings it does not know, as unreadable,
+        and would fail every read of the topics (docs/design.md#coordinator-slots)."""
+        for broker_id, value in sorted((await self._read_registrations()).items()):
+            layout = value.get("layout")
+            if not isinstance(layout, int) or layout < LAYOUT_VERSION:
+                runs = "3 or older" if layout is None else layout  # none: it predates the key
+                raise InvalidReplicationFactor(
+                    f"broker {broker_id} runs layout {runs}: restart it first"
+                )
 
     async def _keep_registrations(self) -> None:
         """Register this handle's brokers again whenever kazoo had to open a new session."""
@@ -153,15 +201,17 @@ class Cluster(Session):
         broker to ask, or raise ``LayoutMismatch`` if the store holds others: the count is fixed
         when the cluster's store is created (docs/design.md#coordinator-slots).
 
-        A store of layout 2 (topics without ids) is upgraded to 3 by a version-checked write,
-        so that a cluster upgrades by restarting its brokers one at a time: a broker of layout 2
-        checks the layout only when it starts, so those still running go on beside the new ones.
-        They write topic and offset nodes of the shapes they always did, which layout 3 reads (a
-        topic without an id is given one on sight, an offset without one is the current
-        incarnation's: docs/design.md#topic-ids), and read nodes whose shapes did not change (an
-        offset node's added ``topic_id`` is a key they ignore). A broker of layout 2 started after
-        the upgrade refuses the store with its one line ("has layout version 3, this broker runs
-        version 2")."""
+        A store of layout 2 (topics without ids) or 3 (without replicas) is upgraded to 4 by a
+        version-checked write, so that a cluster upgrades by restarting its brokers one at a
+        time: a broker checks the layout only when it starts, so those still running go on
+        beside the new ones. They write topic and offset nodes of the shapes they always did,
+        which layout 4 reads (a topic without an id is given one on sight, an offset without one
+        is the current incarnation's: docs/design.md#topic-ids), and read nodes whose shapes did
+        not change (an offset node's added ``topic_id``, a registration's ``layout`` are keys
+        they ignore); no topic they could not read is written while one of them is registered
+        (``check_every_broker_reads_replicas``). A broker of an older layout started after the
+        upgrade refuses the store with its one line ("has layout version 4, this broker runs
+        version 3")."""
         wanted = {"version": LAYOUT_VERSION, "slots": slots}
         for _ in range(RETRIES):
             try:
@@ -171,11 +221,11 @@ class Cluster(Session):
                 pass
             data, stat = await self._wait(self._client.get_async(LAYOUT))
             found = self._decode(data)
-            if found.get("version") not in (_UPGRADED_LAYOUT, LAYOUT_VERSION):
+            if found.get("version") not in (*_UPGRADED_LAYOUTS, LAYOUT_VERSION):
                 raise LayoutMismatch(
                     f"the cluster's ZooKeeper store has layout version {found.get('version')}, "
                     f"this broker runs version {LAYOUT_VERSION} "
-                    f"(and upgrades version {_UPGRADED_LAYOUT})"
+                    f"(and upgrades versions {' and '.join(map(str, _UPGRADED_LAYOUTS))})"
                 )
             if found.get("slots") != slots:
                 raise LayoutMismatch(
@@ -190,7 +240,7 @@ class Cluster(Session):
                     self._client.set_async(LAYOUT, json_bytes(wanted), version=stat.version)
                 )
                 log.info(
-                    "upgraded the store from layout %d to %d", _UPGRADED_LAYOUT, LAYOUT_VERSION
+                    "upgraded the store from layout %s to %d", found["version"], LAYOUT_VERSION
                 )
                 return
         raise StoreUnavailable(f"cannot check {LAYOUT}: it keeps changing")

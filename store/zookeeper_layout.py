@@ -2,8 +2,16 @@
 keep them)::
 
     /brokers/ids/<id>                                 ephemeral {"host": h, "port": p, "listeners":
-                                                      {name: {"host": h, "port": p}, ...}}
-    /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}
+                                                      {name: {"host": h, "port": p}, ...},
+                                                      "layout": 4, "log_dir": uuid}
+    /brokers/topics/<topic>                           {"0": broker_id, "1": broker_id, ...}, or
+                                                      {"0": [broker_id, ...], ...} replicated
+    /brokers/partition_states/<topic_id>/<p>          {"leader": id, "leader_epoch": e, "isr":
+                                                      [[id, dir uuid], ...], "controller_epoch":
+                                                      slot epoch (absent: a leader's write)}; its
+                                                      version is the partition epoch
+    /brokers/partition_changes/c-<seq>                {"states": [[topic_id, p, state + "version"],
+                                                      ...]}: each write of states, in order
     /brokers/topic_ids/<topic>                        {"topic_id": uuid | null}: the id of the
                                                       incarnation in force (null: none), written
                                                       with every create and delete of the name
@@ -52,6 +60,8 @@ __all__ = [
     "ELECTION",
     "LAYOUT",
     "LAYOUT_VERSION",
+    "PARTITION_CHANGES",
+    "PARTITION_STATES",
     "SLOT_ELECTIONS",
     "SLOT_EPOCHS",
     "TOPICS",
@@ -60,6 +70,7 @@ __all__ = [
     "USERS",
     "group_path",
     "json_bytes",
+    "partition_state_path",
     "record_path",
     "segment",
     "segment_name",
@@ -74,6 +85,13 @@ BROKER_IDS = "/brokers/ids"
 TOPICS = "/brokers/topics"
 #: One node per topic name: the id of its incarnation in force (docs/design.md#topic-ids).
 TOPIC_IDS = "/brokers/topic_ids"
+#: One node per replicated partition, under its topic's id (docs/design.md#metadata-layout):
+#: not under the topic node, which a broker of layout 3 deletes alone (it would fail, not empty),
+#: and a name created again starts with none.
+PARTITION_STATES = "/brokers/partition_states"
+#: A sequential node per write of states, holding them with their new versions, so that a
+#: broker follows every state through one child watch instead of one data watch each.
+PARTITION_CHANGES = "/brokers/partition_changes"
 CONSUMERS = "/consumers"
 #: Layout 1's single office, which no broker of layout 2 takes (``occupy_single_office``).
 ELECTION = "/consumers/coordinator"
@@ -93,8 +111,10 @@ ACLS = "/config/acls"
 #: whose holder coordinated every slot; version 2 elects a holder per slot, and a broker of either
 #: refuses to start on the other's store (docs/design.md#coordinator-slots); version 3 gives
 #: topics ids (``TOPIC_IDS``, the offsets' ``topic_id``), and a broker of it upgrades a store of
-#: version 2 (``Cluster.check_layout``), which a broker of version 2 then refuses.
-LAYOUT_VERSION = 3
+#: version 2 (``Cluster.check_layout``), which a broker of version 2 then refuses; version 4
+#: adds replicas (replica lists in topic nodes, ``PARTITION_STATES``, ``PARTITION_CHANGES``, a
+#: broker's layout and log directory in its registration), upgrading a store of 2 or 3 alike.
+LAYOUT_VERSION = 4
 
 
 def json_bytes(value: Any) -> bytes:
@@ -142,6 +162,12 @@ def topic_path(topic: str) -> str:
 def topic_id_path(topic: str) -> str:
     """``/brokers/topic_ids/<topic>``: the id of the name's incarnation in force."""
     return f"{TOPIC_IDS}/{segment(topic)}"
+
+
+def partition_state_path(topic_id: object, partition: int | None = None) -> str:
+    """``/brokers/partition_states/<topic_id>[/<partition>]``."""
+    path = f"{PARTITION_STATES}/{topic_id}"
+    return path if partition is None else f"{path}/{partition}"
 
 
 def topic_config_path(topic: str) -> str:

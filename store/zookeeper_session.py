@@ -29,6 +29,7 @@ from typing import Any, Literal
 import attrs
 import trio_util
 
+from statemachine.partition_state import PartitionKey, slot_key
 from statemachine.slots import slot_of
 
 from .interface import Deposed, StoreUnavailable
@@ -71,6 +72,10 @@ class Office:
 
     def admits(self, group_id: str) -> bool:
         return slot_of(group_id, self.slots) == self.slot
+
+    def admits_partition(self, key: PartitionKey) -> bool:
+        """Whether the slot controls the partition (its ``slot_key``'s slot)."""
+        return slot_of(slot_key(key), self.slots) == self.slot
 
 
 @attrs.frozen
@@ -151,13 +156,17 @@ class Session:
     def _check_epoch(self, epoch: int, *group_ids: str) -> Office:
         """The office of ``epoch``, which must admit every group written under it: a slot's
         office writes the slot's groups alone."""
+        office = self._office_of(epoch)
+        for group_id in group_ids:
+            if not office.admits(group_id):
+                raise Deposed(f"group {group_id!r} is not in the slot of epoch {epoch}")
+        return office
+
+    def _office_of(self, epoch: int) -> Office:
         office = next((o for o in self._offices.values() if o.epoch == epoch), None)
         if office is None:
             held = sorted(o.epoch for o in self._offices.values())
             raise Deposed(f"epoch {epoch} is not the epoch of an office this store holds {held}")
-        for group_id in group_ids:
-            if not office.admits(group_id):
-                raise Deposed(f"group {group_id!r} is not in the slot of epoch {epoch}")
         return office
 
     def _office_transaction(self, office: Office | None) -> Any:
@@ -179,13 +188,18 @@ class Session:
         failed = failure(await self._wait(tx.commit_async()))
         if failed is None:
             return True
+        self._check_office_held(office, failed)
+        if isinstance(failed[1], NoNodeError | NodeExistsError | BadVersionError | NotEmptyError):
+            return False
+        raise StoreUnavailable(f"transaction failed: {failed[1]!r}")
+
+    def _check_office_held(self, office: Office | None, failed: tuple[int, Exception]) -> None:
+        """Raise ``Deposed`` if a transaction from ``_office_transaction`` failed on its office's
+        checks (its first two operations)."""
         index, exc = failed
         if office is not None and index < 2:
             self._drop(office)
             raise Deposed(f"the coordinator office of this store is over ({exc!r})")
-        if isinstance(exc, NoNodeError | NodeExistsError | BadVersionError | NotEmptyError):
-            return False
-        raise StoreUnavailable(f"transaction failed: {exc!r}")
 
     async def _commit_in_parts(self, office: Office | None, ops: Sequence[Op]) -> int:
         """Commit ``ops`` in order, as transactions checking ``office`` that each fit well under

@@ -7,6 +7,7 @@ closing a store and opening it again on the same backing state.
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Any
@@ -25,10 +26,18 @@ from protocol.types import (
     TopicPartition,
     TopicStreams,
 )
+from statemachine.partition_state import (
+    IsrEntry,
+    PartitionKey,
+    PartitionState,
+    StateWrite,
+    sole_replica_state,
+)
 from store import (
     Deposed,
     GroupRecord,
     InvalidPartitions,
+    InvalidReplicationFactor,
     MemberRecord,
     MetadataStore,
     OffsetBatch,
@@ -445,6 +454,124 @@ async def race(
             nursery.start_soon(run, "create", create)
             nursery.start_soon(run, "delete-2", lambda: second.delete_topic("orders"))
     return answers, created
+
+
+# Replication (docs/design.md#metadata-layout): what both stores agree on; the ZooKeeper store's
+# replicated partitions are in tests/zookeeper/test_partition_states.py, the embedded store's
+# refusal of them in tests/store/test_embedded.py.
+
+
+async def test_a_broker_registers_its_log_directory(store: MetadataStore) -> None:
+    """A broker's log directory is its registration's: a new one (a wiped disk) replaces it,
+    one registered without names none."""
+    first, wiped, other = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    await store.register_broker(BrokerInfo(broker_id=1, host="127.0.0.1", port=9092), log_dir=first)
+    await store.register_broker(BrokerInfo(broker_id=2, host="127.0.0.1", port=9093))
+    await store.register_broker(BrokerInfo(broker_id=3, host="127.0.0.1", port=9094), log_dir=other)
+    assert await store.broker_dirs() == {1: first, 3: other}
+    await store.register_broker(BrokerInfo(broker_id=1, host="127.0.0.1", port=9092), log_dir=wiped)
+    await store.register_broker(BrokerInfo(broker_id=3, host="127.0.0.1", port=9094))
+    assert await store.broker_dirs() == {1: wiped}
+    assert [b.broker_id for b in await store.brokers()] == [1, 2, 3]
+
+
+async def test_a_topic_of_one_replica_is_placed_as_it_always_was(store: MetadataStore) -> None:
+    placement = await store.create_topic("orders", (1, 2, 1))
+    assert placement.replicas == ((1,), (2,), (1,))
+    assert placement.replication_factor == 1
+    # One-replica lists are the same placement as bare brokers.
+    assert await store.create_topic("logs", ((2,), (1,))) == TopicPlacement(
+        topic="logs", brokers=(2, 1), topic_id=(await store.topics())["logs"].topic_id
+    )
+    added = await store.add_partitions("orders", ((2,),))
+    assert added.brokers == (1, 2, 1, 2)
+    assert added.replicas == ((1,), (2,), (1,), (2,))
+
+
+async def test_partitions_are_added_with_the_topics_replication_factor(
+    store: MetadataStore,
+) -> None:
+    placement = await store.create_topic("orders", (1, 2))
+    with pytest.raises(InvalidReplicationFactor, match="has replication factor 1"):
+        await store.add_partitions("orders", ((1, 2),))
+    assert await store.topics() == {"orders": placement}
+
+
+async def test_a_partition_of_one_replica_is_led_by_its_broker(store: MetadataStore) -> None:
+    """Nobody elects or writes it: a store holds no state for it, or the one that says so."""
+    log_dir = uuid.uuid4()
+    broker = BrokerInfo(broker_id=2, host="127.0.0.1", port=9092)
+    await store.register_broker(broker, log_dir=log_dir)
+    placement = await store.create_topic("orders", (2, 2))
+    keys = [PartitionKey(topic_id=placement.topic_id, partition=p) for p in (0, 1)]
+    for states in (await store.partition_states(), await store.read_partition_states(keys)):
+        assert states.keys() <= set(keys)
+        for state in states.values():
+            assert state == sole_replica_state(2, log_dir)
+
+
+async def test_states_of_partitions_nobody_wrote_are_absent(store: MetadataStore) -> None:
+    nobody = PartitionKey(topic_id=uuid.uuid4(), partition=0)
+    assert await store.read_partition_states([nobody]) == {}
+    assert nobody not in await store.partition_states()
+
+
+def a_state_write(expected_version: int = -1) -> StateWrite:
+    return StateWrite(
+        key=PartitionKey(topic_id=uuid.uuid4(), partition=0),
+        state=PartitionState(
+            leader=1,
+            leader_epoch=0,
+            isr=(IsrEntry(broker_id=1, log_dir=uuid.uuid4()),),
+        ),
+        expected_version=expected_version,
+    )
+
+
+async def test_a_controllers_state_writes_are_fenced_by_its_epoch(store: MetadataStore) -> None:
+    """A controller writes under its slot's epoch, as a coordinator writes groups: one that
+    holds no office, or a deposed one, writes nothing."""
+    write = a_state_write()
+    for epoch in (0, 1, -1):
+        with pytest.raises(Deposed):
+            await store.write_partition_states(epoch, [write])
+    old = await store.take_office(1)
+    assert await store.write_partition_states(old, []) == ()
+    new = await store.take_office(2)
+    with pytest.raises(Deposed):
+        await store.write_partition_states(old, [write])
+    with pytest.raises(Deposed):
+        await store.write_partition_states(new + 1, [write])
+    assert await store.read_partition_states([write.key]) == {}
+    assert await store.write_partition_states(new, []) == ()
+
+
+async def test_a_closed_store_ends_its_partition_state_watch(store_factory: StoreOpener) -> None:
+    async with store_factory() as store:
+        updates = store.partition_state_updates()
+        with trio.fail_after(WATCH_DEADLINE):
+            assert await anext(updates) == {}
+    with trio.fail_after(WATCH_DEADLINE), pytest.raises(StoreUnavailable):
+        await anext(updates)
+    await updates.aclose()
+
+
+async def test_replication_settings_are_checked_against_the_replication_factor(
+    store: MetadataStore,
+) -> None:
+    with pytest.raises(InvalidTopicConfig, match=r"between 1 and the replication factor 1"):
+        await store.create_topic("orders", (1,), (("min.insync.replicas", "2"),))
+    with pytest.raises(InvalidTopicConfig, match=r"must be true or false"):
+        await store.create_topic("orders", (1,), (("unclean.leader.election.enable", "yes"),))
+    assert await store.topics() == {}
+    created = await store.create_topic(
+        "orders", (1,), (("unclean.leader.election.enable", "TRUE"), ("min.insync.replicas", "1"))
+    )
+    assert created.configs == (
+        ("min.insync.replicas", "1"),
+        ("unclean.leader.election.enable", "true"),
+    )
+    assert (await store.topics())["orders"].configs == created.configs
 
 
 # Topic watch

@@ -14,6 +14,7 @@ import json
 import pathlib
 import resource
 import signal
+import uuid
 import zlib
 from collections.abc import Iterator
 from contextlib import aclosing, contextmanager
@@ -24,10 +25,17 @@ import pytest
 import trio
 import trio.testing
 
-from protocol.types import ConsumerThread, Subscription, TopicPartition, TopicStreams
+from protocol.types import BrokerInfo, ConsumerThread, Subscription, TopicPartition, TopicStreams
+from statemachine.partition_state import (
+    UNKNOWN_LOG_DIR,
+    PartitionKey,
+    StateWrite,
+    sole_replica_state,
+)
 from store import (
     EmbeddedStore,
     GroupRecord,
+    InvalidReplicationFactor,
     MemberRecord,
     OffsetBatch,
     StoreUnavailable,
@@ -552,3 +560,58 @@ async def test_a_topics_settings_survive_compaction_into_the_snapshot(
     async with open_embedded_store(tmp_path) as store:
         found = await store.topics()
         assert (found["orders"], found["logs"]) == (created, plain)
+
+
+# Replication: one broker, so one replica of every partition
+
+
+async def test_a_replicated_topic_is_refused_and_nothing_is_written(tmp_path: pathlib.Path) -> None:
+    async with open_embedded_store(tmp_path) as store:
+        with pytest.raises(InvalidReplicationFactor, match="needs a cluster"):
+            await store.create_topic("orders", ((1, 2), (2, 1)))
+        assert await store.topics() == {}
+        lines = journal_lines(tmp_path)
+        epoch = await store.take_office(1)
+        write = StateWrite(
+            key=PartitionKey(topic_id=uuid.uuid4(), partition=0),
+            state=sole_replica_state(1, uuid.uuid4()),
+            expected_version=0,
+        )
+        with pytest.raises(InvalidReplicationFactor):
+            await store.write_partition_states(epoch, [write])
+        with pytest.raises(InvalidReplicationFactor):
+            await store.write_partition_states(None, [write])
+        assert len(journal_lines(tmp_path)) == len(lines) + 1  # the office's entry alone
+
+
+async def test_every_partition_is_led_by_its_broker_at_epoch_zero(tmp_path: pathlib.Path) -> None:
+    """The states nobody writes, synthesized from the topics and the broker's log directory:
+    all at once, then those that changed (a new topic's, a new directory's)."""
+    first, wiped = uuid.uuid4(), uuid.uuid4()
+    broker = BrokerInfo(broker_id=1, host="127.0.0.1", port=9092)
+    async with open_embedded_store(tmp_path) as store:
+        await store.register_broker(broker, log_dir=first)
+        orders = await store.create_topic("orders", (1, 1))
+        async with aclosing(store.partition_state_updates()) as updates:
+            keys = [PartitionKey(topic_id=orders.topic_id, partition=p) for p in (0, 1)]
+            assert await anext(updates) == {key: sole_replica_state(1, first) for key in keys}
+            logs = await store.create_topic("logs", (1,))
+            new = PartitionKey(topic_id=logs.topic_id, partition=0)
+            with trio.fail_after(1):
+                assert await anext(updates) == {new: sole_replica_state(1, first)}
+            await store.register_broker(broker, log_dir=wiped)
+            with trio.fail_after(1):
+                assert await anext(updates) == {
+                    key: sole_replica_state(1, wiped) for key in [*keys, new]
+                }
+        assert await store.partition_states() == {
+            key: sole_replica_state(1, wiped) for key in [*keys, new]
+        }
+        assert await store.read_partition_states([keys[1]]) == {
+            keys[1]: sole_replica_state(1, wiped)
+        }
+        # A broker that registered no directory: its replicas are in sync in none known.
+        await store.register_broker(broker)
+        assert await store.read_partition_states([new]) == {
+            new: sole_replica_state(1, UNKNOWN_LOG_DIR)
+        }

@@ -15,6 +15,7 @@ from store import (
     GroupStore,
     MetadataStore,
     OfficeStore,
+    ReplicationStore,
     SecurityStore,
     TopicStore,
 )
@@ -41,8 +42,8 @@ def test_a_wrapper_defines_every_method_it_passes_on(wrapper: type) -> None:
     assert _methods(MetadataStore) <= defined
 
 
-def test_the_interface_is_its_four_protocols() -> None:
+def test_the_interface_is_its_five_protocols() -> None:
     """Every method of ``MetadataStore`` belongs to exactly one of its parts."""
-    parts = [TopicStore, SecurityStore, GroupStore, OfficeStore]
+    parts = [TopicStore, SecurityStore, GroupStore, ReplicationStore, OfficeStore]
     names = [name for part in parts for name in _methods(part)]
     assert sorted(names) == sorted(set(names)) == sorted(_methods(MetadataStore))

@@ -61,26 +61,29 @@ async def test_a_store_of_another_layout_version_is_refused(
             pytest.fail("a broker opened a store of another layout")
     assert str(refused.value) == (
         f"the cluster's ZooKeeper store has layout version {version}, this broker runs version "
-        f"{LAYOUT_VERSION} (and upgrades version 2)"
+        f"{LAYOUT_VERSION} (and upgrades versions 2 and 3)"
     )
     assert read_layout(zookeeper_hosts) == {"version": version, "slots": 50}
 
 
-async def test_a_store_of_layout_2_is_upgraded_to_3(zookeeper_hosts: str) -> None:
-    """Topics get ids (docs/design.md#topic-ids): the first broker of layout 3 on a store of
-    layout 2 upgrades it, if the slot count is the one it runs; brokers of layout 2 still running
-    go on, and one started afterwards refuses the store in one line, as for any version it does
-    not run ("has layout version 3, this broker runs version 2")."""
-    assert LAYOUT_VERSION == 3
-    write_layout(zookeeper_hosts, {"version": 2, "slots": 50})
+@pytest.mark.parametrize("version", [2, 3])
+async def test_a_store_of_layout_2_or_3_is_upgraded_to_4(
+    zookeeper_hosts: str, version: int
+) -> None:
+    """Topics get ids (docs/design.md#topic-ids) in layout 3, replicas in 4: the first broker
+    of layout 4 on a store of layout 2 or 3 upgrades it, if the slot count is the one it runs;
+    older brokers still running go on, and one started afterwards refuses the store in one line,
+    as for any version it does not run ("has layout version 4, this broker runs version 3")."""
+    assert LAYOUT_VERSION == 4
+    write_layout(zookeeper_hosts, {"version": version, "slots": 50})
     with pytest.raises(LayoutMismatch, match=r"has 50 coordinator slots, .* configured with 8"):
         async with open_zookeeper_store(zookeeper_hosts, coordinator_slots=8):
             pytest.fail("a broker with another slot count opened the store")
-    assert read_layout(zookeeper_hosts) == {"version": 2, "slots": 50}
+    assert read_layout(zookeeper_hosts) == {"version": version, "slots": 50}
     async with open_zookeeper_store(zookeeper_hosts, coordinator_slots=50):
-        assert read_layout(zookeeper_hosts) == {"version": 3, "slots": 50}
+        assert read_layout(zookeeper_hosts) == {"version": 4, "slots": 50}
     async with open_zookeeper_store(zookeeper_hosts, coordinator_slots=50):
-        pass  # layout 3: welcome
+        pass  # layout 4: welcome
 
 
 async def test_a_broker_configured_otherwise_refuses_to_start(

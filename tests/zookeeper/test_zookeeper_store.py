@@ -253,7 +253,7 @@ async def test_the_layout_is_readable_by_other_tools(zookeeper_hosts: str) -> No
                 "/consumers/billing/owners/logs.web/0",
             )
         }
-    assert json.loads(raw["/brokers/ids/7"]) == {"host": "10.0.0.7", "port": 9093}
+    assert json.loads(raw["/brokers/ids/7"]) == {"host": "10.0.0.7", "port": 9093, "layout": 4}
     assert json.loads(raw["/brokers/topics/orders"]) == {"0": 7, "1": 7, "2": 8}
     assert json.loads(raw["/brokers/topic_ids/orders"]) == {"topic_id": str(placement.topic_id)}
     assert json.loads(raw["/coordinator_slots/0"]) == {"broker_id": 7}
