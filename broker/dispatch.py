@@ -78,10 +78,12 @@ from protocol import (
     error_response,
 )
 from protocol.replica_messages import MAX_REPLICA_WAIT_MS
+from protocol.topic_configs import InvalidTopicConfig
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from protocol.versions import Refusal, negotiate
 from store import (
     InvalidPartitions,
+    InvalidReplicationFactor,
     StoreError,
     StoreUnavailable,
     TopicExists,
@@ -501,6 +503,14 @@ async def create_topic(
         )
     except TopicExists:
         return ErrorCode.TOPIC_ALREADY_EXISTS
+    except InvalidTopicConfig as exc:
+        # A setting checked against the replication factor (min.insync.replicas), which the
+        # request's own check cannot know.
+        log.info("refusing topic %s: %s", message.topic, exc)
+        return ErrorCode.INVALID_CONFIG
+    except InvalidReplicationFactor as exc:
+        log.info("refusing topic %s: %s", message.topic, exc)
+        return ErrorCode.INVALID_REPLICATION_FACTOR
     return ErrorCode.NONE
 
 

@@ -17,7 +17,6 @@ import random
 from collections.abc import Collection, Iterable, Sequence
 
 from protocol import ErrorCode
-from statemachine.partition_state import ReplicationCode
 
 #: Every replica of every partition, the preferred leader first.
 Replicas = tuple[tuple[int, ...], ...]
@@ -52,12 +51,12 @@ def added(brokers: Sequence[int], placed: Sequence[int], count: int) -> tuple[in
 
 def new_topic_replicas(
     brokers: Sequence[int], partitions: int, factor: int, rng: random.Random
-) -> tuple[Replicas, ErrorCode | ReplicationCode]:
+) -> tuple[Replicas, ErrorCode]:
     """A new topic's ``partitions`` with ``factor`` replicas each, over ``brokers`` (sorted).
     A factor the brokers cannot hold is refused (INVALID_REPLICATION_FACTOR), never placed with
     fewer replicas. Factor 1 places as :func:`new_topic` does, drawing the same numbers."""
     if not 1 <= factor <= len(brokers):
-        return (), ReplicationCode.INVALID_REPLICATION_FACTOR
+        return (), ErrorCode.INVALID_REPLICATION_FACTOR
     start = rng.randrange(len(brokers))
     shift = rng.randrange(len(brokers)) if factor > 1 else 0
     return _replicas(brokers, range(partitions), start, shift, factor), ErrorCode.NONE
@@ -65,13 +64,13 @@ def new_topic_replicas(
 
 def added_replicas(
     brokers: Sequence[int], placed: Replicas, count: int
-) -> tuple[Replicas, ErrorCode | ReplicationCode]:
+) -> tuple[Replicas, ErrorCode]:
     """``count`` partitions more for a topic placed as ``placed``, with its replication factor:
     the first replicas as :func:`added` places them, the others shifted as a new topic's are,
     from the shift where the topic's partition 0 leads (as Kafka's ``addPartitions``)."""
     factor = len(placed[0]) if placed else 1
     if not 1 <= factor <= len(brokers):
-        return (), ReplicationCode.INVALID_REPLICATION_FACTOR
+        return (), ErrorCode.INVALID_REPLICATION_FACTOR
     first = added(brokers, [replicas[0] for replicas in placed], count)
     start = (brokers.index(first[0]) - len(placed)) % len(brokers) if first else 0
     origin = placed[0][0] if placed else None

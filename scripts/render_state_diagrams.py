@@ -33,6 +33,7 @@ MACHINES = [
     "statemachine.group",
     "statemachine.consumer",
     "statemachine.ownership",
+    "statemachine.replica_leader",
 ]
 """Every module that defines a machine, as ``TABLE``: a machine missing here is an error, not a
 diagram quietly left out."""

@@ -10,7 +10,6 @@ brokers (which serve by them); here so that none of them imports another.
 
 from __future__ import annotations
 
-import enum
 import uuid
 from collections.abc import Sequence
 
@@ -26,7 +25,6 @@ __all__ = [
     "IsrEntry",
     "PartitionKey",
     "PartitionState",
-    "ReplicationCode",
     "StateWrite",
     "assign_epoch",
     "epoch_end",
@@ -44,23 +42,6 @@ UNKNOWN_LOG_DIR = uuid.UUID(int=0)
 
 #: No epoch: an empty log has no last epoch, and an epoch cache may know none at or below one.
 NO_EPOCH = -1
-
-
-class ReplicationCode(enum.IntEnum):
-    """The error codes of replication (Kafka's numbers, DESIGN37 §2.3) that the sans-IO decisions
-    answer with, until ``protocol.errors.ErrorCode`` has them: the values are the wire's, so
-    ``ErrorCode(code)`` reads one once it does."""
-
-    LEADER_NOT_AVAILABLE = 5
-    NOT_LEADER_OR_FOLLOWER = 6
-    NOT_ENOUGH_REPLICAS = 19
-    """acks=all refused before appending: the ISR is below ``min.insync.replicas``."""
-    NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
-    """Appended, but the ISR fell below ``min.insync.replicas`` before the high watermark covered
-    the records: not acknowledged, and a retry may store them twice."""
-    INVALID_REPLICATION_FACTOR = 38
-    FENCED_LEADER_EPOCH = 74
-    UNKNOWN_LEADER_EPOCH = 75
 
 
 @attrs.frozen(kw_only=True, order=True)

@@ -27,7 +27,6 @@ from protocol.errors import ErrorCode
 from statemachine.partition_state import (
     NO_EPOCH,
     EpochStart,
-    ReplicationCode,
     assign_epoch,
     epoch_end,
     truncate_epochs,
@@ -124,8 +123,8 @@ Step = Append | Truncate | StartOver | RefreshLeader | BackOff
 #: Codes that say the follower's idea of the leader is out of date.
 _REFRESH = frozenset(
     {
-        ReplicationCode.NOT_LEADER_OR_FOLLOWER,
-        ReplicationCode.FENCED_LEADER_EPOCH,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.FENCED_LEADER_EPOCH,
         ErrorCode.UNKNOWN_TOPIC_ID,
     }
 )

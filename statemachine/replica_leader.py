@@ -48,7 +48,6 @@ from statemachine.partition_state import (
     IsrEntry,
     PartitionKey,
     PartitionState,
-    ReplicationCode,
     StateWrite,
     epoch_end,
 )
@@ -231,7 +230,7 @@ class Answered:
     """Answer ``request`` with ``code`` (NONE: acknowledged)."""
 
     request: int
-    code: ErrorCode | ReplicationCode
+    code: ErrorCode
 
 
 @attrs.frozen(kw_only=True)
@@ -416,7 +415,7 @@ class ReplicaLeader:
 
     def _produce_asked(self, event: ProduceAsked) -> list[Effect]:
         if event.acks_all and not self._enough_before_append():
-            return [Answered(request=event.request, code=ReplicationCode.NOT_ENOUGH_REPLICAS)]
+            return [Answered(request=event.request, code=ErrorCode.NOT_ENOUGH_REPLICAS)]
         return [MayAppend(request=event.request)]
 
     def _appended(self, event: Appended) -> list[Effect]:
@@ -426,7 +425,7 @@ class ReplicaLeader:
         if not event.acks_all:
             effects.append(Answered(request=event.request, code=ErrorCode.NONE))
         elif len(self.isr) < self.settings.min_insync:
-            code = ReplicationCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+            code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
             effects.append(Answered(request=event.request, code=code))
         else:
             self._waiting.append((event.end, event.request))
@@ -558,7 +557,7 @@ class ReplicaLeader:
             self.hw = candidate
         effects: list[Effect] = []
         if len(self.isr) < self.settings.min_insync:
-            code = ReplicationCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+            code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
             effects = [Answered(request=request, code=code) for _, request in self._waiting]
             self._waiting.clear()
             return effects
@@ -572,7 +571,7 @@ class ReplicaLeader:
             self.isr, self.version = state.isr, state.version
 
     def _resign(self, state: PartitionState) -> list[Effect]:
-        code = ReplicationCode.NOT_LEADER_OR_FOLLOWER
+        code = ErrorCode.NOT_LEADER_OR_FOLLOWER
         effects: list[Effect] = [Answered(request=r, code=code) for _, r in self._waiting]
         self._waiting.clear()
         self.pending = None

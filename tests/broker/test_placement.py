@@ -11,7 +11,7 @@ from pathlib import Path
 from broker import placement
 from broker.dispatch import add_partitions, create_topic
 from coordinator.limits import RequestLimits
-from protocol import CreatePartitionsRequest, CreateTopicRequest, ErrorCode
+from protocol import ConfigEntry, CreatePartitionsRequest, CreateTopicRequest, ErrorCode
 from protocol.types import BrokerInfo
 from store import open_embedded_store
 
@@ -66,3 +66,26 @@ async def test_create_topic_places_over_every_live_broker(tmp_path: Path) -> Non
         dead = CreateTopicRequest(topic="v", partitions=1, broker_ids=(4,))
         assert await create_topic(store, dead, limits) is ErrorCode.INVALID_REPLICA_ASSIGNMENT
         assert "v" not in await store.topics()
+
+
+async def test_a_setting_checked_against_the_replication_factor_is_refused_with_its_code(
+    tmp_path: Path,
+) -> None:
+    """min.insync.replicas above the factor passes the request's own check (it does not know the
+    factor) and is refused by the store's: INVALID_CONFIG, nothing created."""
+    limits = RequestLimits()
+    async with open_embedded_store(tmp_path) as store:
+        await store.register_broker(BrokerInfo(broker_id=1, host="h", port=1))
+        too_many = CreateTopicRequest(
+            topic="t",
+            partitions=1,
+            configs=(ConfigEntry(name="min.insync.replicas", value="2"),),
+        )
+        assert await create_topic(store, too_many, limits) is ErrorCode.INVALID_CONFIG
+        assert "t" not in await store.topics()
+        one = CreateTopicRequest(
+            topic="t",
+            partitions=1,
+            configs=(ConfigEntry(name="min.insync.replicas", value="1"),),
+        )
+        assert await create_topic(store, one, limits) is ErrorCode.NONE

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from broker import placement
 from protocol import ErrorCode
-from statemachine.partition_state import ReplicationCode
 
 
 def test_factor_one_places_as_today() -> None:
@@ -39,13 +38,13 @@ def test_a_factor_the_brokers_cannot_hold_is_refused() -> None:
     for factor in (0, 4):
         assert placement.new_topic_replicas((1, 2, 3), 2, factor, random.Random(0)) == (
             (),
-            ReplicationCode.INVALID_REPLICATION_FACTOR,
+            ErrorCode.INVALID_REPLICATION_FACTOR,
         )
-    assert ReplicationCode.INVALID_REPLICATION_FACTOR.value == 38
+    assert ErrorCode.INVALID_REPLICATION_FACTOR.value == 38
     placed = ((1, 2, 3), (2, 3, 1))
     assert placement.added_replicas((1, 2), placed, 1) == (
         (),
-        ReplicationCode.INVALID_REPLICATION_FACTOR,
+        ErrorCode.INVALID_REPLICATION_FACTOR,
     )
 
 

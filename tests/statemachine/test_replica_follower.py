@@ -13,7 +13,6 @@ from statemachine import replica_follower as rf
 from statemachine.partition_state import (
     NO_EPOCH,
     EpochStart,
-    ReplicationCode,
     assign_epoch,
     epoch_end,
 )
@@ -129,16 +128,14 @@ def test_appended_records_bring_their_epochs_into_the_cache() -> None:
 
 def test_error_answers() -> None:
     cache = epochs((0, 0))
-    for code in (ReplicationCode.NOT_LEADER_OR_FOLLOWER, ReplicationCode.FENCED_LEADER_EPOCH):
+    for code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH):
         assert rf.next_step(cache, 3, rf.LeaderAnswer(error_code=code)) == rf.RefreshLeader(
             code=code
         )
     assert rf.next_step(
         cache, 3, rf.LeaderAnswer(error_code=ErrorCode.UNKNOWN_TOPIC_ID)
     ) == rf.RefreshLeader(code=ErrorCode.UNKNOWN_TOPIC_ID)
-    unknown = rf.next_step(
-        cache, 3, rf.LeaderAnswer(error_code=ReplicationCode.UNKNOWN_LEADER_EPOCH)
-    )
+    unknown = rf.next_step(cache, 3, rf.LeaderAnswer(error_code=ErrorCode.UNKNOWN_LEADER_EPOCH))
     assert isinstance(unknown, rf.BackOff) and unknown.code == 75
     # a leader that has not opened the partition yet: try it again
     not_open = rf.LeaderAnswer(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)

@@ -20,7 +20,6 @@ from statemachine.partition_state import (
     IsrEntry,
     PartitionKey,
     PartitionState,
-    ReplicationCode,
     StateWrite,
 )
 from statemachine.table import IllegalTransition
@@ -102,8 +101,8 @@ def test_acks_all_below_min_insync_is_refused_with_nothing_written() -> None:
     machine = leader(isr=(1,), min_insync=2)
     before = copy.deepcopy(machine)
     refused = machine.handle(rl.ProduceAsked(request=1, acks_all=True))
-    assert refused == [rl.Answered(request=1, code=ReplicationCode.NOT_ENOUGH_REPLICAS)]
-    assert ReplicationCode.NOT_ENOUGH_REPLICAS.value == 19
+    assert refused == [rl.Answered(request=1, code=ErrorCode.NOT_ENOUGH_REPLICAS)]
+    assert ErrorCode.NOT_ENOUGH_REPLICAS.value == 19
     assert machine == before
     # acks=1 knows no min.insync.replicas
     assert machine.handle(rl.ProduceAsked(request=2, acks_all=False)) == [rl.MayAppend(request=2)]
@@ -129,7 +128,7 @@ def test_a_shrink_counts_until_the_store_confirms_it() -> None:
     strict.handle(fetched(3, 0, now=1.0))
     write_of(strict.handle(rl.Tick(now=1.0 + LAG + 0.5)))
     assert strict.handle(rl.ProduceAsked(request=9, acks_all=True)) == [
-        rl.Answered(request=9, code=ReplicationCode.NOT_ENOUGH_REPLICAS)
+        rl.Answered(request=9, code=ErrorCode.NOT_ENOUGH_REPLICAS)
     ]
     # confirmed: the ISR is (1, 2), both have the records
     assert machine.handle(rl.IsrWritten()) == [ok(1)]
@@ -147,7 +146,7 @@ def test_a_shrink_below_min_insync_answers_the_waiting_produces_20() -> None:
     assert produce(machine, 1, end=4) == []
     write_of(machine.handle(rl.Tick(now=LAG + 2)))
     assert machine.waiting() == (1,)
-    after_append = ReplicationCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    after_append = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
     assert after_append.value == 20
     assert machine.handle(rl.IsrWritten()) == [rl.Answered(request=1, code=after_append)]
     # an append that finds the ISR below min meanwhile is answered 20 at once
@@ -156,7 +155,7 @@ def test_a_shrink_below_min_insync_answers_the_waiting_produces_20() -> None:
     seen = PartitionState(leader=1, leader_epoch=5, isr=entries(1), version=10)
     assert machine.handle(rl.StateSeen(state=seen)) == []  # the controller removed broker 2
     assert machine.handle(rl.Appended(request=2, acks_all=True, end=3, durable_end=3)) == [
-        rl.Answered(request=2, code=ReplicationCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
+        rl.Answered(request=2, code=ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
     ]
 
 
@@ -220,7 +219,7 @@ def test_another_leader_or_epoch_ends_the_leadership_and_its_waiting_produces() 
     assert machine.handle(rl.StateSeen(state=old)) == []  # old news
     newer = PartitionState(leader=2, leader_epoch=6, isr=entries(2, 3), version=10)
     assert machine.handle(rl.StateSeen(state=newer)) == [
-        rl.Answered(request=1, code=ReplicationCode.NOT_LEADER_OR_FOLLOWER),
+        rl.Answered(request=1, code=ErrorCode.NOT_LEADER_OR_FOLLOWER),
         rl.Resigned(key=KEY, state=newer),
     ]
     assert machine.phase is S.RESIGNED
