@@ -21,7 +21,7 @@ import trio
 from protocol import ClusterMetadataResponse, ErrorCode
 from protocol.types import TopicPartition
 
-__all__ = ["LEADER_CODES", "Leader", "Leaders", "MetadataAsk"]
+__all__ = ["LEADER_CODES", "Leader", "Leaders", "MetadataAsk", "leaders_of"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,31 @@ class Leader:
     isr: tuple[int, ...]
 
 
+def leaders_of(response: ClusterMetadataResponse) -> dict[TopicPartition, Leader]:
+    """Each partition of the topics ``response`` found, with who holds it (a broker answering
+    below version 5 names the leader alone: its only replica, epoch unknown)."""
+    replicas = {
+        TopicPartition(topic=t.topic, partition=p.partition): p
+        for t in response.replicas
+        for p in t.partitions
+    }
+    found: dict[TopicPartition, Leader] = {}
+    for topic in response.topics:
+        if topic.error_code is not ErrorCode.NONE:
+            continue
+        for partition in topic.partitions:
+            tp = TopicPartition(topic=topic.topic, partition=partition.partition)
+            held = replicas.get(tp)
+            alone = (partition.broker_id,) if partition.broker_id >= 0 else ()
+            found[tp] = Leader(
+                broker_id=partition.broker_id,
+                epoch=held.leader_epoch if held is not None else -1,
+                replicas=tuple(held.replicas) if held is not None else alone,
+                isr=tuple(held.isr) if held is not None else alone,
+            )
+    return found
+
+
 @attrs.define(eq=False)
 class Leaders:
     ask: MetadataAsk
@@ -72,26 +97,10 @@ class Leaders:
     def learn(self, response: ClusterMetadataResponse) -> None:
         """Take every partition of ``response`` whose leader epoch is not older than the one
         known (an answer from a broker that has not heard of an election yet changes nothing)."""
-        replicas = {
-            TopicPartition(topic=t.topic, partition=p.partition): p
-            for t in response.replicas
-            for p in t.partitions
-        }
-        for topic in response.topics:
-            if topic.error_code is not ErrorCode.NONE:
-                continue
-            for partition in topic.partitions:
-                tp = TopicPartition(topic=topic.topic, partition=partition.partition)
-                found = replicas.get(tp)
-                leader = Leader(
-                    broker_id=partition.broker_id,
-                    epoch=found.leader_epoch if found is not None else -1,
-                    replicas=tuple(found.replicas) if found is not None else (partition.broker_id,),
-                    isr=tuple(found.isr) if found is not None else (partition.broker_id,),
-                )
-                known = self._known.get(tp)
-                if known is None or leader.epoch < 0 or leader.epoch >= known.epoch:
-                    self._known[tp] = leader
+        for tp, leader in leaders_of(response).items():
+            known = self._known.get(tp)
+            if known is None or leader.epoch < 0 or leader.epoch >= known.epoch:
+                self._known[tp] = leader
 
     def learn_hint(self, tp: TopicPartition, leader_id: int, epoch: int) -> bool:
         """An answer's leader hint: taken only if its epoch is later than the one known."""

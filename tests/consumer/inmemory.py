@@ -42,6 +42,8 @@ from protocol import (
     PartitionMetadata,
     PingRequest,
     PingResponse,
+    ProduceRequest,
+    ProduceResponse,
     RegisterConsumerRequest,
     RegisterConsumerResponse,
     Request,
@@ -364,7 +366,11 @@ class ScriptedCoordinator:
     """Partitions another broker leads, at that leader epoch: ClusterMetadata says so, that
     broker's address serves them from ``log``, and this one answers NOT_LEADER_OR_FOLLOWER."""
     data_requests: list[tuple[int, RequestMessage]] = attrs.field(factory=list)
-    """Each Fetch and ListOffsets, with the broker it was sent to."""
+    """Each Fetch, ListOffsets and Produce, with the broker it was sent to."""
+    produce_answers: list[ErrorCode] = attrs.field(factory=list)
+    """What the next Produce requests at their leader are answered, one each, storing nothing;
+    once none is left a Produce is answered NONE at the next offset (nothing is kept)."""
+    stored: int = 0
 
     async def connect(self, host: str, port: int) -> trio.abc.Stream:
         await trio.lowlevel.checkpoint()
@@ -470,6 +476,15 @@ class ScriptedCoordinator:
                             log_start_offset=-1,
                             high_watermark=-1,
                         )
+                case ProduceRequest():
+                    self.data_requests.append((broker.broker_id, message))
+                    tp = TopicPartition(topic=message.topic, partition=message.partition)
+                    leader, epoch = self.leaders.get(tp, (self.broker, 0))
+                    code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    if leader == broker:
+                        code = self.produce_answers.pop(0) if self.produce_answers else code.NONE
+                    answer = ProduceResponse(error_code=code, base_offset=self.stored)
+                    self.stored += code is ErrorCode.NONE
                 case _:
                     answer = await self.log(request)
             assert answer is not None

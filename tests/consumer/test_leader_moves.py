@@ -4,10 +4,12 @@ hearing of it: no rebalance, the generation unchanged, no record skipped or seen
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
-from consumer import ConsumerSettings, open_consumer
+from consumer import ConsumerSettings, ProduceError, ProducerConfig, open_consumer, open_producer
+from consumer.admin import open_admin
 from consumer.leaders import Leader, Leaders
 from protocol import (
     ClusterMetadataResponse,
@@ -15,12 +17,13 @@ from protocol import (
     FetchRequest,
     ListOffsetsRequest,
     PartitionMetadata,
+    ProduceRequest,
     TopicMetadata,
 )
 from protocol.replica_messages import PartitionReplicas, TopicReplicas
 from protocol.types import BrokerInfo, TopicPartition
 
-from .inmemory import open_scripted_coordinator
+from .inmemory import SCRIPTED_BROKER, open_scripted_coordinator
 
 T0 = TopicPartition(topic="t", partition=0)
 T1 = TopicPartition(topic="t", partition=1)
@@ -147,3 +150,58 @@ async def test_leaders_refresh_a_topic_at_most_every_100_ms_and_take_only_newer_
     assert leaders.learn_hint(T0, 3, 6)
     assert await leaders.follow(T0, 1, 2) == 3  # an old hint: a refresh, rate-limited
     assert len(asked) == 3
+
+
+async def test_the_producer_retries_leader_moves_and_too_few_replicas_not_a_refused_acks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = ProducerConfig(linger=0.0, retry_backoff=0.1)
+    async with open_scripted_coordinator() as coordinator:
+        coordinator.leaders[T0] = (SCRIPTED_BROKER, 0)
+        async with open_producer("broker:9092", connect=coordinator.connect, config=config) as p:
+            assert await p.partitions_for("t") == 1
+            looked_up = len(coordinator.lookups)
+            coordinator.produce_answers[:] = [
+                ErrorCode.NOT_ENOUGH_REPLICAS,
+                ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                ErrorCode.REQUEST_TIMED_OUT,
+            ]
+            start = trio.current_time()
+            assert await p.send_and_wait("t", b"x") == (0, 0)
+            assert trio.current_time() - start == pytest.approx(0.3)
+            assert len(coordinator.lookups) == looked_up  # the same leader, asked again
+
+            coordinator.leaders[T0] = (BROKER_2, 1)
+            assert await p.send_and_wait("t", b"y") == (0, 1)
+            assert len(coordinator.lookups) == looked_up + 1
+
+            coordinator.produce_answers[:] = [ErrorCode.INVALID_REQUIRED_ACKS]
+            with pytest.raises(ProduceError) as refused:
+                await p.send_and_wait("t", b"z")
+            assert refused.value.error_code is ErrorCode.INVALID_REQUIRED_ACKS
+    produced = [(b, m) for b, m in coordinator.data_requests if isinstance(m, ProduceRequest)]
+    assert [b for b, _ in produced] == [1, 1, 1, 1, 1, 2, 2]
+    assert {(m.acks, m.timeout_ms) for _, m in produced} == {(-1, 30_000)}
+
+
+def test_acks_is_all_or_1() -> None:
+    assert ProducerConfig().acks == "all"
+    assert ProducerConfig(acks=1).acks == 1
+    with pytest.raises(ValueError, match="acks"):
+        ProducerConfig(acks=0)  # type: ignore[arg-type]
+
+
+async def test_an_admin_read_goes_to_the_partitions_new_leader(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_scripted_coordinator() as coordinator:
+        coordinator.leaders[T0] = (SCRIPTED_BROKER, 0)
+        await trio.sleep(1.0)  # 10 records
+        async with open_admin("broker:9092", connect=coordinator.connect) as admin:
+            first = await admin.read(T0, 0)
+            coordinator.leaders[T0] = (BROKER_2, 1)
+            second = await admin.read(T0, 5)
+    assert [b.base_offset for b in first.batches] == [0, 1, 2, 3, 4]
+    assert [b.base_offset for b in second.batches] == [5, 6, 7, 8, 9]
+    reads = [(b, m.offset) for b, m in coordinator.data_requests if isinstance(m, FetchRequest)]
+    assert reads == [(1, 0), (1, 5), (2, 5)]
