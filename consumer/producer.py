@@ -90,8 +90,8 @@ _RETRIED_IN_PLACE = frozenset(
         ErrorCode.REQUEST_TIMED_OUT,
     }
 )
-#: The longest acks=all wait a request names: the brokers' default ``--max-produce-timeout-ms``
-#: (a longer one is refused INVALID_REQUEST).
+#: The longest acks=all wait a request names: the longest a broker takes (MAX_PRODUCE_TIMEOUT_MS
+#: in broker/data_plane.py; a longer one is refused INVALID_REQUEST).
 MAX_ACKS_WAIT_MS = 300_000
 
 
