@@ -335,7 +335,7 @@ async def _cluster(admin: Admin, args: argparse.Namespace) -> None:
         return
     print(f"{report.slots} coordinator slots")
     _table(
-        ("BROKER", "ADDRESS", "UP", "SLOTS", "PARTITIONS"),
+        ("BROKER", "ADDRESS", "UP", "SLOTS", "PARTITIONS", "REPLICAS"),
         [
             (
                 b.broker_id,
@@ -343,6 +343,7 @@ async def _cluster(admin: Admin, args: argparse.Namespace) -> None:
                 "yes" if b.up else "no",
                 f"{len(b.slots)}: {_ranges(b.slots)}" if b.slots else "0",
                 b.partitions,
+                b.replicas,
             )
             for b in report.brokers
         ],
