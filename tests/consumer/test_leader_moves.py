@@ -24,6 +24,7 @@ from protocol.replica_messages import PartitionReplicas, TopicReplicas
 from protocol.types import BrokerInfo, TopicPartition
 
 from .inmemory import SCRIPTED_BROKER, open_scripted_coordinator
+from .test_consumer_in_memory import drain, recorders
 
 T0 = TopicPartition(topic="t", partition=0)
 T1 = TopicPartition(topic="t", partition=1)
@@ -34,18 +35,8 @@ async def test_a_fetcher_follows_its_partitions_leader_without_a_rebalance(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     seen: list[tuple[TopicPartition, int]] = []
-    rebalances: list[frozenset[TopicPartition]] = []
-
-    async def assigned(partitions: frozenset[TopicPartition]) -> None:
-        rebalances.append(partitions)
-
-    async def revoked(partitions: frozenset[TopicPartition]) -> None:
-        rebalances.append(partitions)
-
-    async def drain() -> None:
-        async for record in consumer.streams[0]:
-            seen.append((record.topic_partition, record.offset))
-
+    rebalances: list[tuple[float, str, frozenset[TopicPartition]]] = []
+    revoked, assigned = recorders(rebalances)
     settings = ConsumerSettings(auto_offset_reset="earliest")
     async with (
         open_scripted_coordinator() as coordinator,
@@ -60,7 +51,7 @@ async def test_a_fetcher_follows_its_partitions_leader_without_a_rebalance(
         ) as consumer,
         trio.open_nursery() as app,
     ):
-        app.start_soon(drain)
+        app.start_soon(drain, consumer.streams[0], seen)
         member = await coordinator.member()
         # t-1 moved before the consumer starts it: its first ListOffsets is refused
         coordinator.leaders[T1] = (BROKER_2, 1)
@@ -72,7 +63,7 @@ async def test_a_fetcher_follows_its_partitions_leader_without_a_rebalance(
         app.cancel_scope.cancel()
         assert consumer.generation == 1
         assert consumer.assignment.value == {T0, T1}
-        assert rebalances == [frozenset({T0, T1})]  # the start, and nothing more
+        assert rebalances == [(0.0, "assigned", frozenset({T0, T1}))]  # the start alone
 
     assert len(coordinator.registrations) == 1
     for tp in (T0, T1):
