@@ -188,8 +188,8 @@ def test_unreachable_broker(cluster: Cluster, args: tuple[str, ...]) -> None:
         ),
         (
             ("topics", "create", "replicated", "--partitions", "1", "--replication-factor", "3"),
-            r"^coordinator: create topic replicated: replication factor 3: a topic's replication factor is 1"
-            r" to the number of live brokers .*\(INVALID_REPLICATION_FACTOR\)$",
+            r"^coordinator: create topic replicated: replication factor 3: a topic's replication"
+            r" factor is 1 to the number of live brokers .*\(INVALID_REPLICATION_FACTOR\)$",
         ),
         (("groups", "describe", "g" * 256), r"at most the broker's --max-id-bytes"),
         (("groups", "describe", "nobody"), r"group nobody: no such group"),
