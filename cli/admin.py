@@ -46,6 +46,13 @@ def add_admin_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
         help="place the partitions on these brokers, round robin (default: every live broker)",
     )
     create.add_argument(
+        "--replication-factor",
+        type=positive_int,
+        metavar="N",
+        help="replicas of each partition, on as many brokers (default: the broker's"
+        " --default-replication-factor)",
+    )
+    create.add_argument(
         "--config",
         type=_topic_config,
         action="append",
@@ -208,7 +215,9 @@ async def run_admin(args: argparse.Namespace) -> None:
 async def _topics_create(admin: Admin, args: argparse.Namespace) -> None:
     configs = dict(checked_configs(args.config))  # a setting named twice is refused here
     try:
-        await admin.create_topic(args.topic, args.partitions, args.brokers, configs)
+        await admin.create_topic(
+            args.topic, args.partitions, args.brokers, configs, args.replication_factor
+        )
     except AdminError as exc:
         if not (args.if_not_exists and exc.error_code is ErrorCode.TOPIC_ALREADY_EXISTS):
             raise
@@ -262,35 +271,55 @@ async def _topics_describe(admin: Admin, args: argparse.Namespace) -> None:
     for topic in listing.topics:
         topic_id = _topic_id(listing, topic.topic)
         for p in topic.partitions:
-            start, end = bounds.get(
-                TopicPartition(topic=topic.topic, partition=p.partition), (-1, -1)
-            )
+            tp = TopicPartition(topic=topic.topic, partition=p.partition)
+            start, end = bounds.get(tp, (-1, -1))
             up = p.broker_id in live
-            rows.append((topic.topic, topic_id, p.partition, p.broker_id, up, start, end))
+            held = listing.leaders.get(tp)
+            replicas, isr = (held.replicas, held.isr) if held else ((), ())
+            epoch = held.epoch if held else -1
+            row = (topic.topic, topic_id, p.partition, p.broker_id, up, start, end)
+            rows.append((*row, replicas, isr, epoch))
     if args.json:
-        keys = ("topic", "topic_id", "partition", "broker", "broker_up", "start", "end")
         print(
             json.dumps(
                 [
-                    dict(
-                        zip(keys, (*row[:5], _or_null(row[5]), _or_null(row[6])), strict=True),
-                        configs=listing.configs.get(row[0], {}),
-                    )
-                    for row in rows
+                    {
+                        "topic": t,
+                        "topic_id": i,
+                        "partition": p,
+                        "broker": b,  # the leader, as before replication
+                        "broker_up": up,
+                        "start": _or_null(start),
+                        "end": _or_null(end),
+                        "leader": b,
+                        "replicas": list(replicas),
+                        "isr": list(isr),
+                        "leader_epoch": _or_null(epoch),
+                        "configs": listing.configs.get(t, {}),
+                    }
+                    for t, i, p, b, up, start, end, replicas, isr, epoch in rows
                 ]
             )
         )
         return
+    header = ("TOPIC", "TOPIC ID", "PARTITION", "LEADER", "UP", "START", "END", "REPLICAS")
     _table(
-        ("TOPIC", "TOPIC ID", "PARTITION", "BROKER", "UP", "START", "END"),
+        (*header, "ISR", "EPOCH"),
         [
-            (t, i or "-", p, b, "yes" if up else "no", _or_dash(start), _or_dash(end))
-            for t, i, p, b, up, start, end in rows
+            (
+                *(t, i or "-", p, _or_dash(b), "yes" if up else "no"),
+                *(_or_dash(start), _or_dash(end), _ids(replicas), _ids(isr), _or_dash(epoch)),
+            )
+            for t, i, p, b, up, start, end, replicas, isr, epoch in rows
         ],
     )
     if settings:  # the rest are each broker's own (serve --retention-ms and so on)
         print()
         _table(("TOPIC", "SETTING", "VALUE"), settings)
+
+
+def _ids(brokers: Sequence[int]) -> str:
+    return ",".join(map(str, brokers)) or "-"
 
 
 def _topic_id(listing: TopicListing, topic: str) -> str | None:
@@ -306,7 +335,7 @@ async def _cluster(admin: Admin, args: argparse.Namespace) -> None:
         return
     print(f"{report.slots} coordinator slots")
     _table(
-        ("BROKER", "ADDRESS", "UP", "SLOTS", "PARTITIONS"),
+        ("BROKER", "ADDRESS", "UP", "SLOTS", "PARTITIONS", "REPLICAS"),
         [
             (
                 b.broker_id,
@@ -314,6 +343,7 @@ async def _cluster(admin: Admin, args: argparse.Namespace) -> None:
                 "yes" if b.up else "no",
                 f"{len(b.slots)}: {_ranges(b.slots)}" if b.slots else "0",
                 b.partitions,
+                b.replicas,
             )
             for b in report.brokers
         ],

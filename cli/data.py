@@ -83,6 +83,13 @@ def add_data_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         metavar="NAME=VALUE",
         help="attach this header to every record; repeat for more (default: none)",
     )
+    produce.add_argument(
+        "--acks",
+        choices=["all", "1"],
+        default="all",
+        help="all: a record is acknowledged once every in-sync replica has it; 1: once its"
+        " leader wrote it (a topic of one replica treats both alike)",
+    )
     consume = commands.add_parser(
         "consume",
         help="print records as lines, in a group, or from a partition and offset without one",
@@ -175,7 +182,10 @@ async def run_produce(args: argparse.Namespace) -> int:
     separator = args.key_separator.encode() if args.key_separator else None
     deliveries: list[Delivery] = []
     shown_at = -math.inf
-    config = ProducerConfig(compression=Compression[args.compression.upper()])
+    config = ProducerConfig(
+        compression=Compression[args.compression.upper()],
+        acks="all" if args.acks == "all" else 1,
+    )
     headers = tuple(args.headers)
     partition = args.partition
     async with open_producer(args.bootstrap, config=config, security=security) as producer:

@@ -14,6 +14,7 @@ from functools import partial
 import attrs
 import trio
 
+from consumer.leaders import LEADER_CODES, Leader, leaders_of
 from consumer.runtime import busy_wait
 from protocol import (
     AlterUserScramCredentialsRequest,
@@ -106,8 +107,8 @@ _HINTS = {
     ErrorCode.POLICY_VIOLATION: "the broker would hold more than its --max-partitions-per-broker",
     ErrorCode.INVALID_REPLICA_ASSIGNMENT: "name live brokers, each once",
     ErrorCode.INVALID_REPLICATION_FACTOR: (
-        "brokers serve no replication yet: a topic's replication factor is 1 (or -1, the "
-        "broker's default)"
+        "a topic's replication factor is 1 to the number of live brokers (-1: the broker's "
+        "default); 1 on the embedded store and while the brokers serve no replication"
     ),
     ErrorCode.INVALID_CONFIG: (
         "a topic's settings are retention.ms, retention.bytes and segment.bytes, each once, "
@@ -221,6 +222,9 @@ class BrokerReport:
     address: Address | None
     slots: tuple[int, ...]
     partitions: int
+    """The partitions it leads."""
+    replicas: int = 0
+    """The partitions it holds a replica of, the ones it leads among them."""
 
     @property
     def up(self) -> bool:
@@ -235,6 +239,7 @@ class BrokerReport:
             "up": self.up,
             "slots": list(self.slots),
             "partitions": self.partitions,
+            "replicas": self.replicas,
         }
 
 
@@ -249,6 +254,8 @@ class TopicListing:
     #: The settings each topic was created with, by name (protocol/topic_configs.py); a topic
     #: not here has none of its own (or the broker answers before version 3).
     configs: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
+    #: Each partition's leader, leader epoch, replicas and in-sync replicas.
+    leaders: Mapping[TopicPartition, Leader] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -267,14 +274,17 @@ def cluster_report(metadata: ClusterMetadataResponse) -> ClusterReport:
     one ClusterMetadata answer naming every topic."""
     live = {b.broker_id: (b.host, b.port) for b in metadata.brokers}
     partitions: dict[int, int] = {}
-    for topic in metadata.topics:
-        for p in topic.partitions:
-            partitions[p.broker_id] = partitions.get(p.broker_id, 0) + 1
+    replicas: dict[int, int] = {}
+    for leader in leaders_of(metadata).values():
+        if leader.broker_id >= 0:
+            partitions[leader.broker_id] = partitions.get(leader.broker_id, 0) + 1
+        for replica in leader.replicas:
+            replicas[replica] = replicas.get(replica, 0) + 1
     slots: dict[int, list[int]] = {}
     for slot, holder in enumerate(metadata.slot_holders):
         if holder >= 0:
             slots.setdefault(holder, []).append(slot)
-    known = sorted(set(live) | set(partitions) | set(slots))
+    known = sorted(set(live) | set(partitions) | set(replicas) | set(slots))
     return ClusterReport(
         slots=len(metadata.slot_holders),
         brokers=tuple(
@@ -283,6 +293,7 @@ def cluster_report(metadata: ClusterMetadataResponse) -> ClusterReport:
                 address=live.get(broker),
                 slots=tuple(slots.get(broker, ())),
                 partitions=partitions.get(broker, 0),
+                replicas=replicas.get(broker, 0),
             )
             for broker in known
         ),
@@ -375,22 +386,29 @@ class Admin:
         partitions: int,
         brokers: Sequence[int] | None = None,
         configs: Mapping[str, str] | None = None,
+        replication_factor: int | None = None,
     ) -> None:
         """``brokers``: the ids to place the partitions on; None: every live broker.
         ``configs``: the topic's own settings by Kafka's names (``{"retention.ms": "3600000"}``;
         protocol/topic_configs.py), the broker's for those not named; one it does not take
-        raises ``InvalidTopicConfig`` (a ValueError) before anything is sent."""
+        raises ``InvalidTopicConfig`` (a ValueError) before anything is sent.
+        ``replication_factor``: replicas per partition; None: the broker's default."""
         settings = checked_configs((configs or {}).items())
+        factor = -1 if replication_factor is None else replication_factor
         response = await self.call(
             CreateTopicRequest(
                 topic=topic,
                 partitions=partitions,
                 broker_ids=None if brokers is None else tuple(brokers),
                 configs=tuple(ConfigEntry(name=k, value=v) for k, v in settings),
+                replication_factor=factor,
             )
         )
         assert isinstance(response, CreateTopicResponse)
-        _check(f"create topic {topic}", response.error_code)
+        what = f"create topic {topic}"
+        if response.error_code is ErrorCode.INVALID_REPLICATION_FACTOR:
+            what += f": replication factor {'(the default)' if factor == -1 else factor}"
+        _check(what, response.error_code)
 
     async def add_partitions(
         self, topic: str, total: int, brokers: Sequence[int] | None = None
@@ -426,7 +444,9 @@ class Admin:
             entry.topic: {c.name: c.value for c in entry.configs}
             for entry in metadata.topic_configs
         }
-        return TopicListing(topics=metadata.topics, ids=ids, configs=configs)
+        return TopicListing(
+            topics=metadata.topics, ids=ids, configs=configs, leaders=leaders_of(metadata)
+        )
 
     async def groups(self) -> tuple[GroupSummary, ...]:
         """Every broker of the cluster lists the groups of the coordinator slots it holds
@@ -692,21 +712,30 @@ class Admin:
         ``max_bytes``, read without a group (kcat's ``-p``/``-o``): nothing is committed and no
         coordinator is asked. Each batch is checked whole (:class:`RemoteProtocolError`
         CORRUPT_MESSAGE if one does not check out); those ending before ``offset`` are left
-        out, and the first may begin before it."""
-        channel = self._readers.get(tp)
-        if channel is None:
-            async for at, holder in self._partition_channels([tp.topic]):
-                if at == tp:
-                    channel = holder
-            if channel is None:
-                raise AdminError(f"read {tp}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-            self._readers[tp] = channel
-        response = await channel.request(
-            FetchRequest(topic=tp.topic, partition=tp.partition, offset=offset, max_bytes=max_bytes)
+        out, and the first may begin before it. A broker that no longer leads ``tp`` sends the
+        read to the leader the metadata names now, once."""
+        request = FetchRequest(
+            topic=tp.topic, partition=tp.partition, offset=offset, max_bytes=max_bytes
         )
-        assert isinstance(response, FetchResponse)
-        if response.error_code is not ErrorCode.NONE:
-            del self._readers[tp]  # maybe moved to another broker: looked up again next time
+        response: FetchResponse | None = None
+        for looked_up in (False, True):
+            channel = self._readers.get(tp)
+            if channel is None:
+                async for at, holder in self._partition_channels([tp.topic]):
+                    if at == tp:
+                        channel = holder
+                if channel is None:
+                    raise AdminError(f"read {tp}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                self._readers[tp] = channel
+            answer = await channel.request(request)
+            assert isinstance(answer, FetchResponse)
+            response = answer
+            if response.error_code is ErrorCode.NONE:
+                break
+            del self._readers[tp]  # maybe moved to another broker: looked up again
+            if looked_up or response.error_code not in LEADER_CODES:
+                break
+        assert response is not None
         _check(f"read {tp} at offset {offset}", response.error_code)
         batches = []
         for position, size, _, _, _ in walk_batches(response.batches):

@@ -52,8 +52,9 @@ from transport.security import ClientSecurity
 from .admin import OffsetAndTimestamp, open_admin
 from .core import _DiscoveryRun, _Session, _Source, log
 from .discovery import Discovery
-from .fetcher import BrokerConnections
+from .fetcher import BrokerConnections, metadata_asker
 from .fetchers import FetcherControl
+from .leaders import Leaders
 from .runtime import require_trio, unwrap_single
 from .session import CoordinatorSession
 from .settings import (
@@ -556,6 +557,12 @@ async def open_consumer(
     send, receive = trio.open_memory_channel[tuple[_Source, sm.Input]](64)
     with unwrap_single():
         async with trio.open_nursery() as nursery:
+            brokers = BrokerConnections(
+                nursery=nursery,
+                connect=connect,
+                client_id=settings.client_id,
+                max_frame_size=settings.max_frame_size,
+            )
             consumer = Consumer(
                 group_id=group_id,
                 member_id=member_id,
@@ -579,12 +586,8 @@ async def open_consumer(
                     request_timeout=settings.request_timeout,
                     topics=tuple(sorted(topics or ())),
                 ),
-                brokers=BrokerConnections(
-                    nursery=nursery,
-                    connect=connect,
-                    client_id=settings.client_id,
-                    max_frame_size=settings.max_frame_size,
-                ),
+                brokers=brokers,
+                leaders=Leaders(ask=metadata_asker(brokers, settings.request_timeout)),
                 on_revoked=on_revoked,
                 on_assigned=on_assigned,
                 send=send,

@@ -19,6 +19,7 @@ from transport.connect import Connector
 
 from .discovery import Discovery
 from .fetcher import BrokerConnections
+from .leaders import Leaders
 from .runtime import Unawaited
 from .settings import ConsumerSettings, RebalanceCallback
 from .streams import ConsumerRecord, PartitionClaim, RecordStream
@@ -81,6 +82,8 @@ class ConsumerCore:
     _connect: Connector
     _discovery: Discovery
     _brokers: BrokerConnections
+    _leaders: Leaders
+    """Where each fetched partition's leader is (consumer/leaders.py), shared by the fetchers."""
     _on_revoked: RebalanceCallback | None
     _on_assigned: RebalanceCallback | None
     _send: trio.MemorySendChannel[tuple[_Source, sm.Input]]

@@ -25,6 +25,8 @@ import attrs
 import trio
 
 from protocol import (
+    ClusterMetadataRequest,
+    ClusterMetadataResponse,
     ErrorCode,
     FetchRequest,
     FetchResponse,
@@ -48,6 +50,7 @@ from protocol.types import BrokerInfo
 from transport.channel import Channel, ChannelClosed
 from transport.connect import Connector
 
+from .leaders import LEADER_CODES, Leaders, MetadataAsk
 from .streams import ConsumerBatch, CorruptBatch, PartitionClaim, RecordStream
 
 __all__ = [
@@ -55,6 +58,7 @@ __all__ = [
     "BrokerUnavailable",
     "FetchSettings",
     "LeaseDeadline",
+    "metadata_asker",
     "run_fetcher",
 ]
 
@@ -139,14 +143,41 @@ class BrokerConnections:
                 await channel.aclose()
 
 
+def metadata_asker(brokers: BrokerConnections, request_timeout: float) -> MetadataAsk:
+    """Asks the brokers known to ``brokers``, in turn, over their data connections, until one
+    answers; what it says of the cluster's brokers is learned on the way."""
+
+    async def ask(topics: tuple[str, ...]) -> ClusterMetadataResponse | None:
+        for broker_id in list(brokers.brokers):
+            with trio.move_on_after(request_timeout):
+                try:
+                    response = await brokers.request(
+                        broker_id, ClusterMetadataRequest(group_id=None, topics=topics)
+                    )
+                except BrokerUnavailable as exc:
+                    log.info("asking where the leaders are: %s", exc)
+                    continue
+                assert isinstance(response, ClusterMetadataResponse)
+                if response.error_code is ErrorCode.NONE:
+                    brokers.update(response.brokers)
+                    return response
+        return None
+
+    return ask
+
+
 async def run_fetcher(
     claim: PartitionClaim,
     stream: RecordStream,
     brokers: BrokerConnections,
+    leaders: Leaders,
     settings: FetchSettings,
     lease_deadline: LeaseDeadline,
 ) -> None:
-    """Fetch ``claim``'s partition into ``stream`` until cancelled or the lease runs out."""
+    """Fetch ``claim``'s partition into ``stream`` until cancelled or the lease runs out. A
+    broker that does not lead the partition (:data:`~consumer.leaders.LEADER_CODES`) or cannot
+    be reached sends the fetcher to the leader ``leaders`` names, from where it was: the group
+    hears nothing of it."""
     tp = claim.partition
     failures = 0  # fetches in a row from this position that found it corrupt
     while claim.active:
@@ -167,9 +198,13 @@ async def run_fetcher(
         response: ResponseMessage | None = None
         with trio.move_on_at(min(deadline, trio.current_time() + settings.request_timeout)):
             try:
+                epoch = leaders.epoch_at(tp, claim.broker_id)
                 if claim.position < 0:
                     response = await brokers.request(
-                        claim.broker_id, ListOffsetsRequest(topic=tp.topic, partition=tp.partition)
+                        claim.broker_id,
+                        ListOffsetsRequest(
+                            topic=tp.topic, partition=tp.partition, current_leader_epoch=epoch
+                        ),
                     )
                 else:
                     response = await brokers.request(
@@ -180,10 +215,13 @@ async def run_fetcher(
                             offset=claim.position,
                             max_bytes=settings.max_bytes,
                             topic_id=claim.topic_id,
+                            current_leader_epoch=epoch,
                         ),
                     )
             except BrokerUnavailable as exc:
                 log.info("%s: %s", tp, exc)
+                with trio.move_on_at(deadline):
+                    await _follow_leader(claim, leaders, -1, -1)
         if response is None:
             await trio.sleep(settings.retry_backoff)
             continue
@@ -195,6 +233,8 @@ async def run_fetcher(
         if isinstance(response, ListOffsetsResponse):
             if response.error_code is not ErrorCode.NONE:
                 log.info("%s: ListOffsets failed: %s", tp, response.error_code.name)
+                if await _followed(claim, leaders, response, deadline):
+                    continue
                 await trio.sleep(settings.retry_backoff)
                 continue
             claim.position = _reset_offset(response, claim.reset or settings.auto_offset_reset)
@@ -231,6 +271,8 @@ async def run_fetcher(
             batches: list[ConsumerBatch] = []
         elif response.error_code is not ErrorCode.NONE:
             log.info("%s: Fetch failed: %s", tp, response.error_code.name)
+            if await _followed(claim, leaders, response, deadline):
+                continue
             await trio.sleep(settings.retry_backoff)
             continue
         else:
@@ -257,6 +299,36 @@ async def run_fetcher(
                 return
             if delivered and batches:
                 claim.position = batches[-1].batch.next_offset
+
+
+async def _followed(
+    claim: PartitionClaim,
+    leaders: Leaders,
+    response: FetchResponse | ListOffsetsResponse,
+    deadline: float,
+) -> bool:
+    """After a refusal: True if it was a leader code and the fetcher now asks another broker
+    (at once: the answer named it, or fresh metadata did)."""
+    if response.error_code not in LEADER_CODES:
+        return False
+    was = claim.broker_id
+    with trio.move_on_at(deadline):
+        await _follow_leader(claim, leaders, response.leader_id, response.leader_epoch)
+    return claim.broker_id != was
+
+
+async def _follow_leader(
+    claim: PartitionClaim, leaders: Leaders, leader_id: int, epoch: int
+) -> None:
+    leader = await leaders.follow(claim.partition, leader_id, epoch)
+    if leader is not None and leader != claim.broker_id:
+        log.info(
+            "%s: its leader is broker %d now (was %d); fetching there",
+            claim.partition,
+            leader,
+            claim.broker_id,
+        )
+        claim.broker_id = leader
 
 
 def _claimed_batches(

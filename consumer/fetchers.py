@@ -106,6 +106,7 @@ class FetcherControl(ConsumerCore):
                     fetcher.claim,
                     fetcher.stream,
                     self._brokers,
+                    self._leaders,
                     settings,
                     self._machine.lease_deadline,
                 )

@@ -9,9 +9,11 @@ its partition's open record batch (``protocol.batches``, compressed as ``compres
 sealed), and its :class:`Delivery` is that batch's answer plus the record's place in it: no
 object per record beyond the Delivery, no event per record. One batch per partition is in flight
 at a time, so records of one partition are stored in the order they were sent. A batch that fails
-in a way a retry can fix (broker unreachable, partition moved: UNKNOWN_TOPIC_OR_PARTITION) is
-retried against fresh metadata until ``delivery_timeout``; a retry after a lost connection may
-store the batch twice (at-least-once), never zero times once acknowledged.
+in a way a retry can fix (broker unreachable, partition moved, its leader elsewhere:
+:data:`~consumer.leaders.LEADER_CODES`) is retried against fresh metadata until
+``delivery_timeout``; one its leader could not get enough in-sync replicas for (19, 20) or in time
+(7) is retried at the same leader. A retry after a lost connection, a 20 or a 7 may store the
+batch twice (at-least-once), never zero times once acknowledged.
 
 Each batch names the incarnation of its topic the producer knew when the batch was opened (its
 id, from ClusterMetadata v2; SPEC.md §11.12), and only that one may store it: a batch of an
@@ -35,7 +37,7 @@ import warnings
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -55,6 +57,7 @@ from transport.connect import connect_any, open_channel, parse_bootstrap
 from transport.refusals import Refused, final_refusal, refusal
 from transport.security import ClientSecurity
 
+from .leaders import LEADER_CODES
 from .runtime import NotAwaited, Unawaited, busy_wait, require_trio, unwrap_single
 
 __all__ = [
@@ -75,6 +78,21 @@ log = logging.getLogger(__name__)
 Address = tuple[str, int]
 Connect = Callable[[str, int], Awaitable[trio.abc.Stream]]
 Serializer = Callable[[Any], bytes]
+
+
+#: Refusals retried at the same broker: the leader is right, its in-sync replicas were too few
+#: (NOT_ENOUGH_REPLICAS: nothing written) or too slow (NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+#: REQUEST_TIMED_OUT: written on the leader, so the retry may store the batch twice).
+_RETRIED_IN_PLACE = frozenset(
+    {
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        ErrorCode.REQUEST_TIMED_OUT,
+    }
+)
+#: The longest acks=all wait a request names: the longest a broker takes (MAX_PRODUCE_TIMEOUT_MS
+#: in broker/data_plane.py; a longer one is refused INVALID_REQUEST).
+MAX_ACKS_WAIT_MS = 300_000
 
 
 class ProduceError(Exception):
@@ -168,6 +186,10 @@ class ProducerConfig:
     #: A record not acknowledged this long after it was sent fails with the last error.
     delivery_timeout: float = 120.0
     max_frame_size: int = 64 * 1024 * 1024
+    #: ``"all"``: acknowledged once every in-sync replica has the batch (refused, and retried,
+    #: while fewer than the topic's ``min.insync.replicas`` are in sync); ``1``: once the leader
+    #: wrote it. A topic of one replica treats both alike (docs/producer.md#acks).
+    acks: Literal["all", 1] = attrs.field(default="all", validator=attrs.validators.in_(("all", 1)))
 
 
 @attrs.define(eq=False)
@@ -690,10 +712,13 @@ class Producer:
             records=(),
             batches=batch.builder.build(),
             topic_id=batch.topic_id,
+            acks=-1 if config.acks == "all" else 1,
+            timeout_ms=min(round(config.request_timeout * 1000), MAX_ACKS_WAIT_MS),
         )
         give_up = trio.current_time() + config.delivery_timeout
         while True:
             error: Exception
+            refresh = True
             if batch.topic_id in self._gone:
                 error = self._recreated(tp.topic, batch.topic_id)
                 break
@@ -730,13 +755,16 @@ class Producer:
                 error = refusal(
                     code, f"topic {tp.topic!r}", operation="write", name=tp.topic
                 ) or ProduceError(f"{tp}: {code.name}", code)
-                if response.error_code is not ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                if code in _RETRIED_IN_PLACE:
+                    refresh = False
+                elif code not in LEADER_CODES:
                     break  # the broker refused these records; retrying changes nothing
             if trio.current_time() + config.retry_backoff >= give_up:
                 break
             log.info("%s; retrying", error)
             await trio.sleep(config.retry_backoff)
-            self.placement.pop(tp.topic, None)  # refresh before the next attempt
+            if refresh:
+                self.placement.pop(tp.topic, None)  # where the leader is, before the next attempt
         batch.resolve(-1, error)
 
     def _recreated(self, topic: str, gone: TopicId) -> TopicRecreated:

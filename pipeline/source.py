@@ -77,9 +77,13 @@ class OffsetRange(InputPartition):
     """One Spark task: records [start, end) of one partition, from the broker holding it."""
 
     placement: Placement
+    """Where the partition's leader was when planned: a first guess."""
     start: int
     end: int
     security: ClientSecurity | None = None
+    bootstrap: str = ""
+    """Whom to ask where the leader is if the planned one no longer leads the partition
+    (empty: the planned one)."""
 
 
 class CoordinatorDataSource(DataSource):
@@ -163,7 +167,13 @@ class _Planner:
         if min_partitions:
             wanted = om.split(wanted, int(min_partitions))
         return [
-            OffsetRange(placement=placements[tp], start=first, end=until, security=self.security)
+            OffsetRange(
+                placement=placements[tp],
+                start=first,
+                end=until,
+                security=self.security,
+                bootstrap=self.bootstrap,
+            )
             for tp, first, until in wanted
         ]
 
@@ -277,14 +287,15 @@ def topic_ids(placements: dict[TopicPartition, Placement]) -> om.TopicIds:
 
 
 def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
-    """Fetch [start, end) of one partition from its broker, one Arrow batch per Fetch response.
+    """Fetch [start, end) of one partition from its leader (the planned broker, or the one the
+    metadata names once that one answers a leader code), one Arrow batch per Fetch response.
 
     Records below the log start (deleted by retention since the batch was planned) are skipped;
     a topic deleted since (UNKNOWN_TOPIC_ID: the Fetch names its id) fails the task.
     """
     p = task.placement
     offset = task.start
-    with Cluster(f"{p.host}:{p.port}", task.security) as cluster:
+    with Cluster(task.bootstrap or f"{p.host}:{p.port}", task.security) as cluster:
         while offset < task.end:
             response = cluster.fetch(p, offset, FETCH_BYTES)
             if response.error_code is ErrorCode.OFFSET_OUT_OF_RANGE and (

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import attrs
 
+from consumer.leaders import LEADER_CODES
 from pipeline import offsets as om
 from pipeline.offsets import OptionError
 from protocol import (
@@ -199,6 +200,8 @@ class Cluster:
         self.bootstrap = parse_bootstrap(bootstrap)
         self.security = security
         self._connections: dict[Address, BrokerConnection] = {}
+        #: Where a planned placement's leader was found since (:meth:`at_leader`).
+        self._moved: dict[Placement, Placement] = {}
 
     def __enter__(self) -> Cluster:
         return self
@@ -277,13 +280,38 @@ class Cluster:
                     )
         return found
 
+    def leader_of(self, placement: Placement) -> Placement | None:
+        """``placement`` at the broker that leads its partition now, as the bootstrap brokers'
+        metadata says (its topic id kept: the incarnation planned); None if none leads it."""
+        tp = TopicPartition(topic=placement.topic, partition=placement.partition)
+        now = self.placements([placement.topic]).get(tp)
+        return None if now is None else attrs.evolve(placement, host=now.host, port=now.port)
+
+    def at_leader(self, placement: Placement, message: RequestMessage) -> ResponseMessage:
+        """``message`` to ``placement``'s broker, a first guess: if that broker no longer leads
+        the partition (:data:`~consumer.leaders.LEADER_CODES`) or cannot be reached, once more
+        to the leader the metadata names now, where this cluster's next requests for it go."""
+        at = self._moved.get(placement, placement)
+        try:
+            response = self.call((at.host, at.port), message)
+        except PipelineError:
+            moved = self.leader_of(placement)
+            if moved is None or moved == at:
+                raise
+        else:
+            if getattr(response, "error_code", ErrorCode.NONE) not in LEADER_CODES:
+                return response
+            moved = self.leader_of(placement)
+            if moved is None or moved == at:
+                return response
+        self._moved[placement] = moved
+        return self.call((moved.host, moved.port), message)
+
     def log_bounds(self, placements: Iterable[Placement]) -> dict[TopicPartition, tuple[int, int]]:
-        """(log start, end) of each partition, asked of the broker that holds it."""
+        """(log start, end) of each partition, asked of the broker that leads it."""
         bounds = {}
         for p in placements:
-            response = self.call(
-                (p.host, p.port), ListOffsetsRequest(topic=p.topic, partition=p.partition)
-            )
+            response = self.at_leader(p, ListOffsetsRequest(topic=p.topic, partition=p.partition))
             assert isinstance(response, ListOffsetsResponse)
             if response.error_code is not ErrorCode.NONE:
                 raise PipelineError(f"offsets of {p.topic}-{p.partition}", response.error_code)
@@ -296,8 +324,8 @@ class Cluster:
     def fetch(self, placement: Placement, offset: int, max_bytes: int) -> FetchResponse:
         """Records of ``placement``'s incarnation only: a broker whose topic of that name has
         another id answers UNKNOWN_TOPIC_ID."""
-        response = self.call(
-            (placement.host, placement.port),
+        response = self.at_leader(
+            placement,
             FetchRequest(
                 topic=placement.topic,
                 partition=placement.partition,
@@ -313,8 +341,8 @@ class Cluster:
         """Append record ``batches`` (acknowledged under the broker's fsync policy) to the
         placement's incarnation of the topic: the base offset. UNKNOWN_TOPIC_ID (PipelineError):
         that incarnation is gone."""
-        response = self.call(
-            (placement.host, placement.port),
+        response = self.at_leader(
+            placement,
             ProduceRequest(
                 topic=placement.topic,
                 partition=placement.partition,

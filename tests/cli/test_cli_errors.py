@@ -186,6 +186,11 @@ def test_unreachable_broker(cluster: Cluster, args: tuple[str, ...]) -> None:
             ("topics", "alter", TOPIC, "--partitions", "2147483647"),
             r"up to the broker's --max-partitions-per-topic \(INVALID_PARTITIONS\)",
         ),
+        (
+            ("topics", "create", "replicated", "--partitions", "1", "--replication-factor", "3"),
+            r"^coordinator: create topic replicated: replication factor 3: a topic's replication"
+            r" factor is 1 to the number of live brokers .*\(INVALID_REPLICATION_FACTOR\)$",
+        ),
         (("groups", "describe", "g" * 256), r"at most the broker's --max-id-bytes"),
         (("groups", "describe", "nobody"), r"group nobody: no such group"),
         (("groups", "delete", "nobody"), r"group nobody: no such group"),
@@ -214,7 +219,7 @@ def test_nothing_was_changed_by_the_refusals(cluster: Cluster) -> None:
     topics = json.loads(cli("topics", "list", "--json", "--bootstrap", cluster.bootstrap).stdout)
     assert (TOPIC, 2) in {(t["topic"], t["partitions"]) for t in topics}
     assert {t["topic"] for t in topics} >= {TOPIC}
-    assert not {"nope", "huge"} & {t["topic"] for t in topics}
+    assert not {"nope", "huge", "replicated"} & {t["topic"] for t in topics}
     report = cli("groups", "describe", LIVE_GROUP, "--json", "--bootstrap", cluster.bootstrap)
     assert json.loads(report.stdout)["state"] == "Stable"
 

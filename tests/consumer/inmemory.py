@@ -31,14 +31,19 @@ from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
     ErrorCode,
+    FetchRequest,
+    FetchResponse,
     LeaveGroupRequest,
     LeaveGroupResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
+    PartitionMetadata,
     PingRequest,
     PingResponse,
+    ProduceRequest,
+    ProduceResponse,
     RegisterConsumerRequest,
     RegisterConsumerResponse,
     Request,
@@ -50,8 +55,10 @@ from protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
     TopicIdentity,
+    TopicMetadata,
 )
 from protocol.batches import batch_spans, build_batch
+from protocol.replica_messages import PartitionReplicas, TopicReplicas
 from protocol.types import NO_TOPIC_ID, BrokerInfo, ConsumerThread, TopicId, TopicPartition
 from simulation import MemoryLog, SimulatedCluster, open_simulated_cluster
 from simulation.log import MemoryPartition
@@ -355,6 +362,15 @@ class ScriptedCoordinator:
     lookups: list[float] = attrs.field(factory=list)
     """When each ClusterMetadata (a discovery) came."""
     members: AsyncValue[tuple[ScriptedMember, ...]] = attrs.field(factory=lambda: AsyncValue(()))
+    leaders: dict[TopicPartition, tuple[BrokerInfo, int]] = attrs.field(factory=dict)
+    """Partitions another broker leads, at that leader epoch: ClusterMetadata says so, that
+    broker's address serves them from ``log``, and this one answers NOT_LEADER_OR_FOLLOWER."""
+    data_requests: list[tuple[int, RequestMessage]] = attrs.field(factory=list)
+    """Each Fetch, ListOffsets and Produce, with the broker it was sent to."""
+    produce_answers: list[ErrorCode] = attrs.field(factory=list)
+    """What the next Produce requests at their leader are answered, one each, storing nothing;
+    once none is left a Produce is answered NONE at the next offset (nothing is kept)."""
+    stored: int = 0
 
     async def connect(self, host: str, port: int) -> trio.abc.Stream:
         await trio.lowlevel.checkpoint()
@@ -363,8 +379,51 @@ class ScriptedCoordinator:
         client = LinkEnd(link=link, outgoing=link.to_server, incoming=link.to_client)
         server = LinkEnd(link=link, outgoing=link.to_client, incoming=link.to_server)
         line = Line(client, network, self.nursery)
-        self.nursery.start_soon(self._serve, server, line)
+        known = {b.host: b for b, _ in self.leaders.values()}
+        self.nursery.start_soon(self._serve, server, line, known.get(host, self.broker))
         return line
+
+    def _metadata(self, topics: tuple[str, ...] | None) -> ClusterMetadataResponse:
+        brokers = {self.broker.broker_id: self.broker}
+        brokers.update((b.broker_id, b) for b, _ in self.leaders.values())
+        named = [
+            (topic, sorted((tp, led) for tp, led in self.leaders.items() if tp.topic == topic))
+            for topic in topics or ()
+        ]
+        return ClusterMetadataResponse(
+            error_code=ErrorCode.NONE,
+            coordinator_id=self.broker.broker_id,
+            coordinator_epoch=self.epoch,
+            brokers=tuple(brokers.values()),
+            topics=tuple(
+                TopicMetadata(
+                    topic=topic,
+                    error_code=ErrorCode.NONE,
+                    partitions=tuple(
+                        PartitionMetadata(partition=tp.partition, broker_id=b.broker_id)
+                        for tp, (b, _) in led
+                    ),
+                )
+                for topic, led in named
+                if led
+            ),
+            replicas=tuple(
+                TopicReplicas(
+                    topic=topic,
+                    partitions=tuple(
+                        PartitionReplicas(
+                            partition=tp.partition,
+                            leader_epoch=epoch,
+                            replicas=(b.broker_id, self.broker.broker_id),
+                            isr=(b.broker_id,),
+                        )
+                        for tp, (b, epoch) in led
+                    ),
+                )
+                for topic, led in named
+                if led
+            ),
+        )
 
     async def member(self, index: int = 0) -> ScriptedMember:
         """The ``index``-th registered member, once it has registered."""
@@ -373,7 +432,7 @@ class ScriptedCoordinator:
         )
         return members[index]
 
-    async def _serve(self, stream: trio.abc.Stream, line: Line) -> None:
+    async def _serve(self, stream: trio.abc.Stream, line: Line, broker: BrokerInfo) -> None:
         channel = Channel.open(stream, Role.BROKER, max_frame_size=4 * 1024 * 1024)
         member: ScriptedMember | None = None
 
@@ -384,13 +443,7 @@ class ScriptedCoordinator:
             match message:
                 case ClusterMetadataRequest():
                     self.lookups.append(trio.current_time())
-                    answer = ClusterMetadataResponse(
-                        error_code=ErrorCode.NONE,
-                        coordinator_id=self.broker.broker_id,
-                        coordinator_epoch=self.epoch,
-                        brokers=(self.broker,),
-                        topics=(),
-                    )
+                    answer = self._metadata(message.topics)
                 case RegisterConsumerRequest():
                     self.registrations.append(message)
                     answer = RegisterConsumerResponse(
@@ -402,6 +455,36 @@ class ScriptedCoordinator:
                 case LeaveGroupRequest():
                     self.leaves.append(message)
                     answer = LeaveGroupResponse(error_code=ErrorCode.NONE)
+                case FetchRequest() | ListOffsetsRequest():
+                    self.data_requests.append((broker.broker_id, message))
+                    tp = TopicPartition(topic=message.topic, partition=message.partition)
+                    leader, epoch = self.leaders.get(tp, (self.broker, 0))
+                    if leader == broker and message.current_leader_epoch in (-1, epoch):
+                        # the log below leads at epoch 0: the epoch was checked here
+                        unchecked = attrs.evolve(message, current_leader_epoch=-1)
+                        answer = await self.log(attrs.evolve(request, message=unchecked))
+                    elif isinstance(message, FetchRequest):
+                        answer = FetchResponse(
+                            error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                            high_watermark=-1,
+                            log_start_offset=-1,
+                            records=(),
+                        )
+                    else:
+                        answer = ListOffsetsResponse(
+                            error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                            log_start_offset=-1,
+                            high_watermark=-1,
+                        )
+                case ProduceRequest():
+                    self.data_requests.append((broker.broker_id, message))
+                    tp = TopicPartition(topic=message.topic, partition=message.partition)
+                    leader, epoch = self.leaders.get(tp, (self.broker, 0))
+                    code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    if leader == broker:
+                        code = self.produce_answers.pop(0) if self.produce_answers else code.NONE
+                    answer = ProduceResponse(error_code=code, base_offset=self.stored)
+                    self.stored += code is ErrorCode.NONE
                 case _:
                     answer = await self.log(request)
             assert answer is not None

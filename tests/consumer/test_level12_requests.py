@@ -1,6 +1,7 @@
 """The library's clients speak level 12 (SPEC.md §11.13) with the values that keep what they did
-before it: the producer asks acks=1, the consumer and the admin name no leader epoch, and a topic
-the admin creates has one replica."""
+before it: the producer asks acks=all (which a topic of one replica treats as acks=1), the
+consumer and the admin name no leader epoch until they learned one, and a topic the admin creates
+has the broker's default replication factor (1 here)."""
 
 from __future__ import annotations
 
@@ -80,10 +81,10 @@ async def test_the_producer_consumer_and_admin_send_level_12_keeping_their_meani
     (created,) = _of(sent, ApiKey.CREATE_TOPIC)
     assert created[0] == 3
     assert isinstance(created[1], CreateTopicRequest)
-    assert created[1].replication_factor == 1
+    assert created[1].replication_factor == -1  # the broker's default: 1 on this one
     produced = _of(sent, ApiKey.PRODUCE)
     assert [v for v, _ in produced] == [3]
-    assert all(isinstance(m, ProduceRequest) and m.acks == 1 for _, m in produced)
+    assert all(isinstance(m, ProduceRequest) and m.acks == -1 for _, m in produced)
     fetched = _of(sent, ApiKey.FETCH)
     assert fetched and {v for v, _ in fetched} == {3}
     assert all(isinstance(m, FetchRequest) and m.current_leader_epoch == -1 for _, m in fetched)
@@ -101,6 +102,7 @@ def test_a_refused_replication_factor_says_replication_is_not_served_yet() -> No
     """CreateTopic's answer is a code alone: the admin's error says what it means."""
     refused = AdminError("create topic t", ErrorCode.INVALID_REPLICATION_FACTOR)
     assert str(refused) == (
-        "create topic t: brokers serve no replication yet: a topic's replication factor is 1"
-        " (or -1, the broker's default) (INVALID_REPLICATION_FACTOR)"
+        "create topic t: a topic's replication factor is 1 to the number of live brokers (-1:"
+        " the broker's default); 1 on the embedded store and while the brokers serve no"
+        " replication (INVALID_REPLICATION_FACTOR)"
     )
