@@ -568,6 +568,11 @@ def registered(expected: int) -> Any:
     return lambda all_stats: sum(s["registered"] for s in all_stats) >= expected
 
 
+def all_live(expected: int) -> Any:
+    """``expected`` consumers live: registered, neither dropped nor closed since."""
+    return lambda all_stats: sum(s["live"] for s in all_stats) >= expected
+
+
 def stable_at(expected: int, above: int = -1) -> Any:
     """Every one of ``expected`` live consumers holds a StartFetcher of one generation > above."""
 

@@ -229,6 +229,9 @@ class _Consumer:
     #: How the machine said to close the connection (CloseConnection); False: cleanly.
     reset: bool = False
     registered: bool = False
+    #: Its registrations a busy broker refused (BROKER_BUSY): each is retried after the broker's
+    #: hint, and none uses up a look.
+    refused_busy: int = 0
     #: When its registration was answered, or when it gave up (CLOCK_MONOTONIC): the end of
     #: its join.
     settled_at: float | None = None
@@ -323,7 +326,9 @@ class ConsumerWorker:
                 await trio.sleep(max(0.0, effect.delay + jitter))
                 effects = consumer.machine.handle(await self._look(consumer, discovery))
             elif isinstance(effect, sm.Register):
+                refused = consumer.refused_busy
                 effects = await self._session(consumer, effect)
+                looks += consumer.refused_busy - refused
 
     async def _look(self, consumer: _Consumer, discovery: Discovery) -> sm.Input:
         if not self.bootstrap:
@@ -374,11 +379,11 @@ class ConsumerWorker:
                     if consumer.answered is not None:
                         consumer.answered.set()
                 else:
-                    moved = (
-                        isinstance(event, sm.RegistrationRejected)
-                        and event.error_code in sm.FAILOVER_CODES
-                    )
-                    if self.bootstrap and moved:
+                    code = event.error_code if isinstance(event, sm.RegistrationRejected) else None
+                    if code is ErrorCode.BROKER_BUSY:
+                        consumer.refused_busy += 1
+                        looks = effects
+                    elif self.bootstrap and code in sm.FAILOVER_CODES:
                         self.rediscovered += 1
                         looks = effects
                     else:
@@ -431,7 +436,11 @@ class ConsumerWorker:
             code = getattr(response, "error_code", ErrorCode.UNKNOWN_SERVER_ERROR)
             return sm.RegistrationRejected(now=trio.current_time(), error_code=code)
         if response.error_code is not ErrorCode.NONE:
-            return sm.RegistrationRejected(now=trio.current_time(), error_code=response.error_code)
+            return sm.RegistrationRejected(
+                now=trio.current_time(),
+                error_code=response.error_code,
+                retry_after=response.throttle_time_ms / 1000,
+            )
         return sm.Registered(
             now=trio.current_time(),
             anchor=queued,
@@ -547,6 +556,7 @@ class ConsumerWorker:
             "last_answer": max(answers) if answers else None,
             "held": sum(len(c.machine.owned) for c in live),
             "rediscovered": self.rediscovered,
+            "refused_busy": sum(c.refused_busy for c in self.consumers),
             "closed_by_machine": self.closed_by_machine,
             "coordinators": dict(Counter(str(c.coordinator) for c in live)),
             "groups_at": {
