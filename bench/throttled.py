@@ -26,8 +26,6 @@ import os
 from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 
-import trio
-
 from bench import harness
 from bench.measure import figure, now, reporting_errors
 from bench.throttle import (
@@ -90,7 +88,11 @@ async def main() -> None:
             )
             workers = await stack.enter_async_context(
                 harness.open_consumers(
-                    server, n, work, group_size=GROUP_SIZE, session_timeout_ms=timeout_ms,
+                    server,
+                    n,
+                    work,
+                    group_size=GROUP_SIZE,
+                    session_timeout_ms=timeout_ms,
                     tls_ca=tls_ca,
                 )
             )

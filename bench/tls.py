@@ -106,13 +106,13 @@ def server_args(tls: bool, server_pem: Path, *extra: str) -> list[str]:
 
 @asynccontextmanager
 async def _loaded(
-    work: Path, name: str, n: int, tls_ca: Path | None, server_pem: Path, *server_args: str
+    work: Path, name: str, n: int, tls_ca: Path | None, server_pem: Path, *extra: str
 ) -> AsyncIterator[tuple[ServerProcess, list[Worker]]]:
     """A coordinator (on a TLS listener when ``tls_ca`` is given) and ``n`` consumers of it in
     groups of 100, every one registered."""
     async with (
         open_coordinator(
-            work / name, *server_args(tls_ca is not None, server_pem, *server_args)
+            work / name, *server_args(tls_ca is not None, server_pem, *extra)
         ) as server,
         open_consumers(
             server,
