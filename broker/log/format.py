@@ -11,6 +11,12 @@ a partition directory, named after the topic, names the incarnation its records 
 ``partition.metadata`` file (Kafka's name and text: ``version: 0`` and ``topic_id: <uuid>``),
 written before the directory holds any record. Format 2 had no such file: a broker reading
 format 2 gives each partition the id its store now gives the topic, then marks the log format 3.
+
+The log directory has an identity of its own (KIP-858), ``log-dir.metadata`` holding
+``directory.id=<uuid>``: a replica is in sync as a broker *and* a directory, so that a broker
+whose disk was wiped (a directory made anew, so a new id) is not taken for the one that held the
+records. It is independent of the format: a directory of any format gets one the first time it
+is asked for, and keeps it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ LOG_FORMAT = 3
 UPGRADABLE_FORMAT = 2
 FORMAT_FILE = "log-format"
 PARTITION_METADATA = "partition.metadata"
+LOG_DIR_METADATA = "log-dir.metadata"
 
 
 class LogFormatError(ValueError):
@@ -87,3 +94,28 @@ def write_partition_id(directory: Path, topic_id: TopicId) -> None:
     replace_atomically(
         directory / PARTITION_METADATA, f"version: 0\ntopic_id: {topic_id}\n".encode()
     )
+
+
+def log_dir_id(directory: Path) -> uuid.UUID:
+    """The log directory's identity (blocking), made durably, a new random one, if it has none:
+    the directory is new, or was wiped (its records with it), or was made before directories
+    had one. LogFormatError if its file is damaged: a replacement would make this broker's
+    replicas out of sync at once, which the operator should decide, not the broker."""
+    path = directory / LOG_DIR_METADATA
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        directory.mkdir(parents=True, exist_ok=True)
+        made = uuid.uuid4()
+        replace_atomically(path, f"directory.id={made}\n".encode())
+        return made
+    except UnicodeDecodeError:
+        text = ""
+    fields = dict(line.partition("=")[::2] for line in text.splitlines())
+    try:
+        return uuid.UUID(fields.get("directory.id", "").strip())
+    except ValueError:
+        raise LogFormatError(
+            f"{path} names no directory.id: delete it to give {directory} a new identity (its "
+            "replicas then count as new, out of sync until they catch up)"
+        ) from None

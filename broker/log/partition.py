@@ -18,12 +18,13 @@ from pathlib import Path
 import attrs
 import trio
 
-from protocol.batches import BatchSpan, stamped_pieces, stamped_spans
+from protocol.batches import HEADER, BatchSpan, batch_spans, stamped_pieces, stamped_spans
 from protocol.codec import ReadableBuffer
 from protocol.types import TopicId
 from transport.limits import FileBudget
 
 from .config import FsyncPolicy, LogConfig
+from .epochs import EpochEnd, LeaderEpochCache
 from .files import SegmentFiles
 from .format import read_partition_id, write_partition_id
 from .segment import (
@@ -51,6 +52,11 @@ class WrongIncarnation(Exception):
     last check."""
 
 
+class NotContiguous(Exception):
+    """Replicated batches that do not begin at the log's end, or not each where the one before
+    ends: a gap or an overlap. Nothing was written."""
+
+
 class LogFailed(Exception):
     """An fsync failed: the kernel may have dropped the pages it could not write, so a later fsync
     that succeeds proves nothing. The partition takes no more appends until a restart recovers it
@@ -71,6 +77,9 @@ class PartitionLog:
     failed: str | None = None
     _append_lock: trio.Lock = attrs.field(factory=trio.Lock)
     _flush_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    #: Read on first use (:meth:`leader_epochs`): a partition that is not replicated never
+    #: reads or writes one.
+    _epochs: LeaderEpochCache | None = None
 
     @property
     def log_start_offset(self) -> int:
@@ -111,20 +120,67 @@ class PartitionLog:
             base = self.log_end_offset
             pieces = stamped_pieces(batches, spans, base, now_ms)
             stamped = stamped_spans(spans, base, now_ms)
-            active = self.segments[-1]
-            if not active.empty and active.size + len(batches) > self.config.segment_bytes:
-                active = await self._roll()
-
-            def checked_append() -> None:
-                if check is not None:
-                    check()
-                active.append(self.files, pieces, len(batches), stamped)
-
-            await trio.to_thread.run_sync(checked_append, limiter=self.limiter)
-            end = self.log_end_offset
+            end = await self._write(pieces, len(batches), stamped, check)
         if self.config.fsync is FsyncPolicy.ALWAYS:
             await self._flush_to(end)
         return base
+
+    async def append_replicated(self, batches: ReadableBuffer) -> int:
+        """Append a follower's copy of its leader's batches as the leader's log holds them, their
+        offsets and append times kept, and return the log end after them once the fsync policy
+        says they are durable.
+
+        Each batch's header and CRC are checked (RemoteProtocolError: CORRUPT_MESSAGE or
+        MALFORMED_FRAME), not its records section: the leader checked that when it took them.
+        Batches that do not begin at the log end, one after another, are refused with
+        NotContiguous. Either way nothing is written."""
+        spans = batch_spans(batches)
+        async with self._append_lock:
+            if self.failed is not None:
+                raise LogFailed(self.failed)
+            expected = self.log_end_offset
+            for span in spans:
+                if span.base_offset != expected:
+                    what = "a gap" if span.base_offset > expected else "an overlap"
+                    raise NotContiguous(
+                        f"{self.directory.name}: a batch at offset {span.base_offset} where "
+                        f"offset {expected} comes next ({what})"
+                    )
+                expected += span.record_count
+            if not spans:
+                return expected
+            timed = [
+                # as the leader's log indexed it: the append time for records with none
+                attrs.evolve(span, max_timestamp_ms=_append_time(batches, span))
+                if span.max_timestamp_ms < 0
+                else span
+                for span in spans
+            ]
+            end = await self._write([batches], len(batches), timed)
+        if self.config.fsync is FsyncPolicy.ALWAYS:
+            await self._flush_to(end)
+        return end
+
+    async def _write(
+        self,
+        pieces: list[ReadableBuffer],
+        size: int,
+        spans: list[BatchSpan],
+        check: Callable[[], object] | None = None,
+    ) -> int:
+        """(append lock held) Write stamped batches to the active segment, rolling it first if
+        they would overflow it; returns the log end after them."""
+        active = self.segments[-1]
+        if not active.empty and active.size + size > self.config.segment_bytes:
+            active = await self._roll()
+
+        def checked_append() -> None:
+            if check is not None:
+                check()
+            active.append(self.files, pieces, size, spans)
+
+        await trio.to_thread.run_sync(checked_append, limiter=self.limiter)
+        return self.log_end_offset
 
     async def _roll(self) -> Segment:
         """Start a new segment (append lock held); the old one is made durable (its open file
@@ -169,16 +225,26 @@ class PartitionLog:
                 raise LogFailed(self.failed) from exc
             self.flushed_offset = max(self.flushed_offset, target)
 
-    async def read(self, offset: int, max_bytes: int) -> bytes:
+    async def read(self, offset: int, max_bytes: int, limit: int | None = None) -> bytes:
         """Whole stored batches from the one holding ``offset``, about ``max_bytes`` of them (at
         least one whole batch), as the segments hold them.
 
         Raises OffsetOutOfRange outside [log start, high watermark]; at the high watermark the
-        answer is empty.
+        answer is empty. With ``limit`` (a replicated partition's high watermark, or its log end
+        for a follower's fetch) batches beginning at ``limit`` or later are left out instead, and
+        the range is [log start, log end]: an offset from ``limit`` to the log end gets an empty
+        answer.
         """
-        limit = self.high_watermark
-        if not self.log_start_offset <= offset <= limit:
+        if limit is None:
+            limit = self.high_watermark
+            last = limit
+        else:
+            last = self.log_end_offset
+            limit = min(limit, last)
+        if not self.log_start_offset <= offset <= last:
             raise OffsetOutOfRange(offset)
+        if offset >= limit:
+            return b""
         parts: list[bytes] = []
         budget = max_bytes
         for segment in list(self.segments):
@@ -262,6 +328,10 @@ class PartitionLog:
             await trio.to_thread.run_sync(
                 _delete, self.files, self.directory, doomed, limiter=self.limiter
             )
+            if self._epochs is not None:
+                await trio.to_thread.run_sync(
+                    self._epochs.truncate_from_start, self.log_start_offset, limiter=self.limiter
+                )
         log.info(
             "%s: retention deleted %d segment(s), log start now %d",
             self.directory.name,
@@ -269,6 +339,90 @@ class PartitionLog:
             self.log_start_offset,
         )
         return len(doomed)
+
+    async def truncate_to(self, offset: int) -> int:
+        """Cut the log to end at ``offset`` (a follower's log diverged from its leader's there),
+        and the leader-epoch cache with it; returns the new log end: ``offset``, or the start of
+        the batch holding it if it falls inside one (that batch goes whole). Nothing happens at
+        or past the log end; OffsetOutOfRange below the log start.
+
+        Segments after the one holding ``offset`` are deleted, newest first, each deletion
+        durable before the next, so that a crash leaves a log that ends at a segment's end;
+        then that segment is cut (:meth:`Segment.truncate`) and becomes the active one. The cuts
+        are fsynced unless the policy is ``never``. A crash at any point leaves a log that is
+        the old one cut somewhere between its old end and ``offset``: truncate again after a
+        restart. A failed cut stops appends, as a failed fsync does (LogFailed).
+
+        A read in flight over the cut part may fail: a replicated partition's reads stop at its
+        high watermark, below any cut but an unclean election's."""
+        async with self._append_lock:
+            epochs = await self._loaded_epochs()
+            if offset >= self.log_end_offset:
+                return self.log_end_offset
+            if offset < self.log_start_offset:
+                raise OffsetOutOfRange(offset)
+            async with self._flush_lock:
+                if self.failed is not None:
+                    raise LogFailed(self.failed)
+                keep = sum(1 for segment in self.segments if segment.base_offset <= offset)
+                last = self.segments[keep - 1]
+                # a sealed segment never read: CorruptSegment here, before anything is cut
+                await trio.to_thread.run_sync(last.ensure_scanned, limiter=self.limiter)
+                doomed = self.segments[keep:]
+                self.segments = self.segments[:keep]
+                durable = self.config.fsync is not FsyncPolicy.NEVER
+                try:
+                    end = await trio.to_thread.run_sync(
+                        _cut, self.files, doomed, last, offset, durable, limiter=self.limiter
+                    )
+                except OSError as exc:
+                    self.failed = f"truncating {self.directory} to {offset} failed: {exc}"
+                    log.error("%s; no more appends until a restart", self.failed)
+                    raise LogFailed(self.failed) from exc
+                # ``last`` is fsynced up to ``end`` now, the segments before it were when sealed
+                self.flushed_offset = end if durable else min(self.flushed_offset, end)
+            await trio.to_thread.run_sync(epochs.truncate_from_end, end, limiter=self.limiter)
+        log.info("%s: truncated to offset %d", self.directory.name, end)
+        return end
+
+    async def leader_epochs(self) -> LeaderEpochCache:
+        """The partition's leader-epoch cache, read on first use (CorruptCheckpoint if damaged).
+        Entries from the log end on, or before the log start, are dropped as it is read: a crash
+        between cutting the log and cutting the cache leaves them (broker/log/epochs.py)."""
+        if self._epochs is not None:
+            return self._epochs
+        async with self._append_lock:
+            return await self._loaded_epochs()
+
+    async def _loaded_epochs(self) -> LeaderEpochCache:
+        """(append lock held)"""
+        if self._epochs is None:
+            epochs = await trio.to_thread.run_sync(
+                LeaderEpochCache.load, self.directory, limiter=self.limiter
+            )
+            await trio.to_thread.run_sync(
+                epochs.truncate_from_end, self.log_end_offset, limiter=self.limiter
+            )
+            await trio.to_thread.run_sync(
+                epochs.truncate_from_start, self.log_start_offset, limiter=self.limiter
+            )
+            self._epochs = epochs
+        return self._epochs
+
+    async def assign_epoch(self, epoch: int, start_offset: int | None = None) -> None:
+        """Record durably that leader epoch ``epoch`` starts at ``start_offset`` (None: the log
+        end now, as a new leader does before it takes a record); EpochRefused out of order. A
+        follower records the epochs its leader sends before appending the records they cover."""
+        async with self._append_lock:
+            epochs = await self._loaded_epochs()
+            start = self.log_end_offset if start_offset is None else start_offset
+            await trio.to_thread.run_sync(epochs.assign, epoch, start, limiter=self.limiter)
+
+    async def end_offset_for(self, epoch: int) -> EpochEnd:
+        """Where ``epoch`` ends in this log (:meth:`LeaderEpochCache.end_offset_for`): what a
+        leader answers a follower whose last fetched epoch it is."""
+        epochs = await self.leader_epochs()
+        return epochs.end_offset_for(epoch, self.log_end_offset)
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -290,6 +444,26 @@ def _delete(files: SegmentFiles, directory: Path, segments: list[Segment]) -> No
         segment.path.unlink(missing_ok=True)
         segment.index_file.unlink(missing_ok=True)
     fsync_directory(directory)
+
+
+def _append_time(batches: ReadableBuffer, span: BatchSpan) -> int:
+    append_time: int = HEADER.unpack_from(batches, span.position)[2]
+    return append_time
+
+
+def _cut(
+    files: SegmentFiles, doomed: list[Segment], last: Segment, offset: int, durable: bool
+) -> int:
+    """Delete ``doomed`` (the segments after ``last``) newest first, then cut ``last`` before
+    ``offset``; returns the new log end (blocking). A segment's index file goes before its
+    segment file: a segment made again at the same base offset must not find it."""
+    for segment in reversed(doomed):
+        files.discard(segment)
+        segment.index_file.unlink(missing_ok=True)
+        segment.path.unlink(missing_ok=True)
+        if durable:
+            fsync_directory(segment.path.parent)
+    return last.truncate(files, offset, durable)
 
 
 def _open_segments(directory: Path, config: LogConfig, topic_id: TopicId) -> list[Segment]:

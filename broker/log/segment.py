@@ -311,6 +311,58 @@ class Segment:
             raise CorruptSegment(f"{self.path} at byte {start}: {exc}") from exc
         return None
 
+    def truncate(self, files: SegmentFiles, offset: int, durable: bool) -> int:
+        """Cut the segment before its first batch holding ``offset`` or a later one, and return
+        the offset after what is kept (``offset`` itself unless it falls inside a batch, which
+        goes whole). Scanned first (CorruptSegment, nothing cut).
+
+        The kept prefix is found as recovery finds a torn tail (:func:`_scan`), from the last
+        index entry at or before ``offset``: that entry's newest-before timestamp and the batches
+        after it rebuild the index and newest timestamp of what is kept.
+
+        Recovery trusts an index file as far as it goes (:func:`open_segment`), which holds for
+        a file that only grows; a cut file may grow again with other batches where the old
+        index describes the cut ones. So the old index file goes (its removal durable) before
+        the file is cut, and the new one is written once the cut is: a crash at any point
+        leaves no index (a scan) or one describing a prefix that stays as it is."""
+        self.ensure_scanned()
+        with self._state_lock:
+            index = list(self.index)
+        i = bisect.bisect_right(index, offset, key=_offset_of) - 1
+        start = None
+        if i > 0:
+            at, position, newest_before = index[i]
+            start = Segment(
+                base_offset=self.base_offset,
+                path=self.path,
+                size=position,
+                next_offset=at,
+                max_timestamp_ms=newest_before,
+                index_interval=self.index_interval,
+                index=index[:i],
+            )
+        scan = _scan(self.path, self.base_offset, self.index_interval, start, stop_offset=offset)
+        if scan.reason is not None or scan.next_offset > offset:
+            raise CorruptSegment(
+                f"{self.path}: cannot cut at offset {offset}: whole batches up to offset "
+                f"{scan.next_offset} at byte {scan.size} ({scan.reason})"
+            )
+        with self._state_lock:  # readers from now on see the cut log
+            self.size = scan.size
+            self.next_offset = scan.next_offset
+            self.max_timestamp_ms = scan.max_timestamp_ms
+            self.index = scan.index
+        self.index_file.unlink(missing_ok=True)
+        if durable:
+            fsync_directory(self.path.parent)
+        with files.borrow(self) as fd:
+            os.ftruncate(fd, scan.size)
+            if durable:
+                os.fsync(fd)
+        self.synced_size = scan.size if durable else min(self.synced_size, scan.size)
+        self._write_index(scan.size, scan.next_offset, scan.max_timestamp_ms, scan.index, durable)
+        return scan.next_offset
+
 
 #: iovecs one writev takes (Linux's IOV_MAX is 1024)
 _IOV_MAX = 1024
@@ -357,9 +409,16 @@ class _Scan:
     reason: str | None
 
 
-def _scan(path: Path, base_offset: int, index_interval: int, start: Segment | None = None) -> _Scan:
+def _scan(
+    path: Path,
+    base_offset: int,
+    index_interval: int,
+    start: Segment | None = None,
+    stop_offset: int | None = None,
+) -> _Scan:
     """Walk a segment's batches, checking each CRC and base offset, up to the first bad one;
-    from the end of ``start`` (a prefix already known good) if given."""
+    from the end of ``start`` (a prefix already known good) if given; with ``stop_offset``, up to
+    the first batch holding that offset or a later one (where a truncation cuts)."""
     probe = Segment(
         base_offset=base_offset,
         path=path,
@@ -384,6 +443,8 @@ def _scan(path: Path, base_offset: int, index_interval: int, start: Segment | No
                 for position, size, base, count, ts in walk_batches(data, pos, file_size):
                     if base != expected:
                         reason = f"offset {base} where {expected} belongs"
+                        break
+                    if stop_offset is not None and base + count > stop_offset:
                         break
                     probe._index(expected, position)
                     probe.max_timestamp_ms = max(probe.max_timestamp_ms, ts)
