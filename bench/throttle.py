@@ -82,18 +82,36 @@ async def busy_loops(count: int, core: int) -> AsyncIterator[None]:
                 await process.wait()
 
 
-def loop_lag_buckets(metrics_port: int) -> dict[float, float]:
-    """The broker's ``broker_loop_lag_seconds`` histogram: cumulative count per upper bound."""
+def _scrape(metrics_port: int) -> list[tuple[str, float]]:
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=60) as answer:
         text = answer.read().decode()
-    buckets: dict[float, float] = {}
+    samples = []
     for line in text.splitlines():
-        if line.startswith("broker_loop_lag_seconds_bucket{"):
+        if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
-            bound = name.split('le="', 1)[1].split('"', 1)[0]
-            buckets[float(bound)] = float(value)
-    return buckets
+            samples.append((name, float(value)))
+    return samples
+
+
+def loop_lag_buckets(metrics_port: int) -> dict[float, float]:
+    """The broker's ``broker_loop_lag_seconds`` histogram: cumulative count per upper bound."""
+    return {
+        float(name.split('le="', 1)[1].split('"', 1)[0]): value
+        for name, value in _scrape(metrics_port)
+        if name.startswith("broker_loop_lag_seconds_bucket{")
+    }
+
+
+def deaths_by_cause(metrics_port: int) -> dict[str, int]:
+    """The broker's ``coordinator_member_deaths_total``, by cause (``shed``: let go with their
+    groups, docs/design.md#shedding-load)."""
+    prefix = 'coordinator_member_deaths_total{cause="'
+    return {
+        name[len(prefix) :].split('"', 1)[0]: int(value)
+        for name, value in _scrape(metrics_port)
+        if name.startswith(prefix)
+    }
 
 
 def lag_summary(before: dict[float, float], after: dict[float, float]) -> dict[str, float | int]:

@@ -31,6 +31,7 @@ from bench.measure import figure, now, reporting_errors
 from bench.throttle import (
     busy_loops,
     cpu_quota,
+    deaths_by_cause,
     lag_summary,
     loop_lag_buckets,
     throttled_periods,
@@ -57,6 +58,11 @@ async def main() -> None:
     parser.add_argument("--tls", action="store_true", help="consumers connect over TLS")
     parser.add_argument("--offer", type=int, default=0, help="newcomers during the throttle")
     parser.add_argument("--shed-above-lag", type=float, default=None, help="the broker's door")
+    parser.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="a dropped consumer registers again (the library's way)",
+    )
     args = parser.parse()
     n, hold, timeout_ms = args.consumers, args.hold, args.session_timeout_ms
     throttle = (
@@ -94,6 +100,7 @@ async def main() -> None:
                     group_size=GROUP_SIZE,
                     session_timeout_ms=timeout_ms,
                     tls_ca=tls_ca,
+                    rejoin=args.rejoin,
                 )
             )
             newcomers = await stack.enter_async_context(
@@ -108,6 +115,7 @@ async def main() -> None:
                     member_prefix="x",
                     first=n,
                     idle=True,
+                    rejoin=args.rejoin,
                 )
             )
             pid = server.process.pid
@@ -121,6 +129,7 @@ async def main() -> None:
             )
             load_before = os.getloadavg()[0]
             lag_before = loop_lag_buckets(metrics_port)
+            deaths_before = deaths_by_cause(metrics_port)
             with ExitStack() as limits:
                 group: Path | None = (
                     limits.enter_context(cpu_quota([pid], args.cores, "bench-throttled"))
@@ -137,6 +146,8 @@ async def main() -> None:
                     )
                     periods = 0 if group is None else throttled_periods(group)
                     lag = lag_summary(lag_before, loop_lag_buckets(metrics_port))
+                    deaths = deaths_by_cause(metrics_port)
+                    deaths = {c: v - deaths_before.get(c, 0) for c, v in deaths.items() if v}
                     offered = await harness.stats(newcomers)
             ended = now()
             everyone = (*workers, *newcomers)
@@ -156,6 +167,7 @@ async def main() -> None:
             "tls": args.tls,
             "offered": args.offer,
             "shed_above_lag": args.shed_above_lag,
+            "rejoin": args.rejoin,
             **throttle,
             "hold_s": round(throttled.wall, 1),
             "baseline_hold_s": round(alone.wall, 1),
@@ -173,6 +185,7 @@ async def main() -> None:
             dropped=throttled.total("dropped"),
             closed_by_machine=throttled.total("closed_by_machine"),
             errors=throttled.total("error_count"),
+            broker_deaths_by_cause=deaths,
             first_errors=[e for s in throttled.stats for e in s["errors"]][:3],
         )
         for key in ("lateness_p99", "lateness_max"):
