@@ -407,6 +407,8 @@ class ConsumerWorker:
             )
             if self.rejoin:
                 consumer.registered = False
+                consumer.answered = None
+                consumer.last_ping = None
                 looks = [e for e in again if isinstance(e, sm.Discover)]
         with trio.CancelScope(shield=True):
             await (channel.abort() if consumer.reset else channel.aclose())
@@ -477,7 +479,8 @@ class ConsumerWorker:
         if event is None:
             return
         if not consumer.registered:
-            consumer.answered = consumer.answered or trio.Event()
+            if consumer.answered is None:
+                consumer.answered = trio.Event()
             await consumer.answered.wait()
         if consumer.closing or not sm.TABLE.allows(consumer.machine.state, type(event)):
             return
