@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 import attrs
-import trio
 
 from broker import rights
 from protocol import (
@@ -67,56 +66,6 @@ class Lag(Protocol):
 #: The loop lag (seconds) above which new work waits (``Door.bound``'s default).
 BOUND = 0.5
 
-#: A loop lag under this is calm: the pace of new members may grow (``coordinator.loop_lag``'s
-#: BEHIND: a loop that keeps up wakes a sleeper within milliseconds).
-CALM = 0.1
-
-
-@attrs.define(eq=False)
-class Pace:
-    """How many new members a second the door lets register (Kafka's
-    ``max.connection.creation.rate``, made to follow the loop: additive increase while it is
-    calm, halved while it is behind). A member costs the broker little when it registers and its
-    Pings for as long as it stays, which show in the lag only after its first Pings and its
-    group's first rebalance, seconds later: without a pace a crowd arriving together is let in
-    whole before the lag says the broker cannot serve it, and then every member pays
-    (docs/design.md#shedding-load). So at most ``rate`` a second, a second's worth at once."""
-
-    rate: float = 200.0
-    least: float = 20.0
-    most: float = 1000.0
-    increase: float = 20.0
-    """Added to the rate for each calm second."""
-    _tokens: float = 0.0
-    _at: float | None = None
-    _judged_at: float = 0.0
-    _refused: int = 0
-    #: Registrations refused in the last whole second: the crowd still waiting.
-    waiting: int = 0
-
-    def admit(self, now: float, lag: float, bound: float) -> bool:
-        """Whether one more member may register now, the loop being ``lag`` behind (above
-        ``bound``: none may, and the pace halves)."""
-        if self._at is None:
-            self._at, self._judged_at, self._tokens = now, now, self.rate
-        if now - self._judged_at >= 1.0:
-            self._judged_at, self.waiting, self._refused = now, self._refused, 0
-            if lag < CALM:
-                self.rate = min(self.most, self.rate + self.increase)
-            elif lag > bound:
-                self.rate = max(self.least, self.rate / 2)
-        self._tokens = min(self.rate, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-        if lag > bound or self._tokens < 1.0:
-            self._refused += 1
-            return False
-        self._tokens -= 1.0
-        return True
-
-    def wait(self) -> float:
-        """How long the crowd waiting takes to get in at the current pace (seconds)."""
-        return self.waiting / self.rate
-
 
 @attrs.define(eq=False)
 class Door:
@@ -134,9 +83,6 @@ class Door:
     """Requests refused so far."""
     on_shed: Callable[[], object] | None = None
     """Called for each request refused (the broker's metric)."""
-    pace: Pace = attrs.field(factory=Pace)
-    """New members a second, while the door is on."""
-    clock: Callable[[], float] = trio.current_time
 
     def refusal(self, request: Request, *, first: bool) -> ResponseMessage | None:
         """The answer that puts ``request`` off (``first``: no request of its connection was
@@ -151,18 +97,14 @@ class Door:
         if not isinstance(message, ClusterMetadataRequest | RegisterConsumerRequest | ADMIN):
             return None  # a fetcher's or a producer's data, not the group's load
         lag = self.lag.recent()
-        if isinstance(message, RegisterConsumerRequest):
-            if self.pace.admit(self.clock(), lag, self.bound):
-                return None
-        elif lag <= self.bound:
+        if lag <= self.bound:
             return None
         self.shed += 1
         if self.on_shed is not None:
             self.on_shed()
         if isinstance(message, ADMIN) or request.api_version < HINTED_VERSION[message.API_KEY]:
             return error_response(message, ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        longest = max(self.retry_after, 2 * lag, self.pace.wait())
-        wait = round(1000 * min(self.max_retry_after, longest))
+        wait = round(1000 * min(self.max_retry_after, max(self.retry_after, 2 * lag)))
         if isinstance(message, RegisterConsumerRequest):
             return RegisterConsumerResponse(
                 error_code=ErrorCode.BROKER_BUSY,

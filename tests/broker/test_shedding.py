@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.door import Door, Pace
+from broker.door import Door
 from consumer import Consumer, ConsumerSettings, open_consumer, open_producer, runtime
 from consumer.admin import Admin
 from coordinator.config import CoordinatorConfig
@@ -68,7 +68,7 @@ def _registration(owned: tuple[TopicPartition, ...] = ()) -> RegisterConsumerReq
 
 def test_the_door_sheds_new_work_above_its_bound_and_never_a_member_with_partitions() -> None:
     lag = StubLag(0.25)
-    door = Door(lag=lag, bound=0.25, clock=lambda: 0.0)
+    door = Door(lag=lag, bound=0.25)
     metadata = ClusterMetadataRequest(group_id="g", topics=None)
     # At the bound: served.
     assert door.refusal(_request(metadata, 4), first=True) is None
@@ -309,39 +309,3 @@ async def test_a_producer_and_an_admin_wait_for_a_busy_broker_and_then_get_their
             await admin.create_topic("u", 2)
         assert trio.current_time() - start == pytest.approx(1.05)
         assert len((await net.cluster.store.topics())["u"].brokers) == 2
-
-
-def test_new_members_are_let_in_at_a_pace_that_follows_the_loop() -> None:
-    """A crowd arriving together is let in a second's worth at a time, the rest told when the
-    crowd will have got in; the pace halves while the loop is behind and grows while it is
-    calm (docs/design.md#shedding-load)."""
-    lag = StubLag(0.0)
-    clock = [0.0]
-    door = Door(lag=lag, bound=0.5, clock=lambda: clock[0], pace=Pace(rate=100.0, increase=20.0))
-    crowd = [door.refusal(_request(_registration(), 3), first=True) for _ in range(400)]
-    assert crowd.count(None) == 100
-    refused = [r for r in crowd if r is not None]
-    assert all(
-        isinstance(r, RegisterConsumerResponse) and r.error_code is ErrorCode.BROKER_BUSY
-        for r in refused
-    )
-    # A second later: 300 waited; the pace grew (the loop was calm) and refills.
-    clock[0] = 1.0
-    assert door.refusal(_request(_registration(), 3), first=True) is None
-    assert door.pace.rate == 120.0 and door.pace.waiting == 300
-    # A second's worth at the new pace; the rest are told how long the crowd takes at it (300
-    # at 120 a second: 2.5 s).
-    more = [door.refusal(_request(_registration(), 3), first=True) for _ in range(200)]
-    assert more.count(None) == 119
-    told = more[-1]
-    assert isinstance(told, RegisterConsumerResponse) and told.throttle_time_ms == 2500
-    # Behind: nobody new, and the pace halves; the hint is the longer of twice the lag and the
-    # crowd's wait (81 refused since at 60 a second).
-    lag.value = 0.8
-    clock[0] = 2.0
-    behind = door.refusal(_request(_registration(), 3), first=True)
-    assert isinstance(behind, RegisterConsumerResponse) and behind.throttle_time_ms == 1600
-    assert door.pace.rate == 60.0 and door.pace.waiting == 81
-    # A member re-registering with partitions at stake is never paced.
-    owned = (TopicPartition(topic="t", partition=0),)
-    assert door.refusal(_request(_registration(owned), 3), first=True) is None
