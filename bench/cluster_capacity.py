@@ -39,7 +39,7 @@ round trip of the Ping's sizes per Ping interval (T/3): what trio itself costs t
 Joining: the seconds to start and register every consumer, and every process's CPU seconds over
 it, against the bare clients' and servers' (above).
 
-    python -m bench.cluster_capacity [--quick] [--consumers N] [--groups G] [--hold S]
+    python -m bench.cluster_capacity [--quick] [--consumers N] [--groups G] [--hold S] [--cores C]
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ import trio
 from bench import harness
 from bench.loadgen import frame_sizes
 from bench.measure import figure, micros_per, now, reporting_errors
+from bench.throttle import cpu_quota, throttled_periods
 from consumer.admin import ClusterReport, open_admin
 from launch.cluster import eventually
 from launch.zookeeper import free_ports, open_ensemble
@@ -182,6 +183,13 @@ async def main() -> None:
     parser.sized("--groups", quick=30, full=300, kind=int)
     parser.sized("--hold", quick=30.0, full=300.0, help="seconds")
     parser.sized("--bare-hold", quick=4.0, full=30.0, help="seconds")
+    parser.add_argument(
+        "--cores",
+        type=float,
+        default=None,
+        help="hold with each broker limited to this much of a core (a cgroup CPU quota: root; "
+        "issue 36); default: unlimited",
+    )
     args = parser.parse()
     n, groups, hold, bare_hold = args.consumers, args.groups, args.hold, args.bare_hold
     group_size = math.ceil(n / groups)
@@ -222,14 +230,25 @@ async def main() -> None:
                         for broker in brokers:
                             broker.sample()
 
-                    holding = await harness.hold_consumers(
-                        workers,
-                        n,
-                        hold,
-                        every=POLL,
-                        pids=pids,
-                        each_poll=sample,
-                    )
+                    with contextlib.ExitStack() as quotas:
+                        groups_limited = [
+                            quotas.enter_context(
+                                cpu_quota(
+                                    [b.server.process.pid], args.cores, f"bench-b{b.broker_id}"
+                                )
+                            )
+                            for b in brokers
+                            if args.cores is not None
+                        ]
+                        holding = await harness.hold_consumers(
+                            workers,
+                            n,
+                            hold,
+                            every=POLL,
+                            pids=pids,
+                            each_poll=sample,
+                        )
+                        throttled = [throttled_periods(g) for g in groups_limited]
                     *broker_cpu, zookeeper_cpu = holding.cpu
                     cpu = {b.broker_id: c for b, c in zip(brokers, broker_cpu, strict=True)}
                     wall, st = holding.wall, holding.stats
@@ -270,6 +289,8 @@ async def main() -> None:
             "session_timeout_ms": SESSION_TIMEOUT_MS,
             "hold_s": round(wall, 1),
             "all_groups_formed": formed,
+            "cores_per_broker": args.cores,
+            "periods_throttled": throttled,
         }
         harness.report_hold(
             BENCH,

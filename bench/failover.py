@@ -222,7 +222,10 @@ class Outcome:
 
 
 @contextlib.asynccontextmanager
-async def open_brokers(hosts: str, work_dir: Path) -> AsyncIterator[list[Broker]]:
+async def open_brokers(
+    hosts: str, work_dir: Path, shed_above_lag: float | None = None
+) -> AsyncIterator[list[Broker]]:
+    door = () if shed_above_lag is None else (f"--shed-above-lag={shed_above_lag}",)
     async with contextlib.AsyncExitStack() as stack:
         brokers = []
         for broker_id in range(1, BROKERS + 1):
@@ -233,6 +236,7 @@ async def open_brokers(hosts: str, work_dir: Path) -> AsyncIterator[list[Broker]
                     f"--zookeeper={hosts}",
                     f"--zookeeper-session-timeout={ZK_SESSION}",
                     "--commit-interval=0.2",
+                    *door,
                 )
             )
             brokers.append((broker_id, server))
@@ -336,10 +340,16 @@ async def agreed_placement(brokers: list[Broker]) -> dict[Key, int]:
 
 
 async def one_scenario(
-    scenario: str, hosts: str, work_dir: Path, steady: float, settle: float, consumer_session: float
+    scenario: str,
+    hosts: str,
+    work_dir: Path,
+    steady: float,
+    settle: float,
+    consumer_session: float,
+    shed_above_lag: float | None = None,
 ) -> Outcome:
     observed = Observed()
-    async with open_brokers(hosts, work_dir) as brokers:
+    async with open_brokers(hosts, work_dir, shed_above_lag) as brokers:
         first_id = await agreed_coordinator(ids(brokers), group=GROUP, deadline=DEADLINE)
         first = next(b for b in brokers if b[0] == first_id)
         survivors = [b for b in brokers if b is not first]
@@ -382,6 +392,12 @@ async def one_scenario(
             elected = time.monotonic() - fault
             if scenario == "sigstop":
                 first[1].process.send_signal(signal.SIGCONT)
+            # For reading the logs against the fault (the consumers' lines are on this clock).
+            (work_dir / "fault.txt").write_text(
+                f"{scenario} of broker {first_id} at monotonic {fault:.6f} "
+                f"(wall {time.time() - (time.monotonic() - fault):.6f}); "
+                f"broker {second_id} coordinator {elected:.3f} s later\n"
+            )
             second = next(b for b in survivors if b[0] == second_id)
             stable: float | None = None
             after: GroupReport | None = None
@@ -524,6 +540,7 @@ async def bench(
     work_dir: Path,
     consumer_session: float,
     scenarios: tuple[str, ...] = SCENARIOS,
+    shed_above_lag: float | None = None,
 ) -> None:
     shutil.rmtree(work_dir / "ensemble", ignore_errors=True)  # a fresh ensemble, fresh chroots
     with open_ensemble(3, base_dir=work_dir / "ensemble") as ensemble:
@@ -537,6 +554,7 @@ async def bench(
                         steady,
                         settle,
                         consumer_session,
+                        shed_above_lag,
                     )
                     report(outcome, run_)
 
@@ -556,11 +574,27 @@ def main() -> None:
         action="append",
         help="run only this scenario (repeatable; default: every one)",
     )
+    parser.add_argument(
+        "--shed-above-lag",
+        type=float,
+        default=None,
+        help="the brokers' door (serve --shed-above-lag; default: off, as serve's)",
+    )
     args = parser.parse()
     runs, (steady, settle) = args.runs, (4.0, 2.0) if args.quick else (15.0, 5.0)
     scenarios = tuple(args.scenario or SCENARIOS)
     with work_area(args.work_dir) as work_dir:
-        run(lambda: bench(runs, steady, settle, work_dir, args.consumer_session, scenarios))
+        run(
+            lambda: bench(
+                runs,
+                steady,
+                settle,
+                work_dir,
+                args.consumer_session,
+                scenarios,
+                args.shed_above_lag,
+            )
+        )
 
 
 if __name__ == "__main__":

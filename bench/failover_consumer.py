@@ -14,6 +14,8 @@ for, so the parent sees a record when the application would have.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import time
 from typing import BinaryIO
@@ -52,7 +54,19 @@ async def _print(consumer: Consumer, stream: RecordStream, out: BinaryIO) -> Non
         out.flush()
 
 
+class _Monotonic(logging.Formatter):
+    """Log lines stamped with CLOCK_MONOTONIC, the clock of the records' lines and of the
+    parent's fault (``fault.txt`` in the run's work directory)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{time.monotonic():.6f} {super().format(record)}"
+
+
 def main() -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Monotonic("%(levelname)s %(name)s: %(message)s"))
+    level = os.environ.get("BENCH_CONSUMER_LOG_LEVEL", "WARNING")
+    logging.basicConfig(level=level, handlers=[handler])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", type=parse_bootstrap, required=True)
     parser.add_argument("--group", required=True)

@@ -212,11 +212,13 @@ def open_consumers(
     tls_ca: Path | None = None,
     bootstrap: Sequence[ServerProcess] = (),
     idle: bool = False,
+    rejoin: bool = False,
 ) -> AbstractAsyncContextManager[list[Worker]]:
     """``count`` consumers over ceil(count / per_worker) workers; member i is in group
     i // group_size; over TLS trusting ``tls_ca`` if given. With ``bootstrap``, each consumer
     registers with its group's coordinator as these brokers name it, not with ``server``.
-    ``idle``: the workers start with no consumer, for :func:`join` to start their share."""
+    ``idle``: the workers start with no consumer, for :func:`join` to start their share.
+    ``rejoin``: a consumer whose registered connection ended registers again (``--rejoin``)."""
     found_through = ",".join(f"{b.host}:{b.port}" for b in bootstrap)
 
     def command(offset: int, share: int) -> tuple[list[str], Path]:
@@ -228,6 +230,7 @@ def open_consumers(
         arguments += [f"--topic={topic}", f"--session-timeout-ms={session_timeout_ms}"]
         arguments += [] if tls_ca is None else [f"--tls-ca={tls_ca}"]
         arguments += [f"--bootstrap={found_through}"] if bootstrap else []
+        arguments += ["--rejoin"] if rejoin else []
         return arguments, work_dir / f"{member_prefix}{index}.log"
 
     return _open_workers(count, per_worker, command)
@@ -566,6 +569,11 @@ async def hold_bare(
 
 def registered(expected: int) -> Any:
     return lambda all_stats: sum(s["registered"] for s in all_stats) >= expected
+
+
+def all_live(expected: int) -> Any:
+    """``expected`` consumers live: registered, neither dropped nor closed since."""
+    return lambda all_stats: sum(s["live"] for s in all_stats) >= expected
 
 
 def stable_at(expected: int, above: int = -1) -> Any:

@@ -229,11 +229,16 @@ class _Consumer:
     #: How the machine said to close the connection (CloseConnection); False: cleanly.
     reset: bool = False
     registered: bool = False
+    #: Its registrations a busy broker refused (BROKER_BUSY): each is retried after the broker's
+    #: hint, and none uses up a look.
+    refused_busy: int = 0
     #: When its registration was answered, or when it gave up (CLOCK_MONOTONIC): the end of
     #: its join.
     settled_at: float | None = None
     closing: bool = False
     dropped: bool = False
+    #: How often its registered connection ended under it (more than once only with ``rejoin``).
+    drops: int = 0
     last_ping: float | None = None
     last_answer: float | None = None
     started_at: float | None = None
@@ -279,6 +284,9 @@ class ConsumerWorker:
     )
     #: Brokers to find each group's coordinator through; empty: register at host:port.
     bootstrap: list[tuple[str, int]] = attrs.field(factory=list)
+    #: A member whose registered connection ended registers again, as the consumer library
+    #: does; False: it is done, and counted dropped.
+    rejoin: bool = False
     #: Consumers that found a coordinator which then did not take their registration (the
     #: office moved in between) and looked again, as the consumer library does.
     rediscovered: int = 0
@@ -323,7 +331,9 @@ class ConsumerWorker:
                 await trio.sleep(max(0.0, effect.delay + jitter))
                 effects = consumer.machine.handle(await self._look(consumer, discovery))
             elif isinstance(effect, sm.Register):
+                refused, drops = consumer.refused_busy, consumer.drops
                 effects = await self._session(consumer, effect)
+                looks += consumer.refused_busy - refused + consumer.drops - drops
 
     async def _look(self, consumer: _Consumer, discovery: Discovery) -> sm.Input:
         if not self.bootstrap:
@@ -370,15 +380,16 @@ class ConsumerWorker:
                 effects = self._closing(consumer, consumer.machine.handle(event))
                 if consumer.machine.state is sm.ConsumerState.STOPPED:
                     consumer.registered = True
+                    consumer.dropped = False
                     self._settle(consumer)
                     if consumer.answered is not None:
                         consumer.answered.set()
                 else:
-                    moved = (
-                        isinstance(event, sm.RegistrationRejected)
-                        and event.error_code in sm.FAILOVER_CODES
-                    )
-                    if self.bootstrap and moved:
+                    code = event.error_code if isinstance(event, sm.RegistrationRejected) else None
+                    if code is ErrorCode.BROKER_BUSY:
+                        consumer.refused_busy += 1
+                        looks = effects
+                    elif self.bootstrap and code in sm.FAILOVER_CODES:
                         self.rediscovered += 1
                         looks = effects
                     else:
@@ -389,10 +400,16 @@ class ConsumerWorker:
         # Registered, and not closed by the application: the peer closed the connection, or
         # the machine did (a lease that ran out, a fence).
         consumer.dropped = consumer.registered and not consumer.closing
+        consumer.drops += consumer.dropped
         if consumer.dropped and sm.TABLE.allows(consumer.machine.state, sm.ConnectionLost):
-            self._closing(
+            again = self._closing(
                 consumer, consumer.machine.handle(sm.ConnectionLost(now=trio.current_time()))
             )
+            if self.rejoin:
+                consumer.registered = False
+                consumer.answered = None
+                consumer.last_ping = None
+                looks = [e for e in again if isinstance(e, sm.Discover)]
         with trio.CancelScope(shield=True):
             await (channel.abort() if consumer.reset else channel.aclose())
         return looks
@@ -431,7 +448,11 @@ class ConsumerWorker:
             code = getattr(response, "error_code", ErrorCode.UNKNOWN_SERVER_ERROR)
             return sm.RegistrationRejected(now=trio.current_time(), error_code=code)
         if response.error_code is not ErrorCode.NONE:
-            return sm.RegistrationRejected(now=trio.current_time(), error_code=response.error_code)
+            return sm.RegistrationRejected(
+                now=trio.current_time(),
+                error_code=response.error_code,
+                retry_after=response.throttle_time_ms / 1000,
+            )
         return sm.Registered(
             now=trio.current_time(),
             anchor=queued,
@@ -458,7 +479,8 @@ class ConsumerWorker:
         if event is None:
             return
         if not consumer.registered:
-            consumer.answered = consumer.answered or trio.Event()
+            if consumer.answered is None:
+                consumer.answered = trio.Event()
             await consumer.answered.wait()
         if consumer.closing or not sm.TABLE.allows(consumer.machine.state, type(event)):
             return
@@ -538,7 +560,7 @@ class ConsumerWorker:
             "consumers": len(self.consumers),
             "registered": sum(c.registered for c in self.consumers),
             "live": len(live),
-            "dropped": sum(c.dropped for c in self.consumers),
+            "dropped": sum(c.drops for c in self.consumers),
             "pings": self.pings,
             "stops": self.stops,
             "errors": self.errors[:5],
@@ -547,6 +569,7 @@ class ConsumerWorker:
             "last_answer": max(answers) if answers else None,
             "held": sum(len(c.machine.owned) for c in live),
             "rediscovered": self.rediscovered,
+            "refused_busy": sum(c.refused_busy for c in self.consumers),
             "closed_by_machine": self.closed_by_machine,
             "coordinators": dict(Counter(str(c.coordinator) for c in live)),
             "groups_at": {
@@ -616,6 +639,7 @@ async def run_consumer_worker(args: argparse.Namespace) -> None:
         session_timeout_ms=args.session_timeout_ms,
         connect=ClientSecurity(ca=args.tls_ca).connector(),
         bootstrap=[_address(a) for a in args.bootstrap.split(",")] if args.bootstrap else [],
+        rejoin=args.rejoin,
     )
     joined = 0
 
@@ -696,6 +720,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     consumers.add_argument("--topic", default="bench")
     consumers.add_argument("--session-timeout-ms", type=int, default=3000)
     consumers.add_argument("--tls-ca", type=Path, default=None, help="connect with TLS")
+    consumers.add_argument(
+        "--rejoin", action="store_true", help="a member dropped registers again, as the library"
+    )
     bare.add_argument("--interval", type=float, default=0.0)
     bare.add_argument("--request-size", type=int, default=64)
     bare.add_argument("--reply-size", type=int, default=64)

@@ -85,7 +85,7 @@ async def client_rates(
     return produce_rate, consume_rate
 
 
-def _certificates(directory: Path) -> tuple[Path, Path]:
+def certificates(directory: Path) -> tuple[Path, Path]:
     """(the CA to trust, the broker's certificate and key in one file)."""
     ca = trustme.CA()
     ca.cert_pem.write_to_path(str(directory / "ca.pem"))
@@ -95,7 +95,8 @@ def _certificates(directory: Path) -> tuple[Path, Path]:
     return directory / "ca.pem", directory / "server.pem"
 
 
-def _server_args(tls: bool, server_pem: Path, *extra: str) -> list[str]:
+def server_args(tls: bool, server_pem: Path, *extra: str) -> list[str]:
+    """A coordinator's listener: TLS with ``server_pem`` when ``tls``, else plaintext."""
     listener = "SSL" if tls else "PLAINTEXT"
     args = [f"--listener={listener}://127.0.0.1:0", *extra]
     if tls:
@@ -105,13 +106,13 @@ def _server_args(tls: bool, server_pem: Path, *extra: str) -> list[str]:
 
 @asynccontextmanager
 async def _loaded(
-    work: Path, name: str, n: int, tls_ca: Path | None, server_pem: Path, *server_args: str
+    work: Path, name: str, n: int, tls_ca: Path | None, server_pem: Path, *extra: str
 ) -> AsyncIterator[tuple[ServerProcess, list[Worker]]]:
     """A coordinator (on a TLS listener when ``tls_ca`` is given) and ``n`` consumers of it in
     groups of 100, every one registered."""
     async with (
         open_coordinator(
-            work / name, *_server_args(tls_ca is not None, server_pem, *server_args)
+            work / name, *server_args(tls_ca is not None, server_pem, *extra)
         ) as server,
         open_consumers(
             server,
@@ -185,7 +186,7 @@ async def main() -> None:
     n, window, held_n, hold = args.consumers, args.window, args.held, args.hold
     records = args.records
     with work_area(args.work_dir, BENCH) as work:
-        ca, server_pem = _certificates(work)
+        ca, server_pem = certificates(work)
 
         if "ping" in parts:
             with reporting_errors(BENCH, "cpu_per_round_trip", consumers=n):
@@ -228,7 +229,7 @@ async def _report_rates(work: Path, records: int, ca: Path, server_pem: Path) ->
     for tls in (False, True):
         name = "tls" if tls else "plaintext"
         async with open_coordinator(
-            work / f"rates-{name}", *_server_args(tls, server_pem, "--fsync", "never")
+            work / f"rates-{name}", *server_args(tls, server_pem, "--fsync", "never")
         ) as server:
             security = ClientSecurity(ca=ca) if tls else ClientSecurity()
             rates[tls] = await client_rates(server.port, records, 1000, security=security)

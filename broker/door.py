@@ -20,6 +20,7 @@ from typing import Protocol
 import attrs
 
 from broker import rights
+from broker.cpu_budget import CpuBudget
 from protocol import (
     ApiKey,
     ClusterMetadataRequest,
@@ -83,6 +84,10 @@ class Door:
     """Requests refused so far."""
     on_shed: Callable[[], object] | None = None
     """Called for each request refused (the broker's metric)."""
+    budget: CpuBudget | None = None
+    """The broker's CPU time against what it may have: while most of it is used, new work waits
+    whatever the lag says (``broker/cpu_budget.py``), and is told to come back after
+    ``max_retry_after``, since only members leaving free room."""
 
     def refusal(self, request: Request, *, first: bool) -> ResponseMessage | None:
         """The answer that puts ``request`` off (``first``: no request of its connection was
@@ -97,14 +102,16 @@ class Door:
         if not isinstance(message, ClusterMetadataRequest | RegisterConsumerRequest | ADMIN):
             return None  # a fetcher's or a producer's data, not the group's load
         lag = self.lag.recent()
-        if lag <= self.bound:
+        spent = self.budget is not None and self.budget.spent()
+        if lag <= self.bound and not spent:
             return None
         self.shed += 1
         if self.on_shed is not None:
             self.on_shed()
         if isinstance(message, ADMIN) or request.api_version < HINTED_VERSION[message.API_KEY]:
             return error_response(message, ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        wait = round(1000 * min(self.max_retry_after, max(self.retry_after, 2 * lag)))
+        longest = self.max_retry_after if spent else max(self.retry_after, 2 * lag)
+        wait = round(1000 * min(self.max_retry_after, longest))
         if isinstance(message, RegisterConsumerRequest):
             return RegisterConsumerResponse(
                 error_code=ErrorCode.BROKER_BUSY,

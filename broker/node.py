@@ -19,6 +19,7 @@ import attrs
 import trio
 
 from broker.authorization import open_access
+from broker.cpu_budget import CpuBudget, watch_cpu
 from broker.data_plane import BrokerLog, log_directory, open_broker_log
 from broker.dispatch import handle_connection
 from broker.door import Door
@@ -193,8 +194,11 @@ async def run_node(
                     lag=LoopLag.of_run(),
                     bound=settings.shed_above_lag,
                     on_shed=None if metrics is None else metrics.request_shed,
+                    budget=CpuBudget(),
                 )
             )
+            if door is not None and door.budget is not None:
+                await nursery.start(watch_cpu, door.budget)
             serve = partial(
                 serve_connection,
                 data_plane=data_plane,

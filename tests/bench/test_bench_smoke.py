@@ -158,3 +158,20 @@ async def test_tls_quick(tmp_path: Path) -> None:
     for rate in ("produce_rate", "fetch_rate"):
         (line,) = figures[rate]
         assert line["value"] > 0 and line["baseline"] > 0
+
+
+async def test_throttled_quick(tmp_path: Path) -> None:
+    """Busy loops beside the broker (a cgroup quota needs root: not asked here), 100 newcomers
+    offered while they run, every consumer live once they stop."""
+    figures = by_figure(await run_quick("throttled", tmp_path, "--offer", "100", "--rejoin"))
+    (deaths,) = figures["false_deaths"]
+    assert deaths["consumers"] == 300 and deaths["baseline"] == 0
+    assert deaths["throttle"] == "busy" and deaths["busy_loops"] == 3
+    (newcomers,) = figures["newcomers_in_during_throttle"]
+    assert newcomers["baseline"] == 100
+    (back,) = figures["all_back_after_throttle"]
+    assert back["expected"] == 400 and back["live"] == 400
+    (lag,) = figures["loop_lag_max_under"]
+    assert lag["wakes"] > 0 and lag["loop_lag_p99_under_s"] <= lag["value"]
+    (cpu,) = figures["server_cpu_share"]
+    assert cpu["value"] > 0 and cpu["baseline"] > 0
