@@ -125,6 +125,12 @@ class MemoryLog(DataPlaneLog):
     partitions: dict[TopicPartition, MemoryPartition] = attrs.field(factory=dict)
     fetches: list[tuple[float, TopicPartition, int]] = attrs.field(factory=list)
     """Every Fetch: when, of which partition, from which offset."""
+    broker_id: int = -1
+    """The broker it serves as, for an answer's leader hint; -1: none (the hint says unknown)."""
+
+    @property
+    def leader_id(self) -> int:
+        return self.broker_id
 
     def follow(self, placement: Mapping[str, TopicPlacement]) -> None:
         """The topic watch's latest value, as the real broker takes it (``BrokerLog``): the

@@ -54,10 +54,13 @@ async def test_a_reset_after_a_topic_was_created_again_moves_the_new_topics_offs
             "TOPIC",
             "ID",
             "PARTITION",
-            "BROKER",
+            "LEADER",
             "UP",
             "START",
             "END",
+            "REPLICAS",
+            "ISR",
+            "EPOCH",
         ]
         assert table[1].split()[1] == described["topic_id"]
 

@@ -114,7 +114,7 @@ async def answers(log: DataPlaneLog) -> list[object]:
 async def test_the_memory_log_answers_as_the_broker_log_does(tmp_path: Path) -> None:
     async with open_log(tmp_path) as files:
         expected = await answers(files)
-        memory = MemoryLog(placement=files.placement)
+        memory = MemoryLog(placement=files.placement, broker_id=files.broker_id)
     assert await answers(memory) == expected
     fetched = [a[0] for a in expected if isinstance(a, tuple)]
     refused = [a for a in fetched if a.error_code is ErrorCode.UNKNOWN_TOPIC_ID]
@@ -139,8 +139,8 @@ async def test_the_memory_log_stamps_virtual_milliseconds_and_logs_each_fetch(
 async def test_a_stored_batch_no_consumer_can_decode_is_answered_alike(tmp_path: Path) -> None:
     """A batch stored before brokers checked what they acknowledge: version 1 hands it on (the
     consumer names it), version 0 cannot make records of it and answers CORRUPT_MESSAGE."""
-    memory = MemoryLog(placement=PLACEMENT)
     async with open_log(tmp_path) as files:
+        memory = MemoryLog(placement=PLACEMENT, broker_id=files.broker_id)
         got: list[list[ResponseMessage | None]] = []
         for log in (files, memory):
             partition = await log.partition("t", 0)
@@ -216,7 +216,7 @@ async def test_lookups_by_time_answer_alike_with_the_earliest_offset_that_late(
     asked = [0, 100, 150, 201, 300, 301, 450, 451, 500, 501, -1, -2]
     got: list[list[object]] = []
     async with open_log(tmp_path) as files:
-        memory = MemoryLog(placement=files.placement)
+        memory = MemoryLog(placement=files.placement, broker_id=files.broker_id)
         for log in (files, memory):
             for stamps in TIMED:
                 values = [str(s).encode() for s in stamps]
