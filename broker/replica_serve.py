@@ -98,13 +98,16 @@ async def _partition(
     key = PartitionKey(topic_id=wanted.topic_id, partition=wanted.partition)
     led = manager.led.get(key)
     if led is None or not manager.current(led):
-        state = manager.states.get(key)
-        if state is None and all(
-            p.topic_id != key.topic_id for p in manager.logs.placement.values()
-        ):
+        placement = manager.by_topic_id().get(key.topic_id)
+        if placement is None:
             return _refused(wanted, ErrorCode.UNKNOWN_TOPIC_ID)
-        if state is not None and state.leader == manager.broker_id:
-            # elected, not leading yet: the follower is ahead of this broker's view
+        state = manager.states.get(key)
+        if (
+            state is not None
+            and state.leader == manager.broker_id
+            and state.leader_epoch >= wanted.leader_epoch
+        ):
+            # elected, not leading yet: the follower's view is ahead of this broker's
             return _refused(wanted, ErrorCode.UNKNOWN_LEADER_EPOCH)
         return _refused(wanted, ErrorCode.NOT_LEADER_OR_FOLLOWER)
     if wanted.leader_epoch < led.epoch:

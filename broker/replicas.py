@@ -28,7 +28,14 @@ import attrs
 import trio
 
 from broker.data_plane import BrokerLog
-from broker.log import EpochRefused, FsyncPolicy, PartitionLog
+from broker.log import (
+    EpochRefused,
+    FsyncPolicy,
+    PartitionLog,
+    read_high_watermarks,
+    write_high_watermarks,
+)
+from broker.log.checkpoints import HIGH_WATERMARKS
 from broker.offices import topic_reads
 from protocol import ReplicaFetchRequest, ReplicaFetchResponse, ResponseMessage
 from protocol.errors import ErrorCode, IllegalInput
@@ -46,6 +53,8 @@ log = logging.getLogger(__name__)
 REPLICA_LAG = 10.0
 #: How often the leaders look for followers that fell behind.
 TICK_INTERVAL = 1.0
+#: How often the high watermarks are written down (and at a clean stop).
+CHECKPOINT_INTERVAL = 5.0
 #: The least time between two reads of the brokers' registered log directories.
 DIRS_REREAD = 1.0
 
@@ -287,16 +296,49 @@ class ReplicaManager:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Follow the state view until cancelled; started once the first view is applied."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._tick_loop)
-            started = False
-            async with aclosing(self.store.partition_state_updates()) as updates:
-                async for states in updates:
-                    await self._apply(states)
-                    if not started:
-                        started = True
-                        task_status.started()
+        directory = self.logs.directory
+        if await trio.to_thread.run_sync(directory.joinpath(HIGH_WATERMARKS).exists):
+            marks = await trio.to_thread.run_sync(read_high_watermarks, directory)
+            self.follower_hw.update(marks)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._tick_loop)
+                nursery.start_soon(self._checkpoint_loop)
+                started = False
+                async with aclosing(self.store.partition_state_updates()) as updates:
+                    async for states in updates:
+                        await self._apply(states)
+                        if not started:
+                            started = True
+                            task_status.started()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.checkpoint()
+
+    def high_watermarks(self) -> dict[PartitionKey, int]:
+        """Each replicated partition's high watermark here: the leader's, or as a follower
+        learned it (at most the leader's)."""
+        marks = dict(self.follower_hw)
+        marks.update((key, led.high_watermark) for key, led in self.led.items())
+        return marks
+
+    async def checkpoint(self) -> None:
+        """Write the high watermarks (``replication-offset-checkpoint``), so that a broker
+        restarted and elected starts from one at most the true one; none while nothing is
+        replicated here."""
+        marks = self.high_watermarks()
+        if marks:
+            directory = self.logs.directory
+            await trio.to_thread.run_sync(write_high_watermarks, directory, marks)
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await trio.sleep(CHECKPOINT_INTERVAL)
+            try:
+                await self.checkpoint()
+            except OSError as exc:
+                log.warning("writing the high watermarks failed: %s", exc)
 
     async def _tick_loop(self) -> None:
         while True:
@@ -305,24 +347,24 @@ class ReplicaManager:
                 self.feed(led, rl.Tick(now=trio.current_time()))
 
     async def _apply(self, states: Mapping[PartitionKey, PartitionState]) -> None:
-        by_id = self._by_topic_id()
+        by_id = self.by_topic_id()
         if any(key.topic_id not in by_id for key in states):
             # a state may come before this broker's topic watch shows its topic
             self.logs.placement = await topic_reads(self.logs.store).since(trio.current_time())
-            by_id = self._by_topic_id()
+            by_id = self.by_topic_id()
         for key, state in states.items():
+            placement = by_id.get(key.topic_id)
+            if placement is None or placement.replication_factor <= 1:
+                continue  # a deleted topic's, or one nobody writes (factor 1)
             known = self.states.get(key)
             if known is None or state.version >= known.version:
                 self.states[key] = state
-            placement = by_id.get(key.topic_id)
-            if placement is None or placement.replication_factor <= 1:
-                continue
             led = self.led.get(key)
             if led is not None:
                 self.feed(led, rl.StateSeen(state=self.states[key]))
             await self._change_role(key, placement)
 
-    def _by_topic_id(self) -> dict[TopicId, TopicPlacement]:
+    def by_topic_id(self) -> dict[TopicId, TopicPlacement]:
         return {p.topic_id: p for p in self.logs.placement.values()}
 
     async def _change_role(self, key: PartitionKey, placement: TopicPlacement) -> None:
@@ -343,6 +385,7 @@ class ReplicaManager:
             if led is not None:
                 led.end()
                 del self.led[key]
+                self.follower_hw[key] = led.high_watermark
                 log.info("%s: no longer led here (epoch %d)", tp, led.epoch)
             if followed is not None:
                 self._unfollow(key, followed)

@@ -121,7 +121,7 @@ class FakeClusterStore:
 
 def placement(replicas: Sequence[int], configs: tuple[tuple[str, str], ...] = ()) -> TopicPlacement:
     return TopicPlacement.of(
-        topic=TOPIC, assignment=[list(replicas)], topic_id=TOPIC_ID, configs=configs
+        topic=TOPIC, assignment=(tuple(replicas),), topic_id=TOPIC_ID, configs=configs
     )
 
 

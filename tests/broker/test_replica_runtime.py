@@ -2,15 +2,23 @@
 on in-process brokers with real partition logs and a stand-in store (tests/broker/
 replica_cluster.py): a follower copies its leader, truncates where its log diverges, acks=all
 waits for the in-sync replicas and is refused with nothing written when they are too few,
-consumers read up to the high watermark, and a change of leader ends the waits."""
+consumers read up to the high watermark, a change of leader ends the waits, and REPLICA_FETCH
+is refused under another epoch and held while there is nothing new."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import trio
 
-from protocol import ErrorCode, ListOffsetsRequest
+from protocol import (
+    ErrorCode,
+    ListOffsetsRequest,
+    ReplicaFetchPartition,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+)
 from protocol.topic_configs import MIN_INSYNC_REPLICAS
 from tests.broker.replica_cluster import DEADLINE, KEY, TP, open_cluster, until
 
@@ -139,3 +147,66 @@ async def test_a_new_leader_ends_the_old_leaders_waits(tmp_path: Path) -> None:
         assert answers == [(ErrorCode.NOT_LEADER_OR_FOLLOWER, -1)]
         # broker 1 follows broker 2 now: it serves nothing
         assert (await cluster.nodes[1].fetch(0)).error_code is ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def _replica_fetch(
+    leader_epoch: int, fetch_offset: int = 0, *, topic_id: uuid.UUID = KEY.topic_id
+) -> ReplicaFetchRequest:
+    return ReplicaFetchRequest(
+        replica_id=2,
+        log_dir=uuid.uuid4(),
+        max_wait_ms=300,
+        max_bytes=1 << 20,
+        partitions=(
+            ReplicaFetchPartition(
+                topic_id=topic_id,
+                partition=0,
+                leader_epoch=leader_epoch,
+                fetch_offset=fetch_offset,
+                last_fetched_epoch=-1 if fetch_offset == 0 else 3,
+            ),
+        ),
+    )
+
+
+async def test_replica_fetch_checks_the_epoch_and_holds_an_idle_fetch(tmp_path: Path) -> None:
+    async with open_cluster(tmp_path, [1, 2]) as cluster:
+        cluster.store.elect(leader=1, epoch=3, isr=[1])
+        await cluster.start(1)
+        manager = cluster.nodes[1].manager
+        assert manager is not None
+
+        async def code(request: ReplicaFetchRequest) -> ErrorCode:
+            answer = await manager.replica_fetch(request)
+            assert isinstance(answer, ReplicaFetchResponse)
+            return answer.partitions[0].error_code
+
+        assert await code(_replica_fetch(2)) is ErrorCode.FENCED_LEADER_EPOCH
+        assert await code(_replica_fetch(4)) is ErrorCode.UNKNOWN_LEADER_EPOCH
+        other = _replica_fetch(3, topic_id=uuid.uuid4())
+        assert await code(other) is ErrorCode.UNKNOWN_TOPIC_ID
+        # nothing to send: held for max_wait_ms, then answered empty with the HW
+        began = trio.current_time()
+        idle = await manager.replica_fetch(_replica_fetch(3))
+        assert trio.current_time() - began >= 0.3
+        data = idle.partitions[0]
+        assert (data.error_code, data.batches, data.high_watermark) == (ErrorCode.NONE, b"", 0)
+        # a record produced while a fetch is held is in its answer
+        async with trio.open_nursery() as nursery:
+            answers: list[ReplicaFetchResponse] = []
+
+            async def fetch() -> None:
+                answers.append(await manager.replica_fetch(_replica_fetch(3)))
+
+            nursery.start_soon(fetch)
+            await trio.sleep(0.05)
+            assert await cluster.nodes[1].produce(b"z", acks=1) == (ErrorCode.NONE, 0)
+        data = answers[0].partitions[0]
+        assert data.batches
+        assert [(e.epoch, e.start_offset) for e in data.epoch_starts] == [(3, 0)]
+        # the follower's own broker has no leader of the partition: it refuses
+        await cluster.start(2)
+        follower = cluster.nodes[2].manager
+        assert follower is not None
+        answer = await follower.replica_fetch(_replica_fetch(3))
+        assert answer.partitions[0].error_code is ErrorCode.NOT_LEADER_OR_FOLLOWER
