@@ -55,6 +55,8 @@ REPLICA_LAG = 10.0
 TICK_INTERVAL = 1.0
 #: How often the high watermarks are written down (and at a clean stop).
 CHECKPOINT_INTERVAL = 5.0
+#: How long the state watch waits before it starts over after the store failed it.
+STORE_RETRY = 1.0
 #: The least time between two reads of the brokers' registered log directories.
 DIRS_REREAD = 1.0
 
@@ -237,7 +239,7 @@ class ReplicaManager:
                     self._spawn(self._read_state, led)
                 case rl.Resigned(state=state):
                     led.end()
-                    self._spawn(self._apply, {led.key: state})
+                    self._spawn(self._reapply, {led.key: state})
         if (led.machine.leo, led.machine.hw) != before:
             self.poke()
         return effects
@@ -306,12 +308,18 @@ class ReplicaManager:
                 nursery.start_soon(self._tick_loop)
                 nursery.start_soon(self._checkpoint_loop)
                 started = False
-                async with aclosing(self.store.partition_state_updates()) as updates:
-                    async for states in updates:
-                        await self._apply(states)
-                        if not started:
-                            started = True
-                            task_status.started()
+                while True:
+                    try:
+                        async with aclosing(self.store.partition_state_updates()) as updates:
+                            async for states in updates:
+                                await self._apply(states)
+                                if not started:
+                                    started = True
+                                    task_status.started()
+                    except StoreError as exc:
+                        # the watch starts over with every state: nothing is missed
+                        log.warning("partition states: %s; again in %g s", exc, STORE_RETRY)
+                        await trio.sleep(STORE_RETRY)
         finally:
             with trio.CancelScope(shield=True):
                 await self.checkpoint()
@@ -363,6 +371,12 @@ class ReplicaManager:
             if led is not None:
                 self.feed(led, rl.StateSeen(state=self.states[key]))
             await self._change_role(key, placement)
+
+    async def _reapply(self, states: Mapping[PartitionKey, PartitionState]) -> None:
+        try:
+            await self._apply(states)
+        except StoreError as exc:  # no role here until the state changes again
+            log.warning("partition states: %s", exc)
 
     def by_topic_id(self) -> dict[TopicId, TopicPlacement]:
         return {p.topic_id: p for p in self.logs.placement.values()}
