@@ -267,18 +267,25 @@ class DataPlaneLog(abc.ABC):
         return partial(response, leader_id=leader, leader_epoch=epoch)
 
     def _replica_role(
-        self, topic: str, partition: int, api: str, api_version: int
+        self,
+        topic: str,
+        partition: int,
+        api: str,
+        api_version: int,
+        current_leader_epoch: int = -1,
     ) -> tuple[ReplicaLeading | None, ErrorCode, tuple[int, int] | None]:
         """For a partition of a factor above 1: (its leader here, NONE) or (None, the code a
-        broker that does not lead it answers), with the leader hint; (None, NONE, None) for a
-        partition of factor 1, served as it always was."""
+        broker that does not lead it answers), with the leader hint; for one of factor 1, (None,
+        NONE, None), served as it always was. The code is the epoch check's
+        (:func:`epoch_error`) where this broker leads."""
         tp = TopicPartition(topic=topic, partition=partition)
         if self.replication is None or not self.replication.replicated(tp):
-            return None, ErrorCode.NONE, None
+            return None, epoch_error(current_leader_epoch), None
         hint = self.replication.leader_hint(tp)
         leading = self.replication.leading(tp)
         if leading is not None:
-            return leading, ErrorCode.NONE, (self.leader_id, leading.epoch)
+            fenced = epoch_error(current_leader_epoch, leading.epoch)
+            return leading, fenced, (self.leader_id, leading.epoch)
         if api_version < _LEADER_CODES_SINCE[api]:
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, hint
         if hint[0] < 0:
@@ -388,14 +395,10 @@ class DataPlaneLog(abc.ABC):
                 log_start_offset=-1,
                 records=(),
             )
-        leading, refused, hint = self._replica_role(
-            message.topic, message.partition, "fetch", api_version
+        leading, fenced, hint = self._replica_role(
+            message.topic, message.partition, "fetch", api_version, message.current_leader_epoch
         )
         answered = self._answering(FetchResponse, hint)
-        fenced = refused
-        if fenced is ErrorCode.NONE:
-            epoch = SOLE_REPLICA_EPOCH if leading is None else leading.epoch
-            fenced = epoch_error(message.current_leader_epoch, epoch)
         if fenced is not ErrorCode.NONE:
             return answered(error_code=fenced, high_watermark=-1, log_start_offset=-1, records=())
         high_watermark = partition.high_watermark if leading is None else leading.high_watermark
@@ -477,14 +480,14 @@ class DataPlaneLog(abc.ABC):
                 log_start_offset=-1,
                 high_watermark=-1,
             )
-        leading, refused, hint = self._replica_role(
-            message.topic, message.partition, "list_offsets", api_version
+        leading, fenced, hint = self._replica_role(
+            message.topic,
+            message.partition,
+            "list_offsets",
+            api_version,
+            message.current_leader_epoch,
         )
         answered = self._answering(ListOffsetsResponse, hint)
-        fenced = refused
-        if fenced is ErrorCode.NONE:
-            epoch = SOLE_REPLICA_EPOCH if leading is None else leading.epoch
-            fenced = epoch_error(message.current_leader_epoch, epoch)
         if fenced is not ErrorCode.NONE:
             return answered(error_code=fenced, log_start_offset=-1, high_watermark=-1)
         found = (-1, -1)

@@ -151,8 +151,14 @@ class Node:
         )
         return answer.error_code, answer.base_offset
 
-    async def fetch(self, offset: int, api_version: int = 3) -> FetchResponse:
-        request = FetchRequest(topic=TOPIC, partition=0, offset=offset, max_bytes=1 << 20)
+    async def fetch(self, offset: int, api_version: int = 3, epoch: int = -1) -> FetchResponse:
+        request = FetchRequest(
+            topic=TOPIC,
+            partition=0,
+            offset=offset,
+            max_bytes=1 << 20,
+            current_leader_epoch=epoch,
+        )
         return await self.log.fetch(request, api_version)
 
     async def values(self) -> list[bytes]:

@@ -80,6 +80,7 @@ async def test_reads_stop_at_the_high_watermark_and_only_the_leader_serves(
         at_end = await leader.fetch(1)  # in (HW, LEO]: empty, not out of range
         assert (at_end.error_code, at_end.batches) == (ErrorCode.NONE, b"")
         assert (await leader.fetch(2)).error_code is ErrorCode.OFFSET_OUT_OF_RANGE
+        assert (await leader.fetch(0, epoch=1)).error_code is ErrorCode.UNKNOWN_LEADER_EPOCH
         listed = await leader.log.list_offsets(ListOffsetsRequest(topic="r", partition=0), 2)
         assert listed.high_watermark == 0
         assert leader.log.log_end_offset(TP) == 0  # what the coordinator checks commits by
