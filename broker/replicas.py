@@ -478,7 +478,14 @@ class ReplicaManager:
             self._fetchers.pop(followed.leader).cancel()
 
     def followed_at(self, leader: int) -> dict[PartitionKey, Following]:
-        return {k: f for k, f in self.following.items() if f.leader == leader}
+        """The partitions followed at ``leader`` whose logs are still open (a deleted topic's
+        state stays, its log does not)."""
+        open_logs = self.logs.partitions
+        return {
+            k: f
+            for k, f in self.following.items()
+            if f.leader == leader and open_logs.get(f.tp) is f.log
+        }
 
     async def _fetch_from(self, leader: int, scope: trio.CancelScope) -> None:
         with scope:
