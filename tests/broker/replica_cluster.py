@@ -2,8 +2,8 @@
 directory with a ``ReplicaManager``, sharing a stand-in store (:class:`FakeClusterStore`, an in
 memory implementation of the ``TopicStore`` reads and the ``ReplicationStore`` that the broker
 uses; the contract tests hold the real stores to the same behaviour). A follower reaches its
-leader's REPLICA_FETCH answering directly, without a socket; the controller is the test, which
-writes the states (:meth:`FakeClusterStore.elect`)."""
+leader over a channel on a memory stream, the wire's encoding and all; the controller is the
+test, which writes the states (:meth:`FakeClusterStore.elect`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import attrs
 import trio
+import trio.testing
 
 from broker.data_plane import BrokerLog, open_broker_log
 from broker.log import FsyncPolicy, LogConfig
@@ -25,12 +26,15 @@ from protocol import (
     FetchResponse,
     ProduceRequest,
     ReplicaFetchRequest,
-    ResponseMessage,
+    Request,
 )
 from protocol.batches import build_batch, records_from_batches
+from protocol.connection import Role
 from protocol.types import TopicId, TopicPartition
 from statemachine.partition_state import IsrEntry, PartitionKey, PartitionState, StateWrite
 from store import TopicPlacement
+from transport.channel import Channel
+from transport.connect import DEFAULT_MAX_FRAME_SIZE, open_channel
 
 TOPIC = "r"
 TOPIC_ID = TopicId(int=37)
@@ -209,22 +213,28 @@ class Cluster:
         node.manager = None
 
     @asynccontextmanager
-    async def _connect(self, broker_id: int) -> AsyncIterator[_Direct]:
+    async def _connect(self, broker_id: int) -> AsyncIterator[Channel]:
+        """A channel to ``broker_id`` over a memory stream, answered by its manager as
+        ``broker.dispatch`` hands it a REPLICA_FETCH; refused while it is stopped."""
         node = self.nodes.get(broker_id)
         if node is None or node.manager is None:
             raise ConnectionRefusedError(f"broker {broker_id} is not running")
-        yield _Direct(node=node)
+        client, server = trio.testing.memory_stream_pair()
+        served = Channel.open(server, Role.BROKER, max_frame_size=DEFAULT_MAX_FRAME_SIZE)
 
+        async def answer(request: Request) -> None:
+            manager = node.manager
+            assert isinstance(request.message, ReplicaFetchRequest)
+            if manager is None:  # stopped: the connection goes with it
+                await served.aclose()
+                return
+            await served.respond(request, await manager.replica_fetch(request.message))
 
-@attrs.define(eq=False)
-class _Direct:
-    node: Node
-
-    async def request(self, message: ReplicaFetchRequest) -> ResponseMessage:
-        manager = self.node.manager
-        if manager is None:
-            raise ConnectionResetError("the leader stopped")
-        return await manager.replica_fetch(message)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(served.run, answer)
+            async with open_channel(client, client_id=f"replica-of-{broker_id}") as channel:
+                yield channel
+            nursery.cancel_scope.cancel()
 
 
 @asynccontextmanager
