@@ -181,7 +181,7 @@ class Cluster:
     nodes: dict[int, Node]
     nursery: trio.Nursery
 
-    async def start(self, broker_id: int) -> None:
+    async def start(self, broker_id: int, replica_lag: float = 10.0) -> None:
         """Start (again) ``broker_id``'s replica manager, its log as it is."""
         node = self.nodes[broker_id]
         manager = ReplicaManager(
@@ -192,6 +192,7 @@ class Cluster:
             connect=self._connect,
             fetch_from=fetch_from,
             serve=answer_replica_fetch,
+            replica_lag=replica_lag,
         )
         node.log.replication = manager
         node.manager = manager

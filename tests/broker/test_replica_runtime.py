@@ -211,3 +211,22 @@ async def test_replica_fetch_checks_the_epoch_and_holds_an_idle_fetch(tmp_path: 
         assert follower is not None
         answer = await follower.replica_fetch(_replica_fetch(3))
         assert answer.partitions[0].error_code is ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+async def test_followers_that_fall_behind_leave_the_isr_and_fail_the_waits(
+    tmp_path: Path,
+) -> None:
+    async with open_cluster(tmp_path, [1, 2, 3], ((MIN_INSYNC_REPLICAS, "2"),)) as cluster:
+        cluster.store.elect(leader=1, epoch=0, isr=[1, 2, 3])
+        await cluster.start(1, replica_lag=0.5)
+        began = trio.current_time()
+        # brokers 2 and 3 never fetch: after the lag both leave, in one ISR write, and the
+        # record appended meanwhile is not acknowledged
+        answer = await cluster.nodes[1].produce(b"x", acks=-1, timeout_ms=30_000)
+        assert answer == (ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, -1)
+        assert trio.current_time() - began >= 0.5
+        assert cluster.store.isr() == [1]
+        assert cluster.nodes[1].end() == 1
+        # and from now on nothing more is written
+        assert await cluster.nodes[1].produce(b"y", acks=-1) == (ErrorCode.NOT_ENOUGH_REPLICAS, -1)
+        assert cluster.nodes[1].end() == 1
