@@ -132,11 +132,12 @@ class Led:
             if request not in self.codes:
                 with trio.move_on_after(timeout_ms / 1000):
                     await done.wait()
-                if request not in self.codes:
-                    self.manager.feed(self, rl.ProduceExpired(request=request))
         finally:
+            if request not in self.codes:  # timed out, or cancelled: the machine forgets it
+                self.manager.feed(self, rl.ProduceExpired(request=request))
             self.done.pop(request, None)
-        return self.codes.pop(request, ErrorCode.REQUEST_TIMED_OUT)
+            code = self.codes.pop(request, ErrorCode.REQUEST_TIMED_OUT)
+        return code
 
     def answer(self, request: int, code: ErrorCode) -> None:
         self.codes[request] = code
@@ -198,7 +199,8 @@ class ReplicaManager:
         placement = self.placement_of(tp)
         if placement is None:
             return None
-        return self.led.get(PartitionKey(topic_id=placement.topic_id, partition=tp.partition))
+        led = self.led.get(PartitionKey(topic_id=placement.topic_id, partition=tp.partition))
+        return led if led is not None and self.current(led) else None
 
     def leader_hint(self, tp: TopicPartition) -> tuple[int, int]:
         """(leader, leader epoch) of a replicated partition as the state view has them."""
