@@ -18,10 +18,13 @@ another incarnation of the name, are renamed aside (docs/design.md#deleting-a-to
 incarnation in force is served: a Fetch naming another topic id is refused with
 UNKNOWN_TOPIC_ID (docs/design.md#topic-ids).
 
-Level 12's versions (SPEC.md §11.13) are answered as a broker that serves no replication yet:
-every partition it holds has one replica, which leads it at epoch 0, so an acks=all Produce is
-an acks=1 one, a Fetch or ListOffsets naming epoch 0 (or none) is served, and a REPLICA_FETCH
-finds no partition led here for a follower.
+A partition of replication factor 1 has one replica, which leads it at epoch 0: an acks=all
+Produce is an acks=1 one, a Fetch or ListOffsets naming epoch 0 (or none) is served. A partition
+of a higher factor is served as its ``replication`` (broker/replicas.py) says: Produce, Fetch and
+ListOffsets by its leader only (NOT_LEADER_OR_FOLLOWER elsewhere, UNKNOWN_TOPIC_OR_PARTITION for
+the versions before level 12), reads up to its high watermark, acks=all answered once the
+in-sync replicas have the records; REPLICA_FETCH is answered there too. Without it (the
+simulation, a log that knows no broker), a REPLICA_FETCH finds no partition led here.
 """
 
 from __future__ import annotations
@@ -111,6 +114,8 @@ MAX_PRODUCE_TIMEOUT_MS = 300_000
 SOLE_REPLICA_EPOCH = 0
 #: A Produce's ``acks``: the leader's write (1), or every in-sync replica's (-1).
 _ACKS = frozenset({1, -1})
+#: The first versions that may be answered the codes of a partition led elsewhere (level 12).
+_LEADER_CODES_SINCE = {"produce": 3, "fetch": 3, "list_offsets": 2}
 
 
 def _now_ms() -> int:
@@ -164,6 +169,44 @@ class StoredPartition(Protocol):
         ...
 
 
+class ReplicaLeading(Protocol):
+    """A replicated partition led here, for one leader epoch (``broker.replicas.Led``)."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    async def read(self, offset: int, max_bytes: int) -> bytes:
+        """A consumer's read: batches below the high watermark; an offset from it to the log
+        end gets an empty answer."""
+        ...
+
+    def ask(self, acks_all: bool) -> tuple[int, ErrorCode]:
+        """A produce's ticket and whether it may append (NONE) or not (NOT_ENOUGH_REPLICAS)."""
+        ...
+
+    async def appended(self, request: int, acks_all: bool, timeout_ms: int) -> ErrorCode:
+        """The answer once the ticket's records are appended."""
+        ...
+
+
+class Replication(Protocol):
+    """The roles of this broker's replicas of partitions of a factor above 1
+    (``broker.replicas.ReplicaManager``)."""
+
+    def replicated(self, tp: TopicPartition) -> bool: ...
+
+    def leading(self, tp: TopicPartition) -> ReplicaLeading | None: ...
+
+    def leader_hint(self, tp: TopicPartition) -> tuple[int, int]:
+        """(leader, leader epoch) as this broker knows them; (-1, -1): none."""
+        ...
+
+    async def replica_fetch(self, message: ReplicaFetchRequest) -> ReplicaFetchResponse: ...
+
+
 _T = TypeVar("_T")
 _R = TypeVar("_R", ProduceResponse, FetchResponse, ListOffsetsResponse)
 
@@ -181,6 +224,8 @@ class DataPlaneLog(abc.ABC):
     decompressed: ReadBudget = attrs.field(
         factory=lambda: ReadBudget(limit=DECOMPRESSION_BUDGET), kw_only=True
     )
+    #: Who leads the partitions of a replication factor above 1; None: none is served here.
+    replication: Replication | None = attrs.field(default=None, kw_only=True)
 
     @abc.abstractmethod
     async def partition(
@@ -210,16 +255,48 @@ class DataPlaneLog(abc.ABC):
         broker id."""
         return -1
 
-    def _answering(self, response: Callable[..., _R]) -> Callable[..., _R]:
-        """``response`` with the leader hint filled in: the leader and its epoch, or -1 and -1
-        where this log knows no broker id."""
+    def _answering(
+        self, response: Callable[..., _R], hint: tuple[int, int] | None = None
+    ) -> Callable[..., _R]:
+        """``response`` with the leader hint filled in: the leader and its epoch (``hint`` for a
+        replicated partition), or -1 and -1 where this log knows no broker id."""
+        if hint is not None:
+            return partial(response, leader_id=hint[0], leader_epoch=hint[1])
         leader = self.leader_id
         epoch = SOLE_REPLICA_EPOCH if leader >= 0 else -1
         return partial(response, leader_id=leader, leader_epoch=epoch)
 
+    def _replica_role(
+        self,
+        topic: str,
+        partition: int,
+        api: str,
+        api_version: int,
+        current_leader_epoch: int = -1,
+    ) -> tuple[ReplicaLeading | None, ErrorCode, tuple[int, int] | None]:
+        """For a partition of a factor above 1: (its leader here, NONE) or (None, the code a
+        broker that does not lead it answers), with the leader hint; for one of factor 1, (None,
+        NONE, None), served as it always was. The code is the epoch check's
+        (:func:`epoch_error`) where this broker leads."""
+        tp = TopicPartition(topic=topic, partition=partition)
+        if self.replication is None or not self.replication.replicated(tp):
+            return None, epoch_error(current_leader_epoch), None
+        hint = self.replication.leader_hint(tp)
+        leading = self.replication.leading(tp)
+        if leading is not None:
+            fenced = epoch_error(current_leader_epoch, leading.epoch)
+            return leading, fenced, (self.leader_id, leading.epoch)
+        if api_version < _LEADER_CODES_SINCE[api]:
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, hint
+        if hint[0] < 0:
+            return None, ErrorCode.LEADER_NOT_AVAILABLE, hint
+        return None, ErrorCode.NOT_LEADER_OR_FOLLOWER, hint
+
     async def __call__(self, request: Request) -> ResponseMessage | None:
         message = request.message
         if isinstance(message, ReplicaFetchRequest):
+            if self.replication is not None:
+                return await self.replication.replica_fetch(message)
             return await self.replica_fetch(message)
         if not isinstance(message, ProduceRequest | FetchRequest | ListOffsetsRequest):
             return error_response(message, ErrorCode.INVALID_REQUEST)
@@ -228,12 +305,12 @@ class DataPlaneLog(abc.ABC):
             return error_response(message, error)
         match message:
             case ProduceRequest():
-                return await self.produce(message)
+                return await self.produce(message, request.api_version)
             case FetchRequest():
                 return await self.fetch(message, request.api_version)
-        return await self.list_offsets(message)
+        return await self.list_offsets(message, request.api_version)
 
-    async def produce(self, message: ProduceRequest) -> ProduceResponse:
+    async def produce(self, message: ProduceRequest, api_version: int = 3) -> ProduceResponse:
         """Appended to the incarnation in force; one naming a topic id, only if it is that one
         (whose log replaces an older one's first, if this broker's view of the topics is
         behind): an acknowledged record is never in a deleted incarnation's log. Its one
@@ -247,7 +324,12 @@ class DataPlaneLog(abc.ABC):
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_ID, base_offset=-1)
         if partition is None:
             return ProduceResponse(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
-        answered = self._answering(ProduceResponse)
+        leading, refused, hint = self._replica_role(
+            message.topic, message.partition, "produce", api_version
+        )
+        answered = self._answering(ProduceResponse, hint)
+        if refused is not ErrorCode.NONE:
+            return answered(error_code=refused, base_offset=-1)
         if message.records and message.batches:
             return answered(error_code=ErrorCode.INVALID_REQUEST, base_offset=-1)
         payload = message.batches
@@ -265,6 +347,12 @@ class DataPlaneLog(abc.ABC):
         # Every record is checked as a consumer will decode it, by the append before it writes
         # (in the worker that writes, for files): what is acknowledged can be read
         # (docs/design.md#the-partition-log).
+        acks_all = message.acks == -1
+        request = -1
+        if leading is not None:
+            request, refused = leading.ask(acks_all)
+            if refused is not ErrorCode.NONE:  # nothing written
+                return answered(error_code=refused, base_offset=-1)
         claim = section_bound(payload, spans)
         await self.decompressed.claim(0, claim)
         try:
@@ -283,6 +371,10 @@ class DataPlaneLog(abc.ABC):
         if self.observer is not None:
             count = sum(span.record_count for span in spans)
             self.observer.produced(message.topic, count, len(payload))
+        if leading is not None:
+            code = await leading.appended(request, acks_all, message.timeout_ms)
+            if code is not ErrorCode.NONE:
+                return answered(error_code=code, base_offset=-1)
         return answered(error_code=ErrorCode.NONE, base_offset=base)
 
     async def fetch(self, message: FetchRequest, api_version: int = 1) -> FetchResponse:
@@ -303,16 +395,22 @@ class DataPlaneLog(abc.ABC):
                 log_start_offset=-1,
                 records=(),
             )
-        answered = self._answering(FetchResponse)
-        fenced = epoch_error(message.current_leader_epoch)
+        leading, fenced, hint = self._replica_role(
+            message.topic, message.partition, "fetch", api_version, message.current_leader_epoch
+        )
+        answered = self._answering(FetchResponse, hint)
         if fenced is not ErrorCode.NONE:
             return answered(error_code=fenced, high_watermark=-1, log_start_offset=-1, records=())
+        high_watermark = partition.high_watermark if leading is None else leading.high_watermark
         data = b""
         # At least one whole batch is answered whatever max_bytes says (zero or negative
         # included), so a consumer always moves on; at most MAX_FETCH_BYTES beyond it.
         max_bytes = max(1, min(message.max_bytes, MAX_FETCH_BYTES))
         try:
-            data = await partition.read(message.offset, max_bytes)
+            if leading is None:
+                data = await partition.read(message.offset, max_bytes)
+            else:
+                data = await leading.read(message.offset, max_bytes)
             error = ErrorCode.NONE
         except OffsetOutOfRange:
             error = ErrorCode.OFFSET_OUT_OF_RANGE
@@ -333,13 +431,13 @@ class DataPlaneLog(abc.ABC):
                 records, error = (), ErrorCode.CORRUPT_MESSAGE
             return FetchResponse(
                 error_code=error,
-                high_watermark=partition.high_watermark,
+                high_watermark=high_watermark,
                 log_start_offset=partition.log_start_offset,
                 records=records,
             )
         return answered(
             error_code=error,
-            high_watermark=partition.high_watermark,
+            high_watermark=high_watermark,
             log_start_offset=partition.log_start_offset,
             records=(),
             batches=data,
@@ -369,7 +467,9 @@ class DataPlaneLog(abc.ABC):
         finally:
             self.decompressed.release(claim)
 
-    async def list_offsets(self, message: ListOffsetsRequest) -> ListOffsetsResponse:
+    async def list_offsets(
+        self, message: ListOffsetsRequest, api_version: int = 2
+    ) -> ListOffsetsResponse:
         """The log's bounds; from version 1, with a ``timestamp_ms`` of 0 or more, also the
         earliest offset whose record is that late (SPEC.md §8, 2): the log finds the one batch
         that holds it by the batches' newest timestamps, and only that batch is decoded here."""
@@ -380,8 +480,14 @@ class DataPlaneLog(abc.ABC):
                 log_start_offset=-1,
                 high_watermark=-1,
             )
-        answered = self._answering(ListOffsetsResponse)
-        fenced = epoch_error(message.current_leader_epoch)
+        leading, fenced, hint = self._replica_role(
+            message.topic,
+            message.partition,
+            "list_offsets",
+            api_version,
+            message.current_leader_epoch,
+        )
+        answered = self._answering(ListOffsetsResponse, hint)
         if fenced is not ErrorCode.NONE:
             return answered(error_code=fenced, log_start_offset=-1, high_watermark=-1)
         found = (-1, -1)
@@ -395,7 +501,7 @@ class DataPlaneLog(abc.ABC):
         return answered(
             error_code=error,
             log_start_offset=partition.log_start_offset,
-            high_watermark=partition.high_watermark,
+            high_watermark=partition.high_watermark if leading is None else leading.high_watermark,
             offset=found[0],
             timestamp_ms=found[1],
         )
@@ -439,13 +545,13 @@ class DataPlaneLog(abc.ABC):
         )
 
 
-def epoch_error(current_leader_epoch: int) -> ErrorCode:
-    """What a Fetch or ListOffsets naming ``current_leader_epoch`` is refused with by the sole
-    replica, which leads at :data:`SOLE_REPLICA_EPOCH` (KIP-320): a newer epoch than the
-    leader's is one it has not learned, an older one a stale view; -1 asks no check."""
-    if current_leader_epoch in (-1, SOLE_REPLICA_EPOCH):
+def epoch_error(current_leader_epoch: int, epoch: int = SOLE_REPLICA_EPOCH) -> ErrorCode:
+    """What a Fetch or ListOffsets naming ``current_leader_epoch`` is refused with by a leader
+    of ``epoch`` (the sole replica's: :data:`SOLE_REPLICA_EPOCH`; KIP-320): a newer epoch than
+    the leader's is one it has not learned, an older one a stale view; -1 asks no check."""
+    if current_leader_epoch in (-1, epoch):
         return ErrorCode.NONE
-    if current_leader_epoch > SOLE_REPLICA_EPOCH:
+    if current_leader_epoch > epoch:
         return ErrorCode.UNKNOWN_LEADER_EPOCH
     return ErrorCode.FENCED_LEADER_EPOCH
 
@@ -496,6 +602,10 @@ class BrokerLog(DataPlaneLog):
         a partition placed here; None for one placed elsewhere or unknown. A partition placed
         here but not open yet was placed after this broker started (it opens every other one
         before serving), so nothing was written to it."""
+        if self.replication is not None and self.replication.replicated(tp):
+            # a follower's high watermark lags its leader's: only the leader's is checked against
+            leading = self.replication.leading(tp)
+            return None if leading is None else leading.high_watermark
         found = self.partitions.get(tp)
         if found is not None and _in_force(self.placement, tp, found.topic_id):
             return found.high_watermark
@@ -523,11 +633,11 @@ class BrokerLog(DataPlaneLog):
 
     def _placed_here(self, tp: TopicPartition) -> bool:
         placement = self.placement.get(tp.topic)
-        return (
-            placement is not None
-            and 0 <= tp.partition < placement.partition_count
-            and placement.brokers[tp.partition] == self.broker_id
-        )
+        if placement is None or not 0 <= tp.partition < placement.partition_count:
+            return False
+        if placement.replication_factor == 1:
+            return placement.brokers[tp.partition] == self.broker_id
+        return self.broker_id in placement.replicas[tp.partition]
 
     async def _open(self, tp: TopicPartition) -> PartitionLog | None:
         """The partition's open log, opened (for the incarnation the topics as last seen give
@@ -569,9 +679,9 @@ class BrokerLog(DataPlaneLog):
             await self._retire_stale(stale)
         async with trio.open_nursery() as nursery:
             for topic, where in sorted(self.placement.items()):
-                for p, broker in enumerate(where.brokers):
+                for p, replicas in enumerate(where.replicas):
                     tp = TopicPartition(topic=topic, partition=p)
-                    if broker == self.broker_id and tp not in self.partitions:
+                    if self.broker_id in replicas and tp not in self.partitions:
                         nursery.start_soon(self._open, tp)
 
     async def _retire_stale(self, candidates: Collection[TopicPartition]) -> None:

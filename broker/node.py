@@ -24,7 +24,7 @@ from broker.data_plane import BrokerLog, log_directory, open_broker_log
 from broker.dispatch import handle_connection
 from broker.door import Door
 from broker.election import open_elector
-from broker.log import CorruptSegment, LogConfig, OffsetOutOfRange, check_log_format
+from broker.log import CorruptSegment, LogConfig, OffsetOutOfRange, check_log_format, log_dir_id
 from broker.metrics import (
     BrokerMetrics,
     LogSize,
@@ -36,6 +36,9 @@ from broker.metrics import (
     take_snapshot,
 )
 from broker.offices import BySlot, whole_office
+from broker.replica_fetcher import fetch_from
+from broker.replica_serve import answer_replica_fetch
+from broker.replicas import ReplicaManager, Requester
 from broker.status import serve_status
 from broker.viewer import RecordViewer
 from coordinator.config import CoordinatorConfig
@@ -49,6 +52,7 @@ from protocol.types import BrokerInfo, TopicPartition
 from store import EmbeddedStore, MetadataStore, SecurityStore, TopicStore, open_embedded_store
 from store.zookeeper import DigestAuth, ZooKeeperStore, open_zookeeper_store
 from transport.channel import ReadBounds
+from transport.connect import CONNECT_DEADLINE, open_channel
 from transport.limits import ConnectionLimits, FileBudget
 from transport.listener import ConnectionGate, SecuredListener, serve_listeners
 from transport.security import Endpoint, ListenerSecurity, Peer, SecurityProtocol, ServerTls
@@ -129,6 +133,8 @@ async def run_node(
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     # A log this broker cannot read refuses the start before anything listens or says so.
     await trio.to_thread.run_sync(check_log_format, log_directory(settings.data_dir))
+    # Its identity: the replicas in it are in sync only while it is the one registered.
+    log_dir = await trio.to_thread.run_sync(log_dir_id, log_directory(settings.data_dir))
     tls = None if settings.tls is None else settings.tls.context()
     async with _open_store(settings) as store:
         listeners: list[SecuredListener] = []
@@ -154,7 +160,7 @@ async def run_node(
         broker = BrokerInfo(
             broker_id=settings.broker_id, host=advertised[first][0], port=advertised[first][1]
         )
-        await store.register_broker(broker, advertised)
+        await store.register_broker(broker, advertised, log_dir=log_dir)
         metrics = None if settings.metrics.port is None else BrokerMetrics(config=settings.metrics)
         budget = _file_budget(settings.connections)
 
@@ -186,6 +192,17 @@ async def run_node(
             ) as (serve_connection, current),
             trio.open_nursery() as nursery,
         ):
+            replicas = ReplicaManager(
+                broker_id=broker.broker_id,
+                log_dir=log_dir,
+                store=store,
+                logs=data_plane,
+                connect=partial(_replica_channel, store),
+                fetch_from=fetch_from,
+                serve=answer_replica_fetch,
+            )
+            data_plane.replication = replicas
+            await nursery.start(replicas.run)
             bounds = ReadBounds.of(settings.connections)
             door = (
                 None
@@ -238,6 +255,23 @@ async def run_node(
             await nursery.start(serve_listeners, handler, listeners, gate)
             log.info("broker %d serving, data in %s", broker.broker_id, settings.data_dir)
             task_status.started(listeners[0].listener.socket.getsockname()[1])
+
+
+@asynccontextmanager
+async def _replica_channel(store: TopicStore, broker_id: int) -> AsyncIterator[Requester]:
+    """A follower's channel to its leader's first listener (DESIGN37 §2.4), plain TCP: a leader
+    whose first listener asks for TLS or SASL refuses it (not built yet)."""
+    found = {b.broker_id: b for b in await store.brokers()}
+    stream: trio.abc.Stream | None = None
+    leader = found.get(broker_id)
+    if leader is None:
+        raise ConnectionError(f"broker {broker_id} is not registered")
+    with trio.move_on_after(CONNECT_DEADLINE):
+        stream = await trio.open_tcp_stream(leader.host, leader.port)
+    if stream is None:
+        raise ConnectionError(f"broker {broker_id}: no answer in {CONNECT_DEADLINE:g} s")
+    async with open_channel(stream, client_id=f"replica-{broker_id}") as channel:
+        yield channel
 
 
 def _file_budget(limits: ConnectionLimits) -> FileBudget:

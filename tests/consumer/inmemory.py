@@ -143,8 +143,10 @@ class TickingLog(MemoryLog):
         """The virtual millisecond at which the record at ``offset`` comes due."""
         return round((self.start + (offset + 1) / self.rate) * 1000)
 
-    async def list_offsets(self, message: ListOffsetsRequest) -> ListOffsetsResponse:
-        answer = await super().list_offsets(message)
+    async def list_offsets(
+        self, message: ListOffsetsRequest, api_version: int = 2
+    ) -> ListOffsetsResponse:
+        answer = await super().list_offsets(message, api_version)
         self.listed.append(answer.high_watermark)
         return answer
 

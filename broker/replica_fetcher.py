@@ -1,0 +1,163 @@
+"""A follower's fetcher (DESIGN37 §2.4): one task per leader broker, sending it one REPLICA_FETCH
+per round for every partition this broker follows there, and doing what
+``statemachine.replica_follower.next_step`` says with each partition's answer: write the epochs
+the records span, then append them; cut the log back where it diverges from the leader's; wait
+for the state view to name another leader; back off.
+
+Each partition's answer is applied under the partition's lock (``ReplicaManager.lock``), and only
+if the partition is still followed there under the epoch the fetch named: a role change that
+came while the request was out makes its answer moot.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import trio
+
+from broker.log import EpochRefused, LogFailed, NotContiguous, OffsetOutOfRange
+from broker.replicas import Following, ReplicaManager, Requester
+from protocol import (
+    ErrorCode,
+    RemoteProtocolError,
+    ReplicaFetchData,
+    ReplicaFetchPartition,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+)
+from protocol.replica_messages import MAX_REPLICA_WAIT_MS
+from statemachine import replica_follower as rf
+from statemachine.partition_state import EpochStart, PartitionKey
+from store import StoreError
+from transport.refusals import ChannelClosed
+
+log = logging.getLogger(__name__)
+
+#: How long a partition whose answer was an error waits before it is fetched again, and how
+#: long a fetcher waits after its connection to the leader failed.
+BACKOFF = 0.5
+#: Bytes one REPLICA_FETCH asks for, every partition together.
+MAX_BYTES = 1024 * 1024
+
+
+async def fetch_from(manager: ReplicaManager, leader: int) -> None:
+    """Fetch the partitions ``manager`` follows at ``leader`` until cancelled."""
+    await ReplicaFetcher(manager=manager, leader=leader).run()
+
+
+@attrs.define(eq=False)
+class ReplicaFetcher:
+    """The fetcher of the partitions followed at ``leader``; owned by the manager's nursery,
+    cancelled by it once it follows nothing there."""
+
+    manager: ReplicaManager
+    leader: int
+    max_wait_ms: int = MAX_REPLICA_WAIT_MS
+    #: Partitions left out of the requests until then (trio clock): their last answer said wait.
+    paused: dict[PartitionKey, float] = attrs.field(factory=dict)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                async with self.manager.connect(self.leader) as channel:
+                    while True:
+                        await self._round(channel)
+            except (OSError, RemoteProtocolError, ChannelClosed, StoreError) as exc:
+                log.warning("fetching from broker %d: %s; again in %g s", self.leader, exc, BACKOFF)
+                await trio.sleep(BACKOFF)
+
+    async def _round(self, channel: Requester) -> None:
+        now = trio.current_time()
+        followed = {
+            key: f
+            for key, f in self.manager.followed_at(self.leader).items()
+            if self.paused.get(key, now) <= now
+        }
+        if not followed:
+            await trio.sleep(max(min(self.paused.values(), default=now + BACKOFF) - now, 0.01))
+            return
+        wanted = []
+        for key, f in followed.items():
+            cache = (await f.log.leader_epochs()).entries
+            position = rf.fetch_position(cache, f.log.log_end_offset)
+            wanted.append(
+                ReplicaFetchPartition(
+                    topic_id=key.topic_id,
+                    partition=key.partition,
+                    leader_epoch=f.epoch,
+                    fetch_offset=position.fetch_offset,
+                    last_fetched_epoch=position.last_fetched_epoch,
+                )
+            )
+        request = ReplicaFetchRequest(
+            replica_id=self.manager.broker_id,
+            log_dir=self.manager.log_dir,
+            max_wait_ms=self.max_wait_ms,
+            max_bytes=MAX_BYTES,
+            partitions=tuple(wanted),
+        )
+        response = await channel.request(request)
+        if not isinstance(response, ReplicaFetchResponse) or response.error_code != ErrorCode.NONE:
+            code = getattr(response, "error_code", None)
+            log.warning("broker %d refused a replica fetch: %s", self.leader, code)
+            await trio.sleep(BACKOFF)
+            return
+        for data in response.partitions:
+            key = PartitionKey(topic_id=data.topic_id, partition=data.partition)
+            asked = followed.get(key)
+            if asked is not None:
+                await self._apply(key, asked, data)
+
+    async def _apply(self, key: PartitionKey, asked: Following, data: ReplicaFetchData) -> None:
+        async with self.manager.lock(key):
+            if self.manager.following.get(key) is not asked:
+                return  # the role changed while the request was out
+            partition_log = asked.log
+            cache = (await partition_log.leader_epochs()).entries
+            answer = rf.LeaderAnswer(
+                error_code=data.error_code,
+                high_watermark=data.high_watermark,
+                log_start_offset=data.log_start_offset,
+                diverging_epoch=data.diverging_epoch,
+                diverging_end_offset=data.diverging_end_offset,
+                epoch_starts=tuple(
+                    EpochStart(epoch=e.epoch, start_offset=e.start_offset)
+                    for e in data.epoch_starts
+                ),
+            )
+            step = rf.next_step(cache, partition_log.log_end_offset, answer)
+            try:
+                match step:
+                    case rf.Append():
+                        for entry in step.cache:
+                            if entry not in cache:
+                                await partition_log.assign_epoch(entry.epoch, entry.start_offset)
+                        end = await partition_log.append_replicated(data.batches)
+                        self.manager.follower_hw[key] = rf.learned_high_watermark(
+                            step.leader_high_watermark, end
+                        )
+                    case rf.Truncate():
+                        end = await partition_log.truncate_to(step.offset)
+                        log.info(
+                            "%s: truncated to %d to match broker %d", asked.tp, end, self.leader
+                        )
+                    case rf.StartOver():
+                        # emptying a log to start it later is not built yet: wait for an operator
+                        log.error(
+                            "%s: broker %d's log starts at %d, past this one's end",
+                            asked.tp,
+                            self.leader,
+                            step.offset,
+                        )
+                        self.paused[key] = trio.current_time() + BACKOFF
+                    case rf.RefreshLeader() | rf.BackOff():
+                        self.paused[key] = trio.current_time() + BACKOFF
+            except (NotContiguous, EpochRefused, OffsetOutOfRange, RemoteProtocolError) as exc:
+                log.warning(
+                    "%s: the answer of broker %d does not fit: %s", asked.tp, self.leader, exc
+                )
+                self.paused[key] = trio.current_time() + BACKOFF
+            except LogFailed as exc:
+                log.error("%s: %s", asked.tp, exc)
+                self.paused[key] = trio.current_time() + BACKOFF
