@@ -714,7 +714,7 @@ class ConsumerMachine:
     def _backoff(self) -> float:
         if self.failures == 0:
             return 0.0
-        delay = self.config.retry_backoff * 2 ** (self.failures - 1)
+        delay = self.config.retry_backoff * 2 ** min(self.failures - 1, 32)
         return float(min(delay, self.config.max_retry_backoff))
 
 
