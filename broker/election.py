@@ -37,6 +37,7 @@ import trio_util
 
 from broker import dispatch
 from broker.controller import ControlInputs, control_slot
+from broker.leader_offsets import Connect, LeaderHighWatermarks
 from broker.offices import BySlot, ClusterView
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
@@ -97,6 +98,8 @@ class Elector:
     #: What the controllers of the slots held here decide from; None: replication is not served,
     #: and no slot runs a controller.
     control: ControlInputs | None = None
+    #: The check of commits against the leaders' high watermarks (with ``control`` only).
+    high_watermarks: LeaderHighWatermarks | None = None
     by_slot: trio_util.AsyncValue[BySlot] = attrs.Factory(
         lambda: trio_util.AsyncValue(types.MappingProxyType({}))
     )
@@ -216,6 +219,7 @@ class Elector:
                     self.broker,
                     log_end=self.log_end,
                     observer=self.observer,
+                    high_watermarks=self.high_watermarks,
                 ) as coordinator:
                     standing.coordinator = coordinator
                     self._publish(slot, coordinator)
@@ -278,11 +282,14 @@ async def open_elector(
     observer: CoordinatorObserver = NULL_OBSERVER,
     timed: Callable[[MetadataStore], MetadataStore] = lambda store: store,
     control: bool | None = None,
+    connect: Connect = trio.open_tcp_stream,
 ) -> AsyncIterator[Elector]:
     """Take this broker's share of the coordinator slots for the duration of the block, and
     hand them off at its end. ``control``: whether the slots held run the controllers of the
     replicated partitions (None: whether the broker serves replication,
-    ``broker.dispatch.REPLICATION_SERVED``)."""
+    ``broker.dispatch.REPLICATION_SERVED``); their coordinators then check commits of
+    partitions led elsewhere with their leaders, reached through ``connect``.
+    """
     if control is None:
         control = dispatch.REPLICATION_SERVED
     elector = Elector(
@@ -298,6 +305,14 @@ async def open_elector(
     async with trio.open_nursery() as nursery:
         await nursery.start(elector._watch_topics)
         if elector.control is not None:
+            elector.high_watermarks = LeaderHighWatermarks(
+                me=broker.broker_id,
+                control=elector.control,
+                topics=lambda: elector.topics,
+                brokers=lambda: elector.brokers.get("", ()),
+                nursery=nursery,
+                connect=connect,
+            )
             nursery.start_soon(elector._watch_states, elector.control)
         nursery.start_soon(elector._plan, nursery)
         try:

@@ -22,7 +22,7 @@ from broker.controller import ControlInputs, control_slot
 from broker.election import Elector, open_elector
 from coordinator.config import CoordinatorConfig
 from coordinator.limits import RequestLimits
-from protocol import CreateTopicRequest, ErrorCode
+from protocol import ClusterMetadataRequest, CreateTopicRequest, ErrorCode
 from protocol.types import BrokerInfo
 from statemachine.partition_state import NO_LEADER, IsrEntry, PartitionKey, PartitionState
 from store import Deposed, TopicPlacement
@@ -59,7 +59,8 @@ class Brokers:
             finally:
                 done.set()
 
-        scope, elector = await self.nursery.start(run)
+        started: tuple[trio.CancelScope, Elector] = await self.nursery.start(run)
+        scope, elector = started
         self.running[broker_id] = (scope, done, elector)
         return elector
 
@@ -112,10 +113,14 @@ async def test_a_replicated_topic_gets_first_states_and_survives_its_leaders_dea
     dirs = {b: uuid.uuid4() for b in (1, 2, 3)}
     async with brokers(zookeeper_hosts) as cluster:
         electors = [await cluster.start(b, dirs[b]) for b in (1, 2, 3)]
-        for b in (1, 2, 3):
-            await seen(cluster.control(b), lambda b=b: len(cluster.control(b).live) == 3)
+        for control in [cluster.control(b) for b in (1, 2, 3)]:
+            await seen(control, lambda control=control: len(control.live) == 3)  # type: ignore[misc]
         request = CreateTopicRequest(topic="orders", partitions=6, replication_factor=3)
         first = electors[0]
+        # Its coordinators check commits against the leaders' high watermarks.
+        coordinators = list(first.by_slot.value.values())
+        assert coordinators
+        assert {id(c.context.high_watermarks) for c in coordinators} == {id(first.high_watermarks)}
         error = await dispatch.create_topic(
             first.store, request, LIMITS, random.Random(0), wait_states=first.wait_states
         )
@@ -154,6 +159,29 @@ async def test_a_replicated_topic_gets_first_states_and_survives_its_leaders_dea
         assert {k: summary(stored[k]) for k in keys_of(placement)} == {
             k: summary(survivor.states[k]) for k in keys_of(placement)
         }
+        # And ClusterMetadata answers it: each partition's leader, its replicas and its ISR.
+        view = await electors[2].view("")
+        answer = await dispatch.cluster_metadata(
+            ClusterMetadataRequest(topics=("orders",), group_id=None),
+            topics=view.topics,
+            brokers=view.brokers,
+            coordinator_id=-1,
+            coordinator_epoch=-1,
+            limits=LIMITS,
+            states=view.states,
+        )
+        [topic], [replicated] = answer.topics, answer.replicas
+        described = [
+            (p.broker_id, r.leader_epoch, r.replicas, r.isr)
+            for p, r in zip(topic.partitions, replicated.partitions, strict=True)
+        ]
+        assert described == [
+            (state.leader, state.leader_epoch, replicas, tuple(e.broker_id for e in state.isr))
+            for state, replicas in zip(
+                [survivor.states[k] for k in keys_of(placement)], placement.replicas, strict=True
+            )
+        ]
+        assert {b.broker_id for b in view.brokers} == {2, 3}
 
 
 async def test_a_replica_back_on_a_wiped_disk_is_not_elected(
@@ -261,4 +289,5 @@ async def test_the_controllers_leave_when_replication_is_not_served(
         await store.register_broker(info, log_dir=uuid.uuid4())
         async with open_elector(store, CONFIG, info) as elector:
             assert elector.control is None
+            assert elector.high_watermarks is None
             assert (await elector.view("")).states == {}
