@@ -630,8 +630,8 @@ async def add_partitions(
     message: CreatePartitionsRequest,
     limits: RequestLimits,
 ) -> ErrorCode:
-    """Grow the topic to ``total_partitions``, the new ones spread like a new topic's, within the
-    limits per topic and per broker."""
+    """Grow the topic to ``total_partitions``, the new ones spread like a new topic's (with as
+    many replicas), within the limits per topic and per broker."""
     error = validation.request_error(message, "", limits)
     if error is not ErrorCode.NONE:
         return error
@@ -646,16 +646,26 @@ async def add_partitions(
     brokers, error = placement.chosen_brokers(message.broker_ids, live)
     if error is not ErrorCode.NONE:
         return error
-    placed = placement.added(brokers, current.brokers, count)
-    error = _per_broker_error(placed, topics, limits)
+    added: placement.Replicas | tuple[int, ...]
+    if current.replication_factor == 1:
+        added = counted = placement.added(brokers, current.brokers, count)
+    else:
+        # Replicated (only served with REPLICATION_SERVED): as many replicas as the topic's.
+        added, error = placement.added_replicas(brokers, current.replicas, count)
+        if error is not ErrorCode.NONE:
+            return error
+        counted = tuple(broker for replicas in added for broker in replicas)
+    error = _per_broker_error(counted, topics, limits)
     if error is not ErrorCode.NONE:
         return error
     try:
-        await store.add_partitions(message.topic, placed)
+        await store.add_partitions(message.topic, added)
     except UnknownTopic:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     except InvalidPartitions:
         return ErrorCode.INVALID_PARTITIONS
+    except InvalidReplicationFactor:
+        return ErrorCode.INVALID_REPLICATION_FACTOR
     return ErrorCode.NONE
 
 

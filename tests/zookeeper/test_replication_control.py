@@ -22,7 +22,12 @@ from broker.controller import ControlInputs, control_slot
 from broker.election import Elector, open_elector
 from coordinator.config import CoordinatorConfig
 from coordinator.limits import RequestLimits
-from protocol import ClusterMetadataRequest, CreateTopicRequest, ErrorCode
+from protocol import (
+    ClusterMetadataRequest,
+    CreatePartitionsRequest,
+    CreateTopicRequest,
+    ErrorCode,
+)
 from protocol.types import BrokerInfo
 from statemachine.partition_state import NO_LEADER, IsrEntry, PartitionKey, PartitionState
 from store import Deposed, TopicPlacement
@@ -279,6 +284,13 @@ async def test_create_topic_refuses_a_factor_beyond_the_live_brokers(
         assert topics["d"].replication_factor == topics["e"].replication_factor == 1
         assert await create("f", 2) is ErrorCode.NONE
         assert set(await store.partition_states()) == set(keys_of((await store.topics())["f"]))
+        # Partitions added to it come with as many replicas, and their controllers' states.
+        grow = CreatePartitionsRequest(topic="f", total_partitions=3)
+        assert await dispatch.add_partitions(store, grow, LIMITS) is ErrorCode.NONE
+        grown = (await store.topics())["f"]
+        assert [len(set(replicas)) for replicas in grown.replicas] == [2, 2, 2]
+        control = cluster.control(1)
+        await seen(control, lambda: set(control.states) >= set(keys_of(grown)))
 
 
 async def test_the_controllers_leave_when_replication_is_not_served(
