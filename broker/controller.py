@@ -27,7 +27,8 @@ import trio_util
 from protocol.topic_configs import unclean_leader_election
 from protocol.types import TopicId
 from statemachine.partition_control import ControlView, decide
-from statemachine.partition_state import PartitionKey, PartitionState
+from statemachine.partition_state import PartitionKey, PartitionState, slot_key
+from statemachine.slots import slot_of
 from store import StoreUnavailable, TopicPlacement
 from store.interface import ReplicationStore
 
@@ -46,25 +47,30 @@ class ControlInputs:
     ClusterMetadata answers: every state at its newest version seen, each replicated partition's
     replicas, and the live brokers' log directories. ``changes`` moves on with each change."""
 
+    #: The cluster's coordinator slots.
+    slots: int
     states: dict[PartitionKey, PartitionState] = attrs.Factory(dict)
     #: Broker id -> the log directory it registered (a live broker that named none is absent).
     live: Mapping[int, uuid.UUID] = types.MappingProxyType({})
-    #: Each partition of a topic of factor above 1: its replicas, the preferred leader first.
-    replicas: Mapping[PartitionKey, Sequence[int]] = types.MappingProxyType({})
+    #: Slot -> each partition of a topic of factor above 1 that its holder controls, with its
+    #: replicas, the preferred leader first: each controller decides over its own share only
+    #: (at 10,000 partitions a broker, a few hundred a slot).
+    by_slot: Mapping[int, Mapping[PartitionKey, Sequence[int]]] = types.MappingProxyType({})
     unclean: frozenset[TopicId] = frozenset()
     changes: trio_util.AsyncValue[int] = attrs.Factory(lambda: trio_util.AsyncValue(0))
 
     def set_topics(self, topics: Mapping[str, TopicPlacement]) -> None:
-        replicas: dict[PartitionKey, Sequence[int]] = {}
+        by_slot: dict[int, dict[PartitionKey, Sequence[int]]] = {}
         unclean = set()
         for placement in topics.values():
             if placement.replication_factor == 1:
                 continue
             for partition, listed in enumerate(placement.replicas):
-                replicas[PartitionKey(topic_id=placement.topic_id, partition=partition)] = listed
+                key = PartitionKey(topic_id=placement.topic_id, partition=partition)
+                by_slot.setdefault(slot_of(slot_key(key), self.slots), {})[key] = listed
             if unclean_leader_election(placement.configs):
                 unclean.add(placement.topic_id)
-        self.replicas = types.MappingProxyType(replicas)
+        self.by_slot = types.MappingProxyType(by_slot)
         self.unclean = frozenset(unclean)
         self.changes.value += 1
 
@@ -92,7 +98,7 @@ class ControlInputs:
 
 
 async def control_slot(
-    store: ReplicationStore, inputs: ControlInputs, *, slot: int, slots: int, epoch: int
+    store: ReplicationStore, inputs: ControlInputs, *, slot: int, epoch: int
 ) -> None:
     """Control the partitions of ``slot`` under its office of ``epoch`` until cancelled or
     ``Deposed``."""
@@ -100,8 +106,8 @@ async def control_slot(
         seen = inputs.changes.value
         view = ControlView(
             slot=slot,
-            slots=slots,
-            replicas=inputs.replicas,
+            slots=inputs.slots,
+            replicas=inputs.by_slot.get(slot, {}),
             states=inputs.states,
             live=inputs.live,
             unclean=inputs.unclean,

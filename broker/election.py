@@ -231,7 +231,6 @@ class Elector:
                                 self.store,
                                 self.control,
                                 slot=slot,
-                                slots=self.config.coordinator_slots,
                                 epoch=coordinator.epoch,
                             )
                         )
@@ -299,7 +298,7 @@ async def open_elector(
         log_end=log_end,
         observer=observer,
         timed=timed,
-        control=ControlInputs() if control else None,
+        control=ControlInputs(slots=config.coordinator_slots) if control else None,
     )
     await store.occupy_single_office()
     async with trio.open_nursery() as nursery:

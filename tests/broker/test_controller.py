@@ -22,6 +22,7 @@ from broker.controller import RETRY_INTERVAL, ControlInputs, control_slot
 from coordinator.limits import RequestLimits
 from protocol import ClusterMetadataRequest, CreateTopicRequest, ErrorCode
 from protocol.types import BrokerInfo
+from statemachine.partition_control import controlled_by
 from statemachine.partition_state import (
     NO_EPOCH,
     NO_LEADER,
@@ -74,7 +75,7 @@ class Store:
 
 
 def inputs_of(states: Mapping[PartitionKey, PartitionState], *live: int) -> ControlInputs:
-    inputs = ControlInputs()
+    inputs = ControlInputs(slots=1)
     inputs.set_topics({"orders": TOPIC})
     inputs.set_live({b: DIRS[b] for b in live})
     inputs.learn(states)
@@ -84,7 +85,7 @@ def inputs_of(states: Mapping[PartitionKey, PartitionState], *live: int) -> Cont
 async def run_until(store: Store, inputs: ControlInputs, done: object) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(
-            lambda: control_slot(cast(ReplicationStore, store), inputs, slot=0, slots=1, epoch=7)
+            lambda: control_slot(cast(ReplicationStore, store), inputs, slot=0, epoch=7)
         )
         with trio.fail_after(10):
             await inputs.changes.wait_value(lambda _: inputs.states.get(KEY) == done)
@@ -118,11 +119,21 @@ async def test_a_failed_store_is_tried_again_a_second_later(
     assert len(store.writes) == 3
 
 
-async def test_factor_1_topics_are_never_controlled() -> None:
-    inputs = ControlInputs()
+async def test_each_slot_controls_its_share_and_factor_1_topics_nobody() -> None:
+    inputs = ControlInputs(slots=50)
     single = TopicPlacement(topic="t", brokers=(1, 2), topic_id=uuid.uuid4())
-    inputs.set_topics({"t": single, "orders": TOPIC})
-    assert dict(inputs.replicas) == {KEY: (1, 2, 3)}
+    many = TopicPlacement.of(
+        topic="m", assignment=tuple((1, 2) for _ in range(200)), topic_id=uuid.uuid4()
+    )
+    inputs.set_topics({"t": single, "orders": TOPIC, "m": many})
+    shares = {slot: set(keys) for slot, keys in inputs.by_slot.items()}
+    assert sum(len(keys) for keys in shares.values()) == 201
+    assert set().union(*shares.values()) == {
+        KEY,
+        *(PartitionKey(topic_id=many.topic_id, partition=p) for p in range(200)),
+    }
+    for slot, keys in shares.items():
+        assert all(controlled_by(key, slot, 50) for key in keys)
 
 
 async def test_create_topic_counts_replicas_against_the_per_broker_limit(

@@ -48,7 +48,7 @@ class Leader:
 
 @asynccontextmanager
 async def lookup(leader: Leader) -> AsyncIterator[tuple[LeaderHighWatermarks, ControlInputs]]:
-    control = ControlInputs()
+    control = ControlInputs(slots=1)
     control.learn(
         {
             PartitionKey(topic_id=TOPIC.topic_id, partition=0): led_by(2, 3),

@@ -11,6 +11,7 @@ import contextlib
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import attrs
@@ -105,6 +106,18 @@ async def seen(control: ControlInputs, check: Callable[[], bool]) -> None:
         await control.changes.wait_value(lambda _: check())
 
 
+async def every_broker_seen(cluster: Brokers, count: int) -> None:
+    """Wait until each broker's controllers know ``count`` live brokers: a partition created
+    before its controller saw a broker starts without it in sync (its leader adds it later)."""
+    for broker_id in cluster.running:
+        control = cluster.control(broker_id)
+        await seen(control, partial(_knows, control, count))
+
+
+def _knows(control: ControlInputs, count: int) -> bool:
+    return len(control.live) == count
+
+
 def summary(state: PartitionState | None) -> Any:
     if state is None:
         return None
@@ -118,8 +131,7 @@ async def test_a_replicated_topic_gets_first_states_and_survives_its_leaders_dea
     dirs = {b: uuid.uuid4() for b in (1, 2, 3)}
     async with brokers(zookeeper_hosts) as cluster:
         electors = [await cluster.start(b, dirs[b]) for b in (1, 2, 3)]
-        for control in [cluster.control(b) for b in (1, 2, 3)]:
-            await seen(control, lambda control=control: len(control.live) == 3)  # type: ignore[misc]
+        await every_broker_seen(cluster, 3)
         request = CreateTopicRequest(topic="orders", partitions=6, replication_factor=3)
         first = electors[0]
         # Its coordinators check commits against the leaders' high watermarks.
@@ -200,6 +212,7 @@ async def test_a_replica_back_on_a_wiped_disk_is_not_elected(
     async with brokers(zookeeper_hosts) as cluster:
         for b in (1, 2, 3):
             await cluster.start(b, dirs[b])
+        await every_broker_seen(cluster, 3)
         bystander = cluster.control(3)
         placement = await cluster.running[3][2].store.create_topic("orders", ((1, 2),))
         [key] = keys_of(placement)
@@ -232,11 +245,11 @@ async def test_a_deposed_controller_writes_nothing(zookeeper_hosts: str) -> None
         old_epoch = await old.take_slot(1, 0, 1)
         placement = await old.create_topic("orders", ((1, 2, 3),))
         [key] = keys_of(placement)
-        inputs = ControlInputs()
+        inputs = ControlInputs(slots=1)
         inputs.set_topics(await old.topics())
         inputs.set_live(dirs)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: control_slot(old, inputs, slot=0, slots=1, epoch=old_epoch))
+            nursery.start_soon(lambda: control_slot(old, inputs, slot=0, epoch=old_epoch))
             await seen(inputs, lambda: key in inputs.states)
             nursery.cancel_scope.cancel()
         assert summary(inputs.states[key]) == (1, 0, (1, 2, 3))
@@ -249,7 +262,7 @@ async def test_a_deposed_controller_writes_nothing(zookeeper_hosts: str) -> None
             inputs.set_live({b: dirs[b] for b in (2, 3)})  # broker 1 went: an election
             with trio.fail_after(DEADLINE), pytest.raises(Deposed):
                 # Through whatever session kazoo has by now (it retries while unavailable).
-                await control_slot(old, inputs, slot=0, slots=1, epoch=old_epoch)
+                await control_slot(old, inputs, slot=0, epoch=old_epoch)
             stored = await new.partition_states()
             assert summary(stored[key]) == (1, 0, (1, 2, 3))
             assert stored[key].version == 0
@@ -262,6 +275,7 @@ async def test_create_topic_refuses_a_factor_beyond_the_live_brokers(
     async with brokers(zookeeper_hosts) as cluster:
         for b in (1, 2):
             await cluster.start(b, dirs[b])
+        await every_broker_seen(cluster, 2)
         elector = cluster.running[1][2]
         store = elector.store
 
