@@ -81,6 +81,7 @@ from protocol.replica_messages import MAX_REPLICA_WAIT_MS
 from protocol.topic_configs import InvalidTopicConfig
 from protocol.types import BrokerInfo, PartitionOffset, TopicPartition
 from protocol.versions import Refusal, negotiate
+from statemachine.partition_state import NO_EPOCH, NO_LEADER, PartitionKey, PartitionState
 from store import (
     InvalidPartitions,
     InvalidReplicationFactor,
@@ -98,6 +99,17 @@ log = logging.getLogger(__name__)
 
 #: Where a new topic's round robin starts (broker/placement.py).
 _RANDOM = random.Random()
+
+#: Whether this broker serves replication: CreateTopic places a factor above 1 (else refuses it
+#: with INVALID_REPLICATION_FACTOR, as before replication), and each coordinator slot held runs
+#: the controller of its replicated partitions (broker/election.py). Off until every broker's
+#: replicas follow their leaders; factor-1 topics are served alike either way.
+REPLICATION_SERVED: bool = False
+#: The replication factor of a CreateTopic that names none (-1).
+DEFAULT_REPLICATION_FACTOR = 1
+#: How long a CreateTopic of a replicated topic waits for its partitions' first states before it
+#: answers anyway (clients then see no leader for a moment, and retry).
+FIRST_STATES_BOUND = 5.0
 
 #: Requests a connection may have queued before its reader waits for the worker.
 REQUEST_QUEUE = 64
@@ -211,9 +223,13 @@ class _Session:
             case ClusterMetadataRequest():
                 return await self._metadata(message)
             case CreateTopicRequest():
-                return CreateTopicResponse(
-                    error_code=await create_topic(self.offices.store, message, self.limits)
+                error = await create_topic(
+                    self.offices.store,
+                    message,
+                    self.limits,
+                    wait_states=self.offices.wait_states,
                 )
+                return CreateTopicResponse(error_code=error)
             case CreatePartitionsRequest():
                 return CreatePartitionsResponse(error_code=await self._add_partitions(message))
             case DeleteTopicRequest():
@@ -366,6 +382,7 @@ class _Session:
             coordinator_epoch=epoch,
             limits=self.limits,
             slot_holders=holders,
+            states=view.states,
         )
         if error is not ErrorCode.NONE and answer.error_code is ErrorCode.NONE:
             answer = attrs.evolve(answer, error_code=error)
@@ -394,12 +411,15 @@ async def cluster_metadata(
     coordinator_epoch: int,
     limits: RequestLimits,
     slot_holders: tuple[int, ...] = (),
+    states: Mapping[PartitionKey, PartitionState] | None = None,
 ) -> ClusterMetadataResponse:
     """The answer to ClusterMetadata from a broker that knows these topics and brokers; each
     topic named once however often it was asked for (the answer repeats its partitions), with
     the id of each that exists (``topic_ids``: version 2 on), the settings of each created
-    with any (``topic_configs``: version 3 on) and its replicas (``replicas``: version 5 on):
-    each partition's one broker leads it, at epoch 0, the only replica and in sync.
+    with any (``topic_configs``: version 3 on) and its replicas (``replicas``: version 5 on).
+    At factor 1 each partition's one broker leads it, at epoch 0, the only replica and in sync;
+    a replicated partition's leader, epoch and in-sync replicas are its state's (``states``),
+    leader -1 while it has none.
 
     A request of a few bytes asks for every partition of the cluster (or of a thousand named
     topics): each topic is built once per placement and kept, and the answer is put together
@@ -428,7 +448,10 @@ async def cluster_metadata(
             )
             continue
         described = _DESCRIBED.get(placement)
-        if described is None or described[0].topic != name:
+        if placement.replication_factor > 1:
+            # States change under an unchanged placement: described afresh every time.
+            described = await _replicated(name, placement, states or {}, pace)
+        elif described is None or described[0].topic != name:
             partitions: list[PartitionMetadata] = []
             held: list[PartitionReplicas] = []
             for start in range(0, placement.partition_count, ANSWER_CHUNK):
@@ -466,6 +489,33 @@ async def cluster_metadata(
     )
 
 
+async def _replicated(
+    name: str,
+    placement: TopicPlacement,
+    states: Mapping[PartitionKey, PartitionState],
+    pace: Pace,
+) -> tuple[TopicMetadata, TopicReplicas]:
+    """A replicated topic as ClusterMetadata answers it, from its partitions' states."""
+    partitions: list[PartitionMetadata] = []
+    held: list[PartitionReplicas] = []
+    for p, replicas in enumerate(placement.replicas):
+        state = states.get(PartitionKey(topic_id=placement.topic_id, partition=p))
+        isr: tuple[int, ...] = ()
+        if state is None:
+            leader, epoch = NO_LEADER, NO_EPOCH
+        else:
+            leader, epoch = state.leader, state.leader_epoch
+            isr = tuple(entry.broker_id for entry in state.isr)
+        partitions.append(PartitionMetadata(partition=p, broker_id=leader))
+        held.append(PartitionReplicas(partition=p, leader_epoch=epoch, replicas=replicas, isr=isr))
+        if p % ANSWER_CHUNK == ANSWER_CHUNK - 1:
+            await pace.did(ANSWER_CHUNK)
+    return (
+        TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=tuple(partitions)),
+        TopicReplicas(topic=name, partitions=tuple(held)),
+    )
+
+
 #: Each topic as ClusterMetadata answers it (its partitions' leaders, and their replicas), for as
 #: long as a view of the topics holds its placement: built once, not for every request (a topic
 #: may have 10,000 partitions).
@@ -479,26 +529,52 @@ async def create_topic(
     message: CreateTopicRequest,
     limits: RequestLimits,
     rng: random.Random | None = None,
+    *,
+    wait_states: Callable[[tuple[PartitionKey, ...]], Awaitable[None]] | None = None,
 ) -> ErrorCode:
     """Create the topic with its partitions spread over the live brokers, or those the request
-    names (broker/placement.py), within the limits per topic and per broker. Two CreateTopics at
-    once may both pass the per-broker check and overshoot it by one topic's partitions at most;
-    the bound is on resources, not exact."""
+    names (broker/placement.py), within the limits per topic and per broker (which count
+    replicas). Two CreateTopics at once may both pass the per-broker check and overshoot it by
+    one topic's partitions at most; the bound is on resources, not exact.
+
+    A replicated topic (``REPLICATION_SERVED``) needs as many brokers as its factor, never
+    fewer replicas; once created, the answer waits (at most :data:`FIRST_STATES_BOUND`) until
+    ``wait_states`` returns, once its controllers have given every partition its first state,
+    so that a produce right after it finds each partition's leader."""
     error = validation.request_error(message, "", limits)
     if error is ErrorCode.NONE:
         error = replication_factor_error(message.replication_factor)
     if error is not ErrorCode.NONE:
         return error
+    factor = message.replication_factor
+    if factor == -1:
+        factor = DEFAULT_REPLICATION_FACTOR
     live = [b.broker_id for b in await store.brokers()]
     brokers, error = placement.chosen_brokers(message.broker_ids, live)
     if error is not ErrorCode.NONE:
         return error
-    placed = placement.new_topic(brokers, message.partitions, rng or _RANDOM)
-    error = _per_broker_error(placed, await store.topics(), limits)
+    placed: placement.Replicas | tuple[int, ...]
+    if factor == 1:
+        placed = placement.new_topic(brokers, message.partitions, rng or _RANDOM)
+        counted: tuple[int, ...] = placed
+    else:
+        placed, error = placement.new_topic_replicas(
+            brokers, message.partitions, factor, rng or _RANDOM
+        )
+        if error is not ErrorCode.NONE:
+            log.info(
+                "refusing topic %s: replication factor %d over %d brokers",
+                message.topic,
+                factor,
+                len(brokers),
+            )
+            return error
+        counted = tuple(broker for replicas in placed for broker in replicas)
+    error = _per_broker_error(counted, await store.topics(), limits)
     if error is not ErrorCode.NONE:
         return error
     try:
-        await store.create_topic(
+        created = await store.create_topic(
             message.topic, placed, tuple((c.name, c.value) for c in message.configs)
         )
     except TopicExists:
@@ -511,14 +587,22 @@ async def create_topic(
     except InvalidReplicationFactor as exc:
         log.info("refusing topic %s: %s", message.topic, exc)
         return ErrorCode.INVALID_REPLICATION_FACTOR
+    if factor > 1 and wait_states is not None:
+        keys = tuple(
+            PartitionKey(topic_id=created.topic_id, partition=p)
+            for p in range(created.partition_count)
+        )
+        with trio.move_on_after(FIRST_STATES_BOUND):
+            await wait_states(keys)
     return ErrorCode.NONE
 
 
 def replication_factor_error(factor: int) -> ErrorCode:
-    """A CreateTopic's ``replication_factor`` (SPEC.md §8, 10): -1 (the broker's default, 1 while
-    brokers serve no replication) and 1 are today's topic, one replica per partition; above 1 is
-    refused until brokers serve replication, and below 1 is never a factor."""
-    if factor in (-1, 1):
+    """A CreateTopic's ``replication_factor`` (SPEC.md §8, 10): -1 (the broker's default,
+    :data:`DEFAULT_REPLICATION_FACTOR`) and 1 are today's topic, one replica per partition; above
+    1 is refused unless brokers serve replication (:data:`REPLICATION_SERVED`), and below 1 is
+    never a factor."""
+    if factor in (-1, 1) or (factor > 1 and REPLICATION_SERVED):
         return ErrorCode.NONE
     if factor > 1:
         log.info("refusing replication factor %d: brokers serve no replication yet", factor)
@@ -546,8 +630,8 @@ async def add_partitions(
     message: CreatePartitionsRequest,
     limits: RequestLimits,
 ) -> ErrorCode:
-    """Grow the topic to ``total_partitions``, the new ones spread like a new topic's, within the
-    limits per topic and per broker."""
+    """Grow the topic to ``total_partitions``, the new ones spread like a new topic's (with as
+    many replicas), within the limits per topic and per broker."""
     error = validation.request_error(message, "", limits)
     if error is not ErrorCode.NONE:
         return error
@@ -562,29 +646,46 @@ async def add_partitions(
     brokers, error = placement.chosen_brokers(message.broker_ids, live)
     if error is not ErrorCode.NONE:
         return error
-    placed = placement.added(brokers, current.brokers, count)
-    error = _per_broker_error(placed, topics, limits)
+    added: placement.Replicas | tuple[int, ...]
+    if current.replication_factor == 1:
+        added = counted = placement.added(brokers, current.brokers, count)
+    else:
+        # Replicated (only served with REPLICATION_SERVED): as many replicas as the topic's.
+        added, error = placement.added_replicas(brokers, current.replicas, count)
+        if error is not ErrorCode.NONE:
+            return error
+        counted = tuple(broker for replicas in added for broker in replicas)
+    error = _per_broker_error(counted, topics, limits)
     if error is not ErrorCode.NONE:
         return error
     try:
-        await store.add_partitions(message.topic, placed)
+        await store.add_partitions(message.topic, added)
     except UnknownTopic:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     except InvalidPartitions:
         return ErrorCode.INVALID_PARTITIONS
+    except InvalidReplicationFactor:
+        return ErrorCode.INVALID_REPLICATION_FACTOR
     return ErrorCode.NONE
 
 
 def _per_broker_error(
     placed: tuple[int, ...], topics: Mapping[str, TopicPlacement], limits: RequestLimits
 ) -> ErrorCode:
-    """POLICY_VIOLATION if any broker would hold more than its limit with ``placed`` added."""
+    """POLICY_VIOLATION if any broker would hold more than its limit with ``placed`` (a broker
+    per replica) added; every replica a broker holds counts."""
     for broker_id, count in Counter(placed).items():
-        held = sum(topic.brokers.count(broker_id) for topic in topics.values())
+        held = sum(_replicas_on(topic, broker_id) for topic in topics.values())
         error = validation.broker_partitions_error(held, count, limits)
         if error is not ErrorCode.NONE:
             return error
     return ErrorCode.NONE
+
+
+def _replicas_on(topic: TopicPlacement, broker_id: int) -> int:
+    if topic.replication_factor == 1:
+        return topic.brokers.count(broker_id)
+    return sum(broker_id in replicas for replicas in topic.replicas)
 
 
 async def handle_connection(

@@ -16,6 +16,11 @@ waiting to take; like any successor, that one starts no partition before the lea
 before it took office have run out (docs/design.md#ownership-lease). A slot's office that ends
 without a handoff (the session expired, the connection stayed lost beyond the grace, a successor
 refused its writes) closes its coordinator the same way, and the plan decides who stands again.
+
+With replication served, each slot held also runs the controller of the replicated partitions
+hashed onto it (broker/controller.py), under the slot's epoch, started and ended with the slot's
+coordinator; the broker's controllers share one view of the partition states, the topics and the
+live brokers' log directories.
 """
 
 from __future__ import annotations
@@ -30,12 +35,16 @@ import attrs
 import trio
 import trio_util
 
+from broker import dispatch
+from broker.controller import ControlInputs, control_slot
+from broker.leader_offsets import Connect, LeaderHighWatermarks
 from broker.offices import BySlot, ClusterView
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.validation import LogEnd
 from protocol.types import BrokerInfo
+from statemachine.partition_state import PartitionKey
 from statemachine.slots import plan_slots
 from store import Deposed, MetadataStore, StoreError, StoreUnavailable, TopicPlacement
 from store.slot_store import SlotStore
@@ -86,6 +95,11 @@ class Elector:
     observer: CoordinatorObserver = NULL_OBSERVER
     #: How each slot's coordinator sees its view of the store (the metrics time it).
     timed: Callable[[MetadataStore], MetadataStore] = attrs.field(default=lambda store: store)
+    #: What the controllers of the slots held here decide from; None: replication is not served,
+    #: and no slot runs a controller.
+    control: ControlInputs | None = None
+    #: The check of commits against the leaders' high watermarks (with ``control`` only).
+    high_watermarks: LeaderHighWatermarks | None = None
     by_slot: trio_util.AsyncValue[BySlot] = attrs.Factory(
         lambda: trio_util.AsyncValue(types.MappingProxyType({}))
     )
@@ -108,14 +122,35 @@ class Elector:
         me = self.broker.broker_id
         holders = {slot: broker for slot, broker in self.holders.items() if broker != me}
         holders.update(dict.fromkeys(self.by_slot.value, me))
-        return ClusterView(topics=self.topics, brokers=brokers, holders=holders)
+        states = {} if self.control is None else self.control.states
+        return ClusterView(topics=self.topics, brokers=brokers, holders=holders, states=states)
+
+    async def wait_states(self, keys: tuple[PartitionKey, ...]) -> None:
+        if self.control is not None:
+            await self.control.wait_states(keys)
 
     async def _watch_topics(self, *, task_status: trio.TaskStatus[None]) -> None:
         async with contextlib.aclosing(self.store.topic_updates()) as updates:
             async for topics in updates:
                 self.topics = topics
+                if self.control is not None:
+                    self.control.set_topics(topics)
                 task_status.started()
                 task_status = trio.TASK_STATUS_IGNORED
+
+    async def _watch_states(self, control: ControlInputs) -> None:
+        """Forever: the partition states as the store's change notes tell them; a watch the
+        store ended (its first read failed) starts again a second later."""
+        while True:
+            try:
+                async with contextlib.aclosing(self.store.partition_state_updates()) as updates:
+                    async for changed in updates:
+                        control.learn(changed)
+            except StoreUnavailable as exc:
+                log.warning(
+                    "broker %d cannot read the partition states: %s", self.broker.broker_id, exc
+                )
+            await trio.sleep(PLAN_INTERVAL)
 
     async def _plan(self, nursery: trio.Nursery) -> None:
         """Forever: read the cluster, stand for the slots the plan gives this broker and give up
@@ -128,6 +163,8 @@ class Elector:
                 seen, live, holders = await self.store.read_cluster()
                 for listener in [name for name in self.brokers if name]:
                     self.brokers[listener] = await self.store.brokers(listener)
+                if self.control is not None:
+                    self.control.set_live(await self.store.broker_dirs())
             except StoreUnavailable as exc:
                 log.warning("broker %d cannot read the cluster: %s", me, exc)
             else:
@@ -182,13 +219,23 @@ class Elector:
                     self.broker,
                     log_end=self.log_end,
                     observer=self.observer,
+                    high_watermarks=self.high_watermarks,
                 ) as coordinator:
                     standing.coordinator = coordinator
                     self._publish(slot, coordinator)
-                    try:
-                        await trio_util.wait_any(
-                            partial(self.store.wait_slot_lost, slot), standing.handoff.wait
+                    ends = [partial(self.store.wait_slot_lost, slot), standing.handoff.wait]
+                    if self.control is not None:
+                        ends.append(
+                            partial(
+                                control_slot,
+                                self.store,
+                                self.control,
+                                slot=slot,
+                                epoch=coordinator.epoch,
+                            )
                         )
+                    try:
+                        await trio_util.wait_any(*ends)
                     finally:
                         self._publish(slot, None)
             if standing.handoff.is_set():
@@ -233,9 +280,17 @@ async def open_elector(
     log_end: LogEnd | None = None,
     observer: CoordinatorObserver = NULL_OBSERVER,
     timed: Callable[[MetadataStore], MetadataStore] = lambda store: store,
+    control: bool | None = None,
+    connect: Connect = trio.open_tcp_stream,
 ) -> AsyncIterator[Elector]:
     """Take this broker's share of the coordinator slots for the duration of the block, and
-    hand them off at its end."""
+    hand them off at its end. ``control``: whether the slots held run the controllers of the
+    replicated partitions (None: whether the broker serves replication,
+    ``broker.dispatch.REPLICATION_SERVED``); their coordinators then check commits of
+    partitions led elsewhere with their leaders, reached through ``connect``.
+    """
+    if control is None:
+        control = dispatch.REPLICATION_SERVED
     elector = Elector(
         store=store,
         config=config,
@@ -243,10 +298,21 @@ async def open_elector(
         log_end=log_end,
         observer=observer,
         timed=timed,
+        control=ControlInputs(slots=config.coordinator_slots) if control else None,
     )
     await store.occupy_single_office()
     async with trio.open_nursery() as nursery:
         await nursery.start(elector._watch_topics)
+        if elector.control is not None:
+            elector.high_watermarks = LeaderHighWatermarks(
+                me=broker.broker_id,
+                control=elector.control,
+                topics=lambda: elector.topics,
+                brokers=lambda: elector.brokers.get("", ()),
+                nursery=nursery,
+                connect=connect,
+            )
+            nursery.start_soon(elector._watch_states, elector.control)
         nursery.start_soon(elector._plan, nursery)
         try:
             yield elector

@@ -23,6 +23,7 @@ import trio_util
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator
 from protocol.types import BrokerInfo
+from statemachine.partition_state import PartitionKey, PartitionState
 from statemachine.slots import slot_of
 from store import StoreUnavailable, TopicPlacement, TopicStore
 
@@ -51,6 +52,9 @@ class ClusterView:
     brokers: tuple[BrokerInfo, ...]
     #: Slot -> the broker holding it (a slot nobody holds now is left out).
     holders: Mapping[int, int]
+    #: The replicated partitions' states as last heard of (none while replication is not
+    #: served; a partition of factor 1 has none: its one broker leads it).
+    states: Mapping[PartitionKey, PartitionState] = types.MappingProxyType({})
 
 
 class Offices(Protocol):
@@ -78,6 +82,11 @@ class Offices(Protocol):
     async def view(self, listener: str) -> ClusterView:
         """The cluster as the clients of ``listener`` reach it ("": the default listener's);
         ``StoreUnavailable`` if it was never read and cannot be now."""
+        ...
+
+    async def wait_states(self, keys: tuple[PartitionKey, ...]) -> None:
+        """Return once every one of ``keys`` (partitions of a new replicated topic) has a
+        state, as ``view`` would answer; at once where there are no controllers."""
         ...
 
 
@@ -138,6 +147,9 @@ class WholeOffice:
             brokers=coordinator.brokers_by_listener.get(listener, coordinator.brokers),
             holders=self._holders,
         )
+
+    async def wait_states(self, keys: tuple[PartitionKey, ...]) -> None:
+        """A broker alone on its store replicates nothing: no state to wait for."""
 
 
 #: The one WholeOffice of each coordinator, so that its connections share it.

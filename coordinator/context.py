@@ -16,7 +16,7 @@ import trio
 from coordinator.config import CoordinatorConfig, RebalanceProtocol
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.offsets import OffsetKeeper
-from coordinator.validation import LogEnd
+from coordinator.validation import HighWatermarks, LogEnd
 from protocol.types import BrokerInfo
 from statemachine.consumer_group import GroupRules
 from store import MetadataStore, TopicPlacement
@@ -35,6 +35,9 @@ class CoordinatorContext:
     observer: CoordinatorObserver = NULL_OBSERVER
     #: The log end of partitions whose log this broker holds: an offset past it is refused.
     log_end: LogEnd | None = None
+    #: The leaders' high watermarks of replicated partitions led elsewhere: a commit past one is
+    #: refused (None: every partition is checked by ``log_end`` alone).
+    high_watermarks: HighWatermarks | None = None
     topics: Mapping[str, TopicPlacement] = attrs.field(factory=dict)
     brokers: tuple[BrokerInfo, ...] = ()
     #: The brokers as the clients of each listener reach them (Kafka's advertised.listeners).

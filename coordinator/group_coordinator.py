@@ -24,7 +24,7 @@ from coordinator.driver import GroupDriver, Member
 from coordinator.heartbeat import Pinger
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.offsets import OffsetKeeper
-from coordinator.validation import LogEnd
+from coordinator.validation import HighWatermarks, LogEnd
 from protocol import (
     DescribeGroupResponse,
     ErrorCode,
@@ -255,12 +255,20 @@ class GroupCoordinator:
 
     async def commit(self, request: OffsetCommitRequest, channel: Channel) -> ErrorCode:
         """OffsetCommit, checked by member and generation, answered once durable; an offset
-        past its partition's log end is refused (OFFSET_OUT_OF_RANGE), since members only move
-        offsets forward and one such commit would pin its group there. The request has passed
-        the checks at the boundary (``validation.request_error``) already."""
+        past its partition's log end, or a replicated partition's leader's high watermark, is
+        refused (OFFSET_OUT_OF_RANGE), since members only move offsets forward and one such
+        commit would pin its group there. The request has passed the checks at the boundary
+        (``validation.request_error``) already."""
         driver = self.groups.get(request.group_id)
         offsets = {po.topic_partition: po.offset for po in request.offsets}
-        if self.log_end is not None and validation.beyond_log_end(offsets, self.log_end):
+        try:
+            beyond = await validation.beyond_high_watermarks(
+                offsets, self.log_end, self.context.high_watermarks
+            )
+        except validation.LeaderUnavailable as exc:
+            log.info("cannot check a commit of group %r: %s", request.group_id, exc)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if beyond:
             return ErrorCode.OFFSET_OUT_OF_RANGE
         if request.consumer_id is None:
             if request.generation != -1:
@@ -536,6 +544,7 @@ async def open_group_coordinator(
     *,
     log_end: LogEnd | None = None,
     observer: CoordinatorObserver = NULL_OBSERVER,
+    high_watermarks: HighWatermarks | None = None,
 ) -> AsyncIterator[GroupCoordinator]:
     """Take office, recover the groups, and run the committer and the topic watch; offsets
     past ``log_end`` (this broker's partition logs) are refused. The coordinator is handed out
@@ -560,6 +569,7 @@ async def open_group_coordinator(
             nursery=nursery,
             took_office_at=took_office_at,
             log_end=log_end,
+            high_watermarks=high_watermarks,
             observer=observer,
         )
         coordinator = GroupCoordinator(context=context)

@@ -13,7 +13,7 @@ a broker) stay in their handlers, which use the helpers here.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from coordinator.limits import RequestLimits
 from protocol import (
@@ -233,4 +233,35 @@ def beyond_log_end(offsets: Mapping[TopicPartition, int], log_end: LogEnd) -> li
         end = log_end(tp)
         if end is not None and offset > end:
             beyond.append(tp)
+    return beyond
+
+
+class LeaderUnavailable(Exception):
+    """A replicated partition's leader could not tell its high watermark in time (none now, or
+    unreachable): a commit is answered COORDINATOR_NOT_AVAILABLE, which its client retries."""
+
+
+#: The high watermarks of the replicated partitions among some offsets' whose leader is another
+#: broker, each asked of that leader (docs/design.md#replication): a record below it is
+#: on every in-sync replica, so an offset above it was never readable. A partition left out (or
+#: None) is checked by ``LogEnd`` as before: factor 1, or led here. A cached value at or above
+#: the offset may answer without asking. Raises :class:`LeaderUnavailable`.
+HighWatermarks = Callable[[Mapping[TopicPartition, int]], Awaitable[Mapping[TopicPartition, int]]]
+
+
+async def beyond_high_watermarks(
+    offsets: Mapping[TopicPartition, int],
+    log_end: LogEnd | None,
+    high_watermarks: HighWatermarks | None,
+) -> list[TopicPartition]:
+    """The partitions whose offset lies past what was ever readable there: past the leader's
+    high watermark for those ``high_watermarks`` answers, past the local log end
+    (``beyond_log_end``) for the others. Raises :class:`LeaderUnavailable`."""
+    known: Mapping[TopicPartition, int] = {}
+    if high_watermarks is not None:
+        known = await high_watermarks(offsets)
+    beyond = [tp for tp, hw in known.items() if tp in offsets and offsets[tp] > hw]
+    if log_end is not None:
+        rest = {tp: offset for tp, offset in offsets.items() if tp not in known}
+        beyond.extend(beyond_log_end(rest, log_end))
     return beyond
