@@ -24,7 +24,6 @@ import trio_util
 
 from broker import authorization, placement, rights
 from broker.authorization import Access
-from broker.data_plane import SOLE_REPLICA_EPOCH
 from broker.door import Door
 from broker.offices import (
     BySlot,
@@ -447,31 +446,28 @@ async def cluster_metadata(
                 )
             )
             continue
-        described = _DESCRIBED.get(placement)
+        described: tuple[TopicMetadata, TopicReplicas | None] | None = _DESCRIBED.get(placement)
         if placement.replication_factor > 1:
             # States change under an unchanged placement: described afresh every time.
             described = await _replicated(name, placement, states or {}, pace)
         elif described is None or described[0].topic != name:
+            # One replica per partition: no replicas entry (SPEC.md §7), so that v5 costs a
+            # topic of one replica no more than v4 (a discovery naming a wide topic must still
+            # fit a frame).
             partitions: list[PartitionMetadata] = []
-            held: list[PartitionReplicas] = []
             for start in range(0, placement.partition_count, ANSWER_CHUNK):
                 chunk = placement.brokers[start : start + ANSWER_CHUNK]
                 partitions.extend(
                     PartitionMetadata(partition=p, broker_id=b) for p, b in enumerate(chunk, start)
                 )
-                held.extend(
-                    PartitionReplicas(
-                        partition=p, leader_epoch=SOLE_REPLICA_EPOCH, replicas=(b,), isr=(b,)
-                    )
-                    for p, b in enumerate(chunk, start)
-                )
                 await pace.did(len(chunk))
             described = _DESCRIBED[placement] = (
                 TopicMetadata(topic=name, error_code=ErrorCode.NONE, partitions=tuple(partitions)),
-                TopicReplicas(topic=name, partitions=tuple(held)),
+                None,
             )
         found.append(described[0])
-        replicas.append(described[1])
+        if described[1] is not None:
+            replicas.append(described[1])
         identities.append(TopicIdentity(topic=name, topic_id=placement.topic_id))
         if placement.configs:
             entries = tuple(ConfigEntry(name=k, value=v) for k, v in placement.configs)
@@ -519,9 +515,9 @@ async def _replicated(
 #: Each topic as ClusterMetadata answers it (its partitions' leaders, and their replicas), for as
 #: long as a view of the topics holds its placement: built once, not for every request (a topic
 #: may have 10,000 partitions).
-_DESCRIBED: weakref.WeakKeyDictionary[TopicPlacement, tuple[TopicMetadata, TopicReplicas]] = (
-    weakref.WeakKeyDictionary()
-)
+_DESCRIBED: weakref.WeakKeyDictionary[
+    TopicPlacement, tuple[TopicMetadata, TopicReplicas | None]
+] = weakref.WeakKeyDictionary()
 
 
 async def create_topic(

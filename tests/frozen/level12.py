@@ -500,7 +500,15 @@ class Admin:
                 for name, _, partitions in topics:
                     for p, leader in partitions:
                         self.leaders[name, p] = leader
-                self.replicas[topic] = replicas[topic]
+                # A topic of one replica per partition is left out (SPEC.md §7): each partition's
+                # only replica is its leader, in sync, at epoch 0.
+                alone = {
+                    p: (0, [leader], [leader])
+                    for name, _, partitions in topics
+                    if name == topic
+                    for p, leader in partitions
+                }
+                self.replicas[topic] = replicas.get(topic, alone)
                 return ids[topic]
             if time.monotonic() > give_up:
                 raise Failed(f"ClusterMetadata 5 names no id for {topic}")
