@@ -52,8 +52,9 @@ class Leader:
 
 
 def leaders_of(response: ClusterMetadataResponse) -> dict[TopicPartition, Leader]:
-    """Each partition of the topics ``response`` found, with who holds it (a broker answering
-    below version 5 names the leader alone: its only replica, epoch unknown)."""
+    """Each partition of the topics ``response`` found, with who holds it (a topic without a
+    ``replicas`` entry, and every topic below version 5, has one replica, its leader, at epoch
+    0)."""
     replicas = {
         TopicPartition(topic=t.topic, partition=p.partition): p
         for t in response.replicas
@@ -69,7 +70,9 @@ def leaders_of(response: ClusterMetadataResponse) -> dict[TopicPartition, Leader
             alone = (partition.broker_id,) if partition.broker_id >= 0 else ()
             found[tp] = Leader(
                 broker_id=partition.broker_id,
-                epoch=held.leader_epoch if held is not None else -1,
+                # A topic of one replica per partition has no entry (SPEC.md §7): its leader is
+                # its only replica, at epoch 0.
+                epoch=held.leader_epoch if held is not None else (0 if alone else -1),
                 replicas=tuple(held.replicas) if held is not None else alone,
                 isr=tuple(held.isr) if held is not None else alone,
             )
