@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import math
 import shutil
-import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -97,9 +96,6 @@ class Broker:
         """The broker's own count of what it holds, of the rebalances it completed (whatever
         started them) and of its group records written to the store, from its Prometheus
         endpoint."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=60) as answer:
-            text = answer.read().decode()
         wanted = {
             "coordinator_members": "coordinator_members",
             "broker_connections": "broker_connections",
@@ -107,12 +103,11 @@ class Broker:
             'coordinator_store_operation_seconds_count{operation="write_group"}': "group_writes",
         }
         found: dict[str, float] = {}
-        for line in text.splitlines():
-            name, _, value = line.rpartition(" ")
+        for name, value in harness.metrics_samples(self.metrics_port):
             rebalances = name.startswith("coordinator_rebalances_total{")  # one per cause
             key = wanted.get("coordinator_rebalances_total" if rebalances else name)
             if key is not None:
-                found[key] = found.get(key, 0.0) + float(value)
+                found[key] = found.get(key, 0.0) + value
         return found
 
 

@@ -22,6 +22,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
@@ -565,6 +566,20 @@ async def hold_bare(
         connect=connect,
         joined=joined,
     )
+
+
+def metrics_samples(metrics_port: int) -> list[tuple[str, float]]:
+    """A broker's Prometheus endpoint (``serve --metrics-port``) as (sample with its labels,
+    value) pairs, comments left out."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        text = answer.read().decode()
+    samples = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples.append((name, float(value)))
+    return samples
 
 
 def registered(expected: int) -> Any:

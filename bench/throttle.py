@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import sys
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 
 import trio
+
+from bench import harness
 
 CGROUP_V2 = Path("/sys/fs/cgroup")
 CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
@@ -82,23 +83,11 @@ async def busy_loops(count: int, core: int) -> AsyncIterator[None]:
                 await process.wait()
 
 
-def _scrape(metrics_port: int) -> list[tuple[str, float]]:
-    url = f"http://127.0.0.1:{metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=60) as answer:
-        text = answer.read().decode()
-    samples = []
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples.append((name, float(value)))
-    return samples
-
-
 def loop_lag_buckets(metrics_port: int) -> dict[float, float]:
     """The broker's ``broker_loop_lag_seconds`` histogram: cumulative count per upper bound."""
     return {
         float(name.split('le="', 1)[1].split('"', 1)[0]): value
-        for name, value in _scrape(metrics_port)
+        for name, value in harness.metrics_samples(metrics_port)
         if name.startswith("broker_loop_lag_seconds_bucket{")
     }
 
@@ -109,7 +98,7 @@ def deaths_by_cause(metrics_port: int) -> dict[str, int]:
     prefix = 'coordinator_member_deaths_total{cause="'
     return {
         name[len(prefix) :].split('"', 1)[0]: int(value)
-        for name, value in _scrape(metrics_port)
+        for name, value in harness.metrics_samples(metrics_port)
         if name.startswith(prefix)
     }
 

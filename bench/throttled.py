@@ -146,8 +146,12 @@ async def main() -> None:
                     )
                     periods = 0 if group is None else throttled_periods(group)
                     lag = lag_summary(lag_before, loop_lag_buckets(metrics_port))
-                    deaths = deaths_by_cause(metrics_port)
-                    deaths = {c: v - deaths_before.get(c, 0) for c, v in deaths.items() if v}
+                    after_deaths = deaths_by_cause(metrics_port)
+                    deaths = {
+                        cause: died
+                        for cause, count in after_deaths.items()
+                        if (died := count - deaths_before.get(cause, 0))
+                    }
                     offered = await harness.stats(newcomers)
             ended = now()
             everyone = (*workers, *newcomers)
