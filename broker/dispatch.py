@@ -103,7 +103,7 @@ _RANDOM = random.Random()
 #: with INVALID_REPLICATION_FACTOR, as before replication), and each coordinator slot held runs
 #: the controller of its replicated partitions (broker/election.py). Off until every broker's
 #: replicas follow their leaders; factor-1 topics are served alike either way.
-REPLICATION_SERVED: bool = False
+REPLICATION_SERVED: bool = True
 #: The replication factor of a CreateTopic that names none (-1).
 DEFAULT_REPLICATION_FACTOR = 1
 #: How long a CreateTopic of a replicated topic waits for its partitions' first states before it

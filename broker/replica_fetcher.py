@@ -63,9 +63,15 @@ class ReplicaFetcher:
                 async with self.manager.connect(self.leader) as channel:
                     while True:
                         await self._round(channel)
-            except (OSError, RemoteProtocolError, ChannelClosed, StoreError) as exc:
-                log.warning("fetching from broker %d: %s; again in %g s", self.leader, exc, BACKOFF)
-                await trio.sleep(BACKOFF)
+            except* (OSError, RemoteProtocolError, ChannelClosed, StoreError) as failed:
+                # the channel's own nursery wraps what ended it (a leader's kill -9 among them)
+                log.warning(
+                    "fetching from broker %d: %s; again in %g s",
+                    self.leader,
+                    failed.exceptions[0],
+                    BACKOFF,
+                )
+            await trio.sleep(BACKOFF)
 
     async def _round(self, channel: Requester) -> None:
         now = trio.current_time()
