@@ -99,13 +99,6 @@ log = logging.getLogger(__name__)
 #: Where a new topic's round robin starts (broker/placement.py).
 _RANDOM = random.Random()
 
-#: Whether this broker serves replication: CreateTopic places a factor above 1 (else refuses it
-#: with INVALID_REPLICATION_FACTOR, as before replication), and each coordinator slot held runs
-#: the controller of its replicated partitions (broker/election.py). Off until every broker's
-#: replicas follow their leaders; factor-1 topics are served alike either way.
-REPLICATION_SERVED: bool = True
-#: The replication factor of a CreateTopic that names none (-1).
-DEFAULT_REPLICATION_FACTOR = 1
 #: How long a CreateTopic of a replicated topic waits for its partitions' first states before it
 #: answers anyway (clients then see no leader for a moment, and retry).
 FIRST_STATES_BOUND = 5.0
@@ -226,6 +219,7 @@ class _Session:
                     self.offices.store,
                     message,
                     self.limits,
+                    default_factor=self.offices.default_replication_factor,
                     wait_states=self.offices.wait_states,
                 )
                 return CreateTopicResponse(error_code=error)
@@ -526,6 +520,7 @@ async def create_topic(
     limits: RequestLimits,
     rng: random.Random | None = None,
     *,
+    default_factor: int = 1,
     wait_states: Callable[[tuple[PartitionKey, ...]], Awaitable[None]] | None = None,
 ) -> ErrorCode:
     """Create the topic with its partitions spread over the live brokers, or those the request
@@ -533,7 +528,7 @@ async def create_topic(
     replicas). Two CreateTopics at once may both pass the per-broker check and overshoot it by
     one topic's partitions at most; the bound is on resources, not exact.
 
-    A replicated topic (``REPLICATION_SERVED``) needs as many brokers as its factor, never
+    A replicated topic needs as many brokers as its factor, never
     fewer replicas; once created, the answer waits (at most :data:`FIRST_STATES_BOUND`) until
     ``wait_states`` returns, once its controllers have given every partition its first state,
     so that a produce right after it finds each partition's leader."""
@@ -544,7 +539,7 @@ async def create_topic(
         return error
     factor = message.replication_factor
     if factor == -1:
-        factor = DEFAULT_REPLICATION_FACTOR
+        factor = default_factor
     live = [b.broker_id for b in await store.brokers()]
     brokers, error = placement.chosen_brokers(message.broker_ids, live)
     if error is not ErrorCode.NONE:
@@ -594,14 +589,10 @@ async def create_topic(
 
 
 def replication_factor_error(factor: int) -> ErrorCode:
-    """A CreateTopic's ``replication_factor`` (SPEC.md §8, 10): -1 (the broker's default,
-    :data:`DEFAULT_REPLICATION_FACTOR`) and 1 are today's topic, one replica per partition; above
-    1 is refused unless brokers serve replication (:data:`REPLICATION_SERVED`), and below 1 is
-    never a factor."""
-    if factor in (-1, 1) or (factor > 1 and REPLICATION_SERVED):
+    """A CreateTopic's ``replication_factor`` (SPEC.md §8, 10): -1 is the broker's default
+    (``Offices.default_replication_factor``); 0 and below -1 are never a factor."""
+    if factor == -1 or factor >= 1:
         return ErrorCode.NONE
-    if factor > 1:
-        log.info("refusing replication factor %d: brokers serve no replication yet", factor)
     return ErrorCode.INVALID_REPLICATION_FACTOR
 
 
@@ -646,7 +637,7 @@ async def add_partitions(
     if current.replication_factor == 1:
         added = counted = placement.added(brokers, current.brokers, count)
     else:
-        # Replicated (only served with REPLICATION_SERVED): as many replicas as the topic's.
+        # Replicated: as many replicas as the topic's.
         added, error = placement.added_replicas(brokers, current.replicas, count)
         if error is not ErrorCode.NONE:
             return error

@@ -35,7 +35,6 @@ import attrs
 import trio
 import trio_util
 
-from broker import dispatch
 from broker.controller import ControlInputs, control_slot
 from broker.leader_offsets import Connect, LeaderHighWatermarks
 from broker.offices import BySlot, ClusterView
@@ -81,6 +80,11 @@ class _Standing:
             self.scope.cancel()  # still waiting to take office: stop waiting
 
 
+#: Replicas per partition of a cluster's topic created without a factor (Kafka's recommended
+#: ``default.replication.factor``): one broker may die and another be down for maintenance.
+CLUSTER_REPLICATION_FACTOR = 3
+
+
 @attrs.define(eq=False)
 class Elector:
     """This broker's share of the coordinator slots, as its connections route to them
@@ -95,8 +99,8 @@ class Elector:
     observer: CoordinatorObserver = NULL_OBSERVER
     #: How each slot's coordinator sees its view of the store (the metrics time it).
     timed: Callable[[MetadataStore], MetadataStore] = attrs.field(default=lambda store: store)
-    #: What the controllers of the slots held here decide from; None: replication is not served,
-    #: and no slot runs a controller.
+    #: What the controllers of the slots held here decide from; None: no slot runs a controller
+    #: (an elector made without :func:`open_elector`, as some tests make one).
     control: ControlInputs | None = None
     #: The check of commits against the leaders' high watermarks (with ``control`` only).
     high_watermarks: LeaderHighWatermarks | None = None
@@ -113,6 +117,10 @@ class Elector:
     @property
     def fixed(self) -> bool:
         return False
+
+    @property
+    def default_replication_factor(self) -> int:
+        return self.config.default_replication_factor or CLUSTER_REPLICATION_FACTOR
 
     async def view(self, listener: str) -> ClusterView:
         brokers = self.brokers.get(listener)
@@ -280,17 +288,13 @@ async def open_elector(
     log_end: LogEnd | None = None,
     observer: CoordinatorObserver = NULL_OBSERVER,
     timed: Callable[[MetadataStore], MetadataStore] = lambda store: store,
-    control: bool | None = None,
     connect: Connect = trio.open_tcp_stream,
 ) -> AsyncIterator[Elector]:
     """Take this broker's share of the coordinator slots for the duration of the block, and
-    hand them off at its end. ``control``: whether the slots held run the controllers of the
-    replicated partitions (None: whether the broker serves replication,
-    ``broker.dispatch.REPLICATION_SERVED``); their coordinators then check commits of
-    partitions led elsewhere with their leaders, reached through ``connect``.
+    hand them off at its end. The slots held run the controllers of the replicated partitions
+    hashed onto them; their coordinators check commits of partitions led elsewhere with their
+    leaders, reached through ``connect``.
     """
-    if control is None:
-        control = dispatch.REPLICATION_SERVED
     elector = Elector(
         store=store,
         config=config,
@@ -298,7 +302,7 @@ async def open_elector(
         log_end=log_end,
         observer=observer,
         timed=timed,
-        control=ControlInputs(slots=config.coordinator_slots) if control else None,
+        control=ControlInputs(slots=config.coordinator_slots),
     )
     await store.occupy_single_office()
     async with trio.open_nursery() as nursery:

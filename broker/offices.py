@@ -79,6 +79,11 @@ class Offices(Protocol):
         """Whether ``by_slot`` never changes (no connection needs to watch it)."""
         ...
 
+    @property
+    def default_replication_factor(self) -> int:
+        """Replicas per partition of a topic created without a factor."""
+        ...
+
     async def view(self, listener: str) -> ClusterView:
         """The cluster as the clients of ``listener`` reach it ("": the default listener's);
         ``StoreUnavailable`` if it was never read and cannot be now."""
@@ -127,6 +132,11 @@ class WholeOffice:
     @property
     def config(self) -> CoordinatorConfig:
         return self.coordinator.config
+
+    @property
+    def default_replication_factor(self) -> int:
+        """A broker alone on its store has no other to hold a replica."""
+        return self.config.default_replication_factor or 1
 
     @property
     def store(self) -> TopicStore:

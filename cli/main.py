@@ -130,6 +130,14 @@ def _parser() -> argparse.ArgumentParser:
         "on a ZooKeeper store, and a broker configured otherwise refuses to start",
     )
     serve.add_argument(
+        "--default-replication-factor",
+        type=positive_int,
+        default=None,
+        help="replicas per partition of a topic created without --replication-factor "
+        "(default: 3 with --zookeeper, 1 on the embedded store); a topic needing more replicas "
+        "than live brokers is refused",
+    )
+    serve.add_argument(
         "--group-retention-minutes",
         type=positive_int,
         default=int(CoordinatorConfig().group_retention / 60),
@@ -491,6 +499,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 commit_interval=args.commit_interval,
                 max_frame_size=args.max_frame_size,
                 coordinator_slots=args.coordinator_slots,
+                default_replication_factor=args.default_replication_factor,
                 group_retention=args.group_retention_minutes * 60.0,
                 limits=RequestLimits(
                     max_id_bytes=args.max_id_bytes,

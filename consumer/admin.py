@@ -107,8 +107,8 @@ _HINTS = {
     ErrorCode.POLICY_VIOLATION: "the broker would hold more than its --max-partitions-per-broker",
     ErrorCode.INVALID_REPLICA_ASSIGNMENT: "name live brokers, each once",
     ErrorCode.INVALID_REPLICATION_FACTOR: (
-        "a topic's replication factor is 1 to the number of live brokers (-1: the broker's "
-        "default); 1 on the embedded store and while the brokers serve no replication"
+        "a topic's replication factor is 1 to the number of live brokers (without one, the "
+        "brokers' --default-replication-factor: 3 on a cluster, 1 on the embedded store)"
     ),
     ErrorCode.INVALID_CONFIG: (
         "a topic's settings are retention.ms, retention.bytes and segment.bytes, each once, "

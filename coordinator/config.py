@@ -61,6 +61,13 @@ class CoordinatorConfig:
     #: store pins the count there, and a broker configured otherwise refuses to start; the
     #: embedded store's one broker holds every slot (docs/design.md#coordinator-slots).
     coordinator_slots: int = attrs.field(default=DEFAULT_SLOTS, validator=_positive)
+    #: Replicas per partition of a topic created without a factor (Kafka's
+    #: ``default.replication.factor``); None: 3 on a cluster sharing ZooKeeper, 1 alone on the
+    #: embedded store. A default above the live brokers refuses such a topic, as an explicit
+    #: factor does: never silently fewer replicas (docs/design.md#replication).
+    default_replication_factor: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive)
+    )
     #: A group that has had no member for this long is removed with its offsets, so that groups
     #: nobody uses (every ``coordinator consume`` without ``--group`` makes one) do not pile up:
     #: Kafka's ``offsets.retention.minutes``, 7 days (docs/design.md#group-retention).

@@ -137,9 +137,8 @@ async def test_each_slot_controls_its_share_and_factor_1_topics_nobody() -> None
 
 
 async def test_create_topic_counts_replicas_against_the_per_broker_limit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(dispatch, "REPLICATION_SERVED", True)
     limits = RequestLimits(max_partitions_per_broker=3)
     async with open_embedded_store(tmp_path) as store:
         for broker_id in (1, 2, 3):

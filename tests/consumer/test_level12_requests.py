@@ -98,11 +98,11 @@ async def test_the_producer_consumer_and_admin_send_level_12_keeping_their_meani
     assert all(isinstance(m, ClusterMetadataRequest) for _, m in metadata)
 
 
-def test_a_refused_replication_factor_says_replication_is_not_served_yet() -> None:
+def test_a_refused_replication_factor_says_what_a_factor_may_be() -> None:
     """CreateTopic's answer is a code alone: the admin's error says what it means."""
     refused = AdminError("create topic t", ErrorCode.INVALID_REPLICATION_FACTOR)
     assert str(refused) == (
-        "create topic t: a topic's replication factor is 1 to the number of live brokers (-1:"
-        " the broker's default); 1 on the embedded store and while the brokers serve no"
-        " replication (INVALID_REPLICATION_FACTOR)"
+        "create topic t: a topic's replication factor is 1 to the number of live brokers"
+        " (without one, the brokers' --default-replication-factor: 3 on a cluster, 1 on the"
+        " embedded store) (INVALID_REPLICATION_FACTOR)"
     )

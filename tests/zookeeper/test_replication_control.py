@@ -59,7 +59,7 @@ class Brokers:
                     async with open_zookeeper_store(self.hosts) as store:
                         info = BrokerInfo(broker_id=broker_id, host="localhost", port=broker_id)
                         await store.register_broker(info, log_dir=log_dir)
-                        async with open_elector(store, CONFIG, info, control=True) as elector:
+                        async with open_elector(store, CONFIG, info) as elector:
                             task_status.started((scope, elector))
                             await trio.sleep_forever()
             finally:
@@ -125,9 +125,8 @@ def summary(state: PartitionState | None) -> Any:
 
 
 async def test_a_replicated_topic_gets_first_states_and_survives_its_leaders_death(
-    zookeeper_hosts: str, monkeypatch: pytest.MonkeyPatch
+    zookeeper_hosts: str,
 ) -> None:
-    monkeypatch.setattr(dispatch, "REPLICATION_SERVED", True)
     dirs = {b: uuid.uuid4() for b in (1, 2, 3)}
     async with brokers(zookeeper_hosts) as cluster:
         electors = [await cluster.start(b, dirs[b]) for b in (1, 2, 3)]
@@ -202,12 +201,11 @@ async def test_a_replicated_topic_gets_first_states_and_survives_its_leaders_dea
 
 
 async def test_a_replica_back_on_a_wiped_disk_is_not_elected(
-    zookeeper_hosts: str, monkeypatch: pytest.MonkeyPatch
+    zookeeper_hosts: str,
 ) -> None:
     """Broker 2 goes, then broker 1, the last in sync: the partition has no leader and keeps
     its ISR. Broker 1 back with a new log directory is not the replica that had the records;
     back on its own directory it leads again, under the next epoch only."""
-    monkeypatch.setattr(dispatch, "REPLICATION_SERVED", True)
     dirs = {b: uuid.uuid4() for b in (1, 2, 3)}
     async with brokers(zookeeper_hosts) as cluster:
         for b in (1, 2, 3):
@@ -269,7 +267,7 @@ async def test_a_deposed_controller_writes_nothing(zookeeper_hosts: str) -> None
 
 
 async def test_create_topic_refuses_a_factor_beyond_the_live_brokers(
-    zookeeper_hosts: str, monkeypatch: pytest.MonkeyPatch
+    zookeeper_hosts: str,
 ) -> None:
     dirs = {b: uuid.uuid4() for b in (1, 2)}
     async with brokers(zookeeper_hosts) as cluster:
@@ -285,13 +283,12 @@ async def test_create_topic_refuses_a_factor_beyond_the_live_brokers(
                 store, request, LIMITS, wait_states=elector.wait_states
             )
 
-        # Not served: refused as before replication, whatever the brokers.
-        assert await create("a", 2) is ErrorCode.INVALID_REPLICATION_FACTOR
-        monkeypatch.setattr(dispatch, "REPLICATION_SERVED", True)
+        # Never fewer replicas than asked: refused whatever else the request says.
         assert await create("b", 3) is ErrorCode.INVALID_REPLICATION_FACTOR  # 2 live
         assert await create("c", 2, broker_ids=(1,)) is ErrorCode.INVALID_REPLICATION_FACTOR
+        assert await create("z", 0) is ErrorCode.INVALID_REPLICATION_FACTOR
         assert set(await store.topics()) == set()
-        # Factor 1, named or the default, is today's topic: no state, nobody controls it.
+        # Factor 1, named or the default here, is the topic of old: no state, nobody controls it.
         assert await create("d", 1) is ErrorCode.NONE
         assert await create("e", -1) is ErrorCode.NONE
         topics = await store.topics()
@@ -305,15 +302,3 @@ async def test_create_topic_refuses_a_factor_beyond_the_live_brokers(
         assert [len(set(replicas)) for replicas in grown.replicas] == [2, 2, 2]
         control = cluster.control(1)
         await seen(control, lambda: set(control.states) >= set(keys_of(grown)))
-
-
-async def test_the_controllers_leave_when_replication_is_not_served(
-    zookeeper_hosts: str,
-) -> None:
-    async with open_zookeeper_store(zookeeper_hosts) as store:
-        info = BrokerInfo(broker_id=1, host="localhost", port=1)
-        await store.register_broker(info, log_dir=uuid.uuid4())
-        async with open_elector(store, CONFIG, info) as elector:
-            assert elector.control is None
-            assert elector.high_watermarks is None
-            assert (await elector.view("")).states == {}
