@@ -109,8 +109,8 @@ DECOMPRESSION_BUDGET = 4 * MAX_SECTION_BYTES
 #: The longest a Produce may ask to wait for its in-sync replicas (its ``timeout_ms``): a
 #: producer's whole delivery timeout is 120 s, and a request held longer only holds memory.
 MAX_PRODUCE_TIMEOUT_MS = 300_000
-#: The leader epoch of every partition while brokers serve no replication: its one replica has
-#: led it since its creation.
+#: The leader epoch of every partition of a topic of one replica: its one replica has led it
+#: since its creation.
 SOLE_REPLICA_EPOCH = 0
 #: A Produce's ``acks``: the leader's write (1), or every in-sync replica's (-1).
 _ACKS = frozenset({1, -1})

@@ -65,7 +65,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_PARTITIONS = 37
     INVALID_REPLICATION_FACTOR = 38
     """A CreateTopic's ``replication_factor`` below 1 (other than -1, the broker's default),
-    or above what the cluster can place; above 1 until brokers serve replication."""
+    or above what the cluster can place (more replicas than live brokers)."""
     INVALID_REPLICA_ASSIGNMENT = 39
     """CreateTopic or CreatePartitions named a broker that is not live, or one twice."""
     INVALID_CONFIG = 40

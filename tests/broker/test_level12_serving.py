@@ -1,4 +1,4 @@
-"""Level 12 (SPEC.md §11.13) answered by a broker that serves no replication yet: each partition
+"""Level 12 (SPEC.md §11.13) answered by a broker alone on the embedded store: each partition
 has one replica, its leader at epoch 0. Every new version is answered as that makes it (acks=all
 is acks=1, epoch 0 is the leader's, a factor above 1 is refused, no partition is led here for a
 follower), with the leader hints, and the older versions are answered as before."""
@@ -206,7 +206,7 @@ async def test_cluster_metadata_5_names_each_partitions_sole_replica_as_its_lead
     ("factor", "error"),
     [
         (1, ErrorCode.NONE),
-        (-1, ErrorCode.NONE),  # the broker's default: 1 while no replication is served
+        (-1, ErrorCode.NONE),  # the broker's default: 1 on the embedded store
         (2, ErrorCode.INVALID_REPLICATION_FACTOR),
         (3, ErrorCode.INVALID_REPLICATION_FACTOR),
         (0, ErrorCode.INVALID_REPLICATION_FACTOR),
