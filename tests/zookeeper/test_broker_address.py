@@ -47,7 +47,7 @@ async def test_a_consumer_is_told_the_address_a_restarted_broker_has_now(
         brokers = [(broker_id, process.address) for broker_id, process in running.items()]
         assert await agreed_coordinator(brokers, group=GROUP, deadline=DEADLINE) == 3
         async with open_admin([running[2].address]) as admin:
-            await admin.create_topic("far", 1, [1])
+            await admin.create_topic("far", 1, [1], replication_factor=1)
         async with open_producer([running[2].address]) as producer:
             for n in range(5):
                 await producer.enqueue("far", value=b"before-%d" % n)

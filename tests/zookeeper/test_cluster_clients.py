@@ -77,8 +77,19 @@ async def test_every_verb_works_through_each_broker_and_partitions_spread(
             lambda: every_broker_sees([b.address for b in brokers], everyone), deadline=DEADLINE
         )
 
-        await cli(two, "topics", "create", "t", "--partitions", "6")
-        await cli(three, "topics", "create", "u", "--partitions", "4", "--brokers", "1,3")
+        await cli(two, "topics", "create", "t", "--partitions", "6", "--replication-factor", "1")
+        await cli(
+            three,
+            "topics",
+            "create",
+            "u",
+            "--partitions",
+            "4",
+            "--brokers",
+            "1,3",
+            "--replication-factor",
+            "1",
+        )
         for broker in brokers:
             rows = await cli_json(broker, "topics", "describe")
             placed = {(r["topic"], r["partition"]): r["broker"] for r in rows}
@@ -95,7 +106,16 @@ async def test_every_verb_works_through_each_broker_and_partitions_spread(
         # own, whichever brokers hold its partitions and coordinate the group.
         for broker in brokers:
             n = broker.broker_id
-            await cli(broker, "topics", "create", f"t{n}", "--partitions", "1")
+            await cli(
+                broker,
+                "topics",
+                "create",
+                f"t{n}",
+                "--partitions",
+                "1",
+                "--replication-factor",
+                "1",
+            )
             await cli(broker, "topics", "alter", f"t{n}", "--partitions", "3")
             rows = await cli_json(broker, "topics", "describe", f"t{n}")
             assert Counter(r["broker"] for r in rows) == dict.fromkeys(everyone, 1)
@@ -138,7 +158,7 @@ async def test_every_verb_works_through_each_broker_and_partitions_spread(
         await eventually(three_is_down, deadline=DEADLINE)
         refused = await run_cli(
             "topics", "create", "v", "--partitions", "1", "--brokers", "3",
-            "--bootstrap", bootstrap(one),
+            "--replication-factor", "1", "--bootstrap", bootstrap(one),
         )  # fmt: skip
         assert refused.returncode != 0
         assert b"INVALID_REPLICA_ASSIGNMENT" in refused.stderr

@@ -381,7 +381,7 @@ async def test_a_broker_kill_fails_over_only_the_groups_of_its_slots(
             await named_by_all(addresses, group_id, holder_id)
 
         async with open_admin(addresses) as admin:
-            await admin.create_topic(TOPIC, PARTITIONS)
+            await admin.create_topic(TOPIC, PARTITIONS, replication_factor=1)
         placement = await placement_of(addresses)
         assert Counter(placement.values()) == {b.broker_id: 2 for b in brokers}
         ends = await produce(addresses, 60, set(placement))

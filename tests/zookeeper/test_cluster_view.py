@@ -37,7 +37,9 @@ async def test_the_cluster_view_names_every_broker_its_slots_and_who_is_down(
     from those before it, and every broker shows the same view."""
     async with cluster(zookeeper_hosts, tmp_path, CONFIG, 3) as brokers:
         everyone = {b.broker_id for b in brokers}
-        await cli(brokers[0], "topics", "create", "t", "--partitions", "6")
+        await cli(
+            brokers[0], "topics", "create", "t", "--partitions", "6", "--replication-factor", "1"
+        )
         started = trio.current_time()
         views: list[dict[str, Any]] = []
 

@@ -71,7 +71,7 @@ async def test_the_group_is_whole_again_after_the_coordinator_goes(
         survivor = next(b for b in brokers if b.broker_id != leader_id)
         # The partitions live on the survivor, so the group can fetch after the failover.
         async with open_admin([survivor.address]) as admin:
-            await admin.create_topic("orders", 4, [survivor.broker_id])
+            await admin.create_topic("orders", 4, [survivor.broker_id], replication_factor=1)
 
         # Consumers look for the new coordinator at least every second (by default their backoff
         # grows to 5 s while the dead one is still named), so the time measured is the cluster's.

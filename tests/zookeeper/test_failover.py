@@ -210,10 +210,12 @@ async def test_kill_9_of_the_coordinator_elects_another_and_the_group_recovers(
         survivors = [b for b in brokers if b is not first]
         # The partitions live on a survivor, so the group still fetches after the kill.
         async with open_admin([survivors[0].address]) as admin:
-            await admin.create_topic("orders", PARTITIONS, [survivors[0].broker_id])
+            await admin.create_topic(
+                "orders", PARTITIONS, [survivors[0].broker_id], replication_factor=1
+            )
         # ... and ``ledger`` lives on the coordinator, to be read back after it returns.
         async with open_admin([first.address]) as admin:
-            await admin.create_topic("ledger", 2, [first.broker_id])
+            await admin.create_topic("ledger", 2, [first.broker_id], replication_factor=1)
 
         orders: set[Offset] = set()
         ledger: set[Offset] = set()
@@ -302,7 +304,7 @@ async def test_the_group_keeps_working_when_zookeeper_servers_die(
     async with broker_processes(hosts, tmp_path, 2) as brokers:
         coordinator_id = await agreed_coordinator(ids(brokers), group=GROUP, deadline=DEADLINE)
         async with open_admin([brokers[0].address]) as admin:
-            await admin.create_topic("orders", PARTITIONS)
+            await admin.create_topic("orders", PARTITIONS, replication_factor=1)
         produced: set[Offset] = set()
         seen: set[Offset] = set()
         async with (
@@ -406,7 +408,7 @@ async def test_a_coordinator_paused_past_its_session_steps_down_when_it_wakes(
         first = next(b for b in brokers if b.broker_id == first_id)
         second = next(b for b in brokers if b is not first)
         async with open_admin([second.address]) as admin:
-            await admin.create_topic("orders", PARTITIONS, [second.broker_id])
+            await admin.create_topic("orders", PARTITIONS, [second.broker_id], replication_factor=1)
 
         async with open_group(brokers, 2) as consumers:
             await eventually(

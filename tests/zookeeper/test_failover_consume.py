@@ -87,7 +87,9 @@ async def test_kill_9_of_the_coordinator_keeps_the_consume_processes_group_and_r
         survivors = [b for b in brokers if b is not first]
         surviving = [b.address for b in survivors]
         async with open_admin(surviving) as admin:
-            await admin.create_topic("orders", PARTITIONS, [b.broker_id for b in survivors])
+            await admin.create_topic(
+                "orders", PARTITIONS, [b.broker_id for b in survivors], replication_factor=1
+            )
         everyone = ",".join(f"{host}:{port}" for host, port in (b.address for b in brokers))
         reset = (
             "groups",

@@ -41,7 +41,7 @@ async def test_a_level_0_group_survives_a_coordinator_failover(
         coordinator = next(b for b in brokers if b.broker_id == coordinator_id)
         survivor = next(b for b in brokers if b is not coordinator)
         async with open_admin([survivor.address]) as admin:
-            await admin.create_topic(TOPIC, PARTITIONS, [survivor.broker_id])
+            await admin.create_topic(TOPIC, PARTITIONS, [survivor.broker_id], replication_factor=1)
         token = trio.lowlevel.current_trio_token()
 
         def kill_coordinator() -> None:

@@ -37,7 +37,7 @@ async def test_a_reset_with_a_broker_down_writes_nothing_and_names_what_it_could
         second = await add_broker(nursery, zookeeper_hosts, tmp_path, CONFIG, 2)
         await eventually(lambda: slots_shared(first.address, [1, 2]), deadline=DEADLINE)
         async with open_admin([first.address]) as admin:
-            await admin.create_topic("t", PARTITIONS, [1, 2])
+            await admin.create_topic("t", PARTITIONS, [1, 2], replication_factor=1)
             placement = {
                 p.partition: p.broker_id for p in (await admin.topics(["t"]))[0].partitions
             }

@@ -73,7 +73,7 @@ async def test_a_change_through_one_broker_applies_on_the_other_within_the_bound
         one, two = (parse_bootstrap(b.bootstrap("SASL_PLAINTEXT")) for b in brokers)
         admin = await stack.enter_async_context(open_admin(one, security=_as("admin", "admin-pw")))
         with trio.fail_after(30):
-            await admin.create_topic("t", 1)
+            await admin.create_topic("t", 1, replication_factor=1)
             await admin.set_password("alice", "alice-pw")
         # a user added through broker 1 authenticates at broker 2 at once
         alice = await stack.enter_async_context(open_admin(two, security=_as("alice", "alice-pw")))

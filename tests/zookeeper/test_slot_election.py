@@ -75,7 +75,7 @@ async def test_each_broker_answers_only_its_slots_groups(
         await eventually(handed_off, deadline=DEADLINE)
         assert holder == {STAYING: 1, MOVING: 2}
         async with open_admin([brokers[0].address]) as admin:
-            await admin.create_topic("t", PARTITIONS)
+            await admin.create_topic("t", PARTITIONS, replication_factor=1)
         bootstrap = [broker.address for broker in brokers]
         async with contextlib.AsyncExitStack() as stack:
             for group in (STAYING, MOVING):
@@ -144,7 +144,7 @@ async def test_a_joining_broker_takes_its_share_by_handoff_and_only_those_groups
     async with trio.open_nursery() as nursery:
         first = await add_broker(nursery, zookeeper_hosts, tmp_path, CONFIG, 1)
         async with open_admin([first.address]) as admin:
-            await admin.create_topic("t", PARTITIONS)
+            await admin.create_topic("t", PARTITIONS, replication_factor=1)
         calls: dict[str, int] = {STAYING: 0, MOVING: 0}
         seen: dict[str, set[tuple[int, int]]] = {STAYING: set(), MOVING: set()}
 
@@ -267,7 +267,7 @@ async def test_a_broker_of_the_single_office_layout_never_takes_office_beside_sl
             assert not await trio.to_thread.run_sync(stand)
             # Meanwhile the slot holder serves a group from its start to its end.
             async with open_admin([broker.address]) as admin:
-                await admin.create_topic("t", PARTITIONS)
+                await admin.create_topic("t", PARTITIONS, replication_factor=1)
             async with open_consumer(
                 [broker.address], MOVING, topics=["t"], settings=SETTINGS
             ) as consumer:

@@ -22,8 +22,12 @@ async def test_a_topic_deleted_through_a_follower_goes_from_every_broker(
     async with cluster(zookeeper_hosts, tmp_path, CONFIG, 3) as brokers:
         coordinator_id = await agreed_coordinator(ids(brokers), group="g", deadline=DEADLINE)
         follower = next(b for b in brokers if b.broker_id != coordinator_id)
-        await cli(follower, "topics", "create", "t", "--partitions", "6")
-        await cli(follower, "topics", "create", "kept", "--partitions", "1")
+        await cli(
+            follower, "topics", "create", "t", "--partitions", "6", "--replication-factor", "1"
+        )
+        await cli(
+            follower, "topics", "create", "kept", "--partitions", "1", "--replication-factor", "1"
+        )
         lines = b"".join(b"record-%d\n" % i for i in range(30))
         await cli(follower, "produce", "t", stdin=lines)
         await cli(

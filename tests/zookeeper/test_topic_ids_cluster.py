@@ -74,14 +74,14 @@ async def test_a_broker_down_through_a_delete_and_a_recreate_serves_none_of_the_
     log_dir = tmp_path / "broker1" / "log"
     async with _start(zookeeper_hosts, tmp_path, 2) as two, _admin(two) as through_two:
         async with _start(zookeeper_hosts, tmp_path, 1) as one:
-            await through_two.create_topic("t", PARTITIONS, brokers=[1])
+            await through_two.create_topic("t", PARTITIONS, brokers=[1], replication_factor=1)
             old_id = (await through_two.listing(["t"])).ids["t"]
             async with _admin(one) as through_one:
                 for p in range(PARTITIONS):
                     await _produce(through_one, p, b"old-%d-0" % p, b"old-%d-1" % p)
             await one.kill()  # a crash: its registration stays for a session
             await through_two.delete_topic("t")
-            await through_two.create_topic("t", PARTITIONS, brokers=[1])
+            await through_two.create_topic("t", PARTITIONS, brokers=[1], replication_factor=1)
             new_id = (await through_two.listing(["t"])).ids["t"]
             assert new_id != old_id
 
