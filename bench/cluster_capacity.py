@@ -161,8 +161,10 @@ async def shared_view(brokers: Sequence[Broker]) -> tuple[ClusterReport, bool]:
 
 
 async def create_topic(brokers: Sequence[Broker], partitions: int) -> None:
+    """One replica per partition: the figure is the coordinators', comparable with the runs
+    before replication (bench/replication.py measures what replicas cost)."""
     async with open_admin([b.address for b in brokers]) as admin:
-        await admin.create_topic(TOPIC, partitions)
+        await admin.create_topic(TOPIC, partitions, replication_factor=1)
 
 
 def summed(all_stats: list[dict[str, Any]], key: str) -> Counter[str]:

@@ -355,7 +355,9 @@ async def one_scenario(
         survivors = [b for b in brokers if b is not first]
         for broker in brokers:  # each topic lives on one broker
             async with open_admin([address(broker)]) as admin:
-                await admin.create_topic(topic_of(broker[0]), PARTITIONS_PER_BROKER, [broker[0]])
+                await admin.create_topic(
+                    topic_of(broker[0]), PARTITIONS_PER_BROKER, [broker[0]], replication_factor=1
+                )
         # Where the partitions are, as a client learns it: a partition survives the fault when
         # its broker is not the coordinator's.
         placement = await agreed_placement(brokers)
