@@ -149,14 +149,7 @@ class ReplicaFetcher:
                             "%s: truncated to %d to match broker %d", asked.tp, end, self.leader
                         )
                     case rf.StartOver():
-                        # emptying a log to start it later is not built yet: wait for an operator
-                        log.error(
-                            "%s: broker %d's log starts at %d, past this one's end",
-                            asked.tp,
-                            self.leader,
-                            step.offset,
-                        )
-                        self.paused[key] = trio.current_time() + BACKOFF
+                        await self._start_over(key, asked, step.offset)
                     case rf.RefreshLeader() | rf.BackOff():
                         self.paused[key] = trio.current_time() + BACKOFF
             except (NotContiguous, EpochRefused, OffsetOutOfRange, RemoteProtocolError) as exc:
@@ -167,3 +160,23 @@ class ReplicaFetcher:
             except LogFailed as exc:
                 log.error("%s: %s", asked.tp, exc)
                 self.paused[key] = trio.current_time() + BACKOFF
+
+    async def _start_over(self, key: PartitionKey, asked: Following, offset: int) -> None:
+        """(the partition's lock held) The leader's log starts at ``offset``, past this one's
+        end: empty this log and start it there, its high watermark with it (nothing below it is
+        here to read), and write that down at once, so that a restart does not take the high
+        watermark of the records gone."""
+        end = asked.log.log_end_offset
+        await asked.log.start_at(offset)
+        self.manager.follower_hw[key] = offset
+        log.warning(
+            "%s: broker %d's log starts at %d, past this one's end %d: emptied, starts there",
+            asked.tp,
+            self.leader,
+            offset,
+            end,
+        )
+        try:
+            await self.manager.checkpoint()
+        except OSError as exc:
+            log.warning("writing the high watermarks failed: %s", exc)
