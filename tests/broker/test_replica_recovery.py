@@ -1,6 +1,8 @@
 """The replica runtime with what outlives a process (tests/broker/replica_cluster.py's
 in-process brokers): a follower whose leader's log now starts past its end starts its own log
-there and catches up; a damaged file of one partition stops that partition, not the broker."""
+there and catches up; a damaged file of one partition stops that partition, not the broker;
+brokers restarted from their logs and high-watermark checkpoints serve no more than the
+checkpoint says, lose nothing acknowledged, and truncate at epoch boundaries."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ from pathlib import Path
 
 import trio
 
-from broker.log import read_high_watermarks
+from broker.log import read_high_watermarks, write_high_watermarks
 from broker.log.epochs import LEADER_EPOCHS
 from broker.replica_fetcher import BACKOFF
-from protocol import ErrorCode
+from protocol import ErrorCode, ListOffsetsRequest
+from protocol.batches import records_from_batches
 from protocol.topic_configs import RETENTION_BYTES, SEGMENT_BYTES
 from tests.broker.replica_cluster import KEY, TP, Node, open_cluster, until
 
@@ -22,6 +25,11 @@ SMALL_SEGMENTS = ((SEGMENT_BYTES, "300"), (RETENTION_BYTES, "600"))
 def leads(node: Node, epoch: int) -> bool:
     led = None if node.manager is None else node.manager.leading(TP)
     return led is not None and led.epoch == epoch
+
+
+def high_watermark(node: Node) -> int:
+    led = None if node.manager is None else node.manager.leading(TP)
+    return -1 if led is None else led.high_watermark
 
 
 async def test_a_follower_behind_the_leaders_log_start_starts_there_and_catches_up(
@@ -82,3 +90,81 @@ async def test_a_damaged_epoch_file_stops_that_partition_only_until_it_is_repair
         damaged.unlink()  # the operator's repair
         await until(lambda: two.end() == 3)
         assert await two.values() == [b"a", b"b", b"c"]
+
+
+# --- restarts from the high-watermark checkpoint ---------------------------------------------
+
+
+async def test_a_restarted_leader_serves_up_to_its_checkpointed_high_watermark(
+    tmp_path: Path,
+) -> None:
+    async with open_cluster(tmp_path, [1, 2]) as cluster:
+        one, two = cluster.nodes[1], cluster.nodes[2]
+        cluster.store.elect(leader=1, epoch=0, isr=[1, 2])
+        await cluster.start(1)
+        await cluster.start(2)
+        for offset, value in enumerate((b"a", b"b")):
+            assert await one.produce(value, acks=-1) == (ErrorCode.NONE, offset)
+        cluster.stop(2)
+        # broker 2 in the ISR but away: "c" is in broker 1's log, past its high watermark
+        assert await one.produce(b"c", acks=1) == (ErrorCode.NONE, 2)
+        await cluster.reopen(1)
+        assert read_high_watermarks(one.log.directory) == {KEY: 2}
+        cluster.store.elect(leader=1, epoch=1, isr=[1, 2])
+        await cluster.start(1)
+        assert one.end() == 3
+        served = await one.fetch(0)
+        assert (served.error_code, served.high_watermark) == (ErrorCode.NONE, 2)
+        assert [r.value for r in records_from_batches(served.batches)] == [b"a", b"b"]
+        past = await one.fetch(2)  # in (HW, LEO]: empty, not out of range
+        assert (past.error_code, past.batches) == (ErrorCode.NONE, b"")
+        listed = await one.log.list_offsets(ListOffsetsRequest(topic=TP.topic, partition=0), 2)
+        assert listed.high_watermark == 2
+        # broker 2 comes back and copies "c" (of epoch 0, which epoch 1's leader still has)
+        await cluster.start(2)
+        await until(lambda: two.end() == 3)
+        await until(lambda: high_watermark(one) == 3)  # at broker 2's next fetch
+        served = await one.fetch(0)
+        assert [r.value for r in records_from_batches(served.batches)] == [b"a", b"b", b"c"]
+        assert await two.values() == [b"a", b"b", b"c"]
+
+
+async def test_a_follower_restarted_from_an_old_checkpoint_truncates_to_the_epoch_boundary(
+    tmp_path: Path,
+) -> None:
+    """KIP-101's case: a follower whose high-watermark checkpoint is behind its log, restarted
+    and elected, keeps what was acknowledged; the old leader, restarted, truncates what it alone
+    had at the boundary of the new leader's epoch, not at its high watermark (KIP-101, KIP-279)."""
+    async with open_cluster(tmp_path, [1, 2]) as cluster:
+        one, two = cluster.nodes[1], cluster.nodes[2]
+        cluster.store.elect(leader=1, epoch=0, isr=[1, 2])
+        await cluster.start(1)
+        await cluster.start(2)
+        for offset, value in enumerate((b"m0", b"m1")):
+            assert await one.produce(value, acks=-1) == (ErrorCode.NONE, offset)
+        cluster.stop(2)
+        assert await one.produce(b"m2", acks=1) == (ErrorCode.NONE, 2)  # broker 1's alone
+        # broker 2 crashed before it wrote the high watermark it learned last (every 5 s)
+        await cluster.reopen(2)
+        write_high_watermarks(two.log.directory, {KEY: 1})
+        # broker 1 dies, and broker 2 restarts following it (in vain) until it is elected
+        await cluster.reopen(1)
+        assert read_high_watermarks(one.log.directory) == {KEY: 2}
+        await cluster.start(2)
+        assert two.manager is not None and KEY in two.manager.following
+        cluster.store.elect(leader=2, epoch=1, isr=[2])
+        # nothing acknowledged is lost: m1 stays though the checkpoint said 1
+        await until(lambda: leads(two, epoch=1))
+        assert await two.values() == [b"m0", b"m1"]
+        assert await two.produce(b"m3", acks=-1) == (ErrorCode.NONE, 2)
+        served = await two.fetch(0)
+        assert [r.value for r in records_from_batches(served.batches)] == [b"m0", b"m1", b"m3"]
+        # broker 1 restarts as a follower: its m2 (epoch 0 past offset 2, where epoch 1 starts
+        # at the new leader) goes, m3 comes
+        await cluster.start(1)
+        await until(lambda: cluster.store.isr() == [2, 1])
+        assert await one.values() == [b"m0", b"m1", b"m3"]
+        epochs = (await one.log.partitions[TP].leader_epochs()).entries
+        assert [(e.epoch, e.start_offset) for e in epochs] == [(0, 0), (1, 2)]
+        assert two.manager is not None
+        await until(lambda: two.manager is not None and two.manager.high_watermarks()[KEY] == 3)
