@@ -110,7 +110,7 @@ class LeaderHighWatermarks:
                     continue
                 self._known[tp] = (epoch, response.high_watermark)
                 found[tp] = response.high_watermark
-        except (OSError, ChannelClosed, Refused) as exc:
+        except (OSError, trio.BrokenResourceError, ChannelClosed, Refused) as exc:
             failed.append(f"broker {leader}: {exc}")
             self._forget(leader)
 
@@ -145,7 +145,7 @@ class LeaderHighWatermarks:
                     finally:
                         if self._channels.get(leader, (None, None))[1] is channel:
                             del self._channels[leader]
-        except* (OSError, RemoteProtocolError, ChannelClosed) as failed:
+        except* (OSError, trio.BrokenResourceError, RemoteProtocolError, ChannelClosed) as failed:
             log.warning("the connection to broker %d failed: %s", leader, failed.exceptions[0])
 
     def _forget(self, leader: int) -> None:

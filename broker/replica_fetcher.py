@@ -70,7 +70,13 @@ class ReplicaFetcher:
                 async with self.manager.connect(self.leader) as channel:
                     while True:
                         await self._round(channel)
-            except* (OSError, RemoteProtocolError, ChannelClosed, StoreError) as failed:
+            except* (
+                OSError,
+                trio.BrokenResourceError,  # a TLS handshake that failed
+                RemoteProtocolError,
+                ChannelClosed,
+                StoreError,
+            ) as failed:
                 # the channel's own nursery wraps what ended it (a leader's kill -9 among them)
                 log.warning(
                     "fetching from broker %d: %s; again in %g s",

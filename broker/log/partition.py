@@ -208,6 +208,13 @@ class PartitionLog:
             self.segments.append(new)
         return new
 
+    def _fail(self, what: str) -> LogFailed:
+        """Stop appends until a restart recovers the partition from what is on disk: a write
+        that failed may have left it other than this object thinks (the error to raise)."""
+        self.failed = what
+        log.error("%s; no more appends until a restart", what)
+        return LogFailed(what)
+
     async def flush(self) -> None:
         await self._flush_to(self.log_end_offset)
 
@@ -227,9 +234,7 @@ class PartitionLog:
                     limiter=self.limiter,
                 )
             except OSError as exc:
-                self.failed = f"fsync of {active.path} failed: {exc}"
-                log.error("%s; no more appends until a restart", self.failed)
-                raise LogFailed(self.failed) from exc
+                raise self._fail(f"fsync of {active.path} failed: {exc}") from exc
             self.flushed_offset = max(self.flushed_offset, target)
 
     async def read(self, offset: int, max_bytes: int, limit: int | None = None) -> bytes:
@@ -383,9 +388,9 @@ class PartitionLog:
                         _cut, self.files, doomed, last, offset, durable, limiter=self.limiter
                     )
                 except OSError as exc:
-                    self.failed = f"truncating {self.directory} to {offset} failed: {exc}"
-                    log.error("%s; no more appends until a restart", self.failed)
-                    raise LogFailed(self.failed) from exc
+                    raise self._fail(
+                        f"truncating {self.directory} to {offset} failed: {exc}"
+                    ) from exc
                 # ``last`` is fsynced up to ``end`` now, the segments before it were when sealed
                 self.flushed_offset = end if durable else min(self.flushed_offset, end)
             await trio.to_thread.run_sync(epochs.truncate_from_end, end, limiter=self.limiter)
@@ -424,9 +429,9 @@ class PartitionLog:
                     limiter=self.limiter,
                 )
             except OSError as exc:
-                self.failed = f"starting {self.directory} over at {offset} failed: {exc}"
-                log.error("%s; no more appends until a restart", self.failed)
-                raise LogFailed(self.failed) from exc
+                raise self._fail(
+                    f"starting {self.directory} over at {offset} failed: {exc}"
+                ) from exc
             self.segments = [active]
             self.flushed_offset = offset
             self._epochs = LeaderEpochCache(path=self.directory / LEADER_EPOCHS)

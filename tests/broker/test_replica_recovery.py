@@ -16,7 +16,7 @@ from broker.replica_fetcher import BACKOFF
 from protocol import ErrorCode, ListOffsetsRequest
 from protocol.batches import records_from_batches
 from protocol.topic_configs import RETENTION_BYTES, SEGMENT_BYTES
-from tests.broker.replica_cluster import KEY, TP, Node, open_cluster, until
+from tests.broker.replica_cluster import KEY, TP, Cluster, Node, open_cluster, until
 
 #: Segments of a few records, of which retention keeps about two.
 SMALL_SEGMENTS = ((SEGMENT_BYTES, "300"), (RETENTION_BYTES, "600"))
@@ -95,17 +95,23 @@ async def test_a_damaged_epoch_file_stops_that_partition_only_until_it_is_repair
 # --- restarts from the high-watermark checkpoint ---------------------------------------------
 
 
+async def acknowledged_then_away(cluster: Cluster, *values: bytes) -> None:
+    """Broker 1 leads under epoch 0 with broker 2 in sync, ``values`` are acknowledged by both
+    (acks=all), and broker 2 stops."""
+    cluster.store.elect(leader=1, epoch=0, isr=[1, 2])
+    await cluster.start(1)
+    await cluster.start(2)
+    for offset, value in enumerate(values):
+        assert await cluster.nodes[1].produce(value, acks=-1) == (ErrorCode.NONE, offset)
+    cluster.stop(2)
+
+
 async def test_a_restarted_leader_serves_up_to_its_checkpointed_high_watermark(
     tmp_path: Path,
 ) -> None:
     async with open_cluster(tmp_path, [1, 2]) as cluster:
         one, two = cluster.nodes[1], cluster.nodes[2]
-        cluster.store.elect(leader=1, epoch=0, isr=[1, 2])
-        await cluster.start(1)
-        await cluster.start(2)
-        for offset, value in enumerate((b"a", b"b")):
-            assert await one.produce(value, acks=-1) == (ErrorCode.NONE, offset)
-        cluster.stop(2)
+        await acknowledged_then_away(cluster, b"a", b"b")
         # broker 2 in the ISR but away: "c" is in broker 1's log, past its high watermark
         assert await one.produce(b"c", acks=1) == (ErrorCode.NONE, 2)
         await cluster.reopen(1)
@@ -137,12 +143,7 @@ async def test_a_follower_restarted_from_an_old_checkpoint_truncates_to_the_epoc
     had at the boundary of the new leader's epoch, not at its high watermark (KIP-101, KIP-279)."""
     async with open_cluster(tmp_path, [1, 2]) as cluster:
         one, two = cluster.nodes[1], cluster.nodes[2]
-        cluster.store.elect(leader=1, epoch=0, isr=[1, 2])
-        await cluster.start(1)
-        await cluster.start(2)
-        for offset, value in enumerate((b"m0", b"m1")):
-            assert await one.produce(value, acks=-1) == (ErrorCode.NONE, offset)
-        cluster.stop(2)
+        await acknowledged_then_away(cluster, b"m0", b"m1")
         assert await one.produce(b"m2", acks=1) == (ErrorCode.NONE, 2)  # broker 1's alone
         # broker 2 crashed before it wrote the high watermark it learned last (every 5 s)
         await cluster.reopen(2)
