@@ -169,3 +169,33 @@ async def test_a_follower_restarted_from_an_old_checkpoint_truncates_to_the_epoc
         assert [(e.epoch, e.start_offset) for e in epochs] == [(0, 0), (1, 2)]
         assert two.manager is not None
         await until(lambda: two.manager is not None and two.manager.high_watermarks()[KEY] == 3)
+
+
+async def test_a_follower_restarted_and_elected_serves_up_to_the_high_watermark_it_wrote(
+    tmp_path: Path,
+) -> None:
+    """Elected with another in-sync replica that has not fetched from it yet, a broker restarted
+    from its checkpoint serves no further than the checkpoint says until that replica fetches."""
+    async with open_cluster(tmp_path, [1, 2, 3]) as cluster:
+        one, two = cluster.nodes[1], cluster.nodes[2]
+        cluster.store.elect(leader=1, epoch=0, isr=[1, 2, 3])
+        for broker in (1, 2, 3):
+            await cluster.start(broker)
+        for offset, value in enumerate((b"m0", b"m1")):
+            assert await one.produce(value, acks=-1) == (ErrorCode.NONE, offset)
+        cluster.stop(3)
+        await cluster.reopen(2)
+        write_high_watermarks(two.log.directory, {KEY: 1})  # written before it learned 2
+        await cluster.reopen(1)  # broker 1 dies
+        cluster.store.elect(leader=2, epoch=1, isr=[2, 3])
+        await cluster.start(2)
+        await until(lambda: leads(two, epoch=1))
+        served = await two.fetch(0)
+        assert (served.error_code, served.high_watermark) == (ErrorCode.NONE, 1)
+        assert [r.value for r in records_from_batches(served.batches)] == [b"m0"]
+        assert (await two.fetch(1)).batches == b""
+        # broker 3, in sync, fetches from the new leader: m1 was acknowledged, and is served
+        await cluster.start(3)
+        await until(lambda: high_watermark(two) == 2)
+        served = await two.fetch(0)
+        assert [r.value for r in records_from_batches(served.batches)] == [b"m0", b"m1"]
