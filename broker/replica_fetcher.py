@@ -177,6 +177,10 @@ class ReplicaFetcher:
                 self.manager.follower_hw[key] = rf.learned_high_watermark(
                     step.leader_high_watermark, end
                 )
+            case rf.Truncate() if step.offset < partition_log.log_start_offset:
+                # the logs agree on nothing this one still has (a leader elected uncleanly
+                # with a shorter log): it starts over where they part
+                await self._start_over(key, asked, step.offset)
             case rf.Truncate():
                 end = await partition_log.truncate_to(step.offset)
                 log.info("%s: truncated to %d to match broker %d", asked.tp, end, self.leader)
@@ -186,19 +190,21 @@ class ReplicaFetcher:
                 self.paused[key] = trio.current_time() + BACKOFF
 
     async def _start_over(self, key: PartitionKey, asked: Following, offset: int) -> None:
-        """(the partition's lock held) The leader's log starts at ``offset``, past this one's
-        end: empty this log and start it there, its high watermark with it (nothing below it is
-        here to read), and write that down at once, so that a restart does not take the high
+        """(the partition's lock held) This log has nothing to keep of the leader's: the
+        leader's starts at ``offset``, past this one's end, or this one starts past where they
+        part. Empty it and start it at ``offset``, its high watermark with it (nothing below it
+        is here to read), and write that down at once, so that a restart does not take the high
         watermark of the records gone."""
-        end = asked.log.log_end_offset
+        start, end = asked.log.log_start_offset, asked.log.log_end_offset
         await asked.log.start_at(offset)
         self.manager.follower_hw[key] = offset
         log.warning(
-            "%s: broker %d's log starts at %d, past this one's end %d: emptied, starts there",
+            "%s: this log [%d, %d) starts over at %d to follow broker %d",
             asked.tp,
-            self.leader,
-            offset,
+            start,
             end,
+            offset,
+            self.leader,
         )
         try:
             await self.manager.checkpoint()

@@ -15,7 +15,7 @@ from broker.log.epochs import LEADER_EPOCHS
 from broker.replica_fetcher import BACKOFF
 from protocol import ErrorCode, ListOffsetsRequest
 from protocol.batches import records_from_batches
-from protocol.topic_configs import RETENTION_BYTES, SEGMENT_BYTES
+from protocol.topic_configs import RETENTION_BYTES, SEGMENT_BYTES, UNCLEAN_LEADER_ELECTION
 from tests.broker.replica_cluster import KEY, TP, Cluster, Node, open_cluster, until
 
 #: Segments of a few records, of which retention keeps about two.
@@ -199,3 +199,31 @@ async def test_a_follower_restarted_and_elected_serves_up_to_the_high_watermark_
         await until(lambda: high_watermark(two) == 2)
         served = await two.fetch(0)
         assert [r.value for r in records_from_batches(served.batches)] == [b"m0", b"m1"]
+
+
+async def test_a_follower_that_agrees_on_nothing_it_has_with_its_leader_starts_over(
+    tmp_path: Path,
+) -> None:
+    """A log started past where it parts from the new leader's (that leader elected uncleanly
+    with a shorter log) cannot be truncated there: it starts over at that point."""
+    configs = (*SMALL_SEGMENTS, (UNCLEAN_LEADER_ELECTION, "true"))
+    async with open_cluster(tmp_path, [1, 2, 3], configs) as cluster:
+        one, two, three = cluster.nodes[1], cluster.nodes[2], cluster.nodes[3]
+        cluster.store.elect(leader=1, epoch=0, isr=[1])
+        await cluster.start(1)
+        for i in range(40):
+            assert (await one.produce(b"v%02d" % i, acks=1))[0] is ErrorCode.NONE
+        assert await one.log.enforce_retention() > 0
+        start = one.log.partitions[TP].log_start_offset
+        await cluster.start(2)
+        await until(lambda: two.end() == one.end())
+        assert two.log.partitions[TP].log_start_offset == start
+        # broker 1 is lost; broker 3, which never had a record, is elected uncleanly
+        cluster.stop(1)
+        cluster.store.elect(leader=3, epoch=1, isr=[3])
+        await cluster.start(3)
+        await until(lambda: leads(three, epoch=1))
+        assert await three.produce(b"x", acks=1) == (ErrorCode.NONE, 0)
+        await until(lambda: two.end() == 1)
+        assert two.log.partitions[TP].log_start_offset == 0
+        assert await two.values() == [b"x"]
