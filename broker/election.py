@@ -20,7 +20,8 @@ refused its writes) closes its coordinator the same way, and the plan decides wh
 With replication served, each slot held also runs the controller of the replicated partitions
 hashed onto it (broker/controller.py), under the slot's epoch, started and ended with the slot's
 coordinator; the broker's controllers share one view of the partition states, the topics and the
-live brokers' log directories.
+live brokers' log directories. The holder of slot 0 also sweeps deleted topics' partition states
+(broker/state_sweeper.py), under that slot's epoch too.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import trio_util
 from broker.controller import ControlInputs, control_slot
 from broker.leader_offsets import Connect, LeaderHighWatermarks
 from broker.offices import BySlot, ClusterView
+from broker.state_sweeper import SWEEPER_SLOT, sweep_states
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
@@ -242,6 +244,8 @@ class Elector:
                                 epoch=coordinator.epoch,
                             )
                         )
+                        if slot == SWEEPER_SLOT:
+                            ends.append(partial(sweep_states, self.store, epoch=coordinator.epoch))
                     try:
                         await trio_util.wait_any(*ends)
                     finally:

@@ -12,6 +12,7 @@ answer in time, or a partition without a leader, makes the commit retriable
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
@@ -19,7 +20,7 @@ import trio
 
 from broker.controller import ControlInputs
 from coordinator.validation import LeaderUnavailable
-from protocol import ErrorCode, ListOffsetsRequest, ListOffsetsResponse
+from protocol import ErrorCode, ListOffsetsRequest, ListOffsetsResponse, RemoteProtocolError
 from protocol.types import BrokerInfo, TopicPartition
 from statemachine.partition_state import NO_LEADER, PartitionKey
 from store import TopicPlacement
@@ -28,6 +29,8 @@ from transport.connect import open_channel
 from transport.refusals import ChannelClosed, Refused
 
 __all__ = ["ASK_BOUND", "LeaderHighWatermarks"]
+
+log = logging.getLogger(__name__)
 
 #: How long a commit waits for the leaders' high watermarks before it is answered retriable.
 ASK_BOUND = 2.0
@@ -107,7 +110,7 @@ class LeaderHighWatermarks:
                     continue
                 self._known[tp] = (epoch, response.high_watermark)
                 found[tp] = response.high_watermark
-        except (OSError, ChannelClosed, Refused) as exc:
+        except (OSError, trio.BrokenResourceError, ChannelClosed, Refused) as exc:
             failed.append(f"broker {leader}: {exc}")
             self._forget(leader)
 
@@ -127,17 +130,23 @@ class LeaderHighWatermarks:
     async def _keep(
         self, leader: int, address: tuple[str, int], *, task_status: trio.TaskStatus[Channel]
     ) -> None:
-        """Hold a connection to ``leader`` until it is forgotten."""
+        """Hold a connection to ``leader`` until it is forgotten, or fails: a peer that breaks
+        the protocol or drops the connection ends this connection and nothing else (its
+        questions in flight fail as a leader's that cannot tell). The channel's nursery wraps
+        what ended it."""
         stream = await self.connect(*address)
-        with trio.CancelScope() as scope:
-            async with open_channel(stream, client_id=f"broker-{self.me}") as channel:
-                self._channels[leader] = (address, channel, scope)
-                task_status.started(channel)
-                try:
-                    await trio.sleep_forever()
-                finally:
-                    if self._channels.get(leader, (None, None))[1] is channel:
-                        del self._channels[leader]
+        try:
+            with trio.CancelScope() as scope:
+                async with open_channel(stream, client_id=f"broker-{self.me}") as channel:
+                    self._channels[leader] = (address, channel, scope)
+                    task_status.started(channel)
+                    try:
+                        await trio.sleep_forever()
+                    finally:
+                        if self._channels.get(leader, (None, None))[1] is channel:
+                            del self._channels[leader]
+        except* (OSError, trio.BrokenResourceError, RemoteProtocolError, ChannelClosed) as failed:
+            log.warning("the connection to broker %d failed: %s", leader, failed.exceptions[0])
 
     def _forget(self, leader: int) -> None:
         held = self._channels.pop(leader, None)

@@ -16,7 +16,14 @@ import logging
 import attrs
 import trio
 
-from broker.log import EpochRefused, LogFailed, NotContiguous, OffsetOutOfRange
+from broker.log import (
+    CorruptCheckpoint,
+    CorruptSegment,
+    EpochRefused,
+    LogFailed,
+    NotContiguous,
+    OffsetOutOfRange,
+)
 from broker.replicas import Following, ReplicaManager, Requester
 from protocol import (
     ErrorCode,
@@ -63,7 +70,13 @@ class ReplicaFetcher:
                 async with self.manager.connect(self.leader) as channel:
                     while True:
                         await self._round(channel)
-            except* (OSError, RemoteProtocolError, ChannelClosed, StoreError) as failed:
+            except* (
+                OSError,
+                trio.BrokenResourceError,  # a TLS handshake that failed
+                RemoteProtocolError,
+                ChannelClosed,
+                StoreError,
+            ) as failed:
                 # the channel's own nursery wraps what ended it (a leader's kill -9 among them)
                 log.warning(
                     "fetching from broker %d: %s; again in %g s",
@@ -85,7 +98,11 @@ class ReplicaFetcher:
             return
         wanted = []
         for key, f in followed.items():
-            cache = (await f.log.leader_epochs()).entries
+            try:
+                cache = (await f.log.leader_epochs()).entries
+            except CorruptCheckpoint as exc:
+                self._broken(key, f, exc)
+                continue
             position = rf.fetch_position(cache, f.log.log_end_offset)
             wanted.append(
                 ReplicaFetchPartition(
@@ -119,51 +136,77 @@ class ReplicaFetcher:
         async with self.manager.lock(key):
             if self.manager.following.get(key) is not asked:
                 return  # the role changed while the request was out
-            partition_log = asked.log
-            cache = (await partition_log.leader_epochs()).entries
-            answer = rf.LeaderAnswer(
-                error_code=data.error_code,
-                high_watermark=data.high_watermark,
-                log_start_offset=data.log_start_offset,
-                diverging_epoch=data.diverging_epoch,
-                diverging_end_offset=data.diverging_end_offset,
-                epoch_starts=tuple(
-                    EpochStart(epoch=e.epoch, start_offset=e.start_offset)
-                    for e in data.epoch_starts
-                ),
-            )
-            step = rf.next_step(cache, partition_log.log_end_offset, answer)
             try:
-                match step:
-                    case rf.Append():
-                        for entry in step.cache:
-                            if entry not in cache:
-                                await partition_log.assign_epoch(entry.epoch, entry.start_offset)
-                        end = await partition_log.append_replicated(data.batches)
-                        self.manager.follower_hw[key] = rf.learned_high_watermark(
-                            step.leader_high_watermark, end
-                        )
-                    case rf.Truncate():
-                        end = await partition_log.truncate_to(step.offset)
-                        log.info(
-                            "%s: truncated to %d to match broker %d", asked.tp, end, self.leader
-                        )
-                    case rf.StartOver():
-                        # emptying a log to start it later is not built yet: wait for an operator
-                        log.error(
-                            "%s: broker %d's log starts at %d, past this one's end",
-                            asked.tp,
-                            self.leader,
-                            step.offset,
-                        )
-                        self.paused[key] = trio.current_time() + BACKOFF
-                    case rf.RefreshLeader() | rf.BackOff():
-                        self.paused[key] = trio.current_time() + BACKOFF
+                await self._step(key, asked, data)
             except (NotContiguous, EpochRefused, OffsetOutOfRange, RemoteProtocolError) as exc:
                 log.warning(
                     "%s: the answer of broker %d does not fit: %s", asked.tp, self.leader, exc
                 )
                 self.paused[key] = trio.current_time() + BACKOFF
-            except LogFailed as exc:
-                log.error("%s: %s", asked.tp, exc)
+            except (LogFailed, CorruptSegment, CorruptCheckpoint) as exc:
+                self._broken(key, asked, exc)
+
+    def _broken(self, key: PartitionKey, asked: Following, exc: Exception) -> None:
+        """This broker's copy of the partition cannot be read or written now: that partition
+        waits, the others go on (an error of one partition's files never ends the fetcher,
+        which would end the broker)."""
+        log.error("%s: %s", asked.tp, exc)
+        self.paused[key] = trio.current_time() + BACKOFF
+
+    async def _step(self, key: PartitionKey, asked: Following, data: ReplicaFetchData) -> None:
+        """(the partition's lock held) Do what ``next_step`` says with the leader's answer."""
+        partition_log = asked.log
+        cache = (await partition_log.leader_epochs()).entries
+        answer = rf.LeaderAnswer(
+            error_code=data.error_code,
+            high_watermark=data.high_watermark,
+            log_start_offset=data.log_start_offset,
+            diverging_epoch=data.diverging_epoch,
+            diverging_end_offset=data.diverging_end_offset,
+            epoch_starts=tuple(
+                EpochStart(epoch=e.epoch, start_offset=e.start_offset) for e in data.epoch_starts
+            ),
+        )
+        step = rf.next_step(cache, partition_log.log_end_offset, answer)
+        match step:
+            case rf.Append():
+                for entry in step.cache:
+                    if entry not in cache:
+                        await partition_log.assign_epoch(entry.epoch, entry.start_offset)
+                end = await partition_log.append_replicated(data.batches)
+                self.manager.follower_hw[key] = rf.learned_high_watermark(
+                    step.leader_high_watermark, end
+                )
+            case rf.Truncate() if step.offset < partition_log.log_start_offset:
+                # the logs agree on nothing this one still has (a leader elected uncleanly
+                # with a shorter log): it starts over where they part
+                await self._start_over(key, asked, step.offset)
+            case rf.Truncate():
+                end = await partition_log.truncate_to(step.offset)
+                log.info("%s: truncated to %d to match broker %d", asked.tp, end, self.leader)
+            case rf.StartOver():
+                await self._start_over(key, asked, step.offset)
+            case rf.RefreshLeader() | rf.BackOff():
                 self.paused[key] = trio.current_time() + BACKOFF
+
+    async def _start_over(self, key: PartitionKey, asked: Following, offset: int) -> None:
+        """(the partition's lock held) This log has nothing to keep of the leader's: the
+        leader's starts at ``offset``, past this one's end, or this one starts past where they
+        part. Empty it and start it at ``offset``, its high watermark with it (nothing below it
+        is here to read), and write that down at once, so that a restart does not take the high
+        watermark of the records gone."""
+        start, end = asked.log.log_start_offset, asked.log.log_end_offset
+        await asked.log.start_at(offset)
+        self.manager.follower_hw[key] = offset
+        log.warning(
+            "%s: this log [%d, %d) starts over at %d to follow broker %d",
+            asked.tp,
+            start,
+            end,
+            offset,
+            self.leader,
+        )
+        try:
+            await self.manager.checkpoint()
+        except OSError as exc:
+            log.warning("writing the high watermarks failed: %s", exc)

@@ -604,11 +604,13 @@ def diverging(
     does not: then (this leader's largest epoch at or below it, where that epoch ends), for the
     follower to truncate to, and no data (KIP-320/595's diverging epoch, which makes KIP-101's
     OffsetsForLeaderEpoch round trip unneeded). A follower with records but no epoch is sent back
-    to where this leader's first epoch starts."""
+    to where this leader's first epoch starts; one fetching from there or before it has nothing
+    to cut back that this leader can name (an empty log started at this leader's log start,
+    among others), and is served."""
     if last_fetched_epoch == NO_EPOCH:
-        if fetch_offset == 0 or not cache:
+        if not cache or fetch_offset <= cache[0].start_offset:
             return None
-        return NO_EPOCH, min(cache[0].start_offset, fetch_offset)
+        return NO_EPOCH, cache[0].start_offset
     if cache and last_fetched_epoch > cache[-1].epoch:
         epoch, end = cache[-1].epoch, log_end
     else:

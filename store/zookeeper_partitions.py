@@ -49,7 +49,7 @@ from .zookeeper_layout import (
     json_bytes,
     partition_state_path,
 )
-from .zookeeper_session import _OP_OVERHEAD, _TX_BYTES, Events, Office, Session, failure
+from .zookeeper_session import _OP_OVERHEAD, _TX_BYTES, Events, Office, Op, Session, failure
 
 __all__ = ["Partitions"]
 
@@ -333,6 +333,37 @@ class Partitions(Session):
                     await self._wait(result)
         except StoreUnavailable as exc:
             log.warning("cannot prune partition change notes: %s", exc)
+
+    # The sweeper's (broker/state_sweeper.py)
+
+    async def partition_state_ids(self) -> frozenset[uuid.UUID]:
+        """The topic ids that have partition states now: those of topics in force, and those of
+        deleted topics whose states are left (a delete cut short, a controller that wrote one
+        before it saw the topic go) until :meth:`remove_partition_states` removes them."""
+        found = set()
+        for name in await self._children(PARTITION_STATES, missing_ok=True):
+            try:
+                found.add(uuid.UUID(name))
+            except ValueError:
+                log.warning("%s/%s names no topic id: left alone", PARTITION_STATES, name)
+        return frozenset(found)
+
+    async def remove_partition_states(self, epoch: int, topic_id: uuid.UUID) -> bool:
+        """Remove every state of ``topic_id``, a topic no longer in force, and its node, under
+        the office of ``epoch`` (the sweeper's slot's: ``Deposed``, nothing removed, once it
+        is over);
+        whether they are all gone. A state written meanwhile (a controller that has not seen
+        the topic go yet) or one removed by another first stops it: the next sweep goes on.
+        Each transaction removes a part, the node last, so what is left is states a reader may
+        see (a deleted topic's, which no reader takes for its topic's)."""
+        office = self._office_of(epoch)
+        path = partition_state_path(topic_id)
+        partitions = await self._children(path, missing_ok=True)
+        if not partitions and await self._wait(self._client.exists_async(path)) is None:
+            return True
+        ops = [Op(kind="delete", path=f"{path}/{p}") for p in partitions]
+        ops.append(Op(kind="delete", path=path))
+        return await self._commit_in_parts(office, ops) == len(ops)
 
     async def _delete_partition_states(self, topic_id: uuid.UUID) -> None:
         """Remove a deleted topic's states, best effort: a controller writing one meanwhile

@@ -46,15 +46,19 @@ class LogConfig:
 
     def for_topic(self, configs: tuple[tuple[str, str], ...]) -> LogConfig:
         """This broker's settings with those a topic was created with (checked already:
-        protocol/topic_configs.py) in place of its own; -1 is "no limit", as in Kafka."""
+        protocol/topic_configs.py) in place of its own; -1 is "no limit", as in Kafka. Settings
+        that are not the log's (replication's, some of them not numbers) are left to others."""
         config = self
         for name, value in configs:
-            number = int(value)
-            limit = None if number < 0 else number
             if name == RETENTION_MS:
-                config = attrs.evolve(config, retention_ms=limit)
+                config = attrs.evolve(config, retention_ms=_limit(value))
             elif name == RETENTION_BYTES:
-                config = attrs.evolve(config, retention_bytes=limit)
+                config = attrs.evolve(config, retention_bytes=_limit(value))
             elif name == SEGMENT_BYTES:
-                config = attrs.evolve(config, segment_bytes=number)
+                config = attrs.evolve(config, segment_bytes=int(value))
         return config
+
+
+def _limit(value: str) -> int | None:
+    number = int(value)
+    return None if number < 0 else number

@@ -21,13 +21,16 @@ import trio
 from protocol.batches import HEADER, BatchSpan, batch_spans, stamped_pieces, stamped_spans
 from protocol.codec import ReadableBuffer
 from protocol.types import TopicId
+from store.durable import replace_atomically
 from transport.limits import FileBudget
 
+from .checkpoints import CorruptCheckpoint, decode_rows, encode_rows
 from .config import FsyncPolicy, LogConfig
-from .epochs import EpochEnd, LeaderEpochCache
+from .epochs import LEADER_EPOCHS, EpochEnd, LeaderEpochCache
 from .files import SegmentFiles
 from .format import read_partition_id, write_partition_id
 from .segment import (
+    INDEX_SUFFIX,
     SUFFIX,
     CorruptSegment,
     Segment,
@@ -39,6 +42,10 @@ from .segment import (
 )
 
 log = logging.getLogger(__name__)
+
+#: A partition directory's intent to empty its log and start it at the offset the file names
+#: (:meth:`PartitionLog.start_at`): once it is there, the next open finishes the job.
+START_OVER = "start-over"
 
 
 class OffsetOutOfRange(Exception):
@@ -201,6 +208,13 @@ class PartitionLog:
             self.segments.append(new)
         return new
 
+    def _fail(self, what: str) -> LogFailed:
+        """Stop appends until a restart recovers the partition from what is on disk: a write
+        that failed may have left it other than this object thinks (the error to raise)."""
+        self.failed = what
+        log.error("%s; no more appends until a restart", what)
+        return LogFailed(what)
+
     async def flush(self) -> None:
         await self._flush_to(self.log_end_offset)
 
@@ -220,9 +234,7 @@ class PartitionLog:
                     limiter=self.limiter,
                 )
             except OSError as exc:
-                self.failed = f"fsync of {active.path} failed: {exc}"
-                log.error("%s; no more appends until a restart", self.failed)
-                raise LogFailed(self.failed) from exc
+                raise self._fail(f"fsync of {active.path} failed: {exc}") from exc
             self.flushed_offset = max(self.flushed_offset, target)
 
     async def read(self, offset: int, max_bytes: int, limit: int | None = None) -> bytes:
@@ -376,14 +388,54 @@ class PartitionLog:
                         _cut, self.files, doomed, last, offset, durable, limiter=self.limiter
                     )
                 except OSError as exc:
-                    self.failed = f"truncating {self.directory} to {offset} failed: {exc}"
-                    log.error("%s; no more appends until a restart", self.failed)
-                    raise LogFailed(self.failed) from exc
+                    raise self._fail(
+                        f"truncating {self.directory} to {offset} failed: {exc}"
+                    ) from exc
                 # ``last`` is fsynced up to ``end`` now, the segments before it were when sealed
                 self.flushed_offset = end if durable else min(self.flushed_offset, end)
             await trio.to_thread.run_sync(epochs.truncate_from_end, end, limiter=self.limiter)
         log.info("%s: truncated to offset %d", self.directory.name, end)
         return end
+
+    async def start_at(self, offset: int) -> None:
+        """Drop every record and start the log empty at ``offset`` (Kafka's
+        ``truncateFullyAndStartAt``): a follower whose leader's log now starts past this one's
+        end (retention took the records it would fetch next). The leader-epoch cache goes with
+        the records: the epochs of the records fetched from ``offset`` on come with them.
+
+        A crash at any point leaves the old log whole or the new empty one: the intent is
+        written first, durably and atomically (:data:`START_OVER`, naming ``offset``); only
+        then are the segments and the cache deleted and the new segment made, and the intent
+        removed last; an open that finds the intent does all of that again first
+        (:func:`_open_segments`). Nothing is appended meanwhile (the append lock is held), so
+        redoing it loses nothing. A failure (OSError) stops appends until a restart finishes
+        or forgets the start-over (LogFailed).
+
+        A read in flight over the old records may fail as one over a truncation does."""
+        if offset < 0:
+            raise OffsetOutOfRange(offset)
+        async with self._append_lock, self._flush_lock:
+            if self.failed is not None:
+                raise LogFailed(self.failed)
+            doomed = self.segments
+            for segment in doomed:
+                self.files.discard(segment)
+            try:
+                active = await trio.to_thread.run_sync(
+                    _start_over,
+                    self.directory,
+                    offset,
+                    self.config.index_interval_bytes,
+                    limiter=self.limiter,
+                )
+            except OSError as exc:
+                raise self._fail(
+                    f"starting {self.directory} over at {offset} failed: {exc}"
+                ) from exc
+            self.segments = [active]
+            self.flushed_offset = offset
+            self._epochs = LeaderEpochCache(path=self.directory / LEADER_EPOCHS)
+        log.info("%s: emptied, starts at offset %d", self.directory.name, offset)
 
     async def leader_epochs(self) -> LeaderEpochCache:
         """The partition's leader-epoch cache, read on first use (CorruptCheckpoint if damaged).
@@ -466,10 +518,53 @@ def _cut(
     return last.truncate(files, offset, durable)
 
 
+def _start_over(directory: Path, offset: int, index_interval: int) -> Segment:
+    """Empty the partition directory's log and start it at ``offset``, crash-safely (blocking):
+    the intent first, then what it says (:func:`_finish_start_over`)."""
+    replace_atomically(directory / START_OVER, encode_rows([(offset,)]))
+    return _finish_start_over(directory, offset, index_interval)
+
+
+def _finish_start_over(directory: Path, offset: int, index_interval: int) -> Segment:
+    """(blocking) Delete every segment, index and the leader-epoch cache, make the empty
+    segment at ``offset``, then remove the intent; each step may be done again after a crash.
+    The new segment is made anew even if it was there: nothing was appended to it before the
+    intent went."""
+    doomed = [
+        *directory.glob(f"*{INDEX_SUFFIX}*"),  # index files first, as a truncation cuts them
+        *directory.glob(f"*{SUFFIX}"),
+        directory / LEADER_EPOCHS,
+    ]
+    for path in doomed:
+        path.unlink(missing_ok=True)
+    fsync_directory(directory)
+    active = create_segment(directory, offset, index_interval)
+    (directory / START_OVER).unlink()
+    fsync_directory(directory)
+    return active
+
+
+def _intended_start(directory: Path) -> int | None:
+    """(blocking) The offset a start-over interrupted by a crash was to start the log at; None
+    if there was none. CorruptCheckpoint if its file (written atomically) does not read as one."""
+    path = directory / START_OVER
+    rows = decode_rows(path, 1)
+    if rows is None:
+        return None
+    if len(rows) != 1 or not rows[0][0].isdigit():
+        raise CorruptCheckpoint(f"{path}: one offset expected: {rows}")
+    return int(rows[0][0])
+
+
 def _open_segments(directory: Path, config: LogConfig, topic_id: TopicId) -> list[Segment]:
     """Recover the active segment (blocking); sealed ones are scanned on their first read. A new
-    directory names ``topic_id`` before it holds a segment."""
+    directory names ``topic_id`` before it holds a segment; one whose start-over a crash
+    interrupted is emptied and started over first."""
     directory.mkdir(parents=True, exist_ok=True)
+    start = _intended_start(directory)
+    if start is not None:
+        log.warning("%s: finishing its start at offset %d, cut short by a crash", directory, start)
+        _finish_start_over(directory, start, config.index_interval_bytes)
     bases = sorted(int(p.name[: -len(SUFFIX)]) for p in directory.glob(f"*{SUFFIX}"))
     named = read_partition_id(directory)
     if named is None and not bases:

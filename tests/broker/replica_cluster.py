@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
@@ -131,12 +131,17 @@ def placement(replicas: Sequence[int], configs: tuple[tuple[str, str], ...] = ()
 
 @attrs.define(eq=False)
 class Node:
-    """One broker: its log, and its manager while it runs (None: stopped)."""
+    """One broker: its log while it is open, and its manager while it runs (None: stopped)."""
 
     broker_id: int
-    log: BrokerLog
+    log: BrokerLog = attrs.field(init=False)
+    #: Closes the log (:meth:`Cluster.reopen`), and set once it is closed.
+    log_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    log_closed: trio.Event = attrs.field(factory=trio.Event)
     manager: ReplicaManager | None = None
     scope: trio.CancelScope | None = None
+    #: Set once the manager stopped (its high watermarks written).
+    stopped: trio.Event = attrs.field(factory=trio.Event)
 
     async def produce(
         self, value: bytes, acks: int = -1, timeout_ms: int = 5_000
@@ -180,6 +185,9 @@ class Cluster:
     store: FakeClusterStore
     nodes: dict[int, Node]
     nursery: trio.Nursery
+    #: Where each broker's data directory is (``broker-<id>``), and how its log is opened.
+    directory: Path
+    config: LogConfig
 
     async def start(self, broker_id: int, replica_lag: float = 10.0) -> None:
         """Start (again) ``broker_id``'s replica manager, its log as it is."""
@@ -198,12 +206,52 @@ class Cluster:
         node.manager = manager
         node.scope = trio.CancelScope()
 
+        stopped = node.stopped = trio.Event()
+
         async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             assert node.scope is not None
-            with node.scope:
-                await manager.run(task_status=task_status)
+            try:
+                with node.scope:
+                    await manager.run(task_status=task_status)
+            finally:
+                stopped.set()
 
         await self.nursery.start(run)
+
+    async def open_log(self, broker_id: int) -> None:
+        """Open ``broker_id``'s log from its directory (``broker-<id>``), held by a task of the
+        cluster's nursery until :meth:`reopen` or the end."""
+        node = self.nodes.setdefault(broker_id, Node(broker_id=broker_id))
+        await self.nursery.start(self._hold_log, node)
+
+    async def _hold_log(self, node: Node, task_status: trio.TaskStatus[None]) -> None:
+        node.log_scope = scope = trio.CancelScope()
+        node.log_closed = closed = trio.Event()
+        try:
+            with scope:
+                async with open_broker_log(
+                    self.store,  # type: ignore[arg-type]
+                    node.broker_id,
+                    self.directory / f"broker-{node.broker_id}",
+                    self.config,
+                ) as log:
+                    node.log = log
+                    task_status.started()
+                    await trio.sleep_forever()
+        finally:
+            closed.set()
+
+    async def reopen(self, broker_id: int) -> None:
+        """Close ``broker_id``'s log and open it again from its directory, as a restarted
+        broker does (its manager stopped first: it writes its high watermarks as it stops)."""
+        node = self.nodes[broker_id]
+        if node.scope is not None:  # started once: stopped, or stopping now
+            node.scope.cancel()
+            node.manager = None
+            await node.stopped.wait()
+        node.log_scope.cancel()
+        await node.log_closed.wait()
+        await self.open_log(broker_id)
 
     def stop(self, broker_id: int) -> None:
         """Stop ``broker_id``'s manager (its fetchers and leaders with it): as dead to the
@@ -248,15 +296,11 @@ async def open_cluster(
     store.placement[TOPIC] = placement(replicas, configs)
     store.dirs = {b: uuid.uuid4() for b in replicas}
     config = LogConfig(fsync=FsyncPolicy.NEVER)
-    async with AsyncExitStack() as stack:
-        nodes = {}
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(store=store, nodes={}, nursery=nursery, directory=tmp_path, config=config)
         for b in replicas:
-            log = await stack.enter_async_context(
-                open_broker_log(store, b, tmp_path / f"broker-{b}", config)  # type: ignore[arg-type]
-            )
-            nodes[b] = Node(broker_id=b, log=log)
-        nursery = await stack.enter_async_context(trio.open_nursery())
-        yield Cluster(store=store, nodes=nodes, nursery=nursery)
+            await cluster.open_log(b)
+        yield cluster
         nursery.cancel_scope.cancel()
 
 

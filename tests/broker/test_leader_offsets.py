@@ -42,6 +42,8 @@ class Leader:
 
     high_watermark: int = 10
     silent: bool = False
+    #: Answers with bytes that are no frame (a misbehaving peer).
+    garbage: bool = False
     asked: list[ListOffsetsRequest] = attrs.Factory(list)
     connections: int = 0
 
@@ -68,6 +70,9 @@ async def lookup(leader: Leader) -> AsyncIterator[tuple[LeaderHighWatermarks, Co
                 assert isinstance(message, ListOffsetsRequest)
                 leader.asked.append(message)
                 if leader.silent:
+                    return
+                if leader.garbage:
+                    await theirs.send_all(b"\xff\xff\xff\xff not a frame")
                     return
                 response = ListOffsetsResponse(
                     error_code=ErrorCode.NONE,
@@ -130,3 +135,17 @@ async def test_a_leader_that_cannot_tell_makes_the_commit_retriable(
         control.learn({PartitionKey(topic_id=TOPIC.topic_id, partition=0): led_by(NO_LEADER, 5)})
         with pytest.raises(LeaderUnavailable, match="no leader"):
             await high_watermarks({LED_THERE: 1})
+
+
+async def test_a_peer_that_breaks_the_protocol_ends_its_connection_only(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    leader = Leader(garbage=True)
+    async with lookup(leader) as (high_watermarks, _):
+        with pytest.raises(LeaderUnavailable, match="broker 2"):
+            await high_watermarks({LED_THERE: 1})
+        # the broker goes on (the lookup's nursery, the elector's in a broker, is not ended),
+        # and the next question opens a new connection
+        leader.garbage = False
+        assert await high_watermarks({LED_THERE: 1}) == {LED_THERE: 10}
+        assert leader.connections == 2

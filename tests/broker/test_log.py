@@ -486,3 +486,6 @@ def test_a_topics_settings_take_the_place_of_the_brokers() -> None:
     assert (topic.retention_ms, topic.retention_bytes, topic.segment_bytes) == (None, 4096, 1 << 20)
     topic = broker.for_topic((("segment.bytes", "2048"),))
     assert (topic.retention_ms, topic.segment_bytes) == (1000, 2048)
+    # replication's settings are not the log's, and one is no number
+    replicated = (("min.insync.replicas", "2"), ("unclean.leader.election.enable", "true"))
+    assert broker.for_topic(replicated) == broker

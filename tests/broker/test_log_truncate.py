@@ -1,6 +1,7 @@
 """A follower's log, on real files: truncation to where it diverged from its leader (in the active
-segment, across sealed ones, to the log start, and a crash at each step of it), and the append
-of its leader's batches as the leader stored them."""
+segment, across sealed ones, to the log start, and a crash at each step of it), the append
+of its leader's batches as the leader stored them, and a log emptied and started again where its
+leader's now starts (a crash at each step of that too)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from broker.log import (
     PartitionLog,
     open_partition_log,
 )
+from broker.log import partition as partition_module
 from broker.log import segment as segment_module
 from protocol import RemoteProtocolError
 from protocol.batches import batch_spans
@@ -439,3 +441,88 @@ async def test_a_log_is_what_its_appends_and_truncations_left(
         crashed = await open_log(directory, config)
         assert await read_all(crashed, 0) == model
         await log.aclose()
+
+
+# --- a follower's log started over where its leader's now starts --------------------------------
+
+
+async def with_epochs(directory: Path) -> tuple[PartitionLog, list[Record]]:
+    """:func:`filled`'s log of 12 batches, its records of epochs 0 and 2."""
+    records = await filled(directory, 12)
+    log = await open_log(directory)
+    await log.assign_epoch(0, 0)
+    await log.assign_epoch(2, 42)
+    return log, records
+
+
+async def test_start_at_empties_the_log_and_its_epochs_and_starts_it_there(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "t-0"
+    log, _ = await with_epochs(directory)
+    assert len(segment_files(directory)) > 1
+    await log.start_at(500)
+    assert (log.log_start_offset, log.log_end_offset, log.high_watermark) == (500, 500, 500)
+    assert [p.name for p in segment_files(directory)] == [f"{500:020d}.log"]
+    assert index_files(directory) == []
+    assert (await log.leader_epochs()).entries == ()
+    with pytest.raises(OffsetOutOfRange):
+        await log.read(0, 1000)
+    assert await log.read(500, 1000) == b""
+    # the leader's records from there on, under its epoch
+    leader, _ = await leader_with(tmp_path / "leader" / "t-0")
+    await leader.start_at(500)  # (a leader's log where retention moved the start to 500)
+    await append(leader, make_records(6, start=800))
+    await log.assign_epoch(7, 500)
+    assert await log.append_replicated(await leader.read(500, 100_000)) == 506
+    reopened = await open_log(directory)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (500, 506)
+    assert await read_all(reopened, 500) == await read_all(leader, 500)
+    assert [(e.epoch, e.start_offset) for e in (await reopened.leader_epochs()).entries] == [
+        (7, 500)
+    ]
+
+
+@pytest.mark.parametrize(
+    "where", ["before the intent", "after the intent", "after the new segment", "after it all"]
+)
+async def test_a_crash_during_start_at_leaves_the_old_log_or_the_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    directory = tmp_path / "t-0"
+    log, records = await with_epochs(directory)
+    if where == "before the intent":
+        monkeypatch.setattr(partition_module, "replace_atomically", crash_on_call(1))
+    elif where == "after the intent":
+        monkeypatch.setattr(partition_module, "create_segment", crash_on_call(1))
+    elif where == "after the new segment":
+        original = Path.unlink
+
+        def unlink(path: Path, missing_ok: bool = False) -> None:
+            if path.name == partition_module.START_OVER:
+                raise Crash
+            original(path, missing_ok=missing_ok)
+
+        monkeypatch.setattr(Path, "unlink", unlink)
+    else:
+        monkeypatch.setattr(partition_module, "fsync_directory", crash_on_call(2))
+    with pytest.raises(Crash):
+        await log.start_at(500)
+    monkeypatch.undo()
+    recovered = await open_log(directory)
+    epochs = [(e.epoch, e.start_offset) for e in (await recovered.leader_epochs()).entries]
+    if where == "before the intent":
+        assert (recovered.log_start_offset, recovered.log_end_offset) == (0, 84)
+        assert await read_all(recovered, 0) == records
+        assert epochs == [(0, 0), (2, 42)]
+    else:
+        assert (recovered.log_start_offset, recovered.log_end_offset) == (500, 500)
+        assert [p.name for p in segment_files(directory)] == [f"{500:020d}.log"]
+        assert epochs == []
+        assert not (directory / partition_module.START_OVER).exists()
+    # and the log takes records from where it starts, through a crash (no clean stop) too
+    more = make_records(3, start=900)
+    start = recovered.log_end_offset
+    await append(recovered, more)
+    again = await open_log(directory)
+    assert await read_all(again, start) == stamped(more, start)

@@ -102,6 +102,11 @@ def test_the_leaders_half_of_the_handshake() -> None:
     # a follower with records but no epoch starts again where the leader's first epoch does
     assert diverging(cache, end, NO_EPOCH, 5) == (NO_EPOCH, 0)
     assert diverging(cache, end, NO_EPOCH, 0) is None
+    # a log emptied and started at the leader's log start (retention moved it past the
+    # follower's end: rf.StartOver) is served from there, not sent back to where it is
+    retained = epochs((3, 12), (4, 25))
+    assert diverging(retained, end, NO_EPOCH, 12) is None
+    assert diverging(retained, end, NO_EPOCH, 20) == (NO_EPOCH, 12)
     # the entries an answer carries: those of the records it returns
     assert epochs_between(cache, 12, 27) == epochs((3, 10), (4, 25))
     assert epochs_between(cache, 25, 30) == epochs((4, 25))
