@@ -92,7 +92,7 @@ async def test_the_holder_of_slot_0_sweeps_as_it_takes_the_slot(zookeeper_hosts:
         info = BrokerInfo(broker_id=1, host="localhost", port=1)
         await store.register_broker(info, log_dir=uuid.uuid4())
         config = CoordinatorConfig(coordinator_slots=2)
-        async with open_elector(store, config, info, control=True):
+        async with open_elector(store, config, info):
 
             async def swept() -> bool:
                 return not await exists(zookeeper_hosts, gone.topic_id)
