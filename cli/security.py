@@ -33,6 +33,7 @@ from transport.security import ClientSecurity, Endpoint, ServerTls
 
 PASSWORD_VARIABLE = "COORDINATOR_PASSWORD"
 ZOOKEEPER_PASSWORD_VARIABLE = "COORDINATOR_ZOOKEEPER_PASSWORD"
+INTER_BROKER_PASSWORD_VARIABLE = "COORDINATOR_INTER_BROKER_PASSWORD"
 
 
 def add_zookeeper_auth_options(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +118,33 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         default=",".join(MECHANISMS),
         help="what the SASL listeners offer (default: %(default)s)",
     )
+    group.add_argument(
+        "--inter-broker-listener",
+        metavar="NAME",
+        type=str.upper,
+        help="the listener brokers reach each other on, for replication (Kafka's "
+        "inter.broker.listener.name; default: the first --listener); a broker presents its "
+        "--tls-cert to it, trusting --tls-client-ca",
+    )
+    group.add_argument(
+        "--inter-broker-user",
+        metavar="NAME",
+        help="the SCRAM user this broker authenticates as to its peers' SASL listener (a super "
+        "user). The password: --inter-broker-password-file or "
+        f"${INTER_BROKER_PASSWORD_VARIABLE}",
+    )
+    group.add_argument(
+        "--inter-broker-password-file",
+        type=Path,
+        metavar="FILE",
+        help="--inter-broker-user's password, the file's first line",
+    )
+    group.add_argument(
+        "--inter-broker-sasl-mechanism",
+        type=str.upper,
+        choices=MECHANISMS,
+        help="the mechanism of --inter-broker-user (default: the first of --sasl-mechanisms)",
+    )
 
 
 def serve_security(args: argparse.Namespace) -> dict[str, object]:
@@ -133,6 +161,7 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
         parse_principal(p.strip()) for p in args.super_users.split(";") if p.strip()
     )
     return {
+        **_inter_broker(args),
         "zookeeper_auth": zookeeper_auth(args),
         "super_users": super_users,
         "tls_principal_is_cn": args.tls_principal == "cn",
@@ -142,6 +171,30 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
         if args.tls_cert is None
         else ServerTls(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_client_ca),
         "sasl_mechanisms": mechanisms,
+    }
+
+
+def _inter_broker(args: argparse.Namespace) -> dict[str, object]:
+    """NodeSettings' inter-broker fields: the password, like ZooKeeper's, from a file or the
+    environment, never from argv."""
+    password = None
+    if args.inter_broker_user is None:
+        if args.inter_broker_password_file is not None:
+            raise ValueError("--inter-broker-password-file needs --inter-broker-user")
+    elif args.inter_broker_password_file is not None:
+        password = _first_line(args.inter_broker_password_file)
+    elif INTER_BROKER_PASSWORD_VARIABLE in os.environ:
+        password = os.environ[INTER_BROKER_PASSWORD_VARIABLE]
+    else:
+        raise ValueError(
+            "--inter-broker-user needs --inter-broker-password-file or "
+            f"${INTER_BROKER_PASSWORD_VARIABLE}"
+        )
+    return {
+        "inter_broker_listener": args.inter_broker_listener,
+        "inter_broker_user": args.inter_broker_user,
+        "inter_broker_password": password,
+        "inter_broker_sasl_mechanism": args.inter_broker_sasl_mechanism,
     }
 
 
