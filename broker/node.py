@@ -101,6 +101,9 @@ class NodeSettings:
     advertised_listeners: tuple[Endpoint, ...] = ()
     #: The certificate of the TLS listeners (SSL, SASL_SSL), and the CA for mutual TLS.
     tls: ServerTls | None = None
+    #: The CA this broker trusts for its peers' certificates when it connects to their TLS
+    #: inter-broker listener; None: the CA of mutual TLS (``tls.client_ca``), else the system's.
+    tls_ca: Path | None = None
     #: The SCRAM mechanisms the SASL listeners offer.
     sasl_mechanisms: tuple[str, ...] = MECHANISMS
     #: A client certificate's principal is ``User:<CN>`` rather than ``User:<subject>``.
@@ -151,10 +154,10 @@ class NodeSettings:
         )
 
     def peer_security(self) -> ClientSecurity:
-        """How this broker connects to its peers' inter-broker listener: TLS trusting the CA of
-        the cluster's client certificates (``--tls-client-ca``; none: the system's CAs) and
-        presenting its own certificate, and SASL as its own user. ValueError when the listener
-        asks for what this broker was not given."""
+        """How this broker connects to its peers' inter-broker listener: TLS trusting
+        ``tls_ca`` (else the CA of the cluster's client certificates, else the system's CAs)
+        and presenting its own certificate, and SASL as its own user. ValueError when the
+        listener asks for what this broker was not given."""
         protocol = self.inter_broker_endpoint().protocol
         tls = self.tls if protocol.tls else None
         if protocol.tls and tls is None:
@@ -182,7 +185,7 @@ class NodeSettings:
                 )
         return ClientSecurity(
             tls=tls is not None,
-            ca=None if tls is None else tls.client_ca,
+            ca=None if tls is None else self.tls_ca or tls.client_ca,
             cert=None if tls is None else tls.cert,
             key=None if tls is None else tls.key,
             sasl_mechanism=mechanism,

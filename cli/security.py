@@ -101,6 +101,12 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         "subject is the client's principal",
     )
     group.add_argument(
+        "--tls-ca",
+        type=Path,
+        help="the CA that signed the other brokers' certificates, trusted when connecting to "
+        "them (default: --tls-client-ca, else the system's CAs)",
+    )
+    group.add_argument(
         "--tls-principal",
         choices=["subject", "cn"],
         default="subject",
@@ -124,7 +130,7 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         type=str.upper,
         help="the listener brokers reach each other on, for replication (Kafka's "
         "inter.broker.listener.name; default: the first --listener); a broker presents its "
-        "--tls-cert to it, trusting --tls-client-ca",
+        "--tls-cert to it, trusting --tls-ca",
     )
     group.add_argument(
         "--inter-broker-user",
@@ -151,8 +157,9 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
     """NodeSettings' security fields from ``serve``'s options."""
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
-    if args.tls_client_ca is not None and args.tls_cert is None:
-        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+    for given, name in ((args.tls_client_ca, "--tls-client-ca"), (args.tls_ca, "--tls-ca")):
+        if given is not None and args.tls_cert is None:
+            raise ValueError(f"{name} needs --tls-cert and --tls-key")
     mechanisms = tuple(m.strip().upper() for m in args.sasl_mechanisms.split(",") if m.strip())
     unknown = set(mechanisms) - set(MECHANISMS)
     if unknown or not mechanisms:
@@ -195,6 +202,7 @@ def _inter_broker(args: argparse.Namespace) -> dict[str, object]:
         "inter_broker_user": args.inter_broker_user,
         "inter_broker_password": password,
         "inter_broker_sasl_mechanism": args.inter_broker_sasl_mechanism,
+        "tls_ca": args.tls_ca,
     }
 
 
