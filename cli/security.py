@@ -9,7 +9,8 @@ stopped broker, which holds its lock while it runs) or ``--zookeeper``.
 
 Passwords never come from argv, where ``ps`` shows them to every user of the machine: a client
 reads its password from ``--password-file`` or ``$COORDINATOR_PASSWORD``, else a prompt; ``users
-add`` from a prompt (twice) or, with ``--password-stdin``, from the first line of stdin.
+add`` from a prompt (twice) or, with ``--password-stdin``, from the first line of stdin; ``serve``
+its ZooKeeper and inter-broker passwords from a file or the environment.
 """
 
 from __future__ import annotations
