@@ -52,19 +52,29 @@ def add_zookeeper_auth_options(parser: argparse.ArgumentParser) -> None:
 
 
 def zookeeper_auth(args: argparse.Namespace) -> DigestAuth | None:
-    if args.zookeeper_user is None:
-        if args.zookeeper_password_file is not None:
-            raise ValueError("--zookeeper-password-file needs --zookeeper-user")
+    password = _service_password(
+        "zookeeper", args.zookeeper_user, args.zookeeper_password_file, ZOOKEEPER_PASSWORD_VARIABLE
+    )
+    if password is None:
         return None
-    if args.zookeeper_password_file is not None:
-        password = _first_line(args.zookeeper_password_file)
-    elif ZOOKEEPER_PASSWORD_VARIABLE in os.environ:
-        password = os.environ[ZOOKEEPER_PASSWORD_VARIABLE]
-    else:
-        raise ValueError(
-            f"--zookeeper-user needs --zookeeper-password-file or ${ZOOKEEPER_PASSWORD_VARIABLE}"
-        )
     return DigestAuth(user=args.zookeeper_user, password=password)
+
+
+def _service_password(
+    option: str, user: str | None, path: Path | None, variable: str
+) -> str | None:
+    """The password of ``--OPTION-user`` (None without one): the first line of
+    ``--OPTION-password-file``, else ``$VARIABLE``; never argv, nor a prompt a service has no
+    terminal for."""
+    if user is None:
+        if path is not None:
+            raise ValueError(f"--{option}-password-file needs --{option}-user")
+        return None
+    if path is not None:
+        return _first_line(path)
+    if variable in os.environ:
+        return os.environ[variable]
+    raise ValueError(f"--{option}-user needs --{option}-password-file or ${variable}")
 
 
 def _first_line(path: Path) -> str:
@@ -185,19 +195,12 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
 def _inter_broker(args: argparse.Namespace) -> dict[str, object]:
     """NodeSettings' inter-broker fields: the password, like ZooKeeper's, from a file or the
     environment, never from argv."""
-    password = None
-    if args.inter_broker_user is None:
-        if args.inter_broker_password_file is not None:
-            raise ValueError("--inter-broker-password-file needs --inter-broker-user")
-    elif args.inter_broker_password_file is not None:
-        password = _first_line(args.inter_broker_password_file)
-    elif INTER_BROKER_PASSWORD_VARIABLE in os.environ:
-        password = os.environ[INTER_BROKER_PASSWORD_VARIABLE]
-    else:
-        raise ValueError(
-            "--inter-broker-user needs --inter-broker-password-file or "
-            f"${INTER_BROKER_PASSWORD_VARIABLE}"
-        )
+    password = _service_password(
+        "inter-broker",
+        args.inter_broker_user,
+        args.inter_broker_password_file,
+        INTER_BROKER_PASSWORD_VARIABLE,
+    )
     return {
         "inter_broker_listener": args.inter_broker_listener,
         "inter_broker_user": args.inter_broker_user,
