@@ -1,7 +1,8 @@
 """Replication on a secured cluster (docs/security.md#brokers): brokers in this process on real
 ZooKeeper, listening only where TLS and SASL are asked, reach each other on the inter-broker
 listener as their own principal (a SCRAM user, or their certificate's subject), replicate a
-factor-3 topic at acks=all, and keep every follower in sync; a client that is not a broker is
+factor-3 topic at acks=all, keep every follower in sync, and check a commit with the partitions'
+leaders; a client that is not a broker is
 refused REPLICA_FETCH whatever its rules; and a broker its peers would refuse says so at start."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ __all__ = ["zookeeper", "zookeeper_hosts"]
 pytestmark = pytest.mark.realtime
 
 TOPIC = "ledger"
-PARTITIONS = 2
+PARTITIONS = 3
 #: The brokers' ZooKeeper session: short, so a broker stopped is seen gone within seconds.
 SESSION = 2.0
 #: Generous: two busy cores run ZooKeeper and three brokers.
@@ -160,6 +161,11 @@ async def test_a_secured_cluster_replicates_and_refuses_replica_fetches_from_cli
     await add_users(zookeeper_hosts)
     make = CLUSTERS[cluster]
     settings = [make(certificates, zookeeper_hosts, tmp_path, n) for n in (1, 2, 3)]
+    with trio.fail_after(4 * DEADLINE):
+        await _replicate_and_refuse(settings, certificates)
+
+
+async def _replicate_and_refuse(settings: list[NodeSettings], certificates: Certificates) -> None:
     async with (
         brokers(settings) as addresses,
         open_admin(addresses, security=as_user(certificates, "admin")) as admin,
@@ -184,7 +190,7 @@ async def test_a_secured_cluster_replicates_and_refuses_replica_fetches_from_cli
             config=ProducerConfig(acks="all"),
         ) as producer:
             with trio.fail_after(DEADLINE):
-                for n in range(20):
+                for n in range(10 * PARTITIONS):
                     partition, offset = await producer.send_and_wait(
                         TOPIC, b"%d" % n, partition=n % PARTITIONS
                     )
@@ -192,6 +198,15 @@ async def test_a_secured_cluster_replicates_and_refuses_replica_fetches_from_cli
         assert acknowledged == {p: list(range(10)) for p in range(PARTITIONS)}
         # every follower fetched them: each partition's in-sync replicas are still all three
         await eventually(all_in_sync, deadline=DEADLINE)
+
+        # a commit is checked against each partition's leader's high watermark: the group's
+        # coordinator asks the leaders of those it does not lead, over the inter-broker listener
+        assert len({leader.broker_id for leader in (await leaders(admin)).values()}) > 1
+        ends = {TopicPartition(topic=TOPIC, partition=p): 10 for p in range(PARTITIONS)}
+        # (bounded by the whole test's deadline: the admin keeps the channel to the group's
+        # coordinator it opens here, which an inner cancel scope must not enclose)
+        await admin.reset_offsets("g", ends)
+        assert await admin.committed_offsets("g") == ends
 
         # a client that is not a broker, even one every rule allows everything, is refused
         await admin.create_acls(
