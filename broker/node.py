@@ -232,7 +232,6 @@ async def run_node(
         peers = _Peers(
             store=store,
             listener=settings.inter_broker_endpoint().listener,
-            first=settings.inter_broker_endpoint() == settings.endpoints()[0],
             connect=(to_peers or ClientSecurity()).connector(),
         )
         listeners: list[SecuredListener] = []
@@ -363,9 +362,6 @@ class _Peers:
 
     store: TopicStore
     listener: str
-    #: Whether the inter-broker listener is the first, whose address a broker's registration
-    #: (BrokerInfo) holds.
-    first: bool
     connect: Connect
 
     async def address(self, broker_id: int) -> tuple[str, int]:
@@ -376,15 +372,14 @@ class _Peers:
         return peer.host, peer.port
 
     async def connect_first(self, host: str, port: int) -> trio.abc.Stream:
-        """A connection to the broker whose first listener is at ``host:port`` (the address the
-        elector's view of the live brokers holds), made to its inter-broker listener."""
-        if not self.first:
-            firsts = {(b.host, b.port): b.broker_id for b in await self.store.brokers()}
-            broker_id = firsts.get((host, port))
-            if broker_id is None:
-                raise ConnectionError(f"no live broker's first listener is at {host}:{port}")
-            host, port = await self.address(broker_id)
-        return await self.connect(host, port)
+        """A connection to the broker whose first listener is at ``host:port`` (the address its
+        registration holds, and the elector's view of the live brokers), made to its
+        inter-broker listener."""
+        firsts = {(b.host, b.port): b.broker_id for b in await self.store.brokers()}
+        broker_id = firsts.get((host, port))
+        if broker_id is None:
+            raise ConnectionError(f"no live broker's first listener is at {host}:{port}")
+        return await self.connect(*await self.address(broker_id))
 
 
 @asynccontextmanager
