@@ -64,7 +64,7 @@ from transport.security import (
     Peer,
     SecurityProtocol,
     ServerTls,
-    certificate_principal,
+    as_its_peers_see_it,
 )
 
 log = logging.getLogger(__name__)
@@ -196,14 +196,30 @@ class NodeSettings:
     def peer_principal(self) -> str:
         """Who this broker is to its peers on the inter-broker listener, as they authenticate
         it: its SASL user, else its certificate's subject where they require client
-        certificates, else nobody (User:ANONYMOUS)."""
+        certificates, else nobody (User:ANONYMOUS). Over TLS, found by the broker's handshake
+        with itself: ssl.SSLError where a peer would refuse it (its certificate not from the
+        CA they trust, or not naming the address it advertises on that listener)."""
         endpoint = self.inter_broker_endpoint()
+        found = None
+        if endpoint.protocol.tls:
+            assert self.tls is not None
+            found = as_its_peers_see_it(
+                self.tls,
+                self.peer_security(),
+                self.advertised(endpoint, endpoint.port)[0],
+                common_name=self.tls_principal_is_cn,
+            )
         if endpoint.protocol.sasl and self.inter_broker_user is not None:
             return f"User:{self.inter_broker_user}"
-        if self.authenticates(endpoint):
-            assert self.tls is not None
-            return certificate_principal(self.tls, common_name=self.tls_principal_is_cn)
-        return ANONYMOUS
+        return found or ANONYMOUS
+
+    def advertised(self, endpoint: Endpoint, port: int) -> tuple[str, int]:
+        """The address a listener bound at ``port`` is advertised under (ClusterMetadata, and
+        the broker's registration)."""
+        for public in self.advertised_listeners:
+            if public.listener == endpoint.listener:
+                return public.host, public.port
+        return self.advertised_host or endpoint.host, port
 
     @property
     def authorization(self) -> bool:
@@ -236,16 +252,10 @@ async def run_node(
         )
         listeners: list[SecuredListener] = []
         advertised: dict[str, tuple[str, int]] = {}
-        named = {endpoint.listener: endpoint for endpoint in settings.advertised_listeners}
         for endpoint in settings.endpoints():
             opened = await trio.open_tcp_listeners(endpoint.port, host=endpoint.host)
             port = opened[0].socket.getsockname()[1]
-            public = named.get(endpoint.listener)
-            advertised[endpoint.listener] = (
-                (public.host, public.port)
-                if public is not None
-                else (settings.advertised_host or endpoint.host, port)
-            )
+            advertised[endpoint.listener] = settings.advertised(endpoint, port)
             security = _listener_security(settings, endpoint, tls, store)
             listeners.extend(SecuredListener(listener=one, security=security) for one in opened)
             log.info(
@@ -397,26 +407,27 @@ async def _replica_channel(peers: _Peers, broker_id: int) -> AsyncIterator[Reque
 
 def _peer_security(settings: NodeSettings) -> ClientSecurity | None:
     """How this broker connects to its peers (None: it has none, on the embedded store), once
-    checked that they would admit it: on a cluster with access rules, only a super user may
-    fetch as a replica (broker/authorization.py)."""
+    checked that they would admit it: over TLS, that they accept its certificate; with access
+    rules on, that it is a super user, as only one may fetch as a replica
+    (broker/authorization.py)."""
     endpoint = settings.inter_broker_endpoint()
     if settings.zookeeper is None:
         return None
     security = settings.peer_security()
-    if settings.authorization:
-        try:
-            principal = settings.peer_principal()
-        except ssl.SSLError as exc:
-            raise ValueError(
-                f"the inter-broker listener {endpoint.listener} requires client certificates "
-                f"from --tls-client-ca, which does not accept this broker's own ({exc})"
-            ) from None
-        if principal not in settings.super_users:
-            raise ValueError(
-                f"access rules are on, and this broker is {principal} to its peers on the "
-                f"inter-broker listener {endpoint.listener}: they would refuse its replica "
-                "fetches; name it in --super-users (docs/security.md)"
-            )
+    try:
+        principal = settings.peer_principal()
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"its peers would refuse this broker's certificate on the inter-broker listener "
+            f"{endpoint.listener}: {getattr(exc, 'verify_message', None) or exc.reason or exc} "
+            "(docs/security.md)"
+        ) from None
+    if settings.authorization and principal not in settings.super_users:
+        raise ValueError(
+            f"access rules are on, and this broker is {principal} to its peers on the "
+            f"inter-broker listener {endpoint.listener}: they would refuse its replica "
+            "fetches; name it in --super-users (docs/security.md)"
+        )
     return security
 
 

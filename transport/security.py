@@ -68,7 +68,7 @@ __all__ = [
     "SecurityProtocol",
     "ServerTls",
     "admit",
-    "certificate_principal",
+    "as_its_peers_see_it",
 ]
 from transport.channel import RateLimitedLog
 from transport.scram import SCRAMP
@@ -165,39 +165,6 @@ class ServerTls:
             context.load_verify_locations(self.client_ca)
             context.verify_mode = ssl.CERT_REQUIRED
         return context
-
-
-def certificate_principal(tls: ServerTls, *, common_name: bool = False) -> str:
-    """The principal ``tls.cert`` has at a listener that requires client certificates from
-    ``tls.client_ca``: who a broker is to its peers when it presents its own certificate to
-    them. Found by a TLS handshake in memory between the broker's server side and its client
-    side, so that a certificate its peers would refuse is refused here, at start (ssl.SSLError,
-    an OSError), not at the first connection to a peer."""
-    if tls.client_ca is None:
-        raise ValueError("no --tls-client-ca: no listener asks for a client certificate")
-    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=tls.client_ca)
-    client.check_hostname = False  # its own certificate, whatever address it names
-    client.load_cert_chain(tls.cert, tls.key)
-    server_in, server_out, client_in, client_out = (ssl.MemoryBIO() for _ in range(4))
-    server = tls.context().wrap_bio(server_in, server_out, server_side=True)
-    ends = [(client.wrap_bio(client_in, client_out), client_out, server_in)]
-    ends.append((server, server_out, client_in))
-    pending = {end for end, _, _ in ends}
-    for _ in range(8):  # a TLS 1.2 or 1.3 handshake takes at most 3 flights each way
-        for end, sent, delivered in ends:
-            if end in pending:
-                try:
-                    end.do_handshake()
-                    pending.discard(end)
-                except ssl.SSLWantReadError:
-                    pass
-            delivered.write(sent.read())
-        if not pending:
-            break
-    subject = _subject(server.getpeercert(), common_name=common_name) if not pending else None
-    if subject is None:
-        raise ssl.SSLError(f"no principal in {tls.cert}: the handshake with itself did not end")
-    return f"User:{subject}"
 
 
 #: ``lookup(username, mechanism)``: the user's stored credential, or None.
@@ -480,6 +447,42 @@ class ClientSecurity:
             sock.close()
             raise HandshakeFailed(f"{address[0]}:{address[1]}: {_reason(exc)}") from None
         return sock
+
+
+def as_its_peers_see_it(
+    tls: ServerTls, security: ClientSecurity, host: str, *, common_name: bool = False
+) -> str | None:
+    """A broker's TLS handshake with itself, in memory: its client side as it connects to its
+    peers (``security``, naming ``host``, the address it advertises to them) against its own
+    server side (``tls``). What a peer's check of its certificate finds, and a peer's listener
+    of its client certificate, is found here, at start: ssl.SSLError (an OSError) where either
+    would refuse it. The principal its certificate gives it where client certificates are
+    required, as ``admit`` names it; None where they are not."""
+    context = security.ssl_context()
+    if context is None:
+        raise ValueError("no TLS to check")
+    server_in, server_out, client_in, client_out = (ssl.MemoryBIO() for _ in range(4))
+    server = tls.context().wrap_bio(server_in, server_out, server_side=True)
+    client = context.wrap_bio(client_in, client_out, server_hostname=host)
+    ends = [(client, client_out, server_in), (server, server_out, client_in)]
+    pending = {client, server}
+    for _ in range(8):  # a TLS 1.2 or 1.3 handshake takes at most 3 flights each way
+        for end, sent, delivered in ends:
+            if end in pending:
+                try:
+                    end.do_handshake()
+                    pending.discard(end)
+                except ssl.SSLWantReadError:
+                    pass
+            delivered.write(sent.read())
+        if not pending:
+            break
+    if pending:
+        raise ssl.SSLError(f"a handshake of {tls.cert} with itself did not end")
+    if tls.client_ca is None:
+        return None
+    subject = _subject(server.getpeercert(), common_name=common_name)
+    return None if subject is None else f"User:{subject}"
 
 
 async def _client_exchange(stream: trio.abc.Stream, exchange: ClientExchange, peer: str) -> None:

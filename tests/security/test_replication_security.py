@@ -8,7 +8,7 @@ refused REPLICA_FETCH whatever its rules; and a broker its peers would refuse sa
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -277,13 +277,32 @@ async def test_a_broker_its_peers_would_refuse_is_refused_at_start(
     assert said in await refusal(settings)
 
 
-async def test_a_certificate_the_cluster_ca_does_not_accept_is_refused_at_start(
-    zookeeper_hosts: str, tmp_path: Path, certificates: Certificates
+@pytest.mark.parametrize(
+    ("cluster", "cert", "advertised", "said"),
+    [
+        (mutual_tls_beside_sasl, "stranger", None, "unable to get local issuer certificate"),
+        (sasl_ssl, "stranger", None, "unable to get local issuer certificate"),
+        (sasl_ssl, "broker", "localhost", "Hostname mismatch"),
+    ],
+    ids=["client certificate", "server certificate", "advertised address"],
+)
+async def test_a_certificate_its_peers_would_refuse_is_refused_at_start(
+    zookeeper_hosts: str,
+    tmp_path: Path,
+    certificates: Certificates,
+    cluster: Callable[..., NodeSettings],
+    cert: str,
+    advertised: str | None,
+    said: str,
 ) -> None:
+    settings = cluster(certificates, zookeeper_hosts, tmp_path, 1)
+    assert settings.tls is not None
+    path = getattr(certificates, cert)
     settings = attrs.evolve(
-        mutual_tls_beside_sasl(certificates, zookeeper_hosts, tmp_path, 1),
-        tls=ServerTls(
-            cert=certificates.stranger, key=certificates.stranger, client_ca=certificates.ca
-        ),
+        settings,
+        tls=attrs.evolve(settings.tls, cert=path, key=path),
+        advertised_host=advertised,
     )
-    assert "does not accept this broker's own" in await refusal(settings)
+    refused = await refusal(settings)
+    assert "its peers would refuse this broker's certificate" in refused
+    assert said in refused
