@@ -1,7 +1,7 @@
 """Who is at the other end of a connection: TLS on a listener (``trio.SSLStream``), the SASL/SCRAM
 exchange that opens a connection to a SASL listener (protocol/SPEC.md §12), and the one settings
 object, :class:`ClientSecurity`, that every client (CLI verbs, consumer, producer, admin, the Spark
-source and sink) takes to do the same from its side.
+source and sink, and a broker connecting to its peers) takes to do the same from its side.
 
 A listener's name is its security protocol, as in Kafka's default
 ``listener.security.protocol.map``: ``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``.
