@@ -4,8 +4,10 @@ before anything else looks at it; Kafka's mapping of requests to operations and 
 
 A denied request is answered with Kafka's code for the resource it names (29 topic, 30 group,
 31 cluster) and nothing else. Reading the users and the rules needs DESCRIBE on the cluster,
-changing them ALTER on the cluster (which implies DESCRIBE), as in Kafka; so does a follower
-broker's REPLICA_FETCH (Kafka's ClusterAction, which these rules do not have). Every answer names
+changing them ALTER on the cluster (which implies DESCRIBE), as in Kafka. A follower broker's
+REPLICA_FETCH is answered to super users alone, as which brokers authenticate to each other
+(docs/security.md): no rule grants it (Kafka's ClusterAction, which these rules do not have),
+since the offsets a follower reports move the high watermark. Every answer names
 only topics and groups the principal may describe: ClusterMetadata the topics, ListGroups the
 groups, OffsetFetch and DescribeGroup of a group it may describe the topics (their offsets, and
 its members' subscriptions and partitions).
@@ -184,14 +186,13 @@ def refusal(
             error = None if may(Operation.DELETE, ResourceType.TOPIC, topic) else _TOPIC
         case DescribeAclsRequest() | DescribeUserScramCredentialsRequest():
             error = None if may(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER) else _CLUSTER
-        case (
-            CreateAclsRequest()
-            | DeleteAclsRequest()
-            | AlterUserScramCredentialsRequest()
-            | ReplicaFetchRequest()
-        ):
-            # A follower reads every record of what it follows, whatever the topic's rules.
+        case CreateAclsRequest() | DeleteAclsRequest() | AlterUserScramCredentialsRequest():
             error = None if may(Operation.ALTER, ResourceType.CLUSTER, CLUSTER) else _CLUSTER
+        case ReplicaFetchRequest():
+            # Brokers only, which are super users: a follower reads every record of what it
+            # follows whatever the topic's rules, and what it says it has moves the high
+            # watermark, so no rule grants it (Kafka's ClusterAction, which rules here lack).
+            error = _CLUSTER
     return None if error is None else error_response(message, error)
 
 

@@ -24,6 +24,7 @@ from broker.data_plane import BrokerLog, log_directory, open_broker_log
 from broker.dispatch import handle_connection
 from broker.door import Door
 from broker.election import open_elector
+from broker.leader_offsets import Connect
 from broker.log import CorruptSegment, LogConfig, OffsetOutOfRange, check_log_format, log_dir_id
 from broker.metrics import (
     BrokerMetrics,
@@ -47,7 +48,7 @@ from coordinator.loop_lag import LoopLag, watch_loop
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.validation import LogEnd
 from protocol import RemoteProtocolError
-from protocol.sasl import MECHANISMS
+from protocol.sasl import ANONYMOUS, MECHANISMS
 from protocol.types import BrokerInfo, TopicPartition
 from store import EmbeddedStore, MetadataStore, SecurityStore, TopicStore, open_embedded_store
 from store.zookeeper import DigestAuth, ZooKeeperStore, open_zookeeper_store
@@ -55,7 +56,16 @@ from transport.channel import ReadBounds
 from transport.connect import CONNECT_DEADLINE, open_channel
 from transport.limits import ConnectionLimits, FileBudget
 from transport.listener import ConnectionGate, SecuredListener, serve_listeners
-from transport.security import Endpoint, ListenerSecurity, Peer, SecurityProtocol, ServerTls
+from transport.scram import password_matches
+from transport.security import (
+    ClientSecurity,
+    Endpoint,
+    ListenerSecurity,
+    Peer,
+    SecurityProtocol,
+    ServerTls,
+    as_its_peers_see_it,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +101,24 @@ class NodeSettings:
     advertised_listeners: tuple[Endpoint, ...] = ()
     #: The certificate of the TLS listeners (SSL, SASL_SSL), and the CA for mutual TLS.
     tls: ServerTls | None = None
+    #: The CA this broker trusts for its peers' certificates when it connects to their TLS
+    #: inter-broker listener; None: the CA of mutual TLS (``tls.client_ca``), else the system's.
+    tls_ca: Path | None = None
     #: The SCRAM mechanisms the SASL listeners offer.
     sasl_mechanisms: tuple[str, ...] = MECHANISMS
     #: A client certificate's principal is ``User:<CN>`` rather than ``User:<subject>``.
     tls_principal_is_cn: bool = False
-    #: Principals every access rule lets do everything (``User:admin``).
+    #: Principals every access rule lets do everything (``User:admin``); the brokers' own
+    #: principals among them, as only a super user may fetch as a replica (docs/security.md).
     super_users: frozenset[str] = frozenset()
+    #: The name of the listener brokers reach each other on (Kafka's
+    #: ``inter.broker.listener.name``); None: the first listener's.
+    inter_broker_listener: str | None = None
+    #: How this broker authenticates itself to its peers' SASL listeners: a SCRAM user of the
+    #: cluster, its password and the mechanism (None: the first of ``sasl_mechanisms``).
+    inter_broker_user: str | None = None
+    inter_broker_password: str | None = attrs.field(default=None, repr=False)
+    inter_broker_sasl_mechanism: str | None = None
     #: The Prometheus endpoint and status page (broker/metrics.py, broker/status.py).
     metrics: MetricsConfig = attrs.field(factory=MetricsConfig)
     #: The loop lag in seconds above which the broker sheds new work at the door
@@ -117,6 +139,88 @@ class NodeSettings:
             protocol.tls and self.tls is not None and self.tls.client_ca is not None
         )
 
+    def inter_broker_endpoint(self) -> Endpoint:
+        """This broker's listener of the name its peers reach it on."""
+        endpoints = self.endpoints()
+        if self.inter_broker_listener is None:
+            return endpoints[0]
+        for endpoint in endpoints:
+            if endpoint.listener == self.inter_broker_listener:
+                return endpoint
+        names = ", ".join(endpoint.listener for endpoint in endpoints)
+        raise ValueError(
+            f"--inter-broker-listener {self.inter_broker_listener} is none of this broker's "
+            f"listeners ({names})"
+        )
+
+    def peer_security(self) -> ClientSecurity:
+        """How this broker connects to its peers' inter-broker listener: TLS trusting
+        ``tls_ca`` (else the CA of the cluster's client certificates, else the system's CAs)
+        and presenting its own certificate, and SASL as its own user. ValueError when the
+        listener asks for what this broker was not given."""
+        protocol = self.inter_broker_endpoint().protocol
+        tls = self.tls if protocol.tls else None
+        if protocol.tls and tls is None:
+            raise ValueError(f"the inter-broker listener {protocol.value} needs --tls-cert")
+        if not protocol.sasl:
+            if self.inter_broker_user is not None:
+                raise ValueError(
+                    f"--inter-broker-user: the inter-broker listener {protocol.value} does "
+                    "not use SASL"
+                )
+            user = password = mechanism = None
+        else:
+            if self.inter_broker_user is None or self.inter_broker_password is None:
+                raise ValueError(
+                    f"the inter-broker listener {protocol.value} authenticates with SASL: "
+                    "replication needs --inter-broker-user and its password "
+                    "(--inter-broker-password-file or $COORDINATOR_INTER_BROKER_PASSWORD)"
+                )
+            user, password = self.inter_broker_user, self.inter_broker_password
+            mechanism = self.inter_broker_sasl_mechanism or self.sasl_mechanisms[0]
+            if mechanism not in self.sasl_mechanisms:
+                raise ValueError(
+                    f"--inter-broker-sasl-mechanism {mechanism} is not among the mechanisms "
+                    f"the SASL listeners offer ({', '.join(self.sasl_mechanisms)})"
+                )
+        return ClientSecurity(
+            tls=tls is not None,
+            ca=None if tls is None else self.tls_ca or tls.client_ca,
+            cert=None if tls is None else tls.cert,
+            key=None if tls is None else tls.key,
+            sasl_mechanism=mechanism,
+            username=user,
+            password=password,
+        )
+
+    def peer_principal(self) -> str:
+        """Who this broker is to its peers on the inter-broker listener, as they authenticate
+        it: its SASL user, else its certificate's subject where they require client
+        certificates, else nobody (User:ANONYMOUS). Over TLS, found by the broker's handshake
+        with itself: ssl.SSLError where a peer would refuse it (its certificate not from the
+        CA they trust, or not naming the address it advertises on that listener)."""
+        endpoint = self.inter_broker_endpoint()
+        found = None
+        if endpoint.protocol.tls:
+            assert self.tls is not None
+            found = as_its_peers_see_it(
+                self.tls,
+                self.peer_security(),
+                self.advertised(endpoint, endpoint.port)[0],
+                common_name=self.tls_principal_is_cn,
+            )
+        if endpoint.protocol.sasl and self.inter_broker_user is not None:
+            return f"User:{self.inter_broker_user}"
+        return found or ANONYMOUS
+
+    def advertised(self, endpoint: Endpoint, port: int) -> tuple[str, int]:
+        """The address a listener bound at ``port`` is advertised under (ClusterMetadata, and
+        the broker's registration)."""
+        for public in self.advertised_listeners:
+            if public.listener == endpoint.listener:
+                return public.host, public.port
+        return self.advertised_host or endpoint.host, port
+
     @property
     def authorization(self) -> bool:
         """Access rules are enforced once any listener authenticates its clients: then whatever
@@ -136,19 +240,22 @@ async def run_node(
     # Its identity: the replicas in it are in sync only while it is the one registered.
     log_dir = await trio.to_thread.run_sync(log_dir_id, log_directory(settings.data_dir))
     tls = None if settings.tls is None else settings.tls.context()
+    # A broker its peers cannot reach or would refuse says so now, not at its first fetch.
+    to_peers = await trio.to_thread.run_sync(_peer_security, settings)
     async with _open_store(settings) as store:
+        if to_peers is not None:
+            await _check_peer_credential(settings, to_peers, store)
+        peers = _Peers(
+            store=store,
+            listener=settings.inter_broker_endpoint().listener,
+            connect=(to_peers or ClientSecurity()).connector(),
+        )
         listeners: list[SecuredListener] = []
         advertised: dict[str, tuple[str, int]] = {}
-        named = {endpoint.listener: endpoint for endpoint in settings.advertised_listeners}
         for endpoint in settings.endpoints():
             opened = await trio.open_tcp_listeners(endpoint.port, host=endpoint.host)
             port = opened[0].socket.getsockname()[1]
-            public = named.get(endpoint.listener)
-            advertised[endpoint.listener] = (
-                (public.host, public.port)
-                if public is not None
-                else (settings.advertised_host or endpoint.host, port)
-            )
+            advertised[endpoint.listener] = settings.advertised(endpoint, port)
             security = _listener_security(settings, endpoint, tls, store)
             listeners.extend(SecuredListener(listener=one, security=security) for one in opened)
             log.info(
@@ -189,6 +296,7 @@ async def run_node(
                 broker,
                 data_plane.log_end_offset,
                 NULL_OBSERVER if metrics is None else metrics,
+                peers.connect_first,
             ) as (serve_connection, current),
             trio.open_nursery() as nursery,
         ):
@@ -197,7 +305,7 @@ async def run_node(
                 log_dir=log_dir,
                 store=store,
                 logs=data_plane,
-                connect=partial(_replica_channel, store),
+                connect=partial(_replica_channel, peers),
                 fetch_from=fetch_from,
                 serve=answer_replica_fetch,
             )
@@ -257,21 +365,90 @@ async def run_node(
             task_status.started(listeners[0].listener.socket.getsockname()[1])
 
 
+@attrs.frozen(kw_only=True)
+class _Peers:
+    """How this broker reaches the others: at the address each advertises on the inter-broker
+    listener (Kafka's ``inter.broker.listener.name``), secured as that listener asks."""
+
+    store: TopicStore
+    listener: str
+    connect: Connect
+
+    async def address(self, broker_id: int) -> tuple[str, int]:
+        found = {b.broker_id: b for b in await self.store.brokers(self.listener)}
+        peer = found.get(broker_id)
+        if peer is None:
+            raise ConnectionError(f"broker {broker_id} has no {self.listener} listener registered")
+        return peer.host, peer.port
+
+    async def connect_first(self, host: str, port: int) -> trio.abc.Stream:
+        """A connection to the broker whose first listener is at ``host:port`` (the address its
+        registration holds, and the elector's view of the live brokers), made to its
+        inter-broker listener."""
+        firsts = {(b.host, b.port): b.broker_id for b in await self.store.brokers()}
+        broker_id = firsts.get((host, port))
+        if broker_id is None:
+            raise ConnectionError(f"no live broker's first listener is at {host}:{port}")
+        return await self.connect(*await self.address(broker_id))
+
+
 @asynccontextmanager
-async def _replica_channel(store: TopicStore, broker_id: int) -> AsyncIterator[Requester]:
-    """A follower's channel to its leader's first listener (DESIGN37 §2.4), plain TCP: a leader
-    whose first listener asks for TLS or SASL refuses it (not built yet)."""
-    found = {b.broker_id: b for b in await store.brokers()}
+async def _replica_channel(peers: _Peers, broker_id: int) -> AsyncIterator[Requester]:
+    """A follower's channel to its leader (DESIGN37 §2.4), on the inter-broker listener."""
+    host, port = await peers.address(broker_id)
     stream: trio.abc.Stream | None = None
-    leader = found.get(broker_id)
-    if leader is None:
-        raise ConnectionError(f"broker {broker_id} is not registered")
     with trio.move_on_after(CONNECT_DEADLINE):
-        stream = await trio.open_tcp_stream(leader.host, leader.port)
+        stream = await peers.connect(host, port)
     if stream is None:
         raise ConnectionError(f"broker {broker_id}: no answer in {CONNECT_DEADLINE:g} s")
     async with open_channel(stream, client_id=f"replica-{broker_id}") as channel:
         yield channel
+
+
+def _peer_security(settings: NodeSettings) -> ClientSecurity | None:
+    """How this broker connects to its peers (None: it has none, on the embedded store), once
+    checked that they would admit it: over TLS, that they accept its certificate; with access
+    rules on, that it is a super user, as only one may fetch as a replica
+    (broker/authorization.py)."""
+    endpoint = settings.inter_broker_endpoint()
+    if settings.zookeeper is None:
+        return None
+    security = settings.peer_security()
+    try:
+        principal = settings.peer_principal()
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"its peers would refuse this broker's certificate on the inter-broker listener "
+            f"{endpoint.listener}: {getattr(exc, 'verify_message', None) or exc.reason or exc} "
+            "(docs/security.md)"
+        ) from None
+    if settings.authorization and principal not in settings.super_users:
+        raise ValueError(
+            f"access rules are on, and this broker is {principal} to its peers on the "
+            f"inter-broker listener {endpoint.listener}: they would refuse its replica "
+            "fetches; name it in --super-users (docs/security.md)"
+        )
+    return security
+
+
+async def _check_peer_credential(
+    settings: NodeSettings, security: ClientSecurity, store: SecurityStore
+) -> None:
+    """The broker's own SCRAM user is one its peers know, with the password it was given."""
+    if security.sasl_mechanism is None:
+        return
+    assert security.username is not None and security.password is not None
+    credential = await store.scram_credential(security.username, security.sasl_mechanism)
+    if credential is None:
+        raise ValueError(
+            f"--inter-broker-user {security.username} has no {security.sasl_mechanism} "
+            "credential in the cluster's store: add it first (coordinator users add "
+            f"{security.username} --zookeeper {settings.zookeeper})"
+        )
+    if not await trio.to_thread.run_sync(password_matches, credential, security.password):
+        raise ValueError(
+            f"the inter-broker password is not --inter-broker-user {security.username}'s"
+        )
 
 
 def _file_budget(limits: ConnectionLimits) -> FileBudget:
@@ -381,13 +558,14 @@ async def _open_coordination(
     broker: BrokerInfo,
     log_end: LogEnd,
     observer: CoordinatorObserver,
+    connect: Connect,
 ) -> AsyncIterator[tuple[ConnectionHandler, Callable[[], BySlot]]]:
     """Alone on its store, a broker coordinates every group; sharing ZooKeeper, it coordinates
     the groups of the slots its election gives it (docs/design.md#coordinator-slots). Also
     yields how to find the coordinators this broker runs now, by slot."""
     if isinstance(store, ZooKeeperStore):
         async with open_elector(
-            store, config, broker, log_end=log_end, observer=observer, timed=timed
+            store, config, broker, log_end=log_end, observer=observer, timed=timed, connect=connect
         ) as elector:
             yield partial(handle_connection, elector), lambda: elector.by_slot.value
     else:

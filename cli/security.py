@@ -9,7 +9,8 @@ stopped broker, which holds its lock while it runs) or ``--zookeeper``.
 
 Passwords never come from argv, where ``ps`` shows them to every user of the machine: a client
 reads its password from ``--password-file`` or ``$COORDINATOR_PASSWORD``, else a prompt; ``users
-add`` from a prompt (twice) or, with ``--password-stdin``, from the first line of stdin.
+add`` from a prompt (twice) or, with ``--password-stdin``, from the first line of stdin; ``serve``
+its ZooKeeper and inter-broker passwords from a file or the environment.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from transport.security import ClientSecurity, Endpoint, ServerTls
 
 PASSWORD_VARIABLE = "COORDINATOR_PASSWORD"
 ZOOKEEPER_PASSWORD_VARIABLE = "COORDINATOR_ZOOKEEPER_PASSWORD"
+INTER_BROKER_PASSWORD_VARIABLE = "COORDINATOR_INTER_BROKER_PASSWORD"
 
 
 def add_zookeeper_auth_options(parser: argparse.ArgumentParser) -> None:
@@ -50,19 +52,29 @@ def add_zookeeper_auth_options(parser: argparse.ArgumentParser) -> None:
 
 
 def zookeeper_auth(args: argparse.Namespace) -> DigestAuth | None:
-    if args.zookeeper_user is None:
-        if args.zookeeper_password_file is not None:
-            raise ValueError("--zookeeper-password-file needs --zookeeper-user")
+    password = _service_password(
+        "zookeeper", args.zookeeper_user, args.zookeeper_password_file, ZOOKEEPER_PASSWORD_VARIABLE
+    )
+    if password is None:
         return None
-    if args.zookeeper_password_file is not None:
-        password = _first_line(args.zookeeper_password_file)
-    elif ZOOKEEPER_PASSWORD_VARIABLE in os.environ:
-        password = os.environ[ZOOKEEPER_PASSWORD_VARIABLE]
-    else:
-        raise ValueError(
-            f"--zookeeper-user needs --zookeeper-password-file or ${ZOOKEEPER_PASSWORD_VARIABLE}"
-        )
     return DigestAuth(user=args.zookeeper_user, password=password)
+
+
+def _service_password(
+    option: str, user: str | None, path: Path | None, variable: str
+) -> str | None:
+    """The password of ``--OPTION-user`` (None without one): the first line of
+    ``--OPTION-password-file``, else ``$VARIABLE``; never argv, nor a prompt a service has no
+    terminal for."""
+    if user is None:
+        if path is not None:
+            raise ValueError(f"--{option}-password-file needs --{option}-user")
+        return None
+    if path is not None:
+        return _first_line(path)
+    if variable in os.environ:
+        return os.environ[variable]
+    raise ValueError(f"--{option}-user needs --{option}-password-file or ${variable}")
 
 
 def _first_line(path: Path) -> str:
@@ -100,6 +112,12 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         "subject is the client's principal",
     )
     group.add_argument(
+        "--tls-ca",
+        type=Path,
+        help="the CA that signed the other brokers' certificates, trusted when connecting to "
+        "them (default: --tls-client-ca, else the system's CAs)",
+    )
+    group.add_argument(
         "--tls-principal",
         choices=["subject", "cn"],
         default="subject",
@@ -117,14 +135,42 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         default=",".join(MECHANISMS),
         help="what the SASL listeners offer (default: %(default)s)",
     )
+    group.add_argument(
+        "--inter-broker-listener",
+        metavar="NAME",
+        type=str.upper,
+        help="the listener brokers reach each other on, for replication (Kafka's "
+        "inter.broker.listener.name; default: the first --listener); a broker presents its "
+        "--tls-cert to it, trusting --tls-ca",
+    )
+    group.add_argument(
+        "--inter-broker-user",
+        metavar="NAME",
+        help="the SCRAM user this broker authenticates as to its peers' SASL listener (a super "
+        "user). The password: --inter-broker-password-file or "
+        f"${INTER_BROKER_PASSWORD_VARIABLE}",
+    )
+    group.add_argument(
+        "--inter-broker-password-file",
+        type=Path,
+        metavar="FILE",
+        help="--inter-broker-user's password, the file's first line",
+    )
+    group.add_argument(
+        "--inter-broker-sasl-mechanism",
+        type=str.upper,
+        choices=MECHANISMS,
+        help="the mechanism of --inter-broker-user (default: the first of --sasl-mechanisms)",
+    )
 
 
 def serve_security(args: argparse.Namespace) -> dict[str, object]:
     """NodeSettings' security fields from ``serve``'s options."""
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
-    if args.tls_client_ca is not None and args.tls_cert is None:
-        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+    for given, name in ((args.tls_client_ca, "--tls-client-ca"), (args.tls_ca, "--tls-ca")):
+        if given is not None and args.tls_cert is None:
+            raise ValueError(f"{name} needs --tls-cert and --tls-key")
     mechanisms = tuple(m.strip().upper() for m in args.sasl_mechanisms.split(",") if m.strip())
     unknown = set(mechanisms) - set(MECHANISMS)
     if unknown or not mechanisms:
@@ -133,6 +179,7 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
         parse_principal(p.strip()) for p in args.super_users.split(";") if p.strip()
     )
     return {
+        **_inter_broker(args),
         "zookeeper_auth": zookeeper_auth(args),
         "super_users": super_users,
         "tls_principal_is_cn": args.tls_principal == "cn",
@@ -142,6 +189,24 @@ def serve_security(args: argparse.Namespace) -> dict[str, object]:
         if args.tls_cert is None
         else ServerTls(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_client_ca),
         "sasl_mechanisms": mechanisms,
+    }
+
+
+def _inter_broker(args: argparse.Namespace) -> dict[str, object]:
+    """NodeSettings' inter-broker fields: the password, like ZooKeeper's, from a file or the
+    environment, never from argv."""
+    password = _service_password(
+        "inter-broker",
+        args.inter_broker_user,
+        args.inter_broker_password_file,
+        INTER_BROKER_PASSWORD_VARIABLE,
+    )
+    return {
+        "inter_broker_listener": args.inter_broker_listener,
+        "inter_broker_user": args.inter_broker_user,
+        "inter_broker_password": password,
+        "inter_broker_sasl_mechanism": args.inter_broker_sasl_mechanism,
+        "tls_ca": args.tls_ca,
     }
 
 

@@ -1,7 +1,7 @@
 """Who is at the other end of a connection: TLS on a listener (``trio.SSLStream``), the SASL/SCRAM
 exchange that opens a connection to a SASL listener (protocol/SPEC.md §12), and the one settings
 object, :class:`ClientSecurity`, that every client (CLI verbs, consumer, producer, admin, the Spark
-source and sink) takes to do the same from its side.
+source and sink, and a broker connecting to its peers) takes to do the same from its side.
 
 A listener's name is its security protocol, as in Kafka's default
 ``listener.security.protocol.map``: ``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``.
@@ -68,6 +68,7 @@ __all__ = [
     "SecurityProtocol",
     "ServerTls",
     "admit",
+    "as_its_peers_see_it",
 ]
 from transport.channel import RateLimitedLog
 from transport.scram import SCRAMP
@@ -446,6 +447,42 @@ class ClientSecurity:
             sock.close()
             raise HandshakeFailed(f"{address[0]}:{address[1]}: {_reason(exc)}") from None
         return sock
+
+
+def as_its_peers_see_it(
+    tls: ServerTls, security: ClientSecurity, host: str, *, common_name: bool = False
+) -> str | None:
+    """A broker's TLS handshake with itself, in memory: its client side as it connects to its
+    peers (``security``, naming ``host``, the address it advertises to them) against its own
+    server side (``tls``). What a peer's check of its certificate finds, and a peer's listener
+    of its client certificate, is found here, at start: ssl.SSLError (an OSError) where either
+    would refuse it. The principal its certificate gives it where client certificates are
+    required, as ``admit`` names it; None where they are not."""
+    context = security.ssl_context()
+    if context is None:
+        raise ValueError("no TLS to check")
+    server_in, server_out, client_in, client_out = (ssl.MemoryBIO() for _ in range(4))
+    server = tls.context().wrap_bio(server_in, server_out, server_side=True)
+    client = context.wrap_bio(client_in, client_out, server_hostname=host)
+    ends = [(client, client_out, server_in), (server, server_out, client_in)]
+    pending = {client, server}
+    for _ in range(8):  # a TLS 1.2 or 1.3 handshake takes at most 3 flights each way
+        for end, sent, delivered in ends:
+            if end in pending:
+                try:
+                    end.do_handshake()
+                    pending.discard(end)
+                except ssl.SSLWantReadError:
+                    pass
+            delivered.write(sent.read())
+        if not pending:
+            break
+    if pending:
+        raise ssl.SSLError(f"a handshake of {tls.cert} with itself did not end")
+    if tls.client_ca is None:
+        return None
+    subject = _subject(server.getpeercert(), common_name=common_name)
+    return None if subject is None else f"User:{subject}"
 
 
 async def _client_exchange(stream: trio.abc.Stream, exchange: ClientExchange, peer: str) -> None:

@@ -56,6 +56,8 @@ async def test_a_change_through_one_broker_applies_on_the_other_within_the_bound
         stdin=b"admin-pw\n",
     )  # fmt: skip
     assert added.returncode == 0, added.stderr.decode()
+    password = tmp_path / "admin.pw"
+    password.write_text("admin-pw\n")
     async with AsyncExitStack() as stack:
         brokers: list[Broker] = []
         for broker_id in (1, 2):
@@ -67,6 +69,9 @@ async def test_a_change_through_one_broker_applies_on_the_other_within_the_bound
                         f"--broker-id={broker_id}",
                         f"--zookeeper={zookeeper_hosts}",
                         "--super-users=User:admin",
+                        # the brokers reach each other on SASL_PLAINTEXT too, as admin
+                        "--inter-broker-user=admin",
+                        f"--inter-broker-password-file={password}",
                     )
                 )
             )
