@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from functools import partial
 
 import attrs
 import trio
 
 from consumer.leaders import LEADER_CODES, Leader, leaders_of
-from consumer.runtime import busy_wait
+from consumer.runtime import busy_wait, unwrap_single
 from protocol import (
     AlterUserScramCredentialsRequest,
     AlterUserScramCredentialsResponse,
@@ -323,7 +323,9 @@ class Admin:
     #: The connection to the bootstrap broker that answered.
     channel: Channel
     address: Address
-    _stack: AsyncExitStack
+    #: Owns the connections to the other brokers, each held by a task of its own, so that one
+    #: opened inside a caller's cancel scope (``trio.fail_after`` around a call) outlives it.
+    _nursery: trio.Nursery
     _brokers: dict[int, Channel] = attrs.field(factory=dict)
     #: The broker channel each partition :meth:`read` reads was last found on.
     _readers: dict[TopicPartition, Channel] = attrs.field(factory=dict)
@@ -773,11 +775,16 @@ class Admin:
         channel = self._brokers.get(broker.broker_id)
         if channel is None:
             stream, _ = await connect_any([(broker.host, broker.port)], connect=self._connect)
-            channel = await self._stack.enter_async_context(
-                open_channel(stream, client_id=CLIENT_ID)
-            )
+            channel = await self._nursery.start(_hold_channel, stream)
             self._brokers[broker.broker_id] = channel
         return channel
+
+
+async def _hold_channel(stream: trio.abc.Stream, *, task_status: trio.TaskStatus[Channel]) -> None:
+    """A connection to another broker, held until the admin closes."""
+    async with open_channel(stream, client_id=CLIENT_ID) as channel:
+        task_status.started(channel)
+        await trio.sleep_forever()
 
 
 def scram_upsertion(user: str, credential: ScramCredential) -> ScramUpsertion:
@@ -839,6 +846,10 @@ async def open_admin(
     addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else bootstrap
     connect = connect or (security or ClientSecurity()).connector()
     stream, address = await connect_any(addresses, connect=connect)
-    async with AsyncExitStack() as stack:
-        channel = await stack.enter_async_context(open_channel(stream, client_id=CLIENT_ID))
-        yield Admin(channel=channel, address=address, stack=stack, connect=connect)
+    with unwrap_single():
+        async with (
+            open_channel(stream, client_id=CLIENT_ID) as channel,
+            trio.open_nursery() as nursery,
+        ):
+            yield Admin(channel=channel, address=address, nursery=nursery, connect=connect)
+            nursery.cancel_scope.cancel()

@@ -298,10 +298,10 @@ async def test_a_producer_and_an_admin_wait_for_a_busy_broker_and_then_get_their
         start = trio.current_time()
         async with (
             open_channel(await net.connect("broker", 9092), client_id="admin") as channel,
-            AsyncExitStack() as stack,
+            trio.open_nursery() as nursery,
         ):
             admin = Admin(
-                channel=channel, address=("broker", 9092), stack=stack, connect=net.connect
+                channel=channel, address=("broker", 9092), nursery=nursery, connect=net.connect
             )
             # Shed with COORDINATOR_NOT_AVAILABLE (its answer has no hint), asked again with
             # backoff from 0.1 s, doubling, lengthened by half: after 0.15, 0.3 and 0.6 s, the

@@ -7,7 +7,7 @@ import itertools
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import cast
 
@@ -483,9 +483,9 @@ async def test_an_admin_asks_again_while_the_coordinator_loads(
         took_office = await restart_slowly_with_a_group(net, settings)
         async with (
             open_channel(await net.connect("b", 1), client_id="admin") as channel,
-            AsyncExitStack() as stack,
+            trio.open_nursery() as nursery,
         ):
-            admin = Admin(channel=channel, address=("b", 1), stack=stack, connect=net.connect)
+            admin = Admin(channel=channel, address=("b", 1), nursery=nursery, connect=net.connect)
             groups = await admin.groups()
         # asked every LOAD_RETRY (50 ms): the first time after the load ended, at 1.99 s
         assert trio.current_time() == pytest.approx(took_office + 2.0, abs=1e-9)
