@@ -239,6 +239,11 @@ class _Consumer:
     dropped: bool = False
     #: How often its registered connection ended under it (more than once only with ``rejoin``).
     drops: int = 0
+    #: How often its broker let its group go and told it so (StopFetcher 3, reason BROKER_BUSY:
+    #: docs/design.md#shedding-load): not a drop; it comes back after the hint, as the library.
+    shed: int = 0
+    #: The look its machine asked for when it was let go, for its session to return.
+    comeback: list[sm.Effect] = attrs.field(factory=list)
     last_ping: float | None = None
     last_answer: float | None = None
     started_at: float | None = None
@@ -331,9 +336,10 @@ class ConsumerWorker:
                 await trio.sleep(max(0.0, effect.delay + jitter))
                 effects = consumer.machine.handle(await self._look(consumer, discovery))
             elif isinstance(effect, sm.Register):
-                refused, drops = consumer.refused_busy, consumer.drops
+                refused, drops, shed = consumer.refused_busy, consumer.drops, consumer.shed
                 effects = await self._session(consumer, effect)
                 looks += consumer.refused_busy - refused + consumer.drops - drops
+                looks += consumer.shed - shed
 
     async def _look(self, consumer: _Consumer, discovery: Discovery) -> sm.Input:
         if not self.bootstrap:
@@ -410,6 +416,8 @@ class ConsumerWorker:
                 consumer.answered = None
                 consumer.last_ping = None
                 looks = [e for e in again if isinstance(e, sm.Discover)]
+        if consumer.comeback:
+            looks, consumer.comeback = consumer.comeback, []
         with trio.CancelScope(shield=True):
             await (channel.abort() if consumer.reset else channel.aclose())
         return looks
@@ -526,6 +534,14 @@ class ConsumerWorker:
                     answer = StartFetcherResponse(
                         error_code=ErrorCode.NONE, consumer_id=consumer.consumer_id
                     )
+                case sm.CloseConnection() if consumer.machine.last_error is ErrorCode.BROKER_BUSY:
+                    # Let go with its group: it answered, and comes back after the hint.
+                    consumer.shed += 1
+                    consumer.registered = False
+                    consumer.answered = None
+                    consumer.last_ping = None
+                    consumer.comeback = [e for e in effects if isinstance(e, sm.Discover)]
+                    self._closing(consumer, [effect])
                 case sm.CloseConnection():
                     # A lease that ran out before the request was read (or a fence).
                     self.closed_by_machine += 1
@@ -570,6 +586,7 @@ class ConsumerWorker:
             "held": sum(len(c.machine.owned) for c in live),
             "rediscovered": self.rediscovered,
             "refused_busy": sum(c.refused_busy for c in self.consumers),
+            "shed": sum(c.shed for c in self.consumers),
             "closed_by_machine": self.closed_by_machine,
             "coordinators": dict(Counter(str(c.coordinator) for c in live)),
             "groups_at": {

@@ -8,8 +8,10 @@ does), ``--throttle busy`` pins ``--busy`` CPU-bound loops beside it at its own 
 gets about 1/(busy + 1) of the core. ``--offer N``: N more consumers (other groups) start joining
 when the throttle does, so that the broker is offered more than it can serve; with
 ``--shed-above-lag`` the broker refuses them while its loop is behind, and they retry after its
-hint. After the throttle, every consumer must be live again: how long that took is reported
-against 3T.
+hint; and while its loop stays behind it lets whole groups go, telling their members to come
+back after a hint (docs/design.md#shedding-load): those are counted ``shed``, not dropped.
+After the throttle, every consumer must be live again: how long that took is reported against
+3T.
 
 Figures: the members held and false deaths over the throttled hold (those in before it), how late
 Pings came (the members' view of the broker's lag) and the broker's own loop lag (its
@@ -187,6 +189,11 @@ async def main() -> None:
             alone.false_deaths,
             **common,
             dropped=throttled.total("dropped"),
+            # Members let go with their groups and told so (docs/design.md#shedding-load): not
+            # false deaths, though absent at some polls; the false deaths are then the drops
+            # and the errors.
+            shed=throttled.total("shed"),
+            dropped_or_failed=throttled.total("dropped") + throttled.total("error_count"),
             closed_by_machine=throttled.total("closed_by_machine"),
             errors=throttled.total("error_count"),
             broker_deaths_by_cause=deaths,
@@ -232,6 +239,8 @@ async def main() -> None:
             **common,
             live=sum(s["live"] for s in after),
             expected=n + args.offer,
+            shed=sum(s["shed"] for s in after),
+            dropped=sum(s["dropped"] for s in after),
             newcomers_refused_busy=sum(s["refused_busy"] for s in after[len(workers) :]),
         )
         (cpu,), (cpu_alone,) = throttled.cpu, alone.cpu

@@ -56,6 +56,7 @@ DEATH_CAUSES: Mapping[DeathCause, str] = {
     DeathCause.REFUSED_HANDOVERS: "refused_handover",
     DeathCause.PROTOCOL_ERROR: "protocol_error",
     DeathCause.FENCED: "fenced",
+    DeathCause.SHED: "shed",
 }
 
 #: What started a rebalance: the first input since the group was last Stable that asked for one.

@@ -173,8 +173,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="refuse new connections, registrations and admin requests with a retriable code "
-        "while the broker's own event loop is more than SECONDS behind, so that its members' "
-        "Pings keep their time (default: off; 0.5 suits T = 6 s: docs/design.md#shedding-load)",
+        "while the broker's own event loop is more than SECONDS behind, and let whole groups go, "
+        "the newest first, while it stays that far behind, so that the members it keeps get "
+        "their Pings on time (default: off; 0.5 suits T = 6 s: docs/design.md#shedding-load)",
     )
     serve.add_argument(
         "--initial-rebalance-delay",
@@ -501,6 +502,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 coordinator_slots=args.coordinator_slots,
                 default_replication_factor=args.default_replication_factor,
                 group_retention=args.group_retention_minutes * 60.0,
+                shed_groups_above_lag=args.shed_above_lag,
                 limits=RequestLimits(
                     max_id_bytes=args.max_id_bytes,
                     max_pattern_bytes=args.max_pattern_bytes,

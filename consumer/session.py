@@ -165,6 +165,12 @@ class CoordinatorSession(OffsetCommits):
         if isinstance(message, StartFetcherRequest):
             self._brokers.update(message.brokers)
             topic_partitions = self._topic_partitions(message.streams)
+        elif isinstance(message, StopFetcherRequest) and message.reason is ErrorCode.BROKER_BUSY:
+            log.warning(
+                "%s: the coordinator is too busy to keep its group; registering again in %.1f s",
+                self.member_id,
+                message.throttle_time_ms / 1000,
+            )
         return sm.coordinator_input(
             message,
             correlation_id=request.correlation_id,

@@ -75,6 +75,11 @@ class CoordinatorConfig:
     #: How often the coordinator looks for such groups (Kafka's
     #: ``offsets.retention.check.interval.ms``, 10 minutes).
     group_retention_check_interval: float = attrs.field(default=600.0, validator=_positive)
+    #: While the broker's loop stays behind by more than this many seconds, whole groups are let
+    #: go, the newest first, so that the broker keeps the members it can serve rather than lose
+    #: them all (docs/design.md#shedding-load); None: never. ``serve --shed-above-lag`` sets it
+    #: with the door's bound.
+    shed_groups_above_lag: float | None = attrs.field(default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.min_session_timeout_ms > self.max_session_timeout_ms:

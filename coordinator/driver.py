@@ -192,6 +192,10 @@ class GroupDriver:
                 case cg.TellFenced(incarnation=incarnation):
                     if (handle := self.handles.get(incarnation)) is not None:
                         self.context.nursery.start_soon(self._tell_fenced, handle)
+                case cg.TellShed(incarnations=incarnations, retry_after=retry_after):
+                    told = [h for i in incarnations if (h := self.handles.get(i)) is not None]
+                    if told:
+                        self.context.nursery.start_soon(self._tell_shed, told, retry_after)
                 case cg.Retire():
                     self.retire()
         self.next_attempt_at.value = self.group.next_attempt_at
@@ -239,18 +243,35 @@ class GroupDriver:
     async def _tell_fenced(self, older: Member) -> None:
         """Send the fenced process its StopFetcher and wait for its answer, which frees its
         partitions at once, or its connection's end, or the deadline; then close."""
+        await self._tell_stopped([older], ErrorCode.FENCED_INSTANCE_ID)
+
+    async def _tell_shed(self, members: list[Member], retry_after: float) -> None:
+        """Tell each member of a group let go so (docs/design.md#shedding-load), with the hint,
+        and wait for their answers, their connections' ends or the deadline; then close."""
+        await self._tell_stopped(members, ErrorCode.BROKER_BUSY, round(1000 * retry_after))
+
+    async def _tell_stopped(
+        self, members: list[Member], reason: ErrorCode, throttle_time_ms: int = 0
+    ) -> None:
+        """Send members no longer in the group a StopFetcher saying why (``reason``) and wait
+        for their answers, each of which frees its partitions at once; then close their
+        connections."""
         if self.context.in_contact():
-            # Renews its lease, which a coordinator that may have been deposed must not:
-            # docs/design.md#coordinator-epochs-and-the-election. Out of contact, only its
-            # lease, already counted, frees its partitions.
-            request = StopFetcherRequest(
-                coordinator_epoch=self.context.epoch,
-                generation=older.machine.generation,
-                consumer_id=older.member_id,
-                acknowledged_frames=older.channel.frames_received,
-                partitions=None,
-                reason=ErrorCode.FENCED_INSTANCE_ID,
-            )
+            # Renews their leases, which a coordinator that may have been deposed must not:
+            # docs/design.md#coordinator-epochs-and-the-election. Out of contact, only their
+            # leases, already counted, free their partitions.
+            requests: dict[Member, RequestMessage] = {
+                member: StopFetcherRequest(
+                    coordinator_epoch=self.context.epoch,
+                    generation=member.machine.generation,
+                    consumer_id=member.member_id,
+                    acknowledged_frames=member.channel.frames_received,
+                    partitions=None,
+                    reason=reason,
+                    throttle_time_ms=throttle_time_ms,
+                )
+                for member in members
+            }
 
             def stopped(member: Member, response: ResponseMessage) -> None:
                 if (
@@ -260,8 +281,9 @@ class GroupDriver:
                     return  # no proof: its lease stands
                 self.stop_answered(member, response.offsets, revoked=None, attempt_live=False)
 
-            await self.call_all({older: request}, stopped)
-        older.connection_scope.cancel()
+            await self.call_all(requests, stopped)
+        for member in members:
+            member.connection_scope.cancel()
 
     def stop_answered(
         self,

@@ -22,8 +22,10 @@ from coordinator.config import CoordinatorConfig
 from coordinator.context import CoordinatorContext
 from coordinator.driver import GroupDriver, Member
 from coordinator.heartbeat import Pinger
+from coordinator.loop_lag import LoopLag
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
 from coordinator.offsets import OffsetKeeper
+from coordinator.overload import Governor
 from coordinator.validation import HighWatermarks, LogEnd
 from protocol import (
     DescribeGroupResponse,
@@ -68,6 +70,8 @@ class GroupCoordinator:
     _incarnations: itertools.count[int] = attrs.field(factory=itertools.count)
     #: Set once every group's record has been read after taking office (:func:`_recover_groups`).
     loaded: trio.Event = attrs.field(factory=trio.Event)
+    #: Lets whole groups go while the loop stays behind (None: never; CoordinatorConfig).
+    governor: Governor | None = None
     #: Groups whose record is being read again for a rebuild (:meth:`_rebuild`).
     _reloading: set[str] = attrs.field(factory=set)
 
@@ -156,6 +160,21 @@ class GroupCoordinator:
         error = self._registration_error(request, client_id)
         if error is not ErrorCode.NONE:
             return self._register_response(error, request.group_id), None
+        held_out = self._held_out(request.group_id)
+        if held_out is not None:
+            # Its group was let go (docs/design.md#shedding-load), even if it lists partitions:
+            # the coordinator will not take them back, and frees them when its lease runs out.
+            # Only a consumer that reads StopFetcher 3 is sure to have sent RegisterConsumer 3,
+            # whose answer carries the hint (protocol.versions.negotiate).
+            if not versions.told_when_shed:
+                return self._register_response(
+                    ErrorCode.COORDINATOR_NOT_AVAILABLE, request.group_id
+                ), None
+            busy = attrs.evolve(
+                self._register_response(ErrorCode.BROKER_BUSY, request.group_id),
+                throttle_time_ms=round(1000 * held_out),
+            )
+            return busy, None
         driver = self.group(request.group_id)
         # A static member is known by its instance id, whatever process carries it:
         # docs/design.md#static-members.
@@ -191,6 +210,13 @@ class GroupCoordinator:
         self.pinger.add(member)
         driver.perform(effects)
         return self._register_response(ErrorCode.NONE, request.group_id), member
+
+    def _held_out(self, group_id: str) -> float | None:
+        """Seconds a registration in ``group_id`` must wait: the group was let go because this
+        broker could not keep every member (docs/design.md#shedding-load); None: it may come."""
+        if self.governor is None:
+            return None
+        return self.governor.retry_after(group_id, trio.current_time())
 
     def _registration_error(self, request: RegisterConsumerRequest, client_id: str) -> ErrorCode:
         timeout = request.session_timeout_ms
@@ -577,6 +603,11 @@ async def open_group_coordinator(
         await nursery.start(coordinator.watch_topics)
         await nursery.start(offsets.run)
         await nursery.start(coordinator.pinger.run)
+        if config.shed_groups_above_lag is not None:
+            coordinator.governor = Governor(
+                lag=LoopLag.of_run(), bound=config.shed_groups_above_lag
+            )
+            await nursery.start(coordinator.governor.run, coordinator.groups)
         nursery.start_soon(coordinator.expire_groups)
         # No group exists before its record is read: requests that would make one wait.
         nursery.start_soon(_recover_groups, coordinator)

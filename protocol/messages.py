@@ -333,7 +333,11 @@ class StopFetcherRequest:
     None: every partition, as in versions 0 and 1."""
     reason: ErrorCode = attrs.field(default=ErrorCode.NONE, metadata=since(2))
     """NONE: a rebalance. FENCED_INSTANCE_ID: a newer process registered under this member's
-    instance id; stop everything, answer, close, and do not register again (SPEC.md §11.11)."""
+    instance id; stop everything, answer, close, and do not register again (SPEC.md §11.11).
+    BROKER_BUSY (v3 on): the broker let this member's group go; stop everything, answer, close,
+    and register again after ``throttle_time_ms`` (SPEC.md §11.7)."""
+    throttle_time_ms: Int32 = attrs.field(default=0, metadata=since(3))
+    """With reason BROKER_BUSY: how long to wait before registering again."""
 
 
 @attrs.frozen(kw_only=True)
@@ -781,7 +785,7 @@ NEWEST_VERSION: Mapping[ApiKey, int] = MappingProxyType(
         ApiKey.CREATE_TOPIC: 3,
         ApiKey.CREATE_PARTITIONS: 1,
         ApiKey.PING: 1,
-        ApiKey.STOP_FETCHER: 2,
+        ApiKey.STOP_FETCHER: 3,
         ApiKey.START_FETCHER: 3,
         ApiKey.DESCRIBE_GROUP: 3,
     }

@@ -32,7 +32,7 @@ from .messages import (
     StartFetcherRequest,
 )
 
-__all__ = ["IMPLIED", "PeerVersions", "Refusal", "fit", "negotiate"]
+__all__ = ["IMPLIED", "SHED_STOP_VERSION", "PeerVersions", "Refusal", "fit", "negotiate"]
 
 #: What a RegisterConsumer of each version before 2 says the consumer reads of the coordinator
 #: requests: the newest the brokers of its time sent (SPEC.md §3's levels).
@@ -45,6 +45,14 @@ IMPLIED: Mapping[int, Mapping[ApiKey, int]] = MappingProxyType(
 
 #: Ranges a RegisterConsumer may list: one per api key at most, and there are not many keys.
 MAX_RANGES = 64
+
+#: The first StopFetcher that can tell a member its group was let go, with a back-off hint
+#: (reason BROKER_BUSY and ``throttle_time_ms``, level 13), and the first RegisterConsumer whose
+#: answer carries that hint: a consumer registering with an older one is sent no StopFetcher
+#: newer than version 2, so that a member told it was shed is always one that can be refused
+#: BROKER_BUSY with the hint when it comes back early (SPEC.md §11.7).
+SHED_STOP_VERSION = 3
+HINTED_REGISTRATION = 3
 
 
 @attrs.frozen(kw_only=True)
@@ -77,6 +85,14 @@ class PeerVersions:
         that does not is stopped and started whole (the eager protocol) whenever its assignment
         changes, inside a group that is otherwise incremental."""
         return self.stop_fetcher >= 2 and self.start_fetcher >= 2
+
+    @property
+    def told_when_shed(self) -> bool:
+        """Whether a broker that lets the member's group go tells it over its connection
+        (StopFetcher 3, reason BROKER_BUSY, with the hint), and refuses it BROKER_BUSY with the
+        hint if it registers again before the hold ends; one that does not is let go by closing
+        its connection, and refused COORDINATOR_NOT_AVAILABLE (docs/design.md#shedding-load)."""
+        return self.stop_fetcher >= SHED_STOP_VERSION
 
     @property
     def level(self) -> str:
@@ -126,6 +142,9 @@ def negotiate(request: RegisterConsumerRequest, api_version: int) -> PeerVersion
             seen.add(entry.api_key)
             if entry.api_key in COORDINATOR_REQUESTS:  # the others are not ours to send
                 served[ApiKey(entry.api_key)] = (entry.min_version, entry.max_version)
+    if api_version < HINTED_REGISTRATION:
+        low, high = served[ApiKey.STOP_FETCHER]
+        served[ApiKey.STOP_FETCHER] = (low, min(high, SHED_STOP_VERSION - 1))
     chosen: dict[ApiKey, int] = {}
     for key, (low, high) in served.items():
         version = min(high, NEWEST_VERSION[key])

@@ -339,6 +339,7 @@ class SimulatedConsumer:
             auto_offset_reset=_RESETS.get(self.auto_offset_reset, self.auto_offset_reset),
             client_id=self.consumer_id,
             failover_jitter=0.0,  # exact instants
+            busy_jitter=0.0,
             discovery_timeout=None,
             fetch_idle_interval=self.fetch_idle_interval,
             instance_id=self.instance_id,

@@ -113,6 +113,7 @@ __all__ = [
     "INITIAL_STATE",
     "RENEWED",
     "REVOCATION",
+    "SHED",
     "STALE",
     "STOP_ALL",
     "TABLE",
@@ -253,9 +254,27 @@ _REFUSED = Guard(
 )
 
 
+def _shed(machine: ConsumerMachine, event: StopFetcherReceived | RegistrationRejected) -> bool:
+    if isinstance(event, StopFetcherReceived):
+        return event.reason is ErrorCode.BROKER_BUSY and not _below_epoch(machine, event)
+    return event.error_code is ErrorCode.BROKER_BUSY
+
+
+#: The broker let this member's group go (SPEC.md §11.7): a StopFetcher with reason BROKER_BUSY,
+#: or a re-registration refused BROKER_BUSY (the door never refuses one that lists partitions:
+#: only a group held out does). Stop everything, close cleanly, and come back after the hint.
+SHED = Guard("shed", _shed)
+
+#: A re-registration refused for another reason than fencing or its group held out.
+_REFUSED_LEASED = Guard(
+    "refused",
+    lambda machine, event: _REFUSED.holds(machine, event) and not _shed(machine, event),
+)
+
+
 def _stop_of(machine: ConsumerMachine, event: StopFetcherReceived, *, listed: bool) -> bool:
     """A rebalance's StopFetcher at the current epoch, naming partitions (``listed``) or not."""
-    if _below_epoch(machine, event) or _fenced(machine, event):
+    if _below_epoch(machine, event) or _fenced(machine, event) or _shed(machine, event):
         return False
     return (event.partitions is not None) == listed
 
@@ -293,6 +312,7 @@ def _stop_checked(
             (REVOCATION, revoked),
             (STOP_ALL, stopped),
             (FENCED, ConsumerState.FENCED),
+            (SHED, ConsumerState.DISCOVERING),
         )
     )
 
@@ -334,7 +354,14 @@ def _build_table() -> TransitionTable[ConsumerState]:
         (S.REDISCOVERING, DiscoveryFailed): _retried(S.REDISCOVERING),
         (S.REDISCOVERING, LeaseExpired): _lease_checked(S.REDISCOVERING),
         (S.REREGISTERING, Registered): _epoch_checked(S.FETCHING, S.REDISCOVERING),
-        (S.REREGISTERING, RegistrationRejected): _registration_refused(S.REDISCOVERING),
+        (S.REREGISTERING, RegistrationRejected): Guarded(
+            (
+                (FAILOVER, S.REDISCOVERING),
+                (_REFUSED_LEASED, S.REDISCOVERING),
+                (FENCED, S.FENCED),
+                (SHED, S.DISCOVERING),
+            )
+        ),
         (S.REREGISTERING, ConnectionLost): S.REDISCOVERING,
         (S.REREGISTERING, LeaseExpired): _lease_checked(S.REREGISTERING),
     }
@@ -522,6 +549,8 @@ class ConsumerMachine:
                 self.last_error = None
             case RegistrationRejected() | Fenced() if next_state is S.FENCED:
                 effects += self._fenced()
+            case RegistrationRejected(retry_after=hint) if transition.guard == SHED.name:
+                effects += self._let_go(hint)
             case RegistrationRejected(now=now, error_code=code, retry_after=hint):
                 failover = transition.guard == FAILOVER.name
                 effects += self._rejected(code, now, failover=failover, hint=hint)
@@ -549,6 +578,8 @@ class ConsumerMachine:
                 self.owned = ()
                 if next_state is S.FENCED:  # answered: now close, and never register again
                     effects += self._fenced(stopped=True)
+                elif transition.guard == SHED.name:  # answered: now close, come back later
+                    effects += self._let_go(event.retry_after, stopped=True)
             case StartFetcherReceived(
                 anchor=anchor,
                 correlation_id=cid,
@@ -632,6 +663,22 @@ class ConsumerMachine:
         self.coordinator = None
         self.last_error = ErrorCode.FENCED_INSTANCE_ID
         effects.append(CloseConnection())
+        return effects
+
+    def _let_go(self, hint: float, *, stopped: bool = False) -> list[Effect]:
+        """The broker let this member's group go (SPEC.md §11.7): stop (unless ``stopped``
+        already), close cleanly, and look for the coordinator again after the hint, lengthened
+        at random by up to ``busy_jitter`` of it. The broker asked for the wait, and chose it:
+        it counts as no failure, and the backoff does not lengthen it."""
+        S = ConsumerState
+        effects: list[Effect] = []
+        if self.state in (S.FETCHING, S.REREGISTERING) and not stopped:
+            effects.append(StopFetchers())
+        self.owned = ()
+        self.coordinator = None
+        self.last_error = ErrorCode.BROKER_BUSY
+        spread = hint * self.config.busy_jitter / 2
+        effects += [CloseConnection(), Discover(delay=hint + spread, jitter=spread)]
         return effects
 
     def _failed_discovery(self, now: float) -> list[Effect]:

@@ -99,7 +99,10 @@ class StopFetcherReceived:
     partitions: tuple[TopicPartition, ...] | None = None
     """The partitions to stop, the rest going on (a revocation, SPEC.md §11.5); None: all."""
     reason: ErrorCode = ErrorCode.NONE
-    """FENCED_INSTANCE_ID: a newer process took this member's instance id (SPEC.md §11.11)."""
+    """FENCED_INSTANCE_ID: a newer process took this member's instance id (SPEC.md §11.11).
+    BROKER_BUSY: the broker let this member's group go (SPEC.md §11.7)."""
+    retry_after: float = 0.0
+    """With BROKER_BUSY: when to register again (seconds), StopFetcher 3's hint."""
 
 
 @attrs.frozen(kw_only=True)
@@ -153,6 +156,7 @@ def coordinator_input(
                 generation=request.generation,
                 partitions=request.partitions,
                 reason=request.reason,
+                retry_after=request.throttle_time_ms / 1000,
             )
         case StartFetcherRequest():
             return StartFetcherReceived(

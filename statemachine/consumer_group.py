@@ -55,6 +55,7 @@ from statemachine.consumer_group_types import (
     Retire,
     StopOrder,
     TellFenced,
+    TellShed,
     topic_partition_key,
 )
 from statemachine.records import GroupRecord, MemberRecord
@@ -83,6 +84,7 @@ __all__ = [
     "Retire",
     "StopOrder",
     "TellFenced",
+    "TellShed",
     "topic_partition_key",
 ]
 
@@ -453,6 +455,50 @@ class ConsumerGroup(RebalanceAttempts, FailureDetection):
                 member.machine.handle(member_sm.ConnectionBroken(now=now))
             effects.append(CloseConnection(incarnation=member.incarnation))
         return effects
+
+    def shed(self, now: float, retry_after: float) -> list[Effect]:
+        """Its broker, too far behind to keep every member, lets the whole group go
+        (docs/design.md#shedding-load): every member dies at once. One that reads StopFetcher 3
+        is told so over its connection, with ``retry_after`` as its hint, which costs the broker
+        one request and no reconnection: its partitions are free at its answer or clean close,
+        else when the lease that StopFetcher renews runs out. Any other has its connection
+        closed, and its partitions are free when its lease runs out (it may fetch until then).
+        The whole group, so that no rebalance runs among members about to follow them; the
+        group is left empty, its record and offsets kept for when its members come back."""
+        members = [m for m in self.members.values() if m.machine.alive]
+        if not members:
+            return []
+        effects: list[Effect] = []
+        told: list[int] = []
+        latest_free = now
+        for member in members:
+            tell = member.versions.told_when_shed
+            (death,) = member.machine.handle(member_sm.Shed(now=now, told=tell))
+            latest_free = max(latest_free, death.partitions_free_at)
+            if tell:
+                member.told_shed = True
+                told.append(member.incarnation)
+            else:
+                effects.append(CloseConnection(incarnation=member.incarnation))
+            effects.append(MemberDied(member_id=member.member_id, cause=death.cause))
+            died = ownership_sm.OwnerDied(
+                incarnation=member.incarnation, until=death.partitions_free_at, now=now
+            )
+            effects += self._own(died)
+        if told:
+            effects.append(TellShed(incarnations=tuple(told), retry_after=retry_after))
+        self.members.clear()
+        self.processes.clear()
+        self.away.clear()
+        self._streams = 0
+        effects.append(
+            Note(
+                "group %s: let its %d members go (%d told over their connections), the broker "
+                "too far behind to keep them all; their partitions are free %s at the latest",
+                (self.group_id, len(members), len(told), FromNow(latest_free, now)),
+            )
+        )
+        return effects + self._departed(members[-1].member_id, now, member_sm.DeathCause.SHED)
 
     def deleted(self, now: float) -> list[Effect]:
         """DeleteGroup, or its retention ran out: the group's driver ends."""

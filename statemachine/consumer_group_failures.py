@@ -34,9 +34,10 @@ class FailureDetection(GroupCore):
     __slots__ = ()
 
     def fenced_closed(self, older: GroupMember, now: float) -> list[Effect]:
-        """A fenced process closed its connection cleanly (end of stream): it stopped fetching
-        first (docs/design.md#ownership-lease), so its partitions are free now."""
-        if not older.fenced:
+        """A fenced process, or a member told its group was let go, closed its connection
+        cleanly (end of stream): it stopped fetching first (docs/design.md#ownership-lease), so
+        its partitions are free now."""
+        if not (older.fenced or older.told_shed):
             return []
         return self._own(ownership_sm.OwnerClosed(incarnation=older.incarnation, now=now))
 
@@ -117,7 +118,7 @@ class FailureDetection(GroupCore):
         if not deaths and member.machine.alive:  # the common case: a Ping that renews nothing
             return []
         effects: list[Effect] = []
-        if not member.machine.alive and not member.fenced:
+        if not member.machine.alive and not (member.fenced or member.told_shed):
             effects.append(CloseConnection(incarnation=member.incarnation))
         if not deaths or not self.is_member(member):
             return effects

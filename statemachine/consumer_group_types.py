@@ -63,6 +63,9 @@ class GroupMember:
     host: str = ""
     #: A newer process registered under its instance id: it is no longer in its group.
     fenced: bool = False
+    #: Let go with its group and told so over its connection (docs/design.md#shedding-load):
+    #: no longer in its group, its clean close proves it stopped, as a fenced process's.
+    told_shed: bool = False
 
     @property
     def member_id(self) -> str:
@@ -123,6 +126,17 @@ class TellFenced:
     the store, wait for its answer (``stop_answered``, everything), then close its connection."""
 
     incarnation: int
+
+
+@attrs.frozen(kw_only=True)
+class TellShed:
+    """Send each member of a group let go its StopFetcher (reason BROKER_BUSY, the hint
+    ``retry_after`` seconds) while in contact with the store, wait for their answers
+    (``stop_answered``, everything), then close their connections; out of contact, only close
+    them (docs/design.md#shedding-load)."""
+
+    incarnations: tuple[int, ...]
+    retry_after: float
 
 
 @attrs.frozen(kw_only=True)
@@ -190,6 +204,7 @@ class FromNow:
 Effect = (
     CloseConnection
     | TellFenced
+    | TellShed
     | CancelAttempt
     | LeasesFreed
     | AwayUntil

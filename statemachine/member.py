@@ -39,6 +39,7 @@ class DeathCause(enum.Enum):
     PROTOCOL_ERROR = "protocol error"
     LEASE_LAPSED = "lease ran out before its next Ping"
     FENCED = "fenced by a newer process under its instance id"
+    SHED = "let go with its group: its broker could not keep every member"
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -149,6 +150,19 @@ class Fenced:
 
 
 @attrs.frozen(kw_only=True)
+class Shed:
+    """Its broker, too far behind to keep every member, lets this member's group go
+    (docs/design.md#shedding-load). ``told``: a StopFetcher saying so (reason BROKER_BUSY, with
+    a back-off hint) is about to be sent, which renews its lease, as a fenced process's; what it
+    holds is free at its answer, its clean close or its lease end counted from that StopFetcher.
+    Otherwise (a member that cannot read it) its connection is closed under it, and it may fetch
+    on until its lease runs out, as after a broken connection."""
+
+    now: float
+    told: bool
+
+
+@attrs.frozen(kw_only=True)
 class ProtocolViolation:
     """The member's connection broke the protocol and is being closed."""
 
@@ -219,6 +233,7 @@ def _build_table() -> TransitionTable[MemberState]:
             Left,
             ProtocolViolation,
             Fenced,
+            Shed,
         )
         for event in endings:
             t[(state, event)] = MemberState.DEAD
@@ -342,6 +357,10 @@ class MemberMachine:
             case Fenced(now=now):
                 self._sent(now)  # the StopFetcher that tells it renews its lease
                 effects.append(self._death(DeathCause.FENCED, now, silent=True))
+            case Shed(now=now, told=told):
+                if told:
+                    self._sent(now)  # as Fenced
+                effects.append(self._death(DeathCause.SHED, now, silent=True))
         self.state = next_state
         return effects
 

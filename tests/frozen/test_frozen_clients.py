@@ -126,6 +126,13 @@ async def test_a_frozen_client_runs_a_whole_group(level: str, tmp_path: Path) ->
             "acks_0": 21,  # INVALID_REQUIRED_ACKS, nothing written (the commits count 15)
             "replica_fetch": [0, [[p, 6] for p in range(partitions)]],  # NOT_LEADER_OR_FOLLOWER
         }
+    if "stop_fetcher_3" in result:  # level 13 on: StopFetcher 3, read whole
+        # A broker that keeps up lets no group go: b's arrival revoked some of a's partitions
+        # in a StopFetcher 3 (a rebalance's: no reason, no hint), and each member registered once.
+        assert result["stop_fetcher_3"] == {"stops": [[0, 0]], "registrations": 2}
+        received = result["versions_received"]
+        assert isinstance(received, list)
+        assert [6, 3] in received
     if "described" in result:  # level 7 on: DescribeGroup 3 names the members it awaits
         assert result["described"] == {
             "state": "Stable",

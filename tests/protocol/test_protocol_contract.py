@@ -66,7 +66,8 @@ CONTRACT = {
     " acknowledged_frames:int64",
     "PingResponse": "error_code:int16 consumer_id:string offsets:array[PartitionOffset]",
     "StopFetcherRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string"
-    " acknowledged_frames:int64 partitions:array[TopicPartition]? reason:int16",
+    " acknowledged_frames:int64 partitions:array[TopicPartition]? reason:int16"
+    " throttle_time_ms:int32",
     "StopFetcherResponse": "error_code:int16 consumer_id:string offsets:array[PartitionOffset]",
     "StartFetcherRequest": "coordinator_epoch:int64 generation:int32 consumer_id:string"
     " streams:array[AssignedStream] brokers:array[BrokerInfo] acknowledged_frames:int64"
@@ -190,6 +191,8 @@ OLDER_VERSIONS = {
     ("StopFetcherRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string",
     ("StopFetcherRequest", 1): "coordinator_epoch:int64 generation:int32 consumer_id:string"
     " acknowledged_frames:int64",
+    ("StopFetcherRequest", 2): "coordinator_epoch:int64 generation:int32 consumer_id:string"
+    " acknowledged_frames:int64 partitions:array[TopicPartition]? reason:int16",
     ("StartFetcherRequest", 0): "coordinator_epoch:int64 generation:int32 consumer_id:string"
     " streams:array[AssignedStream] brokers:array[BrokerInfo]",
     ("StartFetcherRequest", 1): "coordinator_epoch:int64 generation:int32 consumer_id:string"

@@ -44,8 +44,20 @@ def test_a_version_1_registration_dates_its_client_to_level_2() -> None:
     assert negotiate(REQUEST, 1) == PeerVersions(ping=1, stop_fetcher=2, start_fetcher=2)
 
 
+def test_a_version_3_registration_gets_the_newest_both_sides_serve() -> None:
+    assert negotiate(REQUEST, 3) == NEWEST  # the package's default lists every version
+    assert NEWEST.told_when_shed
+
+
+def test_a_registration_before_version_3_is_sent_no_stop_fetcher_3() -> None:
+    # StopFetcher 3 tells a member to come back after a hint; only RegisterConsumer 3's answer
+    # can refuse it with that hint if it comes back early (SPEC.md §11.7).
+    versions = negotiate(REQUEST, 2)
+    assert versions == attrs.evolve(NEWEST, stop_fetcher=2)
+    assert isinstance(versions, PeerVersions) and not versions.told_when_shed
+
+
 def test_a_version_2_registration_gets_the_newest_both_sides_serve() -> None:
-    assert negotiate(REQUEST, 2) == NEWEST  # the package's default lists every version
     listed = (_range(ApiKey.PING, 0, 9), _range(ApiKey.STOP_FETCHER, 0, 1), _range(99, 0, 5))
     versions = negotiate(attrs.evolve(REQUEST, served_versions=listed), 2)
     # START_FETCHER not listed: version 0 only; an api key the coordinator never sends: ignored
@@ -120,7 +132,7 @@ EVER = {
     ApiKey.CLUSTER_METADATA: 1,
     ApiKey.REGISTER_CONSUMER: 2,
     ApiKey.PING: 1,
-    ApiKey.STOP_FETCHER: 2,
+    ApiKey.STOP_FETCHER: 3,
     ApiKey.START_FETCHER: 2,
     ApiKey.CREATE_TOPIC: 1,
     ApiKey.CREATE_PARTITIONS: 1,

@@ -1029,3 +1029,59 @@ def test_a_discovery_told_that_a_failover_is_under_way_retries_quickly() -> None
     assert m.handle(DiscoveryFailed(now=100.1)) == [Discover(delay=0.1)]
     errors.append(m.last_error)
     assert errors == [ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE]
+
+
+@pytest.mark.parametrize("state", [S.STOPPED, S.FETCHING])
+def test_a_member_let_go_stops_answers_closes_and_looks_again_only_after_the_hint(
+    state: ConsumerState,
+) -> None:
+    # SPEC.md §11.7, "A group let go": StopFetcher 3, reason BROKER_BUSY, hint 6 s.
+    m = machine_in(state)
+    m.failures = 2  # a backoff of 0.2 s: the hint, not the backoff, sets the wait
+    let_go = StopFetcherReceived(
+        now=101.0,
+        anchor=101.0,
+        correlation_id=3,
+        epoch=5,
+        generation=3,
+        reason=ErrorCode.BROKER_BUSY,
+        retry_after=6.0,
+    )
+    stopped = [StopFetchers()] if state is S.FETCHING else []
+    owned = OWNED if state is S.FETCHING else ()
+    assert m.handle(let_go) == [
+        *stopped,
+        RespondStop(correlation_id=3, partitions=owned),
+        CloseConnection(),  # clean: it has stopped
+        # 6 s lengthened at random by up to half (busy_jitter): between 6 and 9 s from now
+        Discover(delay=7.5, jitter=1.5),
+    ]
+    assert (state_of(m), m.owned, m.last_error) == (S.DISCOVERING, (), ErrorCode.BROKER_BUSY)
+    assert m.failures == 2  # asked to wait, not a failure
+    assert m.coordinator is None
+
+
+def test_a_let_go_from_a_deposed_coordinator_is_ignored() -> None:
+    m = machine_in(S.FETCHING)
+    let_go = StopFetcherReceived(
+        now=101.0,
+        anchor=101.0,
+        correlation_id=3,
+        epoch=4,
+        generation=3,
+        reason=ErrorCode.BROKER_BUSY,
+        retry_after=6.0,
+    )
+    (ignored,) = m.handle(let_go)
+    assert isinstance(ignored, Ignored)
+    assert (state_of(m), m.owned) == (S.FETCHING, OWNED)
+
+
+def test_a_reregistration_refused_because_its_group_was_let_go_stops_and_waits_the_hint() -> None:
+    # Fetching under its lease, it listed its partitions; the coordinator let its group go and
+    # will not take them back (SPEC.md §11.7): it stops now, rather than look again and again
+    # at the failover pace until its lease runs out.
+    m = machine_in(S.REREGISTERING)
+    refused = RegistrationRejected(now=101.0, error_code=ErrorCode.BROKER_BUSY, retry_after=4.0)
+    assert m.handle(refused) == [StopFetchers(), CloseConnection(), Discover(delay=5.0, jitter=1.0)]
+    assert (state_of(m), m.owned, m.last_error) == (S.DISCOVERING, (), ErrorCode.BROKER_BUSY)

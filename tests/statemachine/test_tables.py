@@ -131,6 +131,8 @@ def member_cases() -> Iterable[tuple[Any, object]]:
         m.ProtocolViolation(now=1.0),
         m.Adopted(generation=7),
         m.Fenced(now=1.0),
+        m.Shed(now=1.0, told=True),
+        m.Shed(now=1.0, told=False),
     ]
     for state, max_missed, missed, handovers, start_follows, event in itertools.product(
         m.MemberState, (1, 3), (0, 1, 2), (0, 1, 2), (True, False), events
@@ -175,6 +177,9 @@ def consumer_events(now: float, epoch: int) -> list[c.Input]:
         attrs.evolve(start, incremental=True),
         c.RegistrationRejected(now=now, error_code=ErrorCode.FENCED_INSTANCE_ID),
         c.Fenced(now=now),
+        # a group let go (SPEC.md §11.7): told over the connection, or refused while held out
+        attrs.evolve(stop, reason=ErrorCode.BROKER_BUSY, retry_after=6.0),
+        c.RegistrationRejected(now=now, error_code=ErrorCode.BROKER_BUSY, retry_after=2.0),
     ]
 
 
