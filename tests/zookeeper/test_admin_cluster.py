@@ -24,12 +24,14 @@ async def test_a_call_to_another_broker_under_the_callers_deadline(
     zookeeper_hosts: str, tmp_path: Path
 ) -> None:
     config = CoordinatorConfig(coordinator_slots=4, initial_rebalance_delay=0)
-    async with cluster(zookeeper_hosts, tmp_path, config, 2) as (one, _two):
-        async with open_admin([one.address]) as admin:
+    async with (
+        cluster(zookeeper_hosts, tmp_path, config, 2) as (one, _two),
+        open_admin([one.address]) as admin,
+    ):
+        with trio.fail_after(DEADLINE):
+            await admin.create_topic("far", 1, brokers=[2], replication_factor=1)
+        far = TopicPartition(topic="far", partition=0)
+        for _ in range(2):  # the second time on the connection the first one opened
             with trio.fail_after(DEADLINE):
-                await admin.create_topic("far", 1, brokers=[2], replication_factor=1)
-            far = TopicPartition(topic="far", partition=0)
-            for _ in range(2):  # the second time on the connection the first one opened
-                with trio.fail_after(DEADLINE):
-                    bounds = await admin.log_bounds(["far"])
-                assert bounds == {far: (0, 0)}
+                bounds = await admin.log_bounds(["far"])
+            assert bounds == {far: (0, 0)}
