@@ -307,5 +307,6 @@ async def test_a_producer_and_an_admin_wait_for_a_busy_broker_and_then_get_their
             # backoff from 0.1 s, doubling, lengthened by half: after 0.15, 0.3 and 0.6 s, the
             # third time past the busy second.
             await admin.create_topic("u", 2)
+            nursery.cancel_scope.cancel()  # the admin's connections to other brokers
         assert trio.current_time() - start == pytest.approx(1.05)
         assert len((await net.cluster.store.topics())["u"].brokers) == 2

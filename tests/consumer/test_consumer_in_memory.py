@@ -487,6 +487,7 @@ async def test_an_admin_asks_again_while_the_coordinator_loads(
         ):
             admin = Admin(channel=channel, address=("b", 1), nursery=nursery, connect=net.connect)
             groups = await admin.groups()
+            nursery.cancel_scope.cancel()  # the admin's connections to other brokers
         # asked every LOAD_RETRY (50 ms): the first time after the load ended, at 1.99 s
         assert trio.current_time() == pytest.approx(took_office + 2.0, abs=1e-9)
         assert [g.group_id for g in groups] == ["g"]
