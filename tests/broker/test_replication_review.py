@@ -1,0 +1,60 @@
+"""Hazards found reviewing the replication path (issue 37), each on in-process brokers
+(tests/broker/replica_cluster.py): what a user would see go wrong, held by a test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from protocol import ErrorCode, ProduceRequest
+from protocol.batches import Compression, build_batch
+from tests.broker.replica_cluster import TOPIC, TP, open_cluster, until
+
+
+@pytest.mark.xfail(
+    strict=True, reason="a produce let in before a step-down appends into the follower's log"
+)
+async def test_a_produce_let_in_before_its_leader_stepped_down_writes_nothing_after(
+    tmp_path: Path,
+) -> None:
+    """A produce told it may append (the leader's ``ask``) that waits before appending (here
+    for the broker's decompression budget, which every request shares) while its broker stops
+    leading must not append once the broker follows: a record written into a follower's log
+    after the new leader's records of the new epoch is never found by the diverging-epoch
+    handshake, and the two replicas differ for good."""
+    async with open_cluster(tmp_path, [1, 2]) as cluster:
+        one, two = cluster.nodes[1], cluster.nodes[2]
+        cluster.store.elect(leader=1, epoch=0, isr=[1, 2])
+        await cluster.start(1)
+        await cluster.start(2)
+        assert await one.produce(b"a") == (ErrorCode.NONE, 0)
+        budget = one.log.decompressed
+        budget.used = budget.limit  # other requests hold the whole budget
+        answers: list[ErrorCode] = []
+
+        async def stale_produce() -> None:
+            request = ProduceRequest(
+                topic=TOPIC,
+                partition=0,
+                records=(),
+                batches=build_batch([b"stale"], compression=Compression.ZSTD),
+                acks=1,
+                timeout_ms=5_000,
+            )
+            answers.append((await one.log.produce(request, 3)).error_code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stale_produce)
+            # it was let in (broker 1 leads) and waits for the budget
+            await until(lambda: budget._room.statistics().tasks_waiting == 1)
+            cluster.store.elect(leader=2, epoch=1, isr=[1, 2])
+            await until(lambda: two.manager is not None and two.manager.leading(TP) is not None)
+            assert await two.produce(b"b") == (ErrorCode.NONE, 1)
+            await until(lambda: one.end() == 2)  # broker 1 follows and has "b", epoch 1
+            budget.release(budget.limit)
+        assert answers == [ErrorCode.NOT_LEADER_OR_FOLLOWER]
+        assert await two.produce(b"c") == (ErrorCode.NONE, 2)
+        await until(lambda: one.end() == two.end() == 3)
+        assert await one.values() == await two.values() == [b"a", b"b", b"c"]
