@@ -105,6 +105,10 @@ class Led:
     def high_watermark(self) -> int:
         return self.machine.hw
 
+    @property
+    def in_force(self) -> bool:
+        return self.manager.current(self)
+
     async def read(self, offset: int, max_bytes: int) -> bytes:
         """A consumer's read: up to the high watermark only."""
         return await self.log.read(offset, max_bytes, limit=self.machine.hw)

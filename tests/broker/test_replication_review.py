@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import trio
 
 from protocol import ErrorCode, ProduceRequest
@@ -13,9 +12,6 @@ from protocol.batches import Compression, build_batch
 from tests.broker.replica_cluster import TOPIC, TP, open_cluster, until
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a produce let in before a step-down appends into the follower's log"
-)
 async def test_a_produce_let_in_before_its_leader_stepped_down_writes_nothing_after(
     tmp_path: Path,
 ) -> None:
