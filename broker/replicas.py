@@ -29,8 +29,11 @@ import trio
 
 from broker.data_plane import BrokerLog
 from broker.log import (
+    CorruptCheckpoint,
+    CorruptSegment,
     EpochRefused,
     FsyncPolicy,
+    LogFailed,
     PartitionLog,
     read_high_watermarks,
     write_high_watermarks,
@@ -411,10 +414,15 @@ class ReplicaManager:
                 self._unfollow(key, followed)
             if not here:
                 return
-            if state.leader == self.broker_id:
-                await self._start_leading(key, tp, state, placement)
-            else:
-                await self._follow(key, tp, state)
+            try:
+                if state.leader == self.broker_id:
+                    await self._start_leading(key, tp, state, placement)
+                else:
+                    await self._follow(key, tp, state)
+            except (OSError, LogFailed, CorruptSegment, CorruptCheckpoint) as exc:
+                # this copy cannot be opened or its epochs read: no role here until the state
+                # changes again; the broker's other partitions go on (as the fetcher's do)
+                log.error("%s: no role under epoch %d: %s", tp, state.leader_epoch, exc)
 
     async def _start_leading(
         self,
