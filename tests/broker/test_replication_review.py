@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import pytest
 import trio
 import trio.testing
 
@@ -103,7 +102,6 @@ async def test_a_damaged_epoch_file_of_a_partition_elected_here_does_not_end_the
         assert KEY not in one.led
 
 
-@pytest.mark.xfail(strict=True, reason="the leader's high watermark is remembered by name, not id")
 async def test_a_topic_created_again_is_asked_its_own_high_watermark(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
