@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
@@ -154,3 +155,34 @@ async def test_a_topic_created_again_is_asked_its_own_high_watermark(
         told[0] = 2
         assert await high_watermarks({tp: 7}) == {tp: 2}
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.xfail(strict=True, reason="a leader's map of log dirs goes stale for good")
+async def test_a_wiped_follower_rejoins_every_isr_of_its_leader(tmp_path: Path) -> None:
+    """A broker back on a wiped disk registers a new log directory; its leader learns it when
+    the broker first fetches with it (or when it is elected for another partition, which reads
+    the directories again) and every partition it leads must learn it then: one that kept the
+    old directory never takes the replica back into its ISR, under-replicated for good."""
+    other = TopicPlacement.of(topic="q", assignment=((1, 2),), topic_id=uuid.uuid4())
+    other_key = PartitionKey(topic_id=other.topic_id, partition=0)
+    async with open_cluster(tmp_path, [1, 2]) as cluster:
+        store = cluster.store
+        store.placement["q"] = other
+        store.elect(leader=1, epoch=0, isr=[1])  # broker 2 is down
+        await cluster.start(1)
+        one = cluster.nodes[1].manager
+        assert one is not None
+        await until(lambda: KEY in one.led)
+        store.dirs[2] = uuid.uuid4()  # broker 2 comes back on a wiped disk
+        # broker 1 is elected for another partition meanwhile (it reads the directories)
+        store.states[other_key] = PartitionState(
+            leader=1,
+            leader_epoch=0,
+            isr=(IsrEntry(broker_id=1, log_dir=store.dirs[1]),),
+            version=0,
+        )
+        store._notify()
+        await until(lambda: other_key in one.led)
+        await cluster.start(2)
+        await until(lambda: store.states[other_key].in_sync(2))
+        await until(lambda: store.isr() == [1, 2])
