@@ -446,6 +446,10 @@ class ReplicaManager:
             return
         self._registered = await self.store.broker_dirs()
         self._registered_at = trio.current_time()
+        for other in list(self.led.values()):
+            # a follower whose directory changed fetches with what this map says now: the
+            # other leaders learn it here or never (``registered_dirs`` reads only on a change)
+            self.feed(other, rl.BrokersSeen(registered=self._registered))
         end = partition_log.log_end_offset
         fsync_always = partition_log.config.fsync is FsyncPolicy.ALWAYS
         durable = min(partition_log.flushed_offset, end) if fsync_always else end

@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import pytest
 import trio
 import trio.testing
 
@@ -157,7 +156,6 @@ async def test_a_topic_created_again_is_asked_its_own_high_watermark(
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.xfail(strict=True, reason="a leader's map of log dirs goes stale for good")
 async def test_a_wiped_follower_rejoins_every_isr_of_its_leader(tmp_path: Path) -> None:
     """A broker back on a wiped disk registers a new log directory; its leader learns it when
     the broker first fetches with it (or when it is elected for another partition, which reads
