@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
-
 from statemachine import replica_leader as rl
 from statemachine.partition_state import IsrEntry, PartitionKey, PartitionState
 
@@ -15,7 +13,6 @@ DIRS = {b: uuid.UUID(int=100 + b) for b in (1, 2, 3)}
 LAG = 10.0
 
 
-@pytest.mark.xfail(strict=True, reason="a follower under steady produce never counts as caught up")
 def test_a_follower_that_keeps_up_with_a_steady_stream_stays_in_sync() -> None:
     """Under a steady stream of produces the leader's log end moves between a follower's two
     fetches, so a follower that keeps up fetches from where the log ended at its last fetch,
