@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
 from broker.controller import ControlInputs
 from broker.leader_offsets import LeaderHighWatermarks
 from broker.log.epochs import LEADER_EPOCHS
+from broker.replica_fetcher import BACKOFF, ReplicaFetcher
 from protocol import (
     ErrorCode,
     ListOffsetsRequest,
@@ -184,3 +188,34 @@ async def test_a_wiped_follower_rejoins_every_isr_of_its_leader(tmp_path: Path) 
         await cluster.start(2)
         await until(lambda: store.states[other_key].in_sync(2))
         await until(lambda: store.isr() == [1, 2])
+
+
+@pytest.mark.xfail(
+    strict=True, reason="a fetcher left with nothing to fetch wakes 100 times a second"
+)
+async def test_a_fetcher_left_with_nothing_to_fetch_does_not_spin(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A follower's partition of a topic deleted meanwhile is no longer fetched (its log is
+    closed), but its leader's fetcher lives on while the state names that leader; a partition
+    it paused once (the leader answered UNKNOWN_TOPIC_ID as the topic went) must not make it
+    wake up every 10 ms for the rest of the broker's life."""
+    rounds = 0
+
+    class Manager:
+        broker_id = 1
+
+        def followed_at(self, leader: int) -> dict[PartitionKey, object]:
+            nonlocal rounds
+            rounds += 1
+            return {}
+
+        @asynccontextmanager
+        async def connect(self, leader: int) -> AsyncIterator[object]:
+            yield object()
+
+    fetcher = ReplicaFetcher(manager=Manager(), leader=2)  # type: ignore[arg-type]
+    fetcher.paused[KEY] = trio.current_time() + BACKOFF  # its last answer said wait
+    with trio.move_on_after(10):
+        await fetcher.run()
+    assert rounds <= 10 / BACKOFF + 1
