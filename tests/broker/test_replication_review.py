@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import pytest
 import trio
 import trio.testing
 
@@ -190,9 +189,6 @@ async def test_a_wiped_follower_rejoins_every_isr_of_its_leader(tmp_path: Path) 
         await until(lambda: store.isr() == [1, 2])
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a fetcher left with nothing to fetch wakes 100 times a second"
-)
 async def test_a_fetcher_left_with_nothing_to_fetch_does_not_spin(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
