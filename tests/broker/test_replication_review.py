@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
@@ -27,7 +28,14 @@ from protocol.batches import Compression, build_batch
 from protocol.types import BrokerInfo, TopicPartition
 from statemachine.partition_state import IsrEntry, PartitionKey, PartitionState
 from store import TopicPlacement
-from tests.broker.replica_cluster import KEY, TOPIC, TP, open_cluster, until
+from tests.broker.replica_cluster import (
+    KEY,
+    TOPIC,
+    TP,
+    FakeClusterStore,
+    open_cluster,
+    until,
+)
 from transport.channel import Channel
 
 
@@ -215,3 +223,37 @@ async def test_a_fetcher_left_with_nothing_to_fetch_does_not_spin(
     with trio.move_on_after(10):
         await fetcher.run()
     assert rounds <= 10 / BACKOFF + 1
+
+
+@pytest.mark.xfail(strict=True, reason="every partition elected here reads the brokers again")
+async def test_a_broker_elected_for_many_partitions_reads_the_log_directories_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker that takes over a dead broker's partitions becomes leader of many at once (at
+    the default 10,000 partitions a broker, thousands); each one reading every broker's
+    registration from the store again (two round trips, one after the other) would put
+    seconds between the first new leader and the last. A map read within the last second
+    serves them all: a follower that fetches with a directory it does not name has it read
+    again."""
+    many = TopicPlacement.of(topic="m", assignment=((1, 2),) * 20, topic_id=uuid.uuid4())
+    async with open_cluster(tmp_path, [1, 2]) as cluster:
+        store = cluster.store
+        store.placement["m"] = many
+        entry = IsrEntry(broker_id=1, log_dir=store.dirs[1])
+        for partition in range(20):
+            key = PartitionKey(topic_id=many.topic_id, partition=partition)
+            store.states[key] = PartitionState(leader=1, leader_epoch=0, isr=(entry,), version=0)
+        reads = 0
+        read = FakeClusterStore.broker_dirs
+
+        async def counted(self: FakeClusterStore) -> Mapping[int, uuid.UUID]:
+            nonlocal reads
+            reads += 1
+            return await read(self)
+
+        monkeypatch.setattr(FakeClusterStore, "broker_dirs", counted)
+        await cluster.start(1)
+        one = cluster.nodes[1].manager
+        assert one is not None
+        assert len(one.led) == 20
+        assert reads == 1
