@@ -444,12 +444,15 @@ class ReplicaManager:
         except EpochRefused as exc:
             log.error("%s: cannot lead under epoch %d: %s", tp, state.leader_epoch, exc)
             return
-        self._registered = await self.store.broker_dirs()
-        self._registered_at = trio.current_time()
-        for other in list(self.led.values()):
-            # a follower whose directory changed fetches with what this map says now: the
-            # other leaders learn it here or never (``registered_dirs`` reads only on a change)
-            self.feed(other, rl.BrokersSeen(registered=self._registered))
+        if trio.current_time() - self._registered_at >= DIRS_REREAD:
+            # one read serves the many partitions a failover elects here at once; a follower
+            # that fetches with a directory this map does not name has it read again
+            self._registered = await self.store.broker_dirs()
+            self._registered_at = trio.current_time()
+            for other in list(self.led.values()):
+                # a follower whose directory changed fetches with what this map says now: the
+                # other leaders learn it here or never (``registered_dirs`` reads on a change)
+                self.feed(other, rl.BrokersSeen(registered=self._registered))
         end = partition_log.log_end_offset
         fsync_always = partition_log.config.fsync is FsyncPolicy.ALWAYS
         durable = min(partition_log.flushed_offset, end) if fsync_always else end

@@ -225,7 +225,6 @@ async def test_a_fetcher_left_with_nothing_to_fetch_does_not_spin(
     assert rounds <= 10 / BACKOFF + 1
 
 
-@pytest.mark.xfail(strict=True, reason="every partition elected here reads the brokers again")
 async def test_a_broker_elected_for_many_partitions_reads_the_log_directories_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
