@@ -183,6 +183,12 @@ class ReplicaLeading(Protocol):
         end gets an empty answer."""
         ...
 
+    @property
+    def in_force(self) -> bool:
+        """Whether this broker still leads the partition under this epoch. Read where the log
+        appends, in its writing thread too (one dict lookup and one attribute: atomic)."""
+        ...
+
     def ask(self, acks_all: bool) -> tuple[int, ErrorCode]:
         """A produce's ticket and whether it may append (NONE) or not (NOT_ENOUGH_REPLICAS)."""
         ...
@@ -190,6 +196,20 @@ class ReplicaLeading(Protocol):
     async def appended(self, request: int, acks_all: bool, timeout_ms: int) -> ErrorCode:
         """The answer once the ticket's records are appended."""
         ...
+
+
+class _Deposed(Exception):
+    """The leader that let a produce in stopped leading before its records were written."""
+
+
+def _still_leading(leading: ReplicaLeading, check: Callable[[], object]) -> object:
+    """``check``, once ``leading`` is found still in force under the log's append lock (where
+    the append's ``check`` runs): a produce let in while this broker led, that waited (for the
+    decompression budget, for the append lock) until it followed, would otherwise write into the
+    follower's log after its new leader's records, where no diverging-epoch handshake finds it."""
+    if not leading.in_force:
+        raise _Deposed
+    return check()
 
 
 class Replication(Protocol):
@@ -353,12 +373,15 @@ class DataPlaneLog(abc.ABC):
             request, refused = leading.ask(acks_all)
             if refused is not ErrorCode.NONE:  # nothing written
                 return answered(error_code=refused, base_offset=-1)
+        check: Callable[[], object] = partial(check_batches, payload, spans)
+        if leading is not None:
+            check = partial(_still_leading, leading, check)
         claim = section_bound(payload, spans)
         await self.decompressed.claim(0, claim)
         try:
-            base = await partition.append(
-                payload, spans, self.now_ms(), partial(check_batches, payload, spans)
-            )
+            base = await partition.append(payload, spans, self.now_ms(), check)
+        except _Deposed:  # nothing written: a follower's log takes its leader's records only
+            return answered(error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, base_offset=-1)
         except RemoteProtocolError as exc:
             log.warning("produce to %s-%d refused: %s", message.topic, message.partition, exc)
             return answered(error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1)

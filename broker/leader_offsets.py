@@ -54,13 +54,14 @@ class LeaderHighWatermarks:
     #: How to reach another broker (TLS and SASL as the cluster's listeners ask).
     connect: Connect = trio.open_tcp_stream
     _channels: dict[int, tuple[tuple[str, int], Channel, trio.CancelScope]] = attrs.Factory(dict)
-    #: Partition -> (leader epoch, the high watermark its leader last told).
-    _known: dict[TopicPartition, tuple[int, int]] = attrs.Factory(dict)
+    #: Partition (of one incarnation of its topic: one created again under the name starts at
+    #: leader epoch 0 again) -> (leader epoch, the high watermark its leader last told).
+    _known: dict[PartitionKey, tuple[int, int]] = attrs.Factory(dict)
 
     async def __call__(self, offsets: Mapping[TopicPartition, int]) -> Mapping[TopicPartition, int]:
         topics = self.topics()
         found: dict[TopicPartition, int] = {}
-        asks: dict[int, list[tuple[TopicPartition, int]]] = {}
+        asks: dict[int, list[tuple[TopicPartition, PartitionKey, int]]] = {}
         for tp, offset in offsets.items():
             placement = topics.get(tp.topic)
             if placement is None or placement.replication_factor == 1:
@@ -71,11 +72,11 @@ class LeaderHighWatermarks:
                 raise LeaderUnavailable(f"{tp.topic}-{tp.partition} has no leader now")
             if state.leader == self.me:
                 continue  # led here: the log end this broker tells is the leader's
-            known = self._known.get(tp)
+            known = self._known.get(key)
             if known is not None and known[0] == state.leader_epoch and known[1] >= offset:
                 found[tp] = known[1]
             else:
-                asks.setdefault(state.leader, []).append((tp, state.leader_epoch))
+                asks.setdefault(state.leader, []).append((tp, key, state.leader_epoch))
         if not asks:
             return found
         failed: list[str] = []
@@ -92,13 +93,13 @@ class LeaderHighWatermarks:
     async def _ask(
         self,
         leader: int,
-        wanted: list[tuple[TopicPartition, int]],
+        wanted: list[tuple[TopicPartition, PartitionKey, int]],
         found: dict[TopicPartition, int],
         failed: list[str],
     ) -> None:
         try:
             channel = await self._channel(leader)
-            for tp, epoch in wanted:
+            for tp, key, epoch in wanted:
                 request = ListOffsetsRequest(
                     topic=tp.topic, partition=tp.partition, current_leader_epoch=epoch
                 )
@@ -108,7 +109,7 @@ class LeaderHighWatermarks:
                 if response.error_code is not ErrorCode.NONE:
                     failed.append(f"broker {leader} on {tp}: {response.error_code.name}")
                     continue
-                self._known[tp] = (epoch, response.high_watermark)
+                self._known[key] = (epoch, response.high_watermark)
                 found[tp] = response.high_watermark
         except (OSError, trio.BrokenResourceError, ChannelClosed, Refused) as exc:
             failed.append(f"broker {leader}: {exc}")

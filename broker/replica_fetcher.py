@@ -88,11 +88,10 @@ class ReplicaFetcher:
 
     async def _round(self, channel: Requester) -> None:
         now = trio.current_time()
-        followed = {
-            key: f
-            for key, f in self.manager.followed_at(self.leader).items()
-            if self.paused.get(key, now) <= now
-        }
+        here = self.manager.followed_at(self.leader)
+        # a partition no longer followed here (its topic deleted, say) waits for nothing
+        self.paused = {key: until for key, until in self.paused.items() if key in here}
+        followed = {key: f for key, f in here.items() if self.paused.get(key, now) <= now}
         if not followed:
             await trio.sleep(max(min(self.paused.values(), default=now + BACKOFF) - now, 0.01))
             return

@@ -29,8 +29,11 @@ import trio
 
 from broker.data_plane import BrokerLog
 from broker.log import (
+    CorruptCheckpoint,
+    CorruptSegment,
     EpochRefused,
     FsyncPolicy,
+    LogFailed,
     PartitionLog,
     read_high_watermarks,
     write_high_watermarks,
@@ -104,6 +107,10 @@ class Led:
     @property
     def high_watermark(self) -> int:
         return self.machine.hw
+
+    @property
+    def in_force(self) -> bool:
+        return self.manager.current(self)
 
     async def read(self, offset: int, max_bytes: int) -> bytes:
         """A consumer's read: up to the high watermark only."""
@@ -407,10 +414,15 @@ class ReplicaManager:
                 self._unfollow(key, followed)
             if not here:
                 return
-            if state.leader == self.broker_id:
-                await self._start_leading(key, tp, state, placement)
-            else:
-                await self._follow(key, tp, state)
+            try:
+                if state.leader == self.broker_id:
+                    await self._start_leading(key, tp, state, placement)
+                else:
+                    await self._follow(key, tp, state)
+            except (OSError, LogFailed, CorruptSegment, CorruptCheckpoint) as exc:
+                # this copy cannot be opened or its epochs read: no role here until the state
+                # changes again; the broker's other partitions go on (as the fetcher's do)
+                log.error("%s: no role under epoch %d: %s", tp, state.leader_epoch, exc)
 
     async def _start_leading(
         self,
@@ -432,8 +444,15 @@ class ReplicaManager:
         except EpochRefused as exc:
             log.error("%s: cannot lead under epoch %d: %s", tp, state.leader_epoch, exc)
             return
-        self._registered = await self.store.broker_dirs()
-        self._registered_at = trio.current_time()
+        if trio.current_time() - self._registered_at >= DIRS_REREAD:
+            # one read serves the many partitions a failover elects here at once; a follower
+            # that fetches with a directory this map does not name has it read again
+            self._registered = await self.store.broker_dirs()
+            self._registered_at = trio.current_time()
+            for other in list(self.led.values()):
+                # a follower whose directory changed fetches with what this map says now: the
+                # other leaders learn it here or never (``registered_dirs`` reads on a change)
+                self.feed(other, rl.BrokersSeen(registered=self._registered))
         end = partition_log.log_end_offset
         fsync_always = partition_log.config.fsync is FsyncPolicy.ALWAYS
         durable = min(partition_log.flushed_offset, end) if fsync_always else end

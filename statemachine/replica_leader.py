@@ -104,11 +104,16 @@ class LeaderSettings:
 class FollowerPosition:
     """What a follower last said in this epoch: the directory it fetched from and the offset
     (None for both: it has not fetched yet), and when it last had everything up to the log end
-    (when this leader was elected, if never since)."""
+    (when this leader was elected, if never since). Under a steady stream of produces the log
+    end moves between two fetches, so a follower that fetches from the log end this leader had
+    at its previous fetch had everything then (Kafka's ``lastCaughtUpTime``): ``served_end`` and
+    ``fetched_at`` are that log end and that time."""
 
     log_dir: uuid.UUID | None = None
     fetch_offset: int | None = None
     caught_up_at: float
+    served_end: int = 0
+    fetched_at: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -490,9 +495,17 @@ class ReplicaLeader:
         if isinstance(event, Tick) or event.broker_id not in self.followers:
             return self.followers
         old = self.followers[event.broker_id]
-        caught_up = event.now if event.fetch_offset >= self.leo else old.caught_up_at
+        caught_up = old.caught_up_at
+        if event.fetch_offset >= self.leo:
+            caught_up = event.now
+        elif old.fetched_at is not None and event.fetch_offset >= old.served_end:
+            caught_up = max(caught_up, old.fetched_at)
         position = FollowerPosition(
-            log_dir=event.log_dir, fetch_offset=event.fetch_offset, caught_up_at=caught_up
+            log_dir=event.log_dir,
+            fetch_offset=event.fetch_offset,
+            caught_up_at=caught_up,
+            served_end=self.leo,
+            fetched_at=event.now,
         )
         return {**self.followers, event.broker_id: position}
 
