@@ -185,8 +185,10 @@ def _truncation(
 def _append(cache: Sequence[EpochStart], log_end: int, answer: LeaderAnswer) -> Step:
     """The cache once the answer's records are appended at ``log_end``: each epoch they start
     is assigned where it starts. An entry before ``log_end`` must be the follower's own last
-    epoch, or the leader should have said the logs diverge."""
-    new = tuple(cache)
+    epoch, or the leader should have said the logs diverge. An epoch of this replica's own
+    that begins at ``log_end`` holds no record (it led, wrote nothing, and was deposed): the
+    records appended there are the leader's, of the leader's epochs, so it goes."""
+    new = truncate_epochs(cache, log_end)
     last = fetch_position(cache, log_end).last_fetched_epoch
     for entry in sorted(answer.epoch_starts):
         if entry.start_offset < log_end:

@@ -355,8 +355,9 @@ class PartitionLog:
     async def truncate_to(self, offset: int) -> int:
         """Cut the log to end at ``offset`` (a follower's log diverged from its leader's there),
         and the leader-epoch cache with it; returns the new log end: ``offset``, or the start of
-        the batch holding it if it falls inside one (that batch goes whole). Nothing happens at
-        or past the log end; OffsetOutOfRange below the log start.
+        the batch holding it if it falls inside one (that batch goes whole). At or past the log
+        end no record goes, only the epochs begun at the log end, which hold none (a replica
+        that led without writing, now a follower); OffsetOutOfRange below the log start.
 
         Segments after the one holding ``offset`` are deleted, newest first, each deletion
         durable before the next, so that a crash leaves a log that ends at a segment's end;
@@ -370,7 +371,13 @@ class PartitionLog:
         async with self._append_lock:
             epochs = await self._loaded_epochs()
             if offset >= self.log_end_offset:
-                return self.log_end_offset
+                end = self.log_end_offset
+                latest = epochs.latest
+                if latest is not None and latest.start_offset >= end:
+                    await trio.to_thread.run_sync(
+                        epochs.truncate_from_end, end, limiter=self.limiter
+                    )
+                return end
             if offset < self.log_start_offset:
                 raise OffsetOutOfRange(offset)
             async with self._flush_lock:

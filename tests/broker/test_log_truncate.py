@@ -125,6 +125,22 @@ async def test_truncate_at_or_past_the_end_does_nothing_and_below_the_start_is_r
     assert await read_all(retained, start) == records[start:]
 
 
+async def test_truncate_at_the_end_drops_the_epochs_that_hold_no_record(tmp_path: Path) -> None:
+    """A replica elected at its log end that wrote nothing, then deposed: as a follower it
+    appends the new leader's records there, of the leader's epochs, so its own empty epoch
+    must not name them (it would answer later fetches with a wrong epoch end)."""
+    directory = tmp_path / "t-0"
+    await filled(directory, 2)
+    log = await open_log(directory)
+    await log.assign_epoch(1, 0)
+    await log.assign_epoch(2, 14)  # led from the log end, wrote nothing
+    assert await log.truncate_to(14) == 14
+    assert [(e.epoch, e.start_offset) for e in (await log.leader_epochs()).entries] == [(1, 0)]
+    await log.aclose()
+    reopened = await open_log(directory)
+    assert [(e.epoch, e.start_offset) for e in (await reopened.leader_epochs()).entries] == [(1, 0)]
+
+
 async def test_truncate_into_a_sealed_segment_deletes_the_later_ones(tmp_path: Path) -> None:
     directory = tmp_path / "t-0"
     records = await filled(directory, 20)

@@ -5,7 +5,7 @@ leader changes (KIP-279), and follows the leader's epochs from the entries an an
 from __future__ import annotations
 
 import attrs
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from protocol.errors import ErrorCode
@@ -209,6 +209,19 @@ def consistent(replica: Replica) -> bool:
         ),
         max_size=40,
     )
+)
+# A replica elected at its log end that wrote nothing, deposed, then fetching records of an
+# older epoch at that offset: its empty epoch named them (found by a random example).
+@example(
+    [
+        ("elect", 2, 1),
+        ("append", 0, 1),
+        ("fetch", 0, 1),
+        ("append", 0, 1),
+        ("elect", 0, 1),
+        ("elect", 2, 1),
+        ("fetch", 0, 1),
+    ]
 )
 def test_logs_agree_after_any_history_of_leader_changes(
     history: list[tuple[str, int, int]],
