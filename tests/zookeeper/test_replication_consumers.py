@@ -135,7 +135,8 @@ async def test_a_leaders_kill9_is_no_group_event(zookeeper_hosts: str, tmp_path:
                 owned = set().union(*(c.assignment.value for c in consumers))
                 flowing = {p for p, _ in seen}
                 return (
-                    len(owned) == PARTITIONS
+                    len(acknowledged) >= 10 * PARTITIONS
+                    and len(owned) == PARTITIONS
                     and all(c.assignment.value for c in consumers)
                     and flowing == set(range(PARTITIONS))
                     and len({c.generation for c in consumers}) == 1
@@ -173,6 +174,13 @@ async def test_a_leaders_kill9_is_no_group_event(zookeeper_hosts: str, tmp_path:
 
             await eventually(resumed, deadline=DEADLINE)
             resumed_at = min(t for (p, _), t in seen.items() if p == tp.partition and t > killed_at)
+            # The writes go on a while under the new leader, then stop.
+            wanted = len(acknowledged) + 10 * PARTITIONS
+
+            async def written() -> bool:
+                return len(acknowledged) >= wanted
+
+            await eventually(written, deadline=DEADLINE)
             producing.cancel()
 
             async def all_consumed() -> bool:
