@@ -72,7 +72,7 @@ RATE = 300.0
 #: machine (that would be a group event the kill did not cause).
 CONSUMER_SESSION = 15.0
 #: The steady window begins once every partition's latest record is at most this old.
-CAUGHT_UP = 0.5
+CAUGHT_UP = 1.0
 #: After the producer stops, how long the consumers have to be given every acknowledged record.
 DRAIN_DEADLINE = 30.0
 

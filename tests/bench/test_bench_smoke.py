@@ -182,7 +182,7 @@ async def test_replication_quick(tmp_path: Path) -> None:
     (cpu,) = figures["cpu_per_record"]
     assert cpu["value"] > 0 and cpu["baseline"] > 0 and cpu["target_ratio"] == 3.5
     assert cpu["acknowledged"] > 0 and cpu["acknowledged_baseline"] > 0 and cpu["failed"] == 0
-    for name in ("throughput", "produce_latency_p50", "produce_latency_p99"):
+    for name in ("throughput", "produce_latency_p50", "produce_latency_p99", "max_throughput"):
         (line,) = figures[name]
         assert line["value"] > 0 and line["baseline"] > 0
     (catch_up,) = figures["follower_catch_up"]
