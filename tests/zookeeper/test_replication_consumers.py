@@ -192,7 +192,10 @@ async def test_a_leaders_kill9_is_no_group_event(zookeeper_hosts: str, tmp_path:
             ends = {p: max(o for q, o in acknowledged if q == p) + 1 for p in range(PARTITIONS)}
 
             async def all_committed() -> bool:
-                return bool(samples) and samples[-1][1] == ends
+                # At or past each end: a write cut off by the stop may be stored, not answered.
+                return bool(samples) and all(
+                    samples[-1][1].get(p, -1) >= e for p, e in ends.items()
+                )
 
             await eventually(all_committed, deadline=DEADLINE)
             print(
