@@ -231,10 +231,19 @@ async def one_run(
                 consuming.start_soon(run_consumer, index, brokers, observed, log_path)
             producing.start_soon(produce, brokers, observed, partitions, stop)
 
-            async def caught_up() -> bool:
-                return observed.caught_up(keys, CAUGHT_UP)
+            # A partition's records come every partitions / RATE seconds.
+            within = CAUGHT_UP + 3 * partitions / RATE
 
-            await eventually(caught_up, deadline=DEADLINE)
+            async def caught_up() -> bool:
+                return observed.caught_up(keys, within)
+
+            try:
+                await eventually(caught_up, deadline=DEADLINE)
+            except trio.TooSlowError:
+                consumed = sum(1 for k in keys if observed.consumed[k])
+                raise RuntimeError(
+                    f"the group did not catch up: {consumed} of {partitions} partitions consumed"
+                ) from None
             steady_start = time.monotonic()
             await trio.sleep(steady)
             fault = time.monotonic()
