@@ -246,6 +246,13 @@ async def one_run(
                 ) from None
             steady_start = time.monotonic()
             await trio.sleep(steady)
+            still = {
+                tp
+                for tp, v in (await all_in_sync(brokers, partitions)).items()
+                if v.broker_id == victim
+            }
+            if still != moving:
+                raise RuntimeError(f"leaders moved before the kill: {sorted(still ^ moving)}")
             fault = time.monotonic()
             victim_server = next(s for b, s in brokers if b == victim)
             victim_server.process.send_signal(signal.SIGKILL)
