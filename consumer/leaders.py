@@ -105,6 +105,12 @@ class Leaders:
             if known is None or leader.epoch < 0 or leader.epoch >= known.epoch:
                 self._known[tp] = leader
 
+    def forget(self, topic: str) -> None:
+        """Drop what is known of ``topic``'s leaders: another incarnation of the name counts its
+        epochs from 0 again, and none of them is older than the gone one's."""
+        for tp in [tp for tp in self._known if tp.topic == topic]:
+            del self._known[tp]
+
     def learn_hint(self, tp: TopicPartition, leader_id: int, epoch: int) -> bool:
         """An answer's leader hint: taken only if its epoch is later than the one known."""
         known = self._known.get(tp)
