@@ -19,6 +19,10 @@ group event). Per run, on fresh brokers:
   first record of it reaching the application after the kill; the worst partition. The target:
   1 s. The baseline: the p99 gap between two consecutive records of those partitions reaching
   the application in the steady window before the kill (what a consumer waits with no kill).
+  Beside it, which side took the time: the producer (the new leader visible to that record's
+  acknowledgement: it must find the new leader too before there is anything new to read) and
+  the consumer (the acknowledgement to the application, against the p99 of the same in the
+  steady window).
 * ``to_consumed``: the kill to that first record, the worst partition (target: Z + 2 s).
 * ``generation``: the generation the consumers held as records reached them after the kill,
   against the one before (the target: the same), with the records acknowledged that no
@@ -31,11 +35,12 @@ group event). Per run, on fresh brokers:
 from __future__ import annotations
 
 import contextlib
+import math
 import shutil
 import signal
 import statistics
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +48,20 @@ import attrs
 import trio
 
 from bench.bare import LineReader
-from bench.failover import Observed, firsts, gaps_within
-from bench.harness import (
-    ServerProcess,
-    bench_arguments,
-    open_coordinator,
-    open_module,
-    run,
-    work_area,
+from bench.failover import (
+    BROKERS,
+    Broker,
+    Consumed,
+    Key,
+    Observed,
+    address,
+    firsts,
+    gaps_within,
+    open_brokers,
 )
+from bench.harness import bench_arguments, open_module, run, work_area
 from bench.measure import figure, percentile, reporting_errors
-from consumer import open_producer
+from consumer import Delivery, ProduceError, open_producer
 from consumer.admin import AdminError, open_admin
 from consumer.leaders import Leader
 from launch.cluster import agreed_coordinator, eventually
@@ -63,7 +71,6 @@ from transport.channel import ChannelClosed
 
 BENCHMARK = "leader_failover"
 DEADLINE = 90.0
-BROKERS = 3
 TOPIC = "clicks"
 GROUP = "readers"
 #: Records per second the producer sends, round robin over the partitions.
@@ -75,31 +82,6 @@ CONSUMER_SESSION = 15.0
 CAUGHT_UP = 1.0
 #: After the producer stops, how long the consumers have to be given every acknowledged record.
 DRAIN_DEADLINE = 30.0
-
-Broker = tuple[int, ServerProcess]
-Key = tuple[str, int]
-
-
-def address(broker: Broker) -> tuple[str, int]:
-    return (broker[1].host, broker[1].port)
-
-
-@contextlib.asynccontextmanager
-async def open_brokers(hosts: str, work_dir: Path, session: float) -> AsyncIterator[list[Broker]]:
-    async with contextlib.AsyncExitStack() as stack:
-        brokers = []
-        for broker_id in range(1, BROKERS + 1):
-            server = await stack.enter_async_context(
-                open_coordinator(
-                    work_dir / f"broker{broker_id}",
-                    f"--broker-id={broker_id}",
-                    f"--zookeeper={hosts}",
-                    f"--zookeeper-session-timeout={session}",
-                    "--commit-interval=0.2",
-                )
-            )
-            brokers.append((broker_id, server))
-        yield brokers
 
 
 async def leaders_at(broker: Broker) -> dict[TopicPartition, Leader] | None:
@@ -175,22 +157,45 @@ async def run_consumer(
 
 
 async def produce(
-    brokers: list[Broker], observed: Observed, partitions: int, stop: trio.Event
+    brokers: list[Broker],
+    observed: Observed,
+    acknowledged_at: dict[int, float],
+    partitions: int,
+    stop: trio.Event,
 ) -> None:
     """RATE records/s round robin until ``stop``; then wait (bounded) for their
-    acknowledgements."""
-    async with open_producer([address(b) for b in brokers]) as producer:
+    acknowledgements. When the producer heard each one acknowledged goes to
+    ``acknowledged_at`` (by sequence number; CLOCK_MONOTONIC)."""
+
+    async def note(deliveries: trio.MemoryReceiveChannel[tuple[int, Delivery]]) -> None:
+        # One partition's records are acknowledged in the order they were sent.
+        async for seq, delivery in deliveries:
+            with contextlib.suppress(ProduceError):
+                await delivery.wait()
+                acknowledged_at[seq] = time.monotonic()
+
+    async with (
+        open_producer([address(b) for b in brokers]) as producer,
+        trio.open_nursery() as noting,
+    ):
+        senders = []
+        for _ in range(partitions):
+            send, receive = trio.open_memory_channel[tuple[int, Delivery]](math.inf)
+            senders.append(send)
+            noting.start_soon(note, receive)
         due = trio.current_time()
         seq = 0
         while not stop.is_set():
             value = f"{seq} {time.monotonic():.6f}".encode()
             delivery = await producer.enqueue(TOPIC, value, partition=seq % partitions)
             observed.deliveries.append((seq, delivery))
+            senders[seq % partitions].send_nowait((seq, delivery))
             seq += 1
             due += 1 / RATE
             await trio.sleep_until(due)
         with trio.move_on_after(DRAIN_DEADLINE):
             await producer.flush()
+        noting.cancel_scope.cancel()
         producer.nursery.cancel_scope.cancel()
 
 
@@ -203,13 +208,15 @@ class Outcome:
     fault: float
     steady: tuple[float, float]
     new_leader: dict[Key, float]
+    acknowledged_at: dict[int, float]
 
 
 async def one_run(
     hosts: str, work_dir: Path, partitions: int, consumers: int, session: float, steady: float
 ) -> Outcome:
     observed = Observed()
-    async with open_brokers(hosts, work_dir, session) as brokers:
+    acknowledged_at: dict[int, float] = {}
+    async with open_brokers(hosts, work_dir, session=session) as brokers:
         coordinator = await agreed_coordinator(
             [(b, address((b, s))) for b, s in brokers], group=GROUP, deadline=DEADLINE
         )
@@ -229,7 +236,7 @@ async def one_run(
             for index in range(consumers):
                 log_path = work_dir / f"consumer{index}.log"
                 consuming.start_soon(run_consumer, index, brokers, observed, log_path)
-            producing.start_soon(produce, brokers, observed, partitions, stop)
+            producing.start_soon(produce, brokers, observed, acknowledged_at, partitions, stop)
 
             # A partition's records come every partitions / RATE seconds.
             within = CAUGHT_UP + 3 * partitions / RATE
@@ -281,6 +288,7 @@ async def one_run(
             fault=fault,
             steady=(steady_start, fault),
             new_leader={(tp.topic, tp.partition): t for tp, t in seen.items()},
+            acknowledged_at=acknowledged_at,
         )
 
 
@@ -299,11 +307,35 @@ def report(outcome: Outcome, run_: int, partitions: int, consumers: int, session
     fault = outcome.fault
     steady_gaps: list[float] = []
     resumed: dict[Key, float] = {}
+    # The first record of each moved partition given to the application after the kill, when
+    # the producer heard it acknowledged, and the same in the steady window (the baseline).
+    first_after: dict[Key, Consumed] = {}
+    steady_delay: list[float] = []
+    acknowledged_at = outcome.acknowledged_at
     for key in outcome.moved:
         times = firsts(observed.consumed[key])
         steady_gaps += gaps_within(times, *outcome.steady)
         resumed[key] = min(t for t in times if t > fault)
+        first_after[key] = min(
+            (c for c in observed.consumed[key] if c.received > fault), key=lambda c: c.received
+        )
+        steady_delay += [
+            c.received - acknowledged_at[c.seq]
+            for c in observed.consumed[key]
+            if outcome.steady[0] <= c.received <= outcome.steady[1] and c.seq in acknowledged_at
+        ]
     baseline = percentile(steady_gaps, 99) * 1000
+    # Which side took the time after the new leader was known: the producer, to write there
+    # (the new leader to the acknowledgement of that first record), or the consumer, to read
+    # it (its acknowledgement to the application; against the same in the steady window).
+    producer_part = {
+        k: (acknowledged_at.get(c.seq, math.nan) - outcome.new_leader[k]) * 1000
+        for k, c in first_after.items()
+    }
+    consumer_part = {
+        k: (c.received - acknowledged_at.get(c.seq, math.nan)) * 1000
+        for k, c in first_after.items()
+    }
     to_leader = {k: (t - fault) * 1000 for k, t in outcome.new_leader.items()}
     to_consumed = {k: (t - fault) * 1000 for k, t in resumed.items()}
     after_leader = {k: (resumed[k] - outcome.new_leader[k]) * 1000 for k in outcome.moved}
@@ -348,6 +380,9 @@ def report(outcome: Outcome, run_: int, partitions: int, consumers: int, session
         target_ms=1000,
         **spread(after_leader),
         steady_gaps=len(steady_gaps),
+        new_leader_to_acknowledged_ms=round(max(producer_part.values()), 1),
+        acknowledged_to_consumed_ms=round(max(consumer_part.values()), 1),
+        acknowledged_to_consumed_steady_p99_ms=round(percentile(steady_delay, 99) * 1000, 1),
         **extra,
     )
     figure(

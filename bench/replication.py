@@ -45,7 +45,8 @@ from typing import Any
 import attrs
 import trio
 
-from bench.harness import ServerProcess, bench_arguments, open_coordinator, run, work_area
+from bench import failover
+from bench.harness import ServerProcess, bench_arguments, run, work_area
 from bench.measure import figure, micros_per, percentile, reporting_errors, rounded
 from broker.data_plane import log_directory
 from consumer import Delivery, ProduceError, Producer, ProducerConfig, open_producer
@@ -59,7 +60,7 @@ from protocol.types import TopicPartition
 
 BENCHMARK = "replication"
 DEADLINE = 90.0
-BROKERS = 3
+BROKERS = failover.BROKERS
 PARTITIONS = 3
 RECORD_BYTES = 100
 #: Longer than any stop of a follower here, so that a stopped follower stays registered.
@@ -86,20 +87,11 @@ class Broker:
 
 @contextlib.asynccontextmanager
 async def open_brokers(hosts: str, work_dir: Path) -> AsyncIterator[list[Broker]]:
-    async with contextlib.AsyncExitStack() as stack:
-        brokers = []
-        for broker_id in range(1, BROKERS + 1):
-            data_dir = work_dir / f"broker{broker_id}"
-            server = await stack.enter_async_context(
-                open_coordinator(
-                    data_dir,
-                    f"--broker-id={broker_id}",
-                    f"--zookeeper={hosts}",
-                    f"--zookeeper-session-timeout={ZK_SESSION}",
-                )
-            )
-            brokers.append(Broker(broker_id=broker_id, server=server, data_dir=data_dir))
-        yield brokers
+    async with failover.open_brokers(hosts, work_dir, session=ZK_SESSION) as started:
+        yield [
+            Broker(broker_id=b, server=server, data_dir=work_dir / f"broker{b}")
+            for b, server in started
+        ]
 
 
 async def leaders(brokers: Sequence[Broker], topic: str) -> dict[TopicPartition, Leader]:
