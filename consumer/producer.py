@@ -624,9 +624,6 @@ class Producer:
                 backoff *= 2
             self.connections.update(response.brokers)
             ids = {identity.topic: identity.topic_id for identity in response.topic_ids}
-            for name, topic_id in ids.items():
-                if self.topic_ids.get(name, topic_id) != topic_id:
-                    self.leaders.forget(name)  # another incarnation: its epochs start again
             # An answer from a broker that has not heard of an election yet names a leader of
             # an older epoch than one already known: the newer one stands.
             self.leaders.learn(response)

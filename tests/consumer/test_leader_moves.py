@@ -4,6 +4,8 @@ hearing of it: no rebalance, the generation unchanged, no record skipped or seen
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import trio
 import trio.testing
@@ -18,6 +20,7 @@ from protocol import (
     ListOffsetsRequest,
     PartitionMetadata,
     ProduceRequest,
+    TopicIdentity,
     TopicMetadata,
 )
 from protocol.replica_messages import PartitionReplicas, TopicReplicas
@@ -83,7 +86,7 @@ async def test_a_fetcher_follows_its_partitions_leader_without_a_rebalance(
     assert [(b, m.current_leader_epoch) for b, m in lists] == [(1, -1), (2, 1)]
 
 
-def metadata(leader: int, epoch: int) -> ClusterMetadataResponse:
+def metadata(leader: int, epoch: int, topic_id: int = 1) -> ClusterMetadataResponse:
     return ClusterMetadataResponse(
         error_code=ErrorCode.NONE,
         coordinator_id=1,
@@ -106,6 +109,7 @@ def metadata(leader: int, epoch: int) -> ClusterMetadataResponse:
                 ),
             ),
         ),
+        topic_ids=(TopicIdentity(topic="t", topic_id=uuid.UUID(int=topic_id)),),
     )
 
 
@@ -142,6 +146,23 @@ async def test_leaders_refresh_a_topic_at_most_every_100_ms_and_take_only_newer_
     assert leaders.learn_hint(T0, 3, 6)
     assert await leaders.follow(T0, 1, 2) == 3  # an old hint: a refresh, rate-limited
     assert len(asked) == 3
+
+
+def test_another_incarnation_of_a_topic_counts_its_leader_epochs_afresh() -> None:
+    """A topic deleted and created again under its name starts at leader epoch 0: its leaders
+    are taken, not refused as older than the gone incarnation's (a fetcher would name epoch 4
+    to a leader at epoch 0, be refused, and never learn better)."""
+
+    async def ask(topics: tuple[str, ...]) -> ClusterMetadataResponse | None:
+        raise AssertionError("not asked")
+
+    leaders = Leaders(ask=ask)
+    leaders.learn(metadata(1, 4))
+    leaders.learn(metadata(1, 3))  # a broker behind: the gone incarnation's older epoch
+    assert leaders.of(T0) == Leader(broker_id=1, epoch=4, replicas=(1, 2, 3), isr=(1, 3))
+    leaders.learn(metadata(1, 0, topic_id=2))
+    assert leaders.of(T0) == Leader(broker_id=1, epoch=0, replicas=(1, 2, 3), isr=(1, 3))
+    assert leaders.epoch_at(T0, 1) == 0
 
 
 async def test_the_producer_retries_leader_moves_and_too_few_replicas_not_a_refused_acks(
