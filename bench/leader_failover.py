@@ -19,10 +19,11 @@ group event). Per run, on fresh brokers:
   first record of it reaching the application after the kill; the worst partition. The target:
   1 s. The baseline: the p99 gap between two consecutive records of those partitions reaching
   the application in the steady window before the kill (what a consumer waits with no kill).
-  Beside it, which side took the time: the producer (the new leader visible to that record's
-  acknowledgement: it must find the new leader too before there is anything new to read) and
-  the consumer (the acknowledgement to the application, against the p99 of the same in the
-  steady window).
+  Beside it, which side took the time, the worst partition of each: the producer (the new
+  leader visible to that record's acknowledgement, 0 if it was acknowledged before: the
+  producer must find the new leader too before there is anything new to read) and the consumer
+  (the later of the two to the application, against the p99 of the acknowledgement to the
+  application in the steady window).
 * ``to_consumed``: the kill to that first record, the worst partition (target: Z + 2 s).
 * ``generation``: the generation the consumers held as records reached them after the kill,
   against the one before (the target: the same), with the records acknowledged that no
@@ -326,16 +327,15 @@ def report(outcome: Outcome, run_: int, partitions: int, consumers: int, session
         ]
     baseline = percentile(steady_gaps, 99) * 1000
     # Which side took the time after the new leader was known: the producer, to write there
-    # (the new leader to the acknowledgement of that first record), or the consumer, to read
-    # it (its acknowledgement to the application; against the same in the steady window).
-    producer_part = {
-        k: (acknowledged_at.get(c.seq, math.nan) - outcome.new_leader[k]) * 1000
-        for k, c in first_after.items()
-    }
-    consumer_part = {
-        k: (c.received - acknowledged_at.get(c.seq, math.nan)) * 1000
-        for k, c in first_after.items()
-    }
+    # (from the new leader known to the acknowledgement of that first record, none if it was
+    # acknowledged before), or the consumer, to read it (from the later of the two to the
+    # application; against the acknowledgement to the application in the steady window).
+    producer_part: dict[Key, float] = {}
+    consumer_part: dict[Key, float] = {}
+    for key, first in first_after.items():
+        ready = max(acknowledged_at.get(first.seq, math.nan), outcome.new_leader[key])
+        producer_part[key] = (ready - outcome.new_leader[key]) * 1000
+        consumer_part[key] = (first.received - ready) * 1000
     to_leader = {k: (t - fault) * 1000 for k, t in outcome.new_leader.items()}
     to_consumed = {k: (t - fault) * 1000 for k, t in resumed.items()}
     after_leader = {k: (resumed[k] - outcome.new_leader[k]) * 1000 for k in outcome.moved}
