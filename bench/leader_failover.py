@@ -29,8 +29,12 @@ group event). Per run, on fresh brokers:
   against the one before (the target: the same), with the records acknowledged that no
   consumer was given once the producer stopped and the consumers drained (``missing``).
 
+With ``--consumers 0`` only the producer runs beside the brokers and ``to_new_leader`` alone is
+reported: the leaders' move at partition counts a group of this machine's consumers cannot
+follow (each fetcher polls its partition on its own).
+
     python -m bench.leader_failover [--quick] [--work-dir DIR] [--runs N] [--partitions P]
-        [--zookeeper-session-timeout Z]
+        [--consumers C] [--zookeeper-session-timeout Z]
 """
 
 from __future__ import annotations
@@ -246,7 +250,7 @@ async def one_run(
                 return observed.caught_up(keys, within)
 
             try:
-                await eventually(caught_up, deadline=DEADLINE)
+                await eventually(caught_up if consumers else _flowing, deadline=DEADLINE)
             except trio.TooSlowError:
                 consumed = sum(1 for k in keys if observed.consumed[k])
                 raise RuntimeError(
@@ -274,11 +278,12 @@ async def one_run(
             async def consumed_again() -> bool:
                 return all(any(c.received > fault for c in observed.consumed[key]) for key in moved)
 
-            await eventually(consumed_again, deadline=DEADLINE)
-            await trio.sleep(1.0)  # records after the move, for the generation they come with
-            stop.set()
-            with trio.move_on_after(DRAIN_DEADLINE):
-                await drained(observed, keys)
+            if consumers:
+                await eventually(consumed_again, deadline=DEADLINE)
+                await trio.sleep(1.0)  # records after the move, for the generation they come with
+                stop.set()
+                with trio.move_on_after(DRAIN_DEADLINE):
+                    await drained(observed, keys)
             producing.cancel_scope.cancel()
             consuming.cancel_scope.cancel()
         return Outcome(
@@ -293,6 +298,11 @@ async def one_run(
         )
 
 
+async def _flowing() -> bool:
+    """Without consumers: nothing to wait for but the steady window."""
+    return True
+
+
 async def drained(observed: Observed, keys: list[Key]) -> None:
     """Until the producer has every answer and every acknowledged record reached a consumer."""
     while True:
@@ -303,9 +313,44 @@ async def drained(observed: Observed, keys: list[Key]) -> None:
 
 
 def report(outcome: Outcome, run_: int, partitions: int, consumers: int, session: float) -> None:
+    fault = outcome.fault
+    extra: dict[str, Any] = {
+        "run": run_,
+        "brokers": BROKERS,
+        "zookeeper_servers": 1,
+        "partitions": partitions,
+        "replication_factor": 3,
+        "partitions_moved": len(outcome.moved),
+        "consumers": consumers,
+        "records_per_s": RATE,
+        "zookeeper_session_timeout_ms": session * 1000,
+        "consumer_session_timeout_ms": CONSUMER_SESSION * 1000,
+        "victim": outcome.victim,
+        "coordinator": outcome.coordinator,
+    }
+
+    def spread(values: dict[Key, float]) -> dict[str, float]:
+        ordered = list(values.values())
+        return {
+            "first_ms": round(min(ordered), 1),
+            "median_ms": round(statistics.median(ordered), 1),
+        }
+
+    to_leader = {k: (t - fault) * 1000 for k, t in outcome.new_leader.items()}
+    figure(
+        BENCHMARK,
+        "to_new_leader",
+        max(to_leader.values()),
+        "ms",
+        session * 1000,
+        target_ms=(session + 1) * 1000,
+        **spread(to_leader),
+        **extra,
+    )
+    if not consumers:
+        return
     observed = outcome.observed
     observed.note_acknowledged()
-    fault = outcome.fault
     steady_gaps: list[float] = []
     resumed: dict[Key, float] = {}
     # The first record of each moved partition given to the application after the kill, when
@@ -336,41 +381,8 @@ def report(outcome: Outcome, run_: int, partitions: int, consumers: int, session
         ready = max(acknowledged_at.get(first.seq, math.nan), outcome.new_leader[key])
         producer_part[key] = (ready - outcome.new_leader[key]) * 1000
         consumer_part[key] = (first.received - ready) * 1000
-    to_leader = {k: (t - fault) * 1000 for k, t in outcome.new_leader.items()}
     to_consumed = {k: (t - fault) * 1000 for k, t in resumed.items()}
     after_leader = {k: (resumed[k] - outcome.new_leader[k]) * 1000 for k in outcome.moved}
-    extra: dict[str, Any] = {
-        "run": run_,
-        "brokers": BROKERS,
-        "zookeeper_servers": 1,
-        "partitions": partitions,
-        "replication_factor": 3,
-        "partitions_moved": len(outcome.moved),
-        "consumers": consumers,
-        "records_per_s": RATE,
-        "zookeeper_session_timeout_ms": session * 1000,
-        "consumer_session_timeout_ms": CONSUMER_SESSION * 1000,
-        "victim": outcome.victim,
-        "coordinator": outcome.coordinator,
-    }
-
-    def spread(values: dict[Key, float]) -> dict[str, float]:
-        ordered = list(values.values())
-        return {
-            "first_ms": round(min(ordered), 1),
-            "median_ms": round(statistics.median(ordered), 1),
-        }
-
-    figure(
-        BENCHMARK,
-        "to_new_leader",
-        max(to_leader.values()),
-        "ms",
-        session * 1000,
-        target_ms=(session + 1) * 1000,
-        **spread(to_leader),
-        **extra,
-    )
     figure(
         BENCHMARK,
         "new_leader_to_consumed",
@@ -438,7 +450,13 @@ def main() -> None:
     parser = bench_arguments(__doc__.splitlines()[0])
     parser.sized("--runs", quick=1, full=5, kind=int, help="kills, each on fresh brokers")
     parser.sized("--partitions", quick=6, full=30, kind=int, help="partitions of the topic")
-    parser.sized("--consumers", quick=2, full=3, kind=int, help="consumer processes")
+    parser.sized(
+        "--consumers",
+        quick=2,
+        full=3,
+        kind=int,
+        help="consumer processes (0: the leaders' move alone, to_new_leader)",
+    )
     parser.add_argument(
         "--zookeeper-session-timeout",
         type=float,
