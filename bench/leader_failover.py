@@ -124,13 +124,14 @@ async def all_in_sync(brokers: Sequence[Broker], partitions: int) -> dict[TopicP
 async def watch_leaders(
     broker: Broker, moving: set[TopicPartition], dead: int, seen: dict[TopicPartition, float]
 ) -> None:
-    """Ask ``broker`` for the leaders, over one connection, as fast as it answers, until every
-    partition of ``moving`` has a leader other than ``dead``: the first time each one did, in
-    ``seen`` (CLOCK_MONOTONIC, the time of the answer)."""
+    """Ask ``broker`` for the leaders, over one connection, about as fast as it answers, until
+    every partition of ``moving`` has a leader other than ``dead``: the first time each one did,
+    in ``seen`` (CLOCK_MONOTONIC, the time of the answer)."""
     while not moving <= seen.keys():
         try:
             async with open_admin([address(broker)]) as admin:
                 while not moving <= seen.keys():
+                    asked = time.monotonic()
                     with trio.fail_after(5):
                         found = (await admin.listing([TOPIC])).leaders
                     answered = time.monotonic()
@@ -138,7 +139,8 @@ async def watch_leaders(
                         leader = found.get(tp)
                         if leader is not None and leader.broker_id not in (-1, dead):
                             seen[tp] = answered
-                    await trio.sleep(0.01)
+                    # at most half the broker's time on the watch: a wide topic's answer is long
+                    await trio.sleep(max(0.01, answered - asked))
         except* (OSError, AdminError, ChannelClosed, trio.TooSlowError):
             await trio.sleep(0.05)  # asked again on a new connection
 
