@@ -223,8 +223,14 @@ class Outcome:
 
 @contextlib.asynccontextmanager
 async def open_brokers(
-    hosts: str, work_dir: Path, shed_above_lag: float | None = None
+    hosts: str,
+    work_dir: Path,
+    shed_above_lag: float | None = None,
+    *,
+    session: float = ZK_SESSION,
 ) -> AsyncIterator[list[Broker]]:
+    """BROKERS brokers sharing ZooKeeper at ``hosts``, broker N's data in ``work_dir/brokerN``;
+    ``session``: their ZooKeeper session timeout."""
     door = () if shed_above_lag is None else (f"--shed-above-lag={shed_above_lag}",)
     async with contextlib.AsyncExitStack() as stack:
         brokers = []
@@ -234,7 +240,7 @@ async def open_brokers(
                     work_dir / f"broker{broker_id}",
                     f"--broker-id={broker_id}",
                     f"--zookeeper={hosts}",
-                    f"--zookeeper-session-timeout={ZK_SESSION}",
+                    f"--zookeeper-session-timeout={session}",
                     "--commit-interval=0.2",
                     *door,
                 )

@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from protocol import ClusterMetadataResponse, ErrorCode
-from protocol.types import TopicPartition
+from protocol.types import TopicId, TopicPartition
 
 __all__ = ["LEADER_CODES", "Leader", "Leaders", "MetadataAsk", "leaders_of"]
 
@@ -85,6 +85,8 @@ class Leaders:
     min_interval: float = 0.1
     """No topic's metadata is asked for again sooner than this after the last time."""
     _known: dict[TopicPartition, Leader] = attrs.field(factory=dict)
+    #: The incarnation of each topic ``_known`` is of (as far as the answers said).
+    _ids: dict[str, TopicId] = attrs.field(factory=dict)
     _asked: dict[str, float] = attrs.field(factory=dict)
     _locks: dict[str, trio.Lock] = attrs.field(factory=dict)
 
@@ -99,11 +101,23 @@ class Leaders:
 
     def learn(self, response: ClusterMetadataResponse) -> None:
         """Take every partition of ``response`` whose leader epoch is not older than the one
-        known (an answer from a broker that has not heard of an election yet changes nothing)."""
+        known (an answer from a broker that has not heard of an election yet changes nothing).
+        A topic the answer names another incarnation of is learned afresh: its epochs count
+        from 0 again."""
+        for identity in response.topic_ids:
+            if self._ids.get(identity.topic, identity.topic_id) != identity.topic_id:
+                self.forget(identity.topic)
+            self._ids[identity.topic] = identity.topic_id
         for tp, leader in leaders_of(response).items():
             known = self._known.get(tp)
             if known is None or leader.epoch < 0 or leader.epoch >= known.epoch:
                 self._known[tp] = leader
+
+    def forget(self, topic: str) -> None:
+        """Drop what is known of ``topic``'s leaders: another incarnation of the name counts its
+        epochs from 0 again, and none of them is older than the gone one's."""
+        for tp in [tp for tp in self._known if tp.topic == topic]:
+            del self._known[tp]
 
     def learn_hint(self, tp: TopicPartition, leader_id: int, epoch: int) -> bool:
         """An answer's leader hint: taken only if its epoch is later than the one known."""

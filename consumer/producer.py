@@ -42,7 +42,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from consumer.fetcher import BrokerConnections, BrokerUnavailable
+from consumer.fetcher import BrokerConnections, BrokerUnavailable, metadata_asker
 from protocol import (
     ClusterMetadataRequest,
     ClusterMetadataResponse,
@@ -57,7 +57,7 @@ from transport.connect import connect_any, open_channel, parse_bootstrap
 from transport.refusals import Refused, final_refusal, refusal
 from transport.security import ClientSecurity
 
-from .leaders import LEADER_CODES
+from .leaders import LEADER_CODES, Leaders
 from .runtime import NotAwaited, Unawaited, busy_wait, require_trio, unwrap_single
 
 __all__ = [
@@ -319,7 +319,9 @@ class Producer:
     nursery: trio.Nursery
     connections: BrokerConnections
     connect: Connect
-    #: topic -> broker id of each partition
+    #: Each partition's leader and its epoch, as the newest answer that named it said.
+    leaders: Leaders
+    #: topic -> broker id of each partition's leader
     placement: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
     #: topic -> the id of the incarnation ``placement`` is of (none: a broker that gives none)
     topic_ids: dict[str, TopicId] = attrs.field(factory=dict)
@@ -622,6 +624,9 @@ class Producer:
                 backoff *= 2
             self.connections.update(response.brokers)
             ids = {identity.topic: identity.topic_id for identity in response.topic_ids}
+            # An answer from a broker that has not heard of an election yet names a leader of
+            # an older epoch than one already known: the newer one stands.
+            self.leaders.learn(response)
             for metadata in response.topics:
                 refused = refusal(
                     metadata.error_code, f"topic {metadata.topic!r}", name=metadata.topic
@@ -629,12 +634,20 @@ class Producer:
                 if refused is not None:
                     raise refused
                 if metadata.error_code is ErrorCode.NONE:
-                    by_partition = sorted((p.partition, p.broker_id) for p in metadata.partitions)
-                    self.placement[metadata.topic] = tuple(b for _, b in by_partition)
                     self._learn_id(metadata.topic, ids.get(metadata.topic, NO_TOPIC_ID))
+                    self.placement[metadata.topic] = tuple(
+                        self._leader_of(metadata.topic, p.partition)
+                        for p in sorted(metadata.partitions, key=lambda p: p.partition)
+                    )
                 else:
                     self.placement.pop(metadata.topic, None)
                     self.topic_ids.pop(metadata.topic, None)
+                    self.leaders.forget(metadata.topic)
+
+    def _leader_of(self, topic: str, partition: int) -> int:
+        leader = self.leaders.of(TopicPartition(topic=topic, partition=partition))
+        assert leader is not None  # learned from the answer that names the partition
+        return leader.broker_id
 
     async def _ask_metadata(self, topic: str) -> ClusterMetadataResponse:
         """One pass over the bootstrap brokers: the first answer."""
@@ -812,6 +825,7 @@ async def open_producer(
                 config=config,
                 nursery=nursery,
                 connections=connections,
+                leaders=Leaders(ask=metadata_asker(connections, config.request_timeout)),
                 connect=connect,
                 key_serializer=key_serializer,
                 value_serializer=value_serializer,

@@ -175,3 +175,32 @@ async def test_throttled_quick(tmp_path: Path) -> None:
     assert lag["wakes"] > 0 and lag["loop_lag_p99_under_s"] <= lag["value"]
     (cpu,) = figures["server_cpu_share"]
     assert cpu["value"] > 0 and cpu["baseline"] > 0
+
+
+async def test_replication_quick(tmp_path: Path) -> None:
+    figures = by_figure(await run_quick("replication", tmp_path, "--seconds", "1"))
+    (cpu,) = figures["cpu_per_record"]
+    assert cpu["value"] > 0 and cpu["baseline"] > 0 and cpu["target_ratio"] == 3.5
+    assert cpu["acknowledged"] > 0 and cpu["acknowledged_baseline"] > 0 and cpu["failed"] == 0
+    for name in ("throughput", "produce_latency_p50", "produce_latency_p99", "max_throughput"):
+        (line,) = figures[name]
+        assert line["value"] > 0 and line["baseline"] > 0
+    (catch_up,) = figures["follower_catch_up"]
+    # The follower was behind by everything the leader accepted while it was stopped.
+    assert catch_up["behind"] >= catch_up["accepted"] > 0
+    assert catch_up["value"] > 0 and catch_up["baseline"] > 0
+
+
+async def test_leader_failover_quick(tmp_path: Path) -> None:
+    figures = by_figure(await run_quick("leader_failover", tmp_path))
+    (leader,) = figures["to_new_leader"]
+    assert leader["value"] > 0 and leader["baseline"] == leader["zookeeper_session_timeout_ms"]
+    assert leader["partitions_moved"] >= 1 and leader["victim"] != leader["coordinator"]
+    (after,) = figures["new_leader_to_consumed"]
+    assert after["value"] > 0 and after["baseline"] > 0
+    (consumed,) = figures["to_consumed"]
+    assert consumed["value"] > leader["first_ms"]
+    (generation,) = figures["generation"]
+    # A leader change is not a group event, and every acknowledged record was consumed.
+    assert generation["generations_after"] == [generation["generations_before"][-1]]
+    assert generation["missing"] == 0 and generation["acknowledged"] > 0

@@ -369,6 +369,9 @@ class ScriptedCoordinator:
     broker's address serves them from ``log``, and this one answers NOT_LEADER_OR_FOLLOWER."""
     data_requests: list[tuple[int, RequestMessage]] = attrs.field(factory=list)
     """Each Fetch, ListOffsets and Produce, with the broker it was sent to."""
+    stale_leaders: list[dict[TopicPartition, tuple[BrokerInfo, int]]] = attrs.field(factory=list)
+    """What the next ClusterMetadata answers name instead of ``leaders``, one each: a broker
+    that has not heard of an election yet."""
     produce_answers: list[ErrorCode] = attrs.field(factory=list)
     """What the next Produce requests at their leader are answered, one each, storing nothing;
     once none is left a Produce is answered NONE at the next offset (nothing is kept)."""
@@ -386,10 +389,11 @@ class ScriptedCoordinator:
         return line
 
     def _metadata(self, topics: tuple[str, ...] | None) -> ClusterMetadataResponse:
+        leaders = self.stale_leaders.pop(0) if self.stale_leaders else self.leaders
         brokers = {self.broker.broker_id: self.broker}
-        brokers.update((b.broker_id, b) for b, _ in self.leaders.values())
+        brokers.update((b.broker_id, b) for b, _ in (*self.leaders.values(), *leaders.values()))
         named = [
-            (topic, sorted((tp, led) for tp, led in self.leaders.items() if tp.topic == topic))
+            (topic, sorted((tp, led) for tp, led in leaders.items() if tp.topic == topic))
             for topic in topics or ()
         ]
         return ClusterMetadataResponse(

@@ -4,6 +4,8 @@ hearing of it: no rebalance, the generation unchanged, no record skipped or seen
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import trio
 import trio.testing
@@ -18,6 +20,7 @@ from protocol import (
     ListOffsetsRequest,
     PartitionMetadata,
     ProduceRequest,
+    TopicIdentity,
     TopicMetadata,
 )
 from protocol.replica_messages import PartitionReplicas, TopicReplicas
@@ -29,6 +32,7 @@ from .test_consumer_in_memory import drain, recorders
 T0 = TopicPartition(topic="t", partition=0)
 T1 = TopicPartition(topic="t", partition=1)
 BROKER_2 = BrokerInfo(broker_id=2, host="broker-2", port=9092)
+BROKER_3 = BrokerInfo(broker_id=3, host="broker-3", port=9092)
 
 
 async def test_a_fetcher_follows_its_partitions_leader_without_a_rebalance(
@@ -82,7 +86,7 @@ async def test_a_fetcher_follows_its_partitions_leader_without_a_rebalance(
     assert [(b, m.current_leader_epoch) for b, m in lists] == [(1, -1), (2, 1)]
 
 
-def metadata(leader: int, epoch: int) -> ClusterMetadataResponse:
+def metadata(leader: int, epoch: int, topic_id: int = 1) -> ClusterMetadataResponse:
     return ClusterMetadataResponse(
         error_code=ErrorCode.NONE,
         coordinator_id=1,
@@ -105,6 +109,7 @@ def metadata(leader: int, epoch: int) -> ClusterMetadataResponse:
                 ),
             ),
         ),
+        topic_ids=(TopicIdentity(topic="t", topic_id=uuid.UUID(int=topic_id)),),
     )
 
 
@@ -143,6 +148,23 @@ async def test_leaders_refresh_a_topic_at_most_every_100_ms_and_take_only_newer_
     assert len(asked) == 3
 
 
+def test_another_incarnation_of_a_topic_counts_its_leader_epochs_afresh() -> None:
+    """A topic deleted and created again under its name starts at leader epoch 0: its leaders
+    are taken, not refused as older than the gone incarnation's (a fetcher would name epoch 4
+    to a leader at epoch 0, be refused, and never learn better)."""
+
+    async def ask(topics: tuple[str, ...]) -> ClusterMetadataResponse | None:
+        raise AssertionError("not asked")
+
+    leaders = Leaders(ask=ask)
+    leaders.learn(metadata(1, 4))
+    leaders.learn(metadata(1, 3))  # a broker behind: the gone incarnation's older epoch
+    assert leaders.of(T0) == Leader(broker_id=1, epoch=4, replicas=(1, 2, 3), isr=(1, 3))
+    leaders.learn(metadata(1, 0, topic_id=2))
+    assert leaders.of(T0) == Leader(broker_id=1, epoch=0, replicas=(1, 2, 3), isr=(1, 3))
+    assert leaders.epoch_at(T0, 1) == 0
+
+
 async def test_the_producer_retries_leader_moves_and_too_few_replicas_not_a_refused_acks(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -173,6 +195,34 @@ async def test_the_producer_retries_leader_moves_and_too_few_replicas_not_a_refu
     produced = [(b, m) for b, m in coordinator.data_requests if isinstance(m, ProduceRequest)]
     assert [b for b, _ in produced] == [1, 1, 1, 1, 1, 2, 2]
     assert {(m.acks, m.timeout_ms) for _, m in produced} == {(-1, 30_000)}
+
+
+async def test_the_producer_never_goes_back_to_a_leader_of_an_older_epoch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two partitions move to broker 3, one after the other; the answer to the refresh that
+    t-1's move asks for comes from a broker that has not heard of t-0's move yet. t-0 stays
+    with its newer leader."""
+    config = ProducerConfig(linger=0.0, retry_backoff=0.1)
+    async with open_scripted_coordinator() as coordinator:
+        coordinator.leaders.update({T0: (BROKER_2, 1), T1: (BROKER_2, 1)})
+        async with open_producer("broker:9092", connect=coordinator.connect, config=config) as p:
+            assert await p.send_and_wait("t", b"a", partition=0) == (0, 0)
+            assert await p.send_and_wait("t", b"b", partition=1) == (1, 1)
+            coordinator.leaders[T0] = (BROKER_3, 2)
+            assert await p.send_and_wait("t", b"c", partition=0) == (0, 2)
+            moved = len(coordinator.data_requests)
+            coordinator.leaders[T1] = (BROKER_3, 2)
+            coordinator.stale_leaders.append({T0: (BROKER_2, 1), T1: (BROKER_3, 2)})
+            assert await p.send_and_wait("t", b"d", partition=1) == (1, 3)
+            assert await p.send_and_wait("t", b"e", partition=0) == (0, 4)
+    produced = [
+        (b, m.partition)
+        for b, m in coordinator.data_requests[moved:]
+        if isinstance(m, ProduceRequest)
+    ]
+    # t-1 is refused at its old leader once; t-0 goes straight to its new one
+    assert produced == [(2, 1), (3, 1), (3, 0)]
 
 
 def test_acks_is_all_or_1() -> None:
