@@ -15,6 +15,7 @@ import logging
 
 import attrs
 import trio
+import trio_util
 
 from broker.log import (
     CorruptCheckpoint,
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 #: How long a partition whose answer was an error waits before it is fetched again, and how
 #: long a fetcher waits after its connection to the leader failed.
 BACKOFF = 0.5
+#: How long a partition waits whose leader answered that it does not know the follower's epoch
+#: yet (it learns of its election from the store moments after its followers do).
+ELECTION_BACKOFF = 0.05
 #: Bytes one REPLICA_FETCH asks for, every partition together.
 MAX_BYTES = 1024 * 1024
 
@@ -87,6 +91,7 @@ class ReplicaFetcher:
             await trio.sleep(BACKOFF)
 
     async def _round(self, channel: Requester) -> None:
+        followed_more = self.manager.followed_more  # in force before the request names any
         now = trio.current_time()
         here = self.manager.followed_at(self.leader)
         # a partition no longer followed here (its topic deleted, say) waits for nothing
@@ -119,7 +124,13 @@ class ReplicaFetcher:
             max_bytes=MAX_BYTES,
             partitions=tuple(wanted),
         )
-        response = await channel.request(request)
+        # A partition followed here since the request was built cuts it short: the leader may
+        # hold it (max_wait_ms) while the new one's leader waits for this follower's first fetch.
+        response: object = None
+        async with trio_util.move_on_when(followed_more.wait):
+            response = await channel.request(request)
+        if response is None:
+            return
         if not isinstance(response, ReplicaFetchResponse) or response.error_code != ErrorCode.NONE:
             code = getattr(response, "error_code", None)
             log.warning("broker %d refused a replica fetch: %s", self.leader, code)
@@ -185,6 +196,10 @@ class ReplicaFetcher:
                 log.info("%s: truncated to %d to match broker %d", asked.tp, end, self.leader)
             case rf.StartOver():
                 await self._start_over(key, asked, step.offset)
+            case rf.BackOff(code=ErrorCode.UNKNOWN_LEADER_EPOCH):
+                # the leader has not learned its election yet, and will within moments: every
+                # acks=all write waits for this follower meanwhile
+                self.paused[key] = trio.current_time() + ELECTION_BACKOFF
             case rf.RefreshLeader() | rf.BackOff():
                 self.paused[key] = trio.current_time() + BACKOFF
 

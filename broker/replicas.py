@@ -184,6 +184,9 @@ class ReplicaManager:
     #: Set (and replaced) whenever a led partition's log end or high watermark moves: what a
     #: REPLICA_FETCH held for news waits on.
     changed: trio.Event = attrs.field(factory=trio.Event)
+    #: Set (and replaced) whenever a partition is followed at a leader anew: a fetcher's request
+    #: in flight, which does not name it, is cut short and asked again with it.
+    followed_more: trio.Event = attrs.field(factory=trio.Event)
     _locks: dict[PartitionKey, trio.Lock] = attrs.field(factory=dict)
     _fetchers: dict[int, trio.CancelScope] = attrs.field(factory=dict)
     _registered: Mapping[int, uuid.UUID] = attrs.field(factory=dict)
@@ -489,6 +492,8 @@ class ReplicaManager:
             tp=tp, log=partition_log, leader=state.leader, epoch=state.leader_epoch
         )
         log.info("%s: follows broker %d, epoch %d", tp, state.leader, state.leader_epoch)
+        self.followed_more.set()
+        self.followed_more = trio.Event()
         if state.leader != NO_LEADER and state.leader not in self._fetchers:
             self._fetchers[state.leader] = trio.CancelScope()
             self._spawn(self._fetch_from, state.leader, self._fetchers[state.leader])
