@@ -113,6 +113,13 @@ async def control_slot(
             unclean=inputs.unclean,
         )
         writes = decide(view)
+        # Partitions without a leader first (Kafka's controller elects the offline partitions
+        # before it shrinks the others' ISRs): at a broker's death every partition it held
+        # changes, and those it led are unavailable until their write is done. The rest are
+        # decided again at once, once these are learned.
+        electing = tuple(w for w in writes if _elects(inputs.states.get(w.key), w.state))
+        if electing:
+            writes = electing
         if writes:
             try:
                 lost = await store.write_partition_states(epoch, writes)
@@ -132,6 +139,11 @@ async def control_slot(
         # What was written or re-read is learned (a change): decided again at once. A re-read
         # that found nothing newer waits for the next change rather than losing the same race.
         await inputs.changes.wait_value(lambda value, seen=seen: value != seen)
+
+
+def _elects(current: PartitionState | None, decided: PartitionState) -> bool:
+    """Whether a write gives its partition a leader it has not had under ``current``."""
+    return current is None or current.leader != decided.leader
 
 
 def _tell(slot: int, key: PartitionKey, state: PartitionState) -> None:
