@@ -49,6 +49,11 @@ class LogConfig:
         protocol/topic_configs.py) in place of its own; -1 is "no limit", as in Kafka."""
         config = self
         for name, value in configs:
+            # WORKAROUND (helper J, issue 37; broker/log is helper G's): a topic's settings
+            # include non-log ones (unclean.leader.election.enable=true is no number), which
+            # int() made a broker exit on; only the log's own are read here.
+            if name not in (RETENTION_MS, RETENTION_BYTES, SEGMENT_BYTES):
+                continue
             number = int(value)
             limit = None if number < 0 else number
             if name == RETENTION_MS:
