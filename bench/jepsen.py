@@ -9,8 +9,8 @@ a new leader is awaited (bounded: none comes while the victim was the partition'
 replica and unclean election is off), and the victim restarts on its data directory and port;
 with ``--wipe-once``, the first victim that is not any partition's last in-sync replica has its
 data directory deleted before it restarts (a lost disk). Every other round, starting with the
-first, is a *lagging* round: the partition's followers are paused (SIGSTOP) first, records sent
-from then on are given up to ``LAG_WAIT`` seconds to be acknowledged, and only then is the
+first, is a *lagging* round: the partition's followers are paused (SIGSTOP) first, two records
+sent from then on are given up to ``LAG_WAIT`` seconds to be acknowledged, and only then is the
 leader killed and the followers resumed (SIGCONT). At acks=all nothing can be acknowledged in
 that window (no follower fetches); at acks=1 the leader acknowledges what only it has, and the
 election of a follower (the followers are still in sync, or are the only live replicas under
@@ -352,15 +352,17 @@ class Nemesis:
         await victim.start()
 
     async def lag(self, partition: int, followers: Sequence[Node]) -> None:
-        """Pause ``followers`` and give a record of ``partition`` sent from then on
-        ``LAG_WAIT`` seconds to be acknowledged (only the leader has it, if it is)."""
+        """Pause ``followers`` and give two records of ``partition`` sent from then on
+        ``LAG_WAIT`` seconds to be acknowledged (only the leader has them, if they are)."""
         tally = self.tally
         for follower in followers:
             follower.signal(signal.SIGSTOP)
-        sent_before = len(tally.records)
+        # The second record of the partition sent from now: a fetch the leader answered just
+        # before the pause may reach the follower when it resumes, with the first.
+        second = len(tally.records) + self.settings.partitions
         with trio.move_on_after(LAG_WAIT):
             async with tally.changed:
-                while tally.last_acknowledged.get(partition, -1) < sent_before:
+                while tally.last_acknowledged.get(partition, -1) < second:
                     await tally.changed.wait()
 
     async def wipeable(self, victim: Node) -> bool:
