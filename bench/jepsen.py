@@ -4,17 +4,21 @@ factor 3 with ``min.insync.replicas`` 2, and the library's producer at a steady 
 value tagged uniquely (``<partition>-<sequence>``), each acknowledged ``(partition, offset)``
 kept.
 
-The nemesis, every ``--interval`` seconds: the leader of a random partition is killed (SIGKILL),
-a new leader is awaited (bounded: none comes while the victim was the partition's last in-sync
-replica and unclean election is off), and the victim restarts on its data directory and port;
-with ``--wipe-once``, the first victim that is not any partition's last in-sync replica has its
-data directory deleted before it restarts (a lost disk). Every other round, starting with the
-first, is a *lagging* round: the partition's followers are paused (SIGSTOP) first, two records
-sent from then on are given up to ``LAG_WAIT`` seconds to be acknowledged, and only then is the
-leader killed and the followers resumed (SIGCONT). At acks=all nothing can be acknowledged in
-that window (no follower fetches); at acks=1 the leader acknowledges what only it has, and the
-election of a follower (the followers are still in sync, or are the only live replicas under
-unclean election) loses it: the proof that the check sees loss.
+The nemesis, every ``--interval`` seconds, kills (SIGKILL) the leader of a random partition and
+restarts it on its data directory and port, in three kinds of round taken in turn:
+
+* *lagging*: the partition's followers are paused (SIGSTOP) first, two records sent from then
+  on are given up to ``LAG_WAIT`` seconds to be acknowledged, and only then is the leader killed
+  and the followers resumed (SIGCONT). At acks=all nothing can be acknowledged in that window (no
+  follower fetches); at acks=1 the leader acknowledges what only it has, and the election of a
+  follower (still in sync, or the only live replicas under unclean election) loses it: the proof
+  that the check sees loss. The victim restarts once the partition has a new leader (bounded:
+  none comes while the victim was its last in-sync replica and unclean election is off);
+* *plain*: the leader is killed, and restarts once the partition has a new leader, as above;
+* *quick*: the leader restarts at once, before its ZooKeeper session has expired, while the
+  states still name it. With ``--wipe-once``, the first quick round's victim that is not any
+  partition's last in-sync replica has its data directory deleted before it restarts: a lost
+  disk back under the same broker id, which must never lead the data it no longer has.
 
 Then the nemesis heals (every broker running), the producer's last records are awaited, every
 partition is awaited with a leader and all three replicas in sync (bounded), and each partition
@@ -28,7 +32,8 @@ is read back from its leader up to its high watermark. The checks:
   that is allowed, as is a retried batch stored twice, counted as ``duplicates``).
 
 Figures (one JSON line each): ``acknowledged``, ``lost``, ``unexpected``, ``out_of_order``,
-``duplicates``, ``failed`` (deliveries given up), ``kills``, ``lagging_rounds``, ``wipes``,
+``duplicates``, ``failed`` (deliveries given up), ``kills``, ``lagging_rounds``,
+``quick_rounds``, ``wipes``,
 ``leader_changes`` (the sum of the partitions' leader epochs), ``nemesis_seconds``, and
 ``acknowledged_per_s`` during the nemesis against the same producer's rate in the steady window
 before it (the baseline). Exits 1 on any loss, disorder or unexpected value at acks=all.
@@ -72,6 +77,9 @@ ZK_SESSION = 2.0
 LAG_WAIT = 1.5
 #: Bound on every wait for the cluster (a leader elected, a broker started, all in sync).
 DEADLINE = 90.0
+#: The nemesis's rounds, in turn (the module's docstring says what each does).
+Round = Literal["lagging", "plain", "quick"]
+ROUNDS: tuple[Round, ...] = ("lagging", "plain", "quick")
 #: What a check answers with when a broker does not answer at all.
 _UNREACHABLE = (OSError, AdminError, ChannelClosed, RemoteProtocolError, trio.TooSlowError)
 
@@ -103,6 +111,7 @@ class Outcome:
     duplicates: int
     kills: int
     lagging_rounds: int
+    quick_rounds: int
     wipes: int
     leader_changes: int
     nemesis_seconds: float
@@ -304,6 +313,7 @@ class Nemesis:
     rng: random.Random
     kills: int = 0
     lagging_rounds: int = 0
+    quick_rounds: int = 0
     wipes: int = 0
 
     def node(self, broker_id: int) -> Node:
@@ -314,11 +324,11 @@ class Nemesis:
         round_number = 0
         while trio.current_time() < end:
             started = trio.current_time()
-            await self.one_round(lagging=round_number % 2 == 0)
+            await self.one_round(ROUNDS[round_number % len(ROUNDS)])
             round_number += 1
             await trio.sleep_until(min(end, started + self.settings.interval))
 
-    async def one_round(self, *, lagging: bool) -> None:
+    async def one_round(self, kind: Round) -> None:
         found = await leaders(self.nodes, self.settings.partitions)
         led = {p: leader for p, leader in found.items() if leader.broker_id >= 0}
         if not led:
@@ -327,7 +337,7 @@ class Nemesis:
         leader = led[partition]
         victim = self.node(leader.broker_id)
         followers = [self.node(b) for b in leader.replicas if b != victim.broker_id]
-        if lagging:
+        if kind == "lagging":
             await self.lag(partition, followers)
             self.lagging_rounds += 1
         await victim.kill()
@@ -344,9 +354,13 @@ class Nemesis:
             # Its last in-sync replica is the victim: only its return elects anybody.
             return not self.settings.unclean and set(now.isr) <= {victim.broker_id}
 
-        await eventually_true(moved, deadline=DEADLINE)
+        if kind == "quick":
+            self.quick_rounds += 1
+        else:
+            await eventually_true(moved, deadline=DEADLINE)
         await victim.stop()
-        if self.settings.wipe_once and not self.wipes and await self.wipeable(victim):
+        wipe = kind == "quick" and self.settings.wipe_once and not self.wipes
+        if wipe and await self.wipeable(victim):
             shutil.rmtree(victim.data_dir, ignore_errors=True)
             self.wipes += 1
         await victim.start()
@@ -504,6 +518,7 @@ async def run_jepsen(settings: Settings, hosts: str, work: Path) -> Outcome:
         duplicates=duplicates,
         kills=nemesis.kills,
         lagging_rounds=nemesis.lagging_rounds,
+        quick_rounds=nemesis.quick_rounds,
         wipes=nemesis.wipes,
         leader_changes=sum(max(0, leader.epoch) for leader in final.values()),
         nemesis_seconds=nemesis_seconds,
@@ -530,6 +545,7 @@ def report(settings: Settings, outcome: Outcome) -> None:
         ("duplicates", outcome.duplicates, "records"),
         ("kills", outcome.kills, "kills"),
         ("lagging_rounds", outcome.lagging_rounds, "rounds"),
+        ("quick_rounds", outcome.quick_rounds, "rounds"),
         ("wipes", outcome.wipes, "wipes"),
         ("leader_changes", outcome.leader_changes, "elections"),
         ("nemesis_seconds", outcome.nemesis_seconds, "s"),
