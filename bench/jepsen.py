@@ -4,21 +4,27 @@ factor 3 with ``min.insync.replicas`` 2, and the library's producer at a steady 
 value tagged uniquely (``<partition>-<sequence>``), each acknowledged ``(partition, offset)``
 kept.
 
-The nemesis, every ``--interval`` seconds, kills (SIGKILL) the leader of a random partition and
-restarts it on its data directory and port, in three kinds of round taken in turn:
+The nemesis, every ``--interval`` seconds, strikes the leader of a random partition, in four kinds
+of round taken in turn, the first three killing it (SIGKILL) and restarting it on its data
+directory and port:
 
-* *lagging*: the partition's followers are paused (SIGSTOP) first, two records sent from then
-  on are given up to ``LAG_WAIT`` seconds to be acknowledged, and only then is the leader killed
-  and the followers resumed (SIGCONT). At acks=all nothing can be acknowledged in that window (no
+* *lagging*: the partition's followers are paused (SIGSTOP) first, for a random time up to twice
+  their ZooKeeper session (past it they leave the ISR, which keeps its last member), at acks=1
+  also until two records sent from then on are acknowledged; only then is the leader killed and
+  the followers resumed (SIGCONT). At acks=all nothing can be acknowledged in that window (no
   follower fetches); at acks=1 the leader acknowledges what only it has, and the election of a
   follower (still in sync, or the only live replicas under unclean election) loses it: the proof
   that the check sees loss. The victim restarts once the partition has a new leader (bounded:
   none comes while the victim was its last in-sync replica and unclean election is off);
 * *plain*: the leader is killed, and restarts once the partition has a new leader, as above;
-* *quick*: the leader restarts at once, before its ZooKeeper session has expired, while the
-  states still name it. With ``--wipe-once``, the first quick round's victim that is not any
-  partition's last in-sync replica has its data directory deleted before it restarts: a lost
-  disk back under the same broker id, which must never lead the data it no longer has.
+* *quick*: the leader restarts at once (a broker starts in about as long as its ZooKeeper
+  session takes to expire: sometimes the states still name it, sometimes not). With
+  ``--wipe-once``, the first quick round's victim that is not any partition's last in-sync
+  replica has its data directory deleted before it restarts: a lost disk back under the same
+  broker id, which must never lead the data it no longer has, and must catch up;
+* *paused*: the leader is not killed but paused (SIGSTOP) until the partition has a new leader
+  (its ZooKeeper session expired), then resumed: a deposed leader that wakes up believing it
+  leads, with produces and fetches waiting in its sockets.
 
 Then the nemesis heals (every broker running), the producer's last records are awaited, every
 partition is awaited with a leader and all three replicas in sync (bounded), and each partition
@@ -33,7 +39,7 @@ is read back from its leader up to its high watermark. The checks:
 
 Figures (one JSON line each): ``acknowledged``, ``lost``, ``unexpected``, ``out_of_order``,
 ``duplicates``, ``failed`` (deliveries given up), ``kills``, ``lagging_rounds``,
-``quick_rounds``, ``wipes``,
+``quick_rounds``, ``paused_rounds``, ``wipes``,
 ``leader_changes`` (the sum of the partitions' leader epochs), ``nemesis_seconds``, and
 ``acknowledged_per_s`` during the nemesis against the same producer's rate in the steady window
 before it (the baseline). Exits 1 on any loss, disorder or unexpected value at acks=all.
@@ -73,13 +79,14 @@ TOPIC = "ledger"
 REPLICAS = 3
 #: The brokers' ZooKeeper session timeout (s).
 ZK_SESSION = 2.0
-#: How long a lagging round waits for a record sent after the pause to be acknowledged.
+#: How long a lagging round at acks=1 waits, after its pause, for two records sent after the
+#: pause began to be acknowledged.
 LAG_WAIT = 1.5
 #: Bound on every wait for the cluster (a leader elected, a broker started, all in sync).
 DEADLINE = 90.0
 #: The nemesis's rounds, in turn (the module's docstring says what each does).
-Round = Literal["lagging", "plain", "quick"]
-ROUNDS: tuple[Round, ...] = ("lagging", "plain", "quick")
+Round = Literal["lagging", "plain", "quick", "paused"]
+ROUNDS: tuple[Round, ...] = ("lagging", "plain", "quick", "paused")
 #: What a check answers with when a broker does not answer at all.
 _UNREACHABLE = (OSError, AdminError, ChannelClosed, RemoteProtocolError, trio.TooSlowError)
 
@@ -112,6 +119,7 @@ class Outcome:
     kills: int
     lagging_rounds: int
     quick_rounds: int
+    paused_rounds: int
     wipes: int
     leader_changes: int
     nemesis_seconds: float
@@ -135,6 +143,8 @@ class Node:
     hosts: str
     port: int = 0
     running: BrokerProcess | None = None
+    #: Stopped with SIGSTOP (and not continued since): it answers nobody.
+    paused: bool = False
     _stack: contextlib.AsyncExitStack | None = None
 
     @property
@@ -166,6 +176,7 @@ class Node:
         if self.up:
             assert self.running is not None
             self.running.process.send_signal(signum)
+            self.paused = signum == signal.SIGSTOP
 
     async def stop(self) -> None:
         stack, self._stack, self.running = self._stack, None, None
@@ -215,7 +226,7 @@ async def leaders(nodes: Sequence[Node], partitions: int) -> dict[int, Leader]:
     knows winning (one that has not heard of an election yet is outvoted)."""
     found: dict[int, Leader] = {}
     for node in nodes:
-        if node.up:
+        if node.up and not node.paused:
             for partition, leader in (await _listing(node, partitions)).items():
                 if partition not in found or leader.epoch > found[partition].epoch:
                     found[partition] = leader
@@ -314,6 +325,7 @@ class Nemesis:
     kills: int = 0
     lagging_rounds: int = 0
     quick_rounds: int = 0
+    paused_rounds: int = 0
     wipes: int = 0
 
     def node(self, broker_id: int) -> Node:
@@ -337,13 +349,6 @@ class Nemesis:
         leader = led[partition]
         victim = self.node(leader.broker_id)
         followers = [self.node(b) for b in leader.replicas if b != victim.broker_id]
-        if kind == "lagging":
-            await self.lag(partition, followers)
-            self.lagging_rounds += 1
-        await victim.kill()
-        self.kills += 1
-        for follower in followers:
-            follower.signal(signal.SIGCONT)
 
         async def moved() -> bool:
             now = (await leaders(self.nodes, self.settings.partitions)).get(partition)
@@ -354,6 +359,19 @@ class Nemesis:
             # Its last in-sync replica is the victim: only its return elects anybody.
             return not self.settings.unclean and set(now.isr) <= {victim.broker_id}
 
+        if kind == "paused":
+            victim.signal(signal.SIGSTOP)
+            self.paused_rounds += 1
+            await eventually_true(moved, deadline=DEADLINE)
+            victim.signal(signal.SIGCONT)
+            return
+        if kind == "lagging":
+            await self.lag(partition, followers)
+            self.lagging_rounds += 1
+        await victim.kill()
+        self.kills += 1
+        for follower in followers:
+            follower.signal(signal.SIGCONT)
         if kind == "quick":
             self.quick_rounds += 1
         else:
@@ -366,18 +384,22 @@ class Nemesis:
         await victim.start()
 
     async def lag(self, partition: int, followers: Sequence[Node]) -> None:
-        """Pause ``followers`` and give two records of ``partition`` sent from then on
-        ``LAG_WAIT`` seconds to be acknowledged (only the leader has them, if they are)."""
+        """Pause ``followers`` for a random time up to twice their ZooKeeper session (past it,
+        the controller takes them out of the ISR); at acks=1, until two records of
+        ``partition`` sent from the pause on are acknowledged too (by the leader alone; bounded
+        by ``LAG_WAIT`` more seconds)."""
         tally = self.tally
         for follower in followers:
             follower.signal(signal.SIGSTOP)
         # The second record of the partition sent from now: a fetch the leader answered just
-        # before the pause may reach the follower when it resumes, with the first.
+        # before the pause may reach a follower when it resumes, with the first.
         second = len(tally.records) + self.settings.partitions
-        with trio.move_on_after(LAG_WAIT):
-            async with tally.changed:
-                while tally.last_acknowledged.get(partition, -1) < second:
-                    await tally.changed.wait()
+        await trio.sleep(self.rng.uniform(0.5, 2 * ZK_SESSION))
+        if self.settings.acks == 1:
+            with trio.move_on_after(LAG_WAIT):
+                async with tally.changed:
+                    while tally.last_acknowledged.get(partition, -1) < second:
+                        await tally.changed.wait()
 
     async def wipeable(self, victim: Node) -> bool:
         """Whether no partition has ``victim`` as its last in-sync replica (wiping it would
@@ -519,6 +541,7 @@ async def run_jepsen(settings: Settings, hosts: str, work: Path) -> Outcome:
         kills=nemesis.kills,
         lagging_rounds=nemesis.lagging_rounds,
         quick_rounds=nemesis.quick_rounds,
+        paused_rounds=nemesis.paused_rounds,
         wipes=nemesis.wipes,
         leader_changes=sum(max(0, leader.epoch) for leader in final.values()),
         nemesis_seconds=nemesis_seconds,
@@ -546,6 +569,7 @@ def report(settings: Settings, outcome: Outcome) -> None:
         ("kills", outcome.kills, "kills"),
         ("lagging_rounds", outcome.lagging_rounds, "rounds"),
         ("quick_rounds", outcome.quick_rounds, "rounds"),
+        ("paused_rounds", outcome.paused_rounds, "rounds"),
         ("wipes", outcome.wipes, "wipes"),
         ("leader_changes", outcome.leader_changes, "elections"),
         ("nemesis_seconds", outcome.nemesis_seconds, "s"),
