@@ -56,7 +56,7 @@ import random
 import shutil
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,6 +68,7 @@ from bench.measure import figure
 from consumer import Delivery, Producer, ProducerConfig, open_producer
 from consumer.admin import Admin, AdminError, open_admin
 from consumer.leaders import Leader
+from launch.cluster import eventually
 from launch.processes import BrokerProcess, run_broker
 from launch.zookeeper import open_ensemble
 from protocol.errors import RemoteProtocolError
@@ -102,6 +103,8 @@ class Settings:
     rate: float = 100.0
     #: Seconds between the starts of two nemesis rounds.
     interval: float = 4.0
+    #: Rounds the nemesis runs at least, however long they take.
+    min_rounds: int = 0
     #: Seconds of producing before the nemesis starts (the baseline's window).
     baseline_seconds: float = 5.0
     seed: int = 0
@@ -250,15 +253,14 @@ async def _listing(node: Node, partitions: int) -> dict[int, Leader]:
     }
 
 
-async def eventually_true(check: object, *, deadline: float, every: float = 0.2) -> bool:
-    """Whether the async ``check()`` came true within ``deadline`` seconds."""
-    assert callable(check)
-    with trio.move_on_after(deadline):
-        while True:
-            if await check():
-                return True
-            await trio.sleep(every)
-    return False
+async def eventually_true(check: Callable[[], Awaitable[bool]], *, deadline: float) -> bool:
+    """Whether ``check()`` came true within ``deadline`` seconds (``launch.cluster.eventually``,
+    for waits that end the same either way)."""
+    try:
+        await eventually(check, deadline=deadline)
+    except trio.TooSlowError:
+        return False
+    return True
 
 
 async def all_in_sync(nodes: Sequence[Node], partitions: int) -> bool:
@@ -334,17 +336,27 @@ class Nemesis:
     async def run(self, seconds: float) -> None:
         end = trio.current_time() + seconds
         round_number = 0
-        while trio.current_time() < end:
+        wipe_by = self.settings.min_rounds + 2 * len(ROUNDS)  # rounds it may wait for a wipe
+        while (
+            trio.current_time() < end
+            or round_number < self.settings.min_rounds
+            or (self.settings.wipe_once and not self.wipes and round_number < wipe_by)
+        ):
             started = trio.current_time()
             await self.one_round(ROUNDS[round_number % len(ROUNDS)])
             round_number += 1
-            await trio.sleep_until(min(end, started + self.settings.interval))
+            if trio.current_time() < end:
+                await trio.sleep_until(min(end, started + self.settings.interval))
 
     async def one_round(self, kind: Round) -> None:
-        found = await leaders(self.nodes, self.settings.partitions)
-        led = {p: leader for p, leader in found.items() if leader.broker_id >= 0}
-        if not led:
-            return
+        led: dict[int, Leader] = {}
+
+        async def some_led() -> bool:
+            found = await leaders(self.nodes, self.settings.partitions)
+            led.update((p, leader) for p, leader in found.items() if leader.broker_id >= 0)
+            return bool(led)
+
+        await eventually(some_led, deadline=DEADLINE)
         partition = self.rng.choice(sorted(led))
         leader = led[partition]
         victim = self.node(leader.broker_id)
@@ -503,10 +515,7 @@ async def run_jepsen(settings: Settings, hosts: str, work: Path) -> Outcome:
             await admin.create_topic(
                 TOPIC, settings.partitions, replication_factor=REPLICAS, configs=configs
             )
-        if not await eventually_true(
-            lambda: all_in_sync(nodes, settings.partitions), deadline=DEADLINE
-        ):
-            raise RuntimeError("the topic's partitions never had all replicas in sync")
+        await eventually(lambda: all_in_sync(nodes, settings.partitions), deadline=DEADLINE)
         nemesis = Nemesis(nodes=nodes, settings=settings, tally=tally, rng=rng)
         config = ProducerConfig(acks=settings.acks, delivery_timeout=DEADLINE)
         stop = trio.Event()
