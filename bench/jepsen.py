@@ -447,9 +447,10 @@ async def read_all(admin: Admin, partition: int) -> dict[int, bytes]:
 
 
 async def read_back(nodes: Sequence[Node], partitions: int) -> dict[int, dict[int, bytes]]:
-    """Every partition as its leader serves it. Each is read through an admin whose bootstrap
-    is that leader: ``Admin.read`` looking a leader up opens a channel to it from inside an
-    async generator (``Admin._partition_channels``), which corrupts trio's cancel scopes."""
+    """Every partition as its leader serves it, each through an admin of its own bootstrapped
+    at that leader, inside the deadline: an ``Admin`` that opens a channel to another broker
+    enters that channel's nursery into its own exit stack from the caller's cancel scope, and a
+    deadline narrower than the admin's life then corrupts trio's cancel scopes."""
     found = await leaders(nodes, partitions)
     stored: dict[int, dict[int, bytes]] = {}
     for partition in range(partitions):
