@@ -1,7 +1,8 @@
 """Nothing acknowledged is lost (issue 37's Jepsen-style target), the short version: bench.jepsen's
 whole run (three broker processes on a three-node ZooKeeper ensemble, factor 3, min.insync 2, a
-steady producer; leaders killed with SIGKILL, some restarted before ZooKeeper noticed; followers
-paused with SIGSTOP; one data directory wiped) for tens of seconds instead of minutes. At acks=all
+steady producer; leaders killed with SIGKILL, some restarted before ZooKeeper noticed; leaders
+and followers paused with SIGSTOP; one data directory wiped) for tens of seconds instead of
+minutes. At acks=all
 every acknowledged record must be read back at its offset, in order, with nothing there that was
 not sent; at acks=1 with unclean election on, the same nemesis must make the check report loss,
 or it could not see any.
