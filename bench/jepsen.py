@@ -433,12 +433,12 @@ class Nemesis:
                 await node.start()
 
 
-async def read_all(admin: Admin, partition: int) -> dict[int, bytes]:
-    """Every record of ``partition`` its leader serves (up to its high watermark), by offset."""
+async def read_all(admin: Admin, tp: TopicPartition) -> dict[int, bytes]:
+    """Every record of ``tp`` its leader serves (up to its high watermark), by offset."""
     found: dict[int, bytes] = {}
     offset = 0
     while True:
-        read = await admin.read(TopicPartition(topic=TOPIC, partition=partition), offset)
+        read = await admin.read(tp, offset)
         for batch in read.batches:
             for at, value in zip(batch.offsets, batch.values(), strict=True):
                 if at >= offset and value is not None:
@@ -464,7 +464,8 @@ async def read_back(nodes: Sequence[Node], partitions: int) -> dict[int, dict[in
         address = next(n.address for n in nodes if n.broker_id == leader.broker_id)
         with trio.fail_after(DEADLINE):
             async with open_admin([address]) as admin:
-                stored[partition] = await read_all(admin, partition)
+                tp = TopicPartition(topic=TOPIC, partition=partition)
+                stored[partition] = await read_all(admin, tp)
     return stored
 
 
