@@ -437,16 +437,6 @@ class ReplicaManager:
         partition_log = await self.logs.partition(tp.topic, tp.partition, key.topic_id)
         if partition_log is None:
             return
-        epochs = await partition_log.leader_epochs()
-        latest = epochs.latest
-        try:
-            if latest is None or latest.epoch < state.leader_epoch:
-                await partition_log.assign_epoch(state.leader_epoch)
-            elif latest.epoch > state.leader_epoch:
-                raise EpochRefused(f"this log has epoch {latest.epoch} already")
-        except EpochRefused as exc:
-            log.error("%s: cannot lead under epoch %d: %s", tp, state.leader_epoch, exc)
-            return
         if trio.current_time() - self._registered_at >= DIRS_REREAD:
             # one read serves the many partitions a failover elects here at once; a follower
             # that fetches with a directory this map does not name has it read again
@@ -478,7 +468,20 @@ class ReplicaManager:
                 now=trio.current_time(),
             )
         except IllegalInput as exc:
+            # e.g. the ISR vouched for this broker's previous log directory (a wiped disk):
+            # the log is left as it is, with no epoch of a leadership never taken up, so that
+            # it can follow the next leader from its first epoch on
             log.error("%s: cannot lead: %s", tp, exc)
+            return
+        epochs = await partition_log.leader_epochs()
+        latest = epochs.latest
+        try:
+            if latest is None or latest.epoch < state.leader_epoch:
+                await partition_log.assign_epoch(state.leader_epoch)
+            elif latest.epoch > state.leader_epoch:
+                raise EpochRefused(f"this log has epoch {latest.epoch} already")
+        except EpochRefused as exc:
+            log.error("%s: cannot lead under epoch %d: %s", tp, state.leader_epoch, exc)
             return
         self.led[key] = Led(manager=self, key=key, tp=tp, log=partition_log, machine=machine)
         log.info("%s: led here from offset %d, epoch %d", tp, end, state.leader_epoch)
