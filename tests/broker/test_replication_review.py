@@ -208,6 +208,7 @@ async def test_a_fetcher_left_with_nothing_to_fetch_does_not_spin(
 
     class Manager:
         broker_id = 1
+        followed_more = trio.Event()
 
         def followed_at(self, leader: int) -> dict[PartitionKey, object]:
             nonlocal rounds
