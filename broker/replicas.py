@@ -62,6 +62,8 @@ CHECKPOINT_INTERVAL = 5.0
 STORE_RETRY = 1.0
 #: The least time between two reads of the brokers' registered log directories.
 DIRS_REREAD = 1.0
+#: Role changes a broker runs at once (each opens a log and may write its epoch file).
+ROLE_CHANGES_AT_ONCE = 32
 
 #: Opens a channel to a broker by id (its first listener): what a fetcher sends REPLICA_FETCH on.
 Connect = Callable[[int], AbstractAsyncContextManager["Requester"]]
@@ -191,6 +193,7 @@ class ReplicaManager:
     _fetchers: dict[int, trio.CancelScope] = attrs.field(factory=dict)
     _registered: Mapping[int, uuid.UUID] = attrs.field(factory=dict)
     _registered_at: float = float("-inf")
+    _dirs_lock: trio.Lock = attrs.field(factory=trio.Lock)
     _nursery: trio.Nursery | None = None
 
     # --- what the data plane asks (its ``Replication``) -------------------------------------
@@ -372,6 +375,7 @@ class ReplicaManager:
             # a state may come before this broker's topic watch shows its topic
             self.logs.placement = await topic_reads(self.logs.store).since(trio.current_time())
             by_id = self.by_topic_id()
+        changes: list[tuple[PartitionKey, TopicPlacement]] = []
         for key, state in states.items():
             placement = by_id.get(key.topic_id)
             if placement is None or placement.replication_factor <= 1:
@@ -382,7 +386,27 @@ class ReplicaManager:
             led = self.led.get(key)
             if led is not None:
                 self.feed(led, rl.StateSeen(state=self.states[key]))
-            await self._change_role(key, placement)
+            changes.append((key, placement))
+        # Side by side, the partitions elected here first: at a topic's creation or a failover a
+        # broker takes up thousands of roles, each opening a log and writing an epoch file, and
+        # one after another they took tens of seconds while the partitions led here had no
+        # leader serving them.
+        changes.sort(key=lambda change: self.states[change[0]].leader != self.broker_id)
+        failed: list[StoreError] = []
+        limiter = trio.CapacityLimiter(ROLE_CHANGES_AT_ONCE)
+
+        async def change_role(key: PartitionKey, placement: TopicPlacement) -> None:
+            async with limiter:
+                try:
+                    await self._change_role(key, placement)
+                except StoreError as exc:
+                    failed.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for key, placement in changes:
+                nursery.start_soon(change_role, key, placement)
+        if failed:
+            raise failed[0]
 
     async def _reapply(self, states: Mapping[PartitionKey, PartitionState]) -> None:
         try:
@@ -437,15 +461,18 @@ class ReplicaManager:
         partition_log = await self.logs.partition(tp.topic, tp.partition, key.topic_id)
         if partition_log is None:
             return
-        if trio.current_time() - self._registered_at >= DIRS_REREAD:
-            # one read serves the many partitions a failover elects here at once; a follower
-            # that fetches with a directory this map does not name has it read again
-            self._registered = await self.store.broker_dirs()
-            self._registered_at = trio.current_time()
-            for other in list(self.led.values()):
-                # a follower whose directory changed fetches with what this map says now: the
-                # other leaders learn it here or never (``registered_dirs`` reads on a change)
-                self.feed(other, rl.BrokersSeen(registered=self._registered))
+        async with self._dirs_lock:  # role changes run side by side: one read for all
+            if trio.current_time() - self._registered_at >= DIRS_REREAD:
+                # one read serves the many partitions a failover elects here at once; a
+                # follower that fetches with a directory this map does not name has it read
+                # again
+                self._registered = await self.store.broker_dirs()
+                self._registered_at = trio.current_time()
+                for other in list(self.led.values()):
+                    # a follower whose directory changed fetches with what this map says now:
+                    # the other leaders learn it here or never (``registered_dirs`` reads on a
+                    # change)
+                    self.feed(other, rl.BrokersSeen(registered=self._registered))
         end = partition_log.log_end_offset
         fsync_always = partition_log.config.fsync is FsyncPolicy.ALWAYS
         durable = min(partition_log.flushed_offset, end) if fsync_always else end
