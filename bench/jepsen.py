@@ -452,9 +452,7 @@ async def read_all(admin: Admin, tp: TopicPartition) -> dict[int, bytes]:
 
 async def read_back(nodes: Sequence[Node], partitions: int) -> dict[int, dict[int, bytes]]:
     """Every partition as its leader serves it, each through an admin of its own bootstrapped
-    at that leader, inside the deadline: an ``Admin`` that opens a channel to another broker
-    enters that channel's nursery into its own exit stack from the caller's cancel scope, and a
-    deadline narrower than the admin's life then corrupts trio's cancel scopes."""
+    at that leader."""
     found = await leaders(nodes, partitions)
     stored: dict[int, dict[int, bytes]] = {}
     for partition in range(partitions):

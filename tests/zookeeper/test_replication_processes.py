@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from bench.jepsen import read_all
 from consumer import Producer, open_producer
-from consumer.admin import Admin, AdminError, open_admin
+from consumer.admin import AdminError, open_admin
 from consumer.leaders import Leader
 from launch.cluster import eventually
 from protocol.types import TopicPartition
@@ -58,23 +59,6 @@ async def produce(producer: Producer, acknowledged: Acknowledged, tag: str, coun
         acknowledged[(partition, offset)] = value
 
 
-async def read_all(admin: Admin, partition: int) -> dict[int, bytes]:
-    """Every record of ``partition`` its leader serves, by offset."""
-    found: dict[int, bytes] = {}
-    offset = 0
-    while True:
-        read = await admin.read(TopicPartition(topic=TOPIC, partition=partition), offset)
-        for batch in read.batches:
-            for at, value in zip(batch.offsets, batch.values(), strict=True):
-                if at >= offset and value is not None:
-                    found[at] = value
-        if not read.batches or offset >= read.high_watermark:
-            return found
-        offset = max(found, default=offset - 1) + 1
-        if offset >= read.high_watermark:
-            return found
-
-
 async def test_a_leaders_kill9_loses_no_acknowledged_record(
     zookeeper_hosts: str, tmp_path: Path
 ) -> None:
@@ -103,7 +87,7 @@ async def test_a_leaders_kill9_loses_no_acknowledged_record(
 
         async with open_admin([b.address for b in rest]) as admin:
             for partition in range(PARTITIONS):
-                stored = await read_all(admin, partition)
+                stored = await read_all(admin, TopicPartition(topic=TOPIC, partition=partition))
                 wanted = {o: v for (p, o), v in acknowledged.items() if p == partition}
                 assert wanted.items() <= stored.items(), (partition, wanted, stored)
                 produced = set(acknowledged.values())
