@@ -82,11 +82,11 @@ class ReplicaFetcher:
                 StoreError,
             ) as failed:
                 # the channel's own nursery wraps what ended it (a leader's kill -9 among them)
+                cause: BaseException = failed
+                while isinstance(cause, BaseExceptionGroup):
+                    cause = cause.exceptions[0]
                 log.warning(
-                    "fetching from broker %d: %s; again in %g s",
-                    self.leader,
-                    failed.exceptions[0],
-                    BACKOFF,
+                    "fetching from broker %d: %s; again in %g s", self.leader, cause, BACKOFF
                 )
             await trio.sleep(BACKOFF)
 
