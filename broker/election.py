@@ -40,6 +40,7 @@ from broker.controller import ControlInputs, control_slot
 from broker.leader_offsets import Connect, LeaderHighWatermarks
 from broker.offices import BySlot, ClusterView
 from broker.state_sweeper import SWEEPER_SLOT, sweep_states
+from consumer.runtime import first_cause
 from coordinator.config import CoordinatorConfig
 from coordinator.group_coordinator import GroupCoordinator, open_group_coordinator
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
@@ -255,9 +256,9 @@ class Elector:
             else:
                 log.warning("broker %d lost slot %d", me, slot)
         except* Deposed as deposed:
-            log.warning("broker %d was deposed from slot %d: %s", me, slot, _first(deposed))
+            log.warning("broker %d was deposed from slot %d: %s", me, slot, first_cause(deposed))
         except* StoreUnavailable as unavailable:
-            log.warning("broker %d cannot hold slot %d: %s", me, slot, _first(unavailable))
+            log.warning("broker %d cannot hold slot %d: %s", me, slot, first_cause(unavailable))
         finally:
             del self._standing[slot]
             with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_BOUND):
@@ -273,14 +274,6 @@ class Elector:
         else:
             by_slot[slot] = coordinator
         self.by_slot.value = types.MappingProxyType(by_slot)
-
-
-def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The first leaf of an exception group: what to tell the operator."""
-    first: BaseException = group
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    return first
 
 
 @contextlib.asynccontextmanager

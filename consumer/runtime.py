@@ -20,6 +20,7 @@ __all__ = [
     "Unawaited",
     "WrongEventLoop",
     "busy_wait",
+    "first_cause",
     "require_trio",
     "stop_on_signals",
     "unwrap_single",
@@ -103,6 +104,15 @@ class Unawaited:
                 f"{len(forgotten)} {self.owner} call(s) were never awaited (e.g. {what}), so they "
                 f"did nothing: write `await {self.owner}.{name}(...)`"
             )
+
+
+def first_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first leaf of an exception group (nested groups included): what to tell the
+    operator of a task that a nursery's group ended."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first
 
 
 @contextmanager

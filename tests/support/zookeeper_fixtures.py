@@ -19,12 +19,19 @@ from launch.zookeeper import Ensemble, open_ensemble, zookeeper_available
 from store.slot_store import SlotStore
 from store.zookeeper import open_zookeeper_store
 
-__all__ = ["open_office", "zookeeper", "zookeeper_ensemble", "zookeeper_hosts"]
+__all__ = [
+    "open_office",
+    "require_zookeeper",
+    "zookeeper",
+    "zookeeper_ensemble",
+    "zookeeper_hosts",
+]
 
 _chroots = itertools.count(1)
 
 
-def _require_zookeeper() -> None:
+def require_zookeeper() -> None:
+    """Skip the test, saying why, on a machine that cannot run ZooKeeper."""
     if not zookeeper_available():
         pytest.skip(
             "needs java and Debian's zookeeper package (scripts/bootstrap.sh installs them)"
@@ -34,7 +41,7 @@ def _require_zookeeper() -> None:
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
     """One standalone server shared by every test of the run; tests keep apart by chroot."""
-    _require_zookeeper()
+    require_zookeeper()
     with open_ensemble(1, base_dir=tmp_path_factory.mktemp("zookeeper")) as ensemble:
         yield ensemble
 
@@ -48,7 +55,7 @@ def zookeeper_hosts(zookeeper: Ensemble) -> str:
 @pytest.fixture
 def zookeeper_ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
     """A 3-node quorum of this test's own, for tests that kill servers."""
-    _require_zookeeper()
+    require_zookeeper()
     with open_ensemble(3, base_dir=tmp_path_factory.mktemp("ensemble")) as ensemble:
         yield ensemble
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from bench.jepsen import Settings, run_jepsen
-from launch.zookeeper import Ensemble, open_ensemble, zookeeper_available
+from launch.zookeeper import Ensemble, open_ensemble
+from tests.support.zookeeper_fixtures import require_zookeeper
 
 pytestmark = pytest.mark.realtime
 
@@ -27,10 +28,7 @@ _chroots = itertools.count(1)
 @pytest.fixture(scope="module")
 def ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ensemble]:
     """One 3-node quorum for both tests; each keeps to a chroot of its own."""
-    if not zookeeper_available():
-        pytest.skip(
-            "needs java and Debian's zookeeper package (scripts/bootstrap.sh installs them)"
-        )
+    require_zookeeper()
     with open_ensemble(3, base_dir=tmp_path_factory.mktemp("ensemble")) as running:
         yield running
 
