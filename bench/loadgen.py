@@ -412,10 +412,11 @@ class ConsumerWorker:
                 consumer, consumer.machine.handle(sm.ConnectionLost(now=trio.current_time()))
             )
             if self.rejoin:
-                consumer.registered = False
-                consumer.answered = None
-                consumer.last_ping = None
                 looks = [e for e in again if isinstance(e, sm.Discover)]
+        if consumer.dropped and self.rejoin:
+            consumer.registered = False
+            consumer.answered = None
+            consumer.last_ping = None
         if consumer.comeback:
             looks, consumer.comeback = consumer.comeback, []
         with trio.CancelScope(shield=True):
@@ -543,8 +544,11 @@ class ConsumerWorker:
                     consumer.comeback = [e for e in effects if isinstance(e, sm.Discover)]
                     self._closing(consumer, [effect])
                 case sm.CloseConnection():
-                    # A lease that ran out before the request was read (or a fence).
+                    # A lease that ran out before the request was read (or a fence): with
+                    # ``rejoin``, it looks again when the machine says, as the library does.
                     self.closed_by_machine += 1
+                    if self.rejoin:
+                        consumer.comeback = [e for e in effects if isinstance(e, sm.Discover)]
                     self._closing(consumer, [effect])
             if answer is not None:
                 try:

@@ -19,10 +19,9 @@ import attrs
 import trio
 
 from broker.authorization import open_access
-from broker.cpu_budget import CpuBudget, watch_cpu
 from broker.data_plane import BrokerLog, log_directory, open_broker_log
 from broker.dispatch import handle_connection
-from broker.door import Door
+from broker.door import AcceptPace, Door
 from broker.election import open_elector
 from broker.leader_offsets import Connect
 from broker.log import CorruptSegment, LogConfig, OffsetOutOfRange, check_log_format, log_dir_id
@@ -43,6 +42,7 @@ from broker.replicas import ReplicaManager, Requester
 from broker.status import serve_status
 from broker.viewer import RecordViewer
 from coordinator.config import CoordinatorConfig
+from coordinator.cpu_budget import CpuBudget, watch_cpu
 from coordinator.group_coordinator import open_group_coordinator
 from coordinator.loop_lag import LoopLag, watch_loop
 from coordinator.observer import NULL_OBSERVER, CoordinatorObserver
@@ -319,7 +319,7 @@ async def run_node(
                     lag=LoopLag.of_run(),
                     bound=settings.shed_above_lag,
                     on_shed=None if metrics is None else metrics.request_shed,
-                    budget=CpuBudget(),
+                    budget=CpuBudget.of_run(),
                 )
             )
             if door is not None and door.budget is not None:
@@ -360,7 +360,8 @@ async def run_node(
                 await nursery.start(serve_status, metrics, snapshot, viewer)
                 await nursery.start(probe_store, store, metrics)
             gate = ConnectionGate.of(settings.connections, budget)
-            await nursery.start(serve_listeners, handler, listeners, gate)
+            pace = None if door is None else AcceptPace(door=door)
+            await nursery.start(partial(serve_listeners, handler, listeners, gate, pace=pace))
             log.info("broker %d serving, data in %s", broker.broker_id, settings.data_dir)
             task_status.started(listeners[0].listener.socket.getsockname()[1])
 

@@ -48,6 +48,10 @@ __all__ = ["Ending", "GroupDriver", "Member"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds a member told it is no longer in its group (fenced, or let go by a busy broker) has to
+#: close its connection after its answer, before the broker closes it.
+PEER_CLOSE_GRACE = 5.0
+
 
 @attrs.define(eq=False)
 class Member:
@@ -59,6 +63,8 @@ class Member:
     channel: Channel
     #: Cancelling it ends the member's connection task, which closes the connection.
     connection_scope: trio.CancelScope
+    #: Set when its connection task has ended, however.
+    ended: trio.Event = attrs.field(factory=trio.Event)
     #: When the heartbeat last sent it a Ping (-inf: never): the next falls due from the one
     #: before (coordinator/heartbeat.py).
     pinged_at: float = -math.inf
@@ -232,6 +238,7 @@ class GroupDriver:
     # --- members ------------------------------------------------------------------------------
 
     def connection_ended(self, member: Member, ending: Ending) -> None:
+        member.ended.set()
         self.handles.pop(member.incarnation, None)
         self.feed(self.group.connection_ended, member.state, ending, trio.current_time())
 
@@ -282,6 +289,12 @@ class GroupDriver:
                 self.stop_answered(member, response.offsets, revoked=None, attempt_live=False)
 
             await self.call_all(requests, stopped)
+            # Told, each closes its end itself: its connection task ends at that end of stream,
+            # which costs the loop far less than a cancelled task (a broker letting thousands
+            # go is short of CPU). One that does not close is closed after the grace.
+            with trio.move_on_after(PEER_CLOSE_GRACE):
+                for member in members:
+                    await member.ended.wait()
         for member in members:
             member.connection_scope.cancel()
 

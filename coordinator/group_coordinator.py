@@ -20,6 +20,7 @@ import trio
 from coordinator import describe, rebalance, topic_watch, validation
 from coordinator.config import CoordinatorConfig
 from coordinator.context import CoordinatorContext
+from coordinator.cpu_budget import CpuBudget
 from coordinator.driver import GroupDriver, Member
 from coordinator.heartbeat import Pinger
 from coordinator.loop_lag import LoopLag
@@ -605,7 +606,7 @@ async def open_group_coordinator(
         await nursery.start(coordinator.pinger.run)
         if config.shed_groups_above_lag is not None:
             coordinator.governor = Governor(
-                lag=LoopLag.of_run(), bound=config.shed_groups_above_lag
+                lag=LoopLag.of_run(), bound=config.shed_groups_above_lag, budget=CpuBudget.of_run()
             )
             await nursery.start(coordinator.governor.run, coordinator.groups)
         nursery.start_soon(coordinator.expire_groups)

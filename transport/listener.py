@@ -8,6 +8,12 @@ a flood costs one accept and one close per connection. When accepting fails for 
 traceback every 0.1 s meanwhile, this one a line per 10 s. Both kinds of line say how many
 were left unsaid.
 
+While the broker is busy (``broker.door.AcceptPace``) the loop accepts at a pace, not at once:
+the connections not yet accepted wait in the kernel's listen queue, which costs the broker
+nothing, and the queue is shortened meanwhile (``listen`` again with a smaller backlog, which
+Linux applies to a listening socket), so that what waits is what the broker will soon take, and
+the rest is the kernel's to turn away and the client's connect to try again.
+
 Each listener may admit its connections through TLS and SASL first (:mod:`transport.security`):
 that runs in the connection's own task, once the gate admitted it, so a connection that is slow to
 authenticate holds its place in the limits like any other.
@@ -20,6 +26,7 @@ import logging
 import socket as stdlib_socket
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import attrs
 import trio
@@ -39,6 +46,19 @@ _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 #: ``handler(stream, peer)``: serves one admitted connection.
 ConnectionHandler = Callable[[trio.abc.Stream, Peer], Awaitable[None]]
+
+#: The listen queue when accepts are not paced: trio's default (the kernel caps it at
+#: ``net.core.somaxconn``).
+FULL_BACKLOG = 0xFFFF
+
+
+class Pace(Protocol):
+    #: The listen queue while accepts are paced.
+    backlog: int
+
+    def delay(self, now: float) -> float | None:
+        """Seconds to wait before the next accept (0: accept now); None: not paced now."""
+        ...
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -114,10 +134,11 @@ async def serve_listeners(
     listeners: Sequence[trio.SocketListener | SecuredListener],
     gate: ConnectionGate,
     *,
+    pace: Pace | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept connections on every listener until cancelled, each served by ``handler`` in its
-    own task, the ones ``gate`` admits."""
+    own task, the ones ``gate`` admits, at ``pace`` if given."""
     out_of_resources = RateLimitedLog(log)
     async with trio.open_nursery() as nursery:
         for listener in listeners:
@@ -126,7 +147,9 @@ async def serve_listeners(
                 if isinstance(listener, SecuredListener)
                 else SecuredListener(listener=listener)
             )
-            nursery.start_soon(_accept_loop, secured, handler, gate, out_of_resources, nursery)
+            nursery.start_soon(
+                _accept_loop, secured, handler, gate, out_of_resources, nursery, pace
+            )
         task_status.started()
 
 
@@ -136,8 +159,18 @@ async def _accept_loop(
     gate: ConnectionGate,
     out_of_resources: RateLimitedLog,
     connections: trio.Nursery,
+    pace: Pace | None,
 ) -> None:
+    paced = False
     while True:
+        delay = None if pace is None else pace.delay(trio.current_time())
+        if (delay is not None) != paced:
+            paced = delay is not None
+            assert pace is not None
+            secured.listener.socket.listen(pace.backlog if paced else FULL_BACKLOG)
+        if delay:
+            await trio.sleep(delay)
+            continue
         try:
             sock, _ = await secured.listener.socket.accept()
         except OSError as exc:

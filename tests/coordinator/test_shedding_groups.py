@@ -1,10 +1,12 @@
-"""A broker whose loop stays behind lets whole groups go, the newest first, and keeps the others
-(docs/design.md#shedding-load), on the autojump clock with exact virtual times.
+"""A broker whose loop stays behind, or that uses all the CPU it may have, lets whole groups go,
+the newest first, and keeps the others (docs/design.md#shedding-load), on the autojump clock with
+exact virtual times.
 
 The members of a group let go are told so over the connection they have (StopFetcher 3, reason
 BROKER_BUSY, with the group's hold as the hint), and come back only after it. The simulated
-broker's loop never lags, so the tests set the lag the governor reads (a stand-in
-for ``LoopLag``, whose watcher measures a real loop's wakes: tests/coordinator/test_loop_lag.py);
+broker's loop never lags and uses no CPU to speak of, so the tests set the lag and the CPU use
+the governor reads (stand-ins for ``LoopLag``, whose watcher measures a real loop's wakes:
+tests/coordinator/test_loop_lag.py, and for ``CpuBudget``: tests/coordinator/test_cpu_budget.py);
 everything else is the real coordinator, its real consumers and the simulated network. T = 6 s.
 """
 
@@ -33,6 +35,25 @@ class SetLag:
     latest: float = 0.0
 
 
+@attrs.define
+class SetBudget:
+    """All the CPU used or not; a member costs ``cost`` cores of the ``limit``."""
+
+    all_used: bool = False
+    limit: float = 0.125
+    cost: float = 0.025
+    members: dict[object, int] = attrs.field(factory=dict)
+
+    def saturated(self) -> bool:
+        return self.all_used
+
+    def held(self) -> int:
+        return sum(self.members.values())
+
+    def room(self, keep: float) -> float | None:
+        return keep * self.limit / self.cost
+
+
 async def _groups(cluster: SimulatedCluster) -> dict[str, list[SimulatedConsumer]]:
     """Three groups of two, formed in the order g1, g2, g3 (g3 the newest)."""
     await cluster.create_topic(TOPIC, partitions=4)
@@ -52,10 +73,11 @@ def _governor(cluster: SimulatedCluster) -> tuple[Governor, SetLag]:
     assert governor is not None
     lag = SetLag()
     governor.lag = lag
+    governor.budget = SetBudget()
     return governor, lag
 
 
-async def test_a_broker_that_stays_behind_lets_the_newest_group_go_and_keeps_the_others(
+async def test_a_broker_that_stays_behind_lets_the_newest_groups_go_and_keeps_the_others(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
@@ -65,40 +87,71 @@ async def test_a_broker_that_stays_behind_lets_the_newest_group_go_and_keeps_the
         held = {g: (m[0].owned | m[1].owned, m[0].generation) for g, m in groups.items()}
         assert all(owned == ALL for owned, _ in held.values())
         registrations = {c.consumer_id: c.registrations for m in groups.values() for c in m}
-        lag.latest = 1.0  # behind at the looks of 10.5 and 11.0: a quarter of 6 members goes
-        g3 = cluster.coordinator.groups["g3"]
-        await g3.status.wait_value(lambda s: s[0] is GroupState.EMPTY)
+        lag.latest = 1.0  # behind at the looks of 10.5 and 11.0: half of 6 members go
+        shed = [cluster.coordinator.groups[g] for g in ("g3", "g2")]
+        for driver in shed:
+            await driver.status.wait_value(lambda s: s[0] is GroupState.EMPTY)
         assert trio.current_time() == 11.0
         lag.latest = 0.0
-        # Its members were told over the connections they had (StopFetcher, BROKER_BUSY): they
-        # stopped then and there, answered (the answer frees their partitions) and closed.
-        for consumer in groups["g3"]:
+        # Their members were told over the connections they had (StopFetcher, BROKER_BUSY):
+        # they stopped then and there, answered (the answer frees their partitions) and closed.
+        for consumer in groups["g3"] + groups["g2"]:
             await consumer.fetching_state.wait_value(lambda fetching: not fetching)
         assert trio.current_time() == 11.0
         await trio.sleep_until(11.5)
-        for consumer in groups["g3"]:
+        for consumer in groups["g3"] + groups["g2"]:
             assert consumer.consumer is not None
             assert consumer.consumer.last_error is ErrorCode.BROKER_BUSY
             assert consumer.stopped_partitions[-1] is None  # everything
             assert consumer.stopped_at[-1] == 11.0
-        assert not g3.ownership.under_lease(11.5)
-        # The others never noticed: same generation, same partitions, no stop.
+        assert not any(driver.ownership.under_lease(11.5) for driver in shed)
+        # The oldest never noticed: same generation, same partitions, no stop.
         await trio.sleep_until(16.75)
-        for group in ("g1", "g2"):
-            members = groups[group]
-            assert (members[0].owned | members[1].owned, members[0].generation) == held[group]
-            assert all(m.stops_received == 0 for m in members)
+        members = groups["g1"]
+        assert (members[0].owned | members[1].owned, members[0].generation) == held["g1"]
+        assert all(m.stops_received == 0 for m in members)
         # The members let go did not come back before the hint (T, the group's hold): they
         # cost the broker no connection meanwhile, and no refusal.
-        for consumer in groups["g3"]:
+        for consumer in groups["g3"] + groups["g2"]:
             assert not consumer.fetching
             assert consumer.consumer is not None
             assert consumer.consumer.state is ConsumerState.DISCOVERING
             assert consumer.registrations == registrations[consumer.consumer_id]
-        assert g3.group.members == {}
-        # After the hint (17.0) they come back holding nothing, and the group forms again (its
-        # initial delay, 3 s) with its offsets.
-        assert await cluster.wait_stable("g3", members=2) == 2
+        assert all(driver.group.members == {} for driver in shed)
+        # After the hint (17.0) they come back holding nothing, and the groups form again (the
+        # initial delay, 3 s) with their offsets.
+        for group in ("g3", "g2"):
+            assert await cluster.wait_stable(group, members=2) == 2
+        assert trio.current_time() == 17.0 + 3.0
+        cluster.ledger.check()
+
+
+async def test_a_broker_that_uses_all_its_cpu_lets_go_the_members_beyond_its_room(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Under a CPU quota the loop looks punctual until every lease is at stake: all the CPU
+    used is the sign, and what a member cost while the broker kept up says how many it can
+    keep. Here room for 2.5 of 6 (a member 0.04 core, 80% of 0.125 kept): 4 go at once, the
+    newest first, and none more while the 2 kept fit, though all the CPU is still used."""
+    async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
+        groups = await _groups(cluster)
+        governor, _ = _governor(cluster)
+        budget = SetBudget(cost=0.04)
+        governor.budget = budget
+        await trio.sleep_until(10.25)
+        held = {g: (m[0].owned | m[1].owned, m[0].generation) for g, m in groups.items()}
+        budget.all_used = True  # at every look from 10.5 on
+        for group in ("g3", "g2"):
+            driver = cluster.coordinator.groups[group]
+            await driver.status.wait_value(lambda s: s[0] is GroupState.EMPTY)
+        assert trio.current_time() == 11.0
+        await trio.sleep_until(16.75)
+        members = groups["g1"]
+        assert (members[0].owned | members[1].owned, members[0].generation) == held["g1"]
+        assert all(m.stops_received == 0 for m in members)
+        budget.all_used = False
+        for group in ("g3", "g2"):
+            assert await cluster.wait_stable(group, members=2) == 2
         assert trio.current_time() == 17.0 + 3.0
         cluster.ledger.check()
 
