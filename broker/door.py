@@ -145,9 +145,9 @@ class Door:
 #: and answered, closed (measured with a loop of connecting clients: 252 µs on this project's
 #: machines).
 REFUSAL_COST = 250e-6
-#: The listen queue while accepts are paced: what a second of paced accepts takes at a quarter of
-#: a core, so that a client queued is accepted before its request times out, and few wait for
-#: an answer from a broker that can give none.
+#: The listen queue while accepts are paced: about a second of paced accepts at an eighth to a
+#: quarter of a core (50 to 100 a second), so that a client queued is accepted before its request
+#: times out, and few wait for an answer from a broker that can give none.
 PACED_BACKLOG = 64
 
 

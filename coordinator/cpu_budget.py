@@ -90,8 +90,8 @@ class CpuBudget:
     members: dict[object, int] = attrs.field(factory=dict)
     cost: float | None = None
     """Cores one member takes (its Pings, its answers, its share of its group's work): the CPU
-    used over a whole window in which the broker kept up and its members stayed within
-    ``STEADY`` of one number, divided by that number; None until such a window."""
+    used over the latest whole window in which the budget was not spent and the members stayed
+    within ``STEADY`` of one number, divided by that number; None until such a window."""
     #: (wall seconds, CPU seconds, members) samples, oldest first.
     _samples: collections.deque[tuple[float, float, int]] = attrs.field(
         factory=lambda: collections.deque(maxlen=int(WINDOW / SAMPLE_INTERVAL) + 1)
@@ -151,8 +151,8 @@ class CpuBudget:
         used = self.used()
         if fewest < MEASURED_MEMBERS or most > fewest * (1 + STEADY):
             return
-        if used >= SATURATED * self.limit:
-            return
+        if used > self.share * self.limit:
+            return  # the door's refusals and what it let in are in that use too
         self.cost = used / most
 
 
