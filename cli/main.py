@@ -173,9 +173,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="refuse new connections, registrations and admin requests with a retriable code "
-        "while the broker's own event loop is more than SECONDS behind, and let whole groups go, "
-        "the newest first, while it stays that far behind, so that the members it keeps get "
-        "their Pings on time (default: off; 0.5 suits T = 6 s: docs/design.md#shedding-load)",
+        "(and pace accepts) while the broker's own event loop is more than SECONDS behind or it "
+        "uses most of the CPU it may have, and let whole groups go, the newest first, while it "
+        "stays that far behind or holds more members than its CPU serves, so that the members it "
+        "keeps get their Pings on time (default: off; 0.5 suits T = 6 s: "
+        "docs/design.md#shedding-load)",
     )
     serve.add_argument(
         "--initial-rebalance-delay",
