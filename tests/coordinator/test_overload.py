@@ -18,11 +18,12 @@ class _Lag:
 
 
 @attrs.define
-class _Budget:
-    """The broker's CPU: ``cost`` cores a member (None: never measured), under ``limit``."""
+class StandInBudget:
+    """The broker's CPU, all used or not: ``cost`` cores a member (None: never measured), under
+    ``limit`` (``CpuBudget`` measures a real process: tests/coordinator/test_cpu_budget.py)."""
 
-    limit: float
-    cost: float | None
+    limit: float = 0.125
+    cost: float | None = None
     all_used: bool = True
     members: dict[object, int] = attrs.field(factory=dict)
 
@@ -63,7 +64,7 @@ def test_a_quota_lowered_under_the_broker_lets_go_enough_at_once_for_the_rest_to
     kept must need at most 80% of it, 3,333 of them, so 5,667 go at the first step (57 groups of
     100), not half, which would leave more than fits; and no more while those kept fit."""
     groups = _groups(90, 100)
-    budget = _Budget(limit=0.125, cost=0.27 / 9000)
+    budget = StandInBudget(limit=0.125, cost=0.27 / 9000)
     governor = Governor(lag=_Lag(), bound=0.5, budget=budget)
     assert governor.look(groups, 10.0) == []  # one look all used: not yet
     chosen = governor.look(groups, 10.5)
@@ -83,7 +84,7 @@ def test_all_the_cpu_used_by_members_that_fit_is_the_door_s_to_deal_with() -> No
     """Newcomers flooding a broker whose members fit: all its CPU goes to refusing them (and to
     the few let in), which the door paces; its members are not let go."""
     groups = _groups(50, 100)
-    governor = Governor(lag=_Lag(), bound=0.5, budget=_Budget(limit=0.3, cost=0.15 / 5000))
+    governor = Governor(lag=_Lag(), bound=0.5, budget=StandInBudget(limit=0.3, cost=0.15 / 5000))
     assert all(governor.look(groups, 10.0 + k / 2) == [] for k in range(10))
 
 
@@ -91,7 +92,7 @@ def test_a_loop_behind_lets_half_go_then_a_quarter_of_the_rest() -> None:
     """A machine grown busy: the CPU the broker gets is not all its quota, and only the loop's
     lag says it is short, not by how much. Half goes, then a quarter of those left."""
     groups = _groups(10, 10)
-    governor = Governor(lag=_Lag(latest=2.0), bound=0.5, budget=_Budget(1.0, None, False))
+    governor = Governor(lag=_Lag(latest=2.0), bound=0.5, budget=StandInBudget(1.0, None, False))
     assert governor.look(groups, 1.0) == []
     first = governor.look(groups, 1.5)
     assert [d.group_id for d in first] == ["g9", "g8", "g7", "g6", "g5"]

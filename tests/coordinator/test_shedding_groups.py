@@ -23,6 +23,7 @@ from protocol.types import TopicPartition
 from simulation import SimulatedCluster, SimulatedConsumer, open_simulated_cluster
 from statemachine.consumer import ConsumerState
 from statemachine.group import GroupState
+from tests.coordinator.test_overload import StandInBudget
 from tests.support.standin_consumer import StandInConsumer
 
 CONFIG = CoordinatorConfig(initial_rebalance_delay=3.0, shed_groups_above_lag=0.5)
@@ -33,25 +34,6 @@ ALL = frozenset(TopicPartition(topic=TOPIC, partition=p) for p in range(4))
 @attrs.define
 class SetLag:
     latest: float = 0.0
-
-
-@attrs.define
-class SetBudget:
-    """All the CPU used or not; a member costs ``cost`` cores of the ``limit``."""
-
-    all_used: bool = False
-    limit: float = 0.125
-    cost: float = 0.025
-    members: dict[object, int] = attrs.field(factory=dict)
-
-    def saturated(self) -> bool:
-        return self.all_used
-
-    def held(self) -> int:
-        return sum(self.members.values())
-
-    def room(self, keep: float) -> float | None:
-        return keep * self.limit / self.cost
 
 
 async def _groups(cluster: SimulatedCluster) -> dict[str, list[SimulatedConsumer]]:
@@ -73,7 +55,7 @@ def _governor(cluster: SimulatedCluster) -> tuple[Governor, SetLag]:
     assert governor is not None
     lag = SetLag()
     governor.lag = lag
-    governor.budget = SetBudget()
+    governor.budget = StandInBudget(all_used=False)
     return governor, lag
 
 
@@ -136,7 +118,7 @@ async def test_a_broker_that_uses_all_its_cpu_lets_go_the_members_beyond_its_roo
     async with open_simulated_cluster(tmp_path, CONFIG) as cluster:
         groups = await _groups(cluster)
         governor, _ = _governor(cluster)
-        budget = SetBudget(cost=0.04)
+        budget = StandInBudget(cost=0.04, all_used=False)
         governor.budget = budget
         await trio.sleep_until(10.25)
         held = {g: (m[0].owned | m[1].owned, m[0].generation) for g, m in groups.items()}
