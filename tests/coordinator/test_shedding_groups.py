@@ -59,6 +59,21 @@ def _governor(cluster: SimulatedCluster) -> tuple[Governor, SetLag]:
     return governor, lag
 
 
+def _untouched(members: list[SimulatedConsumer], held: tuple[object, int]) -> bool:
+    """Same partitions, same generation, never told to stop."""
+    owned = (members[0].owned | members[1].owned, members[0].generation)
+    return owned == held and all(m.stops_received == 0 for m in members)
+
+
+async def _back_after_the_hold(cluster: SimulatedCluster) -> None:
+    """g3 and g2, let go at 11.0 and held out for T, come back after the hint (17.0) holding
+    nothing, and form again after the initial delay (3 s) with their offsets."""
+    for group in ("g3", "g2"):
+        assert await cluster.wait_stable(group, members=2) == 2
+    assert trio.current_time() == 17.0 + 3.0
+    cluster.ledger.check()
+
+
 async def test_a_broker_that_stays_behind_lets_the_newest_groups_go_and_keeps_the_others(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -89,9 +104,7 @@ async def test_a_broker_that_stays_behind_lets_the_newest_groups_go_and_keeps_th
         assert not any(driver.ownership.under_lease(11.5) for driver in shed)
         # The oldest never noticed: same generation, same partitions, no stop.
         await trio.sleep_until(16.75)
-        members = groups["g1"]
-        assert (members[0].owned | members[1].owned, members[0].generation) == held["g1"]
-        assert all(m.stops_received == 0 for m in members)
+        assert _untouched(groups["g1"], held["g1"])
         # The members let go did not come back before the hint (T, the group's hold): they
         # cost the broker no connection meanwhile, and no refusal.
         for consumer in groups["g3"] + groups["g2"]:
@@ -100,12 +113,7 @@ async def test_a_broker_that_stays_behind_lets_the_newest_groups_go_and_keeps_th
             assert consumer.consumer.state is ConsumerState.DISCOVERING
             assert consumer.registrations == registrations[consumer.consumer_id]
         assert all(driver.group.members == {} for driver in shed)
-        # After the hint (17.0) they come back holding nothing, and the groups form again (the
-        # initial delay, 3 s) with their offsets.
-        for group in ("g3", "g2"):
-            assert await cluster.wait_stable(group, members=2) == 2
-        assert trio.current_time() == 17.0 + 3.0
-        cluster.ledger.check()
+        await _back_after_the_hold(cluster)
 
 
 async def test_a_broker_that_uses_all_its_cpu_lets_go_the_members_beyond_its_room(
@@ -128,14 +136,9 @@ async def test_a_broker_that_uses_all_its_cpu_lets_go_the_members_beyond_its_roo
             await driver.status.wait_value(lambda s: s[0] is GroupState.EMPTY)
         assert trio.current_time() == 11.0
         await trio.sleep_until(16.75)
-        members = groups["g1"]
-        assert (members[0].owned | members[1].owned, members[0].generation) == held["g1"]
-        assert all(m.stops_received == 0 for m in members)
+        assert _untouched(groups["g1"], held["g1"])
         budget.all_used = False
-        for group in ("g3", "g2"):
-            assert await cluster.wait_stable(group, members=2) == 2
-        assert trio.current_time() == 17.0 + 3.0
-        cluster.ledger.check()
+        await _back_after_the_hold(cluster)
 
 
 async def test_a_stopped_broker_that_resumes_on_time_sheds_nothing(
