@@ -35,6 +35,7 @@ import trio
 from bench.bare import BROADCAST_SIZES, FrameReader, LineReader, bare_frame
 from bench.loadgen import PER_WORKER
 from bench.measure import figure, now
+from consumer.runtime import first_cause
 from launch.processes import open_serving_process, stop_process
 from protocol import ClusterMetadataRequest, CreateTopicRequest, CreateTopicResponse, ErrorCode
 from transport.connect import open_channel
@@ -733,10 +734,7 @@ def run(main: Callable[[], Awaitable[None]]) -> None:
         exits, rest = group.split(SystemExit)
         if exits is None or rest is not None:
             raise
-        leaf: BaseException = exits
-        while isinstance(leaf, BaseExceptionGroup):
-            leaf = leaf.exceptions[0]
-        raise leaf from None
+        raise first_cause(exits) from None
 
 
 @contextmanager

@@ -99,7 +99,13 @@ class Door:
 
     def busy(self) -> bool:
         """Whether new work waits now: the loop behind, or the CPU budget spent."""
-        return self.lag.recent() > self.bound or (self.budget is not None and self.budget.spent())
+        return self._pressure() is not None
+
+    def _pressure(self) -> tuple[float, bool] | None:
+        """(the loop's lag, whether the CPU budget is spent) while new work waits, else None."""
+        lag = self.lag.recent()
+        spent = self.budget is not None and self.budget.spent()
+        return (lag, spent) if lag > self.bound or spent else None
 
     def refusal(self, request: Request, *, first: bool) -> ResponseMessage | None:
         """The answer that puts ``request`` off (``first``: no request of its connection was
@@ -113,10 +119,10 @@ class Door:
             return None  # the discovery before such a re-registration
         if not isinstance(message, ClusterMetadataRequest | RegisterConsumerRequest | ADMIN):
             return None  # a fetcher's or a producer's data, not the group's load
-        if not self.busy():
+        pressure = self._pressure()
+        if pressure is None:
             return None
-        lag = self.lag.recent()
-        spent = self.budget is not None and self.budget.spent()
+        lag, spent = pressure
         self.shed += 1
         if self.on_shed is not None:
             self.on_shed()

@@ -19,6 +19,7 @@ import attrs
 import trio
 
 from broker.controller import ControlInputs
+from consumer.runtime import first_cause
 from coordinator.validation import LeaderUnavailable
 from protocol import ErrorCode, ListOffsetsRequest, ListOffsetsResponse, RemoteProtocolError
 from protocol.types import BrokerInfo, TopicPartition
@@ -147,7 +148,7 @@ class LeaderHighWatermarks:
                         if self._channels.get(leader, (None, None))[1] is channel:
                             del self._channels[leader]
         except* (OSError, trio.BrokenResourceError, RemoteProtocolError, ChannelClosed) as failed:
-            log.warning("the connection to broker %d failed: %s", leader, failed.exceptions[0])
+            log.warning("the connection to broker %d failed: %s", leader, first_cause(failed))
 
     def _forget(self, leader: int) -> None:
         held = self._channels.pop(leader, None)

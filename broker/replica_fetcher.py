@@ -26,6 +26,7 @@ from broker.log import (
     OffsetOutOfRange,
 )
 from broker.replicas import Following, ReplicaManager, Requester
+from consumer.runtime import first_cause
 from protocol import (
     ErrorCode,
     RemoteProtocolError,
@@ -82,11 +83,11 @@ class ReplicaFetcher:
                 StoreError,
             ) as failed:
                 # the channel's own nursery wraps what ended it (a leader's kill -9 among them)
-                cause: BaseException = failed
-                while isinstance(cause, BaseExceptionGroup):
-                    cause = cause.exceptions[0]
                 log.warning(
-                    "fetching from broker %d: %s; again in %g s", self.leader, cause, BACKOFF
+                    "fetching from broker %d: %s; again in %g s",
+                    self.leader,
+                    first_cause(failed),
+                    BACKOFF,
                 )
             await trio.sleep(BACKOFF)
 

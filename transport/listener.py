@@ -163,14 +163,14 @@ async def _accept_loop(
 ) -> None:
     paced = False
     while True:
-        delay = None if pace is None else pace.delay(trio.current_time())
-        if (delay is not None) != paced:
-            paced = delay is not None
-            assert pace is not None
-            secured.listener.socket.listen(pace.backlog if paced else FULL_BACKLOG)
-        if delay:
-            await trio.sleep(delay)
-            continue
+        if pace is not None:
+            delay = pace.delay(trio.current_time())
+            if (delay is not None) != paced:
+                paced = delay is not None
+                secured.listener.socket.listen(pace.backlog if paced else FULL_BACKLOG)
+            if delay:
+                await trio.sleep(delay)
+                continue
         try:
             sock, _ = await secured.listener.socket.accept()
         except OSError as exc:
